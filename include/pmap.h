@@ -1,0 +1,262 @@
+/* pmap.h: the public API of pmap, single-process multi-device data-parallel training.
+ * Parameters are replicated on every device, the leading (batch) axis of the inputs is split into
+ * one shard per device, and loss and gradients are averaged across devices before each step.
+ *
+ * Dimension letters used in shape comments:
+ *   N  devices in the context          B  global batch (leading axis of xs and ys), B % N == 0
+ *   Bd per-device batch, B / N         F  features per example of a rank-1 input
+ *   C, H, W  channels, height, width   OC output channels     K  outputs of the model
+ *
+ * Every function that can fail returns a pmap_status; on failure pmap_last_error() returns a
+ * message naming the call and the offending values, and nothing the call was given is changed.
+ * Library code never exits or aborts on bad input or a device failure. */
+#ifndef PMAP_H
+#define PMAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PMAP_MAX_DEVICES 64 /* most devices one context may hold */
+#define PMAP_MAX_RANK 4     /* most axes of a pmap_array, batch axis included */
+#define PMAP_DEVICES_DEFAULT (-1) /* pmap_config.num_devices: the backend's default count */
+
+/* ------------------------------------------------------------------------------------------ */
+/* Status and errors                                                                          */
+
+typedef enum pmap_status {
+  PMAP_SUCCESS = 0,
+  PMAP_ERR_INVALID_ARGUMENT = 1, /* bad input at the API boundary: NULL, shape, count, range */
+  PMAP_ERR_OUT_OF_MEMORY = 2,    /* host or device allocation failed */
+  PMAP_ERR_UNAVAILABLE = 3,      /* backend not built in, or no such device on this machine */
+  PMAP_ERR_DEVICE = 4,           /* a device, driver, BLAS or collective library call failed */
+  PMAP_ERR_TIMEOUT = 5,          /* a collective did not complete within the context timeout */
+  PMAP_ERR_ABORTED = 6,          /* another device failed, so this device's call was abandoned */
+  PMAP_ERR_INTERNAL = 7          /* a bug in pmap: please report it with the message */
+} pmap_status;
+
+/* A short constant string for a status ("invalid argument", ...); never NULL. */
+const char *pmap_status_string(pmap_status s);
+
+/* The detailed message of the last failure of a pmap call on the calling thread, e.g.
+ * "pmap_update: global batch 30 is not divisible by 4 devices". Valid until the next failing
+ * pmap call on this thread; "" when there was none. Never NULL. */
+const char *pmap_last_error(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Context: the device mesh and one worker thread per device                                  */
+
+typedef enum pmap_backend {
+  PMAP_BACKEND_AUTO = 0, /* CUDA where a GPU is present and the CUDA backend was built, else CPU */
+  PMAP_BACKEND_CPU = 1,  /* host memory; each device is a worker thread ("virtual device") */
+  PMAP_BACKEND_CUDA = 2  /* one GPU per device, cuBLAS and NCCL */
+} pmap_backend;
+
+typedef struct pmap_config {
+  pmap_backend backend;
+  int num_devices;       /* 1..PMAP_MAX_DEVICES, or PMAP_DEVICES_DEFAULT for the backend's
+                            default: on CPU the environment variable PMAP_CPU_DEVICES, else 4;
+                            on CUDA every visible GPU */
+  const int *device_ids; /* CUDA: physical GPU of each logical device (num_devices entries,
+                            repeats allowed where NCCL allows them); NULL means 0..N-1.
+                            Ignored on CPU. */
+  double timeout_s;      /* a device waiting longer than this in a collective aborts the call on
+                            every device with PMAP_ERR_TIMEOUT; 0 means 300 s, < 0 never */
+} pmap_config;
+
+typedef struct pmap_ctx pmap_ctx;
+
+/* Creates a context of cfg->num_devices devices on cfg->backend and starts one worker thread per
+ * device (device 0's work runs on the calling thread, devices 1..N-1 on persistent workers).
+ * cfg may be NULL for all defaults (auto backend, default device count). On success *out owns the context; destroy it with
+ * pmap_ctx_destroy. Returns PMAP_ERR_INVALID_ARGUMENT (out NULL, device count outside
+ * 1..PMAP_MAX_DEVICES other than PMAP_DEVICES_DEFAULT, unknown backend), PMAP_ERR_UNAVAILABLE (backend not built or no device),
+ * PMAP_ERR_OUT_OF_MEMORY, PMAP_ERR_DEVICE. */
+pmap_status pmap_ctx_create(const pmap_config *cfg, pmap_ctx **out);
+
+/* Stops the workers and frees the context. Accepts NULL. Every pmap_params created on the context
+ * must be destroyed first. */
+void pmap_ctx_destroy(pmap_ctx *ctx);
+
+int pmap_ctx_num_devices(const pmap_ctx *ctx);
+pmap_backend pmap_ctx_backend(const pmap_ctx *ctx); /* never PMAP_BACKEND_AUTO */
+
+/* "auto", "cpu", "cuda"; NULL for a value outside the enum. */
+const char *pmap_backend_name(pmap_backend b);
+/* Parses "auto", "cpu" or "cuda" into *out; PMAP_ERR_INVALID_ARGUMENT naming the string else. */
+pmap_status pmap_backend_parse(const char *name, pmap_backend *out);
+/* Whether this build contains the backend (CPU always; CUDA when configured with it). */
+int pmap_backend_built(pmap_backend b);
+/* The CPU GEMM chosen at configure time: "onednn", "cblas" or "portable". */
+const char *pmap_gemm_provider(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Host arrays                                                                                */
+
+typedef enum pmap_dtype {
+  PMAP_F32 = 0, /* float */
+  PMAP_I32 = 1  /* int32_t: class labels */
+} pmap_dtype;
+
+/* A dense row-major host array; it does not own data. shape[0] is the global batch B. */
+typedef struct pmap_array {
+  void *data;
+  pmap_dtype dtype;
+  int rank;                       /* 1..PMAP_MAX_RANK */
+  int64_t shape[PMAP_MAX_RANK];   /* (B, ...) */
+} pmap_array;
+
+/* Convenience constructors; they only fill the struct. */
+pmap_array pmap_array_f32(float *data, int rank, const int64_t *shape);
+pmap_array pmap_array_i32(int32_t *data, int rank, const int64_t *shape);
+int64_t pmap_array_numel(const pmap_array *a);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Models: a sequential stack of layers with a loss                                           */
+
+typedef enum pmap_loss {
+  PMAP_LOSS_MSE = 0,          /* mean over all outputs of (pred - y)^2; ys are f32 (B, K) */
+  PMAP_LOSS_SOFTMAX_XENT = 1  /* mean over the batch of -log softmax(pred)[label]; ys are i32 (B)
+                                 or (B, 1), labels in [0, K) */
+} pmap_loss;
+
+typedef struct pmap_model pmap_model;
+
+/* Creates an empty model taking examples of shape input_shape[0..rank) (without the batch axis):
+ * rank 1 (F) or rank 3 (C, H, W). Returns PMAP_ERR_INVALID_ARGUMENT for a NULL pointer, a rank
+ * other than 1 or 3 or a non-positive extent; PMAP_ERR_OUT_OF_MEMORY. */
+pmap_status pmap_model_create(int rank, const int64_t *input_shape, pmap_model **out);
+void pmap_model_destroy(pmap_model *model); /* accepts NULL */
+
+/* Layers, appended in order. Each checks that it fits the current output shape and returns
+ * PMAP_ERR_INVALID_ARGUMENT (model unchanged) when it does not.
+ * dense:   (F) -> (units), y = x W + b, W (F, units) row-major, b (units).
+ * relu:    any shape, y = max(x, 0).
+ * conv2d:  (C, H, W) -> (OC, OH, OW), NCHW, weights (OC, C, KH, KW), bias (OC),
+ *          OH = (H + 2 pad - KH) / stride + 1 (likewise OW).
+ * flatten: (C, H, W) -> (C*H*W), a view: no copy. */
+pmap_status pmap_model_add_dense(pmap_model *model, int64_t units);
+pmap_status pmap_model_add_relu(pmap_model *model);
+pmap_status pmap_model_add_conv2d(pmap_model *model, int64_t out_channels, int kernel_h,
+                                  int kernel_w, int stride, int pad);
+pmap_status pmap_model_add_flatten(pmap_model *model);
+/* The loss (default MSE). The model's output must be rank 1 (K) when training. */
+pmap_status pmap_model_set_loss(pmap_model *model, pmap_loss loss);
+
+/* Number of trainable parameters. Their layout in the flat parameter vector: layers in order,
+ * each layer's weights then its bias, in the shapes given above. */
+size_t pmap_model_num_params(const pmap_model *model);
+/* Output shape of one example: writes the rank into *rank and the extents into shape. */
+void pmap_model_output_shape(const pmap_model *model, int *rank, int64_t shape[PMAP_MAX_RANK]);
+/* Multiply-adds of one example's forward pass (for FLOP counts: a training step costs about
+ * 3x forward, 2 FLOPs each). */
+double pmap_model_forward_macs(const pmap_model *model);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Optimizers                                                                                 */
+
+typedef enum pmap_optimizer_kind {
+  PMAP_OPT_SGD = 0, /* w -= lr * (momentum ? v = momentum v + g : g) */
+  PMAP_OPT_ADAM = 1 /* bias-corrected Adam; moments kept across steps */
+} pmap_optimizer_kind;
+
+typedef struct pmap_optimizer {
+  pmap_optimizer_kind kind;
+  float lr;       /* > 0 and finite */
+  float momentum; /* SGD: in [0, 1) */
+  float beta1;    /* Adam: in [0, 1) */
+  float beta2;    /* Adam: in [0, 1) */
+  float eps;      /* Adam: > 0 */
+} pmap_optimizer;
+
+pmap_optimizer pmap_sgd(float lr, float momentum);
+pmap_optimizer pmap_adam(float lr); /* beta1 0.9, beta2 0.999, eps 1e-8 */
+
+/* ------------------------------------------------------------------------------------------ */
+/* Replicated training state                                                                  */
+
+typedef struct pmap_params pmap_params;
+
+/* Creates the training state of model on every device of ctx: parameters initialised once on
+ * the host from seed (He or LeCun normal weights, zero biases) and copied to every replica,
+ * gradients and optimizer state zeroed. The model and the optimizer are copied: the caller
+ * keeps ownership of both. Returns PMAP_ERR_INVALID_ARGUMENT (NULL, empty model, optimizer
+ * settings out of range: lr <= 0 or not finite, ...), PMAP_ERR_OUT_OF_MEMORY, PMAP_ERR_DEVICE. */
+pmap_status pmap_params_create(pmap_ctx *ctx, const pmap_model *model, const pmap_optimizer *opt,
+                               uint64_t seed, pmap_params **out);
+void pmap_params_destroy(pmap_params *params); /* accepts NULL */
+
+size_t pmap_params_count(const pmap_params *params);
+int64_t pmap_params_step(const pmap_params *params); /* optimizer steps taken */
+
+/* One data-parallel training step. xs: (B, input shape...) f32; ys: (B, K) f32 for MSE, (B) or
+ * (B, 1) i32 for softmax cross-entropy. Device d takes rows [d B/N, (d+1) B/N) of both as a view
+ * (no copy on CPU), computes forward, loss and backward on them, then one all-reduce averages
+ * gradients and loss together and every device applies the same optimizer step. *loss (may be
+ * NULL) receives the mean loss over the global batch. Synchronous: returns when every replica is
+ * updated; xs and ys may be reused at once. The first call with a larger batch than before sizes
+ * the activation memory; later calls allocate nothing.
+ * Returns PMAP_ERR_INVALID_ARGUMENT (NULL, B not divisible by N or zero, wrong rank, dtype or
+ * extent, label out of range) with the parameters untouched; PMAP_ERR_OUT_OF_MEMORY;
+ * PMAP_ERR_DEVICE, PMAP_ERR_TIMEOUT (the state is then undefined). */
+pmap_status pmap_update(pmap_params *params, const pmap_array *xs, const pmap_array *ys,
+                        float *loss);
+
+/* Sharded forward pass: out (B, output shape...) f32, written in batch order. xs as for
+ * pmap_update. Returns the same statuses as pmap_update; out->shape must match exactly. */
+pmap_status pmap_predict(pmap_params *params, const pmap_array *xs, pmap_array *out);
+
+/* Copies the parameters of device `device`'s replica into dst (count == pmap_params_count()).
+ * Returns PMAP_ERR_INVALID_ARGUMENT for a NULL dst, a device outside [0, N) or another count. */
+pmap_status pmap_params_read(const pmap_params *params, int device, float *dst, size_t count);
+/* Copies src (count == pmap_params_count()) into every replica; optimizer state is kept. */
+pmap_status pmap_params_write(pmap_params *params, const float *src, size_t count);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Mapped functions and collectives                                                           */
+
+typedef struct pmap_device pmap_device;
+
+/* A user's mapped function: called once per device, on that device's thread, all at once. */
+typedef pmap_status (*pmap_fn)(pmap_device *dev, void *arg);
+
+/* Runs fn(dev, arg) on every device and waits for all of them. Returns PMAP_SUCCESS when every
+ * call did; otherwise the first failing device's status (a failure that made other devices
+ * abandon a collective is reported, not their PMAP_ERR_ABORTED), with its message. A device
+ * failing before a collective never leaves the others waiting. Not re-entrant: fn must not call
+ * pmap_run, pmap_update or pmap_predict on the same context. */
+pmap_status pmap_run(pmap_ctx *ctx, pmap_fn fn, void *arg);
+
+int pmap_axis_index(const pmap_device *dev); /* this device's index, 0..N-1 */
+int pmap_axis_size(const pmap_device *dev);  /* N */
+
+/* Device memory for buffers passed to collectives (host memory on CPU, GPU memory on CUDA). */
+pmap_status pmap_device_alloc(pmap_device *dev, size_t count, float **out); /* count floats */
+void pmap_device_free(pmap_device *dev, float *ptr);                       /* accepts NULL */
+pmap_status pmap_device_upload(pmap_device *dev, float *dst, const float *src, size_t count);
+pmap_status pmap_device_download(pmap_device *dev, float *dst, const float *src, size_t count);
+
+/* Collectives, called by every device of the mapped function in the same order with the same
+ * count (in elements, not bytes). recv may equal send (in place), otherwise the buffers must not
+ * overlap. Every device receives bitwise the same result: the summation order is fixed.
+ *   psum/pmean/pmax: recv[i] = sum / mean / max over devices of send[i]   (count each)
+ *   all_gather:      recv (N, count) = every device's send (count), in device order
+ *   broadcast:       recv (count) = send (count) of device root
+ *   barrier:         returns once every device has entered it
+ * Return PMAP_ERR_INVALID_ARGUMENT (NULL with count > 0, root outside [0, N)), PMAP_ERR_TIMEOUT,
+ * PMAP_ERR_ABORTED (another device failed), PMAP_ERR_DEVICE. */
+pmap_status pmap_psum(pmap_device *dev, const float *send, float *recv, size_t count);
+pmap_status pmap_pmean(pmap_device *dev, const float *send, float *recv, size_t count);
+pmap_status pmap_pmax(pmap_device *dev, const float *send, float *recv, size_t count);
+pmap_status pmap_all_gather(pmap_device *dev, const float *send, float *recv, size_t count);
+pmap_status pmap_broadcast(pmap_device *dev, const float *send, float *recv, size_t count,
+                           int root);
+pmap_status pmap_barrier(pmap_device *dev);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* PMAP_H */

@@ -1,0 +1,44 @@
+/* pmap_examples.h: the example models of pmap (the seed tutorials' models and a GEMM-bound
+ * benchmark model) with deterministic synthetic data, used by pmap-train, pmap-bench and the
+ * tests, and handy for trying the library. */
+#ifndef PMAP_EXAMPLES_H
+#define PMAP_EXAMPLES_H
+
+#include "pmap.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Names: "linear", "mlp", "convnet", "mlp-1024".
+ *   linear   y = w x + b on x ~ N(0,1), y = 2x - 1 + 0.5 N(0,1); MSE; SGD lr 0.005;
+ *            1000 steps of the full 128 samples (the JAX pmap tutorial).
+ *   mlp      10 -> 32 -> ReLU -> 32 -> ReLU -> 1 regressing a fixed random teacher plus noise;
+ *            MSE; Adam lr 0.001, its moments kept across steps; 1000 steps, batch 256.
+ *   convnet  (1, 32, 32) -> conv 3x3 pad 1 to 1 channel -> flatten -> dense 2; softmax
+ *            cross-entropy; Adam lr 0.001 (the nnabla data-parallel tutorial's network); images
+ *            U[0,1) brightened by 0.25 on the left half for class 1, the right half for class 0.
+ *   mlp-1024 1024 -> 3 x (1024, ReLU) -> 10; softmax cross-entropy; SGD lr 0.01 momentum 0.9;
+ *            GEMM-bound, for benchmarks. */
+typedef struct pmap_example_info {
+  const char *name;
+  int64_t steps;   /* default training steps */
+  int64_t batch;   /* default global batch */
+  int64_t samples; /* default data set size (rows) */
+  pmap_optimizer opt;
+} pmap_example_info;
+
+/* The example's defaults; PMAP_ERR_INVALID_ARGUMENT naming the known names for another name. */
+pmap_status pmap_example_info_get(const char *name, pmap_example_info *out);
+/* Builds the example's model (destroy with pmap_model_destroy). */
+pmap_status pmap_example_model(const char *name, pmap_model **out);
+/* Allocates and fills n rows of the example's data: xs f32 (n, input...), ys f32 (n, 1) for
+ * MSE or i32 (n) labels. Same seed, same data. Free with pmap_example_data_free. */
+pmap_status pmap_example_data(const char *name, uint64_t seed, int64_t n, pmap_array *xs,
+                              pmap_array *ys);
+void pmap_example_data_free(pmap_array *xs, pmap_array *ys); /* accepts NULL */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

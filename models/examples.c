@@ -1,0 +1,184 @@
+/* examples.c: the example models and their deterministic synthetic data (see pmap_examples.h). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pmap_examples.h"
+#include "rng.h"
+#include "runtime/error.h"
+
+#define NAMES "linear, mlp, convnet, mlp-1024"
+#define TEACHER_SEED 0x7eac4e2ull
+#define MLP_TEACHER_UNITS 16
+
+typedef enum { EX_LINEAR, EX_MLP, EX_CONVNET, EX_MLP1024 } example_id;
+
+static pmap_status find(const char *name, example_id *id) {
+  static const char *const names[] = {"linear", "mlp", "convnet", "mlp-1024"};
+  for (int i = 0; name && i < 4; i++)
+    if (strcmp(name, names[i]) == 0) {
+      *id = (example_id)i;
+      return PMAP_SUCCESS;
+    }
+  return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "unknown model \"%s\" (expected one of: " NAMES ")",
+                  name ? name : "(null)");
+}
+
+pmap_status pmap_example_info_get(const char *name, pmap_example_info *out) {
+  example_id id = EX_LINEAR;
+  PMAP_TRY(find(name, &id));
+  if (!out) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_example_info_get: out is NULL");
+  static const char *const names[] = {"linear", "mlp", "convnet", "mlp-1024"};
+  pmap_example_info i = {names[id], 0, 0, 0, pmap_sgd(0.005f, 0.0f)};
+  switch (id) {
+  case EX_LINEAR: i.steps = 1000, i.batch = 128, i.samples = 128; break;
+  case EX_MLP: i.steps = 1000, i.batch = 256, i.samples = 1024, i.opt = pmap_adam(0.001f); break;
+  case EX_CONVNET: i.steps = 200, i.batch = 16, i.samples = 256, i.opt = pmap_adam(0.001f); break;
+  case EX_MLP1024: i.steps = 20, i.batch = 512, i.samples = 512, i.opt = pmap_sgd(0.01f, 0.9f); break;
+  }
+  *out = i;
+  return PMAP_SUCCESS;
+}
+
+pmap_status pmap_example_model(const char *name, pmap_model **out) {
+  example_id id = EX_LINEAR;
+  PMAP_TRY(find(name, &id));
+  if (!out) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_example_model: out is NULL");
+  pmap_model *m = NULL;
+  pmap_status st = PMAP_SUCCESS;
+  switch (id) {
+  case EX_LINEAR: {
+    int64_t in[1] = {1};
+    PMAP_TRY_GOTO(st, pmap_model_create(1, in, &m), fail);
+    PMAP_TRY_GOTO(st, pmap_model_add_dense(m, 1), fail);
+    break;
+  }
+  case EX_MLP: {
+    int64_t in[1] = {10};
+    PMAP_TRY_GOTO(st, pmap_model_create(1, in, &m), fail);
+    for (int i = 0; i < 2; i++) {
+      PMAP_TRY_GOTO(st, pmap_model_add_dense(m, 32), fail);
+      PMAP_TRY_GOTO(st, pmap_model_add_relu(m), fail);
+    }
+    PMAP_TRY_GOTO(st, pmap_model_add_dense(m, 1), fail);
+    break;
+  }
+  case EX_CONVNET: {
+    int64_t in[3] = {1, 32, 32};
+    PMAP_TRY_GOTO(st, pmap_model_create(3, in, &m), fail);
+    PMAP_TRY_GOTO(st, pmap_model_add_conv2d(m, 1, 3, 3, 1, 1), fail);
+    PMAP_TRY_GOTO(st, pmap_model_add_flatten(m), fail);
+    PMAP_TRY_GOTO(st, pmap_model_add_dense(m, 2), fail);
+    PMAP_TRY_GOTO(st, pmap_model_set_loss(m, PMAP_LOSS_SOFTMAX_XENT), fail);
+    break;
+  }
+  case EX_MLP1024: {
+    int64_t in[1] = {1024};
+    PMAP_TRY_GOTO(st, pmap_model_create(1, in, &m), fail);
+    for (int i = 0; i < 3; i++) {
+      PMAP_TRY_GOTO(st, pmap_model_add_dense(m, 1024), fail);
+      PMAP_TRY_GOTO(st, pmap_model_add_relu(m), fail);
+    }
+    PMAP_TRY_GOTO(st, pmap_model_add_dense(m, 10), fail);
+    PMAP_TRY_GOTO(st, pmap_model_set_loss(m, PMAP_LOSS_SOFTMAX_XENT), fail);
+    break;
+  }
+  }
+  *out = m;
+  return PMAP_SUCCESS;
+fail:
+  pmap_model_destroy(m);
+  return st;
+}
+
+void pmap_example_data_free(pmap_array *xs, pmap_array *ys) {
+  if (xs) {
+    free(xs->data);
+    xs->data = NULL;
+  }
+  if (ys) {
+    free(ys->data);
+    ys->data = NULL;
+  }
+}
+
+/* The mlp's target: a fixed random one-hidden-layer tanh network of the 10 inputs. */
+static double mlp_teacher(const float *x) {
+  pmap_rng t = pmap_rng_seed(TEACHER_SEED);
+  double y = 0.0;
+  for (int u = 0; u < MLP_TEACHER_UNITS; u++) {
+    double s = 0.0;
+    for (int j = 0; j < 10; j++) s += pmap_rng_normal(&t) * x[j];
+    y += pmap_rng_normal(&t) * tanh(s / sqrt(10.0)) / sqrt((double)MLP_TEACHER_UNITS) * 2.0;
+  }
+  return y;
+}
+
+pmap_status pmap_example_data(const char *name, uint64_t seed, int64_t n, pmap_array *xs,
+                              pmap_array *ys) {
+  example_id id = EX_LINEAR;
+  PMAP_TRY(find(name, &id));
+  if (!xs || !ys)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_example_data: %s is NULL", xs ? "ys" : "xs");
+  if (n <= 0 || n > (1 << 24))
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_example_data: row count %lld is outside 1..%d",
+                    (long long)n, 1 << 24);
+  int64_t in = id == EX_LINEAR ? 1 : id == EX_MLP ? 10 : 1024;
+  int xs_rank = id == EX_CONVNET ? 4 : 2;
+  int64_t xshape[4] = {n, in, 0, 0};
+  if (id == EX_CONVNET) xshape[1] = 1, xshape[2] = 32, xshape[3] = 32;
+  int classes = id == EX_CONVNET ? 2 : id == EX_MLP1024 ? 10 : 0;
+  float *x = malloc((size_t)(n * in) * sizeof *x);
+  void *y = malloc((size_t)n * 4);
+  if (!x || !y) {
+    free(x);
+    free(y);
+    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "pmap_example_data: out of memory for %lld rows",
+                    (long long)n);
+  }
+  pmap_rng r = pmap_rng_seed(seed);
+  float *yf = y;
+  int32_t *yi = y;
+  for (int64_t i = 0; i < n; i++) {
+    float *xi = x + i * in;
+    switch (id) {
+    case EX_LINEAR:
+      xi[0] = (float)pmap_rng_normal(&r);
+      yf[i] = (float)(2.0 * xi[0] - 1.0 + 0.5 * pmap_rng_normal(&r));
+      break;
+    case EX_MLP:
+      for (int j = 0; j < 10; j++) xi[j] = (float)pmap_rng_normal(&r);
+      yf[i] = (float)(mlp_teacher(xi) + 0.1 * pmap_rng_normal(&r));
+      break;
+    case EX_CONVNET: {
+      int label = (int)(pmap_rng_next(&r) >> 63);
+      for (int p = 0; p < 1024; p++) {
+        int left = (p % 32) < 16;
+        xi[p] = (float)(pmap_rng_uniform(&r) + (left == label ? 0.25 : 0.0));
+      }
+      yi[i] = label;
+      break;
+    }
+    case EX_MLP1024: {
+      /* Labels from a fixed random linear teacher: learnable, not trivial. */
+      for (int j = 0; j < 1024; j++) xi[j] = (float)pmap_rng_normal(&r);
+      pmap_rng t = pmap_rng_seed(TEACHER_SEED);
+      double best = -INFINITY;
+      int arg = 0;
+      for (int c = 0; c < classes; c++) {
+        double s = 0.0;
+        for (int j = 0; j < 1024; j += 8) s += pmap_rng_normal(&t) * xi[j];
+        if (s > best) best = s, arg = c;
+      }
+      yi[i] = arg;
+      break;
+    }
+    }
+  }
+  *xs = (pmap_array){x, PMAP_F32, xs_rank, {xshape[0], xshape[1], xshape[2], xshape[3]}};
+  if (classes)
+    *ys = (pmap_array){y, PMAP_I32, 1, {n, 0, 0, 0}};
+  else
+    *ys = (pmap_array){y, PMAP_F32, 2, {n, 1, 0, 0}};
+  return PMAP_SUCCESS;
+}

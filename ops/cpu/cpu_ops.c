@@ -1,0 +1,128 @@
+/* cpu_ops.c: the CPU op table: element-wise kernels, losses and optimizer steps, with the math
+ * from ops/op_math.h. Loss sums are taken in double, so the CPU result is the reference. */
+#include <math.h>
+#include <string.h>
+
+#include "cpu_ops.h"
+#include "ops/op_math.h"
+
+static pmap_status cpu_fill(pmap_device *dev, float *x, float value, size_t n) {
+  (void)dev;
+  if (value == 0.0f) {
+    if (n) memset(x, 0, n * sizeof *x);
+  } else {
+    for (size_t i = 0; i < n; i++) x[i] = value;
+  }
+  return PMAP_SUCCESS;
+}
+
+static pmap_status cpu_bias_forward(pmap_device *dev, float *y, const float *b, int64_t outer,
+                                    int64_t ch, int64_t inner) {
+  (void)dev;
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t c = 0; c < ch; c++) {
+      float *row = y + (o * ch + c) * inner;
+      for (int64_t i = 0; i < inner; i++) row[i] += b[c];
+    }
+  return PMAP_SUCCESS;
+}
+
+static pmap_status cpu_bias_backward(pmap_device *dev, const float *dy, float *db, int64_t outer,
+                                     int64_t ch, int64_t inner) {
+  (void)dev;
+  if (inner == 1) {
+    for (int64_t o = 0; o < outer; o++)
+      for (int64_t c = 0; c < ch; c++) db[c] += dy[o * ch + c];
+    return PMAP_SUCCESS;
+  }
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t c = 0; c < ch; c++) {
+      const float *row = dy + (o * ch + c) * inner;
+      float s = 0.0f;
+      for (int64_t i = 0; i < inner; i++) s += row[i];
+      db[c] += s;
+    }
+  return PMAP_SUCCESS;
+}
+
+static pmap_status cpu_relu_forward(pmap_device *dev, const float *x, float *y, size_t n) {
+  (void)dev;
+  for (size_t i = 0; i < n; i++) y[i] = pmap_relu(x[i]);
+  return PMAP_SUCCESS;
+}
+
+static pmap_status cpu_relu_backward(pmap_device *dev, const float *y, const float *dy, float *dx,
+                                     size_t n) {
+  (void)dev;
+  for (size_t i = 0; i < n; i++) dx[i] = pmap_relu_grad(y[i], dy[i]);
+  return PMAP_SUCCESS;
+}
+
+static pmap_status cpu_mse(pmap_device *dev, const float *pred, const float *t, size_t n,
+                           float *dpred, float *loss) {
+  (void)dev;
+  double sum = 0.0;
+  float scale = n ? 2.0f / (float)n : 0.0f;
+  for (size_t i = 0; i < n; i++) {
+    sum += pmap_mse_term(pred[i], t[i]);
+    dpred[i] = pmap_mse_grad(pred[i], t[i], scale);
+  }
+  *loss = n ? (float)(sum / (double)n) : 0.0f;
+  return PMAP_SUCCESS;
+}
+
+static pmap_status cpu_softmax_xent(pmap_device *dev, const float *logits, const int32_t *labels,
+                                    int64_t rows, int64_t k, float *dlogits, float *loss) {
+  (void)dev;
+  double sum = 0.0;
+  float scale = rows ? 1.0f / (float)rows : 0.0f;
+  for (int64_t r = 0; r < rows; r++) {
+    const float *z = logits + r * k;
+    float *dz = dlogits + r * k;
+    float zmax = z[0];
+    for (int64_t j = 1; j < k; j++) zmax = z[j] > zmax ? z[j] : zmax;
+    float se = 0.0f;
+    for (int64_t j = 0; j < k; j++) se += expf(z[j] - zmax);
+    float inv = 1.0f / se;
+    int32_t label = labels[r];
+    sum += (double)logf(se) + (double)zmax - (double)z[label];
+    for (int64_t j = 0; j < k; j++) dz[j] = pmap_xent_grad(z[j], zmax, inv, j == label, scale);
+  }
+  *loss = rows ? (float)(sum / (double)rows) : 0.0f;
+  return PMAP_SUCCESS;
+}
+
+static pmap_status cpu_sgd_step(pmap_device *dev, float *w, const float *g, float *v, size_t n,
+                                float lr, float momentum) {
+  (void)dev;
+  if (momentum == 0.0f) {
+    for (size_t i = 0; i < n; i++) w[i] -= lr * g[i];
+  } else {
+    for (size_t i = 0; i < n; i++) pmap_sgd_update(&w[i], g[i], &v[i], lr, momentum);
+  }
+  return PMAP_SUCCESS;
+}
+
+static pmap_status cpu_adam_step(pmap_device *dev, float *w, const float *g, float *m, float *v,
+                                 size_t n, float lr, float beta1, float beta2, float eps,
+                                 float bc1, float bc2) {
+  (void)dev;
+  for (size_t i = 0; i < n; i++)
+    pmap_adam_update(&w[i], g[i], &m[i], &v[i], lr, beta1, beta2, eps, bc1, bc2);
+  return PMAP_SUCCESS;
+}
+
+const pmap_ops pmap_cpu_ops = {
+    .gemm = cpu_gemm,
+    .fill = cpu_fill,
+    .bias_forward = cpu_bias_forward,
+    .bias_backward = cpu_bias_backward,
+    .relu_forward = cpu_relu_forward,
+    .relu_backward = cpu_relu_backward,
+    .conv2d_forward = cpu_conv2d_forward,
+    .conv2d_backward = cpu_conv2d_backward,
+    .mse = cpu_mse,
+    .softmax_xent = cpu_softmax_xent,
+    .sgd_step = cpu_sgd_step,
+    .adam_step = cpu_adam_step,
+};

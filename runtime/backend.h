@@ -1,0 +1,108 @@
+/* backend.h: the interface every backend implements (a table of function pointers, one per
+ * backend folder: runtime/cpu, runtime/cuda), and the context and device structs the runtime
+ * builds around it. Backends never know about models. */
+#ifndef PMAP_RUNTIME_BACKEND_H
+#define PMAP_RUNTIME_BACKEND_H
+
+#include <pthread.h>
+#include <stddef.h>
+
+#include "ops/ops.h"
+#include "pmap.h"
+#include "sync.h"
+
+typedef enum pmap_redop { PMAP_RED_SUM = 0, PMAP_RED_MEAN = 1, PMAP_RED_MAX = 2 } pmap_redop;
+
+/* Collectives over the devices of one context. Called by every device, in the same order, with
+ * the same count (elements). recv == send is in place. Every device gets bitwise the same result. */
+typedef struct pmap_coll_i {
+  pmap_status (*all_reduce)(pmap_device *dev, const float *send, float *recv, size_t count,
+                            pmap_redop op);
+  pmap_status (*broadcast)(pmap_device *dev, const float *send, float *recv, size_t count,
+                           int root);
+  /* recv (N, count) */
+  pmap_status (*all_gather)(pmap_device *dev, const float *send, float *recv, size_t count);
+  pmap_status (*barrier)(pmap_device *dev);
+} pmap_coll_i;
+
+typedef struct pmap_backend_i {
+  const char *name;
+  /* Context-wide setup on the creating thread, after ctx->n and ctx->dev[] are set, before the
+   * workers start (optional). Failure aborts the context's creation. */
+  pmap_status (*ctx_init)(pmap_ctx *ctx, const pmap_config *cfg);
+  /* Undoes ctx_init after the workers stopped (optional). */
+  void (*ctx_fini)(pmap_ctx *ctx);
+  /* Per-device setup and teardown, once, on the device's own thread (optional). Device 0 runs
+   * on the calling thread of each job, so these run there inside enter/leave. */
+  pmap_status (*device_init)(pmap_device *dev);
+  void (*device_fini)(pmap_device *dev);
+  /* Around each job of device 0 on the caller's thread: make the thread the device's, then give
+   * it back as it was (optional). */
+  void (*enter)(pmap_device *dev, int saved[2]);
+  void (*leave)(pmap_device *dev, const int saved[2]);
+  /* Device memory. */
+  pmap_status (*alloc)(pmap_device *dev, size_t bytes, void **out);
+  void (*free)(pmap_device *dev, void *ptr);
+  /* Host to device; may run asynchronously until the device's next sync or download. */
+  pmap_status (*upload)(pmap_device *dev, void *dst, const void *src, size_t bytes);
+  /* Device to host; complete on return. */
+  pmap_status (*download)(pmap_device *dev, void *dst, const void *src, size_t bytes);
+  /* A device-readable pointer to host input of `bytes` bytes, valid until the next stage call
+   * on this device with the same slot (0 inputs, 1 labels) (optional: NULL means the device
+   * reads host memory directly, as on CPU). */
+  pmap_status (*stage)(pmap_device *dev, int slot, const void *host, size_t bytes, void **out);
+  /* Waits for the device's queued work (optional). */
+  pmap_status (*sync)(pmap_device *dev);
+  const pmap_coll_i *coll;
+  const pmap_ops *ops;
+} pmap_backend_i;
+
+struct pmap_device {
+  pmap_ctx *ctx;
+  int index;
+  const pmap_ops *ops;
+  void *be;          /* the backend's per-device state */
+  pmap_status status; /* result of the current job on this device */
+  char msg[1024];     /* its message when status != PMAP_SUCCESS */
+  int initialised;    /* device_init ran on this device */
+};
+
+struct pmap_ctx {
+  const pmap_backend_i *be;
+  pmap_backend kind;
+  int n;
+  pmap_device *dev;  /* (n) */
+  void *be_ctx;      /* the backend's context-wide state */
+  pmap_wait_policy wait;
+  _Atomic int abort; /* set when a device failed in the current job */
+  _Atomic int busy;  /* a job is running: pmap_run is not re-entrant */
+  /* Workers: thread i serves device i for i >= 1. */
+  pthread_t *threads;
+  int started;
+  pmap_event job; /* bumped to start a job */
+  pmap_fn fn;
+  void *arg;
+  int stop;
+  _Atomic uint32_t done_count;
+  pmap_event done; /* bumped when the last worker finished the job */
+  sync_barrier bar;
+  const float **slots; /* (2n) send then recv pointers published to a collective (CPU) */
+};
+
+extern const pmap_backend_i pmap_cpu_backend;
+#if defined(PMAP_HAVE_CUDA)
+extern const pmap_backend_i pmap_cuda_backend;
+/* Number of usable CUDA devices, 0 where there are none (no driver, no GPU). */
+int pmap_cuda_device_count(void);
+#endif
+
+/* Runs fn on every device (internal form of pmap_run: errors are left in each device). */
+pmap_status pmap_ctx_dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg);
+
+/* Marks the current job failed on every device and wakes every waiter. */
+void pmap_ctx_abort(pmap_ctx *ctx);
+
+/* Turns a barrier wait result into a status with a message naming the device and call. */
+pmap_status pmap_wait_status(pmap_device *dev, int wait_result, const char *call);
+
+#endif

@@ -1,0 +1,96 @@
+/* coll.c: the public face of mapped functions: axis queries, device memory and collectives,
+ * validated here and passed to the context's backend. */
+#include "backend.h"
+#include "error.h"
+
+int pmap_axis_index(const pmap_device *dev) { return dev ? dev->index : -1; }
+int pmap_axis_size(const pmap_device *dev) { return dev ? dev->ctx->n : 0; }
+
+pmap_status pmap_device_alloc(pmap_device *dev, size_t count, float **out) {
+  if (!dev || !out)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_device_alloc: %s is NULL", dev ? "out" : "dev");
+  void *p = NULL;
+  PMAP_TRY(dev->ctx->be->alloc(dev, count * sizeof(float), &p));
+  *out = p;
+  return PMAP_SUCCESS;
+}
+
+void pmap_device_free(pmap_device *dev, float *ptr) {
+  if (dev && ptr) dev->ctx->be->free(dev, ptr);
+}
+
+static pmap_status check_copy(const char *call, pmap_device *dev, const void *dst, const void *src,
+                              size_t count) {
+  if (!dev) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: dev is NULL", call);
+  if (count && (!dst || !src))
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL with count %zu on device %d", call,
+                    dst ? "src" : "dst", count, dev->index);
+  return PMAP_SUCCESS;
+}
+
+pmap_status pmap_device_upload(pmap_device *dev, float *dst, const float *src, size_t count) {
+  pmap_status st = check_copy("pmap_device_upload", dev, dst, src, count);
+  if (st || !count) return st;
+  PMAP_TRY(dev->ctx->be->upload(dev, dst, src, count * sizeof(float)));
+  if (dev->ctx->be->sync) PMAP_TRY(dev->ctx->be->sync(dev));
+  return PMAP_SUCCESS;
+}
+
+pmap_status pmap_device_download(pmap_device *dev, float *dst, const float *src, size_t count) {
+  pmap_status st = check_copy("pmap_device_download", dev, dst, src, count);
+  if (st || !count) return st;
+  return dev->ctx->be->download(dev, dst, src, count * sizeof(float));
+}
+
+static pmap_status check_coll(const char *call, pmap_device *dev, const float *send,
+                              const float *recv, size_t count) {
+  if (!dev) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: dev is NULL", call);
+  if (count && (!send || !recv))
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL with count %zu on device %d", call,
+                    send ? "recv" : "send", count, dev->index);
+  return PMAP_SUCCESS;
+}
+
+static pmap_status reduce(const char *call, pmap_device *dev, const float *send, float *recv,
+                          size_t count, pmap_redop op) {
+  pmap_status st = check_coll(call, dev, send, recv, count);
+  if (st) return st;
+  PMAP_TRY(dev->ctx->be->coll->all_reduce(dev, send, recv, count, op));
+  return PMAP_SUCCESS;
+}
+
+pmap_status pmap_psum(pmap_device *dev, const float *send, float *recv, size_t count) {
+  return reduce("pmap_psum", dev, send, recv, count, PMAP_RED_SUM);
+}
+
+pmap_status pmap_pmean(pmap_device *dev, const float *send, float *recv, size_t count) {
+  return reduce("pmap_pmean", dev, send, recv, count, PMAP_RED_MEAN);
+}
+
+pmap_status pmap_pmax(pmap_device *dev, const float *send, float *recv, size_t count) {
+  return reduce("pmap_pmax", dev, send, recv, count, PMAP_RED_MAX);
+}
+
+pmap_status pmap_all_gather(pmap_device *dev, const float *send, float *recv, size_t count) {
+  pmap_status st = check_coll("pmap_all_gather", dev, send, recv, count);
+  if (st) return st;
+  PMAP_TRY(dev->ctx->be->coll->all_gather(dev, send, recv, count));
+  return PMAP_SUCCESS;
+}
+
+pmap_status pmap_broadcast(pmap_device *dev, const float *send, float *recv, size_t count,
+                           int root) {
+  pmap_status st = check_coll("pmap_broadcast", dev, send, recv, count);
+  if (st) return st;
+  if (root < 0 || root >= dev->ctx->n)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_broadcast: root %d is outside [0, %d)", root,
+                    dev->ctx->n);
+  PMAP_TRY(dev->ctx->be->coll->broadcast(dev, send, recv, count, root));
+  return PMAP_SUCCESS;
+}
+
+pmap_status pmap_barrier(pmap_device *dev) {
+  if (!dev) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_barrier: dev is NULL");
+  PMAP_TRY(dev->ctx->be->coll->barrier(dev));
+  return PMAP_SUCCESS;
+}

@@ -1,0 +1,75 @@
+/* cpu_backend.c: the CPU backend. A device is a worker thread; its memory is host memory, so an
+ * input shard is read in place (no staging) and copies are memcpy. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_backend.h"
+#include "ops/cpu/cpu_ops.h"
+#include "runtime/error.h"
+
+#define CPU_ALIGN 64
+
+static pmap_status cpu_ctx_init(pmap_ctx *ctx, const pmap_config *cfg) {
+  (void)cfg;
+  cpu_device *d = aligned_alloc(CPU_ALIGN, sizeof(cpu_device) * (size_t)ctx->n);
+  if (!d) return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for %d devices", ctx->n);
+  for (int i = 0; i < ctx->n; i++) ctx->dev[i].be = &d[i];
+  ctx->be_ctx = d;
+  return PMAP_SUCCESS;
+}
+
+static void cpu_ctx_fini(pmap_ctx *ctx) { free(ctx->be_ctx); }
+
+static pmap_status cpu_device_init(pmap_device *dev) {
+  (void)dev;
+  cpu_gemm_threads_set(1);
+  return PMAP_SUCCESS;
+}
+
+static void cpu_enter(pmap_device *dev, int saved[2]) {
+  (void)dev;
+  saved[0] = cpu_gemm_threads_set(1);
+}
+
+static void cpu_leave(pmap_device *dev, const int saved[2]) {
+  (void)dev;
+  cpu_gemm_threads_set(saved[0]);
+}
+
+static pmap_status cpu_alloc(pmap_device *dev, size_t bytes, void **out) {
+  size_t rounded = (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
+  *out = aligned_alloc(CPU_ALIGN, rounded ? rounded : CPU_ALIGN);
+  if (!*out)
+    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "device %d: cannot allocate %zu bytes", dev->index,
+                    bytes);
+  return PMAP_SUCCESS;
+}
+
+static void cpu_free(pmap_device *dev, void *ptr) {
+  (void)dev;
+  free(ptr);
+}
+
+static pmap_status cpu_copy(pmap_device *dev, void *dst, const void *src, size_t bytes) {
+  (void)dev;
+  if (bytes && dst != src) memcpy(dst, src, bytes);
+  return PMAP_SUCCESS;
+}
+
+const pmap_backend_i pmap_cpu_backend = {
+    .name = "cpu",
+    .ctx_init = cpu_ctx_init,
+    .ctx_fini = cpu_ctx_fini,
+    .device_init = cpu_device_init,
+    .device_fini = NULL,
+    .enter = cpu_enter,
+    .leave = cpu_leave,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .stage = NULL,
+    .sync = NULL,
+    .coll = &pmap_cpu_coll,
+    .ops = &pmap_cpu_ops,
+};

@@ -1,0 +1,47 @@
+/* error.c: status strings and the thread-local last-error message. */
+#include "error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#define PMAP_ERROR_LEN 1024
+
+static _Thread_local char last_error[PMAP_ERROR_LEN];
+
+const char *pmap_status_string(pmap_status s) {
+  switch (s) {
+  case PMAP_SUCCESS: return "success";
+  case PMAP_ERR_INVALID_ARGUMENT: return "invalid argument";
+  case PMAP_ERR_OUT_OF_MEMORY: return "out of memory";
+  case PMAP_ERR_UNAVAILABLE: return "unavailable";
+  case PMAP_ERR_DEVICE: return "device error";
+  case PMAP_ERR_TIMEOUT: return "timeout";
+  case PMAP_ERR_ABORTED: return "aborted";
+  case PMAP_ERR_INTERNAL: return "internal error";
+  }
+  return "unknown status";
+}
+
+const char *pmap_last_error(void) { return last_error; }
+const char *pmap_error_message(void) { return last_error; }
+void pmap_error_clear(void) { last_error[0] = '\0'; }
+
+void pmap_error_copy(const char *msg) {
+  if (msg != last_error) snprintf(last_error, sizeof last_error, "%s", msg);
+}
+
+pmap_status pmap_error_set(pmap_status s, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  va_end(ap);
+  return s;
+}
+
+pmap_status pmap_error_trail(pmap_status s, const char *file, int line, const char *func) {
+  size_t len = strlen(last_error);
+  if (len < sizeof last_error - 1)
+    snprintf(last_error + len, sizeof last_error - len, " -> at %s:%d (%s)", file, line, func);
+  return s;
+}

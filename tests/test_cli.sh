@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# test_cli.sh: pmap-train as a user meets it: a run with --json whose last line carries the
+# required fields with checked values, and every bad argument rejected with a message and exit 1.
+set -u
+train=${1:?usage: test_cli.sh path/to/pmap-train}
+fails=0
+passes=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+ok() { passes=$((passes + 1)); }
+bad() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+
+# expect_error NEEDLE ARGS...: exit status 1 and NEEDLE on stderr.
+expect_error() {
+  local needle=$1
+  shift
+  "$train" "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  if [ "$rc" -ne 1 ]; then bad "pmap-train $* exited $rc, want 1"; return; fi
+  if ! grep -qF -- "$needle" "$tmp/err"; then
+    bad "pmap-train $*: stderr lacks '$needle': $(cat "$tmp/err")"
+    return
+  fi
+  ok
+}
+
+# json_check ARGS... -- PYTHON_EXPR: the last stdout line is JSON and EXPR holds for it (as j).
+json_check() {
+  local args=()
+  while [ "$1" != "--" ]; do args+=("$1"); shift; done
+  shift
+  if ! "$train" "${args[@]}" --json >"$tmp/out" 2>"$tmp/err"; then
+    bad "pmap-train ${args[*]} failed: $(cat "$tmp/err")"
+    return
+  fi
+  if ! tail -n 1 "$tmp/out" | python3 -c "
+import json, math, sys
+j = json.loads(sys.stdin.read())
+for k in ['model', 'backend', 'devices', 'steps', 'global_batch', 'final_loss',
+          'samples_per_sec', 'replicas_identical']:
+    assert k in j, 'missing key ' + k
+assert j['replicas_identical'] is True, 'replicas differ'
+assert $1, 'condition failed: ' + repr(j)
+"; then
+    bad "pmap-train ${args[*]} --json: $(tail -n 1 "$tmp/out")"
+    return
+  fi
+  ok
+}
+
+json_check --model linear --devices 4 -- \
+  "j['model'] == 'linear' and j['devices'] == 4 and j['steps'] == 1000 and j['global_batch'] == 128 and j['final_loss'] < 0.3 and abs(j['w'] - 2) < 0.1 and abs(j['b'] + 1) < 0.1"
+json_check --model mlp --devices 3 --steps 30 --batch 96 -- \
+  "j['devices'] == 3 and j['steps'] == 30 and j['global_batch'] == 96 and math.isfinite(j['final_loss'])"
+json_check --model convnet --devices 2 --steps 20 --batch 8 --backend cpu -- \
+  "j['backend'] == 'cpu' and j['devices'] == 2 and j['final_loss'] < 0.7"
+PMAP_CPU_DEVICES=3 json_check --model linear --steps 5 --batch 6 -- "j['devices'] == 3"
+json_check --model linear --steps 3 --lr 0.5 --seed 9 --log-every 0 -- "j['lr'] == 0.5 and j['seed'] == 9"
+
+expect_error 'unknown model "resnet"' --model resnet
+expect_error 'unknown backend "tpu"' --backend tpu
+expect_error '--devices "0" is not an integer in [1, 64]' --devices 0
+expect_error '--devices "65"' --devices 65
+expect_error 'global batch 30 is not divisible by 4 devices' --devices 4 --batch 30
+expect_error 'learning rate -1 must be > 0' --lr -1
+expect_error 'learning rate nan' --lr nan
+expect_error 'learning rate 0 must be > 0' --lr 0
+expect_error '--steps "abc"' --steps abc
+expect_error 'unknown option --frobnicate' --frobnicate
+expect_error 'option --model needs a value' --model
+PMAP_CPU_DEVICES=abc expect_error 'PMAP_CPU_DEVICES="abc"'
+if [ "$("$train" --help | head -c 6)" = "usage:" ]; then ok; else bad "--help"; fi
+
+echo "cli: $passes passed, $fails failed"
+[ "$fails" -eq 0 ]

@@ -1,0 +1,87 @@
+/* cli.c: strict argument parsing for the command-line programs. */
+#include "cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int cli_int(const char *prog, const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out) {
+  char *end = NULL;
+  errno = 0;
+  long long v = strtoll(s, &end, 10);
+  if (errno || end == s || *end || v < lo || v > hi) {
+    fprintf(stderr, "%s: %s \"%s\" is not an integer in [%lld, %lld]\n", prog, opt, s,
+            (long long)lo, (long long)hi);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+int cli_u64(const char *prog, const char *opt, const char *s, uint64_t *out) {
+  char *end = NULL;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || end == s || *end || *s == '-') {
+    fprintf(stderr, "%s: %s \"%s\" is not a non-negative integer\n", prog, opt, s);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+int cli_float(const char *prog, const char *opt, const char *s, float *out) {
+  char *end = NULL;
+  errno = 0;
+  float v = strtof(s, &end);
+  if (errno || end == s || *end) {
+    fprintf(stderr, "%s: %s \"%s\" is not a number\n", prog, opt, s);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+int cli_int_list(const char *prog, const char *opt, const char *s, int64_t lo, int64_t hi,
+                 int64_t *out, int *count) {
+  int n = 0;
+  const char *p = s;
+  for (;;) {
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(p, &end, 10);
+    if (errno || end == p || (*end && *end != ',') || v < lo || v > hi || n == CLI_MAX_LIST) {
+      fprintf(stderr, "%s: %s \"%s\" is not a list of at most %d integers in [%lld, %lld]\n",
+              prog, opt, s, CLI_MAX_LIST, (long long)lo, (long long)hi);
+      return -1;
+    }
+    out[n++] = v;
+    if (!*end) break;
+    p = end + 1;
+  }
+  *count = n;
+  return 0;
+}
+
+const char *cli_value(const char *prog, int argc, char **argv, int *i) {
+  if (*i + 1 >= argc) {
+    fprintf(stderr, "%s: option %s needs a value\n", prog, argv[*i]);
+    return NULL;
+  }
+  return argv[++*i];
+}
+
+int cli_is_option(const char *a, const char *const *names) {
+  for (; *names; names++)
+    if (!strcmp(a, *names)) return 1;
+  return 0;
+}
+
+double cli_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}

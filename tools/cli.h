@@ -1,0 +1,23 @@
+/* cli.h: argument parsing shared by the command-line programs: strict numbers and lists, and
+ * the one way they report errors (a message on stderr, exit status 1). */
+#ifndef PMAP_TOOLS_CLI_H
+#define PMAP_TOOLS_CLI_H
+
+#include <stdint.h>
+
+#define CLI_MAX_LIST 16
+
+/* Each returns 0 on success, else prints "<prog>: <what>" on stderr and returns -1. */
+int cli_int(const char *prog, const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out);
+int cli_float(const char *prog, const char *opt, const char *s, float *out);
+int cli_u64(const char *prog, const char *opt, const char *s, uint64_t *out);
+/* A comma-separated list of integers in [lo, hi], e.g. "1,2,4". */
+int cli_int_list(const char *prog, const char *opt, const char *s, int64_t lo, int64_t hi,
+                 int64_t *out, int *count);
+/* The value of option argv[*i] (advancing *i), or NULL with a message when it is missing. */
+const char *cli_value(const char *prog, int argc, char **argv, int *i);
+/* Whether a is one of the NULL-terminated names. */
+int cli_is_option(const char *a, const char *const *names);
+double cli_now(void); /* seconds, monotonic */
+
+#endif

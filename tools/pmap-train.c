@@ -1,0 +1,183 @@
+/* pmap-train: the main job. Trains one of the example models data-parallel on N devices and
+ * prints progress, a summary, and with --json a last line of JSON. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "pmap.h"
+#include "pmap_examples.h"
+
+static const char *prog = "pmap-train";
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: pmap-train [--model linear|mlp|convnet|mlp-1024] [--devices N]\n"
+          "                  [--backend auto|cpu|cuda] [--steps S] [--batch B] [--lr LR]\n"
+          "                  [--seed K] [--samples S] [--log-every E] [--json]\n"
+          "  --model      example model (default linear)\n"
+          "  --devices    device count (default: CPU: $PMAP_CPU_DEVICES or 4)\n"
+          "  --backend    auto picks CUDA where a GPU is usable, else the CPU (default auto)\n"
+          "  --steps      training steps (default: the model's)\n"
+          "  --batch      GLOBAL batch, a multiple of the device count (default: the model's)\n"
+          "  --lr         learning rate (default: the model's)\n"
+          "  --seed       seed of the parameters and the data (default 0)\n"
+          "  --samples    data set rows, rounded up to a multiple of the batch (default: the model's)\n"
+          "  --log-every  progress line every E steps, 0 for none (default steps/10)\n"
+          "  --json       end with one line of JSON\n");
+}
+
+typedef struct opts {
+  const char *model, *backend;
+  int64_t devices, steps, batch, samples, log_every;
+  float lr;
+  int have_lr, json;
+  uint64_t seed;
+} opts;
+
+static int parse(int argc, char **argv, opts *o) {
+  static const char *const value_opts[] = {"--model", "--backend", "--devices", "--steps", "--batch", "--samples", "--log-every", "--seed", "--lr", NULL};
+  *o = (opts){"linear", "auto", PMAP_DEVICES_DEFAULT, -1, -1, -1, -1, 0.0f, 0, 0, 0};
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v;
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      usage(stdout);
+      exit(0);
+    } else if (!strcmp(a, "--json")) {
+      o->json = 1;
+    } else if (!cli_is_option(a, value_opts)) {
+      fprintf(stderr, "%s: unknown option %s (see --help)\n", prog, a);
+      return -1;
+    } else if (!(v = cli_value(prog, argc, argv, &i))) {
+      return -1;
+    } else if (!strcmp(a, "--model")) {
+      o->model = v;
+    } else if (!strcmp(a, "--backend")) {
+      o->backend = v;
+    } else if (!strcmp(a, "--devices")) {
+      if (cli_int(prog, a, v, 1, PMAP_MAX_DEVICES, &o->devices)) return -1;
+    } else if (!strcmp(a, "--steps")) {
+      if (cli_int(prog, a, v, 1, INT64_C(1) << 40, &o->steps)) return -1;
+    } else if (!strcmp(a, "--batch")) {
+      if (cli_int(prog, a, v, 1, INT64_C(1) << 24, &o->batch)) return -1;
+    } else if (!strcmp(a, "--samples")) {
+      if (cli_int(prog, a, v, 1, INT64_C(1) << 24, &o->samples)) return -1;
+    } else if (!strcmp(a, "--log-every")) {
+      if (cli_int(prog, a, v, 0, INT64_C(1) << 40, &o->log_every)) return -1;
+    } else if (!strcmp(a, "--seed")) {
+      if (cli_u64(prog, a, v, &o->seed)) return -1;
+    } else if (!strcmp(a, "--lr")) {
+      if (cli_float(prog, a, v, &o->lr)) return -1;
+      o->have_lr = 1;
+    }
+  }
+  return 0;
+}
+
+static int fail(const char *what) {
+  fprintf(stderr, "%s: %s: %s\n", prog, what, pmap_last_error());
+  return 1;
+}
+
+int main(int argc, char **argv) {
+  opts o;
+  if (parse(argc, argv, &o)) return 1;
+  pmap_example_info info;
+  pmap_backend backend;
+  if (pmap_example_info_get(o.model, &info)) return fail("--model");
+  if (pmap_backend_parse(o.backend, &backend)) return fail("--backend");
+  if (o.steps < 0) o.steps = info.steps;
+  if (o.batch < 0) o.batch = info.batch;
+  if (o.samples < 0) o.samples = info.samples;
+  if (o.have_lr) info.opt.lr = o.lr;
+  if (o.log_every < 0) o.log_every = o.steps >= 10 ? o.steps / 10 : 1;
+  int64_t rows = (o.samples + o.batch - 1) / o.batch * o.batch;
+  int64_t batches = rows / o.batch;
+
+  int code = 1;
+  pmap_ctx *ctx = NULL;
+  pmap_model *model = NULL;
+  pmap_params *params = NULL;
+  pmap_array xs = {0}, ys = {0};
+  float *w0 = NULL, *wd = NULL;
+  pmap_config cfg = {backend, (int)o.devices, NULL, 0.0};
+  if (pmap_ctx_create(&cfg, &ctx)) { fail("cannot create the context"); goto out; }
+  int n = pmap_ctx_num_devices(ctx);
+  const char *bname = pmap_backend_name(pmap_ctx_backend(ctx));
+  if (backend == PMAP_BACKEND_AUTO)
+    fprintf(stderr, "%s: backend auto chose %s\n", prog, bname);
+  if (o.batch % n) {
+    fprintf(stderr, "%s: global batch %lld is not divisible by %d devices\n", prog,
+            (long long)o.batch, n);
+    goto out;
+  }
+  if (pmap_example_model(o.model, &model)) { fail("cannot build the model"); goto out; }
+  if (pmap_params_create(ctx, model, &info.opt, o.seed, &params)) { fail("cannot create the parameters"); goto out; }
+  if (pmap_example_data(o.model, o.seed + 1, rows, &xs, &ys)) { fail("cannot make the data"); goto out; }
+  printf("pmap-train: model %s (%zu parameters), backend %s (gemm %s), %d devices, global batch "
+         "%lld (%lld per device), %lld steps, %s lr %g, seed %llu\n",
+         o.model, pmap_params_count(params), bname, pmap_gemm_provider(), n, (long long)o.batch,
+         (long long)(o.batch / n), (long long)o.steps,
+         info.opt.kind == PMAP_OPT_ADAM ? "Adam" : "SGD", (double)info.opt.lr,
+         (unsigned long long)o.seed);
+
+  size_t xrow = (size_t)(pmap_array_numel(&xs) / rows), yrow = (size_t)(pmap_array_numel(&ys) / rows);
+  float loss = NAN;
+  double busy = 0.0, last_busy = 0.0;
+  int64_t last_step = 0;
+  for (int64_t s = 0; s < o.steps; s++) {
+    int64_t first = (s % batches) * o.batch;
+    pmap_array xb = xs, yb = ys;
+    xb.data = (float *)xs.data + (size_t)first * xrow;
+    yb.data = (char *)ys.data + (size_t)first * yrow * 4;
+    xb.shape[0] = yb.shape[0] = o.batch;
+    double t0 = cli_now();
+    if (pmap_update(params, &xb, &yb, &loss)) { fail("pmap_update"); goto out; }
+    busy += cli_now() - t0;
+    if (o.log_every && (s % o.log_every == 0 || s == o.steps - 1)) {
+      /* Throughput over the steps since the previous line. */
+      printf("step %6lld  loss %.6f  samples/s %.0f\n", (long long)s, (double)loss,
+             (double)(s + 1 - last_step) * (double)o.batch / (busy - last_busy));
+      last_step = s + 1;
+      last_busy = busy;
+    }
+  }
+  double sps = (double)o.steps * (double)o.batch / busy;
+
+  /* Check, do not assume, that every replica holds the same parameters. */
+  size_t P = pmap_params_count(params);
+  w0 = malloc(P * sizeof *w0);
+  wd = malloc(P * sizeof *wd);
+  if (!w0 || !wd) { fprintf(stderr, "%s: out of memory\n", prog); goto out; }
+  if (pmap_params_read(params, 0, w0, P)) { fail("pmap_params_read"); goto out; }
+  int identical = 1;
+  for (int d = 1; d < n && identical; d++) {
+    if (pmap_params_read(params, d, wd, P)) { fail("pmap_params_read"); goto out; }
+    identical = memcmp(w0, wd, P * sizeof *w0) == 0;
+  }
+  printf("final loss %.6f after %lld steps, %.0f samples/s, replicas identical: %s\n",
+         (double)loss, (long long)o.steps, sps, identical ? "yes" : "NO");
+  int linear = !strcmp(o.model, "linear");
+  if (linear) printf("w = %.4f, b = %.4f\n", (double)w0[0], (double)w0[1]);
+  if (o.json) {
+    printf("{\"model\": \"%s\", \"backend\": \"%s\", \"gemm\": \"%s\", \"devices\": %d, "
+           "\"steps\": %lld, \"global_batch\": %lld, \"lr\": %g, \"seed\": %llu, "
+           "\"final_loss\": %.9g, \"samples_per_sec\": %.1f, \"replicas_identical\": %s",
+           o.model, bname, pmap_gemm_provider(), n, (long long)o.steps, (long long)o.batch,
+           (double)info.opt.lr, (unsigned long long)o.seed, (double)loss, sps,
+           identical ? "true" : "false");
+    if (linear) printf(", \"w\": %.9g, \"b\": %.9g", (double)w0[0], (double)w0[1]);
+    printf("}\n");
+  }
+  code = identical ? 0 : 1;
+  if (!identical) fprintf(stderr, "%s: replicas differ after training\n", prog);
+out:
+  free(w0);
+  free(wd);
+  pmap_example_data_free(&xs, &ys);
+  pmap_params_destroy(params);
+  pmap_model_destroy(model);
+  pmap_ctx_destroy(ctx);
+  return code;
+}
