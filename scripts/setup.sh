@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# setup.sh: installs what pmap needs to build on Debian (compiler, Meson, Ninja, oneDNN for the
+# CPU GEMM, Python for the CLI test). Installs only what is missing; needs root or sudo.
+set -euo pipefail
+pkgs=(gcc libc6-dev pkg-config meson ninja-build libdnnl-dev python3)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "setup: installing ${missing[*]}"
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
