@@ -44,6 +44,10 @@ static pmap_status cpu_all_reduce(pmap_device *dev, const float *send, float *re
   pmap_ctx *ctx = dev->ctx;
   int n = ctx->n, d = dev->index;
   if (count == 0) return PMAP_SUCCESS;
+  if (n == 1) { /* sum, mean and max of one value are the value */
+    if (recv != send) memcpy(recv, send, count * sizeof *recv);
+    return PMAP_SUCCESS;
+  }
   const float **sends = ctx->slots, **recvs = ctx->slots + n;
   sends[d] = send;
   recvs[d] = recv;
