@@ -54,11 +54,20 @@ void pmap_event_signal(pmap_event *e) {
 
 void pmap_event_poke(pmap_event *e) { pmap_event_signal(e); }
 
+/* PMAP_WAIT_OK or _ABORTED when the wait is over, -1 to keep waiting. An abort bumps gen too
+ * (pmap_event_poke, after setting *abort), so gen is read first: when the change it shows is a
+ * poke, the abort load after it sees the flag and the poke is not taken for a real signal. */
+static int wait_over(pmap_event *e, uint32_t seen, const pmap_wait_policy *p) {
+  int changed = atomic_load_explicit(&e->gen, memory_order_acquire) != seen;
+  if (p->abort && atomic_load_explicit(p->abort, memory_order_acquire)) return PMAP_WAIT_ABORTED;
+  return changed ? PMAP_WAIT_OK : -1;
+}
+
 int pmap_event_wait(pmap_event *e, uint32_t seen, const pmap_wait_policy *p) {
   int64_t start = 0, now = 0;
   for (uint32_t i = 0;; i++) {
-    if (p->abort && atomic_load_explicit(p->abort, memory_order_acquire)) return PMAP_WAIT_ABORTED;
-    if (atomic_load_explicit(&e->gen, memory_order_acquire) != seen) return PMAP_WAIT_OK;
+    int r = wait_over(e, seen, p);
+    if (r >= 0) return r;
     cpu_relax();
     if ((i & 63) != 63) continue;
     now = pmap_now_ns();
@@ -75,8 +84,8 @@ int pmap_event_wait(pmap_event *e, uint32_t seen, const pmap_wait_policy *p) {
     if (!(p->abort && atomic_load_explicit(p->abort, memory_order_seq_cst)))
       futex_wait(&e->gen, seen, slice);
     atomic_fetch_sub_explicit(&e->sleepers, 1, memory_order_seq_cst);
-    if (p->abort && atomic_load_explicit(p->abort, memory_order_acquire)) return PMAP_WAIT_ABORTED;
-    if (atomic_load_explicit(&e->gen, memory_order_acquire) != seen) return PMAP_WAIT_OK;
+    int r = wait_over(e, seen, p);
+    if (r >= 0) return r;
     now = pmap_now_ns();
   }
 }
@@ -91,6 +100,9 @@ void sync_barrier_init(sync_barrier *b, uint32_t n) {
 int sync_barrier_wait(sync_barrier *b, const pmap_wait_policy *p) {
   uint32_t gen = atomic_load_explicit(&b->ev.gen, memory_order_acquire);
   if (atomic_fetch_add_explicit(&b->count, 1, memory_order_acq_rel) == b->n - 1) {
+    /* A device that gave up waiting (timeout) stays counted as arrived: a late last arrival
+     * after the abort must not release anyone into buffers that device may have freed. */
+    if (p->abort && atomic_load_explicit(p->abort, memory_order_acquire)) return PMAP_WAIT_ABORTED;
     atomic_store_explicit(&b->count, 0, memory_order_relaxed);
     pmap_event_signal(&b->ev);
     return PMAP_WAIT_OK;
