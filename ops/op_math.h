@@ -6,7 +6,7 @@
 #include <math.h>
 
 #ifdef __CUDACC__
-#define PMAP_HD __host__ __device__ __forceinline__
+#define PMAP_HD __host__ __device__
 #else
 #define PMAP_HD
 #endif

@@ -1,0 +1,52 @@
+/* cuda_ops.h: the entry points of the CUDA kernels (ops/cuda, one file per op) and the CUDA op
+ * table. Each runs asynchronously on the device's stream with the contract of its member in
+ * ops/ops.h; pointers are device memory of that device. Usable from C and CUDA C++. */
+#ifndef PMAP_CUDA_OPS_H
+#define PMAP_CUDA_OPS_H
+
+#include "runtime/cuda/cuda_device.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+extern const pmap_ops pmap_cuda_ops;
+
+/* cuBLAS SGEMM on row-major operands (ops.h gemm). */
+pmap_status cuda_gemm(pmap_device *dev, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                      float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                      float beta, float *c, int64_t ldc);
+pmap_status cuda_fill(pmap_device *dev, float *x, float value, size_t n);
+pmap_status cuda_bias_forward(pmap_device *dev, float *y, const float *b, int64_t outer,
+                              int64_t ch, int64_t inner);
+pmap_status cuda_bias_backward(pmap_device *dev, const float *dy, float *db, int64_t outer,
+                               int64_t ch, int64_t inner);
+pmap_status cuda_relu_forward(pmap_device *dev, const float *x, float *y, size_t n);
+pmap_status cuda_relu_backward(pmap_device *dev, const float *y, const float *dy, float *dx,
+                               size_t n);
+/* Convolution as batched im2col + one GEMM per chunk of examples. The per-example col and dcol
+ * scratch of ops.h is not used: the chunk's columns live in the device's workspace. */
+pmap_status cuda_conv2d_forward(pmap_device *dev, const pmap_conv_shape *s, int64_t bd,
+                                const float *x, const float *w, float *y, float *col);
+pmap_status cuda_conv2d_backward(pmap_device *dev, const pmap_conv_shape *s, int64_t bd,
+                                 const float *x, const float *w, const float *dy, float *dx,
+                                 float *dw, float *col, float *dcol);
+pmap_status cuda_mse(pmap_device *dev, const float *pred, const float *t, size_t n, float *dpred,
+                     float *loss);
+pmap_status cuda_softmax_xent(pmap_device *dev, const float *logits, const int32_t *labels,
+                              int64_t rows, int64_t k, float *dlogits, float *loss);
+pmap_status cuda_sgd_step(pmap_device *dev, float *w, const float *g, float *v, size_t n, float lr,
+                          float momentum);
+pmap_status cuda_adam_step(pmap_device *dev, float *w, const float *g, float *m, float *v,
+                           size_t n, float lr, float beta1, float beta2, float eps, float bc1,
+                           float bc2);
+
+/* Second pass of the loss reductions: *loss (device) = (float)(sum of partial (blocks) / denom),
+ * summed in a fixed order so the loss is deterministic. blocks <= CUDA_REDUCE_BLOCKS. */
+pmap_status cuda_loss_finalize(cuda_device *cd, const double *partial, unsigned blocks,
+                               double denom, float *loss);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

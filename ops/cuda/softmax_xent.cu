@@ -1,0 +1,45 @@
+/* softmax_xent.cu: softmax cross-entropy over rows of logits (ops/ops.h softmax_xent): a thread
+ * per row finds the max, the sum of exponentials and the gradient (ops/op_math.h); the loss
+ * terms are summed in double per block, then once more in loss_reduce.cu. */
+#include "cuda_common.cuh"
+
+static __global__ void softmax_xent_kernel(const float *logits, const int32_t *labels,
+                                           int64_t rows, int64_t k, float scale, float *dlogits,
+                                           double *partial) {
+  double acc = 0.0;
+  for (size_t r = cuda_thread_index(); r < (size_t)rows; r += cuda_grid_stride()) {
+    const float *z = logits + (int64_t)r * k;
+    float *dz = dlogits + (int64_t)r * k;
+    float zmax = z[0];
+    for (int64_t j = 1; j < k; j++) zmax = z[j] > zmax ? z[j] : zmax;
+    float se = 0.0f;
+    for (int64_t j = 0; j < k; j++) se += expf(z[j] - zmax);
+    float inv = 1.0f / se;
+    int32_t label = labels[r];
+    acc += (double)logf(se) + (double)zmax - (double)z[label];
+    for (int64_t j = 0; j < k; j++) dz[j] = pmap_xent_grad(z[j], zmax, inv, j == label, scale);
+  }
+  acc = cuda_block_sum(acc);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+static void softmax_xent_launch(cudaStream_t stream, unsigned blocks, const float *logits,
+                                const int32_t *labels, int64_t rows, int64_t k, float scale,
+                                float *dlogits, double *partial) {
+  softmax_xent_kernel<<<blocks, CUDA_BLOCK, 0, stream>>>(logits, labels, rows, k, scale, dlogits,
+                                                         partial);
+}
+
+extern "C" pmap_status cuda_softmax_xent(pmap_device *dev, const float *logits,
+                                         const int32_t *labels, int64_t rows, int64_t k,
+                                         float *dlogits, float *loss) {
+  cuda_device *cd = cuda_device_of(dev);
+  if (rows <= 0 || k <= 0) return cuda_fill(dev, loss, 0.0f, 1);
+  unsigned blocks = cuda_grid((size_t)rows);
+  if (blocks > CUDA_REDUCE_BLOCKS) blocks = CUDA_REDUCE_BLOCKS;
+  double *partial = (double *)cd->scratch;
+  softmax_xent_launch(cd->stream, blocks, logits, labels, rows, k, 1.0f / (float)rows, dlogits,
+                      partial);
+  CUDA_CHECK_LAUNCH(cd, "softmax_xent_kernel");
+  return cuda_loss_finalize(cd, partial, blocks, (double)rows, loss);
+}

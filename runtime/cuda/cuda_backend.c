@@ -1,0 +1,205 @@
+/* cuda_backend.c: the CUDA backend's device half and its table. Each device's thread selects its
+ * GPU once and owns a stream and a cuBLAS handle bound to it; memory is stream-ordered, inputs
+ * go through pinned staging, and every wait on the GPU is a timed poll (cuda_coll.c). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_backend.h"
+#include "ops/cuda/cuda_ops.h"
+
+/* Staging buffers grow in steps of this, so that a slightly larger batch reuses them. */
+#define STAGE_ROUND ((size_t)1 << 16)
+
+cuda_device *cuda_device_of(pmap_device *dev) { return (cuda_device *)dev->be; }
+
+/* Frees what device_init and later calls set up; safe on a partly initialised device. */
+static void device_release(cuda_device *cd) {
+  for (int s = 0; s < 2; s++) {
+    cuda_stage *st = &cd->stage[s];
+    if (st->dev) (void)cudaFreeAsync(st->dev, cd->stream);
+    if (st->host) (void)cudaFreeHost(st->host);
+    if (st->copied) (void)cudaEventDestroy(st->copied);
+    memset(st, 0, sizeof *st);
+  }
+  if (cd->work) (void)cudaFreeAsync(cd->work, cd->stream);
+  if (cd->scratch) (void)cudaFreeAsync(cd->scratch, cd->stream);
+  if (cd->stream) (void)cudaStreamSynchronize(cd->stream);
+  if (cd->blas) (void)cublasDestroy(cd->blas);
+  if (cd->blas_ws) (void)cudaFree(cd->blas_ws);
+  if (cd->stream) (void)cudaStreamDestroy(cd->stream);
+  (void)cudaGetLastError();
+  cd->work = NULL;
+  cd->work_cap = 0;
+  cd->scratch = cd->blas_ws = NULL;
+  cd->blas = NULL;
+  cd->stream = NULL;
+}
+
+/* Every device arrives, then one NCCL all-reduce of a float: the communicators are known to
+ * work (and their connections are set up) before the context is handed out. */
+static pmap_status startup_barrier(pmap_device *dev, cuda_device *cd) {
+  pmap_ctx *ctx = dev->ctx;
+  pmap_status st = PMAP_SUCCESS;
+  PMAP_TRY(pmap_wait_status(dev, sync_barrier_wait(&ctx->bar, &ctx->wait), "startup barrier"));
+  float *one = (float *)((char *)cd->scratch + CUDA_REDUCE_BLOCKS * sizeof(double));
+  CUDA_CHECK(cd, cudaMemsetAsync(one, 0, sizeof *one, cd->stream));
+  PMAP_TRY(cuda_nccl_enter(dev, "startup barrier"));
+  NCCL_CHECK_GOTO(cd, st, ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, cd->comm, cd->stream),
+                  fail);
+  cuda_nccl_leave(dev);
+  return cuda_wait(dev, "startup barrier (NCCL all-reduce)", 1);
+fail:
+  cuda_nccl_leave(dev);
+  return cuda_nccl_failed(dev, st, "startup barrier (NCCL all-reduce)");
+}
+
+static pmap_status cuda_device_init(pmap_device *dev) {
+  cuda_device *cd = dev->be;
+  cuda_ctx *cc = dev->ctx->be_ctx;
+  pmap_status st = PMAP_SUCCESS;
+  /* Once per thread: a worker keeps its GPU for life; device 0's caller gets it in enter. */
+  CUDA_CHECK_GOTO(cd, st, cudaSetDevice(cd->gpu), fail);
+  CUDA_CHECK_GOTO(cd, st, cudaStreamCreateWithFlags(&cd->stream, cudaStreamNonBlocking), fail);
+  CUBLAS_CHECK_GOTO(cd, st, cublasCreate(&cd->blas), fail);
+  CUBLAS_CHECK_GOTO(cd, st, cublasSetStream(cd->blas, cd->stream), fail);
+  /* An explicit workspace: no GEMM allocates, and results do not depend on a shared pool. */
+  CUDA_CHECK_GOTO(cd, st, cudaMalloc(&cd->blas_ws, CUDA_BLAS_WORKSPACE_BYTES), fail);
+  CUBLAS_CHECK_GOTO(cd, st, cublasSetWorkspace(cd->blas, cd->blas_ws, CUDA_BLAS_WORKSPACE_BYTES),
+                    fail);
+  CUBLAS_CHECK_GOTO(cd, st,
+                    cublasSetMathMode(cd->blas, cc->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                         : CUBLAS_DEFAULT_MATH),
+                    fail);
+  CUDA_CHECK_GOTO(cd, st, cudaMallocAsync(&cd->scratch, CUDA_SCRATCH_BYTES, cd->stream), fail);
+  for (int s = 0; s < 2; s++)
+    CUDA_CHECK_GOTO(cd, st, cudaEventCreateWithFlags(&cd->stage[s].copied, cudaEventDisableTiming),
+                    fail);
+  PMAP_TRY_GOTO(st, startup_barrier(dev, cd), fail);
+  return PMAP_SUCCESS;
+fail:
+  device_release(cd);
+  return st;
+}
+
+static void cuda_device_fini(pmap_device *dev) {
+  cuda_device *cd = dev->be;
+  if (!cd) return;
+  /* Drain the stream (bounded by the timeout) so nothing is freed under a running kernel. */
+  (void)cuda_wait(dev, "device_fini", 0);
+  device_release(cd);
+}
+
+/* Device 0's work runs on the caller's thread: lend it the GPU, then give back its own. */
+static void cuda_enter(pmap_device *dev, int saved[2]) {
+  cuda_device *cd = dev->be;
+  saved[0] = -1;
+  if (!cd) return;
+  int cur = -1;
+  if (cudaGetDevice(&cur) != cudaSuccess) cur = -1;
+  saved[0] = cur;
+  if (cur != cd->gpu) (void)cudaSetDevice(cd->gpu);
+  (void)cudaGetLastError();
+}
+
+static void cuda_leave(pmap_device *dev, const int saved[2]) {
+  cuda_device *cd = dev->be;
+  if (!cd || saved[0] < 0 || saved[0] == cd->gpu) return;
+  (void)cudaSetDevice(saved[0]);
+  (void)cudaGetLastError();
+}
+
+/* Stream-ordered allocations: unlike cudaMalloc/cudaFree they never wait for the whole GPU,
+ * which could otherwise wait on another rank's collective when logical devices share a GPU. */
+static pmap_status cuda_alloc(pmap_device *dev, size_t bytes, void **out) {
+  cuda_device *cd = dev->be;
+  void *p = NULL;
+  *out = NULL;
+  CUDA_CHECK(cd, cudaMallocAsync(&p, bytes ? bytes : 256, cd->stream));
+  *out = p;
+  return PMAP_SUCCESS;
+}
+
+static void cuda_free(pmap_device *dev, void *ptr) {
+  cuda_device *cd = dev->be;
+  if (!ptr || !cd) return;
+  if (cudaFreeAsync(ptr, cd->stream) != cudaSuccess) (void)cudaGetLastError();
+}
+
+pmap_status cuda_work_reserve(cuda_device *cd, size_t count) {
+  if (count <= cd->work_cap) return PMAP_SUCCESS;
+  if (cd->work) CUDA_CHECK(cd, cudaFreeAsync(cd->work, cd->stream));
+  cd->work = NULL;
+  cd->work_cap = 0;
+  void *p = NULL;
+  CUDA_CHECK(cd, cudaMallocAsync(&p, count * sizeof(float), cd->stream));
+  cd->work = p;
+  cd->work_cap = count;
+  return PMAP_SUCCESS;
+}
+
+static pmap_status cuda_upload(pmap_device *dev, void *dst, const void *src, size_t bytes) {
+  cuda_device *cd = dev->be;
+  if (!bytes) return PMAP_SUCCESS;
+  CUDA_CHECK(cd, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cd->stream));
+  return PMAP_SUCCESS;
+}
+
+static pmap_status cuda_download(pmap_device *dev, void *dst, const void *src, size_t bytes) {
+  cuda_device *cd = dev->be;
+  if (!bytes) return PMAP_SUCCESS;
+  /* A copy into pageable memory blocks until the stream gets to it: wait for the queued work
+   * first with the timed poll, so that a stuck collective cannot hang the copy. */
+  PMAP_TRY(cuda_wait(dev, "download", 0));
+  CUDA_CHECK(cd, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cd->stream));
+  CUDA_CHECK(cd, cudaStreamSynchronize(cd->stream));
+  return PMAP_SUCCESS;
+}
+
+/* host -> pinned staging (a memcpy) -> device buffer (asynchronous on the stream). */
+static pmap_status cuda_stage_input(pmap_device *dev, int slot, const void *host, size_t bytes,
+                                    void **out) {
+  cuda_device *cd = dev->be;
+  cuda_stage *s = &cd->stage[slot];
+  *out = NULL;
+  /* The previous copy out of the pinned buffer must be done before it is overwritten. */
+  if (s->pending) CUDA_CHECK(cd, cudaEventSynchronize(s->copied));
+  s->pending = 0;
+  if (bytes > s->cap) {
+    size_t cap = (bytes + STAGE_ROUND - 1) / STAGE_ROUND * STAGE_ROUND;
+    if (s->host) CUDA_CHECK(cd, cudaFreeHost(s->host));
+    if (s->dev) CUDA_CHECK(cd, cudaFreeAsync(s->dev, cd->stream));
+    s->host = s->dev = NULL;
+    s->cap = 0;
+    CUDA_CHECK(cd, cudaMallocHost(&s->host, cap));
+    CUDA_CHECK(cd, cudaMallocAsync(&s->dev, cap, cd->stream));
+    s->cap = cap;
+  }
+  if (bytes) {
+    memcpy(s->host, host, bytes);
+    CUDA_CHECK(cd, cudaMemcpyAsync(s->dev, s->host, bytes, cudaMemcpyHostToDevice, cd->stream));
+    CUDA_CHECK(cd, cudaEventRecord(s->copied, cd->stream));
+    s->pending = 1;
+  }
+  *out = s->dev;
+  return PMAP_SUCCESS;
+}
+
+static pmap_status cuda_sync(pmap_device *dev) { return cuda_wait(dev, "sync", 0); }
+
+const pmap_backend_i pmap_cuda_backend = {
+    .name = "cuda",
+    .ctx_init = cuda_ctx_init,
+    .ctx_fini = cuda_ctx_fini,
+    .device_init = cuda_device_init,
+    .device_fini = cuda_device_fini,
+    .enter = cuda_enter,
+    .leave = cuda_leave,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .stage = cuda_stage_input,
+    .sync = cuda_sync,
+    .coll = &pmap_cuda_coll,
+    .ops = &pmap_cuda_ops,
+};

@@ -1,0 +1,283 @@
+/* cuda_ctx.c: the CUDA backend's context: which GPU each logical device uses, the NCCL
+ * communicators over them (created with the context, so that failures show at start) and their
+ * abort when a device fails or a collective outlives the context's timeout. */
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda_backend.h"
+
+/* NCCL 2.30.0, the first that can put several ranks of one communicator on one GPU. */
+#define NCCL_MULTI_RANK_VERSION 23000
+/* How long an abort waits for a thread to leave an NCCL call before aborting under it. */
+#define ABORT_GRACE_NS 200000000LL
+/* The watchdog looks this often, and judges a thread stuck in an NCCL call after this long
+ * while another device has failed (a healthy call returns in microseconds). */
+#define WATCHDOG_PERIOD_NS 20000000L
+#define WATCHDOG_STUCK_NS 100000000LL
+
+int pmap_cuda_device_count(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    /* No driver or no GPU: an error here, not a count of 0. Leave no error behind. */
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+/* "2.28.9" from ncclGetVersion's code (major*10000 + minor*100 + patch since 2.9). */
+static void nccl_version_string(int v, char *buf, size_t len) {
+  if (v >= 10000)
+    snprintf(buf, len, "%d.%d.%d", v / 10000, v / 100 % 100, v % 100);
+  else
+    snprintf(buf, len, "%d.%d.%d", v / 1000, v / 100 % 10, v % 100);
+}
+
+/* Parses "0,0,1,1" into gpus: its first n entries (a longer list serves smaller contexts too,
+ * e.g. the 1, 2 and 4 devices of a scaling run). */
+static pmap_status parse_ids(const char *s, int n, int *gpus) {
+  const char *what = "pmap_ctx_create: environment variable PMAP_CUDA_DEVICE_IDS";
+  const char *p = s;
+  int count = 0;
+  for (;;) {
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(p, &end, 10);
+    if (end == p || errno || v < 0 || v > 1 << 20)
+      return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                      "%s=\"%s\" is not a comma-separated list of GPU numbers", what, s);
+    if (count < n) gpus[count] = (int)v;
+    count++;
+    if (*end == '\0') break;
+    if (*end != ',')
+      return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                      "%s=\"%s\" is not a comma-separated list of GPU numbers", what, s);
+    p = end + 1;
+  }
+  if (count < n)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s=\"%s\" lists %d GPUs but the context has %d devices", what, s, count, n);
+  return PMAP_SUCCESS;
+}
+
+/* The GPU of each logical device: cfg->device_ids, else $PMAP_CUDA_DEVICE_IDS, else 0..n-1;
+ * each must exist on this machine. */
+static pmap_status choose_gpus(const pmap_config *cfg, int n, int count, int *gpus) {
+  const char *env = getenv("PMAP_CUDA_DEVICE_IDS");
+  const char *source = "device_ids";
+  if (cfg->device_ids) {
+    memcpy(gpus, cfg->device_ids, (size_t)n * sizeof *gpus);
+  } else if (env && *env) {
+    PMAP_TRY(parse_ids(env, n, gpus));
+    source = "PMAP_CUDA_DEVICE_IDS";
+  } else {
+    for (int i = 0; i < n; i++) gpus[i] = i;
+    if (n > count)
+      return PMAP_ERR(PMAP_ERR_UNAVAILABLE,
+                      "pmap_ctx_create: %d CUDA devices requested but this machine has %d GPU%s "
+                      "(to run several logical devices on one GPU list them in device_ids or "
+                      "PMAP_CUDA_DEVICE_IDS, e.g. 0,0,0,0)",
+                      n, count, count == 1 ? "" : "s");
+  }
+  for (int i = 0; i < n; i++)
+    if (gpus[i] < 0 || gpus[i] >= count)
+      return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                      "pmap_ctx_create: %s[%d] = %d is outside [0, %d): this machine has %d GPU%s",
+                      source, i, gpus[i], count, count, count == 1 ? "" : "s");
+  return PMAP_SUCCESS;
+}
+
+/* Logical devices sharing a GPU are NCCL ranks sharing a GPU: only where NCCL allows it. */
+static pmap_status check_shared_gpus(const int *gpus, int n, int version) {
+  for (int i = 0; i < n; i++)
+    for (int j = i + 1; j < n; j++) {
+      if (gpus[i] != gpus[j]) continue;
+      const char *env = getenv("NCCL_MULTI_RANK_GPU_ENABLE");
+      int enabled = env && strcmp(env, "1") == 0;
+      if (version >= NCCL_MULTI_RANK_VERSION && enabled) return PMAP_SUCCESS;
+      char vs[32];
+      nccl_version_string(version, vs, sizeof vs);
+      return PMAP_ERR(PMAP_ERR_UNAVAILABLE,
+                      "pmap_ctx_create: logical devices %d and %d both use GPU %d; several NCCL "
+                      "ranks on one GPU need NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1 "
+                      "(this process loaded NCCL %s%s)",
+                      i, j, gpus[i], vs,
+                      version >= NCCL_MULTI_RANK_VERSION
+                          ? " and NCCL_MULTI_RANK_GPU_ENABLE is not 1"
+                          : "");
+    }
+  return PMAP_SUCCESS;
+}
+
+/* TF32 tensor-core math for FP32 GEMMs: off unless configured with -Dtf32=true or asked
+ * for by PMAP_CUDA_TF32=1 (PMAP_CUDA_TF32=0 turns it off again). */
+static int tf32_wanted(void) {
+  const char *s = getenv("PMAP_CUDA_TF32");
+  if (s && *s) return strcmp(s, "0") != 0;
+#if defined(PMAP_CUDA_TF32_DEFAULT)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+/* Aborts the communicators when a thread has sat inside an NCCL call for long while another
+ * device failed, or for longer than the context's timeout. */
+static void *watchdog_main(void *p) {
+  cuda_ctx *cc = p;
+  pmap_ctx *ctx = cc->ctx;
+  while (!atomic_load(&cc->watchdog_stop)) {
+    struct timespec ts = {0, WATCHDOG_PERIOD_NS};
+    nanosleep(&ts, NULL);
+    if (atomic_load(&cc->dead)) continue;
+    int64_t now = pmap_now_ns(), timeout = ctx->wait.timeout_ns;
+    int failed = atomic_load(&ctx->abort) != 0;
+    for (int i = 0; i < cc->n; i++) {
+      int64_t since = atomic_load(&cc->nccl_since[i]);
+      if (!since) continue;
+      int late = timeout >= 0 && now - since > timeout;
+      if (late || (failed && now - since > WATCHDOG_STUCK_NS)) {
+        atomic_store(&cc->watchdog_fired, late ? CUDA_WATCHDOG_TIMEOUT : CUDA_WATCHDOG_PEER_FAILED);
+        cuda_comms_abort(cc);
+        pmap_ctx_abort(ctx);
+        break;
+      }
+    }
+  }
+  return NULL;
+}
+
+static void watchdog_stop(cuda_ctx *cc) {
+  if (!cc->watchdog_started) return;
+  atomic_store(&cc->watchdog_stop, 1);
+  pthread_join(cc->watchdog, NULL);
+  cc->watchdog_started = 0;
+}
+
+static void ctx_free(cuda_ctx *cc) {
+  if (!cc) return;
+  free(cc->gpus);
+  free(cc->devs);
+  free(cc->comms);
+  free((void *)cc->nccl_since);
+  pthread_mutex_destroy(&cc->abort_lock);
+  free(cc);
+}
+
+pmap_status cuda_ctx_init(pmap_ctx *ctx, const pmap_config *cfg) {
+  int n = ctx->n, count = 0;
+  pmap_status st = PMAP_SUCCESS;
+  CUDA_CHECK(NULL, cudaGetDeviceCount(&count));
+  cuda_ctx *cc = calloc(1, sizeof *cc);
+  if (!cc) return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "CUDA backend: out of memory");
+  pthread_mutex_init(&cc->abort_lock, NULL);
+  cc->n = n;
+  cc->gpus = calloc((size_t)n, sizeof *cc->gpus);
+  cc->devs = calloc((size_t)n, sizeof *cc->devs);
+  cc->comms = calloc((size_t)n, sizeof *cc->comms);
+  cc->nccl_since = calloc((size_t)n, sizeof *cc->nccl_since);
+  if (!cc->gpus || !cc->devs || !cc->comms || !cc->nccl_since) {
+    st = PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "CUDA backend: out of memory for %d devices", n);
+    goto fail;
+  }
+  PMAP_TRY_GOTO(st, choose_gpus(cfg, n, count, cc->gpus), fail);
+  NCCL_CHECK_GOTO(NULL, st, ncclGetVersion(&cc->nccl_version), fail);
+  PMAP_TRY_GOTO(st, check_shared_gpus(cc->gpus, n, cc->nccl_version), fail);
+  cc->tf32 = tf32_wanted();
+
+  /* NCCL switches devices while it sets up each rank: keep the caller's current device. */
+  int saved = -1;
+  if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
+  ncclResult_t r = ncclCommInitAll(cc->comms, n, cc->gpus);
+  if (saved >= 0) (void)cudaSetDevice(saved);
+  (void)cudaGetLastError();
+  if (r != ncclSuccess) {
+    st = cuda_fail(NULL, CUDA_LIB_NCCL, (int)r, "ncclCommInitAll(comms, n, gpus)", __FILE__,
+                   __LINE__, __func__);
+    goto fail;
+  }
+  cc->comms_live = 1;
+  cc->ctx = ctx;
+  int e = pthread_create(&cc->watchdog, NULL, watchdog_main, cc);
+  if (e) {
+    st = PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "CUDA backend: cannot start the NCCL watchdog: %s",
+                  strerror(e));
+    goto fail;
+  }
+  cc->watchdog_started = 1;
+  for (int i = 0; i < n; i++) {
+    cuda_device *cd = &cc->devs[i];
+    cd->index = i;
+    cd->gpu = cc->gpus[i];
+    cd->comm = cc->comms[i];
+    ctx->dev[i].be = cd;
+  }
+  ctx->be_ctx = cc;
+  return PMAP_SUCCESS;
+fail:
+  if (cc->comms_live)
+    for (int i = 0; i < n; i++) (void)ncclCommDestroy(cc->comms[i]);
+  ctx_free(cc);
+  return st;
+}
+
+void cuda_ctx_fini(pmap_ctx *ctx) {
+  cuda_ctx *cc = ctx->be_ctx;
+  if (!cc) return;
+  watchdog_stop(cc);
+  pthread_mutex_lock(&cc->abort_lock);
+  if (cc->comms_live) {
+    int saved = -1;
+    if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
+    /* One thread may destroy every rank of a single-process clique in turn. */
+    for (int i = 0; i < cc->n; i++) (void)ncclCommDestroy(cc->comms[i]);
+    if (saved >= 0) (void)cudaSetDevice(saved);
+    (void)cudaGetLastError();
+    cc->comms_live = 0;
+  }
+  pthread_mutex_unlock(&cc->abort_lock);
+  for (int i = 0; i < ctx->n; i++) ctx->dev[i].be = NULL;
+  ctx->be_ctx = NULL;
+  ctx_free(cc);
+}
+
+void cuda_comms_abort(cuda_ctx *cc) {
+  pthread_mutex_lock(&cc->abort_lock);
+  atomic_store(&cc->dead, 1);
+  if (cc->comms_live) {
+    /* A thread that entered an NCCL call before it saw `dead` is let out first; one blocked
+     * inside (a peer that never came) is aborted under, which is what unblocks it. */
+    int64_t deadline = pmap_now_ns() + ABORT_GRACE_NS;
+    for (int i = 0; i < cc->n; i++)
+      while (atomic_load(&cc->nccl_since[i]) && pmap_now_ns() < deadline) sched_yield();
+    int saved = -1;
+    if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
+    for (int i = 0; i < cc->n; i++) (void)ncclCommAbort(cc->comms[i]);
+    if (saved >= 0) (void)cudaSetDevice(saved);
+    (void)cudaGetLastError();
+    cc->comms_live = 0;
+  }
+  pthread_mutex_unlock(&cc->abort_lock);
+}
+
+pmap_status cuda_nccl_enter(pmap_device *dev, const char *call) {
+  cuda_ctx *cc = dev->ctx->be_ctx;
+  /* Announce first, then look: an aborter sets `dead` first, then looks, so one of the two
+   * always sees the other (both sequentially consistent). */
+  atomic_store(&cc->nccl_since[dev->index], pmap_now_ns());
+  if (!atomic_load(&cc->dead)) return PMAP_SUCCESS;
+  atomic_store(&cc->nccl_since[dev->index], 0);
+  return PMAP_ERR(PMAP_ERR_DEVICE,
+                  "%s on device %d: the NCCL communicators were aborted after an earlier failure "
+                  "or timeout; destroy the context and create a new one",
+                  call, dev->index);
+}
+
+void cuda_nccl_leave(pmap_device *dev) {
+  cuda_ctx *cc = dev->ctx->be_ctx;
+  atomic_store(&cc->nccl_since[dev->index], 0);
+}

@@ -1,0 +1,102 @@
+/* cuda_device.h: the CUDA backend's per-device state and its one family of error checks, shared
+ * by the backend (runtime/cuda, C) and the kernels (ops/cuda, CUDA C++). Written in the subset of
+ * C that C++ also accepts, so both sides see the same struct. */
+#ifndef PMAP_CUDA_DEVICE_H
+#define PMAP_CUDA_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "ops/ops.h"
+#include "runtime/error.h"
+
+/* Blocks of the first pass of a loss reduction; its partial sums (doubles) sit in the scratch. */
+#define CUDA_REDUCE_BLOCKS 256
+/* Device scratch per device: the reduction partials, then one float for the start-up barrier. */
+#define CUDA_SCRATCH_BYTES (CUDA_REDUCE_BLOCKS * sizeof(double) + 256)
+/* cuBLAS workspace per handle, given explicitly so a GEMM never allocates (32 MiB suits Hopper). */
+#define CUDA_BLAS_WORKSPACE_BYTES ((size_t)32 << 20)
+
+/* Input staging of one slot (0 inputs, 1 labels): pinned host memory so that the host-to-device
+ * copy is asynchronous, and the device buffer it lands in. Both grow, never shrink. */
+typedef struct cuda_stage {
+  void *host;          /* (cap bytes) pinned */
+  void *dev;           /* (cap bytes) */
+  size_t cap;
+  cudaEvent_t copied;  /* the last copy out of `host` is done: it may be overwritten */
+  int pending;         /* `copied` was recorded */
+} cuda_stage;
+
+typedef struct cuda_device {
+  int index;             /* logical device, also its NCCL rank */
+  int gpu;               /* physical CUDA device */
+  cudaStream_t stream;   /* every kernel, copy and collective of this device, in order */
+  cublasHandle_t blas;   /* bound to `stream`, with its own workspace */
+  void *blas_ws;         /* (CUDA_BLAS_WORKSPACE_BYTES) */
+  ncclComm_t comm;       /* rank `index`; owned by the context (runtime/cuda/cuda_ctx.c) */
+  void *scratch;         /* (CUDA_SCRATCH_BYTES) */
+  float *work;           /* (work_cap floats) op workspace, e.g. batched im2col columns */
+  size_t work_cap;
+  cuda_stage stage[2];
+} cuda_device;
+
+/* The backend state of a device of a CUDA context (dev->be). */
+cuda_device *cuda_device_of(pmap_device *dev);
+
+/* Grows cd->work to at least `count` floats (stream-ordered: it never waits for the GPU). */
+pmap_status cuda_work_reserve(cuda_device *cd, size_t count);
+
+typedef enum cuda_lib { CUDA_LIB_RUNTIME = 0, CUDA_LIB_CUBLAS = 1, CUDA_LIB_NCCL = 2 } cuda_lib;
+
+/* Records the failure of `call` (its source text) returning `code` from library `lib` on device
+ * cd (NULL: the context as a whole) with the library's own message, file, line and function, and
+ * returns the status: PMAP_ERR_OUT_OF_MEMORY for allocation failures, else PMAP_ERR_DEVICE. */
+pmap_status cuda_fail(const cuda_device *cd, cuda_lib lib, int code, const char *call,
+                      const char *file, int line, const char *func);
+
+/* The one generic check: evaluates expr once, compares it with the library's success value and
+ * on failure records the error and runs on_fail (a return or a goto; never an exit). */
+#define CUDA_CHECK_GEN(cd, lib, ok, expr, text, on_fail)                                        \
+  do {                                                                                          \
+    int cuda_chk_e_ = (int)(expr);                                                              \
+    if (cuda_chk_e_ != (int)(ok)) {                                                             \
+      pmap_status cuda_chk_s_ =                                                                 \
+          cuda_fail((cd), (lib), cuda_chk_e_, (text), __FILE__, __LINE__, __func__);           \
+      on_fail;                                                                                  \
+    }                                                                                           \
+  } while (0)
+
+#define CUDA_CHECK(cd, expr) \
+  CUDA_CHECK_GEN(cd, CUDA_LIB_RUNTIME, cudaSuccess, expr, #expr, return cuda_chk_s_)
+#define CUBLAS_CHECK(cd, expr) \
+  CUDA_CHECK_GEN(cd, CUDA_LIB_CUBLAS, CUBLAS_STATUS_SUCCESS, expr, #expr, return cuda_chk_s_)
+#define NCCL_CHECK(cd, expr) \
+  CUDA_CHECK_GEN(cd, CUDA_LIB_NCCL, ncclSuccess, expr, #expr, return cuda_chk_s_)
+
+/* As above, storing the status in st and jumping to label for cleanup. */
+#define CUDA_CHECK_GOTO(cd, st, expr, label)                                              \
+  CUDA_CHECK_GEN(cd, CUDA_LIB_RUNTIME, cudaSuccess, expr, #expr,                          \
+                 { (st) = cuda_chk_s_; goto label; })
+#define CUBLAS_CHECK_GOTO(cd, st, expr, label)                                            \
+  CUDA_CHECK_GEN(cd, CUDA_LIB_CUBLAS, CUBLAS_STATUS_SUCCESS, expr, #expr,                 \
+                 { (st) = cuda_chk_s_; goto label; })
+#define NCCL_CHECK_GOTO(cd, st, expr, label)                                              \
+  CUDA_CHECK_GEN(cd, CUDA_LIB_NCCL, ncclSuccess, expr, #expr, { (st) = cuda_chk_s_; goto label; })
+
+/* After a kernel launch: a bad configuration or an earlier asynchronous fault shows here. */
+#define CUDA_CHECK_LAUNCH(cd, kernel_name)                                                \
+  CUDA_CHECK_GEN(cd, CUDA_LIB_RUNTIME, cudaSuccess, cudaGetLastError(),                   \
+                 "launch of " kernel_name, return cuda_chk_s_)
+
+#ifdef __cplusplus
+}
+#endif
+#endif

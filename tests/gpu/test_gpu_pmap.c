@@ -1,0 +1,179 @@
+/* test_gpu_pmap.c: training on the CUDA backend end to end: 1 GPU agrees with the CPU, N logical
+ * devices agree with 1 on the same global batch, replicas stay bitwise identical, prediction
+ * matches the CPU's, and the seed examples converge. Skips (77) without a GPU. */
+#include "gpu_util.h"
+#include "pmap_examples.h"
+
+#define COMPARE_STEPS 20
+
+/* Parameters after `steps` steps of `model` (its defaults, global batch `batch`) on ctx, and the
+ * loss of every step (steps entries). Checks that every replica holds the same bits. */
+static void train(pmap_ctx *ctx, const char *model, int64_t steps, int64_t batch, float *w,
+                  float *losses) {
+  pmap_example_info info;
+  pmap_model *m = NULL;
+  pmap_params *p = NULL;
+  pmap_array xs = {0}, ys = {0};
+  CHECK_OK(pmap_example_info_get(model, &info));
+  CHECK_OK(pmap_example_model(model, &m));
+  CHECK_OK(pmap_params_create(ctx, m, &info.opt, 0, &p));
+  int64_t samples = info.samples > batch ? info.samples / batch * batch : batch;
+  CHECK_OK(pmap_example_data(model, 1, samples, &xs, &ys));
+  if (test_failures) goto out;
+  size_t xrow = (size_t)(pmap_array_numel(&xs) / samples);
+  size_t yrow = (size_t)(pmap_array_numel(&ys) / samples);
+  for (int64_t s = 0; s < steps; s++) {
+    int64_t row = (s * batch) % samples;
+    pmap_array xb = xs, yb = ys;
+    xb.data = (float *)xs.data + (size_t)row * xrow;
+    yb.data = (char *)ys.data + (size_t)row * yrow * 4;
+    xb.shape[0] = yb.shape[0] = batch;
+    CHECK_OK(pmap_update(p, &xb, &yb, &losses[s]));
+  }
+  size_t P = pmap_params_count(p);
+  CHECK_OK(pmap_params_read(p, 0, w, P));
+  float *other = malloc(P * sizeof *other);
+  for (int d = 1; d < pmap_ctx_num_devices(ctx) && other; d++) {
+    CHECK_OK(pmap_params_read(p, d, other, P));
+    char what[64];
+    snprintf(what, sizeof what, "%s replica %d vs 0", model, d);
+    test_same_bits(what, other, w, P);
+  }
+  free(other);
+out:
+  pmap_example_data_free(&xs, &ys);
+  pmap_params_destroy(p);
+  pmap_model_destroy(m);
+}
+
+static size_t n_params(const char *model) {
+  pmap_model *m = NULL;
+  CHECK_OK(pmap_example_model(model, &m));
+  size_t n = pmap_model_num_params(m);
+  pmap_model_destroy(m);
+  return n;
+}
+
+/* CPU 1 device, CUDA 1 device and CUDA n devices on the same global batch: the same training
+ * up to summation order. */
+static void test_agreement(const char *model, int n, int gpus) {
+  size_t P = n_params(model);
+  int64_t batch = 16 * n; /* the same global batch on 1 and on n devices */
+  float *w_cpu = calloc(P, sizeof(float)), *w_one = calloc(P, sizeof(float)),
+        *w_many = calloc(P, sizeof(float));
+  float l_cpu[COMPARE_STEPS], l_one[COMPARE_STEPS], l_many[COMPARE_STEPS];
+  pmap_config cpu = {PMAP_BACKEND_CPU, 1, NULL, 0.0};
+  pmap_ctx *ctx = NULL;
+  CHECK_OK(pmap_ctx_create(&cpu, &ctx));
+  if (ctx) train(ctx, model, COMPARE_STEPS, batch, w_cpu, l_cpu);
+  pmap_ctx_destroy(ctx);
+  if (gpu_ctx(1, gpus, 0.0, &ctx) == PMAP_SUCCESS) {
+    train(ctx, model, COMPARE_STEPS, batch, w_one, l_one);
+    pmap_ctx_destroy(ctx);
+    char what[96];
+    /* Looser than N vs 1: other GEMM orders and fused multiply-adds, amplified by Adam. */
+    snprintf(what, sizeof what, "%s: CUDA 1 device vs CPU, parameters", model);
+    test_close_f(what, w_one, w_cpu, P, 1e-3);
+    snprintf(what, sizeof what, "%s: CUDA 1 device vs CPU, losses", model);
+    test_close_f(what, l_one, l_cpu, COMPARE_STEPS, 1e-3);
+  }
+  if (n > 1 && gpu_ctx(n, gpus, 0.0, &ctx) == PMAP_SUCCESS) {
+    train(ctx, model, COMPARE_STEPS, batch, w_many, l_many);
+    pmap_ctx_destroy(ctx);
+    char what[96];
+    snprintf(what, sizeof what, "%s: CUDA %d devices vs 1, parameters", model, n);
+    test_close_f(what, w_many, w_one, P, 1e-4);
+    snprintf(what, sizeof what, "%s: CUDA %d devices vs 1, losses", model, n);
+    test_close_f(what, l_many, l_one, COMPARE_STEPS, 1e-4);
+    printf("%s: %d CUDA devices agree with 1 and with the CPU\n", model, n);
+  }
+  free(w_cpu);
+  free(w_one);
+  free(w_many);
+}
+
+/* The same parameters predict the same outputs on CUDA (n devices) and on the CPU. */
+static void test_predict(int n, int gpus) {
+  const char *model = "convnet";
+  pmap_example_info info;
+  pmap_model *m = NULL;
+  pmap_params *pc = NULL, *pg = NULL;
+  pmap_ctx *cpu = NULL, *gpu = NULL;
+  pmap_array xs = {0}, ys = {0};
+  int64_t rows = 8 * n;
+  pmap_config cfg = {PMAP_BACKEND_CPU, 1, NULL, 0.0};
+  CHECK_OK(pmap_example_info_get(model, &info));
+  CHECK_OK(pmap_example_model(model, &m));
+  CHECK_OK(pmap_ctx_create(&cfg, &cpu));
+  if (gpu_ctx(n, gpus, 0.0, &gpu) != PMAP_SUCCESS || test_failures) goto out;
+  CHECK_OK(pmap_params_create(cpu, m, &info.opt, 7, &pc));
+  CHECK_OK(pmap_params_create(gpu, m, &info.opt, 7, &pg));
+  CHECK_OK(pmap_example_data(model, 3, rows, &xs, &ys));
+  if (test_failures) goto out;
+  int rank;
+  int64_t shape[PMAP_MAX_RANK];
+  pmap_model_output_shape(m, &rank, shape);
+  int64_t k = shape[0], oshape[2] = {rows, k};
+  float *oc = malloc((size_t)(rows * k) * sizeof *oc);
+  float *og = malloc((size_t)(rows * k) * sizeof *og);
+  for (int64_t i = 0; i < rows * k; i++) og[i] = NAN;
+  pmap_array out_c = pmap_array_f32(oc, 2, oshape), out_g = pmap_array_f32(og, 2, oshape);
+  CHECK_OK(pmap_predict(pc, &xs, &out_c));
+  CHECK_OK(pmap_predict(pg, &xs, &out_g));
+  test_close_f("convnet predict: CUDA vs CPU", og, oc, (size_t)(rows * k), 1e-5);
+  free(oc);
+  free(og);
+out:
+  pmap_example_data_free(&xs, &ys);
+  pmap_params_destroy(pc);
+  pmap_params_destroy(pg);
+  pmap_model_destroy(m);
+  pmap_ctx_destroy(cpu);
+  pmap_ctx_destroy(gpu);
+}
+
+/* The seed examples reach their known results (as tests/test_converge.c does on the CPU). */
+static void test_converge(int n, int gpus) {
+  static const char *models[] = {"linear", "mlp", "convnet"};
+  pmap_ctx *ctx = NULL;
+  if (gpu_ctx(n, gpus, 0.0, &ctx) != PMAP_SUCCESS) return;
+  for (int i = 0; i < 3; i++) {
+    pmap_example_info info;
+    CHECK_OK(pmap_example_info_get(models[i], &info));
+    size_t P = n_params(models[i]);
+    float *w = calloc(P, sizeof *w), *losses = calloc((size_t)info.steps, sizeof *losses);
+    int64_t batch = info.batch >= n ? info.batch / n * n : n;
+    train(ctx, models[i], info.steps, batch, w, losses);
+    double tail = 0.0;
+    for (int64_t s = info.steps - 10; s < info.steps; s++) tail += losses[s] / 10.0;
+    printf("%-8s on %d CUDA devices: first loss %.6f, mean of the last 10 %.6f\n", models[i], n,
+           (double)losses[0], tail);
+    if (i == 0) {
+      CHECK(tail < 0.3, "linear: final loss %g, want < 0.3", tail);
+      CHECK(fabsf(w[0] - 2.0f) < 0.1f, "linear: w %g, want 2 +- 0.1", (double)w[0]);
+      CHECK(fabsf(w[1] + 1.0f) < 0.1f, "linear: b %g, want -1 +- 0.1", (double)w[1]);
+    } else {
+      CHECK(tail <= 0.5 * losses[0], "%s: loss %g -> %g did not halve", models[i],
+            (double)losses[0], tail);
+    }
+    free(w);
+    free(losses);
+  }
+  pmap_ctx_destroy(ctx);
+}
+
+int main(void) {
+  int gpus = gpu_count();
+  if (gpus == 0) return GPU_SKIP;
+  if (gpus < 0) return 1;
+  /* Several devices: every GPU, or 4 logical devices on fewer GPUs where NCCL allows it. */
+  int n = gpus >= 2 ? gpus : 4;
+  pmap_ctx *probe = NULL;
+  if (n > gpus && gpu_ctx(n, gpus, 0.0, &probe) != PMAP_SUCCESS) n = 1;
+  pmap_ctx_destroy(probe);
+  test_agreement("mlp", n, gpus);
+  test_agreement("convnet", n, gpus);
+  test_predict(n, gpus);
+  test_converge(n, gpus);
+  return test_exit("gpu_pmap");
+}
