@@ -44,48 +44,64 @@ static int fail(const char *what) {
   return -1;
 }
 
-/* Measures one device count into r. */
-static int measure(const char *model_name, pmap_backend backend, int devices, int64_t batch,
-                   int steps, int warmup, uint64_t seed, const char **bname, row *r) {
-  int code = -1;
-  pmap_ctx *ctx = NULL;
-  pmap_model *model = NULL;
-  pmap_params *params = NULL;
-  pmap_array xs = {0}, ys = {0};
-  double *t = malloc(sizeof *t * (size_t)steps);
+/* One device count under test: its context, training state, data and step times. */
+typedef struct setup {
+  pmap_ctx *ctx;
+  pmap_model *model;
+  pmap_params *params;
+  pmap_array xs, ys;
+  double *t; /* (steps) */
+  int nt;
+} setup;
+
+static void setup_free(setup *s) {
+  free(s->t);
+  pmap_example_data_free(&s->xs, &s->ys);
+  pmap_params_destroy(s->params);
+  pmap_model_destroy(s->model);
+  pmap_ctx_destroy(s->ctx);
+}
+
+/* Creates everything for `devices`, times the first step (latency) and runs the warm-up. */
+static int setup_open(setup *s, const char *model_name, pmap_backend backend, int devices,
+                      int64_t batch, int steps, int warmup, uint64_t seed, row *r) {
   pmap_example_info info;
   pmap_config cfg = {backend, devices, NULL, 0.0};
-  if (!t) { fprintf(stderr, "%s: out of memory\n", prog); goto out; }
-  if (pmap_example_info_get(model_name, &info)) { fail("--model"); goto out; }
-  if (pmap_ctx_create(&cfg, &ctx)) { fail("cannot create the context"); goto out; }
-  *bname = pmap_backend_name(pmap_ctx_backend(ctx));
-  if (pmap_example_model(model_name, &model)) { fail("cannot build the model"); goto out; }
-  if (pmap_params_create(ctx, model, &info.opt, seed, &params)) { fail("cannot create the parameters"); goto out; }
-  if (pmap_example_data(model_name, seed + 1, batch, &xs, &ys)) { fail("cannot make the data"); goto out; }
+  memset(s, 0, sizeof *s);
+  s->t = malloc(sizeof *s->t * (size_t)steps);
+  if (!s->t) { fprintf(stderr, "%s: out of memory\n", prog); return -1; }
+  if (pmap_example_info_get(model_name, &info)) return fail("--model");
+  if (pmap_ctx_create(&cfg, &s->ctx)) return fail("cannot create the context");
+  if (pmap_example_model(model_name, &s->model)) return fail("cannot build the model");
+  if (pmap_params_create(s->ctx, s->model, &info.opt, seed, &s->params))
+    return fail("cannot create the parameters");
+  if (pmap_example_data(model_name, seed + 1, batch, &s->xs, &s->ys))
+    return fail("cannot make the data");
+  r->devices = devices;
   double t0 = cli_now();
-  if (pmap_update(params, &xs, &ys, &r->loss)) { fail("pmap_update"); goto out; }
+  if (pmap_update(s->params, &s->xs, &s->ys, &r->loss)) return fail("pmap_update");
   r->first_ms = 1e3 * (cli_now() - t0);
   for (int i = 0; i < warmup; i++)
-    if (pmap_update(params, &xs, &ys, &r->loss)) { fail("pmap_update"); goto out; }
-  for (int i = 0; i < steps; i++) {
-    t0 = cli_now();
-    if (pmap_update(params, &xs, &ys, &r->loss)) { fail("pmap_update"); goto out; }
-    t[i] = cli_now() - t0;
+    if (pmap_update(s->params, &s->xs, &s->ys, &r->loss)) return fail("pmap_update");
+  return 0;
+}
+
+/* Times n more steps of s. */
+static int timed_steps(setup *s, int n, row *r) {
+  for (int i = 0; i < n; i++) {
+    double t0 = cli_now();
+    if (pmap_update(s->params, &s->xs, &s->ys, &r->loss)) return fail("pmap_update");
+    s->t[s->nt++] = cli_now() - t0;
   }
-  qsort(t, (size_t)steps, sizeof *t, cmp_double);
-  r->devices = devices;
-  r->med_ms = 1e3 * quantile(t, steps, 0.5);
-  r->p10_ms = 1e3 * quantile(t, steps, 0.1);
-  r->p90_ms = 1e3 * quantile(t, steps, 0.9);
+  return 0;
+}
+
+static void summarise(setup *s, int64_t batch, row *r) {
+  qsort(s->t, (size_t)s->nt, sizeof *s->t, cmp_double);
+  r->med_ms = 1e3 * quantile(s->t, s->nt, 0.5);
+  r->p10_ms = 1e3 * quantile(s->t, s->nt, 0.1);
+  r->p90_ms = 1e3 * quantile(s->t, s->nt, 0.9);
   r->sps = (double)batch / (r->med_ms * 1e-3);
-  code = 0;
-out:
-  free(t);
-  pmap_example_data_free(&xs, &ys);
-  pmap_params_destroy(params);
-  pmap_model_destroy(model);
-  pmap_ctx_destroy(ctx);
-  return code;
 }
 
 int main(int argc, char **argv) {
@@ -137,14 +153,31 @@ int main(int argc, char **argv) {
       return 1;
     }
 
+  /* Every count is set up first, then timed in interleaved rounds, so that a slow spell of
+   * the machine spreads over all counts instead of skewing one. */
   row rows[CLI_MAX_LIST];
+  setup su[CLI_MAX_LIST];
+  int opened = 0, code = 0;
   const char *bname = "?";
-  for (int i = 0; i < ndev; i++)
-    if (measure(model, backend, (int)devs[i], batch, (int)steps, (int)warmup, seed, &bname,
-                &rows[i]))
-      return 1;
+  for (; opened < ndev; opened++)
+    if (setup_open(&su[opened], model, backend, (int)devs[opened], batch, (int)steps,
+                   (int)warmup, seed, &rows[opened])) {
+      opened++;
+      code = 1;
+      break;
+    }
+  if (!code) bname = pmap_backend_name(pmap_ctx_backend(su[0].ctx));
+  int rounds = steps < 5 ? (int)steps : 5;
+  for (int round = 0; !code && round < rounds; round++)
+    for (int i = 0; i < ndev && !code; i++) {
+      int n = (int)(steps * (round + 1) / rounds - steps * round / rounds);
+      if (timed_steps(&su[i], n, &rows[i])) code = 1;
+    }
+  for (int i = 0; i < ndev && !code; i++) summarise(&su[i], batch, &rows[i]);
+  for (int i = 0; i < opened; i++) setup_free(&su[i]);
+  if (code) return code;
   printf("pmap-bench: model %s, backend %s (gemm %s), global batch %lld, median of %lld steps "
-         "after %lld warm-up\n",
+         "(5 interleaved rounds) after %lld warm-up\n",
          model, bname, pmap_gemm_provider(), (long long)batch, (long long)steps,
          (long long)warmup);
   printf("%7s %12s %12s %12s %12s %12s %13s %8s %10s\n", "devices", "global_batch", "step0_ms",
