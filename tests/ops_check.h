@@ -17,7 +17,7 @@
 #define FD_MAX_SAMPLES 160
 
 static inline float *falloc(size_t n) {
-  float *p = malloc((n ? n : 1) * sizeof *p);
+  float *p = calloc(n ? n : 1, sizeof *p);
   if (!p) {
     fprintf(stderr, "out of memory\n");
     exit(2);
@@ -26,7 +26,7 @@ static inline float *falloc(size_t n) {
 }
 
 static inline double *dalloc(size_t n) {
-  double *p = malloc((n ? n : 1) * sizeof *p);
+  double *p = calloc(n ? n : 1, sizeof *p);
   if (!p) {
     fprintf(stderr, "out of memory\n");
     exit(2);
