@@ -1,6 +1,7 @@
 /* cuda_backend.c: the CUDA backend's device half and its table. Each device's thread selects its
  * GPU once and owns a stream and a cuBLAS handle bound to it; memory is stream-ordered, inputs
- * go through pinned staging, and every wait on the GPU is a timed poll (cuda_coll.c). */
+ * are copied asynchronously into per-slot device buffers, and every wait on the GPU is a timed
+ * poll (cuda_coll.c). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,8 +18,6 @@ static void device_release(cuda_device *cd) {
   for (int s = 0; s < 2; s++) {
     cuda_stage *st = &cd->stage[s];
     if (st->dev) (void)cudaFreeAsync(st->dev, cd->stream);
-    if (st->host) (void)cudaFreeHost(st->host);
-    if (st->copied) (void)cudaEventDestroy(st->copied);
     memset(st, 0, sizeof *st);
   }
   if (cd->work) (void)cudaFreeAsync(cd->work, cd->stream);
@@ -40,7 +39,16 @@ static void device_release(cuda_device *cd) {
 static pmap_status startup_barrier(pmap_device *dev, cuda_device *cd) {
   pmap_ctx *ctx = dev->ctx;
   pmap_status st = PMAP_SUCCESS;
-  PMAP_TRY(pmap_wait_status(dev, sync_barrier_wait(&ctx->bar, &ctx->wait), "startup barrier"));
+  pmap_wait_policy wait = ctx->wait;
+  wait.timeout_ns = cuda_timeout_ns(ctx);
+  int r = sync_barrier_wait(&ctx->bar, &wait);
+  if (r == PMAP_WAIT_TIMEOUT) {
+    pmap_ctx_abort(ctx);
+    return PMAP_ERR(PMAP_ERR_TIMEOUT,
+                    "startup barrier on device %d: not every device arrived within %.3f s",
+                    dev->index, (double)wait.timeout_ns * 1e-9);
+  }
+  PMAP_TRY(pmap_wait_status(dev, r, "startup barrier"));
   float *one = (float *)((char *)cd->scratch + CUDA_REDUCE_BLOCKS * sizeof(double));
   CUDA_CHECK(cd, cudaMemsetAsync(one, 0, sizeof *one, cd->stream));
   PMAP_TRY(cuda_nccl_enter(dev, "startup barrier"));
@@ -71,12 +79,11 @@ static pmap_status cuda_device_init(pmap_device *dev) {
                                                          : CUBLAS_DEFAULT_MATH),
                     fail);
   CUDA_CHECK_GOTO(cd, st, cudaMallocAsync(&cd->scratch, CUDA_SCRATCH_BYTES, cd->stream), fail);
-  for (int s = 0; s < 2; s++)
-    CUDA_CHECK_GOTO(cd, st, cudaEventCreateWithFlags(&cd->stage[s].copied, cudaEventDisableTiming),
-                    fail);
   PMAP_TRY_GOTO(st, startup_barrier(dev, cd), fail);
+  atomic_fetch_sub(&cc->starting, 1);
   return PMAP_SUCCESS;
 fail:
+  atomic_fetch_sub(&cc->starting, 1);
   device_release(cd);
   return st;
 }
@@ -155,31 +162,27 @@ static pmap_status cuda_download(pmap_device *dev, void *dst, const void *src, s
   return PMAP_SUCCESS;
 }
 
-/* host -> pinned staging (a memcpy) -> device buffer (asynchronous on the stream). */
+/* host -> device buffer, asynchronous on the stream (like upload: done by the job's closing sync
+ * or download). The driver stages pageable rows through its own pinned buffers. A pinned buffer
+ * of ours would need cudaMallocHost/cudaFreeHost whenever a batch grows, in the middle of a job:
+ * page-locked allocation is one of CUDA's implicit synchronizations and could wait for another
+ * rank's collective on the same GPU, which waits for this rank. */
 static pmap_status cuda_stage_input(pmap_device *dev, int slot, const void *host, size_t bytes,
                                     void **out) {
   cuda_device *cd = dev->be;
   cuda_stage *s = &cd->stage[slot];
   *out = NULL;
-  /* The previous copy out of the pinned buffer must be done before it is overwritten. */
-  if (s->pending) CUDA_CHECK(cd, cudaEventSynchronize(s->copied));
-  s->pending = 0;
   if (bytes > s->cap) {
     size_t cap = (bytes + STAGE_ROUND - 1) / STAGE_ROUND * STAGE_ROUND;
-    if (s->host) CUDA_CHECK(cd, cudaFreeHost(s->host));
     if (s->dev) CUDA_CHECK(cd, cudaFreeAsync(s->dev, cd->stream));
-    s->host = s->dev = NULL;
+    s->dev = NULL;
     s->cap = 0;
-    CUDA_CHECK(cd, cudaMallocHost(&s->host, cap));
     CUDA_CHECK(cd, cudaMallocAsync(&s->dev, cap, cd->stream));
     s->cap = cap;
   }
-  if (bytes) {
-    memcpy(s->host, host, bytes);
-    CUDA_CHECK(cd, cudaMemcpyAsync(s->dev, s->host, bytes, cudaMemcpyHostToDevice, cd->stream));
-    CUDA_CHECK(cd, cudaEventRecord(s->copied, cd->stream));
-    s->pending = 1;
-  }
+  /* Stream order keeps the kernels that read the previous contents ahead of this copy. */
+  if (bytes)
+    CUDA_CHECK(cd, cudaMemcpyAsync(s->dev, host, bytes, cudaMemcpyHostToDevice, cd->stream));
   *out = s->dev;
   return PMAP_SUCCESS;
 }

@@ -12,6 +12,10 @@
 
 enum { CUDA_WATCHDOG_IDLE = 0, CUDA_WATCHDOG_TIMEOUT = 1, CUDA_WATCHDOG_PEER_FAILED = 2 };
 
+/* The start-up barrier (first NCCL connections, cuBLAS loading on every GPU at once) may take
+ * seconds; a context's timeout shorter than this does not apply to it. */
+#define CUDA_STARTUP_TIMEOUT_NS (60LL * 1000000000LL)
+
 typedef struct cuda_ctx {
   int n;
   int *gpus;             /* (n) physical GPU of each logical device */
@@ -32,6 +36,7 @@ typedef struct cuda_ctx {
   int watchdog_started;
   _Atomic int watchdog_stop;
   _Atomic int watchdog_fired; /* why the watchdog aborted: CUDA_WATCHDOG_* */
+  _Atomic int starting;       /* devices not yet through device_init */
   pmap_ctx *ctx;
   int nccl_version;      /* ncclGetVersion() of the library loaded at run time */
   int tf32;              /* cuBLAS may use TF32 tensor cores for FP32 GEMMs */
@@ -58,6 +63,10 @@ void cuda_nccl_leave(pmap_device *dev);
  * other devices, and returns the error to report (a timeout or another device's failure where
  * the watchdog aborted under the call, else st). */
 pmap_status cuda_nccl_failed(pmap_device *dev, pmap_status st, const char *call);
+
+/* The timeout in force for waits and NCCL calls of ctx (ns, < 0 never): the context's, raised to
+ * CUDA_STARTUP_TIMEOUT_NS while a device is still starting. */
+int64_t cuda_timeout_ns(pmap_ctx *ctx);
 
 /* Waits until everything queued on dev's stream is done, polling so that it can give up: on a
  * CUDA error, an asynchronous NCCL error, the context's timeout (PMAP_ERR_TIMEOUT) and, when

@@ -26,7 +26,7 @@ pmap_status cuda_nccl_failed(pmap_device *dev, pmap_status st, const char *call)
     st = PMAP_ERR(PMAP_ERR_TIMEOUT,
                   "%s on device %d was stuck in NCCL for longer than %.3f s; the NCCL "
                   "communicators were aborted: destroy the context",
-                  call, dev->index, (double)dev->ctx->wait.timeout_ns * 1e-9);
+                  call, dev->index, (double)cuda_timeout_ns(dev->ctx) * 1e-9);
   else if (why == CUDA_WATCHDOG_PEER_FAILED)
     st = PMAP_ERR(PMAP_ERR_ABORTED,
                   "%s on device %d abandoned: another device failed while this one waited in "
@@ -57,7 +57,7 @@ pmap_status cuda_wait(pmap_device *dev, const char *call, int collective) {
   cuda_device *cd = dev->be;
   pmap_ctx *ctx = dev->ctx;
   cuda_ctx *cc = ctx->be_ctx;
-  int64_t start = pmap_now_ns(), timeout = ctx->wait.timeout_ns;
+  int64_t start = pmap_now_ns(), timeout = cuda_timeout_ns(ctx);
   /* GPU work runs much longer than a barrier wait: spin ten barrier spins, then sleep. */
   int64_t spin = 10 * ctx->wait.spin_ns;
   pmap_status st = PMAP_SUCCESS;

@@ -125,6 +125,15 @@ static int tf32_wanted(void) {
 #endif
 }
 
+static int64_t timeout_of(cuda_ctx *cc) {
+  int64_t t = cc->ctx->wait.timeout_ns;
+  if (atomic_load(&cc->starting) > 0 && t >= 0 && t < CUDA_STARTUP_TIMEOUT_NS)
+    t = CUDA_STARTUP_TIMEOUT_NS;
+  return t;
+}
+
+int64_t cuda_timeout_ns(pmap_ctx *ctx) { return timeout_of(ctx->be_ctx); }
+
 /* Aborts the communicators when a thread has sat inside an NCCL call for long while another
  * device failed, or for longer than the context's timeout. */
 static void *watchdog_main(void *p) {
@@ -134,7 +143,7 @@ static void *watchdog_main(void *p) {
     struct timespec ts = {0, WATCHDOG_PERIOD_NS};
     nanosleep(&ts, NULL);
     if (atomic_load(&cc->dead)) continue;
-    int64_t now = pmap_now_ns(), timeout = ctx->wait.timeout_ns;
+    int64_t now = pmap_now_ns(), timeout = timeout_of(cc);
     int failed = atomic_load(&ctx->abort) != 0;
     for (int i = 0; i < cc->n; i++) {
       int64_t since = atomic_load(&cc->nccl_since[i]);
@@ -156,6 +165,23 @@ static void watchdog_stop(cuda_ctx *cc) {
   atomic_store(&cc->watchdog_stop, 1);
   pthread_join(cc->watchdog, NULL);
   cc->watchdog_started = 0;
+}
+
+/* Frees every rank of live communicators. Ranks of one process reach a common barrier while they
+ * finalize, so one thread finalizes them all inside a group (NCCL's own single-process example
+ * does this) and then destroys each; if that fails they are aborted, which needs no peer. */
+static void comms_destroy(cuda_ctx *cc) {
+  int saved = -1;
+  if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
+  ncclResult_t r = ncclGroupStart();
+  for (int i = 0; i < cc->n && r == ncclSuccess; i++) r = ncclCommFinalize(cc->comms[i]);
+  ncclResult_t end = ncclGroupEnd();
+  if (r == ncclSuccess) r = end;
+  for (int i = 0; i < cc->n; i++)
+    (void)(r == ncclSuccess ? ncclCommDestroy(cc->comms[i]) : ncclCommAbort(cc->comms[i]));
+  if (saved >= 0) (void)cudaSetDevice(saved);
+  (void)cudaGetLastError();
+  cc->comms_live = 0;
 }
 
 static void ctx_free(cuda_ctx *cc) {
@@ -202,6 +228,7 @@ pmap_status cuda_ctx_init(pmap_ctx *ctx, const pmap_config *cfg) {
   }
   cc->comms_live = 1;
   cc->ctx = ctx;
+  atomic_store(&cc->starting, n);
   int e = pthread_create(&cc->watchdog, NULL, watchdog_main, cc);
   if (e) {
     st = PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "CUDA backend: cannot start the NCCL watchdog: %s",
@@ -219,8 +246,7 @@ pmap_status cuda_ctx_init(pmap_ctx *ctx, const pmap_config *cfg) {
   ctx->be_ctx = cc;
   return PMAP_SUCCESS;
 fail:
-  if (cc->comms_live)
-    for (int i = 0; i < n; i++) (void)ncclCommDestroy(cc->comms[i]);
+  if (cc->comms_live) comms_destroy(cc);
   ctx_free(cc);
   return st;
 }
@@ -230,15 +256,7 @@ void cuda_ctx_fini(pmap_ctx *ctx) {
   if (!cc) return;
   watchdog_stop(cc);
   pthread_mutex_lock(&cc->abort_lock);
-  if (cc->comms_live) {
-    int saved = -1;
-    if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
-    /* One thread may destroy every rank of a single-process clique in turn. */
-    for (int i = 0; i < cc->n; i++) (void)ncclCommDestroy(cc->comms[i]);
-    if (saved >= 0) (void)cudaSetDevice(saved);
-    (void)cudaGetLastError();
-    cc->comms_live = 0;
-  }
+  if (cc->comms_live) comms_destroy(cc);
   pthread_mutex_unlock(&cc->abort_lock);
   for (int i = 0; i < ctx->n; i++) ctx->dev[i].be = NULL;
   ctx->be_ctx = NULL;

@@ -25,14 +25,11 @@ extern "C" {
 /* cuBLAS workspace per handle, given explicitly so a GEMM never allocates (32 MiB suits Hopper). */
 #define CUDA_BLAS_WORKSPACE_BYTES ((size_t)32 << 20)
 
-/* Input staging of one slot (0 inputs, 1 labels): pinned host memory so that the host-to-device
- * copy is asynchronous, and the device buffer it lands in. Both grow, never shrink. */
+/* Input staging of one slot (0 inputs, 1 labels): the device buffer a shard of host rows is
+ * copied into. It grows, never shrinks. */
 typedef struct cuda_stage {
-  void *host;          /* (cap bytes) pinned */
-  void *dev;           /* (cap bytes) */
+  void *dev;  /* (cap bytes) */
   size_t cap;
-  cudaEvent_t copied;  /* the last copy out of `host` is done: it may be overwritten */
-  int pending;         /* `copied` was recorded */
 } cuda_stage;
 
 typedef struct cuda_device {

@@ -8,8 +8,12 @@
 
 #define GPU_SKIP 77
 
-/* GPUs the CUDA backend sees; 0 after saying why where there are none, -1 on another failure. */
+/* GPUs the CUDA backend sees; 0 after saying why where there are none, -1 on another failure.
+ * Called first by every test: the tolerances assume FP32 GEMMs, so TF32 is turned off here
+ * (a -Dtf32=true build would have it on) unless PMAP_CUDA_TF32 asks for it explicitly. */
 static inline int gpu_count(void) {
+  const char *tf32 = getenv("PMAP_CUDA_TF32");
+  if (!tf32 || !*tf32) setenv("PMAP_CUDA_TF32", "0", 1);
   if (!pmap_backend_built(PMAP_BACKEND_CUDA)) {
     printf("SKIP: this build has no CUDA backend (configure with -Dcuda=enabled)\n");
     return 0;
