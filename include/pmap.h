@@ -240,13 +240,15 @@ pmap_status pmap_device_upload(pmap_device *dev, float *dst, const float *src, s
 pmap_status pmap_device_download(pmap_device *dev, float *dst, const float *src, size_t count);
 
 /* Collectives, called by every device of the mapped function in the same order with the same
- * count (in elements, not bytes). recv may equal send (in place), otherwise the buffers must not
- * overlap. Every device receives bitwise the same result: the summation order is fixed.
+ * count (in elements, not bytes). In place is recv == send (all_gather: send == recv +
+ * axis_index * count, as in NCCL); otherwise the buffers must not overlap. Every device receives
+ * bitwise the same result: the summation order is fixed.
  *   psum/pmean/pmax: recv[i] = sum / mean / max over devices of send[i]   (count each)
  *   all_gather:      recv (N, count) = every device's send (count), in device order
  *   broadcast:       recv (count) = send (count) of device root
  *   barrier:         returns once every device has entered it
- * Return PMAP_ERR_INVALID_ARGUMENT (NULL with count > 0, root outside [0, N)), PMAP_ERR_TIMEOUT,
+ * Return PMAP_ERR_INVALID_ARGUMENT (NULL with count > 0, root outside [0, N), buffers that
+ * overlap other than in place), PMAP_ERR_TIMEOUT,
  * PMAP_ERR_ABORTED (another device failed), PMAP_ERR_DEVICE. */
 pmap_status pmap_psum(pmap_device *dev, const float *send, float *recv, size_t count);
 pmap_status pmap_pmean(pmap_device *dev, const float *send, float *recv, size_t count);

@@ -1,5 +1,7 @@
 /* coll.c: the public face of mapped functions: axis queries, device memory and collectives,
  * validated here and passed to the context's backend. */
+#include <stdint.h>
+
 #include "backend.h"
 #include "error.h"
 
@@ -42,18 +44,33 @@ pmap_status pmap_device_download(pmap_device *dev, float *dst, const float *src,
   return dev->ctx->be->download(dev, dst, src, count * sizeof(float));
 }
 
+/* Whether [a, a + na) and [b, b + nb) share an element. */
+static int overlap(const float *a, size_t na, const float *b, size_t nb) {
+  uintptr_t a0 = (uintptr_t)a, a1 = a0 + na * sizeof *a, b0 = (uintptr_t)b,
+            b1 = b0 + nb * sizeof *b;
+  return a0 < b1 && b0 < a1;
+}
+
+/* send (count) and recv (recv_count) must be non-NULL, and either the in-place layout (send ==
+ * in_place) or apart: a partial overlap would be read and written at once. */
 static pmap_status check_coll(const char *call, pmap_device *dev, const float *send,
-                              const float *recv, size_t count) {
+                              const float *recv, size_t count, size_t recv_count,
+                              const float *in_place) {
   if (!dev) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: dev is NULL", call);
   if (count && (!send || !recv))
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL with count %zu on device %d", call,
                     send ? "recv" : "send", count, dev->index);
+  if (count && send != in_place && overlap(send, count, recv, recv_count))
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: send and recv overlap on device %d without being in place (in place "
+                    "means send == recv%s)",
+                    call, dev->index, in_place == recv ? "" : " + axis_index * count");
   return PMAP_SUCCESS;
 }
 
 static pmap_status reduce(const char *call, pmap_device *dev, const float *send, float *recv,
                           size_t count, pmap_redop op) {
-  pmap_status st = check_coll(call, dev, send, recv, count);
+  pmap_status st = check_coll(call, dev, send, recv, count, count, recv);
   if (st) return st;
   PMAP_TRY(dev->ctx->be->coll->all_reduce(dev, send, recv, count, op));
   return PMAP_SUCCESS;
@@ -72,7 +89,9 @@ pmap_status pmap_pmax(pmap_device *dev, const float *send, float *recv, size_t c
 }
 
 pmap_status pmap_all_gather(pmap_device *dev, const float *send, float *recv, size_t count) {
-  pmap_status st = check_coll("pmap_all_gather", dev, send, recv, count);
+  pmap_status st = check_coll("pmap_all_gather", dev, send, recv, count,
+                              dev ? count * (size_t)dev->ctx->n : 0,
+                              dev && recv ? recv + count * (size_t)dev->index : NULL);
   if (st) return st;
   PMAP_TRY(dev->ctx->be->coll->all_gather(dev, send, recv, count));
   return PMAP_SUCCESS;
@@ -80,7 +99,7 @@ pmap_status pmap_all_gather(pmap_device *dev, const float *send, float *recv, si
 
 pmap_status pmap_broadcast(pmap_device *dev, const float *send, float *recv, size_t count,
                            int root) {
-  pmap_status st = check_coll("pmap_broadcast", dev, send, recv, count);
+  pmap_status st = check_coll("pmap_broadcast", dev, send, recv, count, count, recv);
   if (st) return st;
   if (root < 0 || root >= dev->ctx->n)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_broadcast: root %d is outside [0, %d)", root,

@@ -362,14 +362,17 @@ static void run_failure(pmap_ctx *ctx, int bad_device, int after_calls, int kind
 
 /* Every device misuses a collective the same way, so every device fails at once. */
 typedef struct misuse_case {
-  int which; /* 0 NULL send, 1 NULL recv, 2 root n, 3 root -1, 4 NULL send on one device only */
+  int which; /* 0 NULL send, 1 NULL recv, 2 root n, 3 root -1, 4 NULL send on one device only,
+                5 psum with recv one element past send, 6 all_gather with send == recv */
 } misuse_case;
 
 static pmap_status misuse_fn(pmap_device *dev, void *arg) {
   const misuse_case *c = arg;
   int n = pmap_axis_size(dev), d = pmap_axis_index(dev);
-  float buf[8] = {0};
+  float buf[8] = {0}, wide[8 * 64] = {0};
   switch (c->which) {
+  case 5: return pmap_psum(dev, buf, buf + 1, 7);
+  case 6: return pmap_all_gather(dev, wide, wide, 8); /* in place only for device 0 */
   case 0: return pmap_psum(dev, NULL, buf, 8);
   case 1: return pmap_all_gather(dev, buf, NULL, 1);
   case 2: return pmap_broadcast(dev, buf, buf, 8, n);
@@ -397,6 +400,15 @@ static void run_misuse(pmap_ctx *ctx) {
   CHECK_FAILS(pmap_run(ctx, misuse_fn, &c), PMAP_ERR_INVALID_ARGUMENT, needle);
   CHECK(strstr(pmap_last_error(), "pmap_pmax: send is NULL") != NULL, "message \"%s\"",
         pmap_last_error());
+  c.which = 5;
+  CHECK_FAILS(pmap_run(ctx, misuse_fn, &c), PMAP_ERR_INVALID_ARGUMENT,
+              "pmap_psum: send and recv overlap on device 0 without being in place");
+  if (n > 1) {
+    c.which = 6;
+    CHECK_FAILS(pmap_run(ctx, misuse_fn, &c), PMAP_ERR_INVALID_ARGUMENT,
+                "pmap_all_gather: send and recv overlap on device 1 without being in place "
+                "(in place means send == recv + axis_index * count)");
+  }
   check_recovers(ctx, "invalid arguments");
 }
 
