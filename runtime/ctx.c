@@ -51,7 +51,7 @@ static void *worker_main(void *p) {
   pmap_device *dev = p;
   pmap_ctx *ctx = dev->ctx;
   /* Idle between jobs: spin a little, then sleep as long as it takes. */
-  pmap_wait_policy idle = {ctx->wait.spin_ns, -1, NULL};
+  pmap_wait_policy idle = {ctx->wait.spin_ns, ctx->wait.yield_ns, -1, NULL};
   uint32_t seen = 0;
   for (;;) {
     pmap_event_wait(&ctx->job, seen, &idle);
@@ -101,7 +101,7 @@ pmap_status pmap_ctx_dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg) {
   if (ctx->be->leave) ctx->be->leave(d0, saved);
 
   if (ctx->n > 1) {
-    pmap_wait_policy w = {ctx->wait.spin_ns, -1, NULL};
+    pmap_wait_policy w = {ctx->wait.spin_ns, ctx->wait.yield_ns, -1, NULL};
     while (atomic_load_explicit(&ctx->done_count, memory_order_acquire) != (uint32_t)ctx->n - 1)
       pmap_event_wait(&ctx->done, done_seen, &w);
   }
@@ -221,9 +221,12 @@ pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
     ctx->dev[i].index = i;
     ctx->dev[i].ops = be->ops;
   }
-  /* Spin long while every device has a core; barely when oversubscribed, where a spinning
-   * waiter only takes the core from the device it waits for. */
-  ctx->wait.spin_ns = n <= online_cpus() ? 200000 : 2000;
+  /* Spin while every device has a core. Oversubscribed, a spinning waiter only takes the core
+   * from the device it waits for: spin barely, then yield for a while (the device waited for is
+   * likely next in this core's queue), then sleep. */
+  int oversubscribed = n > online_cpus();
+  ctx->wait.spin_ns = oversubscribed ? 2000 : 200000;
+  ctx->wait.yield_ns = oversubscribed ? 200000 : 0;
   if (getenv("PMAP_SPIN_US")) ctx->wait.spin_ns = spin_us * 1000;
   double timeout_s = cfg.timeout_s == 0.0 ? DEFAULT_TIMEOUT_S : cfg.timeout_s;
   ctx->wait.timeout_ns = timeout_s < 0 ? -1 : (int64_t)(timeout_s * 1e9);

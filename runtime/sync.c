@@ -74,6 +74,12 @@ int pmap_event_wait(pmap_event *e, uint32_t seen, const pmap_wait_policy *p) {
     if (start == 0) start = now;
     if (now - start >= p->spin_ns) break;
   }
+  while (now - start < p->spin_ns + p->yield_ns) {
+    sched_yield();
+    int r = wait_over(e, seen, p);
+    if (r >= 0) return r;
+    now = pmap_now_ns();
+  }
   /* Sleep. Sleep in slices of at most 100 ms so that a lost wake-up costs latency, not a hang. */
   for (;;) {
     if (p->timeout_ns >= 0 && now - start >= p->timeout_ns) return PMAP_WAIT_TIMEOUT;

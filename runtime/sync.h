@@ -13,9 +13,12 @@ typedef struct pmap_event {
   _Atomic uint32_t sleepers;
 } pmap_event;
 
-/* How a thread waits: spin this long, then sleep; give up after timeout_ns (< 0: never). */
+/* How a thread waits: spin spin_ns, then yield the core for yield_ns (worth it when threads
+ * outnumber cores: the thread waited for may be next in this core's queue), then sleep; give up
+ * after timeout_ns (< 0: never). */
 typedef struct pmap_wait_policy {
   int64_t spin_ns;
+  int64_t yield_ns;
   int64_t timeout_ns;
   _Atomic int *abort; /* non-zero ends every wait */
 } pmap_wait_policy;
