@@ -4,6 +4,7 @@
 #define PMAP_OP_MATH_H
 
 #include <math.h>
+#include <stdint.h>
 
 #ifdef __CUDACC__
 #define PMAP_HD __host__ __device__
@@ -25,6 +26,19 @@ PMAP_HD static inline float pmap_mse_grad(float p, float t, float scale) { retur
 PMAP_HD static inline float pmap_xent_grad(float z, float zmax, float inv_sum_exp, int is_label,
                                            float scale) {
   return (expf(z - zmax) * inv_sum_exp - (is_label ? 1.0f : 0.0f)) * scale;
+}
+
+/* One row of softmax cross-entropy: z (k) logits, dz (k) = (softmax - onehot) * scale; returns
+ * the row's loss, log(sum exp(z - zmax)) + zmax - z[label], in double for the caller's sum. */
+PMAP_HD static inline double pmap_xent_row(const float *z, int label, int64_t k, float scale,
+                                           float *dz) {
+  float zmax = z[0];
+  for (int64_t j = 1; j < k; j++) zmax = z[j] > zmax ? z[j] : zmax;
+  float se = 0.0f;
+  for (int64_t j = 0; j < k; j++) se += expf(z[j] - zmax);
+  float inv = 1.0f / se;
+  for (int64_t j = 0; j < k; j++) dz[j] = pmap_xent_grad(z[j], zmax, inv, j == label, scale);
+  return (double)logf(se) + (double)zmax - (double)z[label];
 }
 
 /* SGD with optional momentum (momentum == 0: plain SGD, v untouched). */

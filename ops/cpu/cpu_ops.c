@@ -76,18 +76,8 @@ static pmap_status cpu_softmax_xent(pmap_device *dev, const float *logits, const
   (void)dev;
   double sum = 0.0;
   float scale = rows ? 1.0f / (float)rows : 0.0f;
-  for (int64_t r = 0; r < rows; r++) {
-    const float *z = logits + r * k;
-    float *dz = dlogits + r * k;
-    float zmax = z[0];
-    for (int64_t j = 1; j < k; j++) zmax = z[j] > zmax ? z[j] : zmax;
-    float se = 0.0f;
-    for (int64_t j = 0; j < k; j++) se += expf(z[j] - zmax);
-    float inv = 1.0f / se;
-    int32_t label = labels[r];
-    sum += (double)logf(se) + (double)zmax - (double)z[label];
-    for (int64_t j = 0; j < k; j++) dz[j] = pmap_xent_grad(z[j], zmax, inv, j == label, scale);
-  }
+  for (int64_t r = 0; r < rows; r++)
+    sum += pmap_xent_row(logits + r * k, labels[r], k, scale, dlogits + r * k);
   *loss = rows ? (float)(sum / (double)rows) : 0.0f;
   return PMAP_SUCCESS;
 }

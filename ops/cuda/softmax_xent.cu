@@ -1,5 +1,5 @@
 /* softmax_xent.cu: softmax cross-entropy over rows of logits (ops/ops.h softmax_xent): a thread
- * per row finds the max, the sum of exponentials and the gradient (ops/op_math.h); the loss
+ * per row runs pmap_xent_row (ops/op_math.h, the CPU's formula); the loss
  * terms are summed in double per block, then once more in loss_reduce.cu. */
 #include "cuda_common.cuh"
 
@@ -8,16 +8,7 @@ static __global__ void softmax_xent_kernel(const float *logits, const int32_t *l
                                            double *partial) {
   double acc = 0.0;
   for (size_t r = cuda_thread_index(); r < (size_t)rows; r += cuda_grid_stride()) {
-    const float *z = logits + (int64_t)r * k;
-    float *dz = dlogits + (int64_t)r * k;
-    float zmax = z[0];
-    for (int64_t j = 1; j < k; j++) zmax = z[j] > zmax ? z[j] : zmax;
-    float se = 0.0f;
-    for (int64_t j = 0; j < k; j++) se += expf(z[j] - zmax);
-    float inv = 1.0f / se;
-    int32_t label = labels[r];
-    acc += (double)logf(se) + (double)zmax - (double)z[label];
-    for (int64_t j = 0; j < k; j++) dz[j] = pmap_xent_grad(z[j], zmax, inv, j == label, scale);
+    acc += pmap_xent_row(logits + (int64_t)r * k, labels[r], k, scale, dlogits + (int64_t)r * k);
   }
   acc = cuda_block_sum(acc);
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
