@@ -1,42 +1,44 @@
-/* pmap-bench: times pmap_update for one example model over a list of device counts (strong
- * scaling: the global batch stays fixed) and prints, per count, the median step time with its
- * spread, samples/s, speedup and efficiency; --json ends with the same as one JSON object. */
+/* pmap-bench: how pmap_update scales from 1 to N devices, strong (fixed global batch) and weak
+ * (fixed per-device batch), beside the step's GEMMs alone, its all-reduce alone and a hand-written
+ * single-device loop; checks the results while timing; prints tables, CSV and JSON. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
-#include "cli.h"
-#include "pmap.h"
+#include "bench.h"
 #include "pmap_examples.h"
 
 static const char *prog = "pmap-bench";
 
-typedef struct row {
-  int devices;
-  double first_ms, med_ms, p10_ms, p90_ms, sps, speedup, eff;
-  float loss;
-} row;
+#define ALL_MODELS "linear,mlp,convnet,mlp-1024,cifar-cnn"
+/* Difference allowed between final losses that differ only in summation order (see rel_diff). */
+#define LOSS_TOL 1e-3
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: pmap-bench [--model linear|mlp|convnet|mlp-1024] [--devices 1,2,4]\n"
-          "                  [--batch B] [--steps S] [--warmup W] [--backend auto|cpu|cuda]\n"
-          "                  [--seed K] [--json]\n"
-          "  times S steps of pmap_update after W warm-up steps at each device count, with the\n"
-          "  same global batch B (default: the model's); speedup and efficiency are relative to\n"
-          "  the first count of the list.\n");
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-/* The q-quantile (0..1) of sorted t (n) by nearest rank. */
-static double quantile(const double *t, int n, double q) {
-  int i = (int)floor(q * (n - 1) + 0.5);
-  return t[i < 0 ? 0 : i >= n ? n - 1 : i];
+          "usage: pmap-bench [--model NAME[,NAME...]|all] [--devices 1,2,4] [--batch B]\n"
+          "                  [--weak-batch BD] [--scaling strong|weak|both] [--steps S]\n"
+          "                  [--warmup W] [--rounds R] [--backend auto|cpu|cuda] [--seed K]\n"
+          "                  [--no-ref] [--csv FILE] [--dump DIR] [--json]\n"
+          "  --model      example models, comma-separated; all: " ALL_MODELS "\n"
+          "               (default mlp-1024)\n"
+          "  --devices    device counts; speedup and efficiency are against the first\n"
+          "  --batch      strong scaling: the global batch (default: each model's)\n"
+          "  --weak-batch weak scaling: the batch per device (default: batch / first count)\n"
+          "  --scaling    which tables (default both)\n"
+          "  --steps      timed steps per count (default 20 for mlp-1024 and cifar-cnn, else\n"
+          "               500), in R interleaved rounds (default 5) after W warm-up steps\n"
+          "               (default 3, else 50); step 0 is timed apart\n"
+          "  --no-ref     skip the reference measurements (GEMMs alone, all-reduce alone,\n"
+          "               the hand-written loop)\n"
+          "  --csv FILE   also write the rows as CSV\n"
+          "  --dump DIR   write each model's architecture, initial parameters and global batch\n"
+          "               into DIR (for bench/jax_compare.py)\n"
+          "  --json       end with one line of JSON (\"rows\": one object per table row)\n"
+          "Model FLOPs are counted as 6 x the forward multiply-adds per example (forward 2,\n"
+          "backward 4). Exit status 1 when a correctness check fails.\n");
 }
 
 static int fail(const char *what) {
@@ -44,166 +46,414 @@ static int fail(const char *what) {
   return -1;
 }
 
-/* One device count under test: its context, training state, data and step times. */
+typedef struct opts {
+  const char *models, *backend, *csv, *dump;
+  int64_t devs[CLI_MAX_LIST], batch, weak_batch, steps, warmup, rounds;
+  int ndev, json, ref, modes[2];
+  uint64_t seed;
+} opts;
+
+/* One device count of one table: its context, training state, data, probes and times. */
 typedef struct setup {
   pmap_ctx *ctx;
-  pmap_model *model;
   pmap_params *params;
   pmap_array xs, ys;
-  double *t; /* (steps) */
-  int nt;
+  bench_probe *probe;
+  double *t, *tg, *ta; /* step, GEMM-probe and all-reduce-probe times (s) */
+  int nt, ntg, nta;
+  double gemm_flops; /* of one step on all devices */
+  bench_row *row;
 } setup;
 
-static void setup_free(setup *s) {
+static void setup_close(setup *s) {
+  bench_probe_close(s->probe);
   free(s->t);
+  free(s->tg);
+  free(s->ta);
   pmap_example_data_free(&s->xs, &s->ys);
   pmap_params_destroy(s->params);
-  pmap_model_destroy(s->model);
   pmap_ctx_destroy(s->ctx);
+  memset(s, 0, sizeof *s);
 }
 
-/* Creates everything for `devices`, times the first step (latency) and runs the warm-up. */
-static int setup_open(setup *s, const char *model_name, pmap_backend backend, int devices,
-                      int64_t batch, int steps, int warmup, uint64_t seed, row *r) {
-  pmap_example_info info;
-  pmap_config cfg = {backend, devices, NULL, 0.0};
-  memset(s, 0, sizeof *s);
-  s->t = malloc(sizeof *s->t * (size_t)steps);
-  if (!s->t) { fprintf(stderr, "%s: out of memory\n", prog); return -1; }
-  if (pmap_example_info_get(model_name, &info)) return fail("--model");
-  if (pmap_ctx_create(&cfg, &s->ctx)) return fail("cannot create the context");
-  if (pmap_example_model(model_name, &s->model)) return fail("cannot build the model");
-  if (pmap_params_create(s->ctx, s->model, &info.opt, seed, &s->params))
-    return fail("cannot create the parameters");
-  if (pmap_example_data(model_name, seed + 1, batch, &s->xs, &s->ys))
-    return fail("cannot make the data");
-  r->devices = devices;
-  double t0 = cli_now();
-  if (pmap_update(s->params, &s->xs, &s->ys, &r->loss)) return fail("pmap_update");
-  r->first_ms = 1e3 * (cli_now() - t0);
-  for (int i = 0; i < warmup; i++)
-    if (pmap_update(s->params, &s->xs, &s->ys, &r->loss)) return fail("pmap_update");
+static int step(setup *s, float *loss) {
+  if (pmap_update(s->params, &s->xs, &s->ys, loss)) return fail("pmap_update");
+  s->row->total_steps++;
   return 0;
 }
 
-/* Times n more steps of s. */
-static int timed_steps(setup *s, int n, row *r) {
-  for (int i = 0; i < n; i++) {
-    double t0 = cli_now();
-    if (pmap_update(s->params, &s->xs, &s->ys, &r->loss)) return fail("pmap_update");
-    s->t[s->nt++] = cli_now() - t0;
+/* Creates everything for one row, times step 0 and runs the warm-up. */
+static int setup_open(setup *s, const char *name, const pmap_model *model,
+                      const pmap_optimizer *opt, const opts *o, pmap_backend backend, int devices,
+                      int64_t bd, int64_t warmup, int cap, bench_row *r) {
+  pmap_config cfg = {backend, devices, NULL, 0.0};
+  memset(s, 0, sizeof *s);
+  s->row = r;
+  r->devices = devices;
+  r->per_device_batch = bd;
+  r->global_batch = bd * devices;
+  s->t = malloc(sizeof *s->t * (size_t)cap);
+  s->tg = malloc(sizeof *s->tg * (size_t)cap);
+  s->ta = malloc(sizeof *s->ta * (size_t)cap);
+  if (!s->t || !s->tg || !s->ta) { fprintf(stderr, "%s: out of memory\n", prog); return -1; }
+  if (pmap_ctx_create(&cfg, &s->ctx)) return fail("cannot create the context");
+  if (pmap_params_create(s->ctx, model, opt, o->seed, &s->params))
+    return fail("cannot create the parameters");
+  if (pmap_example_data(name, o->seed + 1, r->global_batch, &s->xs, &s->ys))
+    return fail("cannot make the data");
+  double t0 = cli_now();
+  if (step(s, &r->loss0)) return -1;
+  r->step0_ms = 1e3 * (cli_now() - t0);
+  for (int64_t i = 0; i < warmup; i++)
+    if (step(s, &r->loss)) return -1;
+  if (o->ref) {
+    bench_gemm g[BENCH_MAX_GEMMS];
+    int ng = bench_step_gemms(model, bd, g, BENCH_MAX_GEMMS);
+    s->gemm_flops = bench_gemm_flops(g, ng) * devices;
+    if (bench_probe_open(s->ctx, g, ng, pmap_params_count(s->params) + 1, &s->probe)) return -1;
   }
   return 0;
 }
 
-static void summarise(setup *s, int64_t batch, row *r) {
-  qsort(s->t, (size_t)s->nt, sizeof *s->t, cmp_double);
-  r->med_ms = 1e3 * quantile(s->t, s->nt, 0.5);
-  r->p10_ms = 1e3 * quantile(s->t, s->nt, 0.1);
-  r->p90_ms = 1e3 * quantile(s->t, s->nt, 0.9);
-  r->sps = (double)batch / (r->med_ms * 1e-3);
+/* One round of one row: a re-warming step (the workers slept while others ran), n timed steps,
+ * then the probes. */
+static int setup_round(setup *s, int n, int reps) {
+  bench_settle();
+  if (step(s, &s->row->loss)) return -1;
+  for (int i = 0; i < n; i++) {
+    double t0 = cli_now();
+    if (step(s, &s->row->loss)) return -1;
+    s->t[s->nt++] = cli_now() - t0;
+  }
+  if (!s->probe) return 0;
+  bench_settle();
+  if (bench_probe_gemms(s->probe, reps, s->tg, &s->ntg)) return -1;
+  if (bench_probe_allreduce(s->probe, reps, s->ta, &s->nta)) return -1;
+  return 0;
 }
 
-int main(int argc, char **argv) {
-  static const char *const value_opts[] = {"--model", "--backend", "--devices", "--batch", "--steps", "--warmup", "--seed", NULL};
-  const char *model = "mlp-1024", *backend_s = "auto";
-  int64_t devs[CLI_MAX_LIST] = {1, 2, 4}, batch = -1, steps = -1, warmup = -1;
-  int ndev = 3, json = 0;
-  uint64_t seed = 0;
+/* Replicas compared bitwise, not assumed equal. */
+static int replicas_identical(pmap_params *p, int n, int *identical) {
+  size_t P = pmap_params_count(p);
+  float *w0 = malloc(P * sizeof *w0), *wd = malloc(P * sizeof *wd);
+  int rc = 0;
+  *identical = 1;
+  if (!w0 || !wd) {
+    fprintf(stderr, "%s: out of memory\n", prog);
+    rc = -1;
+  } else if (pmap_params_read(p, 0, w0, P)) {
+    rc = fail("pmap_params_read");
+  }
+  for (int d = 1; !rc && d < n && *identical; d++) {
+    if (pmap_params_read(p, d, wd, P)) rc = fail("pmap_params_read");
+    else *identical = memcmp(w0, wd, P * sizeof *w0) == 0;
+  }
+  free(w0);
+  free(wd);
+  return rc;
+}
+
+/* |a - b| relative to |b|, or to 1e-3 for smaller losses: a loss near zero differs by rounding
+ * alone, which a purely relative measure would blow up. */
+static double rel_diff(float a, float b) {
+  double d = fabs((double)a - (double)b), s = fabs((double)b);
+  return d / (s > 1e-3 ? s : 1e-3);
+}
+
+/* Statistics, derived columns and checks of one table. */
+static void finish_table(bench_result *res, int mode, setup *su, double flops_per_example) {
+  bench_row *rows = res->rows[mode];
+  for (int i = 0; i < res->nrows[mode]; i++) {
+    bench_row *w = &rows[i];
+    setup *s = &su[i];
+    w->step = bench_summarise(s->t, s->nt);
+    w->sps = (double)w->global_batch / (w->step.med * 1e-3);
+    w->gflops = flops_per_example * (double)w->global_batch / (w->step.med * 1e-3) / 1e9;
+    w->gemm = bench_summarise(s->tg, s->ntg);
+    w->allreduce = bench_summarise(s->ta, s->nta);
+    w->gemm_gflops = w->gemm.n ? s->gemm_flops / (w->gemm.med * 1e-3) / 1e9 : 0.0;
+    w->gemm_share = w->gemm.n ? w->gemm.med / w->step.med : 0.0;
+    if (mode == BENCH_STRONG) {
+      w->speedup = rows[0].step.med / w->step.med;
+      w->eff = w->speedup / ((double)w->devices / rows[0].devices);
+    } else { /* the work grows with the devices: ideal is a constant step time */
+      w->speedup = w->sps / rows[0].sps;
+      w->eff = rows[0].step.med / w->step.med;
+    }
+    if (replicas_identical(s->params, w->devices, &w->identical) || !w->identical) {
+      fprintf(stderr, "%s: %s, %d devices: the replicas differ after the run\n", prog, res->model,
+              w->devices);
+      res->failed = 1;
+    }
+    if (!isfinite(w->loss)) {
+      fprintf(stderr, "%s: %s, %d devices: the loss is %g\n", prog, res->model, w->devices,
+              (double)w->loss);
+      res->failed = 1;
+    }
+    w->loss_rel_diff = rel_diff(w->loss, rows[0].loss);
+    if (mode == BENCH_STRONG && w->loss_rel_diff > LOSS_TOL) {
+      fprintf(stderr, "%s: %s: the loss on %d devices, %.9g, differs from %.9g on %d by %.3g "
+                      "(relative; allowed %g)\n",
+              prog, res->model, w->devices, (double)w->loss, (double)rows[0].loss, rows[0].devices,
+              w->loss_rel_diff, LOSS_TOL);
+      res->failed = 1;
+    }
+  }
+}
+
+/* All tables of one model, measured together in interleaved rounds. */
+static int bench_model(const char *name, const opts *o, pmap_backend backend, const char **bname,
+                       bench_result *res) {
+  pmap_example_info info;
+  pmap_model *model = NULL;
+  if (pmap_example_info_get(name, &info)) return fail("--model");
+  int heavy = !strcmp(name, "mlp-1024") || !strcmp(name, "cifar-cnn");
+  memset(res, 0, sizeof *res);
+  res->model = info.name;
+  res->batch = o->batch > 0 ? o->batch : info.batch;
+  res->weak_batch = o->weak_batch > 0 ? o->weak_batch : res->batch / o->devs[0];
+  res->steps = o->steps > 0 ? o->steps : heavy ? 20 : 500;
+  res->warmup = o->warmup >= 0 ? o->warmup : heavy ? 3 : 50;
+  res->hand_rel_diff = -1.0;
+  if (info.opt.kind == PMAP_OPT_ADAM)
+    snprintf(res->optimizer, sizeof res->optimizer, "Adam lr %g", (double)info.opt.lr);
+  else if (info.opt.momentum != 0.0f)
+    snprintf(res->optimizer, sizeof res->optimizer, "SGD lr %g momentum %g", (double)info.opt.lr,
+             (double)info.opt.momentum);
+  else
+    snprintf(res->optimizer, sizeof res->optimizer, "SGD lr %g", (double)info.opt.lr);
+  if (res->batch % o->devs[0] || res->weak_batch < 1) {
+    fprintf(stderr, "%s: %s: global batch %lld is not divisible by %lld devices\n", prog, name,
+            (long long)res->batch, (long long)o->devs[0]);
+    return -1;
+  }
+  for (int i = 0; i < o->ndev && o->modes[BENCH_STRONG]; i++)
+    if (res->batch % o->devs[i]) {
+      fprintf(stderr, "%s: %s: global batch %lld is not divisible by %lld devices\n", prog, name,
+              (long long)res->batch, (long long)o->devs[i]);
+      return -1;
+    }
+  if (pmap_example_model(name, &model)) return fail("cannot build the model");
+  res->params = pmap_model_num_params(model);
+  res->fwd_macs = pmap_model_forward_macs(model);
+  double flops_per_example = 6.0 * res->fwd_macs;
+  if (o->dump) {
+    pmap_array dx = {0}, dy = {0};
+    int rc = pmap_example_data(name, o->seed + 1, res->batch, &dx, &dy)
+                 ? fail("cannot make the data")
+                 : bench_dump(o->dump, name, model, &info.opt, o->seed, &dx, &dy);
+    pmap_example_data_free(&dx, &dy);
+    if (rc) {
+      pmap_model_destroy(model);
+      return -1;
+    }
+  }
+
+  int rounds = (int)(res->steps < o->rounds ? res->steps : o->rounds), code = 0;
+  res->rounds = rounds;
+  int reps = (int)(res->steps / rounds < 20 ? res->steps / rounds : 20);
+  int cap = (int)res->steps + rounds * 20;
+  setup su[2][CLI_MAX_LIST];
+  memset(su, 0, sizeof su);
+  bench_loop *hand = NULL;
+  pmap_array hx = {0}, hy = {0};
+  double *th = NULL, *topt = NULL;
+  int nth = 0, ntopt = 0;
+  for (int mode = 0; mode < 2 && !code; mode++) {
+    if (!o->modes[mode]) continue;
+    for (int i = 0; i < o->ndev && !code; i++) {
+      int64_t bd = mode == BENCH_STRONG ? res->batch / o->devs[i] : res->weak_batch;
+      res->nrows[mode] = i + 1;
+      code = setup_open(&su[mode][i], name, model, &info.opt, o, backend, (int)o->devs[i], bd,
+                        res->warmup, cap, &res->rows[mode][i]);
+      if (!code) *bname = pmap_backend_name(pmap_ctx_backend(su[mode][i].ctx));
+    }
+  }
+  /* The hand-written loop runs the CPU op table, so only beside the CPU backend. */
+  if (!code && o->ref && !strcmp(*bname, "cpu")) {
+    th = malloc(sizeof *th * (size_t)cap);
+    topt = malloc(sizeof *topt * (size_t)cap);
+    if (!th || !topt) code = fail("out of memory");
+    else if (pmap_example_data(name, o->seed + 1, res->batch, &hx, &hy))
+      code = fail("cannot make the data");
+    else if (bench_loop_open(model, &info.opt, o->seed, &hx, &hy, &hand)) code = -1;
+    for (int64_t i = 0; !code && i < 1 + res->warmup; i++, res->hand_steps++)
+      code = bench_loop_step(hand, &res->hand_loss, NULL);
+  }
+  /* Interleaved rounds: a slow spell of the machine spreads over every row instead of skewing
+   * one. */
+  for (int round = 0; !code && round < rounds; round++) {
+    int n = (int)(res->steps * (round + 1) / rounds - res->steps * round / rounds);
+    for (int mode = 0; mode < 2 && !code; mode++)
+      for (int i = 0; i < res->nrows[mode] && !code; i++) code = setup_round(&su[mode][i], n, reps);
+    if (hand && !code) {
+      bench_settle();
+      code = bench_loop_step(hand, &res->hand_loss, &topt[ntopt++]);
+      res->hand_steps++;
+      for (int i = 0; i < n && !code; i++, res->hand_steps++) {
+        double t0 = cli_now();
+        code = bench_loop_step(hand, &res->hand_loss, NULL);
+        th[nth++] = cli_now() - t0;
+      }
+    }
+  }
+  if (!code) {
+    for (int mode = 0; mode < 2; mode++) finish_table(res, mode, su[mode], flops_per_example);
+    if (hand) {
+      res->hand = bench_summarise(th, nth);
+      res->hand_opt_ms = bench_summarise(topt, ntopt).med;
+      for (int i = 0; i < res->nrows[BENCH_STRONG]; i++) {
+        const bench_row *w = &res->rows[BENCH_STRONG][i];
+        if (w->devices == 1 && w->total_steps == res->hand_steps)
+          res->hand_rel_diff = rel_diff(res->hand_loss, w->loss);
+      }
+      if (res->hand_rel_diff > LOSS_TOL) {
+        fprintf(stderr, "%s: %s: the hand-written loop's loss %.9g differs from pmap's on 1 "
+                        "device by %.3g (relative)\n",
+                prog, name, (double)res->hand_loss, res->hand_rel_diff);
+        res->failed = 1;
+      }
+    }
+  }
+  for (int mode = 0; mode < 2; mode++)
+    for (int i = 0; i < res->nrows[mode]; i++) setup_close(&su[mode][i]);
+  bench_loop_close(hand);
+  pmap_example_data_free(&hx, &hy);
+  free(th);
+  free(topt);
+  pmap_model_destroy(model);
+  return code;
+}
+
+static int parse(int argc, char **argv, opts *o) {
+  static const char *const value_opts[] = {"--model", "--backend", "--devices", "--batch",
+                                           "--weak-batch", "--scaling", "--steps", "--warmup",
+                                           "--rounds", "--seed", "--csv", "--dump", NULL};
+  *o = (opts){"mlp-1024", "auto", NULL, NULL, {1, 2, 4}, -1, -1, -1, -1, 5, 3, 0, 1, {1, 1}, 0};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
       usage(stdout);
-      return 0;
+      exit(0);
     } else if (!strcmp(a, "--json")) {
-      json = 1;
+      o->json = 1;
+    } else if (!strcmp(a, "--no-ref")) {
+      o->ref = 0;
     } else if (!cli_is_option(a, value_opts)) {
       fprintf(stderr, "%s: unknown option %s (see --help)\n", prog, a);
-      return 1;
+      return -1;
     } else if (!(v = cli_value(prog, argc, argv, &i))) {
-      return 1;
+      return -1;
     } else if (!strcmp(a, "--model")) {
-      model = v;
+      o->models = strcmp(v, "all") ? v : ALL_MODELS;
     } else if (!strcmp(a, "--backend")) {
-      backend_s = v;
+      o->backend = v;
+    } else if (!strcmp(a, "--csv")) {
+      o->csv = v;
+    } else if (!strcmp(a, "--dump")) {
+      o->dump = v;
+    } else if (!strcmp(a, "--scaling")) {
+      int strong = !strcmp(v, "strong"), weak = !strcmp(v, "weak"), both = !strcmp(v, "both");
+      if (!strong && !weak && !both) {
+        fprintf(stderr, "%s: --scaling \"%s\" is not strong, weak or both\n", prog, v);
+        return -1;
+      }
+      o->modes[BENCH_STRONG] = !weak;
+      o->modes[BENCH_WEAK] = !strong;
     } else if (!strcmp(a, "--devices")) {
-      if (cli_int_list(prog, a, v, 1, PMAP_MAX_DEVICES, devs, &ndev)) return 1;
+      if (cli_int_list(prog, a, v, 1, PMAP_MAX_DEVICES, o->devs, &o->ndev)) return -1;
     } else if (!strcmp(a, "--batch")) {
-      if (cli_int(prog, a, v, 1, INT64_C(1) << 24, &batch)) return 1;
+      if (cli_int(prog, a, v, 1, INT64_C(1) << 24, &o->batch)) return -1;
+    } else if (!strcmp(a, "--weak-batch")) {
+      if (cli_int(prog, a, v, 1, INT64_C(1) << 24, &o->weak_batch)) return -1;
     } else if (!strcmp(a, "--steps")) {
-      if (cli_int(prog, a, v, 1, 1000000, &steps)) return 1;
+      if (cli_int(prog, a, v, 1, 1000000, &o->steps)) return -1;
     } else if (!strcmp(a, "--warmup")) {
-      if (cli_int(prog, a, v, 0, 1000000, &warmup)) return 1;
+      if (cli_int(prog, a, v, 0, 1000000, &o->warmup)) return -1;
+    } else if (!strcmp(a, "--rounds")) {
+      if (cli_int(prog, a, v, 1, 100, &o->rounds)) return -1;
     } else if (!strcmp(a, "--seed")) {
-      if (cli_u64(prog, a, v, &seed)) return 1;
+      if (cli_u64(prog, a, v, &o->seed)) return -1;
     }
-  }
-  pmap_example_info info;
-  pmap_backend backend;
-  if (pmap_example_info_get(model, &info)) { fail("--model"); return 1; }
-  if (pmap_backend_parse(backend_s, &backend)) { fail("--backend"); return 1; }
-  if (batch < 0) batch = info.batch;
-  int heavy = !strcmp(model, "mlp-1024");
-  if (steps < 0) steps = heavy ? 20 : 500;
-  if (warmup < 0) warmup = heavy ? 3 : 50;
-  for (int i = 0; i < ndev; i++)
-    if (batch % devs[i]) {
-      fprintf(stderr, "%s: global batch %lld is not divisible by %lld devices\n", prog,
-              (long long)batch, (long long)devs[i]);
-      return 1;
-    }
-
-  /* Every count is set up first, then timed in interleaved rounds, so that a slow spell of
-   * the machine spreads over all counts instead of skewing one. */
-  row rows[CLI_MAX_LIST];
-  setup su[CLI_MAX_LIST];
-  int opened = 0, code = 0;
-  const char *bname = "?";
-  for (; opened < ndev; opened++)
-    if (setup_open(&su[opened], model, backend, (int)devs[opened], batch, (int)steps,
-                   (int)warmup, seed, &rows[opened])) {
-      opened++;
-      code = 1;
-      break;
-    }
-  if (!code) bname = pmap_backend_name(pmap_ctx_backend(su[0].ctx));
-  int rounds = steps < 5 ? (int)steps : 5;
-  for (int round = 0; !code && round < rounds; round++)
-    for (int i = 0; i < ndev && !code; i++) {
-      int n = (int)(steps * (round + 1) / rounds - steps * round / rounds);
-      if (timed_steps(&su[i], n, &rows[i])) code = 1;
-    }
-  for (int i = 0; i < ndev && !code; i++) summarise(&su[i], batch, &rows[i]);
-  for (int i = 0; i < opened; i++) setup_free(&su[i]);
-  if (code) return code;
-  printf("pmap-bench: model %s, backend %s (gemm %s), global batch %lld, median of %lld steps "
-         "(5 interleaved rounds) after %lld warm-up\n",
-         model, bname, pmap_gemm_provider(), (long long)batch, (long long)steps,
-         (long long)warmup);
-  printf("%7s %12s %12s %12s %12s %12s %13s %8s %10s\n", "devices", "global_batch", "step0_ms",
-         "median_ms", "p10_ms", "p90_ms", "samples/s", "speedup", "efficiency");
-  for (int i = 0; i < ndev; i++) {
-    row *r = &rows[i];
-    r->speedup = rows[0].med_ms / r->med_ms;
-    r->eff = r->speedup / ((double)r->devices / (double)rows[0].devices);
-    printf("%7d %12lld %12.4f %12.4f %12.4f %12.4f %13.1f %8.3f %10.3f\n", r->devices,
-           (long long)batch, r->first_ms, r->med_ms, r->p10_ms, r->p90_ms, r->sps, r->speedup,
-           r->eff);
-  }
-  if (json) {
-    printf("{\"model\": \"%s\", \"backend\": \"%s\", \"gemm\": \"%s\", \"global_batch\": %lld, "
-           "\"steps\": %lld, \"warmup\": %lld, \"rows\": [",
-           model, bname, pmap_gemm_provider(), (long long)batch, (long long)steps,
-           (long long)warmup);
-    for (int i = 0; i < ndev; i++) {
-      row *r = &rows[i];
-      printf("%s{\"devices\": %d, \"step0_ms\": %.6g, \"median_ms\": %.6g, \"p10_ms\": %.6g, "
-             "\"p90_ms\": %.6g, \"samples_per_sec\": %.6g, \"speedup\": %.6g, "
-             "\"efficiency\": %.6g, \"loss\": %.9g}",
-             i ? ", " : "", r->devices, r->first_ms, r->med_ms, r->p10_ms, r->p90_ms, r->sps,
-             r->speedup, r->eff, (double)r->loss);
-    }
-    printf("]}\n");
   }
   return 0;
+}
+
+int main(int argc, char **argv) {
+  opts o;
+  pmap_backend backend;
+  if (parse(argc, argv, &o)) return 1;
+  if (pmap_backend_parse(o.backend, &backend)) {
+    fail("--backend");
+    return 1;
+  }
+
+  /* The model list, validated before anything runs. */
+  char names[256];
+  const char *model[CLI_MAX_LIST];
+  int nmodels = 0;
+  snprintf(names, sizeof names, "%s", o.models);
+  char *save = NULL;
+  for (char *tok = strtok_r(names, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    pmap_example_info info;
+    if (nmodels == CLI_MAX_LIST) {
+      fprintf(stderr, "%s: --model: at most %d models\n", prog, CLI_MAX_LIST);
+      return 1;
+    }
+    if (pmap_example_info_get(tok, &info)) {
+      fail("--model");
+      return 1;
+    }
+    model[nmodels++] = info.name;
+  }
+  if (!nmodels) {
+    fprintf(stderr, "%s: --model: no model named\n", prog);
+    return 1;
+  }
+  FILE *csv = NULL;
+  if (o.csv && !(csv = fopen(o.csv, "w"))) {
+    fprintf(stderr, "%s: --csv: cannot write %s\n", prog, o.csv);
+    return 1;
+  }
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  bench_result *res = calloc((size_t)nmodels, sizeof *res);
+  if (!res) {
+    fprintf(stderr, "%s: out of memory\n", prog);
+    return 1;
+  }
+  const char *bname = "?";
+  int code = 0, failed = 0;
+  printf("pmap-bench: models %s, devices", o.models);
+  for (int i = 0; i < o.ndev; i++) printf("%s%lld", i ? "," : " ", (long long)o.devs[i]);
+  printf(", %ld cores; FLOPs = 6 x forward multiply-adds\n", cores);
+  if (csv) bench_report_csv_header(csv);
+  for (int m = 0; m < nmodels && !code; m++) {
+    code = bench_model(model[m], &o, backend, &bname, &res[m]);
+    if (code) break;
+    bench_report_text(stdout, &res[m], bname, (int)cores);
+    fflush(stdout);
+    if (csv) bench_report_csv(csv, &res[m], bname);
+    failed |= res[m].failed;
+  }
+  if (csv && fclose(csv)) {
+    fprintf(stderr, "%s: --csv: cannot write %s\n", prog, o.csv);
+    code = 1;
+  }
+  if (o.json && !code) {
+    printf("{\"model\": \"%s\", \"backend\": \"%s\", \"gemm\": \"%s\", \"cores\": %ld, "
+           "\"global_batch\": %lld, \"steps\": %lld, \"warmup\": %lld, "
+           "\"flops_per_example\": \"6 x forward multiply-adds\", \"models\": [",
+           o.models, bname, pmap_gemm_provider(), cores, (long long)res[0].batch,
+           (long long)res[0].steps, (long long)res[0].warmup);
+    for (int m = 0; m < nmodels; m++) {
+      if (m) printf(", ");
+      bench_report_json_model(stdout, &res[m]);
+    }
+    printf("], \"rows\": [");
+    int first = 1;
+    for (int m = 0; m < nmodels; m++) bench_report_json_rows(stdout, &res[m], &first);
+    printf("], \"ok\": %s}\n", failed ? "false" : "true");
+  }
+  free(res);
+  return code || failed ? 1 : 0;
 }

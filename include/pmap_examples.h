@@ -10,7 +10,7 @@
 extern "C" {
 #endif
 
-/* Names: "linear", "mlp", "convnet", "mlp-1024".
+/* Names: "linear", "mlp", "convnet", "mlp-1024", "cifar-cnn".
  *   linear   y = w x + b on x ~ N(0,1), y = 2x - 1 + 0.5 N(0,1); MSE; SGD lr 0.005;
  *            1000 steps of the full 128 samples (the JAX pmap tutorial).
  *   mlp      10 -> 32 -> ReLU -> 32 -> ReLU -> 1 regressing a fixed random teacher plus noise;
@@ -19,7 +19,12 @@ extern "C" {
  *            cross-entropy; Adam lr 0.001 (the nnabla data-parallel tutorial's network); images
  *            U[0,1) brightened by 0.25 on the left half for class 1, the right half for class 0.
  *   mlp-1024 1024 -> 3 x (1024, ReLU) -> 10; softmax cross-entropy; SGD lr 0.01 momentum 0.9;
- *            GEMM-bound, for benchmarks. */
+ *            GEMM-bound, for benchmarks.
+ *   cifar-cnn (3, 32, 32) -> conv 3x3 16 ch pad 1 -> ReLU -> conv 3x3 32 ch stride 2 pad 1 ->
+ *            ReLU -> conv 3x3 32 ch stride 2 -> ReLU -> flatten (32*7*7) -> dense 10; softmax
+ *            cross-entropy; SGD lr 0.01 momentum 0.9; 100 steps, batch 64, 512 samples. Images
+ *            are N(0,1) noise plus a faint plane wave (amplitude 0.1) that depends on the class
+ *            and the channel; a CIFAR-shaped benchmark model. */
 typedef struct pmap_example_info {
   const char *name;
   int64_t steps;   /* default training steps */

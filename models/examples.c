@@ -7,15 +7,16 @@
 #include "rng.h"
 #include "runtime/error.h"
 
-#define NAMES "linear, mlp, convnet, mlp-1024"
+#define NAMES "linear, mlp, convnet, mlp-1024, cifar-cnn"
 #define TEACHER_SEED 0x7eac4e2ull
 #define MLP_TEACHER_UNITS 16
 
-typedef enum { EX_LINEAR, EX_MLP, EX_CONVNET, EX_MLP1024 } example_id;
+typedef enum { EX_LINEAR, EX_MLP, EX_CONVNET, EX_MLP1024, EX_CIFAR } example_id;
+
+static const char *const names[] = {"linear", "mlp", "convnet", "mlp-1024", "cifar-cnn"};
 
 static pmap_status find(const char *name, example_id *id) {
-  static const char *const names[] = {"linear", "mlp", "convnet", "mlp-1024"};
-  for (int i = 0; name && i < 4; i++)
+  for (int i = 0; name && i < (int)(sizeof names / sizeof *names); i++)
     if (strcmp(name, names[i]) == 0) {
       *id = (example_id)i;
       return PMAP_SUCCESS;
@@ -28,13 +29,13 @@ pmap_status pmap_example_info_get(const char *name, pmap_example_info *out) {
   example_id id = EX_LINEAR;
   PMAP_TRY(find(name, &id));
   if (!out) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_example_info_get: out is NULL");
-  static const char *const names[] = {"linear", "mlp", "convnet", "mlp-1024"};
   pmap_example_info i = {names[id], 0, 0, 0, pmap_sgd(0.005f, 0.0f)};
   switch (id) {
   case EX_LINEAR: i.steps = 1000, i.batch = 128, i.samples = 128; break;
   case EX_MLP: i.steps = 1000, i.batch = 256, i.samples = 1024, i.opt = pmap_adam(0.001f); break;
   case EX_CONVNET: i.steps = 200, i.batch = 16, i.samples = 256, i.opt = pmap_adam(0.001f); break;
   case EX_MLP1024: i.steps = 20, i.batch = 512, i.samples = 512, i.opt = pmap_sgd(0.01f, 0.9f); break;
+  case EX_CIFAR: i.steps = 100, i.batch = 64, i.samples = 512, i.opt = pmap_sgd(0.01f, 0.9f); break;
   }
   *out = i;
   return PMAP_SUCCESS;
@@ -83,6 +84,20 @@ pmap_status pmap_example_model(const char *name, pmap_model **out) {
     PMAP_TRY_GOTO(st, pmap_model_set_loss(m, PMAP_LOSS_SOFTMAX_XENT), fail);
     break;
   }
+  case EX_CIFAR: {
+    /* (3, 32, 32) -> (16, 32, 32) -> (32, 16, 16) -> (32, 7, 7) -> 10 */
+    static const int conv[3][3] = {{16, 1, 1}, {32, 2, 1}, {32, 2, 0}}; /* channels, stride, pad */
+    int64_t in[3] = {3, 32, 32};
+    PMAP_TRY_GOTO(st, pmap_model_create(3, in, &m), fail);
+    for (int i = 0; i < 3; i++) {
+      PMAP_TRY_GOTO(st, pmap_model_add_conv2d(m, conv[i][0], 3, 3, conv[i][1], conv[i][2]), fail);
+      PMAP_TRY_GOTO(st, pmap_model_add_relu(m), fail);
+    }
+    PMAP_TRY_GOTO(st, pmap_model_add_flatten(m), fail);
+    PMAP_TRY_GOTO(st, pmap_model_add_dense(m, 10), fail);
+    PMAP_TRY_GOTO(st, pmap_model_set_loss(m, PMAP_LOSS_SOFTMAX_XENT), fail);
+    break;
+  }
   }
   *out = m;
   return PMAP_SUCCESS;
@@ -114,6 +129,14 @@ static double mlp_teacher(const float *x) {
   return y;
 }
 
+/* The cifar-cnn class signal at pixel p of (3, 32, 32): a plane wave whose frequencies and phase
+ * depend on the class and the channel, so that 3x3 convolutions pick the class out of the noise. */
+static double cifar_pattern(int label, int p) {
+  int ch = p / 1024, y = p % 1024 / 32, x = p % 32;
+  double fy = 1 + label % 4, fx = 1 + (label / 4 + ch) % 3, phase = 0.7 * (label + 2 * ch);
+  return 0.1 * cos(6.283185307179586 * (fy * y + fx * x) / 32.0 + phase);
+}
+
 pmap_status pmap_example_data(const char *name, uint64_t seed, int64_t n, pmap_array *xs,
                               pmap_array *ys) {
   example_id id = EX_LINEAR;
@@ -123,11 +146,12 @@ pmap_status pmap_example_data(const char *name, uint64_t seed, int64_t n, pmap_a
   if (n <= 0 || n > (1 << 24))
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_example_data: row count %lld is outside 1..%d",
                     (long long)n, 1 << 24);
-  int64_t in = id == EX_LINEAR ? 1 : id == EX_MLP ? 10 : 1024;
-  int xs_rank = id == EX_CONVNET ? 4 : 2;
+  int64_t in = id == EX_LINEAR ? 1 : id == EX_MLP ? 10 : id == EX_CIFAR ? 3 * 1024 : 1024;
+  int xs_rank = id == EX_CONVNET || id == EX_CIFAR ? 4 : 2;
   int64_t xshape[4] = {n, in, 0, 0};
   if (id == EX_CONVNET) xshape[1] = 1, xshape[2] = 32, xshape[3] = 32;
-  int classes = id == EX_CONVNET ? 2 : id == EX_MLP1024 ? 10 : 0;
+  if (id == EX_CIFAR) xshape[1] = 3, xshape[2] = 32, xshape[3] = 32;
+  int classes = id == EX_CONVNET ? 2 : id == EX_MLP1024 || id == EX_CIFAR ? 10 : 0;
   float *x = malloc((size_t)(n * in) * sizeof *x);
   void *y = malloc((size_t)n * 4);
   if (!x || !y) {
@@ -171,6 +195,13 @@ pmap_status pmap_example_data(const char *name, uint64_t seed, int64_t n, pmap_a
         if (s > best) best = s, arg = c;
       }
       yi[i] = arg;
+      break;
+    }
+    case EX_CIFAR: {
+      int label = (int)(pmap_rng_next(&r) % 10);
+      for (int p = 0; p < 3 * 1024; p++)
+        xi[p] = (float)(cifar_pattern(label, p) + pmap_rng_normal(&r));
+      yi[i] = label;
       break;
     }
     }

@@ -72,5 +72,28 @@ expect_error 'option --model needs a value' --model
 PMAP_CPU_DEVICES=abc expect_error 'PMAP_CPU_DEVICES="abc"'
 if [ "$("$train" --help | head -c 6)" = "usage:" ]; then ok; else bad "--help"; fi
 
+# --plot: a PNG where gnuplot is installed; where it is not (or fails), a note on stderr and a
+# successful run all the same. Both ways are checked: the missing case by pointing PMAP_GNUPLOT
+# at nothing.
+is_png() { python3 -c "import sys; sys.exit(open(sys.argv[1], 'rb').read(8) != b'\x89PNG\r\n\x1a\n')" "$1" 2>/dev/null; }
+if "$train" --model linear --steps 20 --log-every 0 --plot "$tmp/loss.png" --json >"$tmp/out" 2>"$tmp/err"; then
+  if ! tail -n 1 "$tmp/out" | python3 -c "import json, sys; json.loads(sys.stdin.read())"; then
+    bad "--plot: the last line is not JSON: $(tail -n 1 "$tmp/out")"
+  elif { [ -n "${PMAP_GNUPLOT:-}" ] || command -v gnuplot >/dev/null 2>&1; } && ! grep -q 'note: --plot' "$tmp/err"; then
+    if is_png "$tmp/loss.png"; then ok; else bad "--plot with gnuplot present wrote no PNG"; fi
+  elif grep -q 'note: --plot' "$tmp/err" && [ ! -e "$tmp/loss.png" ]; then
+    ok
+  else
+    bad "--plot: neither a PNG nor a note: $(cat "$tmp/err")"
+  fi
+else
+  bad "--plot: pmap-train failed: $(cat "$tmp/err")"
+fi
+if PMAP_GNUPLOT=/nonexistent/gnuplot "$train" --model linear --steps 5 --log-every 0 --plot "$tmp/none.png" >"$tmp/out" 2>"$tmp/err"; then
+  if grep -q 'note: --plot: gnuplot not found' "$tmp/err" && [ ! -e "$tmp/none.png" ]; then ok; else bad "--plot without gnuplot: $(cat "$tmp/err")"; fi
+else
+  bad "--plot without gnuplot failed the run: $(cat "$tmp/err")"
+fi
+
 echo "cli: $passes passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -1,0 +1,136 @@
+/* bench.h: what the files of pmap-bench share: step-time statistics, the rows of the scaling
+ * tables, and the reference measurements beside them (the step's GEMMs alone, the gradient
+ * all-reduce alone, a hand-written single-device loop without the runtime). */
+#ifndef PMAP_BENCH_H
+#define PMAP_BENCH_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "cli.h"
+#include "pmap.h"
+
+/* Median and spread of a set of times, in milliseconds. */
+typedef struct bench_stats {
+  double med, p10, p90, mean;
+  int n;
+} bench_stats;
+
+/* Sorts t (n, seconds) in place and summarises it in milliseconds; all zero for n == 0. */
+bench_stats bench_summarise(double *t, int n);
+
+/* Sleeps long enough for the idle workers of the contexts just used to stop spinning (they spin
+ * up to 200 us after a job), so that they do not take a core from the next measurement. */
+void bench_settle(void);
+
+/* One GEMM of a training step: c (m, n) = op(a) op(b), `repeat` times per step (a convolution
+ * runs one GEMM per example), accumulating into c when beta1 is set. */
+typedef struct bench_gemm {
+  int ta, tb, beta1;
+  int64_t m, n, k;
+  int64_t repeat;
+} bench_gemm;
+
+#define BENCH_MAX_GEMMS 64
+
+/* The GEMMs of one forward + backward of `model` over bd examples on one device, in the order
+ * and with the shapes and transposes of models/exec.c. Returns their count (<= max). */
+int bench_step_gemms(const pmap_model *model, int64_t bd, bench_gemm *out, int max);
+/* Floating-point operations of those GEMMs: 2 m n k each, times repeat. */
+double bench_gemm_flops(const bench_gemm *g, int n);
+
+/* Per-device buffers of the GEMM probe and the all-reduce probe of one context. */
+typedef struct bench_probe bench_probe;
+
+/* Allocates, on every device of ctx, operands for the GEMMs g (n) and a gradient-sized buffer
+ * of `count` floats for the all-reduce. Returns 0, or -1 after printing why. */
+int bench_probe_open(pmap_ctx *ctx, const bench_gemm *g, int n, size_t count, bench_probe **out);
+void bench_probe_close(bench_probe *p); /* accepts NULL */
+/* Times `reps` runs of the step's GEMMs on every device at once (the devices start together
+ * and a rep ends when the last one is done); appends the times (s) to t[*nt]. */
+int bench_probe_gemms(bench_probe *p, int reps, double *t, int *nt);
+/* Times `reps` in-place pmean all-reduces of the gradient buffer; appends to t[*nt]. */
+int bench_probe_allreduce(bench_probe *p, int reps, double *t, int *nt);
+
+/* The hand-written single-device training loop over the CPU op table (no context, no workers,
+ * no collectives): the runtime-free baseline of a 1-device pmap_update. */
+typedef struct bench_loop bench_loop;
+
+/* Builds the loop for model with its optimizer, parameters drawn from seed as
+ * pmap_params_create draws them, on the data xs, ys (whole arrays, one device). */
+int bench_loop_open(const pmap_model *model, const pmap_optimizer *opt, uint64_t seed,
+                    const pmap_array *xs, const pmap_array *ys, bench_loop **out);
+void bench_loop_close(bench_loop *l); /* accepts NULL */
+/* One training step: zero gradients, forward, loss, backward, optimizer. *loss gets the loss;
+ * t_opt (may be NULL) gets the seconds of the optimizer step alone. */
+int bench_loop_step(bench_loop *l, float *loss, double *t_opt);
+
+/* Writes DIR/<name>.json (architecture, loss, optimizer, shapes), DIR/<name>.params.f32 (the
+ * initial parameters drawn from seed), DIR/<name>.x.f32 and DIR/<name>.y.bin (xs, ys), all
+ * little-endian. Returns 0, or -1 after printing why. */
+int bench_dump(const char *dir, const char *name, const pmap_model *model,
+               const pmap_optimizer *opt, uint64_t seed, const pmap_array *xs,
+               const pmap_array *ys);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Results                                                                                    */
+
+typedef enum bench_scaling { BENCH_STRONG = 0, BENCH_WEAK = 1 } bench_scaling;
+
+typedef struct bench_row {
+  int devices;
+  int64_t global_batch, per_device_batch;
+  int64_t total_steps;  /* steps taken before the final loss, step 0 and warm-up included */
+  double step0_ms;      /* the first pmap_update: sizing, first touches, library start-up */
+  bench_stats step;     /* steady-state step time */
+  double sps, gflops;   /* samples/s and model GFLOP/s at the median */
+  double speedup, eff;  /* against the first row of the same table */
+  bench_stats gemm;     /* the step's GEMMs alone, every device at once (n == 0: not measured) */
+  double gemm_gflops;   /* executed GEMM FLOPs of all devices / gemm.med */
+  double gemm_share;    /* gemm.med / step.med: the share of the raw GEMM rate the step keeps */
+  bench_stats allreduce; /* the in-place pmean of the gradients and loss alone */
+  float loss0, loss;    /* loss of step 0 (the initial parameters) and the final loss */
+  int identical;        /* every replica bitwise equal after the run */
+  double loss_rel_diff; /* |loss - first row's loss| / |first row's|, strong scaling only */
+} bench_row;
+
+typedef struct bench_result {
+  const char *model;
+  size_t params;
+  double fwd_macs; /* multiply-adds of one example's forward pass */
+  char optimizer[64]; /* e.g. "SGD lr 0.01 momentum 0.9" */
+  int64_t batch, weak_batch; /* strong global batch; weak per-device batch */
+  int64_t steps, warmup, rounds;
+  int nrows[2];
+  bench_row rows[2][CLI_MAX_LIST]; /* [BENCH_STRONG or BENCH_WEAK][device count] */
+  /* The hand-written loop at the strong global batch on one thread (hand.n == 0: not run). */
+  bench_stats hand;
+  double hand_opt_ms; /* its optimizer step alone */
+  float hand_loss;
+  int64_t hand_steps;
+  double hand_rel_diff; /* against the 1-device pmap row of the same batch, -1 when none */
+  int failed;           /* a correctness check failed */
+} bench_result;
+
+/* Link parameters of the ring all-reduce model (see bench/README.md). */
+typedef struct bench_link {
+  const char *name;
+  double alpha_us;   /* per-hop latency */
+  double busbw_gbs;  /* bus bandwidth, GB/s */
+} bench_link;
+
+/* Predicted step time on n devices from the measured 1-device step t1 (s), of which t_opt (s) is
+ * the optimizer step every replica repeats, for a gradient of `bytes`: compute split n ways plus
+ * a ring all-reduce of 2(n-1) hops of latency alpha and 2(n-1)/n bytes/busbw. */
+double bench_predict_step(double t1, double t_opt, double bytes, int n, const bench_link *link);
+
+/* Prints r's tables (strong, weak), the reference lines and the prediction to f. */
+void bench_report_text(FILE *f, const bench_result *r, const char *backend, int cores);
+/* The CSV header and r's rows (one line per row). */
+void bench_report_csv_header(FILE *f);
+void bench_report_csv(FILE *f, const bench_result *r, const char *backend);
+/* One JSON object per result: fields and "rows"; the caller writes the enclosing object. */
+void bench_report_json_rows(FILE *f, const bench_result *r, int *first_row);
+void bench_report_json_model(FILE *f, const bench_result *r);
+
+#endif

@@ -1,0 +1,89 @@
+/* bench_dump.c: pmap-bench --dump DIR writes what a peer framework needs to train the same model
+ * from the same start: the architecture and optimizer (JSON), the initial parameters and the
+ * global batch (raw little-endian arrays). bench/jax_compare.py reads them. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "bench.h"
+#include "models/model.h"
+
+static int write_raw(const char *dir, const char *model, const char *ext, const void *data,
+                     size_t bytes) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s.%s", dir, model, ext);
+  FILE *f = fopen(path, "wb");
+  int ok = f && fwrite(data, 1, bytes, f) == bytes;
+  if (f && fclose(f)) ok = 0;
+  if (!ok) fprintf(stderr, "pmap-bench: --dump: cannot write %s\n", path);
+  return ok ? 0 : -1;
+}
+
+static void json_layers(FILE *f, const pmap_model *m) {
+  for (int i = 0; i < m->n_layers; i++) {
+    const layer *l = &m->layers[i];
+    fprintf(f, "%s", i ? ", " : "");
+    switch (l->kind) {
+    case LAYER_DENSE:
+      fprintf(f, "{\"kind\": \"dense\", \"in\": %lld, \"out\": %lld}", (long long)l->in_size,
+              (long long)l->out_size);
+      break;
+    case LAYER_RELU: fprintf(f, "{\"kind\": \"relu\"}"); break;
+    case LAYER_FLATTEN: fprintf(f, "{\"kind\": \"flatten\"}"); break;
+    case LAYER_CONV2D:
+      fprintf(f, "{\"kind\": \"conv2d\", \"c\": %lld, \"oc\": %lld, \"kh\": %d, \"kw\": %d, "
+                 "\"stride\": %d, \"pad\": %d}",
+              (long long)l->conv.c, (long long)l->conv.oc, l->conv.kh, l->conv.kw, l->conv.stride,
+              l->conv.pad);
+      break;
+    }
+  }
+}
+
+int bench_dump(const char *dir, const char *name, const pmap_model *m, const pmap_optimizer *opt,
+               uint64_t seed, const pmap_array *xs, const pmap_array *ys) {
+  if (mkdir(dir, 0777) && errno != EEXIST) {
+    fprintf(stderr, "pmap-bench: --dump: cannot create %s\n", dir);
+    return -1;
+  }
+  float *w = malloc(m->n_params * sizeof *w);
+  if (!w) {
+    fprintf(stderr, "pmap-bench: out of memory\n");
+    return -1;
+  }
+  /* The draw pmap_params_create makes from the same seed. */
+  model_init_params(m, seed, w);
+  int rc = write_raw(dir, name, "params.f32", w, m->n_params * sizeof *w);
+  free(w);
+  if (!rc) rc = write_raw(dir, name, "x.f32", xs->data, (size_t)pmap_array_numel(xs) * 4);
+  if (!rc) rc = write_raw(dir, name, "y.bin", ys->data, (size_t)pmap_array_numel(ys) * 4);
+  if (rc) return rc;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s.json", dir, name);
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    fprintf(stderr, "pmap-bench: --dump: cannot write %s\n", path);
+    return -1;
+  }
+  fprintf(f, "{\"model\": \"%s\", \"seed\": %llu, \"params\": %zu, \"input_shape\": [", name,
+          (unsigned long long)seed, m->n_params);
+  for (int i = 0; i < m->in_rank; i++)
+    fprintf(f, "%s%lld", i ? ", " : "", (long long)m->in_shape[i]);
+  fprintf(f, "], \"batch\": %lld, \"x_shape\": [", (long long)xs->shape[0]);
+  for (int i = 0; i < xs->rank; i++) fprintf(f, "%s%lld", i ? ", " : "", (long long)xs->shape[i]);
+  fprintf(f, "], \"y_dtype\": \"%s\", \"y_shape\": [", ys->dtype == PMAP_I32 ? "int32" : "float32");
+  for (int i = 0; i < ys->rank; i++) fprintf(f, "%s%lld", i ? ", " : "", (long long)ys->shape[i]);
+  fprintf(f, "], \"loss\": \"%s\", \"layers\": [",
+          m->loss == PMAP_LOSS_MSE ? "mse" : "softmax_xent");
+  json_layers(f, m);
+  fprintf(f, "], \"optimizer\": {\"kind\": \"%s\", \"lr\": %.9g, \"momentum\": %.9g, "
+             "\"beta1\": %.9g, \"beta2\": %.9g, \"eps\": %.9g}}\n",
+          opt->kind == PMAP_OPT_ADAM ? "adam" : "sgd", (double)opt->lr, (double)opt->momentum,
+          (double)opt->beta1, (double)opt->beta2, (double)opt->eps);
+  if (fclose(f)) {
+    fprintf(stderr, "pmap-bench: --dump: cannot write %s\n", path);
+    return -1;
+  }
+  return 0;
+}

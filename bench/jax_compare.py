@@ -1,0 +1,369 @@
+#!/usr/bin/env python3
+# jax_compare.py: pmap against jax.pmap + lax.pmean on the same models, data, initial parameters,
+# optimizers, device counts and cores: runs pmap-bench (which dumps what it trains), then the same
+# training in JAX, checks that both reach the same losses, prints a side-by-side table.
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+LOSS_TOL = 1e-3  # see loss_diff: both sides sum in float32, in different orders
+
+
+def parse_cores(spec):
+    cores = set()
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        cores.update(range(int(lo), int(hi or lo) + 1))
+    return sorted(cores)
+
+
+# ---------------------------------------------------------------------------------------------
+# The JAX side: one process per XLA configuration, since XLA_FLAGS is read once at start-up.
+
+def jax_worker(args):
+    import numpy as np
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    now = time.perf_counter
+    plan = json.loads(args.worker)
+    devices_all = jax.devices()
+    out = {"jax": jax.__version__, "backend": jax.default_backend(), "rows": []}
+    for m in plan["models"]:
+        spec = json.load(open(os.path.join(plan["dump"], m["model"] + ".json")))
+        flat = np.fromfile(os.path.join(plan["dump"], m["model"] + ".params.f32"), "<f4")
+        x = np.fromfile(os.path.join(plan["dump"], m["model"] + ".x.f32"), "<f4")
+        x = x.reshape(spec["x_shape"])
+        y = np.fromfile(os.path.join(plan["dump"], m["model"] + ".y.bin"),
+                        "<i4" if spec["y_dtype"] == "int32" else "<f4").reshape(spec["y_shape"])
+        # The flat vector in pmap's layout: layers in order, each layer's weights then bias.
+        params, off = [], 0
+        for layer in spec["layers"]:
+            if layer["kind"] == "dense":
+                shapes = [(layer["in"], layer["out"]), (layer["out"],)]
+            elif layer["kind"] == "conv2d":
+                shapes = [(layer["oc"], layer["c"], layer["kh"], layer["kw"]), (layer["oc"],)]
+            else:
+                continue
+            for s in shapes:
+                n = int(np.prod(s))
+                params.append(flat[off:off + n].reshape(s))
+                off += n
+        assert off == flat.size, (off, flat.size)
+        layers, loss_kind, opt = spec["layers"], spec["loss"], spec["optimizer"]
+
+        def forward(ps, h):
+            i = 0
+            for layer in layers:
+                k = layer["kind"]
+                if k == "dense":
+                    h = h @ ps[i] + ps[i + 1]
+                    i += 2
+                elif k == "relu":
+                    h = jnp.maximum(h, 0.0)
+                elif k == "conv2d":
+                    s, p = layer["stride"], layer["pad"]
+                    h = lax.conv_general_dilated(h, ps[i], (s, s), [(p, p), (p, p)],
+                                                 dimension_numbers=("NCHW", "OIHW", "NCHW"))
+                    h = h + ps[i + 1][None, :, None, None]
+                    i += 2
+                else:
+                    h = h.reshape(h.shape[0], -1)
+            return h
+
+        def loss_fn(ps, xb, yb):
+            z = forward(ps, xb)
+            if loss_kind == "mse":
+                return jnp.mean((z - yb) ** 2)
+            picked = jnp.take_along_axis(z, yb.reshape(-1, 1), axis=1)[:, 0]
+            return jnp.mean(jax.nn.logsumexp(z, axis=1) - picked)
+
+        lr, mom = opt["lr"], opt["momentum"]
+        b1, b2, eps = opt["beta1"], opt["beta2"], opt["eps"]
+
+        # The same update as ops/op_math.h: SGD with momentum v = m v + g, w -= lr v; Adam with
+        # bias corrections 1 - beta^t.
+        def step(ps, st, xb, yb):
+            loss, g = jax.value_and_grad(loss_fn)(ps, xb, yb)
+            g = lax.pmean(g, "i")
+            loss = lax.pmean(loss, "i")
+            if opt["kind"] == "sgd":
+                if mom:
+                    v = [mom * vi + gi for vi, gi in zip(st["v"], g)]
+                    return [w - lr * vi for w, vi in zip(ps, v)], {"v": v}, loss
+                return [w - lr * gi for w, gi in zip(ps, g)], st, loss
+            t = st["t"] + 1.0
+            mm = [b1 * mi + (1 - b1) * gi for mi, gi in zip(st["m"], g)]
+            vv = [b2 * vi + (1 - b2) * gi * gi for vi, gi in zip(st["v"], g)]
+            bc1, bc2 = 1.0 - b1 ** t, 1.0 - b2 ** t
+            ps = [w - lr * (mi / bc1) / (jnp.sqrt(vi / bc2) + eps) for w, mi, vi in zip(ps, mm, vv)]
+            return ps, {"m": mm, "v": vv, "t": t}, loss
+
+        setups = []
+        for n in plan["devices"]:
+            devs = devices_all[:n]
+            # Places a stacked array on the devices, one slice each.
+            put = jax.pmap(lambda a: a, devices=devs)
+
+            def replicate(a, n=n, put=put):
+                return put(np.broadcast_to(a, (n,) + a.shape).copy())
+
+            state = {}
+            if opt["kind"] == "sgd" and mom:
+                state = {"v": [np.zeros_like(p) for p in params]}
+            elif opt["kind"] == "adam":
+                state = {"m": [np.zeros_like(p) for p in params],
+                         "v": [np.zeros_like(p) for p in params], "t": np.float32(0.0)}
+            rows = x.shape[0] // n
+            setups.append({
+                "n": n,
+                "fn": jax.pmap(step, axis_name="i", devices=devs, donate_argnums=(0, 1)),
+                "ps": [replicate(p) for p in params],
+                "st": jax.tree_util.tree_map(replicate, state),
+                "x": put(x.reshape((n, rows) + x.shape[1:])),
+                "y": put(y.reshape((n, rows) + y.shape[1:])),
+                "t": [], "steps": 0,
+            })
+
+        def run(s):
+            s["ps"], s["st"], loss = s["fn"](s["ps"], s["st"], s["x"], s["y"])
+            loss.block_until_ready()
+            s["steps"] += 1
+            return float(loss[0])
+
+        # The protocol of pmap-bench: step 0 timed apart (here it includes the compilation),
+        # warm-up, then interleaved rounds of one re-warming step and the timed steps.
+        for s in setups:
+            t0 = now()
+            s["loss0"] = run(s)
+            s["step0_ms"] = 1e3 * (now() - t0)
+            for _ in range(m["warmup"]):
+                s["loss"] = run(s)
+        rounds, steps = m["rounds"], m["steps"]
+        for r in range(rounds):
+            n_timed = steps * (r + 1) // rounds - steps * r // rounds
+            for s in setups:
+                s["loss"] = run(s)
+                for _ in range(n_timed):
+                    t0 = now()
+                    s["loss"] = run(s)
+                    s["t"].append(now() - t0)
+        for s in setups:
+            t = sorted(s["t"])
+            def q(f, t=t):
+                return 1e3 * t[min(len(t) - 1, max(0, int(f * (len(t) - 1) + 0.5)))]
+            out["rows"].append({"model": m["model"], "devices": s["n"], "step0_ms": s["step0_ms"],
+                                "median_ms": q(0.5), "p10_ms": q(0.1), "p90_ms": q(0.9),
+                                "loss0": s["loss0"], "loss": s["loss"],
+                                "total_steps": s["steps"]})
+    print(json.dumps(out))
+
+
+# ---------------------------------------------------------------------------------------------
+# The orchestration: pmap-bench and the JAX workers in turns, then the table.
+
+def last_json(text):
+    for line in reversed(text.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise RuntimeError("no JSON line in the output")
+
+
+def pinned(cores):
+    return lambda: os.sched_setaffinity(0, cores)
+
+
+def run_pmap(args, n, cores, dump):
+    cmd = [args.pmap_bench, "--model", args.models, "--devices", str(n), "--scaling", "strong",
+           "--no-ref", "--json", "--backend", "cuda" if args.gpu else "cpu"]
+    if args.steps:
+        cmd += ["--steps", str(args.steps)]
+    if args.warmup is not None:
+        cmd += ["--warmup", str(args.warmup)]
+    if dump:
+        cmd += ["--dump", dump]
+    p = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pinned(cores))
+    if p.returncode != 0:
+        sys.stderr.write(p.stdout + p.stderr)
+        raise SystemExit("jax_compare: pmap-bench failed: " + " ".join(cmd))
+    return last_json(p.stdout)
+
+
+def run_jax(args, plan, n, cores, one_thread):
+    if args.gpu:
+        flags = os.environ.get("XLA_FLAGS", "")
+        env = dict(os.environ, JAX_PLATFORMS="cuda")
+    else:
+        flags = "--xla_force_host_platform_device_count=%d" % n
+        if one_thread:
+            flags += " --xla_cpu_multi_thread_eigen=false"
+        env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
+    plan = dict(plan, devices=[n])
+    p = subprocess.run([sys.executable, __file__, "--worker", json.dumps(plan)], env=env,
+                       capture_output=True, text=True, preexec_fn=pinned(cores))
+    if p.returncode != 0:
+        sys.stderr.write(p.stdout + p.stderr)
+        raise SystemExit("jax_compare: the JAX run failed (XLA_FLAGS=%s)" % flags)
+    return last_json(p.stdout), flags
+
+
+def loss_diff(a, b):
+    """Relative difference; losses below 1e-3 are compared to 1e-3 (near-zero losses differ
+    by float32 rounding alone, which a relative measure would blow up)."""
+    return abs(a - b) / max(abs(b), 1e-3)
+
+
+def main():
+    ap = argparse.ArgumentParser(
+        description="pmap against jax.pmap + lax.pmean on the same models, data and cores")
+    ap.add_argument("--pmap-bench", default="build/bench/pmap-bench")
+    ap.add_argument("--models", default="linear,mlp,convnet,mlp-1024,cifar-cnn")
+    ap.add_argument("--devices", default="1,2,4")
+    ap.add_argument("--steps", type=int, default=0, help="timed steps (default: pmap-bench's)")
+    ap.add_argument("--warmup", type=int, default=None)
+    ap.add_argument("--repeat", type=int, default=2, help="turns of pmap then JAX (medians)")
+    ap.add_argument("--cores", default=None,
+                    help="CPU cores to use, e.g. 0-1 (default: all this process may use); N "
+                         "devices run on the first min(N, cores) of them, on both sides")
+    ap.add_argument("--jax-threads", choices=["both", "xla", "one"], default="both",
+                    help="XLA's own threading, one thread per device's ops, or both")
+    ap.add_argument("--platform", choices=["auto", "cpu", "gpu"], default="auto",
+                    help="gpu: pmap's CUDA backend against JAX on the GPUs; auto: gpu where "
+                         "this Python's JAX sees a GPU, else cpu")
+    ap.add_argument("--out", default=None, help="write jax_compare.csv and .json here")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return jax_worker(args)
+
+    cores = parse_cores(args.cores) if args.cores else sorted(os.sched_getaffinity(0))
+    if args.models == "all":
+        args.models = "linear,mlp,convnet,mlp-1024,cifar-cnn"
+    devices = [int(d) for d in args.devices.split(",")]
+    args.gpu = args.platform == "gpu"
+    if args.platform == "auto":
+        probe = subprocess.run([sys.executable, "-c", "import jax; print(len(jax.devices('gpu')))"],
+                               capture_output=True, text=True)
+        args.gpu = probe.returncode == 0 and probe.stdout.strip() not in ("", "0")
+        if args.gpu:
+            # JAX puts one device on one GPU; pmap may share GPUs, JAX cannot.
+            devices = [d for d in devices if d <= int(probe.stdout.strip())]
+    configs = {"both": [False, True], "xla": [False], "one": [True]}[args.jax_threads]
+    if args.gpu:
+        configs = [False]  # XLA's CPU threading flags mean nothing on the GPU
+    names = {False: "JAX (XLA threads)" if not args.gpu else "JAX (GPU)",
+             True: "JAX (1 thread/dev)"}
+
+    # Turns: for each device count, pmap-bench then each JAX setting, both pinned to the same
+    # min(N, cores) cores, so that neither side uses a core the other may not.
+    dump = tempfile.mkdtemp(prefix="pmap-jax-")
+    try:
+        return compare(args, cores, devices, configs, names, dump)
+    finally:
+        shutil.rmtree(dump, ignore_errors=True)
+
+
+def compare(args, cores, devices, configs, names, dump):
+    pm, jx, flags, plan, jax_version = {}, {c: {} for c in configs}, {}, None, "?"
+    budget = {n: cores[:min(n, len(cores))] for n in devices}
+    for r in range(args.repeat):
+        for n in devices:
+            res = run_pmap(args, n, budget[n], dump if plan is None else None)
+            if plan is None:
+                plan = {"dump": dump, "models": [
+                    {"model": m["model"], "steps": m["steps"], "warmup": m["warmup"],
+                     "rounds": m["rounds"]} for m in res["models"]]}
+                gemm = res["gemm"]
+            for row in res["rows"]:
+                pm.setdefault((row["model"], n), []).append(row)
+            for c in configs:
+                out, flags[c] = run_jax(args, plan, n, budget[n], c)
+                jax_version = out["jax"]
+                for row in out["rows"]:
+                    jx[c].setdefault((row["model"], n), []).append(row)
+
+    print("pmap against JAX %s (jax.pmap + lax.pmean) on %s; N devices run on min(N, %d) "
+          "cores (%s) on both sides; medians of %d turns"
+          % (jax_version, "the GPU" if args.gpu else "CPU", len(cores), ",".join(map(str, cores)),
+             args.repeat))
+    if args.gpu:
+        print("  pmap: CUDA backend, one worker thread per device")
+    else:
+        print("  pmap: one worker thread per device, its GEMM (%s) single-threaded" % gemm)
+    for c in configs:
+        print("  %s: XLA_FLAGS=%s" % (names[c], flags[c].replace("=%d" % devices[-1], "=N")))
+    print("  same initial parameters and data (pmap-bench --dump), same optimizer and steps; "
+          "step-0 and final losses compared (relative difference, floor 1e-3, tolerance %g)"
+          % LOSS_TOL)
+    hdr = "%-10s %4s %5s %6s %10s" % ("model", "dev", "cores", "batch", "pmap_ms")
+    for c in configs:
+        hdr += " %19s" % (names[c] + " ms")
+    hdr += " %9s %13s %8s %12s %12s %9s %4s" % ("pmap/JAX", "turns", "speedup", "loss_pmap",
+                                                "loss_jax", "loss_diff", "ok")
+    print(hdr)
+    rows, failed = [], False
+    models = [m["model"] for m in plan["models"]]
+    for model in models:
+        for n in devices:
+            p_ms = statistics.median(row["median_ms"] for row in pm[(model, n)])
+            j_ms = {c: statistics.median(row["median_ms"] for row in jx[c][(model, n)])
+                    for c in configs}
+            best = min(j_ms.values())
+            # The same ratio turn by turn (pmap and JAX of one turn ran back to back): its
+            # spread says how far the machine's noise moves the median.
+            turns = [min(jx[c][(model, n)][t]["median_ms"] for c in configs)
+                     / pm[(model, n)][t]["median_ms"] for t in range(len(pm[(model, n)]))]
+            pl, jl = pm[(model, n)][-1], jx[configs[0]][(model, n)][-1]
+            same_steps = jl["total_steps"] == pl["total_steps"]
+            d = max(loss_diff(jl["loss"], pl["loss"]), loss_diff(jl["loss0"], pl["loss0"]))
+            ok = same_steps and d <= LOSS_TOL
+            failed |= not ok
+            p1 = statistics.median(row["median_ms"] for row in pm[(model, devices[0])])
+            line = "%-10s %4d %5d %6d %10.4g" % (model, n, len(budget[n]), pl["global_batch"], p_ms)
+            for c in configs:
+                line += " %19.4g" % j_ms[c]
+            # pmap/JAX: throughput ratio against the faster JAX setting (> 1: pmap is faster).
+            line += " %8.2fx %13s %8.3f %12.6g %12.6g %9.2g %4s" % (
+                best / p_ms, "%.2f-%.2f" % (min(turns), max(turns)), p1 / p_ms * devices[0],
+                pl["loss"], jl["loss"], d, "yes" if ok else "NO")
+            print(line)
+            rows.append({"model": model, "devices": n, "cores": len(budget[n]),
+                         "global_batch": pl["global_batch"], "pmap_median_ms": p_ms,
+                         "jax_median_ms": {names[c]: j_ms[c] for c in configs},
+                         "pmap_over_jax_throughput": best / p_ms,
+                         "pmap_over_jax_per_turn": turns,
+                         "pmap_median_ms_per_turn": [row["median_ms"] for row in pm[(model, n)]],
+                         "loss_pmap": pl["loss"],
+                         "loss_jax": jl["loss"], "loss0_pmap": pl["loss0"],
+                         "loss0_jax": jl["loss0"], "total_steps": pl["total_steps"],
+                         "loss_diff": d, "ok": ok})
+    print("pmap/JAX = JAX step time (faster setting) / pmap step time, medians over the turns: "
+          "above 1, pmap is faster; turns: the lowest and highest ratio of a single turn; "
+          "speedup: pmap's own against %d device(s)." % devices[0])
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "jax_compare.json"), "w") as f:
+            json.dump({"jax": jax_version, "cores": cores, "xla_flags": list(flags.values()),
+                       "repeat": args.repeat, "rows": rows}, f, indent=1)
+        with open(os.path.join(args.out, "jax_compare.csv"), "w") as f:
+            f.write("model,devices,cores,global_batch,pmap_ms,%s,pmap_over_jax,loss_pmap,"
+                    "loss_jax,loss_diff,ok\n" % ",".join(names[c] for c in configs))
+            for r in rows:
+                f.write("%s,%d,%d,%d,%.6g,%s,%.4g,%.9g,%.9g,%.3g,%d\n" % (
+                    r["model"], r["devices"], r["cores"], r["global_batch"], r["pmap_median_ms"],
+                    ",".join("%.6g" % r["jax_median_ms"][names[c]] for c in configs),
+                    r["pmap_over_jax_throughput"], r["loss_pmap"], r["loss_jax"], r["loss_diff"],
+                    r["ok"]))
+    print(json.dumps({"jax": jax_version, "cores": len(cores), "rows": rows}))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main() or 0)
