@@ -193,21 +193,20 @@ typedef struct opts {
 } opts;
 
 static int parse(int argc, char **argv, opts *o) {
+  static const char *const flags[] = {"--json", NULL};
   static const char *const value_opts[] = {"-b", "-e", "-f", "-d", "-n", "-w", "-o", "-c",
                                            "--backend", "--copy-bytes", "--csv", NULL};
   *o = (opts){8, 128 << 20, 2, 20, 5, 1, 16 << 20, {2}, 1, 0, {1, 0, 0}, "auto", NULL};
   for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v;
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+    const char *a = argv[i], *v = NULL;
+    int kind = cli_next(prog, argc, argv, &i, flags, value_opts, &v);
+    if (kind == CLI_ERROR) return -1;
+    if (kind == CLI_HELP) {
       usage(stdout);
       exit(0);
-    } else if (!strcmp(a, "--json")) {
+    }
+    if (!strcmp(a, "--json")) {
       o->json = 1;
-    } else if (!cli_is_option(a, value_opts)) {
-      fprintf(stderr, "%s: unknown option %s (see --help)\n", prog, a);
-      return -1;
-    } else if (!(v = cli_value(prog, argc, argv, &i))) {
-      return -1;
     } else if (!strcmp(a, "-b")) {
       if (parse_bytes(a, v, &o->minb)) return -1;
     } else if (!strcmp(a, "-e")) {

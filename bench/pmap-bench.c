@@ -326,24 +326,23 @@ static int bench_model(const char *name, const opts *o, pmap_backend backend, co
 }
 
 static int parse(int argc, char **argv, opts *o) {
+  static const char *const flags[] = {"--json", "--no-ref", NULL};
   static const char *const value_opts[] = {"--model", "--backend", "--devices", "--batch",
                                            "--weak-batch", "--scaling", "--steps", "--warmup",
                                            "--rounds", "--seed", "--csv", "--dump", NULL};
   *o = (opts){"mlp-1024", "auto", NULL, NULL, {1, 2, 4}, -1, -1, -1, -1, 5, 3, 0, 1, {1, 1}, 0};
   for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v;
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+    const char *a = argv[i], *v = NULL;
+    int kind = cli_next(prog, argc, argv, &i, flags, value_opts, &v);
+    if (kind == CLI_ERROR) return -1;
+    if (kind == CLI_HELP) {
       usage(stdout);
       exit(0);
-    } else if (!strcmp(a, "--json")) {
+    }
+    if (!strcmp(a, "--json")) {
       o->json = 1;
     } else if (!strcmp(a, "--no-ref")) {
       o->ref = 0;
-    } else if (!cli_is_option(a, value_opts)) {
-      fprintf(stderr, "%s: unknown option %s (see --help)\n", prog, a);
-      return -1;
-    } else if (!(v = cli_value(prog, argc, argv, &i))) {
-      return -1;
     } else if (!strcmp(a, "--model")) {
       o->models = strcmp(v, "all") ? v : ALL_MODELS;
     } else if (!strcmp(a, "--backend")) {

@@ -80,6 +80,19 @@ int cli_is_option(const char *a, const char *const *names) {
   return 0;
 }
 
+int cli_next(const char *prog, int argc, char **argv, int *i, const char *const *flags,
+             const char *const *value_opts, const char **value) {
+  const char *a = argv[*i];
+  if (!strcmp(a, "--help") || !strcmp(a, "-h")) return CLI_HELP;
+  if (cli_is_option(a, flags)) return CLI_FLAG;
+  if (!cli_is_option(a, value_opts)) {
+    fprintf(stderr, "%s: unknown option %s (see --help)\n", prog, a);
+    return CLI_ERROR;
+  }
+  *value = cli_value(prog, argc, argv, i);
+  return *value ? CLI_VALUE : CLI_ERROR;
+}
+
 double cli_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

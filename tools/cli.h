@@ -18,6 +18,13 @@ int cli_int_list(const char *prog, const char *opt, const char *s, int64_t lo, i
 const char *cli_value(const char *prog, int argc, char **argv, int *i);
 /* Whether a is one of the NULL-terminated names. */
 int cli_is_option(const char *a, const char *const *names);
+
+enum { CLI_ERROR = -1, CLI_FLAG = 0, CLI_VALUE = 1, CLI_HELP = 2 };
+/* Classifies argv[*i]: CLI_HELP for --help or -h; CLI_FLAG when it is one of flags; CLI_VALUE
+ * when it is one of value_opts, with *value its value (*i advanced past it); else CLI_ERROR
+ * after printing why (an unknown option or a missing value). Both lists end with NULL. */
+int cli_next(const char *prog, int argc, char **argv, int *i, const char *const *flags,
+             const char *const *value_opts, const char **value);
 double cli_now(void); /* seconds, monotonic */
 
 #endif

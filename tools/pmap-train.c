@@ -43,20 +43,19 @@ typedef struct opts {
 } opts;
 
 static int parse(int argc, char **argv, opts *o) {
+  static const char *const flags[] = {"--json", NULL};
   static const char *const value_opts[] = {"--model", "--backend", "--devices", "--steps", "--batch", "--samples", "--log-every", "--seed", "--lr", "--plot", NULL};
   *o = (opts){"linear", "auto", NULL, PMAP_DEVICES_DEFAULT, -1, -1, -1, -1, 0.0f, 0, 0, 0};
   for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v;
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+    const char *a = argv[i], *v = NULL;
+    int kind = cli_next(prog, argc, argv, &i, flags, value_opts, &v);
+    if (kind == CLI_ERROR) return -1;
+    if (kind == CLI_HELP) {
       usage(stdout);
       exit(0);
-    } else if (!strcmp(a, "--json")) {
+    }
+    if (!strcmp(a, "--json")) {
       o->json = 1;
-    } else if (!cli_is_option(a, value_opts)) {
-      fprintf(stderr, "%s: unknown option %s (see --help)\n", prog, a);
-      return -1;
-    } else if (!(v = cli_value(prog, argc, argv, &i))) {
-      return -1;
     } else if (!strcmp(a, "--model")) {
       o->model = v;
     } else if (!strcmp(a, "--backend")) {
