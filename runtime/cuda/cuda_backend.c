@@ -38,7 +38,6 @@ static void device_release(cuda_device *cd) {
  * work (and their connections are set up) before the context is handed out. */
 static pmap_status startup_barrier(pmap_device *dev, cuda_device *cd) {
   pmap_ctx *ctx = dev->ctx;
-  pmap_status st = PMAP_SUCCESS;
   pmap_wait_policy wait = ctx->wait;
   wait.timeout_ns = cuda_timeout_ns(ctx);
   int r = sync_barrier_wait(&ctx->bar, &wait);
@@ -52,13 +51,9 @@ static pmap_status startup_barrier(pmap_device *dev, cuda_device *cd) {
   float *one = (float *)((char *)cd->scratch + CUDA_REDUCE_BLOCKS * sizeof(double));
   CUDA_CHECK(cd, cudaMemsetAsync(one, 0, sizeof *one, cd->stream));
   PMAP_TRY(cuda_nccl_enter(dev, "startup barrier"));
-  NCCL_CHECK_GOTO(cd, st, ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, cd->comm, cd->stream),
-                  fail);
-  cuda_nccl_leave(dev);
-  return cuda_wait(dev, "startup barrier (NCCL all-reduce)", 1);
-fail:
-  cuda_nccl_leave(dev);
-  return cuda_nccl_failed(dev, st, "startup barrier (NCCL all-reduce)");
+  return cuda_nccl_issued(
+      dev, ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, cd->comm, cd->stream),
+      "ncclAllReduce", "startup barrier (NCCL all-reduce)");
 }
 
 static pmap_status cuda_device_init(pmap_device *dev) {

@@ -74,5 +74,8 @@ int64_t cuda_timeout_ns(pmap_ctx *ctx);
  * (PMAP_ERR_ABORTED, since that operation can no longer complete). Except for a plain CUDA error
  * each of these aborts the communicators. `call` names the operation in the message. */
 pmap_status cuda_wait(pmap_device *dev, const char *call, int collective);
+/* Finishes an NCCL collective issued after cuda_nccl_enter: r is what the NCCL call (source text
+ * `text`) returned. Leaves NCCL, then waits for the collective, or reports its failure. */
+pmap_status cuda_nccl_issued(pmap_device *dev, ncclResult_t r, const char *text, const char *call);
 
 #endif

@@ -35,6 +35,21 @@ pmap_status cuda_nccl_failed(pmap_device *dev, pmap_status st, const char *call)
   return coll_failed(dev, st);
 }
 
+pmap_status cuda_nccl_issued(pmap_device *dev, ncclResult_t r, const char *text,
+                             const char *call) {
+  cuda_device *cd = dev->be;
+  pmap_status st = PMAP_SUCCESS;
+  CUDA_CHECK_GEN(cd, CUDA_LIB_NCCL, ncclSuccess, r, text, {
+    st = cuda_chk_s_;
+    goto fail;
+  });
+  cuda_nccl_leave(dev);
+  return cuda_wait(dev, call, 1);
+fail:
+  cuda_nccl_leave(dev);
+  return cuda_nccl_failed(dev, st, call);
+}
+
 /* 1 when an asynchronous NCCL error was found (recorded in st). */
 static int async_error(pmap_device *dev, cuda_device *cd, const char *call, pmap_status *st) {
   cuda_ctx *cc = dev->ctx->be_ctx;
@@ -107,55 +122,31 @@ static ncclRedOp_t nccl_op(pmap_redop op) {
 static pmap_status cuda_all_reduce(pmap_device *dev, const float *send, float *recv, size_t count,
                                    pmap_redop op) {
   cuda_device *cd = dev->be;
-  pmap_status st = PMAP_SUCCESS;
   if (count == 0) return PMAP_SUCCESS;
   PMAP_TRY(cuda_nccl_enter(dev, "all_reduce"));
-  NCCL_CHECK_GOTO(cd, st,
-                  ncclAllReduce(send, recv, count, ncclFloat32, nccl_op(op), cd->comm, cd->stream),
-                  fail);
-  cuda_nccl_leave(dev);
-  return cuda_wait(dev, "all_reduce", 1);
-fail:
-  cuda_nccl_leave(dev);
-  return cuda_nccl_failed(dev, st, "all_reduce");
+  return cuda_nccl_issued(
+      dev, ncclAllReduce(send, recv, count, ncclFloat32, nccl_op(op), cd->comm, cd->stream),
+      "ncclAllReduce", "all_reduce");
 }
 
 static pmap_status cuda_broadcast(pmap_device *dev, const float *send, float *recv, size_t count,
                                   int root) {
   cuda_device *cd = dev->be;
-  pmap_status st = PMAP_SUCCESS;
   if (count == 0) return PMAP_SUCCESS;
   PMAP_TRY(cuda_nccl_enter(dev, "broadcast"));
-  NCCL_CHECK_GOTO(cd, st,
-                  ncclBroadcast(send, recv, count, ncclFloat32, root, cd->comm, cd->stream), fail);
-  cuda_nccl_leave(dev);
-  return cuda_wait(dev, "broadcast", 1);
-fail:
-  cuda_nccl_leave(dev);
-  return cuda_nccl_failed(dev, st, "broadcast");
+  return cuda_nccl_issued(
+      dev, ncclBroadcast(send, recv, count, ncclFloat32, root, cd->comm, cd->stream),
+      "ncclBroadcast", "broadcast");
 }
 
 static pmap_status cuda_all_gather(pmap_device *dev, const float *send, float *recv,
                                    size_t count) {
   cuda_device *cd = dev->be;
-  pmap_status st = PMAP_SUCCESS;
   if (count == 0) return PMAP_SUCCESS;
-  /* In place (send == recv) means this device's part sits at the front of recv; NCCL's in-place
-   * form wants it at row `index`, so move it there first (the two do not overlap). */
-  float *row = recv + (size_t)dev->index * count;
-  if (send == recv && dev->index != 0) {
-    CUDA_CHECK(cd, cudaMemcpyAsync(row, send, count * sizeof *row, cudaMemcpyDeviceToDevice,
-                                   cd->stream));
-    send = row;
-  }
+  /* In place is NCCL's form, send == recv + index * count (checked in runtime/coll.c). */
   PMAP_TRY(cuda_nccl_enter(dev, "all_gather"));
-  NCCL_CHECK_GOTO(cd, st, ncclAllGather(send, recv, count, ncclFloat32, cd->comm, cd->stream),
-                  fail);
-  cuda_nccl_leave(dev);
-  return cuda_wait(dev, "all_gather", 1);
-fail:
-  cuda_nccl_leave(dev);
-  return cuda_nccl_failed(dev, st, "all_gather");
+  return cuda_nccl_issued(dev, ncclAllGather(send, recv, count, ncclFloat32, cd->comm, cd->stream),
+                          "ncclAllGather", "all_gather");
 }
 
 /* Drain this device's stream, then meet the other threads: every device's earlier work is done

@@ -69,10 +69,11 @@ static pmap_status check_size(pmap_device *dev, size_t count, float *h, float *w
     }
   if (st) goto out;
 
-  /* all_gather out of place, then in place (own part at the front of recv). */
+  /* all_gather out of place, then in place (own part at row d of recv, as in NCCL). */
   for (int in_place = 0; in_place < 2 && !st; in_place++) {
-    st = pmap_device_upload(dev, in_place ? recv : send, h, count);
-    if (!st) st = pmap_all_gather(dev, in_place ? recv : send, recv, count);
+    float *src = in_place ? recv + (size_t)d * count : send;
+    st = pmap_device_upload(dev, src, h, count);
+    if (!st) st = pmap_all_gather(dev, src, recv, count);
     if (!st) st = pmap_device_download(dev, want + big, recv, big);
     if (st) break;
     for (int k = 0; k < n; k++)
