@@ -35,7 +35,9 @@ typedef enum pmap_status {
   PMAP_ERR_DEVICE = 4,           /* a device, driver, BLAS or collective library call failed */
   PMAP_ERR_TIMEOUT = 5,          /* a collective did not complete within the context timeout */
   PMAP_ERR_ABORTED = 6,          /* another device failed, so this device's call was abandoned */
-  PMAP_ERR_INTERNAL = 7          /* a bug in pmap: please report it with the message */
+  PMAP_ERR_INTERNAL = 7,         /* a bug in pmap: please report it with the message */
+  PMAP_ERR_NUMERIC = 8           /* non-finite loss or gradients: the step was skipped on every
+                                    replica, nothing changed (see pmap_update) */
 } pmap_status;
 
 /* A short constant string for a status ("invalid argument", ...); never NULL. */
@@ -64,8 +66,12 @@ typedef struct pmap_config {
                             repeats allowed where NCCL allows them); NULL means 0..N-1.
                             Ignored on CPU. */
   double timeout_s;      /* a device waiting longer than this in a collective aborts the call on
-                            every device with PMAP_ERR_TIMEOUT; 0 means 300 s, < 0 never */
+                            every device with PMAP_ERR_TIMEOUT; 0 means 300 s, < 0 or more than
+                            1e9 s (inf included) never; NaN is rejected */
+  int numeric_guard;     /* PMAP_GUARD_ON (0, the default) or PMAP_GUARD_OFF: see pmap_update */
 } pmap_config;
+
+enum { PMAP_GUARD_ON = 0, PMAP_GUARD_OFF = 1 };
 
 typedef struct pmap_ctx pmap_ctx;
 
@@ -77,9 +83,11 @@ typedef struct pmap_ctx pmap_ctx;
  * PMAP_ERR_OUT_OF_MEMORY, PMAP_ERR_DEVICE. */
 pmap_status pmap_ctx_create(const pmap_config *cfg, pmap_ctx **out);
 
-/* Stops the workers and frees the context. Accepts NULL. Every pmap_params created on the context
- * must be destroyed first. */
-void pmap_ctx_destroy(pmap_ctx *ctx);
+/* Stops the workers and frees the context. Accepts NULL (PMAP_SUCCESS). Every pmap_params created
+ * on the context must be destroyed first: with params still alive, or when called from inside a
+ * mapped function of this context, it returns PMAP_ERR_INVALID_ARGUMENT and changes nothing (the
+ * context stays usable). */
+pmap_status pmap_ctx_destroy(pmap_ctx *ctx);
 
 int pmap_ctx_num_devices(const pmap_ctx *ctx);
 pmap_backend pmap_ctx_backend(const pmap_ctx *ctx); /* never PMAP_BACKEND_AUTO */
@@ -170,10 +178,13 @@ typedef struct pmap_optimizer {
   float beta1;    /* Adam: in [0, 1) */
   float beta2;    /* Adam: in [0, 1) */
   float eps;      /* Adam: > 0 */
+  float clip_norm; /* > 0: before the step, the averaged gradient is scaled so that its global L2
+                      norm is at most clip_norm (the norm is identical on every replica);
+                      0 (the default): no clipping */
 } pmap_optimizer;
 
 pmap_optimizer pmap_sgd(float lr, float momentum);
-pmap_optimizer pmap_adam(float lr); /* beta1 0.9, beta2 0.999, eps 1e-8 */
+pmap_optimizer pmap_adam(float lr); /* beta1 0.9, beta2 0.999, eps 1e-8; both: no clipping */
 
 /* ------------------------------------------------------------------------------------------ */
 /* Replicated training state                                                                  */
@@ -214,6 +225,40 @@ pmap_status pmap_predict(pmap_params *params, const pmap_array *xs, pmap_array *
 pmap_status pmap_params_read(const pmap_params *params, int device, float *dst, size_t count);
 /* Copies src (count == pmap_params_count()) into every replica; optimizer state is kept. */
 pmap_status pmap_params_write(pmap_params *params, const float *src, size_t count);
+
+/* Checkpoints. pmap_params_save writes the whole training state (model description, optimizer
+ * kind and settings, step count, parameters and optimizer state, and an optional opaque user
+ * section, e.g. a data loader's position) to `path`: a versioned file with a magic number and a
+ * CRC-32C per section, written to a temporary file in the same folder, fsync'ed, then renamed over
+ * `path` (and the folder fsync'ed), so a crash during a save leaves the previous file intact. Two
+ * saves of the same state are byte-identical. The file does not depend on the device count.
+ * pmap_params_load validates the whole file first (magic, version, every checksum and size, the
+ * model description against params' model, the optimizer kind and state layout) and only then
+ * sets every replica, the optimizer state and the step count; on any error nothing is changed.
+ * The optimizer's settings (lr, betas, clip_norm) are those of params, not the file's.
+ * user/user_bytes: the user section to save (NULL/0: none). On load, user_cap bytes at user
+ * receive it (PMAP_ERR_INVALID_ARGUMENT, nothing changed, when it does not fit) and *user_bytes
+ * (may be NULL) its size. Return PMAP_ERR_INVALID_ARGUMENT (NULL, a file that is not a pmap
+ * checkpoint, damaged, truncated, of another version, another model or another optimizer: the
+ * message says which), PMAP_ERR_UNAVAILABLE (the file cannot be opened, read or written: the
+ * message carries the system's reason), PMAP_ERR_OUT_OF_MEMORY, PMAP_ERR_DEVICE. */
+pmap_status pmap_params_save(const pmap_params *params, const char *path);
+pmap_status pmap_params_load(pmap_params *params, const char *path);
+pmap_status pmap_params_save_user(const pmap_params *params, const char *path, const void *user,
+                                  size_t user_bytes);
+pmap_status pmap_params_load_user(pmap_params *params, const char *path, void *user,
+                                  size_t user_cap, size_t *user_bytes);
+
+/* Compares every replica (parameters and optimizer state): each device computes a checksum of
+ * its own replica, and the checksums are gathered and compared. PMAP_SUCCESS when they are all
+ * equal; PMAP_ERR_DEVICE with a message naming the devices that differ from device 0 when not
+ * (replicas must never drift: this is a check for hardware or memory faults). */
+pmap_status pmap_params_verify(const pmap_params *params);
+
+/* Releases the activation memory, which is sized for the largest batch seen so far; the next
+ * pmap_update or pmap_predict allocates what its batch needs. Parameters and optimizer state
+ * are kept. Returns PMAP_ERR_INVALID_ARGUMENT for NULL. */
+pmap_status pmap_params_shrink(pmap_params *params);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Mapped functions and collectives                                                           */

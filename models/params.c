@@ -5,28 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model.h"
+#include "params.h"
 #include "runtime/backend.h"
 #include "runtime/error.h"
 
-struct pmap_params {
-  pmap_ctx *ctx;
-  pmap_model *model;
-  pmap_optimizer opt;
-  size_t n_params;
-  int opt_slots; /* optimizer state buffers of n_params each */
-  int64_t step;
-  replica *rep; /* (N) */
-  /* The current job's arguments. */
-  const float *host_w;
-  const pmap_array *xs, *ys;
-  pmap_array *out;
-  int64_t bd;
-  int read_device;
-  float *read_dst;
-  float loss;
-  float bc1, bc2;
-};
 
 static pmap_status check_optimizer(const pmap_optimizer *o) {
   const char *call = "pmap_params_create";
@@ -51,12 +33,12 @@ static pmap_status check_optimizer(const pmap_optimizer *o) {
 }
 
 pmap_optimizer pmap_sgd(float lr, float momentum) {
-  pmap_optimizer o = {PMAP_OPT_SGD, lr, momentum, 0.0f, 0.0f, 0.0f};
+  pmap_optimizer o = {PMAP_OPT_SGD, lr, momentum, 0.0f, 0.0f, 0.0f, 0.0f};
   return o;
 }
 
 pmap_optimizer pmap_adam(float lr) {
-  pmap_optimizer o = {PMAP_OPT_ADAM, lr, 0.0f, 0.9f, 0.999f, 1e-8f};
+  pmap_optimizer o = {PMAP_OPT_ADAM, lr, 0.0f, 0.9f, 0.999f, 1e-8f, 0.0f};
   return o;
 }
 

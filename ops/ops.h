@@ -63,6 +63,12 @@ typedef struct pmap_ops {
   pmap_status (*adam_step)(pmap_device *dev, float *w, const float *g, float *m, float *v,
                            size_t n, float lr, float beta1, float beta2, float eps, float bc1,
                            float bc2);
+  /* *norm (device memory) = sqrt(sum of x[i]^2) for i < n, summed in double in a fixed order:
+   * non-finite exactly when some x[i] is (or the norm exceeds FLT_MAX). The numeric guard and
+   * gradient clipping read it. */
+  pmap_status (*norm2)(pmap_device *dev, const float *x, size_t n, float *norm);
+  /* x[i] *= s for i < n (gradient clipping). */
+  pmap_status (*scale)(pmap_device *dev, float *x, float s, size_t n);
 } pmap_ops;
 
 /* The CPU op table (always built); the oracle every other backend is tested against. */

@@ -174,7 +174,7 @@ static pmap_status choose_backend(const pmap_config *cfg, pmap_backend *kind,
 pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   if (!out) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_ctx_create: out is NULL");
   *out = NULL;
-  pmap_config cfg = {PMAP_BACKEND_AUTO, PMAP_DEVICES_DEFAULT, NULL, 0.0};
+  pmap_config cfg = {PMAP_BACKEND_AUTO, PMAP_DEVICES_DEFAULT, NULL, 0.0, PMAP_GUARD_ON};
   if (cfg_in) cfg = *cfg_in;
   if ((cfg.num_devices < 1 || cfg.num_devices > PMAP_MAX_DEVICES) &&
       cfg.num_devices != PMAP_DEVICES_DEFAULT)
@@ -256,8 +256,8 @@ fail: {
 }
 }
 
-void pmap_ctx_destroy(pmap_ctx *ctx) {
-  if (!ctx) return;
+pmap_status pmap_ctx_destroy(pmap_ctx *ctx) {
+  if (!ctx) return PMAP_SUCCESS;
   if (ctx->dev && ctx->started == ctx->n - 1) pmap_ctx_dispatch(ctx, fini_job, NULL);
   ctx->stop = 1;
   pmap_event_signal(&ctx->job);
@@ -267,6 +267,7 @@ void pmap_ctx_destroy(pmap_ctx *ctx) {
   free(ctx->threads);
   free(ctx->dev);
   free(ctx);
+  return PMAP_SUCCESS;
 }
 
 int pmap_ctx_num_devices(const pmap_ctx *ctx) { return ctx ? ctx->n : 0; }

@@ -19,6 +19,7 @@ const char *pmap_status_string(pmap_status s) {
   case PMAP_ERR_TIMEOUT: return "timeout";
   case PMAP_ERR_ABORTED: return "aborted";
   case PMAP_ERR_INTERNAL: return "internal error";
+  case PMAP_ERR_NUMERIC: return "non-finite numbers";
   }
   return "unknown status";
 }

@@ -102,6 +102,20 @@ static pmap_status cpu_adam_step(pmap_device *dev, float *w, const float *g, flo
   return PMAP_SUCCESS;
 }
 
+static pmap_status cpu_norm2(pmap_device *dev, const float *x, size_t n, float *norm) {
+  (void)dev;
+  double sum = 0.0;
+  for (size_t i = 0; i < n; i++) sum += (double)x[i] * (double)x[i];
+  *norm = (float)sqrt(sum);
+  return PMAP_SUCCESS;
+}
+
+static pmap_status cpu_scale(pmap_device *dev, float *x, float s, size_t n) {
+  (void)dev;
+  for (size_t i = 0; i < n; i++) x[i] *= s;
+  return PMAP_SUCCESS;
+}
+
 const pmap_ops pmap_cpu_ops = {
     .gemm = cpu_gemm,
     .fill = cpu_fill,
@@ -115,4 +129,6 @@ const pmap_ops pmap_cpu_ops = {
     .softmax_xent = cpu_softmax_xent,
     .sgd_step = cpu_sgd_step,
     .adam_step = cpu_adam_step,
+    .norm2 = cpu_norm2,
+    .scale = cpu_scale,
 };

@@ -40,6 +40,8 @@ pmap_status cuda_sgd_step(pmap_device *dev, float *w, const float *g, float *v, 
 pmap_status cuda_adam_step(pmap_device *dev, float *w, const float *g, float *m, float *v,
                            size_t n, float lr, float beta1, float beta2, float eps, float bc1,
                            float bc2);
+pmap_status cuda_norm2(pmap_device *dev, const float *x, size_t n, float *norm);
+pmap_status cuda_scale(pmap_device *dev, float *x, float s, size_t n);
 
 /* Second pass of the loss reductions: *loss (device) = (float)(sum of partial (blocks) / denom),
  * summed in a fixed order so the loss is deterministic. blocks <= CUDA_REDUCE_BLOCKS. */

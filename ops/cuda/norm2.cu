@@ -1,0 +1,46 @@
+/* norm2.cu: the L2 norm of a device array (ops/ops.h norm2), summed in double in a fixed order
+ * (per-block partial sums, then one block adds them), for the numeric guard and gradient
+ * clipping; and the in-place scale that clipping applies. */
+#include "cuda_common.cuh"
+
+static __global__ void norm2_kernel(const float *x, size_t n, double *partial) {
+  double acc = 0.0;
+  for (size_t i = cuda_thread_index(); i < n; i += cuda_grid_stride())
+    acc += (double)x[i] * (double)x[i];
+  acc = cuda_block_sum(acc);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+static __global__ void norm2_finalize_kernel(const double *partial, unsigned blocks, float *norm) {
+  double v = threadIdx.x < blocks ? partial[threadIdx.x] : 0.0;
+  v = cuda_block_sum(v);
+  if (threadIdx.x == 0) *norm = (float)sqrt(v);
+}
+
+static void norm2_launch(cudaStream_t stream, unsigned blocks, const float *x, size_t n,
+                         double *partial, float *norm) {
+  norm2_kernel<<<blocks, CUDA_BLOCK, 0, stream>>>(x, n, partial);
+  norm2_finalize_kernel<<<1, CUDA_REDUCE_BLOCKS, 0, stream>>>(partial, blocks, norm);
+}
+
+extern "C" pmap_status cuda_norm2(pmap_device *dev, const float *x, size_t n, float *norm) {
+  cuda_device *cd = cuda_device_of(dev);
+  if (n == 0) return cuda_fill(dev, norm, 0.0f, 1);
+  unsigned blocks = cuda_grid(n);
+  if (blocks > CUDA_REDUCE_BLOCKS) blocks = CUDA_REDUCE_BLOCKS;
+  norm2_launch(cd->stream, blocks, x, n, (double *)cd->scratch, norm);
+  CUDA_CHECK_LAUNCH(cd, "norm2_kernel");
+  return PMAP_SUCCESS;
+}
+
+static __global__ void scale_kernel(float *x, float s, size_t n) {
+  for (size_t i = cuda_thread_index(); i < n; i += cuda_grid_stride()) x[i] *= s;
+}
+
+extern "C" pmap_status cuda_scale(pmap_device *dev, float *x, float s, size_t n) {
+  cuda_device *cd = cuda_device_of(dev);
+  if (n == 0) return PMAP_SUCCESS;
+  scale_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, cd->stream>>>(x, s, n);
+  CUDA_CHECK_LAUNCH(cd, "scale_kernel");
+  return PMAP_SUCCESS;
+}
