@@ -1,6 +1,7 @@
 /* exec.c: one device's forward, loss and backward over its shard, through the op table only.
  * Forward overwrites activations; backward overwrites activation gradients and accumulates
  * parameter gradients (see ops/ops.h). */
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "model.h"
@@ -8,8 +9,7 @@
 #include "runtime/error.h"
 
 void replica_release(pmap_device *dev, replica *r) {
-  const pmap_backend_i *be = dev->ctx->be;
-  if (r->arena) be->free(dev, r->arena);
+  backend_free(dev, r->arena);
   r->arena = NULL;
   r->rows = 0;
   free(r->act);
@@ -20,15 +20,28 @@ void replica_release(pmap_device *dev, replica *r) {
   r->in = r->out = NULL;
 }
 
+int model_arena_floats(const pmap_model *m, int64_t bd, size_t *out) {
+  size_t total = 0, per = 0, col = model_col_size(m);
+  if (bd < 0 || __builtin_mul_overflow(col, (size_t)2, &total)) return -1;
+  for (int i = 0; i < m->n_layers; i++) {
+    size_t copies = m->layers[i].kind == LAYER_FLATTEN ? 1 : 2;
+    if (__builtin_mul_overflow((size_t)m->layers[i].out_size, (size_t)bd, &per) ||
+        __builtin_mul_overflow(per, copies, &per) || __builtin_add_overflow(total, per, &total))
+      return -1;
+  }
+  *out = total;
+  return 0;
+}
+
 pmap_status replica_reserve(pmap_device *dev, const pmap_model *m, replica *r, int64_t bd) {
   if (bd <= r->rows) return PMAP_SUCCESS;
   replica_release(dev, r);
   int L = m->n_layers;
-  size_t total = 2 * model_col_size(m);
-  for (int i = 0; i < L; i++) {
-    size_t per = (size_t)(m->layers[i].out_size * bd);
-    total += (m->layers[i].kind == LAYER_FLATTEN ? 1 : 2) * per;
-  }
+  size_t total = 0;
+  if (model_arena_floats(m, bd, &total) || total > PTRDIFF_MAX / sizeof(float))
+    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY,
+                    "device %d: the activations of %lld examples take more than the address space",
+                    dev->index, (long long)bd);
   r->act = calloc((size_t)L, sizeof *r->act);
   r->dact = calloc((size_t)L, sizeof *r->dact);
   r->in = calloc((size_t)L, sizeof *r->in);
@@ -36,16 +49,16 @@ pmap_status replica_reserve(pmap_device *dev, const pmap_model *m, replica *r, i
   void *arena = NULL;
   pmap_status st = PMAP_ERR_OUT_OF_MEMORY;
   if (r->act && r->dact && r->in && r->out)
-    st = dev->ctx->be->alloc(dev, total * sizeof(float), &arena);
+    st = backend_alloc(dev, total * sizeof(float), &arena);
   else
     pmap_error_set(st, "device %d: out of memory for %d layer pointers", dev->index, L);
   if (st) {
     replica_release(dev, r);
-    return pmap_error_trail(st, __FILE__, __LINE__, __func__);
+    return st;
   }
   float *p = arena;
   for (int i = 0; i < L; i++) {
-    size_t per = (size_t)(m->layers[i].out_size * bd);
+    size_t per = (size_t)m->layers[i].out_size * (size_t)bd;
     if (m->layers[i].kind != LAYER_FLATTEN) {
       r->act[i] = p;
       p += per;

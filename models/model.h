@@ -54,6 +54,8 @@ typedef struct replica {
   const float **in, **out; /* (n_layers) */
 } replica;
 
+/* Floats of the activation arena for bd rows into *out; -1 when the count overflows. */
+int model_arena_floats(const pmap_model *m, int64_t bd, size_t *out);
 /* Sizes the arena for bd rows (allocates only when bd exceeds what it holds). */
 pmap_status replica_reserve(pmap_device *dev, const pmap_model *m, replica *r, int64_t bd);
 void replica_release(pmap_device *dev, replica *r);

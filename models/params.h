@@ -13,6 +13,11 @@ struct pmap_params {
   int opt_slots; /* optimizer state buffers of n_params each */
   int64_t step;
   replica *rep; /* (N) */
+  /* The gradient buffer of a replica is [gradients (P) | loss | guard flags (N) | norm]: the
+   * all-reduce covers the first P + 1 (+ N with the numeric guard) floats. */
+  int guard;          /* the numeric guard is on (pmap_config.numeric_guard) */
+  float *guard_host;  /* (N, N + 2) each device's host copy of [loss | flags | norm] */
+  int numeric_bad;    /* the last step was skipped: non-finite values */
   /* The current job's arguments. */
   const float *host_w;
   const pmap_array *xs, *ys;

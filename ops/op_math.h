@@ -12,10 +12,14 @@
 #define PMAP_HD
 #endif
 
-PMAP_HD static inline float pmap_relu(float x) { return x > 0.0f ? x : 0.0f; }
+/* NaN propagates (as in JAX): x < 0 is false for NaN, so NaN passes through. */
+PMAP_HD static inline float pmap_relu(float x) { return x < 0.0f ? 0.0f : x; }
 
-/* dx from the forward output y (y > 0 exactly where x > 0) and the incoming gradient dy. */
-PMAP_HD static inline float pmap_relu_grad(float y, float dy) { return y > 0.0f ? dy : 0.0f; }
+/* dx from the forward output y (y > 0 exactly where x > 0) and the incoming gradient dy; a NaN
+ * output passes NaN back. */
+PMAP_HD static inline float pmap_relu_grad(float y, float dy) {
+  return y > 0.0f ? dy : y != y ? y : 0.0f;
+}
 
 /* MSE over n outputs: loss = 1/n sum (p - t)^2; its gradient is 2/n (p - t), scale = 2/n. */
 PMAP_HD static inline float pmap_mse_term(float p, float t) { return (p - t) * (p - t); }

@@ -57,6 +57,13 @@ typedef struct pmap_backend_i {
   const pmap_ops *ops;
 } pmap_backend_i;
 
+/* What a device called at a collective's rendezvous (runtime/coll.c). */
+typedef struct coll_desc {
+  const char *call; /* "pmap_psum", ...; NULL: not called */
+  size_t count;
+  int root;
+} coll_desc;
+
 struct pmap_device {
   pmap_ctx *ctx;
   int index;
@@ -65,6 +72,7 @@ struct pmap_device {
   pmap_status status; /* result of the current job on this device */
   char msg[1024];     /* its message when status != PMAP_SUCCESS */
   int initialised;    /* device_init ran on this device */
+  uint32_t coll_seq;  /* public collectives called in the current job */
 };
 
 struct pmap_ctx {
@@ -74,8 +82,16 @@ struct pmap_ctx {
   pmap_device *dev;  /* (n) */
   void *be_ctx;      /* the backend's context-wide state */
   pmap_wait_policy wait;
+  int numeric_guard; /* pmap_config.numeric_guard */
   _Atomic int abort; /* set when a device failed in the current job */
   _Atomic int busy;  /* a job is running: pmap_run is not re-entrant */
+  _Atomic int left;  /* devices whose function returned in the current job */
+  _Atomic int left_device; /* the first of them */
+  /* Every public call on the context holds this (recursive) lock, so calls from several host
+   * threads are serialised; a call from inside a mapped function is refused, not deadlocked. */
+  pthread_mutex_t lock;
+  int lock_ready;
+  _Atomic int live_params; /* pmap_params alive on the context */
   /* Workers: thread i serves device i for i >= 1. */
   pthread_t *threads;
   int started;
@@ -86,7 +102,8 @@ struct pmap_ctx {
   _Atomic uint32_t done_count;
   pmap_event done; /* bumped when the last worker finished the job */
   sync_barrier bar;
-  const float **slots; /* (2n) send then recv pointers published to a collective (CPU) */
+  coll_desc *desc; /* (2, n): what each device called, double-buffered by coll_seq parity */
+  struct pmap_fault *fault; /* injected faults (PMAP_FAULT), NULL when none */
 };
 
 extern const pmap_backend_i pmap_cpu_backend;
@@ -96,6 +113,29 @@ extern const pmap_backend_i pmap_cuda_backend;
 int pmap_cuda_device_count(void);
 #endif
 
+/* The wrappers over a backend's table (runtime/backend.c): models and the public collectives
+ * call these, never dev->ctx->be directly. backend_alloc: device memory (fault hook: alloc);
+ * upload may run asynchronously until the next sync or download; download is complete on
+ * return; sync waits for the device's queued work (a no-op where the backend has none);
+ * backend_stage: a device-readable copy of host input for slot 0 (inputs) or 1 (labels),
+ * valid until the next stage of the slot (the host pointer itself where devices read host
+ * memory). */
+pmap_status backend_alloc(pmap_device *dev, size_t bytes, void **out);
+void backend_free(pmap_device *dev, void *ptr); /* accepts NULL */
+pmap_status backend_upload(pmap_device *dev, void *dst, const void *src, size_t bytes);
+pmap_status backend_download(pmap_device *dev, void *dst, const void *src, size_t bytes);
+pmap_status backend_sync(pmap_device *dev);
+pmap_status backend_stage(pmap_device *dev, int slot, const void *host, size_t bytes,
+                          const void **out);
+/* The backend's collectives (pmap_coll_i), without the public checks of runtime/coll.c: for
+ * the runtime's own calls, which every device makes alike. */
+pmap_status backend_all_reduce(pmap_device *dev, const float *send, float *recv, size_t count,
+                               pmap_redop op);
+pmap_status backend_broadcast(pmap_device *dev, const float *send, float *recv, size_t count,
+                              int root);
+pmap_status backend_all_gather(pmap_device *dev, const float *send, float *recv, size_t count);
+pmap_status backend_barrier(pmap_device *dev);
+
 /* Runs fn on every device (internal form of pmap_run: errors are left in each device). */
 pmap_status pmap_ctx_dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg);
 
@@ -104,5 +144,10 @@ void pmap_ctx_abort(pmap_ctx *ctx);
 
 /* Turns a barrier wait result into a status with a message naming the device and call. */
 pmap_status pmap_wait_status(pmap_device *dev, int wait_result, const char *call);
+
+/* Takes the context's lock for public call `call`; PMAP_ERR_INVALID_ARGUMENT (lock not taken)
+ * when the calling thread is running a mapped function of this context. */
+pmap_status pmap_ctx_lock(pmap_ctx *ctx, const char *call);
+void pmap_ctx_unlock(pmap_ctx *ctx);
 
 #endif

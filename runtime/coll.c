@@ -1,6 +1,10 @@
-/* coll.c: the public face of mapped functions: axis queries, device memory and collectives,
- * validated here and passed to the context's backend. */
+/* coll.c: the public face of mapped functions: axis queries, device memory and collectives.
+ * Each collective is validated here, then every device meets the others at a rendezvous that
+ * checks they all called the same collective with the same count and root, then the context's
+ * backend runs it. */
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 
 #include "backend.h"
 #include "error.h"
@@ -11,19 +15,28 @@ int pmap_axis_size(const pmap_device *dev) { return dev ? dev->ctx->n : 0; }
 pmap_status pmap_device_alloc(pmap_device *dev, size_t count, float **out) {
   if (!dev || !out)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_device_alloc: %s is NULL", dev ? "out" : "dev");
+  *out = NULL;
+  if (count > PTRDIFF_MAX / sizeof(float))
+    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY,
+                    "pmap_device_alloc: %zu floats on device %d is more than the address space "
+                    "holds",
+                    count, dev->index);
   void *p = NULL;
-  PMAP_TRY(dev->ctx->be->alloc(dev, count * sizeof(float), &p));
+  PMAP_TRY(backend_alloc(dev, count * sizeof(float), &p));
   *out = p;
   return PMAP_SUCCESS;
 }
 
 void pmap_device_free(pmap_device *dev, float *ptr) {
-  if (dev && ptr) dev->ctx->be->free(dev, ptr);
+  if (dev) backend_free(dev, ptr);
 }
 
 static pmap_status check_copy(const char *call, pmap_device *dev, const void *dst, const void *src,
                               size_t count) {
   if (!dev) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: dev is NULL", call);
+  if (count > PTRDIFF_MAX / sizeof(float))
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: count %zu floats on device %d is too large",
+                    call, count, dev->index);
   if (count && (!dst || !src))
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL with count %zu on device %d", call,
                     dst ? "src" : "dst", count, dev->index);
@@ -33,15 +46,14 @@ static pmap_status check_copy(const char *call, pmap_device *dev, const void *ds
 pmap_status pmap_device_upload(pmap_device *dev, float *dst, const float *src, size_t count) {
   pmap_status st = check_copy("pmap_device_upload", dev, dst, src, count);
   if (st || !count) return st;
-  PMAP_TRY(dev->ctx->be->upload(dev, dst, src, count * sizeof(float)));
-  if (dev->ctx->be->sync) PMAP_TRY(dev->ctx->be->sync(dev));
-  return PMAP_SUCCESS;
+  PMAP_TRY(backend_upload(dev, dst, src, count * sizeof(float)));
+  return backend_sync(dev);
 }
 
 pmap_status pmap_device_download(pmap_device *dev, float *dst, const float *src, size_t count) {
   pmap_status st = check_copy("pmap_device_download", dev, dst, src, count);
   if (st || !count) return st;
-  return dev->ctx->be->download(dev, dst, src, count * sizeof(float));
+  return backend_download(dev, dst, src, count * sizeof(float));
 }
 
 /* Whether [a, a + na) and [b, b + nb) share an element. */
@@ -68,11 +80,64 @@ static pmap_status check_coll(const char *call, pmap_device *dev, const float *s
   return PMAP_SUCCESS;
 }
 
+static int same_desc(const coll_desc *a, const coll_desc *b) {
+  return !strcmp(a->call, b->call) && a->count == b->count && a->root == b->root;
+}
+
+/* "device 0: pmap_psum(count 4); devices 1-3: pmap_barrier" into buf. */
+static void describe(const coll_desc *desc, int n, char *buf, size_t size) {
+  size_t len = 0;
+  buf[0] = '\0';
+  for (int i = 0; i < n && len < size;) {
+    int j = i + 1;
+    while (j < n && same_desc(&desc[j], &desc[i])) j++;
+    char what[96];
+    const coll_desc *d = &desc[i];
+    if (!strcmp(d->call, "pmap_barrier"))
+      snprintf(what, sizeof what, "%s", d->call);
+    else if (!strcmp(d->call, "pmap_broadcast"))
+      snprintf(what, sizeof what, "%s(count %zu, root %d)", d->call, d->count, d->root);
+    else
+      snprintf(what, sizeof what, "%s(count %zu)", d->call, d->count);
+    if (j - i == 1)
+      len += (size_t)snprintf(buf + len, size - len, "%sdevice %d: %s", i ? "; " : "", i, what);
+    else
+      len += (size_t)snprintf(buf + len, size - len, "%sdevices %d-%d: %s", i ? "; " : "", i,
+                              j - 1, what);
+    i = j;
+  }
+}
+
+/* Every device records what it called, meets the others, and compares: the records are the
+ * same on every device, so a mismatch fails every device with the same message. The records are
+ * double-buffered by call parity: a device can be one collective ahead of a slow reader, not
+ * two, since the next collective's rendezvous waits for the reader. */
+static pmap_status rendezvous(pmap_device *dev, const char *call, size_t count, int root) {
+  pmap_ctx *ctx = dev->ctx;
+  int n = ctx->n;
+  if (n == 1) return PMAP_SUCCESS;
+  coll_desc *desc = ctx->desc + (size_t)(dev->coll_seq++ & 1u) * (size_t)n;
+  desc[dev->index] = (coll_desc){call, count, root};
+  pmap_status st = pmap_wait_status(dev, sync_barrier_wait(&ctx->bar, &ctx->wait), call);
+  if (st) return st;
+  int same = 1;
+  for (int k = 1; k < n; k++) same &= same_desc(&desc[k], &desc[0]);
+  if (same) return PMAP_SUCCESS;
+  char what[640];
+  describe(desc, n, what, sizeof what);
+  pmap_ctx_abort(ctx);
+  return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                  "%s on device %d: the devices called different collectives (each must call the "
+                  "same ones, in the same order, with the same count and root): %s",
+                  call, dev->index, what);
+}
+
 static pmap_status reduce(const char *call, pmap_device *dev, const float *send, float *recv,
                           size_t count, pmap_redop op) {
   pmap_status st = check_coll(call, dev, send, recv, count, count, recv);
   if (st) return st;
-  PMAP_TRY(dev->ctx->be->coll->all_reduce(dev, send, recv, count, op));
+  PMAP_TRY(rendezvous(dev, call, count, 0));
+  PMAP_TRY(backend_all_reduce(dev, send, recv, count, op));
   return PMAP_SUCCESS;
 }
 
@@ -93,7 +158,8 @@ pmap_status pmap_all_gather(pmap_device *dev, const float *send, float *recv, si
                               dev ? count * (size_t)dev->ctx->n : 0,
                               dev && recv ? recv + count * (size_t)dev->index : NULL);
   if (st) return st;
-  PMAP_TRY(dev->ctx->be->coll->all_gather(dev, send, recv, count));
+  PMAP_TRY(rendezvous(dev, "pmap_all_gather", count, 0));
+  PMAP_TRY(backend_all_gather(dev, send, recv, count));
   return PMAP_SUCCESS;
 }
 
@@ -104,12 +170,14 @@ pmap_status pmap_broadcast(pmap_device *dev, const float *send, float *recv, siz
   if (root < 0 || root >= dev->ctx->n)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_broadcast: root %d is outside [0, %d)", root,
                     dev->ctx->n);
-  PMAP_TRY(dev->ctx->be->coll->broadcast(dev, send, recv, count, root));
+  PMAP_TRY(rendezvous(dev, "pmap_broadcast", count, root));
+  PMAP_TRY(backend_broadcast(dev, send, recv, count, root));
   return PMAP_SUCCESS;
 }
 
 pmap_status pmap_barrier(pmap_device *dev) {
   if (!dev) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_barrier: dev is NULL");
-  PMAP_TRY(dev->ctx->be->coll->barrier(dev));
+  PMAP_TRY(rendezvous(dev, "pmap_barrier", 0, 0));
+  PMAP_TRY(backend_barrier(dev));
   return PMAP_SUCCESS;
 }

@@ -11,9 +11,11 @@
 
 #include "backend.h"
 #include "error.h"
+#include "fault.h"
 
 #define DEFAULT_CPU_DEVICES 4
 #define DEFAULT_TIMEOUT_S 300.0
+#define MAX_TIMEOUT_S 1e9
 
 static int online_cpus(void) {
 #if defined(__linux__)
@@ -39,19 +41,40 @@ static pmap_status env_int(const char *name, long lo, long hi, long *out) {
   return PMAP_SUCCESS;
 }
 
+/* The context whose mapped function this thread is running, if any: a public call on that
+ * context from inside it would wait for itself. */
+static _Thread_local pmap_ctx *job_ctx;
+
 static void run_job(pmap_ctx *ctx, pmap_device *dev) {
+  /* Each job starts with clean messages: a failure never reports an earlier job's text. */
+  pmap_error_clear();
+  dev->msg[0] = '\0';
+  dev->coll_seq = 0;
+  pmap_ctx *outer = job_ctx;
+  job_ctx = ctx;
   dev->status = ctx->fn(dev, ctx->arg);
+  job_ctx = outer;
   if (dev->status != PMAP_SUCCESS) {
-    snprintf(dev->msg, sizeof dev->msg, "%s", pmap_error_message());
+    const char *m = pmap_error_message();
+    if (*m)
+      snprintf(dev->msg, sizeof dev->msg, "%s", m);
+    else
+      snprintf(dev->msg, sizeof dev->msg, "the mapped function returned %s (%d) without a message",
+               pmap_status_string(dev->status), (int)dev->status);
     if (dev->status != PMAP_ERR_ABORTED) pmap_ctx_abort(ctx);
   }
+  /* A device that returned can no longer meet the others at a collective. */
+  int expected = -1;
+  atomic_compare_exchange_strong(&ctx->left_device, &expected, dev->index);
+  atomic_fetch_add_explicit(&ctx->left, 1, memory_order_acq_rel);
+  if (ctx->n > 1) pmap_event_poke(&ctx->bar.ev);
 }
 
 static void *worker_main(void *p) {
   pmap_device *dev = p;
   pmap_ctx *ctx = dev->ctx;
   /* Idle between jobs: spin a little, then sleep as long as it takes. */
-  pmap_wait_policy idle = {ctx->wait.spin_ns, ctx->wait.yield_ns, -1, NULL};
+  pmap_wait_policy idle = {ctx->wait.spin_ns, ctx->wait.yield_ns, -1, NULL, NULL};
   uint32_t seen = 0;
   for (;;) {
     pmap_event_wait(&ctx->job, seen, &idle);
@@ -71,14 +94,35 @@ void pmap_ctx_abort(pmap_ctx *ctx) {
 }
 
 pmap_status pmap_wait_status(pmap_device *dev, int r, const char *call) {
-  if (r == PMAP_WAIT_OK) return PMAP_SUCCESS;
-  if (r == PMAP_WAIT_ABORTED)
+  pmap_ctx *ctx = dev->ctx;
+  switch (r) {
+  case PMAP_WAIT_OK: return PMAP_SUCCESS;
+  case PMAP_WAIT_ABORTED:
     return PMAP_ERR(PMAP_ERR_ABORTED, "%s on device %d abandoned: another device failed", call,
                     dev->index);
-  pmap_ctx_abort(dev->ctx);
+  case PMAP_WAIT_LEFT:
+    pmap_ctx_abort(ctx);
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s on device %d: device %d returned from the mapped function without "
+                    "calling it (every device must call the same collectives in the same order)",
+                    call, dev->index, atomic_load(&ctx->left_device));
+  }
+  pmap_ctx_abort(ctx);
   return PMAP_ERR(PMAP_ERR_TIMEOUT, "%s on device %d: not every device arrived within %.3f s",
-                  call, dev->index, (double)dev->ctx->wait.timeout_ns * 1e-9);
+                  call, dev->index, (double)ctx->wait.timeout_ns * 1e-9);
 }
+
+pmap_status pmap_ctx_lock(pmap_ctx *ctx, const char *call) {
+  if (job_ctx == ctx)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: called from inside a mapped function of the same context, which is not "
+                    "re-entrant (the call would wait for itself); call it outside pmap_run",
+                    call);
+  pthread_mutex_lock(&ctx->lock);
+  return PMAP_SUCCESS;
+}
+
+void pmap_ctx_unlock(pmap_ctx *ctx) { pthread_mutex_unlock(&ctx->lock); }
 
 pmap_status pmap_ctx_dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg) {
   int expected = 0;
@@ -87,7 +131,9 @@ pmap_status pmap_ctx_dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg) {
                     "a job is already running on this context (pmap_run is not re-entrant)");
   /* Every worker is idle: reset the per-job state. */
   atomic_store(&ctx->abort, 0);
-  atomic_store(&ctx->bar.count, 0);
+  atomic_store(&ctx->left, 0);
+  atomic_store(&ctx->left_device, -1);
+  sync_barrier_reset(&ctx->bar);
   atomic_store(&ctx->done_count, 0);
   ctx->fn = fn;
   ctx->arg = arg;
@@ -101,7 +147,7 @@ pmap_status pmap_ctx_dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg) {
   if (ctx->be->leave) ctx->be->leave(d0, saved);
 
   if (ctx->n > 1) {
-    pmap_wait_policy w = {ctx->wait.spin_ns, ctx->wait.yield_ns, -1, NULL};
+    pmap_wait_policy w = {ctx->wait.spin_ns, ctx->wait.yield_ns, -1, NULL, NULL};
     while (atomic_load_explicit(&ctx->done_count, memory_order_acquire) != (uint32_t)ctx->n - 1)
       pmap_event_wait(&ctx->done, done_seen, &w);
   }
@@ -184,6 +230,11 @@ pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
                     cfg.num_devices, PMAP_MAX_DEVICES);
   if (isnan(cfg.timeout_s))
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_ctx_create: timeout_s is NaN");
+  if (cfg.numeric_guard != PMAP_GUARD_ON && cfg.numeric_guard != PMAP_GUARD_OFF)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "pmap_ctx_create: numeric_guard %d is neither PMAP_GUARD_ON (0) nor "
+                    "PMAP_GUARD_OFF (1)",
+                    cfg.numeric_guard);
   pmap_backend kind;
   const pmap_backend_i *be;
   pmap_status st = choose_backend(&cfg, &kind, &be);
@@ -211,8 +262,8 @@ pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   ctx->n = n;
   ctx->dev = calloc((size_t)n, sizeof *ctx->dev);
   ctx->threads = calloc((size_t)n, sizeof *ctx->threads);
-  ctx->slots = calloc(2 * (size_t)n, sizeof *ctx->slots);
-  if (!ctx->dev || !ctx->threads || !ctx->slots) {
+  ctx->desc = calloc(2 * (size_t)n, sizeof *ctx->desc);
+  if (!ctx->dev || !ctx->threads || !ctx->desc) {
     st = PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "pmap_ctx_create: out of memory for %d devices", n);
     goto fail;
   }
@@ -229,8 +280,23 @@ pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   ctx->wait.yield_ns = oversubscribed ? 200000 : 0;
   if (getenv("PMAP_SPIN_US")) ctx->wait.spin_ns = spin_us * 1000;
   double timeout_s = cfg.timeout_s == 0.0 ? DEFAULT_TIMEOUT_S : cfg.timeout_s;
-  ctx->wait.timeout_ns = timeout_s < 0 ? -1 : (int64_t)(timeout_s * 1e9);
+  /* Beyond MAX_TIMEOUT_S (inf included) the nanoseconds would not fit: no timeout. */
+  ctx->wait.timeout_ns = timeout_s < 0 || timeout_s > MAX_TIMEOUT_S ? -1 : (int64_t)(timeout_s * 1e9);
   ctx->wait.abort = &ctx->abort;
+  ctx->wait.left = &ctx->left;
+  ctx->numeric_guard = cfg.numeric_guard;
+  atomic_store(&ctx->left_device, -1);
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init(&attr);
+  pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
+  int me = pthread_mutex_init(&ctx->lock, &attr);
+  pthread_mutexattr_destroy(&attr);
+  if (me) {
+    st = PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "pmap_ctx_create: pthread_mutex_init: %s", strerror(me));
+    goto fail;
+  }
+  ctx->lock_ready = 1;
+  PMAP_TRY_GOTO(st, pmap_fault_parse(getenv("PMAP_FAULT"), &ctx->fault), fail);
   sync_barrier_init(&ctx->bar, (uint32_t)n);
 
   if (be->ctx_init) PMAP_TRY_GOTO(st, be->ctx_init(ctx, &cfg), fail);
@@ -258,12 +324,28 @@ fail: {
 
 pmap_status pmap_ctx_destroy(pmap_ctx *ctx) {
   if (!ctx) return PMAP_SUCCESS;
+  if (ctx->lock_ready) {
+    PMAP_TRY(pmap_ctx_lock(ctx, "pmap_ctx_destroy"));
+    int live = atomic_load(&ctx->live_params);
+    if (live > 0) {
+      pmap_ctx_unlock(ctx);
+      return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                      "pmap_ctx_destroy: %d pmap_params still use this context; destroy them "
+                      "first (nothing was changed)",
+                      live);
+    }
+  }
   if (ctx->dev && ctx->started == ctx->n - 1) pmap_ctx_dispatch(ctx, fini_job, NULL);
   ctx->stop = 1;
   pmap_event_signal(&ctx->job);
   for (int i = 1; i <= ctx->started; i++) pthread_join(ctx->threads[i], NULL);
   if (ctx->be && ctx->be->ctx_fini) ctx->be->ctx_fini(ctx);
-  free(ctx->slots);
+  if (ctx->lock_ready) {
+    pthread_mutex_unlock(&ctx->lock);
+    pthread_mutex_destroy(&ctx->lock);
+  }
+  pmap_fault_free(ctx->fault);
+  free(ctx->desc);
   free(ctx->threads);
   free(ctx->dev);
   free(ctx);
@@ -304,5 +386,8 @@ int pmap_backend_built(pmap_backend b) {
 pmap_status pmap_run(pmap_ctx *ctx, pmap_fn fn, void *arg) {
   if (!ctx || !fn)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_run: %s is NULL", ctx ? "fn" : "ctx");
-  return pmap_ctx_dispatch(ctx, fn, arg);
+  PMAP_TRY(pmap_ctx_lock(ctx, "pmap_run"));
+  pmap_status st = pmap_ctx_dispatch(ctx, fn, arg);
+  pmap_ctx_unlock(ctx);
+  return st;
 }

@@ -2,6 +2,8 @@
 #include "error.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -40,7 +42,21 @@ pmap_status pmap_error_set(pmap_status s, const char *fmt, ...) {
   return s;
 }
 
+/* Source trails are for bugs: a user's error reads as the message alone, unless PMAP_DEBUG is
+ * set in the environment. */
+static int want_trail(pmap_status s) {
+  static _Atomic int debug = -1;
+  int d = atomic_load(&debug);
+  if (d < 0) {
+    const char *e = getenv("PMAP_DEBUG");
+    d = e && *e && strcmp(e, "0") != 0;
+    atomic_store(&debug, d);
+  }
+  return d || s == PMAP_ERR_INTERNAL;
+}
+
 pmap_status pmap_error_trail(pmap_status s, const char *file, int line, const char *func) {
+  if (!want_trail(s)) return s;
   size_t len = strlen(last_error);
   if (len < sizeof last_error - 1)
     snprintf(last_error + len, sizeof last_error - len, " -> at %s:%d (%s)", file, line, func);

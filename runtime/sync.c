@@ -96,22 +96,92 @@ int pmap_event_wait(pmap_event *e, uint32_t seen, const pmap_wait_policy *p) {
   }
 }
 
+/* The barrier's state word. */
+#define BAR_GEN_SHIFT 32
+#define BAR_FAILED ((uint64_t)1 << 31)
+#define BAR_COUNT ((uint64_t)BAR_FAILED - 1)
+
 void sync_barrier_init(sync_barrier *b, uint32_t n) {
-  atomic_store(&b->count, 0);
+  atomic_store(&b->state, 0);
   atomic_store(&b->ev.gen, 0);
   atomic_store(&b->ev.sleepers, 0);
   b->n = n;
 }
 
-int sync_barrier_wait(sync_barrier *b, const pmap_wait_policy *p) {
-  uint32_t gen = atomic_load_explicit(&b->ev.gen, memory_order_acquire);
-  if (atomic_fetch_add_explicit(&b->count, 1, memory_order_acq_rel) == b->n - 1) {
-    /* A device that gave up waiting (timeout) stays counted as arrived: a late last arrival
-     * after the abort must not release anyone into buffers that device may have freed. */
-    if (p->abort && atomic_load_explicit(p->abort, memory_order_acquire)) return PMAP_WAIT_ABORTED;
-    atomic_store_explicit(&b->count, 0, memory_order_relaxed);
-    pmap_event_signal(&b->ev);
-    return PMAP_WAIT_OK;
+void sync_barrier_reset(sync_barrier *b) {
+  uint64_t s = atomic_load(&b->state);
+  atomic_store(&b->state, ((s >> BAR_GEN_SHIFT) + 1) << BAR_GEN_SHIFT);
+}
+
+/* The verdict for a waiter of generation gen: OK once released, ABORTED once failed, -1 while
+ * undecided. When the waiter has a reason to give up (abort, a device left, its timeout) it
+ * tries to fail the barrier for everybody; if the state changed under it, it looks again. */
+static int barrier_verdict(sync_barrier *b, uint32_t gen, const pmap_wait_policy *p,
+                           int timed_out) {
+  for (;;) {
+    uint64_t s = atomic_load_explicit(&b->state, memory_order_acquire);
+    if ((uint32_t)(s >> BAR_GEN_SHIFT) != gen) return PMAP_WAIT_OK;
+    if (s & BAR_FAILED) return PMAP_WAIT_ABORTED;
+    int why = -1;
+    if (p->abort && atomic_load_explicit(p->abort, memory_order_acquire)) why = PMAP_WAIT_ABORTED;
+    else if (p->left && atomic_load_explicit(p->left, memory_order_acquire)) why = PMAP_WAIT_LEFT;
+    else if (timed_out) why = PMAP_WAIT_TIMEOUT;
+    if (why < 0) return -1;
+    if (atomic_compare_exchange_strong_explicit(&b->state, &s, s | BAR_FAILED,
+                                                memory_order_acq_rel, memory_order_acquire)) {
+      pmap_event_signal(&b->ev);
+      return why;
+    }
   }
-  return pmap_event_wait(&b->ev, gen, p);
+}
+
+/* Waits for the verdict of generation gen: spin, yield, then sleep on the event in slices. */
+static int barrier_wait_verdict(sync_barrier *b, uint32_t gen, const pmap_wait_policy *p) {
+  int64_t start = pmap_now_ns(), now = start;
+  for (uint32_t i = 0;; i++) {
+    uint32_t seen = atomic_load_explicit(&b->ev.gen, memory_order_acquire);
+    int timed_out = p->timeout_ns >= 0 && now - start >= p->timeout_ns;
+    int r = barrier_verdict(b, gen, p, timed_out);
+    if (r >= 0) return r;
+    if ((i & 63) == 63) now = pmap_now_ns();
+    int64_t waited = now - start;
+    if (waited < p->spin_ns) {
+      cpu_relax();
+    } else if (waited < p->spin_ns + p->yield_ns) {
+      sched_yield();
+      now = pmap_now_ns();
+    } else {
+      int64_t slice = 100000000;
+      if (p->timeout_ns >= 0 && p->timeout_ns - waited < slice) slice = p->timeout_ns - waited;
+      if (slice < 1000) slice = 1000;
+      atomic_fetch_add_explicit(&b->ev.sleepers, 1, memory_order_seq_cst);
+      if (barrier_verdict(b, gen, p, 0) < 0) futex_wait(&b->ev.gen, seen, slice);
+      atomic_fetch_sub_explicit(&b->ev.sleepers, 1, memory_order_seq_cst);
+      now = pmap_now_ns();
+    }
+  }
+}
+
+int sync_barrier_wait_touch(sync_barrier *b, const pmap_wait_policy *p, _Atomic int *touch) {
+  uint64_t s = atomic_fetch_add_explicit(&b->state, 1, memory_order_acq_rel) + 1;
+  uint32_t gen = (uint32_t)(s >> BAR_GEN_SHIFT);
+  if (s & BAR_FAILED) return PMAP_WAIT_ABORTED;
+  if ((s & BAR_COUNT) != b->n) return barrier_wait_verdict(b, gen, p);
+  /* The last arrival releases everybody, unless a waiter gave up first. */
+  for (;;) {
+    int aborted = p->abort && atomic_load_explicit(p->abort, memory_order_acquire);
+    uint64_t next = aborted ? s | BAR_FAILED : (uint64_t)(gen + 1u) << BAR_GEN_SHIFT;
+    if (touch && !aborted) atomic_store_explicit(touch, (int)b->n, memory_order_release);
+    if (atomic_compare_exchange_strong_explicit(&b->state, &s, next, memory_order_acq_rel,
+                                                memory_order_acquire)) {
+      pmap_event_signal(&b->ev);
+      return aborted ? PMAP_WAIT_ABORTED : PMAP_WAIT_OK;
+    }
+    if (touch) atomic_store_explicit(touch, 0, memory_order_release);
+    if (s & BAR_FAILED) return PMAP_WAIT_ABORTED;
+  }
+}
+
+int sync_barrier_wait(sync_barrier *b, const pmap_wait_policy *p) {
+  return sync_barrier_wait_touch(b, p, NULL);
 }

@@ -1,5 +1,6 @@
 /* cpu_backend.c: the CPU backend. A device is a worker thread; its memory is host memory, so an
  * input shard is read in place (no staging) and copies are memcpy. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,14 +12,28 @@
 
 static pmap_status cpu_ctx_init(pmap_ctx *ctx, const pmap_config *cfg) {
   (void)cfg;
-  cpu_device *d = aligned_alloc(CPU_ALIGN, sizeof(cpu_device) * (size_t)ctx->n);
-  if (!d) return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for %d devices", ctx->n);
-  for (int i = 0; i < ctx->n; i++) ctx->dev[i].be = &d[i];
-  ctx->be_ctx = d;
+  cpu_ctx *cc = calloc(1, sizeof *cc);
+  if (cc) cc->dev = aligned_alloc(CPU_ALIGN, sizeof(cpu_device) * (size_t)ctx->n);
+  if (cc) cc->slots = calloc(2 * (size_t)ctx->n, sizeof *cc->slots);
+  if (!cc || !cc->dev || !cc->slots) {
+    if (cc) free(cc->dev);
+    if (cc) free(cc->slots);
+    free(cc);
+    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for %d devices", ctx->n);
+  }
+  for (int i = 0; i < ctx->n; i++) ctx->dev[i].be = &cc->dev[i];
+  ctx->be_ctx = cc;
   return PMAP_SUCCESS;
 }
 
-static void cpu_ctx_fini(pmap_ctx *ctx) { free(ctx->be_ctx); }
+static void cpu_ctx_fini(pmap_ctx *ctx) {
+  cpu_ctx *cc = ctx->be_ctx;
+  if (!cc) return;
+  free(cc->dev);
+  free(cc->slots);
+  free(cc);
+  ctx->be_ctx = NULL;
+}
 
 static pmap_status cpu_device_init(pmap_device *dev) {
   (void)dev;
@@ -43,6 +58,11 @@ static void cpu_leave(pmap_device *dev, const int saved[2]) {
 #define CPU_OFFSET 16
 
 static pmap_status cpu_alloc(pmap_device *dev, size_t bytes, void **out) {
+  if (bytes > PTRDIFF_MAX - 2 * CPU_ALIGN) {
+    *out = NULL;
+    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "device %d: cannot allocate %zu bytes (too large)",
+                    dev->index, bytes);
+  }
   size_t rounded = (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN + CPU_ALIGN;
   char *raw = aligned_alloc(CPU_ALIGN, rounded);
   if (!raw) {

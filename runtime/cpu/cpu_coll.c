@@ -1,7 +1,13 @@
 /* cpu_coll.c: shared-memory collectives over the worker threads of one context. Each device
  * publishes its buffers; an all-reduce is a reduce-scatter (device d sums chunk d over every
  * device, in device order 0..N-1) followed by an all-gather of the chunks, so each element is
- * summed once, in a fixed order, and every device gets bitwise the same result. */
+ * summed once, in a fixed order, and every device gets bitwise the same result.
+ *
+ * Between two barriers of a collective a device may read or write other devices' buffers. The
+ * barriers give one verdict for everybody (runtime/sync.h), and a device whose collective fails
+ * returns only once no device is between barriers any more (cpu_ctx.touching): after any return,
+ * success or not, no device touches another device's buffers. */
+#include <sched.h>
 #include <string.h>
 
 #include "cpu_backend.h"
@@ -10,13 +16,31 @@
 /* Chunk boundaries are multiples of 16 floats (a cache line), so no two devices write one line. */
 #define CHUNK_ALIGN 16
 
-static pmap_status bar(pmap_device *dev, const char *call) {
-  pmap_ctx *ctx = dev->ctx;
-  return pmap_wait_status(dev, sync_barrier_wait(&ctx->bar, &ctx->wait), call);
+/* One device's passage through the barriers of one collective. */
+typedef struct passage {
+  pmap_device *dev;
+  const char *call;
+  int counted; /* counted in touching: past a barrier after which buffers are shared */
+} passage;
+
+/* Arrives at the next barrier. touch_next: after it, devices use each other's buffers. */
+static pmap_status arrive(passage *ps, int touch_next) {
+  pmap_ctx *ctx = ps->dev->ctx;
+  cpu_ctx *cc = ctx->be_ctx;
+  if (ps->counted) atomic_fetch_sub_explicit(&cc->touching, 1, memory_order_acq_rel);
+  ps->counted = 0;
+  int r = sync_barrier_wait_touch(&ctx->bar, &ctx->wait, touch_next ? &cc->touching : NULL);
+  if (r == PMAP_WAIT_OK) {
+    ps->counted = touch_next;
+    return PMAP_SUCCESS;
+  }
+  while (atomic_load_explicit(&cc->touching, memory_order_acquire) > 0) sched_yield();
+  return pmap_wait_status(ps->dev, r, ps->call);
 }
 
 /* out[i] = op over devices j = 0..n-1 of src[j][i], for i in [lo, hi). out may alias any
- * src[k], so each block is reduced into a local buffer before it is written. */
+ * src[k], so each block is reduced into a local buffer before it is written. max propagates NaN
+ * (as jnp.max does). */
 static void reduce_range(const float *const *src, int n, float *out, size_t lo, size_t hi,
                          pmap_redop op) {
   enum { BLOCK = 256 };
@@ -29,7 +53,7 @@ static void reduce_range(const float *const *src, int n, float *out, size_t lo, 
     for (int j = 1; j < n; j++) {
       const float *s = src[j] + b0;
       if (op == PMAP_RED_MAX)
-        for (size_t i = 0; i < len; i++) acc[i] = s[i] > acc[i] ? s[i] : acc[i];
+        for (size_t i = 0; i < len; i++) acc[i] = s[i] > acc[i] || s[i] != s[i] ? s[i] : acc[i];
       else
         for (size_t i = 0; i < len; i++) acc[i] += s[i];
     }
@@ -42,22 +66,24 @@ static void reduce_range(const float *const *src, int n, float *out, size_t lo, 
 static pmap_status cpu_all_reduce(pmap_device *dev, const float *send, float *recv, size_t count,
                                   pmap_redop op) {
   pmap_ctx *ctx = dev->ctx;
+  cpu_ctx *cc = ctx->be_ctx;
   int n = ctx->n, d = dev->index;
   if (count == 0) return PMAP_SUCCESS;
   if (n == 1) { /* sum, mean and max of one value are the value */
     if (recv != send) memcpy(recv, send, count * sizeof *recv);
     return PMAP_SUCCESS;
   }
-  const float **sends = ctx->slots, **recvs = ctx->slots + n;
+  const float **sends = cc->slots, **recvs = cc->slots + n;
   sends[d] = send;
   recvs[d] = recv;
-  PMAP_TRY(bar(dev, "all_reduce"));
+  passage ps = {dev, "all_reduce", 0};
+  PMAP_TRY(arrive(&ps, 1));
   if (count <= CPU_SMALL_REDUCE) {
     /* Every device reduces everything into its scratch, then copies it out once no device
      * reads the sends any more (recv may be a send). */
     float *tmp = ((cpu_device *)dev->be)->small;
     reduce_range(sends, n, tmp, 0, count, op);
-    PMAP_TRY(bar(dev, "all_reduce"));
+    PMAP_TRY(arrive(&ps, 0));
     memcpy(recv, tmp, count * sizeof *recv);
     return PMAP_SUCCESS;
   }
@@ -66,7 +92,7 @@ static pmap_status cpu_all_reduce(pmap_device *dev, const float *send, float *re
   size_t lo = chunk * (size_t)d < count ? chunk * (size_t)d : count;
   size_t hi = lo + chunk < count ? lo + chunk : count;
   reduce_range(sends, n, recv, lo, hi, op);
-  PMAP_TRY(bar(dev, "all_reduce"));
+  PMAP_TRY(arrive(&ps, 1));
   for (int k = 0; k < n; k++) {
     if (k == d) continue;
     size_t klo = chunk * (size_t)k < count ? chunk * (size_t)k : count;
@@ -74,36 +100,42 @@ static pmap_status cpu_all_reduce(pmap_device *dev, const float *send, float *re
     if (khi > klo) memcpy(recv + klo, recvs[k] + klo, (khi - klo) * sizeof *recv);
   }
   /* Nobody may leave (and reuse its buffers) while another device still copies from them. */
-  PMAP_TRY(bar(dev, "all_reduce"));
+  PMAP_TRY(arrive(&ps, 0));
   return PMAP_SUCCESS;
 }
 
 static pmap_status cpu_broadcast(pmap_device *dev, const float *send, float *recv, size_t count,
                                  int root) {
-  pmap_ctx *ctx = dev->ctx;
+  cpu_ctx *cc = dev->ctx->be_ctx;
   if (count == 0) return PMAP_SUCCESS;
-  ctx->slots[dev->index] = send;
-  PMAP_TRY(bar(dev, "broadcast"));
-  const float *src = ctx->slots[root];
+  cc->slots[dev->index] = send;
+  passage ps = {dev, "broadcast", 0};
+  PMAP_TRY(arrive(&ps, 1));
+  const float *src = cc->slots[root];
   if (recv != src) memcpy(recv, src, count * sizeof *recv);
-  PMAP_TRY(bar(dev, "broadcast"));
+  PMAP_TRY(arrive(&ps, 0));
   return PMAP_SUCCESS;
 }
 
 static pmap_status cpu_all_gather(pmap_device *dev, const float *send, float *recv, size_t count) {
   pmap_ctx *ctx = dev->ctx;
+  cpu_ctx *cc = ctx->be_ctx;
   if (count == 0) return PMAP_SUCCESS;
-  ctx->slots[dev->index] = send;
-  PMAP_TRY(bar(dev, "all_gather"));
+  cc->slots[dev->index] = send;
+  passage ps = {dev, "all_gather", 0};
+  PMAP_TRY(arrive(&ps, 1));
   for (int k = 0; k < ctx->n; k++) {
     float *dst = recv + (size_t)k * count;
-    if (dst != ctx->slots[k]) memcpy(dst, ctx->slots[k], count * sizeof *dst);
+    if (dst != cc->slots[k]) memcpy(dst, cc->slots[k], count * sizeof *dst);
   }
-  PMAP_TRY(bar(dev, "all_gather"));
+  PMAP_TRY(arrive(&ps, 0));
   return PMAP_SUCCESS;
 }
 
-static pmap_status cpu_barrier(pmap_device *dev) { return bar(dev, "barrier"); }
+static pmap_status cpu_barrier(pmap_device *dev) {
+  passage ps = {dev, "barrier", 0};
+  return arrive(&ps, 0);
+}
 
 const pmap_coll_i pmap_cpu_coll = {
     .all_reduce = cpu_all_reduce,

@@ -1,0 +1,88 @@
+/* fault.c: the PMAP_FAULT parser and the one-shot trigger behind the fault hooks (fault.h). */
+#include "fault.h"
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+
+struct pmap_fault {
+  fault_kind kind;
+  int device;
+  int64_t step;  /* -1: the first step that reaches the hook */
+  int64_t after; /* alloc: how many allocations of the device succeed first */
+  _Atomic int64_t seen; /* alloc: allocations counted so far */
+  _Atomic int fired;
+};
+
+static const char *const kind_names[] = {"alloc", "collective", "stall", "nan", "drift"};
+
+static int parse_int(const char *s, size_t len, int64_t lo, int64_t hi, int64_t *out) {
+  char buf[32];
+  if (len == 0 || len >= sizeof buf) return -1;
+  memcpy(buf, s, len);
+  buf[len] = '\0';
+  char *end = NULL;
+  errno = 0;
+  long long v = strtoll(buf, &end, 10);
+  if (errno || *end || v < lo || v > hi) return -1;
+  *out = v;
+  return 0;
+}
+
+pmap_status pmap_fault_parse(const char *spec, pmap_fault **out) {
+  *out = NULL;
+  if (!spec || !*spec) return PMAP_SUCCESS;
+  pmap_fault f = {.kind = FAULT_ALLOC, .device = 0, .step = -1, .after = 0};
+  size_t len = strcspn(spec, ":");
+  int k = -1;
+  for (int i = 0; i < (int)(sizeof kind_names / sizeof *kind_names); i++)
+    if (strlen(kind_names[i]) == len && !strncmp(spec, kind_names[i], len)) k = i;
+  const char *p = spec + len;
+  int ok = k >= 0;
+  while (ok && *p == ':') {
+    p++;
+    size_t n = strcspn(p, ":"), eq = strcspn(p, "=");
+    int64_t v = 0;
+    if (eq >= n) {
+      ok = 0;
+    } else if (eq == 6 && !strncmp(p, "device", 6)) {
+      ok = !parse_int(p + 7, n - 7, 0, PMAP_MAX_DEVICES - 1, &v);
+      f.device = (int)v;
+    } else if (eq == 4 && !strncmp(p, "step", 4)) {
+      ok = !parse_int(p + 5, n - 5, 0, INT64_MAX, &v);
+      f.step = v;
+    } else if (eq == 5 && !strncmp(p, "after", 5)) {
+      ok = !parse_int(p + 6, n - 6, 0, INT64_MAX, &v);
+      f.after = v;
+    } else {
+      ok = 0;
+    }
+    p += n;
+  }
+  if (!ok || *p)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "PMAP_FAULT=\"%s\" is not kind[:device=K][:step=S][:after=A] with kind alloc, "
+                    "collective, stall, nan or drift",
+                    spec);
+  f.kind = (fault_kind)k;
+  pmap_fault *h = malloc(sizeof *h);
+  if (!h) return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "PMAP_FAULT: out of memory");
+  *h = f;
+  atomic_init(&h->seen, 0);
+  atomic_init(&h->fired, 0);
+  *out = h;
+  return PMAP_SUCCESS;
+}
+
+void pmap_fault_free(pmap_fault *f) { free(f); }
+
+int pmap_fault_fires(pmap_fault *f, fault_kind kind, int device, int64_t step) {
+  if (!f || f->kind != kind || f->device != device) return 0;
+  if (kind == FAULT_ALLOC && atomic_fetch_add(&f->seen, 1) != f->after) return 0;
+  if (kind != FAULT_ALLOC && f->step >= 0 && f->step != step) return 0;
+  int expected = 0;
+  return atomic_compare_exchange_strong(&f->fired, &expected, 1);
+}

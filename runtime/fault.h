@@ -1,0 +1,34 @@
+/* fault.h: fault injection for tests, from the environment variable PMAP_FAULT, read when a
+ * context is created:  kind[:device=K][:step=S][:after=A]
+ *   alloc       the A-th (default 0: first) device allocation of device K fails (out of memory)
+ *   collective  device K's gradient all-reduce in update step S fails (device error)
+ *   stall       device K stalls before that all-reduce until the others give up (timeout)
+ *   nan         device K's local gradients of step S become NaN (the numeric guard's case)
+ *   drift       device K's replica is perturbed (one parameter, one ulp) after step S
+ * Each fault fires once. device defaults to 0 and step to the first step that reaches the hook.
+ * Without PMAP_FAULT the hooks cost one NULL test. */
+#ifndef PMAP_RUNTIME_FAULT_H
+#define PMAP_RUNTIME_FAULT_H
+
+#include <stdint.h>
+
+#include "pmap.h"
+
+typedef enum fault_kind {
+  FAULT_ALLOC,
+  FAULT_COLLECTIVE,
+  FAULT_STALL,
+  FAULT_NAN,
+  FAULT_DRIFT,
+} fault_kind;
+
+typedef struct pmap_fault pmap_fault;
+
+/* Parses spec (NULL or "" : no fault, *out NULL); PMAP_ERR_INVALID_ARGUMENT naming the text. */
+pmap_status pmap_fault_parse(const char *spec, pmap_fault **out);
+void pmap_fault_free(pmap_fault *f); /* accepts NULL */
+/* Whether fault `kind` fires now on device `device` at update step `step` (-1: not a step hook,
+ * e.g. an allocation). Fires at most once. f may be NULL. */
+int pmap_fault_fires(pmap_fault *f, fault_kind kind, int device, int64_t step);
+
+#endif
