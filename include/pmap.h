@@ -9,7 +9,16 @@
  *
  * Every function that can fail returns a pmap_status; on failure pmap_last_error() returns a
  * message naming the call and the offending values, and nothing the call was given is changed.
- * Library code never exits or aborts on bad input or a device failure. */
+ * Library code never exits or aborts on bad input or a device failure. Every size computed from
+ * user input is checked for overflow (PMAP_ERR_INVALID_ARGUMENT or PMAP_ERR_OUT_OF_MEMORY).
+ *
+ * Threads. Every public call on a context, or on params of that context, may be made from any
+ * host thread: each takes the context's lock, so concurrent calls run one after the other, each
+ * whole (a pmap_update never mixes with another's rows). A call on a context from inside a
+ * mapped function of the same context (pmap_run's fn) would wait for itself: it is refused with
+ * PMAP_ERR_INVALID_ARGUMENT. Contexts are independent of each other. pmap_last_error() is
+ * per thread. Destroying a context or params while another thread still uses them is the
+ * caller's error, as for free(). */
 #ifndef PMAP_H
 #define PMAP_H
 
@@ -210,9 +219,23 @@ int64_t pmap_params_step(const pmap_params *params); /* optimizer steps taken */
  * NULL) receives the mean loss over the global batch. Synchronous: returns when every replica is
  * updated; xs and ys may be reused at once. The first call with a larger batch than before sizes
  * the activation memory; later calls allocate nothing.
+ *
+ * Numeric guard (on unless pmap_config.numeric_guard is PMAP_GUARD_OFF): after the all-reduce,
+ * every replica checks the averaged loss and gradients and each device's own (one flag per
+ * device travels in the same all-reduce) for non-finite values. If any is non-finite, every
+ * replica skips the optimizer step alike (parameters, optimizer state and step count unchanged,
+ * *loss not written) and the call returns PMAP_ERR_NUMERIC naming the step and the devices
+ * whose own loss or gradients were non-finite. NaN propagates through every op. With the guard
+ * off, non-finite values go into the parameters. With opt.clip_norm > 0 the averaged gradient is
+ * scaled to that global L2 norm when it exceeds it (the norm is computed in the guard's pass).
+ *
  * Returns PMAP_ERR_INVALID_ARGUMENT (NULL, B not divisible by N or zero, wrong rank, dtype or
- * extent, label out of range) with the parameters untouched; PMAP_ERR_OUT_OF_MEMORY;
- * PMAP_ERR_DEVICE, PMAP_ERR_TIMEOUT (the state is then undefined). */
+ * extent, label out of range, a shape whose size overflows; called from inside a mapped
+ * function) with the parameters untouched; PMAP_ERR_OUT_OF_MEMORY (also when the activations of
+ * the batch would not fit the address space); PMAP_ERR_NUMERIC (above: nothing changed);
+ * PMAP_ERR_DEVICE, PMAP_ERR_TIMEOUT, PMAP_ERR_ABORTED (a device or a collective failed: on the
+ * CPU backend the step is then not applied on any replica, as every failure happens before the
+ * optimizer; on CUDA the replicas' state is undefined after a timeout). */
 pmap_status pmap_update(pmap_params *params, const pmap_array *xs, const pmap_array *ys,
                         float *loss);
 
@@ -270,15 +293,20 @@ typedef pmap_status (*pmap_fn)(pmap_device *dev, void *arg);
 
 /* Runs fn(dev, arg) on every device and waits for all of them. Returns PMAP_SUCCESS when every
  * call did; otherwise the first failing device's status (a failure that made other devices
- * abandon a collective is reported, not their PMAP_ERR_ABORTED), with its message. A device
- * failing before a collective never leaves the others waiting. Not re-entrant: fn must not call
- * pmap_run, pmap_update or pmap_predict on the same context. */
+ * abandon a collective is reported, not their PMAP_ERR_ABORTED), with its message (a device
+ * that fails without setting one is reported as such; messages never carry over from an earlier
+ * job). A device failing before a collective never leaves the others waiting, and neither does
+ * a device that returns without calling a collective the others wait in. Not re-entrant: fn
+ * calling any public function on the same context (pmap_run, pmap_update, pmap_params_read,
+ * pmap_ctx_destroy, ...) gets PMAP_ERR_INVALID_ARGUMENT. */
 pmap_status pmap_run(pmap_ctx *ctx, pmap_fn fn, void *arg);
 
 int pmap_axis_index(const pmap_device *dev); /* this device's index, 0..N-1 */
 int pmap_axis_size(const pmap_device *dev);  /* N */
 
-/* Device memory for buffers passed to collectives (host memory on CPU, GPU memory on CUDA). */
+/* Device memory for buffers passed to collectives (host memory on CPU, GPU memory on CUDA).
+ * pmap_device_alloc sets *out to NULL on failure; a count whose bytes exceed the address space
+ * is PMAP_ERR_OUT_OF_MEMORY. */
 pmap_status pmap_device_alloc(pmap_device *dev, size_t count, float **out); /* count floats */
 void pmap_device_free(pmap_device *dev, float *ptr);                       /* accepts NULL */
 pmap_status pmap_device_upload(pmap_device *dev, float *dst, const float *src, size_t count);
@@ -287,13 +315,19 @@ pmap_status pmap_device_download(pmap_device *dev, float *dst, const float *src,
 /* Collectives, called by every device of the mapped function in the same order with the same
  * count (in elements, not bytes). In place is recv == send (all_gather: send == recv +
  * axis_index * count, as in NCCL); otherwise the buffers must not overlap. Every device receives
- * bitwise the same result: the summation order is fixed.
+ * bitwise the same result: the summation order is fixed; max propagates NaN. Each collective
+ * first checks, at a rendezvous, that every device called the same collective with the same
+ * count (and root); if not, it fails on every device with PMAP_ERR_INVALID_ARGUMENT and a
+ * message naming what each device called. A collective has one verdict: it succeeds on every
+ * device or fails on every device, and when it returns (whatever it returns) no device reads or
+ * writes this device's buffers any more, so they may be freed at once.
  *   psum/pmean/pmax: recv[i] = sum / mean / max over devices of send[i]   (count each)
  *   all_gather:      recv (N, count) = every device's send (count), in device order
  *   broadcast:       recv (count) = send (count) of device root
  *   barrier:         returns once every device has entered it
  * Return PMAP_ERR_INVALID_ARGUMENT (NULL with count > 0, root outside [0, N), buffers that
- * overlap other than in place), PMAP_ERR_TIMEOUT,
+ * overlap other than in place, collectives that differ across devices, a device that left the
+ * function), PMAP_ERR_TIMEOUT,
  * PMAP_ERR_ABORTED (another device failed), PMAP_ERR_DEVICE. */
 pmap_status pmap_psum(pmap_device *dev, const float *send, float *recv, size_t count);
 pmap_status pmap_pmean(pmap_device *dev, const float *send, float *recv, size_t count);

@@ -162,7 +162,15 @@ pmap_status pmap_ctx_dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg) {
       st = s;
     }
   }
-  if (first >= 0) pmap_error_set(st, "device %d: %s", first, ctx->dev[first].msg);
+  if (first >= 0) {
+    /* Name the device, unless its message already starts by doing so. */
+    char who[32];
+    snprintf(who, sizeof who, "device %d", first);
+    if (strncmp(ctx->dev[first].msg, who, strlen(who)) == 0)
+      pmap_error_set(st, "%s", ctx->dev[first].msg);
+    else
+      pmap_error_set(st, "%s: %s", who, ctx->dev[first].msg);
+  }
   atomic_store(&ctx->busy, 0);
   return st;
 }
