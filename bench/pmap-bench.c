@@ -21,7 +21,8 @@ static void usage(FILE *f) {
           "usage: pmap-bench [--model NAME[,NAME...]|all] [--devices 1,2,4] [--batch B]\n"
           "                  [--weak-batch BD] [--scaling strong|weak|both] [--steps S]\n"
           "                  [--warmup W] [--rounds R] [--backend auto|cpu|cuda] [--seed K]\n"
-          "                  [--no-ref] [--csv FILE] [--dump DIR] [--json]\n"
+          "                  [--no-ref] [--no-numeric-guard] [--csv FILE] [--dump DIR]\n"
+          "                  [--json]\n"
           "  --model      example models, comma-separated; all: " ALL_MODELS "\n"
           "               (default mlp-1024)\n"
           "  --devices    device counts; speedup and efficiency are against the first\n"
@@ -33,6 +34,7 @@ static void usage(FILE *f) {
           "               (default 3, else 50); step 0 is timed apart\n"
           "  --no-ref     skip the reference measurements (GEMMs alone, all-reduce alone,\n"
           "               the hand-written loop)\n"
+          "  --no-numeric-guard  time steps without the numeric guard (pmap_config)\n"
           "  --csv FILE   also write the rows as CSV\n"
           "  --dump DIR   write each model's architecture, initial parameters and global batch\n"
           "               into DIR (for bench/jax_compare.py)\n"
@@ -49,7 +51,7 @@ static int fail(const char *what) {
 typedef struct opts {
   const char *models, *backend, *csv, *dump;
   int64_t devs[CLI_MAX_LIST], batch, weak_batch, steps, warmup, rounds;
-  int ndev, json, ref, modes[2];
+  int ndev, json, ref, modes[2], guard;
   uint64_t seed;
 } opts;
 
@@ -86,7 +88,7 @@ static int step(setup *s, float *loss) {
 static int setup_open(setup *s, const char *name, const pmap_model *model,
                       const pmap_optimizer *opt, const opts *o, pmap_backend backend, int devices,
                       int64_t bd, int64_t warmup, int cap, bench_row *r) {
-  pmap_config cfg = {backend, devices, NULL, 0.0, PMAP_GUARD_ON};
+  pmap_config cfg = {backend, devices, NULL, 0.0, o->guard};
   memset(s, 0, sizeof *s);
   s->row = r;
   r->devices = devices;
@@ -326,11 +328,12 @@ static int bench_model(const char *name, const opts *o, pmap_backend backend, co
 }
 
 static int parse(int argc, char **argv, opts *o) {
-  static const char *const flags[] = {"--json", "--no-ref", NULL};
+  static const char *const flags[] = {"--json", "--no-ref", "--no-numeric-guard", NULL};
   static const char *const value_opts[] = {"--model", "--backend", "--devices", "--batch",
                                            "--weak-batch", "--scaling", "--steps", "--warmup",
                                            "--rounds", "--seed", "--csv", "--dump", NULL};
-  *o = (opts){"mlp-1024", "auto", NULL, NULL, {1, 2, 4}, -1, -1, -1, -1, 5, 3, 0, 1, {1, 1}, 0};
+  *o = (opts){"mlp-1024", "auto", NULL, NULL, {1, 2, 4}, -1, -1, -1, -1, 5, 3, 0, 1, {1, 1},
+              PMAP_GUARD_ON, 0};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = NULL;
     int kind = cli_next(prog, argc, argv, &i, flags, value_opts, &v);
@@ -343,6 +346,8 @@ static int parse(int argc, char **argv, opts *o) {
       o->json = 1;
     } else if (!strcmp(a, "--no-ref")) {
       o->ref = 0;
+    } else if (!strcmp(a, "--no-numeric-guard")) {
+      o->guard = PMAP_GUARD_OFF;
     } else if (!strcmp(a, "--model")) {
       o->models = strcmp(v, "all") ? v : ALL_MODELS;
     } else if (!strcmp(a, "--backend")) {
