@@ -68,12 +68,18 @@ static pmap_status check_coll(const char *call, pmap_device *dev, const float *s
   return PMAP_SUCCESS;
 }
 
+/* A backend's collective may only be queued (CUDA: stream-ordered, so that a training step
+ * waits once); a public one has completed, or failed, when it returns. */
+static pmap_status finish(pmap_device *dev) {
+  return dev->ctx->be->sync ? dev->ctx->be->sync(dev) : PMAP_SUCCESS;
+}
+
 static pmap_status reduce(const char *call, pmap_device *dev, const float *send, float *recv,
                           size_t count, pmap_redop op) {
   pmap_status st = check_coll(call, dev, send, recv, count, count, recv);
   if (st) return st;
   PMAP_TRY(dev->ctx->be->coll->all_reduce(dev, send, recv, count, op));
-  return PMAP_SUCCESS;
+  return finish(dev);
 }
 
 pmap_status pmap_psum(pmap_device *dev, const float *send, float *recv, size_t count) {
@@ -94,7 +100,7 @@ pmap_status pmap_all_gather(pmap_device *dev, const float *send, float *recv, si
                               dev && recv ? recv + count * (size_t)dev->index : NULL);
   if (st) return st;
   PMAP_TRY(dev->ctx->be->coll->all_gather(dev, send, recv, count));
-  return PMAP_SUCCESS;
+  return finish(dev);
 }
 
 pmap_status pmap_broadcast(pmap_device *dev, const float *send, float *recv, size_t count,
@@ -105,7 +111,7 @@ pmap_status pmap_broadcast(pmap_device *dev, const float *send, float *recv, siz
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_broadcast: root %d is outside [0, %d)", root,
                     dev->ctx->n);
   PMAP_TRY(dev->ctx->be->coll->broadcast(dev, send, recv, count, root));
-  return PMAP_SUCCESS;
+  return finish(dev);
 }
 
 pmap_status pmap_barrier(pmap_device *dev) {
