@@ -388,10 +388,10 @@ opts_known() {
 # Steps on the GPU (planned only in a dry run)
 
 TRAIN_MODELS=(mlp convnet)
-COUNTS=1,2,4
-(( MULTI )) || COUNTS=1
+COUNTS=1,2,4 SWITCH_COUNTS=1,4
+(( MULTI )) || COUNTS=1 SWITCH_COUNTS=1
 BENCH_ARGS=(--backend cuda --model mlp-1024,cifar-cnn --devices "$COUNTS" --steps 30 --warmup 3 --json)
-SWITCH_ARGS=(--backend cuda --model mlp-1024 --devices "$COUNTS" --scaling strong --steps 30 --warmup 3
+SWITCH_ARGS=(--backend cuda --model mlp-1024 --devices "$SWITCH_COUNTS" --scaling strong --steps 30 --warmup 3
   --no-ref --json)
 ALLRED_ARGS=(--backend cuda -d "$COUNTS" -b 8 -e 64M -f 4 -n 20 -w 5 --json)
 JAX_ARGS=(--pmap-bench "$BENCH" --platform gpu --devices 1 --models mlp-1024,cifar-cnn --steps 30
@@ -438,10 +438,15 @@ if (( GPU_STEPS )); then
   run_step allreduce 90 "$ALLRED" "${ALLRED_ARGS[@]}"
   (( MULTI )) || SKIPPED_MULTI+=("allreduce and bench at 2 and 4 devices")
   run_step bench 150 "$BENCH" "${BENCH_ARGS[@]}"
+  # The CPU suite (its CLI test pins --backend cpu, so the GPU here changes nothing in it).
+  run_step cpu-tests 120 "${MESON[@]}" test -C "$BUILD" --no-suite gpu --print-errorlogs \
+    --num-processes "$NPROC"
   # JAX's pmap on the GPU: one device per GPU, so 1 device on one GPU, at FP32 and at TF32.
   if [ -z "$JAX_PY" ]; then
     skip_step jax-compare "unavailable: no Python here imports numpy and jax"
   else
+    (( DRY )) && check jax-args "jax_compare.py accepts the step's arguments" \
+      "$JAX_PY" "$SRC/bench/jax_compare.py" "${JAX_ARGS[@]}" --dry-run
     run_step jax-compare 150 env PYTHONUNBUFFERED=1 "$JAX_PY" "$SRC/bench/jax_compare.py" \
       "${JAX_ARGS[@]}"
   fi
@@ -451,8 +456,6 @@ if (( GPU_STEPS )); then
     name=bench-$(echo "${sw%%=*}" | tr '[:upper:]_' '[:lower:]-' | sed 's/^pmap-cuda-//')-${sw#*=}
     run_step "$name" 60 env "$sw" "$BENCH" "${SWITCH_ARGS[@]}"
   done
-  run_step cpu-tests 120 "${MESON[@]}" test -C "$BUILD" --no-suite gpu --print-errorlogs \
-    --num-processes "$NPROC"
   # Optional tools: a refusal of the device, or counters that cannot be read, is "unavailable".
   if [ -z "$SANITIZER" ]; then
     skip_step memcheck-gpu-ops "unavailable: compute-sanitizer not found"

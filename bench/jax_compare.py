@@ -253,10 +253,18 @@ def main():
                          "precision float32), TF32 on both, or both in turn (default); the CPU "
                          "has only FP32")
     ap.add_argument("--out", default=None, help="write jax_compare.csv and .json here")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="check the arguments and that numpy and jax import; run nothing")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return jax_worker(args)
+    if args.dry_run:
+        import numpy  # noqa: F401  (what the workers need)
+        import jax
+        print("jax_compare: would compare %s on %s devices (%s, precision %s) with JAX %s"
+              % (args.models, args.devices, args.platform, args.precision, jax.__version__))
+        return 0
 
     cores = parse_cores(args.cores) if args.cores else sorted(os.sched_getaffinity(0))
     if args.models == "all":
@@ -326,7 +334,8 @@ def write_out(out, meta, configs, names, rows):
 
 def compare(args, cores, devices, configs, names, dump):
     pm, jx, flags, plan, jax_version = {}, {c: {} for c in configs}, {}, None, "?"
-    budget = {n: cores[:min(n, len(cores))] for n in devices}
+    # On the GPU the host only feeds the devices: both sides get every core.
+    budget = {n: cores if args.gpu else cores[:min(n, len(cores))] for n in devices}
     for r in range(args.repeat):
         for n in devices:
             res = run_pmap(args, n, budget[n], dump if plan is None else None)
@@ -345,9 +354,10 @@ def compare(args, cores, devices, configs, names, dump):
 
     prec = args.precision_now
     tol = LOSS_TOL_TF32 if prec == "tf32" else LOSS_TOL
-    print("pmap against JAX %s (jax.pmap + lax.pmean) on %s; N devices run on min(N, %d) "
-          "cores (%s) on both sides; medians of %d turns"
-          % (jax_version, "the GPU" if args.gpu else "CPU", len(cores), ",".join(map(str, cores)),
+    print("pmap against JAX %s (jax.pmap + lax.pmean) on %s; N devices run on %s cores (%s) "
+          "on both sides; medians of %d turns"
+          % (jax_version, "the GPU" if args.gpu else "CPU",
+             ("all %d" if args.gpu else "min(N, %d)") % len(cores), ",".join(map(str, cores)),
              args.repeat))
     if args.gpu:
         print("  GEMM precision %s on both sides: pmap PMAP_CUDA_TF32=%s, JAX "
