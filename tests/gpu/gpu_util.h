@@ -21,7 +21,14 @@ static inline int gpu_count(void) {
   pmap_config cfg = {PMAP_BACKEND_CUDA, PMAP_DEVICES_DEFAULT, NULL, 0.0, PMAP_GUARD_ON};
   pmap_ctx *ctx = NULL;
   pmap_status st = pmap_ctx_create(&cfg, &ctx);
-  if (st == PMAP_ERR_UNAVAILABLE) {
+  /* No GPU is a skip, and the message must carry CUDA's own reason (no device, or a driver
+   * older than the runtime). Any other refusal, e.g. another NCCL than the one built against,
+   * is a failure: the GPU is there. */
+  if (st == PMAP_ERR_UNAVAILABLE && strstr(pmap_last_error(), "no CUDA device is usable")) {
+    if (!strstr(pmap_last_error(), "cudaGetDeviceCount")) {
+      fprintf(stderr, "FAIL: the refusal does not give CUDA's reason: %s\n", pmap_last_error());
+      return -1;
+    }
     printf("SKIP: no usable GPU: %s\n", pmap_last_error());
     return 0;
   }
