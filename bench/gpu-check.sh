@@ -27,8 +27,8 @@
 # the check ends within 8 minutes); a failed step is recorded and the next one runs. Optional
 # steps (compute-sanitizer, Nsight Compute, JAX) are recorded as "unavailable" with the reason
 # where the machine refuses them and never fail the check. Exit status: 0 every step passed or
-# was skipped, 1 a step failed, 2 no usable NVIDIA GPU. GPU_CHECK_BUILD_DIR picks the build folder
-# (default: a fresh one under /tmp).
+# was skipped or unavailable, 1 a step failed, 2 no usable NVIDIA GPU. GPU_CHECK_BUILD_DIR picks
+# the build folder (default: a fresh one under /tmp).
 set -u
 
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -131,6 +131,12 @@ run_step() {
 skip_step() { # name reason
   echo "== $1: skipped: $2"
   record "$1" skip 0 "" "$2"
+}
+
+# An optional step whose tool this machine lacks or refuses: recorded, never a failure.
+unavailable() { # name reason
+  echo "== $1: unavailable: $2"
+  record "$1" unavailable 0 "" "$2"
 }
 
 # A multi-device step that cannot run here: skipped, and named in the summary's warning.
@@ -443,7 +449,7 @@ if (( GPU_STEPS )); then
     --num-processes "$NPROC"
   # JAX's pmap on the GPU: one device per GPU, so 1 device on one GPU, at FP32 and at TF32.
   if [ -z "$JAX_PY" ]; then
-    skip_step jax-compare "unavailable: no Python here imports numpy and jax"
+    unavailable jax-compare "no Python here imports numpy and jax"
   else
     (( DRY )) && check jax-args "jax_compare.py accepts the step's arguments" \
       "$JAX_PY" "$SRC/bench/jax_compare.py" "${JAX_ARGS[@]}" --dry-run
@@ -458,7 +464,7 @@ if (( GPU_STEPS )); then
   done
   # Optional tools: a refusal of the device, or counters that cannot be read, is "unavailable".
   if [ -z "$SANITIZER" ]; then
-    skip_step memcheck-gpu-ops "unavailable: compute-sanitizer not found"
+    unavailable memcheck-gpu-ops "compute-sanitizer not found"
   else
     # API errors that NCCL and cuBLAS make and handle themselves are not pmap's: not reported.
     run_step memcheck-gpu-ops 110 "$SANITIZER" --tool memcheck --report-api-errors no \
@@ -476,7 +482,7 @@ if (( GPU_STEPS )); then
     fi
   fi
   if [ -z "$NCU" ]; then
-    skip_step ncu-mlp-1024 "unavailable: Nsight Compute (ncu) not found"
+    unavailable ncu-mlp-1024 "Nsight Compute (ncu) not found"
   else
     run_step ncu-mlp-1024 90 "$NCU" --launch-count 12 --section SpeedOfLight "$TRAIN" \
       --backend cuda --devices 1 --model mlp-1024 --steps 2
