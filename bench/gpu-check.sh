@@ -484,8 +484,9 @@ if (( GPU_STEPS )); then
   if [ -z "$NCU" ]; then
     unavailable ncu-mlp-1024 "Nsight Compute (ncu) not found"
   else
-    run_step ncu-mlp-1024 90 "$NCU" --launch-count 12 --section SpeedOfLight "$TRAIN" \
-      --backend cuda --devices 1 --model mlp-1024 --steps 2
+    # The clocks are left as they are (--clock-control none): the timing steps share them.
+    run_step ncu-mlp-1024 90 "$NCU" --clock-control none --launch-count 12 --section SpeedOfLight \
+      "$TRAIN" --backend cuda --devices 1 --model mlp-1024 --steps 2
     rc=$?
     if (( ! DRY && rc != 0 )); then
       amend unavailable "ncu could not profile here: $(grep -Eim1 'ERR_|error|failed|not supported' "$OUT/logs/ncu-mlp-1024.log" | cut -c1-160)"
