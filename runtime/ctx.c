@@ -163,7 +163,8 @@ static pmap_status choose_backend(const pmap_config *cfg, pmap_backend *kind,
 #if defined(PMAP_HAVE_CUDA)
     if (pmap_cuda_device_count() <= 0)
       return PMAP_ERR(PMAP_ERR_UNAVAILABLE,
-                      "pmap_ctx_create: backend cuda requested but no CUDA device is usable here: %s",
+                      "pmap_ctx_create: backend cuda requested but no CUDA device is usable "
+                      "here: %s",
                       pmap_cuda_unavailable_reason());
     *kind = PMAP_BACKEND_CUDA;
     *be = &pmap_cuda_backend;

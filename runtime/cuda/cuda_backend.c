@@ -69,16 +69,26 @@ static pmap_status startup_barrier(pmap_device *dev, cuda_device *cd) {
 
 /* Page-locked host memory and the events: allocated before the startup barrier, while no
  * collective of any device is in flight (a page-locked allocation may synchronize the GPU, and
- * on a GPU shared by several devices that could wait on a collective waiting for this one). */
-static pmap_status host_buffers(cuda_device *cd, const cuda_ctx *cc) {
+ * on a GPU shared by several devices that could wait on a collective waiting for this one).
+ * Each is an optimization with a plain fallback, so a machine that refuses one still runs:
+ * without `done` waits poll, without pinned buffers copies go from pageable memory. */
+static void host_buffers(cuda_device *cd, const cuda_ctx *cc) {
   unsigned flags = cudaEventBlockingSync | cudaEventDisableTiming;
-  CUDA_CHECK(cd, cudaEventCreateWithFlags(&cd->done, flags));
-  CUDA_CHECK(cd, cudaMallocHost(&cd->down, CUDA_DOWN_BYTES));
+  if (cc->wait_mode == CUDA_WAIT_BLOCK && cudaEventCreateWithFlags(&cd->done, flags) != cudaSuccess)
+    cd->done = NULL;
+  if (cudaMallocHost(&cd->down, CUDA_DOWN_BYTES) != cudaSuccess) cd->down = NULL;
   for (int k = 0; k < 2 && cc->pinned_bytes; k++) {
-    CUDA_CHECK(cd, cudaEventCreateWithFlags(&cd->pinned_ev[k], flags));
-    CUDA_CHECK(cd, cudaMallocHost(&cd->pinned[k], cc->pinned_bytes));
+    if (cudaEventCreateWithFlags(&cd->pinned_ev[k], flags) != cudaSuccess) cd->pinned_ev[k] = NULL;
+    if (cudaMallocHost(&cd->pinned[k], cc->pinned_bytes) != cudaSuccess) cd->pinned[k] = NULL;
   }
-  return PMAP_SUCCESS;
+  if (!cd->pinned_ev[0] || !cd->pinned_ev[1] || !cd->pinned[0] || !cd->pinned[1])
+    for (int k = 0; k < 2; k++) {
+      if (cd->pinned[k]) (void)cudaFreeHost(cd->pinned[k]);
+      if (cd->pinned_ev[k]) (void)cudaEventDestroy(cd->pinned_ev[k]);
+      cd->pinned[k] = NULL;
+      cd->pinned_ev[k] = NULL;
+    }
+  (void)cudaGetLastError();
 }
 
 static pmap_status cuda_device_init(pmap_device *dev) {
@@ -99,7 +109,7 @@ static pmap_status cuda_device_init(pmap_device *dev) {
                                                          : CUBLAS_DEFAULT_MATH),
                     fail);
   CUDA_CHECK_GOTO(cd, st, cudaMallocAsync(&cd->scratch, CUDA_SCRATCH_BYTES, cd->stream), fail);
-  PMAP_TRY_GOTO(st, host_buffers(cd, cc), fail);
+  host_buffers(cd, cc);
   PMAP_TRY_GOTO(st, startup_barrier(dev, cd), fail);
   atomic_fetch_sub(&cc->starting, 1);
   return PMAP_SUCCESS;
