@@ -44,3 +44,10 @@ extern "C" pmap_status cuda_scale(pmap_device *dev, float *x, float s, size_t n)
   CUDA_CHECK_LAUNCH(cd, "scale_kernel");
   return PMAP_SUCCESS;
 }
+
+extern "C" pmap_status cuda_norm2_preload(cuda_device *cd) {
+  CUDA_PRELOAD(cd, norm2_kernel);
+  CUDA_PRELOAD(cd, norm2_finalize_kernel);
+  CUDA_PRELOAD(cd, scale_kernel);
+  return PMAP_SUCCESS;
+}

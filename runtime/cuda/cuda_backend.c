@@ -110,6 +110,7 @@ static pmap_status cuda_device_init(pmap_device *dev) {
                     fail);
   CUDA_CHECK_GOTO(cd, st, cudaMallocAsync(&cd->scratch, CUDA_SCRATCH_BYTES, cd->stream), fail);
   host_buffers(cd, cc);
+  PMAP_TRY_GOTO(st, cuda_ops_preload(cd), fail);
   PMAP_TRY_GOTO(st, startup_barrier(dev, cd), fail);
   atomic_fetch_sub(&cc->starting, 1);
   return PMAP_SUCCESS;
