@@ -397,8 +397,8 @@ TRAIN_MODELS=(mlp convnet)
 COUNTS=1,2,4 SWITCH_COUNTS=1,4
 (( MULTI )) || COUNTS=1 SWITCH_COUNTS=1
 BENCH_ARGS=(--backend cuda --model mlp-1024,cifar-cnn --devices "$COUNTS" --steps 30 --warmup 3 --json)
-SWITCH_ARGS=(--backend cuda --model mlp-1024 --devices "$SWITCH_COUNTS" --scaling strong --steps 30 --warmup 3
-  --no-ref --json)
+SWITCH_ARGS=(--backend cuda --model mlp-1024 --devices "$SWITCH_COUNTS" --scaling strong
+  --steps 30 --warmup 3 --no-ref --json)
 ALLRED_ARGS=(--backend cuda -d "$COUNTS" -b 8 -e 64M -f 4 -n 20 -w 5 --json)
 JAX_ARGS=(--pmap-bench "$BENCH" --platform gpu --devices 1 --models mlp-1024,cifar-cnn --steps 30
   --warmup 3 --repeat 1 --precision both --out "$OUT/logs/jax")
