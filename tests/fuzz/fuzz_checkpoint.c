@@ -1,0 +1,88 @@
+/* fuzz_checkpoint.c: libFuzzer target for the checkpoint loader. Each input is a file handed to
+ * pmap_params_load_user, through an in-memory file, for two training states (linear with SGD on
+ * one device, mlp with Adam on two). A load either succeeds or fails with
+ * PMAP_ERR_INVALID_ARGUMENT leaving the state bitwise unchanged; anything else traps. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "pmap.h"
+#include "pmap_examples.h"
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+typedef struct target {
+  pmap_ctx *ctx;
+  pmap_model *model;
+  pmap_params *params;
+  int n;
+  size_t count;
+  float *before, *after; /* (n, count) */
+} target;
+
+static target targets[2];
+static int fd = -1;
+static char path[64];
+
+static void open_target(target *t, const char *name, int n) {
+  pmap_config cfg = {PMAP_BACKEND_CPU, n, NULL, 0.0, PMAP_GUARD_ON};
+  pmap_example_info info;
+  if (pmap_example_info_get(name, &info) || pmap_ctx_create(&cfg, &t->ctx) ||
+      pmap_example_model(name, &t->model) ||
+      pmap_params_create(t->ctx, t->model, &info.opt, 1, &t->params)) {
+    fprintf(stderr, "fuzz_checkpoint: setup failed: %s\n", pmap_last_error());
+    abort();
+  }
+  t->n = n;
+  t->count = pmap_params_count(t->params);
+  t->before = malloc((size_t)n * t->count * sizeof(float));
+  t->after = malloc((size_t)n * t->count * sizeof(float));
+  if (!t->before || !t->after) abort();
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+  (void)argc;
+  (void)argv;
+  open_target(&targets[0], "linear", 1);
+  open_target(&targets[1], "mlp", 2);
+  fd = memfd_create("pmap-fuzz-ckpt", 0);
+  if (fd < 0) abort();
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  return 0;
+}
+
+static void read_all(target *t, float *dst) {
+  for (int d = 0; d < t->n; d++)
+    if (pmap_params_read(t->params, d, dst + (size_t)d * t->count, t->count)) abort();
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  if (ftruncate(fd, 0) != 0 || (size && pwrite(fd, data, size, 0) != (ssize_t)size)) abort();
+  for (int i = 0; i < 2; i++) {
+    target *t = &targets[i];
+    read_all(t, t->before);
+    int64_t step = pmap_params_step(t->params);
+    unsigned char user[256];
+    size_t got = 0;
+    pmap_status st = pmap_params_load_user(t->params, path, user, sizeof user, &got);
+    if (st == PMAP_SUCCESS) {
+      if (got > sizeof user) __builtin_trap();
+      if (pmap_params_verify(t->params)) __builtin_trap();
+      continue;
+    }
+    if (st != PMAP_ERR_INVALID_ARGUMENT) {
+      fprintf(stderr, "unexpected status %s: %s\n", pmap_status_string(st), pmap_last_error());
+      __builtin_trap();
+    }
+    read_all(t, t->after);
+    if (step != pmap_params_step(t->params) ||
+        memcmp(t->before, t->after, (size_t)t->n * t->count * sizeof(float)) != 0) {
+      fprintf(stderr, "a failed load changed the state: %s\n", pmap_last_error());
+      __builtin_trap();
+    }
+  }
+  return 0;
+}
