@@ -337,7 +337,34 @@ pmap_status pmap_params_save(const pmap_params *p, const char *path) {
 /* ------------------------------------------------------------------------------------------ */
 /* Validation and load                                                                         */
 
-/* Reads the whole file: its length comes from fstat, never from its contents. */
+/* The header (f: its HEADER_BYTES) of a file of n bytes: magic, version, CRC, length. */
+static pmap_status check_header(const char *path, const unsigned char *f, size_t n,
+                                const char *call) {
+  if (memcmp(f, CKPT_MAGIC, 8) != 0)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" is not a pmap checkpoint (bad magic "
+                    "number)", call, path);
+  uint32_t version = load_u32(f + 8);
+  if (version != CKPT_VERSION)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" is checkpoint version %u; this build "
+                    "reads version %u", call, path, version, CKPT_VERSION);
+  uint32_t hcrc = crc32c_update(0, f, 28);
+  if (load_u32(f + 28) != hcrc)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" is damaged: header checksum 0x%08x, "
+                    "computed 0x%08x", call, path, load_u32(f + 28), hcrc);
+  uint64_t total = load_u64(f + 16);
+  if (total != n)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" is %s: the header says %llu bytes, "
+                    "the file has %zu", call, path, total > n ? "truncated" : "too long",
+                    (unsigned long long)total, n);
+  if (load_u32(f + 12) != N_SECTIONS || load_u32(f + 24) != 0)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" has %u sections and flags 0x%x; "
+                    "version %u has %d sections and no flags", call, path, load_u32(f + 12),
+                    load_u32(f + 24), CKPT_VERSION, N_SECTIONS);
+  return PMAP_SUCCESS;
+}
+
+/* Reads the whole file: its length comes from fstat, never from its contents, and the header
+ * must agree with it before anything is allocated. */
 static pmap_status read_file(const char *path, unsigned char **out, size_t *n, const char *call) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0)
@@ -358,10 +385,18 @@ static pmap_status read_file(const char *path, unsigned char **out, size_t *n, c
   } else if ((uint64_t)sb.st_size > (uint64_t)(SIZE_MAX / 2)) {
     st = PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" is too large (%lld bytes)", call, path,
                   (long long)sb.st_size);
-  } else if (!(buf = malloc((size_t)sb.st_size))) {
+  } else {
+    unsigned char h[HEADER_BYTES];
+    ssize_t r = pread(fd, h, HEADER_BYTES, 0);
+    if (r != (ssize_t)HEADER_BYTES)
+      st = PMAP_ERR(PMAP_ERR_UNAVAILABLE, "%s: cannot read \"%s\": %s", call, path,
+                    r < 0 ? strerror(errno) : "short read");
+    else
+      st = check_header(path, h, (size_t)sb.st_size, call);
+  }
+  if (!st && !(buf = malloc((size_t)sb.st_size)))
     st = PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "%s: out of memory for %lld bytes of \"%s\"", call,
                   (long long)sb.st_size, path);
-  }
   size_t got = 0, want = st ? 0 : (size_t)sb.st_size;
   while (got < want) {
     ssize_t r = read(fd, buf + got, want - got);
@@ -390,29 +425,10 @@ typedef struct section {
   size_t bytes;
 } section;
 
-/* Header and section frames: magic, version, length, every CRC. */
+/* Header and section frames: every length and every CRC. */
 static pmap_status check_frames(const char *path, const unsigned char *f, size_t n,
                                 section sec[N_SECTIONS], const char *call) {
-  if (memcmp(f, CKPT_MAGIC, 8) != 0)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" is not a pmap checkpoint (bad magic "
-                    "number)", call, path);
-  uint32_t version = load_u32(f + 8);
-  if (version != CKPT_VERSION)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" is checkpoint version %u; this build "
-                    "reads version %u", call, path, version, CKPT_VERSION);
-  uint32_t hcrc = crc32c_update(0, f, 28);
-  if (load_u32(f + 28) != hcrc)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" is damaged: header checksum 0x%08x, "
-                    "computed 0x%08x", call, path, load_u32(f + 28), hcrc);
-  uint64_t total = load_u64(f + 16);
-  if (total != n)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" is %s: the header says %llu bytes, "
-                    "the file has %zu", call, path, total > n ? "truncated" : "too long",
-                    (unsigned long long)total, n);
-  if (load_u32(f + 12) != N_SECTIONS || load_u32(f + 24) != 0)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" has %u sections and flags 0x%x; "
-                    "version %u has %d sections and no flags", call, path, load_u32(f + 12),
-                    load_u32(f + 24), CKPT_VERSION, N_SECTIONS);
+  PMAP_TRY(check_header(path, f, n, call)); /* again: the file may have changed since */
   size_t at = HEADER_BYTES;
   for (int i = 0; i < N_SECTIONS; i++) {
     if (n - at < SECTION_BYTES)
