@@ -1,7 +1,9 @@
 /* fuzz_checkpoint.c: libFuzzer target for the checkpoint loader. Each input is a file handed to
  * pmap_params_load_user, through an in-memory file, for two training states (linear with SGD,
  * mlp with Adam). A load either succeeds or fails with PMAP_ERR_INVALID_ARGUMENT leaving the
- * state bitwise unchanged; anything else traps. One device each: the file does not depend on the
+ * state bitwise unchanged; anything else traps. Every input is tried twice: as it is, and with
+ * its file length and checksums made consistent, so that mutations reach the checks behind the
+ * CRCs (model, optimizer, sizes) instead of all stopping at the first checksum. One device each: the file does not depend on the
  * device count, and a single device's jobs run on the calling thread, which keeps the target
  * fast on a loaded machine (no thread hand-offs per execution). */
 #include <stdio.h>
@@ -56,12 +58,40 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   return 0;
 }
 
+/* Bitwise CRC-32C (the harness's own, independent of the library's). */
+static uint32_t crc32c(uint32_t crc, const uint8_t *p, size_t n) {
+  crc = ~crc;
+  while (n--) {
+    crc ^= *p++;
+    for (int k = 0; k < 8; k++) crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
+  }
+  return ~crc;
+}
+
+static void put32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* Rewrites the file length, the header CRC and the CRC of every section whose frame fits. */
+static void fix_checksums(uint8_t *f, size_t n) {
+  if (n < 32) return;
+  for (int i = 0; i < 8; i++) f[16 + i] = (uint8_t)((uint64_t)n >> (8 * i));
+  put32(f + 28, crc32c(0, f, 28));
+  for (size_t at = 32; n - at >= 16;) {
+    uint64_t len = 0;
+    for (int i = 0; i < 8; i++) len |= (uint64_t)f[at + 8 + i] << (8 * i);
+    if (len > n - at - 16) break;
+    put32(f + at + 4, crc32c(crc32c(0, f + at, 4), f + at + 8, 8 + (size_t)len));
+    at += 16 + (size_t)len;
+  }
+}
+
 static void read_all(target *t, float *dst) {
   for (int d = 0; d < t->n; d++)
     if (pmap_params_read(t->params, d, dst + (size_t)d * t->count, t->count)) abort();
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+static void try_file(const uint8_t *data, size_t size) {
   if (ftruncate(fd, 0) != 0 || (size && pwrite(fd, data, size, 0) != (ssize_t)size)) abort();
   for (int i = 0; i < 2; i++) {
     target *t = &targets[i];
@@ -86,5 +116,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       __builtin_trap();
     }
   }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  try_file(data, size);
+  uint8_t *fixed = malloc(size ? size : 1);
+  if (!fixed) abort();
+  memcpy(fixed, data, size);
+  fix_checksums(fixed, size);
+  if (size >= 32 && memcmp(fixed, data, size) != 0) try_file(fixed, size);
+  free(fixed);
   return 0;
 }
