@@ -72,8 +72,9 @@ static int kill_model(pmap_model **m) {
 }
 
 /* The child: saves states whose every parameter is base + k, k = 0, 1, ..., until killed (or
- * `count` saves when count > 0). Exits 0, or 2 when something fails. */
-static void saver(float base, int count) {
+ * `count` saves when count > 0), writing a byte to `ready` after the first save so that the
+ * parent's kill lands in the loop of saves, not in the start-up. Exits 0, or 2 on a failure. */
+static void saver(float base, int count, int ready) {
   pmap_config cfg = {PMAP_BACKEND_CPU, 2, NULL, 0.0, PMAP_GUARD_ON};
   pmap_ctx *ctx = NULL;
   pmap_model *m = NULL;
@@ -87,14 +88,25 @@ static void saver(float base, int count) {
   for (int k = 0; count <= 0 || k < count; k++) {
     for (size_t i = 0; i < P; i++) w[i] = base + (float)k;
     if (pmap_params_write(p, w, P) || pmap_params_save(p, path)) _exit(2);
+    if (k == 0 && ready >= 0 && write(ready, "r", 1) != 1) _exit(2);
   }
   _exit(0);
 }
 
-static pid_t spawn(float base, int count) {
+/* Starts a saver; with *ready non-NULL, *ready is the read end of its readiness pipe. */
+static pid_t spawn(float base, int count, int *ready) {
+  int fds[2] = {-1, -1};
+  if (ready && pipe(fds) != 0) return -1;
   fflush(NULL);
   pid_t pid = fork();
-  if (pid == 0) saver(base, count);
+  if (pid == 0) {
+    if (ready) close(fds[0]);
+    saver(base, count, fds[1]);
+  }
+  if (ready) {
+    close(fds[1]);
+    *ready = fds[0];
+  }
   return pid;
 }
 
@@ -102,15 +114,20 @@ static pid_t spawn(float base, int count) {
  * loads every copy: each must load and hold a state some child saved. */
 static void kill_during_save(void) {
   int status = 0;
-  pid_t pid = spawn(0.0f, 1); /* a first good file */
+  pid_t pid = spawn(0.0f, 1, NULL); /* a first good file */
   CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
             WEXITSTATUS(status) == 0, "the first save failed (status %d)", status);
   enum { ROUNDS = 24 };
   for (int r = 1; r <= ROUNDS; r++) {
-    pid = spawn(1000.0f * (float)r, 0);
+    int ready = -1;
+    pid = spawn(1000.0f * (float)r, 0, &ready);
     CHECK(pid > 0, "fork failed");
     if (pid <= 0) return;
-    struct timespec t = {0, (long)(r * 7919 % 150 + 1) * 1000000L}; /* 1..150 ms */
+    char byte;
+    CHECK(read(ready, &byte, 1) == 1, "round %d: the saver did not start", r);
+    close(ready);
+    /* 0..47 ms after the first save: a few saves of ~3.5 MB each, cut anywhere. */
+    struct timespec t = {0, (long)(r * 7919 % 48) * 1000000L};
     nanosleep(&t, NULL);
     kill(pid, SIGKILL);
     waitpid(pid, &status, 0);
@@ -154,7 +171,7 @@ static void kill_during_save(void) {
   DIR *d = opendir(dir);
   for (struct dirent *e; d && (e = readdir(d));) torn += strstr(e->d_name, ".tmp.") != NULL;
   if (d) closedir(d);
-  printf("kill during save: %d rounds, %d killed inside a save\n", ROUNDS, torn);
+  printf("kill during save: %d rounds, %d killed while writing the file\n", ROUNDS, torn);
   free(w);
   pmap_params_destroy(p);
   pmap_model_destroy(m);
