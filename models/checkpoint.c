@@ -34,19 +34,28 @@ typedef struct wbuf {
   int oom;
 } wbuf;
 
-static void put(wbuf *b, const void *src, size_t n) {
-  if (b->oom) return;
-  if (b->n + n > b->cap) {
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap < b->n + n) cap *= 2;
-    unsigned char *np = realloc(b->p, cap);
-    if (!np) {
-      b->oom = 1;
-      return;
-    }
-    b->p = np;
-    b->cap = cap;
+/* Makes room for n more bytes; sets oom when it cannot. */
+static int reserve(wbuf *b, size_t n) {
+  if (b->oom) return 0;
+  if (n > SIZE_MAX / 4 - b->n) { /* the doubling below then stays below SIZE_MAX / 2 */
+    b->oom = 1;
+    return 0;
   }
+  if (b->n + n <= b->cap) return 1;
+  size_t cap = b->cap ? b->cap : 4096;
+  while (cap < b->n + n) cap *= 2;
+  unsigned char *np = realloc(b->p, cap);
+  if (!np) {
+    b->oom = 1;
+    return 0;
+  }
+  b->p = np;
+  b->cap = cap;
+  return 1;
+}
+
+static void put(wbuf *b, const void *src, size_t n) {
+  if (!reserve(b, n)) return;
   memcpy(b->p + b->n, src, n);
   b->n += n;
 }
@@ -84,7 +93,13 @@ static void put_f32(wbuf *b, float f) {
   put_u32(b, v);
 }
 static void put_floats(wbuf *b, const float *x, size_t n) {
-  for (size_t i = 0; i < n && !b->oom; i++) put_f32(b, x[i]);
+  if (n > SIZE_MAX / 8 || !reserve(b, 4 * n)) return;
+  for (size_t i = 0; i < n; i++) {
+    uint32_t v;
+    memcpy(&v, &x[i], 4);
+    store_u32(b->p + b->n + 4 * i, v);
+  }
+  b->n += 4 * n;
 }
 static float load_f32(const unsigned char *s) {
   uint32_t v = load_u32(s);
