@@ -260,6 +260,9 @@ static void bad_arguments(void) {
   CHECK_FAILS(pmap_params_save(s.params, NULL), PMAP_ERR_INVALID_ARGUMENT, "path is NULL");
   CHECK_FAILS(pmap_params_save(s.params, ""), PMAP_ERR_INVALID_ARGUMENT, "path is empty");
   CHECK_FAILS(pmap_params_save_user(s.params, path_a, NULL, 3), PMAP_ERR_INVALID_ARGUMENT, "user");
+  /* A user size no buffer can have: refused before anything is read from user. */
+  CHECK_FAILS(pmap_params_save_user(s.params, path_a, "x", SIZE_MAX), PMAP_ERR_OUT_OF_MEMORY,
+              "out of memory");
   CHECK_FAILS(pmap_params_load(NULL, path_a), PMAP_ERR_INVALID_ARGUMENT, "params is NULL");
   CHECK_FAILS(pmap_params_load(s.params, NULL), PMAP_ERR_INVALID_ARGUMENT, "path is NULL");
   CHECK_FAILS(pmap_params_load_user(NULL, path_a, NULL, 0, NULL), PMAP_ERR_INVALID_ARGUMENT,
