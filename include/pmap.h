@@ -299,10 +299,13 @@ pmap_status pmap_params_write(pmap_params *params, const float *src, size_t coun
  * The optimizer's settings (lr, betas, clip_norm) are those of params, not the file's.
  * user/user_bytes: the user section to save (NULL/0: none). On load, user_cap bytes at user
  * receive it (PMAP_ERR_INVALID_ARGUMENT, nothing changed, when it does not fit) and *user_bytes
- * (may be NULL) its size. Return PMAP_ERR_INVALID_ARGUMENT (NULL, a file that is not a pmap
+ * (may be NULL) its size; pmap_params_load ignores the user section. A save killed midway may
+ * leave a stray temporary file `path.tmp.XXXXXX` beside path. The format:
+ * docs/reliability.md. Return PMAP_ERR_INVALID_ARGUMENT (NULL, a file that is not a pmap
  * checkpoint, damaged, truncated, of another version, another model or another optimizer: the
  * message says which), PMAP_ERR_UNAVAILABLE (the file cannot be opened, read or written: the
- * message carries the system's reason), PMAP_ERR_OUT_OF_MEMORY, PMAP_ERR_DEVICE. */
+ * message carries the system's reason), PMAP_ERR_OUT_OF_MEMORY, PMAP_ERR_DEVICE (a device
+ * failed while its replica was being set: the replicas are then undefined). */
 pmap_status pmap_params_save(const pmap_params *params, const char *path);
 pmap_status pmap_params_load(pmap_params *params, const char *path);
 pmap_status pmap_params_save_user(const pmap_params *params, const char *path, const void *user,

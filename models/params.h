@@ -1,6 +1,6 @@
 /* params.h: the inside of a pmap_params (the replicated training state) for the files of models/
  * that work on it: the state (params.c), the step (step.c), the optimizer (optimizer.c),
- * checkpoints (checkpoint.c). */
+ * checkpoints (checkpoint.c), replica checks (verify.c). */
 #ifndef PMAP_MODELS_PARAMS_H
 #define PMAP_MODELS_PARAMS_H
 
@@ -33,6 +33,12 @@ struct pmap_params {
   int read_device;
   float *read_dst;
   float loss;
+  /* Checkpoint and verify jobs (checkpoint.c, verify.c); host memory, set only during a call. */
+  float *ckpt_w;             /* (P) parameters downloaded from device 0 or to upload */
+  float *ckpt_opt;           /* (opt_slots * P) optimizer state, likewise */
+  uint32_t *verify_sums;     /* (N) each device's checksum of its replica */
+  unsigned char *verify_buf; /* (N, verify_chunk) one bounded download buffer per device */
+  size_t verify_chunk;       /* bytes of each device's buffer */
 };
 
 /* Floats of a replica's gradient buffer. */

@@ -98,5 +98,101 @@ else
   bad "--plot without gnuplot failed the run: $(cat "$tmp/err")"
 fi
 
+# Checkpoints: 40 steps equal 20 steps saved and 20 resumed, bitwise on the same device count
+# (loss, w and b as printed with 9 significant digits), within 1e-5 on another.
+# last_json ARGS...: runs pmap-train ARGS --json, requires exit 0, prints its last line.
+last_json() {
+  if ! "$train" "$@" --json >"$tmp/out" 2>"$tmp/err"; then
+    bad "pmap-train $* failed: $(cat "$tmp/err")"
+    return 1
+  fi
+  tail -n 1 "$tmp/out"
+}
+# same_json A B KEYS TOL: the JSON lines A and B agree on KEYS (exactly when TOL is 0).
+same_json() {
+  python3 -c "
+import json, sys
+a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+tol = float(sys.argv[4])
+for k in sys.argv[3].split(','):
+    x, y = a[k], b[k]
+    assert x is not None and y is not None, k + ' is null'
+    assert (x == y) if tol == 0 else abs(x - y) <= tol * max(abs(y), 1e-30), '%s: %r vs %r' % (k, x, y)
+" "$1" "$2" "$3" "$4"
+}
+ck=$tmp/run.ckpt
+for spec in "linear 2 2 w,b,final_loss 0" "mlp 2 2 final_loss 0" "convnet 2 2 final_loss 0" \
+            "linear 2 4 w,b,final_loss 1e-5" "mlp 4 1 final_loss 1e-5"; do
+  set -- $spec
+  m=$1 d1=$2 d2=$3 keys=$4 tol=$5
+  common=(--model "$m" --backend cpu --log-every 0 --batch 16 --samples 64 --seed 3)
+  full=$(last_json "${common[@]}" --devices "$d1" --steps 40) || continue
+  rm -f "$ck"
+  last_json "${common[@]}" --devices "$d1" --steps 20 --save "$ck" >/dev/null || continue
+  res=$(last_json "${common[@]}" --devices "$d2" --steps 40 --resume "$ck") || continue
+  if same_json "$res" "$full" "$keys" "$tol" &&
+     python3 -c "import json, sys; assert json.loads(sys.argv[1])['start_step'] == 20" "$res"; then
+    ok
+  else
+    bad "resume $spec: $res vs $full"
+  fi
+done
+# --save-every: the periodic checkpoint and the final one; resuming at the end trains nothing.
+rm -f "$ck"
+if last_json --model linear --backend cpu --steps 9 --save-every 4 --save "$ck" --log-every 0 >/dev/null &&
+   res=$(last_json --model linear --backend cpu --steps 9 --resume "$ck" --log-every 0) &&
+   python3 -c "import json, sys; j = json.loads(sys.argv[1]); assert j['start_step'] == 9 and j['final_loss'] is not None" "$res"; then
+  ok
+else
+  bad "--save-every / resume at the end: ${res:-}"
+fi
+# --verify-every on healthy replicas, and on a replica the fault injection perturbs.
+json_check --model mlp --devices 3 --batch 48 --steps 6 --verify-every 2 --backend cpu -- "j['steps'] == 6"
+PMAP_FAULT=drift:device=1:step=2 expect_error '--verify-every: pmap_params_verify' \
+  --model mlp --devices 2 --batch 32 --steps 6 --verify-every 1 --backend cpu
+if grep -q 'device 1 (' "$tmp/err"; then ok; else bad "--verify-every with drift: $(cat "$tmp/err")"; fi
+json_check --model mlp --steps 5 --clip-norm 0.5 --backend cpu -- "j['steps'] == 5"
+json_check --model linear --steps 5 --no-numeric-guard --backend cpu -- "j['steps'] == 5"
+
+# The numeric guard: a diverging run stops with exit 1, and its JSON says why, numbers as null.
+"$train" --model linear --lr 1e30 --backend cpu --log-every 0 --json >"$tmp/out" 2>"$tmp/err"
+rc=$?
+if [ "$rc" -eq 1 ] && tail -n 1 "$tmp/out" | python3 -c "
+import json, sys
+j = json.loads(sys.stdin.read())
+assert 'error' in j and 'step' in j['error'], j
+assert j['final_loss'] is None, j
+"; then ok; else bad "--lr 1e30 --json: exit $rc, $(tail -n 1 "$tmp/out") $(cat "$tmp/err")"; fi
+# Failures before training print valid JSON with the error too.
+"$train" --model resnet --json >"$tmp/out" 2>"$tmp/err"
+if [ $? -eq 1 ] && tail -n 1 "$tmp/out" | python3 -c "
+import json, sys
+j = json.loads(sys.stdin.read())
+assert 'resnet' in j['error'] and j['final_loss'] is None, j
+"; then ok; else bad "--model resnet --json: $(tail -n 1 "$tmp/out")"; fi
+
+# Checkpoint flags with bad values.
+rm -f "$ck"
+"$train" --model linear --backend cpu --steps 20 --log-every 0 --save "$ck" >/dev/null 2>&1 || bad "save for the flag checks"
+expect_error '--save-every "0" is not an integer' --save-every 0 --save "$ck"
+expect_error '--save-every needs --save FILE' --save-every 5
+expect_error '--verify-every "0" is not an integer' --verify-every 0
+expect_error '--verify-every "x"' --verify-every x
+expect_error '--clip-norm "-1" must be a finite number >= 0' --clip-norm -1
+expect_error '--clip-norm "nan" must be a finite number >= 0' --clip-norm nan
+expect_error '--clip-norm "inf"' --clip-norm inf
+expect_error 'option --resume needs a value' --resume
+expect_error '--resume: pmap_params_load: cannot open' --resume "$tmp/none.ckpt"
+expect_error 'this run differs in --batch' --model linear --batch 64 --resume "$ck"
+expect_error 'this run differs in --seed' --model linear --seed 5 --resume "$ck"
+expect_error 'this run differs in --samples' --model linear --samples 256 --resume "$ck"
+expect_error 'holds another model' --model mlp --resume "$ck"
+expect_error 'is at step 20, beyond --steps 10' --model linear --steps 10 --resume "$ck"
+expect_error 'cannot create a temporary file' --steps 2 --save "$tmp/no/such/dir/x.ckpt"
+head -c 100 "$ck" >"$tmp/short.ckpt"
+expect_error 'is truncated' --resume "$tmp/short.ckpt"
+printf 'not a checkpoint, but long enough to hold a header' >"$tmp/junk.ckpt"
+expect_error 'is not a pmap checkpoint' --resume "$tmp/junk.ckpt"
+
 echo "cli: $passes passed, $fails failed"
 [ "$fails" -eq 0 ]
