@@ -194,5 +194,57 @@ expect_error 'is truncated' --resume "$tmp/short.ckpt"
 printf 'not a checkpoint, but long enough to hold a header' >"$tmp/junk.ckpt"
 expect_error 'is not a pmap checkpoint' --resume "$tmp/junk.ckpt"
 
+# Real data from .npy files (written here without numpy): a separable 3-class problem with
+# f8 features and i8 labels, and float targets for MSE.
+python3 - "$tmp" <<'PY'
+import math, random, struct, sys
+def save(path, descr, shape, values, fmt):
+    head = "{'descr': '%s', 'fortran_order': False, 'shape': (%s), }" % (
+        descr, ", ".join(str(n) for n in shape) + ("," if len(shape) == 1 else ""))
+    head += " " * ((64 - (10 + len(head) + 1) % 64) % 64) + "\n"
+    with open(path, "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(head)) + head.encode())
+        f.write(struct.pack("<%d%s" % (len(values), fmt), *values))
+rng = random.Random(1)
+x, y, t = [], [], []
+for i in range(300):
+    c = i % 3
+    a, b = rng.gauss(0, 0.3) + 2 * math.cos(2 * c), rng.gauss(0, 0.3) + 2 * math.sin(2 * c)
+    x += [a, b]
+    y.append(c)
+    t += [a + b, a - b]
+d = sys.argv[1]
+save(d + "/x.npy", "<f8", (300, 2), x, "d")
+save(d + "/y.npy", "<i8", (300,), y, "q")
+save(d + "/t.npy", "<f4", (300, 2), t, "f")
+save(d + "/y_short.npy", "<i8", (299,), y[:299], "q")
+save(d + "/fortran.npy", "<f8", (300, 2), x, "d")
+data = open(d + "/fortran.npy", "rb").read().replace(b"False", b"True ")
+open(d + "/fortran.npy", "wb").write(data)
+PY
+json_check --backend cpu --data "$tmp/x.npy" --labels "$tmp/y.npy" --devices 4 --eval-fraction 0.2 \
+  --hidden 16 --steps 300 --batch 32 -- \
+  "j['model'] == 'npy' and j['eval_accuracy'] >= 0.95 and math.isfinite(j['eval_loss'])"
+json_check --backend cpu --data "$tmp/x.npy" --labels "$tmp/t.npy" --devices 2 --eval-fraction 0.1 \
+  --hidden 32,16 --steps 400 --batch 40 --micro-batches 3 -- \
+  "j['eval_accuracy'] is None and j['eval_loss'] < 0.1"
+# The same seed gives the same run on 1 and on 4 devices (the epoch order is the seed's).
+"$train" --backend cpu --data "$tmp/x.npy" --labels "$tmp/y.npy" --devices 1 --steps 50 \
+  --batch 32 --log-every 0 --json >"$tmp/d1" 2>&1 || bad "data run on 1 device"
+"$train" --backend cpu --data "$tmp/x.npy" --labels "$tmp/y.npy" --devices 4 --steps 50 \
+  --batch 32 --log-every 0 --json >"$tmp/d4" 2>&1 || bad "data run on 4 devices"
+if python3 -c "
+import json, sys
+a, b = (json.loads(open(f).read().splitlines()[-1])['final_loss'] for f in sys.argv[1:])
+sys.exit(abs(a - b) > 1e-4 * max(1, abs(a)))" "$tmp/d1" "$tmp/d4"; then ok; else bad "data: 1 vs 4 devices"; fi
+expect_error '--data and --labels go together' --backend cpu --data "$tmp/x.npy"
+expect_error 'it does not take --model' --backend cpu --data "$tmp/x.npy" --labels "$tmp/y.npy" --model mlp
+expect_error '299 rows, the features have 300' --backend cpu --data "$tmp/x.npy" --labels "$tmp/y_short.npy"
+expect_error 'fortran_order is True' --backend cpu --data "$tmp/fortran.npy" --labels "$tmp/y.npy"
+expect_error 'No such file' --backend cpu --data "$tmp/none.npy" --labels "$tmp/y.npy"
+expect_error '--eval-fraction "1" is outside [0, 1)' --backend cpu --eval-fraction 1
+expect_error 'larger than the 240 training rows' --backend cpu --data "$tmp/x.npy" --labels "$tmp/y.npy" --eval-fraction 0.2 --batch 256 --devices 4
+expect_error '--micro-batches "0"' --backend cpu --micro-batches 0
+
 echo "cli: $passes passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -1,5 +1,6 @@
-/* pmap-train: the main job. Trains one of the example models data-parallel on N devices and
- * prints progress, a summary, and with --json a last line of JSON; --plot draws the loss curve. */
+/* pmap-train: the main job. Trains one of the example models, or an MLP on .npy data
+ * (--data/--labels), data-parallel on N devices and prints progress, a summary, and with --json a
+ * last line of JSON; --plot draws the loss curve. */
 #include <math.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -12,6 +13,7 @@
 #include "cli.h"
 #include "pmap.h"
 #include "pmap_examples.h"
+#include "train_data.h"
 #include "train_state.h"
 
 static const char *prog = "pmap-train";
@@ -22,8 +24,20 @@ static void usage(FILE *f) {
           "                  [--backend auto|cpu|cuda] [--steps S] [--batch B] [--lr LR]\n"
           "                  [--seed K] [--samples S] [--log-every E] [--plot FILE] [--json]\n"
           "                  [--save FILE [--save-every K]] [--resume FILE] [--verify-every K]\n"
-          "                  [--clip-norm X] [--no-numeric-guard]\n"
+          "                  [--clip-norm X] [--no-numeric-guard] [--micro-batches K]\n"
+          "                  [--data X.npy --labels Y.npy [--hidden 128,64] [--eval-fraction F]]\n"
           "  --model      example model (default linear)\n"
+          "  --data       train on the features in X.npy (f4 or f8, (rows, features) or\n"
+          "               (rows, C, H, W)) instead of an example model: an MLP sized from the data\n"
+          "  --labels     Y.npy: integer labels (i4 or i8, (rows) or (rows, 1): softmax\n"
+          "               cross-entropy) or float targets (f4 or f8, (rows, K): MSE)\n"
+          "  --hidden     hidden widths of the MLP, ReLU after each (default 128,64)\n"
+          "  --eval-fraction  rows held out (after a shuffle from --seed) and evaluated at each\n"
+          "               progress line and at the end: loss, and accuracy for labels (default 0)\n"
+          "               With --data: Adam lr 0.001, batch 64 and 1000 steps unless given; each\n"
+          "               epoch takes the training rows in an order drawn from --seed and the\n"
+          "               epoch number, the same for any device count\n"
+          "  --micro-batches  split each device's rows into K pieces (gradient accumulation)\n"
           "  --devices    device count (default: CPU: $PMAP_CPU_DEVICES or 4)\n"
           "  --backend    auto picks CUDA where a GPU is usable, else the CPU (default auto)\n"
           "  --steps      training steps in all, resumed ones included (default: the model's)\n"
@@ -49,8 +63,11 @@ static void usage(FILE *f) {
 }
 
 typedef struct opts {
-  const char *model, *backend, *plot, *save, *resume;
-  int64_t devices, steps, batch, samples, log_every, save_every, verify_every;
+  const char *model, *backend, *plot, *save, *resume, *data, *labels;
+  int64_t devices, steps, batch, samples, log_every, save_every, verify_every, micro;
+  int64_t hidden[CLI_MAX_LIST];
+  int n_hidden, have_model;
+  double eval_fraction;
   float lr, clip_norm;
   int have_lr, json, no_guard;
   uint64_t seed;
@@ -61,9 +78,10 @@ static int parse(int argc, char **argv, opts *o) {
   static const char *const value_opts[] = {
       "--model", "--backend", "--devices", "--steps", "--batch", "--samples", "--log-every",
       "--seed", "--lr", "--plot", "--save", "--save-every", "--resume", "--verify-every",
-      "--clip-norm", NULL};
+      "--clip-norm", "--micro-batches", "--data", "--labels", "--hidden", "--eval-fraction", NULL};
   *o = (opts){.model = "linear", .backend = "auto", .devices = PMAP_DEVICES_DEFAULT, .steps = -1,
-              .batch = -1, .samples = -1, .log_every = -1};
+              .batch = -1, .samples = -1, .log_every = -1, .micro = 1, .hidden = {128, 64},
+              .n_hidden = 2};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = NULL;
     int kind = cli_next(prog, argc, argv, &i, flags, value_opts, &v);
@@ -78,6 +96,23 @@ static int parse(int argc, char **argv, opts *o) {
       o->no_guard = 1;
     } else if (!strcmp(a, "--model")) {
       o->model = v;
+      o->have_model = 1;
+    } else if (!strcmp(a, "--data")) {
+      o->data = v;
+    } else if (!strcmp(a, "--labels")) {
+      o->labels = v;
+    } else if (!strcmp(a, "--hidden")) {
+      if (cli_int_list(prog, a, v, 1, 1 << 20, o->hidden, &o->n_hidden)) return -1;
+    } else if (!strcmp(a, "--eval-fraction")) {
+      float f = 0.0f;
+      if (cli_float(prog, a, v, &f)) return -1;
+      if (!(f >= 0.0f && f < 1.0f)) {
+        fprintf(stderr, "%s: --eval-fraction \"%s\" is outside [0, 1)\n", prog, v);
+        return -1;
+      }
+      o->eval_fraction = f;
+    } else if (!strcmp(a, "--micro-batches")) {
+      if (cli_int(prog, a, v, 1, 65536, &o->micro)) return -1;
     } else if (!strcmp(a, "--backend")) {
       o->backend = v;
     } else if (!strcmp(a, "--plot")) {
@@ -114,6 +149,16 @@ static int parse(int argc, char **argv, opts *o) {
       }
     }
   }
+  if (!o->data != !o->labels) {
+    fprintf(stderr, "%s: --data and --labels go together\n", prog);
+    return -1;
+  }
+  if (o->data && o->have_model) {
+    fprintf(stderr, "%s: --data trains an MLP sized from the data; it does not take --model\n",
+            prog);
+    return -1;
+  }
+  if (o->data) o->model = "npy";
   if (o->save_every && !o->save) {
     fprintf(stderr, "%s: --save-every needs --save FILE\n", prog);
     return -1;
@@ -132,6 +177,7 @@ typedef struct result {
   int identical; /* 1, 0, or -1 when not checked */
   int have_wb;
   float w, b;
+  double eval_loss, eval_accuracy; /* NaN without held-out rows (or labels, for accuracy) */
 } result;
 
 /* Records the run's failure (the first one) and prints it; returns 1, the exit status. */
@@ -175,6 +221,12 @@ static void print_json(const opts *o, const result *r) {
     json_number(stdout, (double)r->w);
     printf(", \"b\": ");
     json_number(stdout, (double)r->b);
+  }
+  if (o->data) {
+    printf(", \"eval_loss\": ");
+    json_number(stdout, r->eval_loss);
+    printf(", \"eval_accuracy\": ");
+    json_number(stdout, r->eval_accuracy);
   }
   if (r->err[0]) {
     printf(", \"error\": ");
@@ -310,7 +362,9 @@ int main(int argc, char **argv) {
   opts o;
   if (parse(argc, argv, &o)) return 1;
   result r = {.backend = o.backend, .devices = (int)o.devices, .loss = NAN, .sps = NAN,
-              .identical = -1};
+              .identical = -1, .eval_loss = NAN, .eval_accuracy = NAN};
+  train_data data = {0};
+  char why[1024];
   pmap_example_info info;
   pmap_backend backend;
   int code = 1;
@@ -321,11 +375,21 @@ int main(int argc, char **argv) {
   float *w0 = NULL, *wd = NULL, *curve = NULL;
   int64_t *curve_step = NULL;
   size_t ncurve = 0;
-  if (pmap_example_info_get(o.model, &info)) { fail(&r, "--model"); goto out; }
+  if (o.data) {
+    if (train_data_load(o.data, o.labels, o.eval_fraction, o.seed, &data, why, sizeof why)) {
+      failf(&r, "%s", why);
+      goto out;
+    }
+    info = (pmap_example_info){"npy", 1000, 64, data.train_rows, pmap_adam(0.001f)};
+    if (o.batch < 0 && info.batch > data.train_rows) info.batch = data.train_rows;
+  } else if (pmap_example_info_get(o.model, &info)) {
+    fail(&r, "--model");
+    goto out;
+  }
   if (pmap_backend_parse(o.backend, &backend)) { fail(&r, "--backend"); goto out; }
   if (o.steps < 0) o.steps = info.steps;
   if (o.batch < 0) o.batch = info.batch;
-  if (o.samples < 0) o.samples = info.samples;
+  if (o.samples < 0 || o.data) o.samples = info.samples;
   if (o.have_lr) info.opt.lr = o.lr;
   info.opt.clip_norm = o.clip_norm;
   r.steps = o.steps;
@@ -347,9 +411,18 @@ int main(int argc, char **argv) {
     failf(&r, "global batch %lld is not divisible by %d devices", (long long)o.batch, n);
     goto out;
   }
-  if (pmap_example_model(o.model, &model)) { fail(&r, "cannot build the model"); goto out; }
+  if (o.data) {
+    if (train_data_model(&data, o.hidden, o.n_hidden, &model, why, sizeof why)) {
+      failf(&r, "%s", why);
+      goto out;
+    }
+  } else if (pmap_example_model(o.model, &model)) {
+    fail(&r, "cannot build the model");
+    goto out;
+  }
   if (pmap_params_create(ctx, model, &info.opt, o.seed, &params)) { fail(&r, "cannot create the parameters"); goto out; }
-  if (pmap_example_data(o.model, o.seed + 1, rows, &xs, &ys)) { fail(&r, "cannot make the data"); goto out; }
+  if (pmap_params_set_micro_batches(params, (int)o.micro)) { fail(&r, "--micro-batches"); goto out; }
+  if (!o.data && pmap_example_data(o.model, o.seed + 1, rows, &xs, &ys)) { fail(&r, "cannot make the data"); goto out; }
   float loss = NAN;
   if (o.resume && resume(&r, &o, params, batches, &loss)) goto out;
   int64_t start = pmap_params_step(params);
@@ -359,11 +432,16 @@ int main(int argc, char **argv) {
          "%lld (%lld per device), %lld steps, %s lr %g, seed %llu\n",
          o.model, pmap_params_count(params), bname, pmap_gemm_provider(), n, (long long)o.batch,
          (long long)(o.batch / n), (long long)o.steps,
-         info.opt.kind == PMAP_OPT_ADAM ? "Adam" : "SGD", (double)info.opt.lr,
+         info.opt.kind == PMAP_OPT_SGD ? "SGD" : info.opt.kind == PMAP_OPT_ADAM ? "Adam" : "AdamW", (double)info.opt.lr,
          (unsigned long long)o.seed);
   if (o.resume) printf("resumed from %s at step %lld\n", o.resume, (long long)start);
+  if (o.data)
+    printf("data: %s %s, %lld rows (%lld for training, %lld held out), %lld %s\n", o.data,
+           o.labels, (long long)data.rows, (long long)data.train_rows, (long long)data.eval_rows,
+           (long long)data.outputs, data.classify ? "classes" : "targets");
 
-  size_t xrow = (size_t)(pmap_array_numel(&xs) / rows), yrow = (size_t)(pmap_array_numel(&ys) / rows);
+  size_t xrow = rows ? (size_t)(pmap_array_numel(&xs) / rows) : 0;
+  size_t yrow = rows ? (size_t)(pmap_array_numel(&ys) / rows) : 0;
   /* The loss curve keeps at most 100000 points: every stride-th step, and the last. */
   int64_t stride = o.steps / 100000 + 1;
   if (o.plot) {
@@ -378,9 +456,16 @@ int main(int argc, char **argv) {
     /* The data position is the step: step s takes batch s % batches, resumed or not. */
     int64_t first = (s % batches) * o.batch;
     pmap_array xb = xs, yb = ys;
-    xb.data = (float *)xs.data + (size_t)first * xrow;
-    yb.data = (char *)ys.data + (size_t)first * yrow * 4;
-    xb.shape[0] = yb.shape[0] = o.batch;
+    if (o.data) {
+      if (train_data_batch(&data, s, o.batch, &xb, &yb, why, sizeof why)) {
+        failf(&r, "%s", why);
+        goto out;
+      }
+    } else {
+      xb.data = (float *)xs.data + (size_t)first * xrow;
+      yb.data = (char *)ys.data + (size_t)first * yrow * 4;
+      xb.shape[0] = yb.shape[0] = o.batch;
+    }
     double t0 = cli_now();
     pmap_status st = pmap_update(params, &xb, &yb, &loss);
     if (st == PMAP_ERR_NUMERIC) {
@@ -398,8 +483,18 @@ int main(int argc, char **argv) {
     }
     if (o.log_every && (s % o.log_every == 0 || s == o.steps - 1)) {
       /* Throughput over the steps since the previous line. */
-      printf("step %6lld  loss %.6f  samples/s %.0f\n", (long long)s, (double)loss,
+      printf("step %6lld  loss %.6f  samples/s %.0f", (long long)s, (double)loss,
              (double)(s + 1 - last_step) * (double)o.batch / (busy - last_busy));
+      if (data.eval_rows) {
+        if (train_data_eval(&data, params, n, &r.eval_loss, &r.eval_accuracy, why, sizeof why)) {
+          printf("\n");
+          failf(&r, "step %lld: evaluation: %s", (long long)s, why);
+          goto out;
+        }
+        printf("  eval loss %.6f", r.eval_loss);
+        if (data.classify) printf("  eval accuracy %.4f", r.eval_accuracy);
+      }
+      printf("\n");
       last_step = s + 1;
       last_busy = busy;
     }
@@ -420,7 +515,7 @@ int main(int argc, char **argv) {
       snprintf(mom, sizeof mom, " momentum %g", (double)info.opt.momentum);
     snprintf(title, sizeof title, "pmap-train: %s, %d %s devices, global batch %lld, %s lr %g%s",
              o.model, n, bname, (long long)o.batch,
-             info.opt.kind == PMAP_OPT_ADAM ? "Adam" : "SGD", (double)info.opt.lr, mom);
+             info.opt.kind == PMAP_OPT_SGD ? "SGD" : info.opt.kind == PMAP_OPT_ADAM ? "Adam" : "AdamW", (double)info.opt.lr, mom);
     plot_loss(o.plot, title, curve_step, curve, ncurve);
   }
 
@@ -438,6 +533,15 @@ int main(int argc, char **argv) {
     r.w = w0[0];
     r.b = w0[1];
   }
+  if (data.eval_rows) {
+    if (train_data_eval(&data, params, n, &r.eval_loss, &r.eval_accuracy, why, sizeof why)) {
+      failf(&r, "evaluation: %s", why);
+      goto out;
+    }
+    printf("held out: loss %.6f", r.eval_loss);
+    if (data.classify) printf(", accuracy %.4f (%lld rows)", r.eval_accuracy, (long long)data.eval_rows);
+    printf("\n");
+  }
   if (r.identical) code = 0;
   else failf(&r, "replicas differ after training");
 out:
@@ -447,6 +551,7 @@ out:
   free(w0);
   free(wd);
   pmap_example_data_free(&xs, &ys);
+  train_data_free(&data);
   pmap_params_destroy(params);
   pmap_model_destroy(model);
   pmap_ctx_destroy(ctx);
