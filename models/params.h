@@ -46,11 +46,13 @@ static inline size_t params_grad_len(const pmap_params *p) {
   return p->n_params + 3 + (size_t)p->ctx->n;
 }
 
-/* Rows [*lo, *lo + *rows) of a global batch of `batch` rows belong to device d of n: shards
- * differ by at most one row (equal when batch % n == 0). */
+/* Rows [*lo, *lo + *rows) of a global batch of `batch` rows belong to device d of n: the first
+ * batch % n devices take one row more, so shards differ by at most one row (and are equal when
+ * batch % n == 0). No product of batch can overflow. */
 static inline void params_device_rows(int64_t batch, int n, int d, int64_t *lo, int64_t *rows) {
-  *lo = batch * d / n;
-  *rows = batch * (d + 1) / n - *lo;
+  int64_t q = batch / n, r = batch % n;
+  *lo = q * d + (d < r ? d : r);
+  *rows = q + (d < r);
 }
 
 /* optimizer.c: validation naming `call`; state buffers per parameter; the settings of step t
