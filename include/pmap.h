@@ -66,6 +66,21 @@ typedef enum pmap_backend {
   PMAP_BACKEND_CUDA = 2  /* one GPU per device, cuBLAS and NCCL */
 } pmap_backend;
 
+/* Whether a context spans processes (docs/distributed.md). With P processes of D devices each,
+ * the context has P*D global devices: pmap_axis_index and pmap_axis_size are global, every
+ * collective (and the gradient mean of pmap_update) runs over all of them, and each process
+ * passes its own rows to pmap_update. */
+typedef enum pmap_dist_mode {
+  PMAP_DIST_AUTO = 0, /* distributed when the environment variable PMAP_DIST is "mpi", or when
+                         it is unset or "auto" and the program was started by an MPI launcher
+                         with more than one process (mpirun sets OMPI_COMM_WORLD_SIZE or
+                         PMI_SIZE) or MPI is already initialised with more than one process;
+                         otherwise one process. PMAP_DIST=none forces one process. */
+  PMAP_DIST_NONE = 1, /* one process, whatever the environment */
+  PMAP_DIST_MPI = 2   /* across the processes of an MPI communicator (PMAP_ERR_UNAVAILABLE in a
+                         build without MPI) */
+} pmap_dist_mode;
+
 typedef struct pmap_config {
   pmap_backend backend;
   int num_devices;       /* 1..PMAP_MAX_DEVICES, or PMAP_DEVICES_DEFAULT for the backend's
@@ -78,6 +93,14 @@ typedef struct pmap_config {
                             every device with PMAP_ERR_TIMEOUT; 0 means 300 s, < 0 or more than
                             1e9 s (inf included) never; NaN is rejected */
   int numeric_guard;     /* PMAP_GUARD_ON (0, the default) or PMAP_GUARD_OFF: see pmap_update */
+  pmap_dist_mode dist;   /* see pmap_dist_mode; 0 is PMAP_DIST_AUTO */
+  void *mpi_comm;        /* distributed: a pointer to the MPI_Comm to span (pmap duplicates it
+                            and sets MPI_ERRORS_RETURN on its copy), NULL for MPI_COMM_WORLD. The
+                            header stays free of mpi.h. If MPI is not initialised, pmap
+                            initialises it (MPI_THREAD_MULTIPLE requested, MPI_THREAD_SERIALIZED
+                            at least) and finalises it at exit. Every process of the
+                            communicator must create its context with the same backend and the
+                            same num_devices. */
 } pmap_config;
 
 enum { PMAP_GUARD_ON = 0, PMAP_GUARD_OFF = 1 };
@@ -98,7 +121,13 @@ pmap_status pmap_ctx_create(const pmap_config *cfg, pmap_ctx **out);
  * context stays usable). */
 pmap_status pmap_ctx_destroy(pmap_ctx *ctx);
 
+/* Devices of this process (D). */
 int pmap_ctx_num_devices(const pmap_ctx *ctx);
+/* Processes the context spans (P, 1 when not distributed) and this process's index in 0..P-1
+ * (its MPI rank in the communicator). Global device g lives in process g / D as its local
+ * device g % D. */
+int pmap_ctx_num_processes(const pmap_ctx *ctx);
+int pmap_ctx_process_index(const pmap_ctx *ctx);
 pmap_backend pmap_ctx_backend(const pmap_ctx *ctx); /* never PMAP_BACKEND_AUTO */
 
 /* "auto", "cpu", "cuda"; NULL for a value outside the enum. */
@@ -301,8 +330,14 @@ typedef pmap_status (*pmap_fn)(pmap_device *dev, void *arg);
  * pmap_ctx_destroy, ...) gets PMAP_ERR_INVALID_ARGUMENT. */
 pmap_status pmap_run(pmap_ctx *ctx, pmap_fn fn, void *arg);
 
-int pmap_axis_index(const pmap_device *dev); /* this device's index, 0..N-1 */
-int pmap_axis_size(const pmap_device *dev);  /* N */
+/* The global view: N = P * D devices over every process; device (process p, local d) has
+ * index p * D + d. One process: the local view. */
+int pmap_axis_index(const pmap_device *dev); /* this device's global index, 0..N-1 */
+int pmap_axis_size(const pmap_device *dev);  /* N, over every process */
+/* The local view: this device's index among the devices of its process (0..D-1), and the
+ * process it belongs to (0..P-1). */
+int pmap_local_index(const pmap_device *dev);
+int pmap_process_index(const pmap_device *dev);
 
 /* Device memory for buffers passed to collectives (host memory on CPU, GPU memory on CUDA).
  * pmap_device_alloc sets *out to NULL on failure; a count whose bytes exceed the address space
