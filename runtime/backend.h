@@ -104,6 +104,10 @@ struct pmap_ctx {
   sync_barrier bar;
   coll_desc *desc; /* (2, n): what each device called, double-buffered by coll_seq parity */
   struct pmap_fault *fault; /* injected faults (PMAP_FAULT), NULL when none */
+  /* Across processes (runtime/dist): the transport, NULL for one process; this process's index
+   * and the process count. Global device index = proc * n + local index. */
+  struct pmap_dist *dist;
+  int proc, nproc;
 };
 
 extern const pmap_backend_i pmap_cpu_backend;

@@ -12,6 +12,7 @@
 #include "backend.h"
 #include "error.h"
 #include "fault.h"
+#include "runtime/dist/dist.h"
 
 #define DEFAULT_CPU_DEVICES 4
 #define DEFAULT_TIMEOUT_S 300.0
@@ -228,7 +229,7 @@ static pmap_status choose_backend(const pmap_config *cfg, pmap_backend *kind,
 pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   if (!out) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_ctx_create: out is NULL");
   *out = NULL;
-  pmap_config cfg = {PMAP_BACKEND_AUTO, PMAP_DEVICES_DEFAULT, NULL, 0.0, PMAP_GUARD_ON};
+  pmap_config cfg = {PMAP_BACKEND_AUTO, PMAP_DEVICES_DEFAULT, NULL, 0.0, PMAP_GUARD_ON, PMAP_DIST_AUTO, NULL};
   if (cfg_in) cfg = *cfg_in;
   if ((cfg.num_devices < 1 || cfg.num_devices > PMAP_MAX_DEVICES) &&
       cfg.num_devices != PMAP_DEVICES_DEFAULT)
@@ -306,6 +307,22 @@ pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   ctx->lock_ready = 1;
   PMAP_TRY_GOTO(st, pmap_fault_parse(getenv("PMAP_FAULT"), &ctx->fault), fail);
   sync_barrier_init(&ctx->bar, (uint32_t)n);
+  ctx->nproc = 1;
+  PMAP_TRY_GOTO(st, dist_open(&cfg, kind, n, ctx->wait.timeout_ns, &ctx->dist, &ctx->proc,
+                              &ctx->nproc), fail);
+  if (ctx->dist && kind == PMAP_BACKEND_CUDA) {
+    /* The NCCL bootstrap over MPI is runtime/dist/dist_nccl.c; the CUDA backend does not use it
+     * yet, so its communicators would span one process only. */
+    st = PMAP_ERR(PMAP_ERR_UNAVAILABLE,
+                  "pmap_ctx_create: the CUDA backend does not span processes yet; use the cpu "
+                  "backend across processes, or PMAP_DIST=none for independent processes");
+    goto fail;
+  }
+  if (ctx->nproc > 1 && (int64_t)n * ctx->nproc > INT_MAX / 2) {
+    st = PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_ctx_create: %d processes x %d devices is too many",
+                  ctx->nproc, n);
+    goto fail;
+  }
 
   if (be->ctx_init) PMAP_TRY_GOTO(st, be->ctx_init(ctx, &cfg), fail);
   for (int i = 1; i < n; i++) {
@@ -348,6 +365,7 @@ pmap_status pmap_ctx_destroy(pmap_ctx *ctx) {
   pmap_event_signal(&ctx->job);
   for (int i = 1; i <= ctx->started; i++) pthread_join(ctx->threads[i], NULL);
   if (ctx->be && ctx->be->ctx_fini) ctx->be->ctx_fini(ctx);
+  dist_close(ctx->dist);
   if (ctx->lock_ready) {
     pthread_mutex_unlock(&ctx->lock);
     pthread_mutex_destroy(&ctx->lock);
@@ -361,6 +379,8 @@ pmap_status pmap_ctx_destroy(pmap_ctx *ctx) {
 }
 
 int pmap_ctx_num_devices(const pmap_ctx *ctx) { return ctx ? ctx->n : 0; }
+int pmap_ctx_num_processes(const pmap_ctx *ctx) { return ctx ? ctx->nproc : 0; }
+int pmap_ctx_process_index(const pmap_ctx *ctx) { return ctx ? ctx->proc : -1; }
 pmap_backend pmap_ctx_backend(const pmap_ctx *ctx) { return ctx ? ctx->kind : PMAP_BACKEND_CPU; }
 
 const char *pmap_backend_name(pmap_backend b) {

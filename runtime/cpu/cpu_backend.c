@@ -31,6 +31,7 @@ static void cpu_ctx_fini(pmap_ctx *ctx) {
   if (!cc) return;
   free(cc->dev);
   free(cc->slots);
+  free(cc->part);
   free(cc);
   ctx->be_ctx = NULL;
 }
