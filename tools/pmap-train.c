@@ -179,21 +179,26 @@ int main(int argc, char **argv) {
   pmap_config cfg = {backend, (int)o.devices, NULL, 0.0, PMAP_GUARD_ON, PMAP_DIST_AUTO, NULL};
   if (pmap_ctx_create(&cfg, &ctx)) { fail("cannot create the context"); goto out; }
   int n = pmap_ctx_num_devices(ctx);
+  /* Under mpirun: --devices is per process, --batch is global and each process trains on its
+   * rows of it; process 0 alone reports. */
+  int procs = pmap_ctx_num_processes(ctx), me = pmap_ctx_process_index(ctx);
+  if (me != 0 && !freopen("/dev/null", "w", stdout)) { fprintf(stderr, "%s: cannot silence process %d\n", prog, me); goto out; }
   const char *bname = pmap_backend_name(pmap_ctx_backend(ctx));
-  if (backend == PMAP_BACKEND_AUTO)
+  if (backend == PMAP_BACKEND_AUTO && me == 0)
     fprintf(stderr, "%s: backend auto chose %s\n", prog, bname);
-  if (o.batch % n) {
+  if (o.batch % (n * procs)) {
     fprintf(stderr, "%s: global batch %lld is not divisible by %d devices\n", prog,
-            (long long)o.batch, n);
+            (long long)o.batch, n * procs);
     goto out;
   }
   if (pmap_example_model(o.model, &model)) { fail("cannot build the model"); goto out; }
   if (pmap_params_create(ctx, model, &info.opt, o.seed, &params)) { fail("cannot create the parameters"); goto out; }
   if (pmap_example_data(o.model, o.seed + 1, rows, &xs, &ys)) { fail("cannot make the data"); goto out; }
+  if (procs > 1) printf("pmap-train: %d processes x %d devices = %d global devices\n", procs, n, procs * n);
   printf("pmap-train: model %s (%zu parameters), backend %s (gemm %s), %d devices, global batch "
          "%lld (%lld per device), %lld steps, %s lr %g, seed %llu\n",
          o.model, pmap_params_count(params), bname, pmap_gemm_provider(), n, (long long)o.batch,
-         (long long)(o.batch / n), (long long)o.steps,
+         (long long)(o.batch / n / procs), (long long)o.steps,
          info.opt.kind == PMAP_OPT_ADAM ? "Adam" : "SGD", (double)info.opt.lr,
          (unsigned long long)o.seed);
 
@@ -210,11 +215,11 @@ int main(int argc, char **argv) {
   double busy = 0.0, last_busy = 0.0;
   int64_t last_step = 0;
   for (int64_t s = 0; s < o.steps; s++) {
-    int64_t first = (s % batches) * o.batch;
+    int64_t first = (s % batches) * o.batch + me * (o.batch / procs);
     pmap_array xb = xs, yb = ys;
     xb.data = (float *)xs.data + (size_t)first * xrow;
     yb.data = (char *)ys.data + (size_t)first * yrow * 4;
-    xb.shape[0] = yb.shape[0] = o.batch;
+    xb.shape[0] = yb.shape[0] = o.batch / procs;
     double t0 = cli_now();
     if (pmap_update(params, &xb, &yb, &loss)) { fail("pmap_update"); goto out; }
     busy += cli_now() - t0;
@@ -246,10 +251,10 @@ int main(int argc, char **argv) {
   w0 = malloc(P * sizeof *w0);
   wd = malloc(P * sizeof *wd);
   if (!w0 || !wd) { fprintf(stderr, "%s: out of memory\n", prog); goto out; }
-  if (pmap_params_read(params, 0, w0, P)) { fail("pmap_params_read"); goto out; }
+  if (pmap_params_read(params, me * n, w0, P)) { fail("pmap_params_read"); goto out; }
   int identical = 1;
   for (int d = 1; d < n && identical; d++) {
-    if (pmap_params_read(params, d, wd, P)) { fail("pmap_params_read"); goto out; }
+    if (pmap_params_read(params, me * n + d, wd, P)) { fail("pmap_params_read"); goto out; }
     identical = memcmp(w0, wd, P * sizeof *w0) == 0;
   }
   printf("final loss %.6f after %lld steps, %.0f samples/s, replicas identical: %s\n",
@@ -257,10 +262,10 @@ int main(int argc, char **argv) {
   int linear = !strcmp(o.model, "linear");
   if (linear) printf("w = %.4f, b = %.4f\n", (double)w0[0], (double)w0[1]);
   if (o.json) {
-    printf("{\"model\": \"%s\", \"backend\": \"%s\", \"gemm\": \"%s\", \"devices\": %d, "
+    printf("{\"model\": \"%s\", \"backend\": \"%s\", \"gemm\": \"%s\", \"devices\": %d, \"processes\": %d, "
            "\"steps\": %lld, \"global_batch\": %lld, \"lr\": %g, \"seed\": %llu, "
            "\"final_loss\": %.9g, \"samples_per_sec\": %.1f, \"replicas_identical\": %s",
-           o.model, bname, pmap_gemm_provider(), n, (long long)o.steps, (long long)o.batch,
+           o.model, bname, pmap_gemm_provider(), n, procs, (long long)o.steps, (long long)o.batch,
            (double)info.opt.lr, (unsigned long long)o.seed, (double)loss, sps,
            identical ? "true" : "false");
     if (linear) printf(", \"w\": %.9g, \"b\": %.9g", (double)w0[0], (double)w0[1]);
