@@ -84,8 +84,9 @@ static pmap_status check_broken(const pmap_dist *d) {
 }
 
 /* Tests reqs[0..n) until all are done (0), the deadline passes (1) or MPI fails (-1, *rc).
- * Spins on MPI_Test for a while (MPI progresses inside it), then sleeps in 20 us slices so that
- * an oversubscribed machine keeps its cores for the processes waited for. */
+ * A non-blocking collective moves only inside MPI_Test, so the wait tests continuously, yielding
+ * the core between tests (another process may be waiting for it), and only after 50 ms sleeps in
+ * 20 us slices: a peer that slow is likely stalled, and a sleeping waiter costs nobody a core. */
 static int wait_reqs(const pmap_dist *d, int n, MPI_Request *reqs, int *rc) {
   int64_t start = pmap_now_ns();
   for (;;) {
@@ -100,7 +101,7 @@ static int wait_reqs(const pmap_dist *d, int n, MPI_Request *reqs, int *rc) {
     if (!pending) return 0;
     int64_t waited = pmap_now_ns() - start;
     if (d->timeout_ns >= 0 && waited >= d->timeout_ns) return 1;
-    if (waited > 200000) {
+    if (waited > 50000000) {
       struct timespec ts = {0, 20000};
       nanosleep(&ts, NULL);
     } else {
