@@ -1,10 +1,14 @@
-/* pmap.h: the public API of pmap, single-process multi-device data-parallel training.
+/* pmap.h: the public API of pmap, multi-device data-parallel training in one process or, on MPI,
+ * across processes and machines (docs/distributed.md).
  * Parameters are replicated on every device, the leading (batch) axis of the inputs is split into
  * one shard per device, and loss and gradients are averaged across devices before each step.
  *
  * Dimension letters used in shape comments:
  *   N  devices in the context          B  global batch (leading axis of xs and ys), B % N == 0
  *   Bd per-device batch, B / N         F  features per example of a rank-1 input
+ *   P  processes of a distributed context (1 otherwise), D devices per process, N = P * D;
+ *      there, xs and ys are this process's rows: B / P of them, and "device d" in a pmap_params
+ *      call is a global index
  *   C, H, W  channels, height, width   OC output channels     K  outputs of the model
  *
  * Every function that can fail returns a pmap_status; on failure pmap_last_error() returns a
@@ -112,7 +116,15 @@ typedef struct pmap_ctx pmap_ctx;
  * cfg may be NULL for all defaults (auto backend, default device count). On success *out owns the context; destroy it with
  * pmap_ctx_destroy. Returns PMAP_ERR_INVALID_ARGUMENT (out NULL, device count outside
  * 1..PMAP_MAX_DEVICES other than PMAP_DEVICES_DEFAULT, unknown backend), PMAP_ERR_UNAVAILABLE (backend not built or no device),
- * PMAP_ERR_OUT_OF_MEMORY, PMAP_ERR_DEVICE. */
+ * PMAP_ERR_OUT_OF_MEMORY, PMAP_ERR_DEVICE.
+ * Distributed (cfg->dist): a collective call of every process of the communicator, in the same
+ * order; it also returns PMAP_ERR_INVALID_ARGUMENT when the processes differ in backend or
+ * device count (the message names them), PMAP_ERR_UNAVAILABLE without MPI in this build (also
+ * when an MPI launcher started the program with several processes and dist is
+ * PMAP_DIST_AUTO), or on the CUDA backend (which does not span processes yet), and
+ * PMAP_ERR_TIMEOUT when not every process arrives within the timeout. After an inter-process
+ * failure (timeout, dead process, MPI error) the context is broken: every later call fails at
+ * once with that failure's message; destroy it and end the program. */
 pmap_status pmap_ctx_create(const pmap_config *cfg, pmap_ctx **out);
 
 /* Stops the workers and frees the context. Accepts NULL (PMAP_SUCCESS). Every pmap_params created
@@ -242,7 +254,11 @@ size_t pmap_params_count(const pmap_params *params);
 int64_t pmap_params_step(const pmap_params *params); /* optimizer steps taken */
 
 /* One data-parallel training step. xs: (B, input shape...) f32; ys: (B, K) f32 for MSE, (B) or
- * (B, 1) i32 for softmax cross-entropy. Device d takes rows [d B/N, (d+1) B/N) of both as a view
+ * (B, 1) i32 for softmax cross-entropy. In a distributed context each process passes its own
+ * rows of the global batch, the same number (a multiple of D) in every process, and the D local
+ * devices split them; the mean is then over every process's rows (each global device weighs its
+ * rows equally, which is the exact global mean) and *loss is the same on every process.
+ * Device d takes rows [d B/N, (d+1) B/N) of both as a view
  * (no copy on CPU), computes forward, loss and backward on them, then one all-reduce averages
  * gradients and loss together and every device applies the same optimizer step. *loss (may be
  * NULL) receives the mean loss over the global batch. Synchronous: returns when every replica is
@@ -273,9 +289,13 @@ pmap_status pmap_update(pmap_params *params, const pmap_array *xs, const pmap_ar
 pmap_status pmap_predict(pmap_params *params, const pmap_array *xs, pmap_array *out);
 
 /* Copies the parameters of device `device`'s replica into dst (count == pmap_params_count()).
- * Returns PMAP_ERR_INVALID_ARGUMENT for a NULL dst, a device outside [0, N) or another count. */
+ * device is a global index; in a distributed context it must be one of this process's devices
+ * (process p holds p * D .. p * D + D - 1; replicas are identical, so read one of those).
+ * Returns PMAP_ERR_INVALID_ARGUMENT for a NULL dst, a device outside [0, N), a device of another
+ * process (the message names its process) or another count. */
 pmap_status pmap_params_read(const pmap_params *params, int device, float *dst, size_t count);
-/* Copies src (count == pmap_params_count()) into every replica; optimizer state is kept. */
+/* Copies src (count == pmap_params_count()) into every replica of this process; optimizer state
+ * is kept. In a distributed context write the same values in every process. */
 pmap_status pmap_params_write(pmap_params *params, const float *src, size_t count);
 
 /* Checkpoints. pmap_params_save writes the whole training state (model description, optimizer
@@ -355,7 +375,11 @@ pmap_status pmap_device_download(pmap_device *dev, float *dst, const float *src,
  * count (and root); if not, it fails on every device with PMAP_ERR_INVALID_ARGUMENT and a
  * message naming what each device called. A collective has one verdict: it succeeds on every
  * device or fails on every device, and when it returns (whatever it returns) no device reads or
- * writes this device's buffers any more, so they may be freed at once.
+ * writes this device's buffers any more, so they may be freed at once. In a distributed context
+ * they run over every process's devices (N = P * D, indices and roots global): the devices of a
+ * process combine over shared memory in device order, then the processes' partials are added
+ * in process order, and a process that called another collective, stalled or died fails every
+ * process (PMAP_ERR_INVALID_ARGUMENT or PMAP_ERR_TIMEOUT naming it) instead of hanging.
  *   psum/pmean/pmax: recv[i] = sum / mean / max over devices of send[i]   (count each)
  *   all_gather:      recv (N, count) = every device's send (count), in device order
  *   broadcast:       recv (count) = send (count) of device root

@@ -43,6 +43,9 @@ pmap_status dist_barrier(pmap_dist *d);
 /* bytes of process root to every process (the NCCL unique id, runtime/dist/dist_nccl.c). */
 pmap_status dist_broadcast_bytes(pmap_dist *d, void *buf, size_t bytes, int root);
 
+/* This process's index among the transport's processes. */
+int dist_rank(const pmap_dist *d);
+
 /* Whether an exchange failed (timeout, a process gone, an MPI error): the processes are no
  * longer in step, so every later exchange fails at once with the first failure's message. */
 int dist_broken(const pmap_dist *d);

@@ -296,6 +296,7 @@ pmap_status dist_broadcast_bytes(pmap_dist *d, void *buf, size_t bytes, int root
 }
 
 int dist_broken(const pmap_dist *d) { return d && d->broken; }
+int dist_rank(const pmap_dist *d) { return d ? d->rank : 0; }
 
 /* MPI_Init_thread unless the program (or an earlier context) did; SERIALIZED at least, since
  * device 0's thread of each context does the exchanges and that is whichever thread calls. */
