@@ -255,7 +255,8 @@ int64_t pmap_params_step(const pmap_params *params); /* optimizer steps taken */
 
 /* One data-parallel training step. xs: (B, input shape...) f32; ys: (B, K) f32 for MSE, (B) or
  * (B, 1) i32 for softmax cross-entropy. In a distributed context each process passes its own
- * rows of the global batch, the same number (a multiple of D) in every process, and the D local
+ * rows of the global batch, the same number (a multiple of D) in every process (checked when
+ * the batch size changes: PMAP_ERR_INVALID_ARGUMENT on every process otherwise), and the D local
  * devices split them; the mean is then over every process's rows (each global device weighs its
  * rows equally, which is the exact global mean) and *loss is the same on every process.
  * Device d takes rows [d B/N, (d+1) B/N) of both as a view

@@ -408,12 +408,38 @@ static pmap_status numeric_error(const pmap_params *p) {
                   (long long)p->step, what, (double)h[0]);
 }
 
+/* Across processes the mean weighs every global device alike, which is the global mean only
+ * when every process passes as many rows: one exchange checks it when the batch size changes.
+ * The values live on the stack: distributed contexts are CPU ones, whose devices read host
+ * memory. */
+static pmap_status rows_job(pmap_device *dev, void *arg) {
+  pmap_params *p = arg;
+  float v[2] = {(float)p->bd, -(float)p->bd};
+  PMAP_TRY(backend_all_reduce(dev, v, v, 2, PMAP_RED_MAX));
+  if (dev->index == 0) memcpy(p->rows, v, sizeof v);
+  return PMAP_SUCCESS;
+}
+
+static pmap_status check_rows(pmap_params *p) {
+  if (!p->ctx->dist || p->bd == p->dist_bd) return PMAP_SUCCESS;
+  PMAP_TRY(pmap_ctx_dispatch(p->ctx, rows_job, p));
+  if (p->rows[0] != -p->rows[1])
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "pmap_update: the processes pass different numbers of rows (%.0f to %.0f "
+                    "per device; this process %lld): each must pass the same number, so that "
+                    "the mean weighs every row alike (nothing was changed)",
+                    (double)-p->rows[1], (double)p->rows[0], (long long)p->bd);
+  p->dist_bd = p->bd;
+  return PMAP_SUCCESS;
+}
+
 pmap_status pmap_update(pmap_params *p, const pmap_array *xs, const pmap_array *ys, float *loss) {
   const char *call = "pmap_update";
   if (!p) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: params is NULL", call);
   if (!ys) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: ys is NULL", call);
   PMAP_TRY(pmap_ctx_lock(p->ctx, call));
   pmap_status st = check_batch(p, xs, ys, call);
+  if (!st) st = check_rows(p);
   if (!st) {
     int64_t t = p->step + 1;
     p->bc1 = (float)(1.0 - pow((double)p->opt.beta1, (double)t));

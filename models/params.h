@@ -23,6 +23,8 @@ struct pmap_params {
   const pmap_array *xs, *ys;
   pmap_array *out;
   int64_t bd;
+  int64_t dist_bd; /* across processes: the rows per device every process last agreed on */
+  float rows[2];   /* the exchange of that agreement: max and -min over the processes */
   int read_device;
   float *read_dst;
   float loss;

@@ -5,7 +5,8 @@
  *   train D    every example model, 20 steps: P*D global devices equal one process with P*D
  *              devices and equal 1 device (parameters: relative error <= 1e-5; each step's
  *              loss <= 1e-4); replicas bitwise identical in every process
- *   layout D   process 1 asks for D + 1 devices: every process fails naming the counts
+ *   layout D   process 1 asks for D + 1 devices: every process fails naming the counts; then
+ *              process 1 passes more rows than the others: every process refuses the step
  *   stall D    process 1 stalls before step 3: process 0 gets PMAP_ERR_TIMEOUT naming process
  *              1 and the collective within the timeout, and later calls fail at once
  *   die D      process 1 exits before step 3 (the script checks that the job ends, not hangs)
@@ -321,6 +322,31 @@ static void mode_layout(int d) {
               "same backend and device count");
   pmap_ctx_destroy(ctx);
   printf("process %d: layout mismatch refused: %s\n", RANK, pmap_last_error());
+  /* Process 1 passes twice the rows of the others: refused everywhere, nothing changed. */
+  pmap_params *params = NULL;
+  pmap_model *m = NULL;
+  pmap_example_info info;
+  pmap_array xs = {0}, ys = {0};
+  CHECK_OK(dist_ctx(d, 30.0, &ctx));
+  CHECK_OK(pmap_example_info_get("mlp", &info));
+  CHECK_OK(pmap_example_model("mlp", &m));
+  if (ctx) CHECK_OK(pmap_params_create(ctx, m, &info.opt, 1, &params));
+  CHECK_OK(pmap_example_data("mlp", 2, 2 * d, &xs, &ys));
+  if (params) {
+    pmap_array x = xs, y = ys;
+    x.shape[0] = y.shape[0] = RANK == 1 ? 2 * d : d;
+    CHECK_FAILS(pmap_update(params, &x, &y, NULL), PMAP_ERR_INVALID_ARGUMENT,
+                "different numbers of rows");
+    CHECK(pmap_params_step(params) == 0, "a refused step counted");
+    x.shape[0] = y.shape[0] = d;
+    CHECK_OK(pmap_update(params, &x, &y, NULL));
+    CHECK(pmap_params_step(params) == 1, "step %lld after one update",
+          (long long)pmap_params_step(params));
+  }
+  pmap_example_data_free(&xs, &ys);
+  pmap_model_destroy(m);
+  pmap_params_destroy(params);
+  pmap_ctx_destroy(ctx);
 }
 
 /* Process 1 stalls (stall) or exits (die) before step 3; process 0 must get an error naming it
