@@ -9,7 +9,8 @@
  *              process 1 passes more rows than the others: every process refuses the step
  *   stall D    process 1 stalls before step 3: process 0 gets PMAP_ERR_TIMEOUT naming process
  *              1 and the collective within the timeout, and later calls fail at once
- *   die D      process 1 exits before step 3 (the script checks that the job ends, not hangs)
+ *   die D      process 1 exits before step 3: the job ends, not hangs (mpirun ends it), or,
+ *              where mpirun lets the others run on, process 0 reports process 1 as for stall
  * Exits 77 when pmap was built without MPI. */
 #include <time.h>
 #include <unistd.h>

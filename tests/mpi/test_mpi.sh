@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test_mpi.sh: runs test_mpi under mpirun with 2 and 3 processes of 1 and 2 devices each, and
-# checks that a stalled process is reported and that a dead one ends the job instead of hanging.
+# checks that a stalled process is reported, that a dead one ends the job instead of hanging, and
+# that where the launcher lets the others run on, the survivor reports the dead one.
 # Usage: test_mpi.sh MPIRUN TEST_MPI [coll|train|fail ...]. Exit 77 (skip) without mpirun.
 set -u
 mpirun=$1
@@ -73,6 +74,16 @@ for part in "${parts[@]}"; do
       echo "ok: a dead process ended the job with status $rc in $((SECONDS - t0)) s"
     else
       echo "FAIL: a dead process: mpirun status $rc after $((SECONDS - t0)) s:"
+      cat "$out"
+      fail=1
+    fi
+    # The same with a launcher that lets the others run on: the survivor names the dead one.
+    t0=$SECONDS
+    OMPI_MCA_orte_abort_on_non_zero_status=0 run 60 2 die 1
+    if grep -q '^OK die' "$out" && [ $((SECONDS - t0)) -lt 60 ]; then
+      echo "ok: dead process reported in $((SECONDS - t0)) s: $(grep 'failed after' "$out")"
+    else
+      echo "FAIL: a dead process was not reported by the survivor (after $((SECONDS - t0)) s):"
       cat "$out"
       fail=1
     fi
