@@ -396,8 +396,10 @@ static pmap_status numeric_error(const pmap_params *p) {
       len += (size_t)snprintf(devs + len, sizeof devs - len, "%s%d", len ? ", " : "", d);
   char what[480];
   if (len)
-    snprintf(what, sizeof what, "the local loss or gradients of device%s %s were non-finite",
-             strchr(devs, ',') ? "s" : "", devs);
+    /* Across processes a flag slot is shared by local device d of every process. */
+    snprintf(what, sizeof what, "the local loss or gradients of %sdevice%s %s%s were non-finite",
+             p->ctx->nproc > 1 ? "local " : "", strchr(devs, ',') ? "s" : "", devs,
+             p->ctx->nproc > 1 ? " (of some process)" : "");
   else
     snprintf(what, sizeof what,
              "every device's own loss and gradients were finite, their average was not "
