@@ -6,7 +6,8 @@
  *              devices and equal 1 device (parameters: relative error <= 1e-5; each step's
  *              loss <= 1e-4); replicas bitwise identical in every process
  *   layout D   process 1 asks for D + 1 devices: every process fails naming the counts; then
- *              process 1 passes more rows than the others: every process refuses the step
+ *              process 1 passes more rows than the others: every process refuses the step;
+ *              NaN gradients on one device of process 1: every process skips the step
  *   stall D    process 1 stalls before step 3: process 0 gets PMAP_ERR_TIMEOUT naming process
  *              1 and the collective within the timeout, and later calls fail at once
  *   die D      process 1 exits before step 3: the job ends, not hangs (mpirun ends it), or,
@@ -344,10 +345,35 @@ static void mode_layout(int d) {
     CHECK(pmap_params_step(params) == 1, "step %lld after one update",
           (long long)pmap_params_step(params));
   }
-  pmap_example_data_free(&xs, &ys);
-  pmap_model_destroy(m);
   pmap_params_destroy(params);
   pmap_ctx_destroy(ctx);
+  params = NULL;
+  ctx = NULL;
+
+  /* The numeric guard: NaN gradients on one device of process 1 skip the step everywhere. */
+  if (RANK == 1) setenv("PMAP_FAULT", "nan:device=0:step=1", 1);
+  CHECK_OK(dist_ctx(d, 30.0, &ctx));
+  unsetenv("PMAP_FAULT");
+  if (ctx) CHECK_OK(pmap_params_create(ctx, m, &info.opt, 1, &params));
+  if (params) {
+    pmap_array x = xs, y = ys;
+    x.shape[0] = y.shape[0] = d;
+    CHECK_OK(pmap_update(params, &x, &y, NULL));
+    CHECK_FAILS(pmap_update(params, &x, &y, NULL), PMAP_ERR_NUMERIC, "skipped on every replica");
+    CHECK(pmap_params_step(params) == 1, "a skipped step counted");
+    CHECK_OK(pmap_update(params, &x, &y, NULL));
+    size_t n = pmap_params_count(params);
+    float *w = malloc(n * sizeof *w);
+    if (w) CHECK_OK(pmap_params_read(params, RANK * d, w, n));
+    pmap_params_destroy(params);
+    pmap_ctx_destroy(ctx);
+    if (w) check_same_everywhere("mlp after a skipped step", w, n, d);
+    free(w);
+  } else {
+    pmap_ctx_destroy(ctx);
+  }
+  pmap_example_data_free(&xs, &ys);
+  pmap_model_destroy(m);
 }
 
 /* Process 1 stalls (stall) or exits (die) before step 3; process 0 must get an error naming it
