@@ -2,7 +2,8 @@
 # test_mpi.sh: runs test_mpi under mpirun with 2 and 3 processes of 1 and 2 devices each, and
 # checks that a stalled process is reported, that a dead one ends the job instead of hanging, and
 # that where the launcher lets the others run on, the survivor reports the dead one.
-# Usage: test_mpi.sh MPIRUN TEST_MPI [coll|train|fail ...]. Exit 77 (skip) without mpirun.
+# Usage: test_mpi.sh MPIRUN TEST_MPI [coll|train|fail|tools ...] (tools: $PMAP_TRAIN names
+# pmap-train). Exit 77 (skip) without mpirun.
 set -u
 mpirun=$1
 prog=$2
@@ -85,6 +86,33 @@ for part in "${parts[@]}"; do
     else
       echo "FAIL: a dead process was not reported by the survivor (after $((SECONDS - t0)) s):"
       cat "$out"
+      fail=1
+    fi
+    ;;
+  tools)
+    # pmap-train under mpirun, unchanged flags: 2 processes x 2 devices report once, and their
+    # final loss equals one process of 4 devices (same global batch, same data).
+    train=${PMAP_TRAIN:?PMAP_TRAIN names pmap-train}
+    t0=$SECONDS
+    timeout -k 5 120 "$mpirun" --oversubscribe -np 2 "$train" --model mlp --devices 2 \
+      --steps 50 --json >"$out" 2>&1
+    rc=$?
+    one=$(PMAP_DIST=none "$train" --model mlp --devices 4 --steps 50 --json | tail -n 1)
+    many=$(grep '^{' "$out")
+    if [ $rc -eq 0 ] && [ "$(grep -c '^{' "$out")" -eq 1 ] && python3 - "$one" "$many" <<'PY'
+import json, sys
+a, b = (json.loads(x) for x in sys.argv[1:3])
+ok = (b["processes"] == 2 and b["devices"] == 2 and b["replicas_identical"]
+      and abs(a["final_loss"] - b["final_loss"]) <= 1e-5 * abs(a["final_loss"]))
+print(f'    1 x 4: {a["final_loss"]:.9g}, 2 x 2: {b["final_loss"]:.9g}')
+sys.exit(0 if ok else 1)
+PY
+    then
+      echo "ok: pmap-train under mpirun reports once and matches one process ($((SECONDS - t0)) s)"
+    else
+      echo "FAIL: pmap-train under mpirun (status $rc):"
+      cat "$out"
+      echo "one process: $one"
       fail=1
     fi
     ;;
