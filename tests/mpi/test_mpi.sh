@@ -94,10 +94,10 @@ for part in "${parts[@]}"; do
     # final loss equals one process of 4 devices (same global batch, same data).
     train=${PMAP_TRAIN:?PMAP_TRAIN names pmap-train}
     t0=$SECONDS
-    timeout -k 5 120 "$mpirun" --oversubscribe -np 2 "$train" --model mlp --devices 2 \
+    timeout -k 5 120 "$mpirun" --oversubscribe -np 2 "$train" --backend cpu --model mlp --devices 2 \
       --steps 50 --json >"$out" 2>&1
     rc=$?
-    one=$(PMAP_DIST=none "$train" --model mlp --devices 4 --steps 50 --json | tail -n 1)
+    one=$(PMAP_DIST=none "$train" --backend cpu --model mlp --devices 4 --steps 50 --json | tail -n 1)
     many=$(grep '^{' "$out")
     if [ $rc -eq 0 ] && [ "$(grep -c '^{' "$out")" -eq 1 ] && python3 - "$one" "$many" <<'PY'
 import json, sys
