@@ -77,7 +77,7 @@ static size_t gemm_size(const bench_gemm *g, int which) {
 }
 
 static pmap_status probe_alloc(pmap_device *dev, bench_probe *p) {
-  int d = pmap_axis_index(dev);
+  int d = pmap_local_index(dev); /* per-process arrays */
   for (int i = 0; i < p->ng; i++)
     for (int w = 0; w < 3; w++) {
       float **slot = &p->ops[d][3 * i + w];
@@ -91,14 +91,14 @@ static pmap_status probe_alloc(pmap_device *dev, bench_probe *p) {
 }
 
 static pmap_status probe_free(pmap_device *dev, bench_probe *p) {
-  int d = pmap_axis_index(dev);
+  int d = pmap_local_index(dev); /* per-process arrays */
   for (int i = 0; i < 3 * p->ng; i++) pmap_device_free(dev, p->ops[d][i]);
   pmap_device_free(dev, p->grad[d]);
   return PMAP_SUCCESS;
 }
 
 static pmap_status probe_gemms(pmap_device *dev, bench_probe *p) {
-  int d = pmap_axis_index(dev);
+  int d = pmap_local_index(dev); /* per-process arrays */
   float sink = 0.0f;
   for (int r = 0; r < p->reps; r++) {
     PMAP_TRY(pmap_barrier(dev));
@@ -121,7 +121,7 @@ static pmap_status probe_gemms(pmap_device *dev, bench_probe *p) {
 }
 
 static pmap_status probe_allreduce(pmap_device *dev, bench_probe *p) {
-  int d = pmap_axis_index(dev);
+  int d = pmap_local_index(dev); /* per-process arrays */
   float sink = 0.0f;
   for (int r = 0; r < p->reps; r++) {
     PMAP_TRY(pmap_barrier(dev));

@@ -67,7 +67,7 @@ static float expected(redop op, int n, size_t i) {
 }
 
 typedef struct bench {
-  int n;
+  int n; /* global devices: every process's */
   size_t max_count;
   float **send, **recv, **host; /* (n) device buffers and a host chunk per device */
   /* The current job. */
@@ -86,10 +86,10 @@ static pmap_status coll(pmap_device *dev, redop op, const float *s, float *r, si
 }
 
 static pmap_status fill(pmap_device *dev, bench *b, float *dst) {
-  int d = pmap_axis_index(dev);
+  int d = pmap_local_index(dev), g = pmap_axis_index(dev);
   for (size_t lo = 0; lo < b->count; lo += CHUNK) {
     size_t len = b->count - lo < CHUNK ? b->count - lo : CHUNK;
-    for (size_t i = 0; i < len; i++) b->host[d][i] = pattern(d, lo + i);
+    for (size_t i = 0; i < len; i++) b->host[d][i] = pattern(g, lo + i);
     pmap_status st = pmap_device_upload(dev, dst + lo, b->host[d], len);
     if (st) return st;
   }
@@ -97,7 +97,7 @@ static pmap_status fill(pmap_device *dev, bench *b, float *dst) {
 }
 
 static pmap_status count_wrong(pmap_device *dev, bench *b, const float *src, int64_t *wrong) {
-  int d = pmap_axis_index(dev);
+  int d = pmap_local_index(dev); /* per-process arrays */
   *wrong = 0;
   for (size_t lo = 0; lo < b->count; lo += CHUNK) {
     size_t len = b->count - lo < CHUNK ? b->count - lo : CHUNK;
@@ -117,7 +117,7 @@ static pmap_status count_wrong(pmap_device *dev, bench *b, const float *src, int
 
 static pmap_status job(pmap_device *dev, void *arg) {
   bench *b = arg;
-  int d = pmap_axis_index(dev);
+  int d = pmap_local_index(dev); /* per-process arrays */
   pmap_status st = PMAP_SUCCESS;
   if (b->setup) {
     b->host[d] = malloc(CHUNK * sizeof(float));
@@ -276,6 +276,10 @@ static int run_devices(const opts *o, pmap_backend backend, int n, FILE *csv, FI
     goto out;
   }
   *bname = pmap_backend_name(pmap_ctx_backend(ctx));
+  /* Under mpirun --devices is per process: the table is over every process's devices, and its
+   * all-reduce is the hierarchical one (local, inter-process, local). */
+  int procs = pmap_ctx_num_processes(ctx), g = n * procs;
+  b.n = g;
   b.setup = 1;
   if (pmap_run(ctx, job, &b)) {
     fprintf(stderr, "%s: cannot allocate 2 x %lld bytes per device: %s\n", prog,
@@ -287,7 +291,10 @@ static int run_devices(const opts *o, pmap_backend backend, int n, FILE *csv, FI
   b.setup = 0;
   double busbw_sum = 0.0, copy_share[2] = {-1.0, -1.0};
   int rows = 0;
-  printf("#\n# %d devices (%s backend)\n#\n", n, *bname);
+  if (procs > 1)
+    printf("#\n# %d devices: %d processes x %d (%s backend)\n#\n", g, procs, n, *bname);
+  else
+    printf("#\n# %d devices (%s backend)\n#\n", n, *bname);
   printf("# %64s %31s\n", "out-of-place", "in-place");
   printf("# %10s %12s %8s %6s %8s %7s %7s %6s %8s %7s %7s %6s\n", "size", "count", "type", "redop",
          "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
@@ -309,7 +316,7 @@ static int run_devices(const opts *o, pmap_backend backend, int n, FILE *csv, FI
       for (int p = 0; p < 2; p++) {
         us[p] = 1e6 * median(b.t[p], b.iters);
         alg[p] = (double)(b.count * 4) / (us[p] * 1e-6) / 1e9;
-        bus[p] = alg[p] * 2.0 * (n - 1) / n;
+        bus[p] = alg[p] * 2.0 * (g - 1) / g;
         for (int d = 0; d < n; d++) wrong[p] += b.wrong[p][d];
         *wrong_total += wrong[p];
         busbw_sum += bus[p];
@@ -321,7 +328,7 @@ static int run_devices(const opts *o, pmap_backend backend, int n, FILE *csv, FI
              (long long)(b.count * 4), b.count, "float", op_name[k], us[0], alg[0], bus[0],
              (long long)wrong[0], us[1], alg[1], bus[1], (long long)wrong[1]);
       if (csv)
-        fprintf(csv, "%d,%s,%lld,%zu,float,%s,%.6g,%.6g,%.6g,%lld,%.6g,%.6g,%.6g,%lld\n", n, *bname,
+        fprintf(csv, "%d,%s,%lld,%zu,float,%s,%.6g,%.6g,%.6g,%lld,%.6g,%.6g,%.6g,%lld\n", g, *bname,
                 (long long)(b.count * 4), b.count, op_name[k], us[0], alg[0], bus[0],
                 (long long)wrong[0], us[1], alg[1], bus[1], (long long)wrong[1]);
       if (js) {
@@ -329,7 +336,7 @@ static int run_devices(const opts *o, pmap_backend backend, int n, FILE *csv, FI
                     "\"redop\": \"%s\", \"oop_time_us\": %.6g, \"oop_algbw\": %.6g, "
                     "\"oop_busbw\": %.6g, \"oop_wrong\": %lld, \"ip_time_us\": %.6g, "
                     "\"ip_algbw\": %.6g, \"ip_busbw\": %.6g, \"ip_wrong\": %lld}",
-                *first_row ? "" : ", ", n, (long long)(b.count * 4), b.count, op_name[k], us[0],
+                *first_row ? "" : ", ", g, (long long)(b.count * 4), b.count, op_name[k], us[0],
                 alg[0], bus[0], (long long)wrong[0], us[1], alg[1], bus[1], (long long)wrong[1]);
         *first_row = 0;
       }
@@ -367,6 +374,19 @@ int main(int argc, char **argv) {
   if (pmap_backend_parse(o.backend, &backend)) {
     fprintf(stderr, "%s: --backend: %s\n", prog, pmap_last_error());
     return 1;
+  }
+  /* Under mpirun every process measures, process 0 alone reports and writes files. */
+  pmap_config probe_cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 1};
+  pmap_ctx *probe = NULL;
+  if (pmap_ctx_create(&probe_cfg, &probe)) {
+    fprintf(stderr, "%s: cannot create the context: %s\n", prog, pmap_last_error());
+    return 1;
+  }
+  int me = pmap_ctx_process_index(probe);
+  pmap_ctx_destroy(probe);
+  if (me != 0) {
+    o.csv = NULL;
+    if (!freopen("/dev/null", "w", stdout)) return 1;
   }
   FILE *csv = NULL, *js = NULL;
   char *jbuf = NULL;

@@ -99,9 +99,14 @@ static int setup_open(setup *s, const char *name, const pmap_model *model,
   s->ta = malloc(sizeof *s->ta * (size_t)cap);
   if (!s->t || !s->tg || !s->ta) { fprintf(stderr, "%s: out of memory\n", prog); return -1; }
   if (pmap_ctx_create(&cfg, &s->ctx)) return fail("cannot create the context");
+  /* Under mpirun the device count is per process and each process passes its bd * devices
+   * rows: the row reports the global devices and batch. */
+  int procs = pmap_ctx_num_processes(s->ctx);
+  r->devices = devices * procs;
+  r->global_batch = bd * devices * procs;
   if (pmap_params_create(s->ctx, model, opt, o->seed, &s->params))
     return fail("cannot create the parameters");
-  if (pmap_example_data(name, o->seed + 1, r->global_batch, &s->xs, &s->ys))
+  if (pmap_example_data(name, o->seed + 1, bd * devices, &s->xs, &s->ys))
     return fail("cannot make the data");
   double t0 = cli_now();
   if (step(s, &r->loss0)) return -1;
@@ -135,7 +140,8 @@ static int setup_round(setup *s, int n, int reps) {
 }
 
 /* Replicas compared bitwise, not assumed equal. */
-static int replicas_identical(pmap_params *p, int n, int *identical) {
+/* The replicas of this process's devices (global indices first..first + n - 1). */
+static int replicas_identical(pmap_params *p, int first, int n, int *identical) {
   size_t P = pmap_params_count(p);
   float *w0 = malloc(P * sizeof *w0), *wd = malloc(P * sizeof *wd);
   int rc = 0;
@@ -143,11 +149,11 @@ static int replicas_identical(pmap_params *p, int n, int *identical) {
   if (!w0 || !wd) {
     fprintf(stderr, "%s: out of memory\n", prog);
     rc = -1;
-  } else if (pmap_params_read(p, 0, w0, P)) {
+  } else if (pmap_params_read(p, first, w0, P)) {
     rc = fail("pmap_params_read");
   }
   for (int d = 1; !rc && d < n && *identical; d++) {
-    if (pmap_params_read(p, d, wd, P)) rc = fail("pmap_params_read");
+    if (pmap_params_read(p, first + d, wd, P)) rc = fail("pmap_params_read");
     else *identical = memcmp(w0, wd, P * sizeof *w0) == 0;
   }
   free(w0);
@@ -182,7 +188,10 @@ static void finish_table(bench_result *res, int mode, setup *su, double flops_pe
       w->speedup = w->sps / rows[0].sps;
       w->eff = rows[0].step.med / w->step.med;
     }
-    if (replicas_identical(s->params, w->devices, &w->identical) || !w->identical) {
+    int local = pmap_ctx_num_devices(s->ctx);
+    if (replicas_identical(s->params, pmap_ctx_process_index(s->ctx) * local, local,
+                           &w->identical) ||
+        !w->identical) {
       fprintf(stderr, "%s: %s, %d devices: the replicas differ after the run\n", prog, res->model,
               w->devices);
       res->failed = 1;
@@ -413,6 +422,19 @@ int main(int argc, char **argv) {
   if (!nmodels) {
     fprintf(stderr, "%s: --model: no model named\n", prog);
     return 1;
+  }
+  /* Under mpirun every process measures, process 0 alone reports and writes files. */
+  pmap_config probe_cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 1};
+  pmap_ctx *probe = NULL;
+  if (pmap_ctx_create(&probe_cfg, &probe)) {
+    fail("cannot create the context");
+    return 1;
+  }
+  int me = pmap_ctx_process_index(probe);
+  pmap_ctx_destroy(probe);
+  if (me != 0) {
+    o.csv = o.dump = NULL;
+    if (!freopen("/dev/null", "w", stdout)) return 1;
   }
   FILE *csv = NULL;
   if (o.csv && !(csv = fopen(o.csv, "w"))) {

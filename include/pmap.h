@@ -1,10 +1,14 @@
-/* pmap.h: the public API of pmap, single-process multi-device data-parallel training.
+/* pmap.h: the public API of pmap, multi-device data-parallel training in one process or, on MPI,
+ * across processes and machines (docs/distributed.md).
  * Parameters are replicated on every device, the leading (batch) axis of the inputs is split into
  * one shard per device, and loss and gradients are averaged across devices before each step.
  *
  * Dimension letters used in shape comments:
  *   N  devices in the context          B  global batch (leading axis of xs and ys), B % N == 0
  *   Bd per-device batch, B / N         F  features per example of a rank-1 input
+ *   P  processes of a distributed context (1 otherwise), D devices per process, N = P * D;
+ *      there, xs and ys are this process's rows: B / P of them, and "device d" in a pmap_params
+ *      call is a global index
  *   C, H, W  channels, height, width   OC output channels     K  outputs of the model
  *
  * Every function that can fail returns a pmap_status; on failure pmap_last_error() returns a
@@ -83,6 +87,21 @@ typedef enum pmap_backend {
   PMAP_BACKEND_CUDA = 2  /* one GPU per device, cuBLAS and NCCL */
 } pmap_backend;
 
+/* Whether a context spans processes (docs/distributed.md). With P processes of D devices each,
+ * the context has P*D global devices: pmap_axis_index and pmap_axis_size are global, every
+ * collective (and the gradient mean of pmap_update) runs over all of them, and each process
+ * passes its own rows to pmap_update. */
+typedef enum pmap_dist_mode {
+  PMAP_DIST_AUTO = 0, /* distributed when the environment variable PMAP_DIST is "mpi", or when
+                         it is unset or "auto" and the program was started by an MPI launcher
+                         with more than one process (mpirun sets OMPI_COMM_WORLD_SIZE or
+                         PMI_SIZE) or MPI is already initialised with more than one process;
+                         otherwise one process. PMAP_DIST=none forces one process. */
+  PMAP_DIST_NONE = 1, /* one process, whatever the environment */
+  PMAP_DIST_MPI = 2   /* across the processes of an MPI communicator (PMAP_ERR_UNAVAILABLE in a
+                         build without MPI) */
+} pmap_dist_mode;
+
 typedef struct pmap_config {
   pmap_backend backend;
   int num_devices;       /* 1..PMAP_MAX_DEVICES, or PMAP_DEVICES_DEFAULT for the backend's
@@ -99,6 +118,14 @@ typedef struct pmap_config {
                             a multiple of N; 1: any batch of at least N rows, split into shards
                             that differ by at most one row, each device weighted by its rows so
                             that the loss and gradient are the exact mean over the batch */
+  pmap_dist_mode dist;   /* see pmap_dist_mode; 0 is PMAP_DIST_AUTO */
+  void *mpi_comm;        /* distributed: a pointer to the MPI_Comm to span (pmap duplicates it
+                            and sets MPI_ERRORS_RETURN on its copy), NULL for MPI_COMM_WORLD. The
+                            header stays free of mpi.h. If MPI is not initialised, pmap
+                            initialises it (MPI_THREAD_MULTIPLE requested, MPI_THREAD_SERIALIZED
+                            at least) and finalises it at exit. Every process of the
+                            communicator must create its context with the same backend and the
+                            same num_devices. */
 } pmap_config;
 
 enum { PMAP_GUARD_ON = 0, PMAP_GUARD_OFF = 1 };
@@ -110,7 +137,15 @@ typedef struct pmap_ctx pmap_ctx;
  * cfg may be NULL for all defaults (auto backend, default device count). On success *out owns the context; destroy it with
  * pmap_ctx_destroy. Returns PMAP_ERR_INVALID_ARGUMENT (out NULL, device count outside
  * 1..PMAP_MAX_DEVICES other than PMAP_DEVICES_DEFAULT, unknown backend), PMAP_ERR_UNAVAILABLE (backend not built or no device),
- * PMAP_ERR_OUT_OF_MEMORY, PMAP_ERR_DEVICE. */
+ * PMAP_ERR_OUT_OF_MEMORY, PMAP_ERR_DEVICE.
+ * Distributed (cfg->dist): a collective call of every process of the communicator, in the same
+ * order; it also returns PMAP_ERR_INVALID_ARGUMENT when the processes differ in backend or
+ * device count (the message names them), PMAP_ERR_UNAVAILABLE without MPI in this build (also
+ * when an MPI launcher started the program with several processes and dist is
+ * PMAP_DIST_AUTO), or on the CUDA backend (which does not span processes yet), and
+ * PMAP_ERR_TIMEOUT when not every process arrives within the timeout. After an inter-process
+ * failure (timeout, dead process, MPI error) the context is broken: every later call fails at
+ * once with that failure's message; destroy it and end the program. */
 PMAP_API pmap_status pmap_ctx_create(const pmap_config *cfg, pmap_ctx **out);
 
 /* Stops the workers and frees the context. Accepts NULL (PMAP_SUCCESS). Every pmap_params created
@@ -119,7 +154,13 @@ PMAP_API pmap_status pmap_ctx_create(const pmap_config *cfg, pmap_ctx **out);
  * context stays usable). */
 PMAP_API pmap_status pmap_ctx_destroy(pmap_ctx *ctx);
 
+/* Devices of this process (D). */
 PMAP_API int pmap_ctx_num_devices(const pmap_ctx *ctx);
+/* Processes the context spans (P, 1 when not distributed) and this process's index in 0..P-1
+ * (its MPI rank in the communicator). Global device g lives in process g / D as its local
+ * device g % D. */
+PMAP_API int pmap_ctx_num_processes(const pmap_ctx *ctx);
+PMAP_API int pmap_ctx_process_index(const pmap_ctx *ctx);
 PMAP_API pmap_backend pmap_ctx_backend(const pmap_ctx *ctx); /* never PMAP_BACKEND_AUTO */
 
 /* "auto", "cpu", "cuda"; NULL for a value outside the enum. */
@@ -262,7 +303,12 @@ PMAP_API size_t pmap_params_count(const pmap_params *params);
 PMAP_API int64_t pmap_params_step(const pmap_params *params); /* optimizer steps taken */
 
 /* One data-parallel training step. xs: (B, input shape...) f32; ys: (B, K) f32 for MSE, (B) or
- * (B, 1) i32 for softmax cross-entropy. Device d takes rows [d B/N, (d+1) B/N) of both as a view
+ * (B, 1) i32 for softmax cross-entropy. In a distributed context each process passes its own
+ * rows of the global batch, the same number (a multiple of D) in every process (checked when
+ * the batch size changes: PMAP_ERR_INVALID_ARGUMENT on every process otherwise), and the D local
+ * devices split them; the mean is then over every process's rows (each global device weighs its
+ * rows equally, which is the exact global mean) and *loss is the same on every process.
+ * Device d takes rows [d B/N, (d+1) B/N) of both as a view
  * (no copy on CPU), computes forward, loss and backward on them, then one all-reduce averages
  * gradients and loss together and every device applies the same optimizer step. *loss (may be
  * NULL) receives the mean loss over the global batch. Synchronous: returns when every replica is
@@ -299,9 +345,13 @@ PMAP_API pmap_status pmap_params_set_micro_batches(pmap_params *params, int k);
 PMAP_API pmap_status pmap_predict(pmap_params *params, const pmap_array *xs, pmap_array *out);
 
 /* Copies the parameters of device `device`'s replica into dst (count == pmap_params_count()).
- * Returns PMAP_ERR_INVALID_ARGUMENT for a NULL dst, a device outside [0, N) or another count. */
+ * device is a global index; in a distributed context it must be one of this process's devices
+ * (process p holds p * D .. p * D + D - 1; replicas are identical, so read one of those).
+ * Returns PMAP_ERR_INVALID_ARGUMENT for a NULL dst, a device outside [0, N), a device of another
+ * process (the message names its process) or another count. */
 PMAP_API pmap_status pmap_params_read(const pmap_params *params, int device, float *dst, size_t count);
-/* Copies src (count == pmap_params_count()) into every replica; optimizer state is kept. */
+/* Copies src (count == pmap_params_count()) into every replica of this process; optimizer state
+ * is kept. In a distributed context write the same values in every process. */
 PMAP_API pmap_status pmap_params_write(pmap_params *params, const float *src, size_t count);
 
 /* Checkpoints. pmap_params_save writes the whole training state (model description, optimizer
@@ -400,8 +450,14 @@ typedef pmap_status (*pmap_fn)(pmap_device *dev, void *arg);
  * pmap_ctx_destroy, ...) gets PMAP_ERR_INVALID_ARGUMENT. */
 PMAP_API pmap_status pmap_run(pmap_ctx *ctx, pmap_fn fn, void *arg);
 
-PMAP_API int pmap_axis_index(const pmap_device *dev); /* this device's index, 0..N-1 */
-PMAP_API int pmap_axis_size(const pmap_device *dev);  /* N */
+/* The global view: N = P * D devices over every process; device (process p, local d) has
+ * index p * D + d. One process: the local view. */
+PMAP_API int pmap_axis_index(const pmap_device *dev); /* this device's global index, 0..N-1 */
+PMAP_API int pmap_axis_size(const pmap_device *dev);  /* N, over every process */
+/* The local view: this device's index among the devices of its process (0..D-1), and the
+ * process it belongs to (0..P-1). */
+PMAP_API int pmap_local_index(const pmap_device *dev);
+PMAP_API int pmap_process_index(const pmap_device *dev);
 
 /* Device memory for buffers passed to collectives (host memory on CPU, GPU memory on CUDA).
  * pmap_device_alloc sets *out to NULL on failure; a count whose bytes exceed the address space
@@ -419,7 +475,11 @@ PMAP_API pmap_status pmap_device_download(pmap_device *dev, float *dst, const fl
  * count (and root); if not, it fails on every device with PMAP_ERR_INVALID_ARGUMENT and a
  * message naming what each device called. A collective has one verdict: it succeeds on every
  * device or fails on every device, and when it returns (whatever it returns) no device reads or
- * writes this device's buffers any more, so they may be freed at once.
+ * writes this device's buffers any more, so they may be freed at once. In a distributed context
+ * they run over every process's devices (N = P * D, indices and roots global): the devices of a
+ * process combine over shared memory in device order, then the processes' partials are added
+ * in process order, and a process that called another collective, stalled or died fails every
+ * process (PMAP_ERR_INVALID_ARGUMENT or PMAP_ERR_TIMEOUT naming it) instead of hanging.
  *   psum/pmean/pmax: recv[i] = sum / mean / max over devices of send[i]   (count each)
  *   all_gather:      recv (N, count) = every device's send (count), in device order
  *   broadcast:       recv (count) = send (count) of device root

@@ -182,15 +182,22 @@ pmap_status pmap_params_read(const pmap_params *cp, int device, float *dst, size
   const char *call = "pmap_params_read";
   if (!cp || !dst)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL", call, cp ? "dst" : "params");
-  if (device < 0 || device >= cp->ctx->n)
+  const pmap_ctx *ctx = cp->ctx;
+  int first = ctx->proc * ctx->n; /* the global index of this process's device 0 */
+  if (device < 0 || device >= ctx->nproc * ctx->n)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: device %d is outside [0, %d)", call, device,
-                    cp->ctx->n);
+                    ctx->nproc * ctx->n);
+  if (device < first || device >= first + ctx->n)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: device %d lives in process %d, not in this process %d (its devices are "
+                    "%d..%d); replicas are identical, so read one of this process's",
+                    call, device, device / ctx->n, ctx->proc, first, first + ctx->n - 1);
   if (count != cp->n_params)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: count %zu is not the parameter count %zu",
                     call, count, cp->n_params);
   pmap_params *p = (pmap_params *)cp; /* the job fields are scratch, not state */
   PMAP_TRY(pmap_ctx_lock(p->ctx, call));
-  p->read_device = device;
+  p->read_device = device - first;
   p->read_dst = dst;
   pmap_status st = pmap_ctx_dispatch(p->ctx, read_job, p);
   pmap_ctx_unlock(p->ctx);

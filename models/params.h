@@ -30,6 +30,8 @@ struct pmap_params {
   int64_t batch; /* global rows of the call */
   int64_t bd;    /* most rows any device takes */
   pmap_step_hyper hyper; /* this step's optimizer settings */
+  int64_t dist_bd; /* across processes: the rows per device every process last agreed on */
+  float rows[2];   /* the exchange of that agreement: max and -min over the processes */
   int read_device;
   float *read_dst;
   float loss;

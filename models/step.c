@@ -317,8 +317,10 @@ static pmap_status numeric_error(const pmap_params *p) {
       len += (size_t)snprintf(devs + len, sizeof devs - len, "%s%d", len ? ", " : "", d);
   char what[480];
   if (len)
-    snprintf(what, sizeof what, "the local loss or gradients of device%s %s were non-finite",
-             strchr(devs, ',') ? "s" : "", devs);
+    /* Across processes a flag slot is shared by local device d of every process. */
+    snprintf(what, sizeof what, "the local loss or gradients of %sdevice%s %s%s were non-finite",
+             p->ctx->nproc > 1 ? "local " : "", strchr(devs, ',') ? "s" : "", devs,
+             p->ctx->nproc > 1 ? " (of some process)" : "");
   else
     snprintf(what, sizeof what,
              "every device's own loss and gradients were finite, their average was not "
@@ -329,12 +331,42 @@ static pmap_status numeric_error(const pmap_params *p) {
                   (long long)p->step, what, (double)h[0]);
 }
 
+/* Across processes the mean weighs every global device alike, which is the global mean only
+ * when every process passes as many rows: one exchange checks it when the batch size changes.
+ * The rows travel split in 24-bit halves (exact in float); the values live on the stack:
+ * distributed contexts are CPU ones, whose devices read host memory. */
+static pmap_status dist_rows_job(pmap_device *dev, void *arg) {
+  pmap_params *p = arg;
+  float hi = (float)(p->batch >> 24), lo = (float)(p->batch & 0xffffff);
+  float v[4] = {hi, lo, -hi, -lo};
+  PMAP_TRY(backend_all_reduce(dev, v, v, 4, PMAP_RED_MAX));
+  if (dev->index == 0) {
+    p->rows[0] = v[0] * 16777216.0f + v[1]; /* approximate, for the message */
+    p->rows[1] = v[2] * 16777216.0f + v[3];
+    p->dist_bd = v[0] == -v[2] && v[1] == -v[3] ? p->batch : -1;
+  }
+  return PMAP_SUCCESS;
+}
+
+static pmap_status check_dist_rows(pmap_params *p) {
+  if (!p->ctx->dist || p->batch == p->dist_bd) return PMAP_SUCCESS;
+  PMAP_TRY(pmap_ctx_dispatch(p->ctx, dist_rows_job, p));
+  if (p->dist_bd != p->batch)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "pmap_update: the processes pass different numbers of rows (%.0f to %.0f; "
+                    "this process %lld): each must pass the same number, so that the mean "
+                    "weighs every row alike (nothing was changed)",
+                    (double)-p->rows[1], (double)p->rows[0], (long long)p->batch);
+  return PMAP_SUCCESS;
+}
+
 pmap_status pmap_update(pmap_params *p, const pmap_array *xs, const pmap_array *ys, float *loss) {
   const char *call = "pmap_update";
   if (!p) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: params is NULL", call);
   if (!ys) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: ys is NULL", call);
   PMAP_TRY(pmap_ctx_lock(p->ctx, call));
   pmap_status st = check_batch(p, xs, ys, call);
+  if (!st) st = check_dist_rows(p);
   if (!st) {
     int64_t t = p->step + 1;
     p->hyper = optimizer_hyper(&p->opt, t);

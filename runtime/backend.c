@@ -1,9 +1,70 @@
-/* backend.c: the only code outside the backends that calls a backend's table for memory, copies
- * and sync. Optional members are handled here, once, and the allocation fault hook lives here. */
+/* backend.c: the list of backends, and the only code outside the backends that calls a backend's
+ * table. Optional members are handled here, once, and the allocation fault hook lives here. */
 #include "backend.h"
 
 #include "error.h"
 #include "fault.h"
+
+static int cpu_device_count(void) { return PMAP_MAX_DEVICES; }
+
+static const backend_entry backends[] = {
+#if defined(PMAP_HAVE_CUDA)
+    {PMAP_BACKEND_CUDA, &pmap_cuda_backend, pmap_cuda_device_count, NULL, "CUDA",
+     pmap_cuda_unavailable_reason},
+#endif
+    {PMAP_BACKEND_CPU, &pmap_cpu_backend, cpu_device_count, pmap_cpu_default_devices, "CPU", NULL},
+};
+
+const backend_entry *backend_list(int *count) {
+  *count = (int)(sizeof backends / sizeof backends[0]);
+  return backends;
+}
+
+const backend_entry *backend_find(pmap_backend kind) {
+  for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++)
+    if (backends[i].kind == kind) return &backends[i];
+  return NULL;
+}
+
+pmap_status backend_check(const pmap_backend_i *be) {
+  const char *missing = !be->alloc      ? "alloc"
+                        : !be->free     ? "free"
+                        : !be->upload   ? "upload"
+                        : !be->download ? "download"
+                        : !be->ops      ? "ops"
+                        : !be->coll     ? "coll"
+                        : !be->coll->all_reduce ? "coll->all_reduce"
+                        : !be->coll->broadcast  ? "coll->broadcast"
+                        : !be->coll->all_gather ? "coll->all_gather"
+                        : !be->coll->barrier    ? "coll->barrier"
+                                                : NULL;
+  if (!missing) return PMAP_SUCCESS;
+  return PMAP_ERR(PMAP_ERR_INTERNAL, "backend %s: its table has no %s", be->name, missing);
+}
+
+pmap_status backend_ctx_init(pmap_ctx *ctx, const pmap_config *cfg) {
+  return ctx->be->ctx_init ? ctx->be->ctx_init(ctx, cfg) : PMAP_SUCCESS;
+}
+
+void backend_ctx_fini(pmap_ctx *ctx) {
+  if (ctx->be && ctx->be->ctx_fini) ctx->be->ctx_fini(ctx);
+}
+
+pmap_status backend_device_init(pmap_device *dev) {
+  return dev->ctx->be->device_init ? dev->ctx->be->device_init(dev) : PMAP_SUCCESS;
+}
+
+void backend_device_fini(pmap_device *dev) {
+  if (dev->ctx->be->device_fini) dev->ctx->be->device_fini(dev);
+}
+
+pmap_status backend_enter(pmap_device *dev, int saved[2]) {
+  return dev->ctx->be->enter ? dev->ctx->be->enter(dev, saved) : PMAP_SUCCESS;
+}
+
+void backend_leave(pmap_device *dev, const int saved[2]) {
+  if (dev->ctx->be->leave) dev->ctx->be->leave(dev, saved);
+}
 
 pmap_status backend_alloc(pmap_device *dev, size_t bytes, void **out) {
   *out = NULL;

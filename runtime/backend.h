@@ -110,9 +110,15 @@ struct pmap_ctx {
   sync_barrier bar;
   coll_desc *desc; /* (2, n): what each device called, double-buffered by coll_seq parity */
   struct pmap_fault *fault; /* injected faults (PMAP_FAULT), NULL when none */
+  /* Across processes (runtime/dist): the transport, NULL for one process; this process's index
+   * and the process count. Global device index = proc * n + local index. */
+  struct pmap_dist *dist;
+  int proc, nproc;
 };
 
 extern const pmap_backend_i pmap_cpu_backend;
+/* The CPU backend's default device count: PMAP_CPU_DEVICES, else 4 (runtime/cpu). */
+pmap_status pmap_cpu_default_devices(int *out);
 #if defined(PMAP_HAVE_CUDA)
 extern const pmap_backend_i pmap_cuda_backend;
 /* Number of usable CUDA devices, 0 where there are none (no driver, no GPU). */
@@ -121,6 +127,34 @@ int pmap_cuda_device_count(void);
  * driver is older than the runtime, or there is no device). */
 const char *pmap_cuda_unavailable_reason(void);
 #endif
+
+/* One entry of the list of backends built in (runtime/backend.c), in the order
+ * PMAP_BACKEND_AUTO tries them. A new backend is one folder and one entry. */
+typedef struct backend_entry {
+  pmap_backend kind;
+  const pmap_backend_i *table;
+  int (*device_count)(void);                 /* usable devices here; 0: not usable */
+  /* The count PMAP_DEVICES_DEFAULT stands for (optional: NULL means device_count()). */
+  pmap_status (*default_devices)(int *out);
+  const char *label;                         /* "CPU", "CUDA": for messages */
+  /* Why device_count() found none, in the platform's words (optional). */
+  const char *(*unavailable_reason)(void);
+} backend_entry;
+
+/* The backends built in, *count of them. */
+const backend_entry *backend_list(int *count);
+/* The entry of kind, NULL when this build lacks it. */
+const backend_entry *backend_find(pmap_backend kind);
+/* PMAP_ERR_INTERNAL naming the first required member of be that is NULL. */
+pmap_status backend_check(const pmap_backend_i *be);
+
+/* The table's context-wide and per-device hooks, optional members handled here. */
+pmap_status backend_ctx_init(pmap_ctx *ctx, const pmap_config *cfg);
+void backend_ctx_fini(pmap_ctx *ctx);
+pmap_status backend_device_init(pmap_device *dev);
+void backend_device_fini(pmap_device *dev);
+pmap_status backend_enter(pmap_device *dev, int saved[2]);
+void backend_leave(pmap_device *dev, const int saved[2]);
 
 /* The wrappers over a backend's table (runtime/backend.c): models and the public collectives
  * call these, never dev->ctx->be directly. backend_alloc: device memory (fault hook: alloc);

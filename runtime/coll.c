@@ -9,8 +9,12 @@
 #include "backend.h"
 #include "error.h"
 
-int pmap_axis_index(const pmap_device *dev) { return dev ? dev->index : -1; }
-int pmap_axis_size(const pmap_device *dev) { return dev ? dev->ctx->n : 0; }
+int pmap_axis_index(const pmap_device *dev) {
+  return dev ? dev->ctx->proc * dev->ctx->n + dev->index : -1;
+}
+int pmap_axis_size(const pmap_device *dev) { return dev ? dev->ctx->nproc * dev->ctx->n : 0; }
+int pmap_local_index(const pmap_device *dev) { return dev ? dev->index : -1; }
+int pmap_process_index(const pmap_device *dev) { return dev ? dev->ctx->proc : -1; }
 
 void *pmap_device_stream(pmap_device *dev) {
   return dev && dev->ctx->be->native ? dev->ctx->be->native(dev, 0) : NULL;
@@ -169,8 +173,8 @@ pmap_status pmap_pmax(pmap_device *dev, const float *send, float *recv, size_t c
 
 pmap_status pmap_all_gather(pmap_device *dev, const float *send, float *recv, size_t count) {
   pmap_status st = check_coll("pmap_all_gather", dev, send, recv, count,
-                              dev ? count * (size_t)dev->ctx->n : 0,
-                              dev && recv ? recv + count * (size_t)dev->index : NULL);
+                              dev ? count * (size_t)pmap_axis_size(dev) : 0,
+                              dev && recv ? recv + count * (size_t)pmap_axis_index(dev) : NULL);
   if (st) return st;
   PMAP_TRY(rendezvous(dev, "pmap_all_gather", count, 0));
   PMAP_TRY(backend_all_gather(dev, send, recv, count));
@@ -181,9 +185,9 @@ pmap_status pmap_broadcast(pmap_device *dev, const float *send, float *recv, siz
                            int root) {
   pmap_status st = check_coll("pmap_broadcast", dev, send, recv, count, count, recv);
   if (st) return st;
-  if (root < 0 || root >= dev->ctx->n)
+  if (root < 0 || root >= pmap_axis_size(dev))
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_broadcast: root %d is outside [0, %d)", root,
-                    dev->ctx->n);
+                    pmap_axis_size(dev));
   PMAP_TRY(rendezvous(dev, "pmap_broadcast", count, root));
   PMAP_TRY(backend_broadcast(dev, send, recv, count, root));
   return finish(dev);

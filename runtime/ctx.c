@@ -12,8 +12,8 @@
 #include "backend.h"
 #include "error.h"
 #include "fault.h"
+#include "runtime/dist/dist.h"
 
-#define DEFAULT_CPU_DEVICES 4
 #define DEFAULT_TIMEOUT_S 300.0
 #define MAX_TIMEOUT_S 1e9
 
@@ -142,10 +142,10 @@ pmap_status pmap_ctx_dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg) {
 
   pmap_device *d0 = &ctx->dev[0];
   int saved[2] = {0, 0};
-  pmap_status entered = ctx->be->enter ? ctx->be->enter(d0, saved) : PMAP_SUCCESS;
+  pmap_status entered = backend_enter(d0, saved);
   if (entered == PMAP_SUCCESS) {
     run_job(ctx, d0);
-    if (ctx->be->leave) ctx->be->leave(d0, saved);
+    backend_leave(d0, saved);
   } else {
     d0->status = entered;
     snprintf(d0->msg, sizeof d0->msg, "%s", pmap_error_message());
@@ -183,54 +183,47 @@ pmap_status pmap_ctx_dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg) {
 
 static pmap_status init_job(pmap_device *dev, void *arg) {
   (void)arg;
-  if (dev->ctx->be->device_init) PMAP_TRY(dev->ctx->be->device_init(dev));
+  PMAP_TRY(backend_device_init(dev));
   dev->initialised = 1;
   return PMAP_SUCCESS;
 }
 
 static pmap_status fini_job(pmap_device *dev, void *arg) {
   (void)arg;
-  if (dev->initialised && dev->ctx->be->device_fini) dev->ctx->be->device_fini(dev);
+  if (dev->initialised) backend_device_fini(dev);
   dev->initialised = 0;
   return PMAP_SUCCESS;
 }
 
-static pmap_status choose_backend(const pmap_config *cfg, pmap_backend *kind,
-                                  const pmap_backend_i **be) {
-  switch (cfg->backend) {
-  case PMAP_BACKEND_AUTO:
-#if defined(PMAP_HAVE_CUDA)
-    if (pmap_cuda_device_count() > 0) {
-      *kind = PMAP_BACKEND_CUDA;
-      *be = &pmap_cuda_backend;
-      return PMAP_SUCCESS;
-    }
-#endif
-    *kind = PMAP_BACKEND_CPU;
-    *be = &pmap_cpu_backend;
-    return PMAP_SUCCESS;
-  case PMAP_BACKEND_CPU:
-    *kind = PMAP_BACKEND_CPU;
-    *be = &pmap_cpu_backend;
-    return PMAP_SUCCESS;
-  case PMAP_BACKEND_CUDA:
-#if defined(PMAP_HAVE_CUDA)
-    if (pmap_cuda_device_count() <= 0)
-      return PMAP_ERR(PMAP_ERR_UNAVAILABLE,
-                      "pmap_ctx_create: backend cuda requested but no CUDA device is usable "
-                      "here: %s",
-                      pmap_cuda_unavailable_reason());
-    *kind = PMAP_BACKEND_CUDA;
-    *be = &pmap_cuda_backend;
-    return PMAP_SUCCESS;
-#else
-    return PMAP_ERR(PMAP_ERR_UNAVAILABLE,
-                    "pmap_ctx_create: backend cuda requested but this build has no CUDA backend "
-                    "(configure with -Dcuda=enabled on a machine with the CUDA toolkit)");
-#endif
+/* The backend of cfg->backend from the list: AUTO takes the first with a usable device. */
+static pmap_status choose_backend(const pmap_config *cfg, const backend_entry **out) {
+  int count = 0;
+  const backend_entry *list = backend_list(&count);
+  if (cfg->backend == PMAP_BACKEND_AUTO) {
+    for (int i = 0; i < count; i++)
+      if (list[i].device_count() > 0) {
+        *out = &list[i];
+        return PMAP_SUCCESS;
+      }
+    return PMAP_ERR(PMAP_ERR_UNAVAILABLE, "pmap_ctx_create: no backend has a usable device");
   }
-  return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_ctx_create: unknown backend %d",
-                  (int)cfg->backend);
+  const char *name = pmap_backend_name(cfg->backend);
+  if (!name)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_ctx_create: unknown backend %d",
+                    (int)cfg->backend);
+  const backend_entry *e = backend_find(cfg->backend);
+  if (!e)
+    return PMAP_ERR(PMAP_ERR_UNAVAILABLE,
+                    "pmap_ctx_create: backend %s requested but this build has no %s backend "
+                    "(configure with -D%s=enabled on a machine with what it needs)",
+                    name, name, name);
+  if (e->device_count() <= 0)
+    return PMAP_ERR(PMAP_ERR_UNAVAILABLE,
+                    "pmap_ctx_create: backend %s requested but no %s device is usable here%s%s",
+                    name, e->label, e->unavailable_reason ? ": " : "",
+                    e->unavailable_reason ? e->unavailable_reason() : "");
+  *out = e;
+  return PMAP_SUCCESS;
 }
 
 pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
@@ -254,20 +247,16 @@ pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
                     "pmap_ctx_create: numeric_guard %d is neither PMAP_GUARD_ON (0) nor "
                     "PMAP_GUARD_OFF (1)",
                     cfg.numeric_guard);
-  pmap_backend kind;
-  const pmap_backend_i *be;
-  pmap_status st = choose_backend(&cfg, &kind, &be);
+  const backend_entry *entry = NULL;
+  pmap_status st = choose_backend(&cfg, &entry);
   if (st) return st;
+  pmap_backend kind = entry->kind;
+  const pmap_backend_i *be = entry->table;
+  PMAP_TRY(backend_check(be));
   if (cfg.num_devices == PMAP_DEVICES_DEFAULT) {
-    long env = 0;
-    if (kind == PMAP_BACKEND_CPU) {
-      st = env_int("PMAP_CPU_DEVICES", 1, PMAP_MAX_DEVICES, &env);
-      if (st) return st;
-    }
-    cfg.num_devices = env ? (int)env : DEFAULT_CPU_DEVICES;
-#if defined(PMAP_HAVE_CUDA)
-    if (kind == PMAP_BACKEND_CUDA) cfg.num_devices = pmap_cuda_device_count();
-#endif
+    if (entry->default_devices) PMAP_TRY(entry->default_devices(&cfg.num_devices));
+    else cfg.num_devices = entry->device_count();
+    if (cfg.num_devices > PMAP_MAX_DEVICES) cfg.num_devices = PMAP_MAX_DEVICES;
   }
   long spin_us = 0;
   st = env_int("PMAP_SPIN_US", 0, 10000000, &spin_us);
@@ -318,8 +307,24 @@ pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   ctx->lock_ready = 1;
   PMAP_TRY_GOTO(st, pmap_fault_parse(getenv("PMAP_FAULT"), &ctx->fault), fail);
   sync_barrier_init(&ctx->bar, (uint32_t)n);
+  ctx->nproc = 1;
+  PMAP_TRY_GOTO(st, dist_open(&cfg, kind, n, ctx->wait.timeout_ns, &ctx->dist, &ctx->proc,
+                              &ctx->nproc), fail);
+  if (ctx->dist && kind == PMAP_BACKEND_CUDA) {
+    /* The NCCL bootstrap over MPI is runtime/dist/dist_nccl.c; the CUDA backend does not use it
+     * yet, so its communicators would span one process only. */
+    st = PMAP_ERR(PMAP_ERR_UNAVAILABLE,
+                  "pmap_ctx_create: the CUDA backend does not span processes yet; use the cpu "
+                  "backend across processes, or PMAP_DIST=none for independent processes");
+    goto fail;
+  }
+  if (ctx->nproc > 1 && (int64_t)n * ctx->nproc > INT_MAX / 2) {
+    st = PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_ctx_create: %d processes x %d devices is too many",
+                  ctx->nproc, n);
+    goto fail;
+  }
 
-  if (be->ctx_init) PMAP_TRY_GOTO(st, be->ctx_init(ctx, &cfg), fail);
+  PMAP_TRY_GOTO(st, backend_ctx_init(ctx, &cfg), fail);
   for (int i = 1; i < n; i++) {
     int e = pthread_create(&ctx->threads[i], NULL, worker_main, &ctx->dev[i]);
     if (e) {
@@ -359,7 +364,8 @@ pmap_status pmap_ctx_destroy(pmap_ctx *ctx) {
   ctx->stop = 1;
   pmap_event_signal(&ctx->job);
   for (int i = 1; i <= ctx->started; i++) pthread_join(ctx->threads[i], NULL);
-  if (ctx->be && ctx->be->ctx_fini) ctx->be->ctx_fini(ctx);
+  backend_ctx_fini(ctx);
+  dist_close(ctx->dist);
   if (ctx->lock_ready) {
     pthread_mutex_unlock(&ctx->lock);
     pthread_mutex_destroy(&ctx->lock);
@@ -373,6 +379,8 @@ pmap_status pmap_ctx_destroy(pmap_ctx *ctx) {
 }
 
 int pmap_ctx_num_devices(const pmap_ctx *ctx) { return ctx ? ctx->n : 0; }
+int pmap_ctx_num_processes(const pmap_ctx *ctx) { return ctx ? ctx->nproc : 0; }
+int pmap_ctx_process_index(const pmap_ctx *ctx) { return ctx ? ctx->proc : -1; }
 pmap_backend pmap_ctx_backend(const pmap_ctx *ctx) { return ctx ? ctx->kind : PMAP_BACKEND_CPU; }
 
 const char *pmap_backend_name(pmap_backend b) {
@@ -396,11 +404,7 @@ pmap_status pmap_backend_parse(const char *name, pmap_backend *out) {
 }
 
 int pmap_backend_built(pmap_backend b) {
-  if (b == PMAP_BACKEND_CPU || b == PMAP_BACKEND_AUTO) return 1;
-#if defined(PMAP_HAVE_CUDA)
-  if (b == PMAP_BACKEND_CUDA) return 1;
-#endif
-  return 0;
+  return b == PMAP_BACKEND_AUTO || backend_find(b) != NULL;
 }
 
 pmap_status pmap_run(pmap_ctx *ctx, pmap_fn fn, void *arg) {

@@ -124,7 +124,11 @@ static int barrier_verdict(sync_barrier *b, uint32_t gen, const pmap_wait_policy
     if (s & BAR_FAILED) return PMAP_WAIT_ABORTED;
     int why = -1;
     if (p->abort && atomic_load_explicit(p->abort, memory_order_acquire)) why = PMAP_WAIT_ABORTED;
-    else if (p->left && atomic_load_explicit(p->left, memory_order_acquire)) why = PMAP_WAIT_LEFT;
+    else if (p->left && atomic_load_explicit(p->left, memory_order_acquire))
+      /* A device that failed raised abort before it left: read abort again, so that a failure
+       * racing this check is not taken for a device that left without calling. */
+      why = p->abort && atomic_load_explicit(p->abort, memory_order_acquire) ? PMAP_WAIT_ABORTED
+                                                                            : PMAP_WAIT_LEFT;
     else if (timed_out) why = PMAP_WAIT_TIMEOUT;
     if (why < 0) return -1;
     if (atomic_compare_exchange_strong_explicit(&b->state, &s, s | BAR_FAILED,

@@ -8,7 +8,7 @@ build=${1:-build-install}
 prefix=$(mktemp -d)
 trap 'rm -rf "$prefix"' EXIT
 rm -rf "$build"
-meson setup "$build" --prefix "$prefix" -Dtests=false -Dcuda=disabled >"$build.log" 2>&1 ||
+meson setup "$build" --prefix "$prefix" -Dtests=false -Dcuda=disabled -Dmpi=disabled >"$build.log" 2>&1 ||
   { tail -n 40 "$build.log"; exit 1; }
 ninja -C "$build" install >>"$build.log" 2>&1 || { tail -n 40 "$build.log"; exit 1; }
 pc=$(dirname "$(find "$prefix" -name pmap.pc | head -n 1)")

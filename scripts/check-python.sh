@@ -19,6 +19,6 @@ venv=$(cd "$venv" && pwd)
 "$venv/bin/pip" install -q --upgrade pip
 "$venv/bin/pip" install -q numpy pytest
 # CUDA stays out of the wheel built for this check (it is the CPU package the tests use).
-"$venv/bin/pip" install -q . -Csetup-args=-Dcuda=disabled
+"$venv/bin/pip" install -q . -Csetup-args=-Dcuda=disabled -Csetup-args=-Dmpi=disabled
 cd python/tests
 exec "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@"

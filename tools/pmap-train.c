@@ -38,10 +38,12 @@ static void usage(FILE *f) {
           "               epoch takes the training rows in an order drawn from --seed and the\n"
           "               epoch number, the same for any device count\n"
           "  --micro-batches  split each device's rows into K pieces (gradient accumulation)\n"
-          "  --devices    device count (default: CPU: $PMAP_CPU_DEVICES or 4)\n"
+          "  --devices    device count, per process under mpirun (default: CPU:\n"
+          "               $PMAP_CPU_DEVICES or 4)\n"
           "  --backend    auto picks CUDA where a GPU is usable, else the CPU (default auto)\n"
           "  --steps      training steps in all, resumed ones included (default: the model's)\n"
-          "  --batch      GLOBAL batch, a multiple of the device count (default: the model's)\n"
+          "  --batch      GLOBAL batch, a multiple of the device count (under mpirun: of every\n"
+          "               process's devices; each process trains on its rows) (default: the model's)\n"
           "  --lr         learning rate (default: the model's)\n"
           "  --seed       seed of the parameters and the data (default 0)\n"
           "  --samples    data set rows, rounded up to a multiple of the batch (default: the model's)\n"
@@ -175,7 +177,7 @@ typedef struct result {
   float lr, loss;
   double sps;
   int identical; /* 1, 0, or -1 when not checked */
-  int have_wb;
+  int have_wb, procs, me;
   float w, b;
   double eval_loss, eval_accuracy; /* NaN without held-out rows (or labels, for accuracy) */
 } result;
@@ -206,8 +208,9 @@ static void print_json(const opts *o, const result *r) {
   json_string(stdout, r->backend);
   printf(", \"gemm\": ");
   json_string(stdout, pmap_gemm_provider());
-  printf(", \"devices\": %d, \"steps\": %lld, \"start_step\": %lld, \"global_batch\": %lld, "
-         "\"lr\": ", r->devices, (long long)r->steps, (long long)r->start, (long long)o->batch);
+  printf(", \"devices\": %d, \"processes\": %d, \"steps\": %lld, \"start_step\": %lld, "
+         "\"global_batch\": %lld, \"lr\": ",
+         r->devices, r->procs, (long long)r->steps, (long long)r->start, (long long)o->batch);
   if (isfinite(r->lr)) printf("%g", (double)r->lr); /* as given: 0.005, not 0.00499999989 */
   else printf("null");
   printf(", \"seed\": %llu, \"final_loss\": ", (unsigned long long)o->seed);
@@ -303,6 +306,7 @@ static void plot_loss(const char *file, const char *title, const int64_t *step, 
 
 /* Saves params with pmap-train's section: the run's settings and its data position. */
 static int save(result *r, const opts *o, pmap_params *params, int64_t batches, float loss) {
+  if (r->me != 0) return 0; /* under mpirun every process holds the same state: one writes it */
   int64_t step = pmap_params_step(params);
   train_state ts = {.seed = o->seed, .batch = o->batch, .samples = batches * o->batch,
                     .next_step = step, .next_batch = step % batches, .last_loss = loss};
@@ -346,12 +350,12 @@ static int resume(result *r, const opts *o, pmap_params *params, int64_t batches
 }
 
 /* Every replica's parameters equal device 0's: the end-of-run check. w0 receives device 0's. */
-static int replicas_identical(result *r, pmap_params *params, int n, float *w0, float *wd,
-                              size_t P) {
-  if (pmap_params_read(params, 0, w0, P)) return fail(r, "pmap_params_read");
+static int replicas_identical(result *r, pmap_params *params, int first, int n, float *w0,
+                              float *wd, size_t P) {
+  if (pmap_params_read(params, first, w0, P)) return fail(r, "pmap_params_read");
   int identical = 1;
   for (int d = 1; d < n && identical; d++) {
-    if (pmap_params_read(params, d, wd, P)) return fail(r, "pmap_params_read");
+    if (pmap_params_read(params, first + d, wd, P)) return fail(r, "pmap_params_read");
     identical = memcmp(w0, wd, P * sizeof *w0) == 0;
   }
   r->identical = identical;
@@ -362,7 +366,7 @@ int main(int argc, char **argv) {
   opts o;
   if (parse(argc, argv, &o)) return 1;
   result r = {.backend = o.backend, .devices = (int)o.devices, .loss = NAN, .sps = NAN,
-              .identical = -1, .eval_loss = NAN, .eval_accuracy = NAN};
+              .identical = -1, .eval_loss = NAN, .eval_accuracy = NAN, .procs = 1};
   train_data data = {0};
   char why[1024];
   pmap_example_info info;
@@ -402,13 +406,22 @@ int main(int argc, char **argv) {
                      .numeric_guard = o.no_guard ? PMAP_GUARD_OFF : PMAP_GUARD_ON};
   if (pmap_ctx_create(&cfg, &ctx)) { fail(&r, "cannot create the context"); goto out; }
   int n = pmap_ctx_num_devices(ctx);
+  /* Under mpirun: --devices is per process, --batch is global and each process trains on its
+   * rows of it; process 0 alone reports and writes checkpoints. */
+  int procs = pmap_ctx_num_processes(ctx), me = pmap_ctx_process_index(ctx);
+  r.procs = procs;
+  r.me = me;
+  if (me != 0 && !freopen("/dev/null", "w", stdout)) {
+    failf(&r, "cannot silence the output of process %d", me);
+    goto out;
+  }
   const char *bname = pmap_backend_name(pmap_ctx_backend(ctx));
   r.devices = n;
   r.backend = bname;
-  if (backend == PMAP_BACKEND_AUTO)
+  if (backend == PMAP_BACKEND_AUTO && me == 0)
     fprintf(stderr, "%s: backend auto chose %s\n", prog, bname);
-  if (o.batch % n) {
-    failf(&r, "global batch %lld is not divisible by %d devices", (long long)o.batch, n);
+  if (o.batch % (n * procs)) {
+    failf(&r, "global batch %lld is not divisible by %d devices", (long long)o.batch, n * procs);
     goto out;
   }
   if (o.data) {
@@ -428,10 +441,12 @@ int main(int argc, char **argv) {
   int64_t start = pmap_params_step(params);
   r.start = start;
   r.loss = loss;
+  if (procs > 1)
+    printf("pmap-train: %d processes x %d devices = %d global devices\n", procs, n, procs * n);
   printf("pmap-train: model %s (%zu parameters), backend %s (gemm %s), %d devices, global batch "
          "%lld (%lld per device), %lld steps, %s lr %g, seed %llu\n",
          o.model, pmap_params_count(params), bname, pmap_gemm_provider(), n, (long long)o.batch,
-         (long long)(o.batch / n), (long long)o.steps,
+         (long long)(o.batch / n / procs), (long long)o.steps,
          info.opt.kind == PMAP_OPT_SGD ? "SGD" : info.opt.kind == PMAP_OPT_ADAM ? "Adam" : "AdamW", (double)info.opt.lr,
          (unsigned long long)o.seed);
   if (o.resume) printf("resumed from %s at step %lld\n", o.resume, (long long)start);
@@ -456,16 +471,19 @@ int main(int argc, char **argv) {
     /* The data position is the step: step s takes batch s % batches, resumed or not. */
     int64_t first = (s % batches) * o.batch;
     pmap_array xb = xs, yb = ys;
+    int64_t mine = o.batch / procs; /* this process's rows of the global batch */
     if (o.data) {
       if (train_data_batch(&data, s, o.batch, &xb, &yb, why, sizeof why)) {
         failf(&r, "%s", why);
         goto out;
       }
+      xb.data = (float *)xb.data + (size_t)(me * mine) * (size_t)data.x_row;
+      yb.data = (char *)yb.data + (size_t)(me * mine) * (size_t)data.y_row * 4;
     } else {
-      xb.data = (float *)xs.data + (size_t)first * xrow;
-      yb.data = (char *)ys.data + (size_t)first * yrow * 4;
-      xb.shape[0] = yb.shape[0] = o.batch;
+      xb.data = (float *)xs.data + (size_t)(first + me * mine) * xrow;
+      yb.data = (char *)ys.data + (size_t)(first + me * mine) * yrow * 4;
     }
+    xb.shape[0] = yb.shape[0] = mine;
     double t0 = cli_now();
     pmap_status st = pmap_update(params, &xb, &yb, &loss);
     if (st == PMAP_ERR_NUMERIC) {
@@ -524,7 +542,7 @@ int main(int argc, char **argv) {
   w0 = malloc(P * sizeof *w0);
   wd = malloc(P * sizeof *wd);
   if (!w0 || !wd) { failf(&r, "out of memory"); goto out; }
-  if (replicas_identical(&r, params, n, w0, wd, P)) goto out;
+  if (replicas_identical(&r, params, me * n, n, w0, wd, P)) goto out;
   printf("final loss %.6f after %lld steps, %.0f samples/s, replicas identical: %s\n",
          (double)loss, (long long)o.steps, sps, r.identical ? "yes" : "NO");
   if (!strcmp(o.model, "linear")) {

@@ -38,6 +38,8 @@ class Config(ctypes.Structure):
         ("timeout_s", ctypes.c_double),
         ("numeric_guard", ctypes.c_int),
         ("uneven_batches", ctypes.c_int),
+        ("dist", ctypes.c_int),
+        ("mpi_comm", ctypes.c_void_p),
     ]
 
 

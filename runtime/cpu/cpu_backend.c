@@ -1,5 +1,6 @@
 /* cpu_backend.c: the CPU backend. A device is a worker thread; its memory is host memory, so an
  * input shard is read in place (no staging) and copies are memcpy. */
+#include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,22 @@
 #include "runtime/error.h"
 
 #define CPU_ALIGN 64
+#define CPU_DEFAULT_DEVICES 4
+
+pmap_status pmap_cpu_default_devices(int *out) {
+  const char *s = getenv("PMAP_CPU_DEVICES");
+  *out = CPU_DEFAULT_DEVICES;
+  if (!s || !*s) return PMAP_SUCCESS;
+  char *end = NULL;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || *end || v < 1 || v > PMAP_MAX_DEVICES)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "environment variable PMAP_CPU_DEVICES=\"%s\" is not an integer in [1, %d]", s,
+                    PMAP_MAX_DEVICES);
+  *out = (int)v;
+  return PMAP_SUCCESS;
+}
 
 static pmap_status cpu_ctx_init(pmap_ctx *ctx, const pmap_config *cfg) {
   (void)cfg;
@@ -31,6 +48,7 @@ static void cpu_ctx_fini(pmap_ctx *ctx) {
   if (!cc) return;
   free(cc->dev);
   free(cc->slots);
+  free(cc->part);
   free(cc);
   ctx->be_ctx = NULL;
 }

@@ -16,20 +16,13 @@
 /* Chunk boundaries are multiples of 16 floats (a cache line), so no two devices write one line. */
 #define CHUNK_ALIGN 16
 
-/* One device's passage through the barriers of one collective. */
-typedef struct passage {
-  pmap_device *dev;
-  const char *call;
-  int counted; /* counted in touching: past a barrier after which buffers are shared */
-} passage;
-
-/* Arrives at the next barrier. touch_next: after it, devices use each other's buffers. */
-static pmap_status arrive(passage *ps, int touch_next) {
+pmap_status cpu_arrive(cpu_passage *ps, int touch_next) {
   pmap_ctx *ctx = ps->dev->ctx;
   cpu_ctx *cc = ctx->be_ctx;
   if (ps->counted) atomic_fetch_sub_explicit(&cc->touching, 1, memory_order_acq_rel);
   ps->counted = 0;
-  int r = sync_barrier_wait_touch(&ctx->bar, &ctx->wait, touch_next ? &cc->touching : NULL);
+  const pmap_wait_policy *w = ps->wait ? ps->wait : &ctx->wait;
+  int r = sync_barrier_wait_touch(&ctx->bar, w, touch_next ? &cc->touching : NULL);
   if (r == PMAP_WAIT_OK) {
     ps->counted = touch_next;
     return PMAP_SUCCESS;
@@ -41,7 +34,7 @@ static pmap_status arrive(passage *ps, int touch_next) {
 /* out[i] = op over devices j = 0..n-1 of src[j][i], for i in [lo, hi). out may alias any
  * src[k], so each block is reduced into a local buffer before it is written. max propagates NaN
  * (as jnp.max does). */
-static void reduce_range(const float *const *src, int n, float *out, size_t lo, size_t hi,
+void cpu_reduce_range(const float *const *src, int n, float *out, size_t lo, size_t hi,
                          pmap_redop op) {
   enum { BLOCK = 256 };
   float acc[BLOCK];
@@ -68,6 +61,7 @@ static pmap_status cpu_all_reduce(pmap_device *dev, const float *send, float *re
   pmap_ctx *ctx = dev->ctx;
   cpu_ctx *cc = ctx->be_ctx;
   int n = ctx->n, d = dev->index;
+  if (ctx->dist) return cpu_hier_all_reduce(dev, send, recv, count, op);
   if (count == 0) return PMAP_SUCCESS;
   if (n == 1) { /* sum, mean and max of one value are the value */
     if (recv != send) memcpy(recv, send, count * sizeof *recv);
@@ -76,14 +70,14 @@ static pmap_status cpu_all_reduce(pmap_device *dev, const float *send, float *re
   const float **sends = cc->slots, **recvs = cc->slots + n;
   sends[d] = send;
   recvs[d] = recv;
-  passage ps = {dev, "all_reduce", 0};
-  PMAP_TRY(arrive(&ps, 1));
+  cpu_passage ps = {dev, "all_reduce", 0, NULL};
+  PMAP_TRY(cpu_arrive(&ps, 1));
   if (count <= CPU_SMALL_REDUCE) {
     /* Every device reduces everything into its scratch, then copies it out once no device
      * reads the sends any more (recv may be a send). */
     float *tmp = ((cpu_device *)dev->be)->small;
-    reduce_range(sends, n, tmp, 0, count, op);
-    PMAP_TRY(arrive(&ps, 0));
+    cpu_reduce_range(sends, n, tmp, 0, count, op);
+    PMAP_TRY(cpu_arrive(&ps, 0));
     memcpy(recv, tmp, count * sizeof *recv);
     return PMAP_SUCCESS;
   }
@@ -91,8 +85,8 @@ static pmap_status cpu_all_reduce(pmap_device *dev, const float *send, float *re
   chunk = (chunk + CHUNK_ALIGN - 1) / CHUNK_ALIGN * CHUNK_ALIGN;
   size_t lo = chunk * (size_t)d < count ? chunk * (size_t)d : count;
   size_t hi = lo + chunk < count ? lo + chunk : count;
-  reduce_range(sends, n, recv, lo, hi, op);
-  PMAP_TRY(arrive(&ps, 1));
+  cpu_reduce_range(sends, n, recv, lo, hi, op);
+  PMAP_TRY(cpu_arrive(&ps, 1));
   for (int k = 0; k < n; k++) {
     if (k == d) continue;
     size_t klo = chunk * (size_t)k < count ? chunk * (size_t)k : count;
@@ -100,41 +94,44 @@ static pmap_status cpu_all_reduce(pmap_device *dev, const float *send, float *re
     if (khi > klo) memcpy(recv + klo, recvs[k] + klo, (khi - klo) * sizeof *recv);
   }
   /* Nobody may leave (and reuse its buffers) while another device still copies from them. */
-  PMAP_TRY(arrive(&ps, 0));
+  PMAP_TRY(cpu_arrive(&ps, 0));
   return PMAP_SUCCESS;
 }
 
 static pmap_status cpu_broadcast(pmap_device *dev, const float *send, float *recv, size_t count,
                                  int root) {
   cpu_ctx *cc = dev->ctx->be_ctx;
+  if (dev->ctx->dist) return cpu_hier_broadcast(dev, send, recv, count, root);
   if (count == 0) return PMAP_SUCCESS;
   cc->slots[dev->index] = send;
-  passage ps = {dev, "broadcast", 0};
-  PMAP_TRY(arrive(&ps, 1));
+  cpu_passage ps = {dev, "broadcast", 0, NULL};
+  PMAP_TRY(cpu_arrive(&ps, 1));
   const float *src = cc->slots[root];
   if (recv != src) memcpy(recv, src, count * sizeof *recv);
-  PMAP_TRY(arrive(&ps, 0));
+  PMAP_TRY(cpu_arrive(&ps, 0));
   return PMAP_SUCCESS;
 }
 
 static pmap_status cpu_all_gather(pmap_device *dev, const float *send, float *recv, size_t count) {
   pmap_ctx *ctx = dev->ctx;
   cpu_ctx *cc = ctx->be_ctx;
+  if (ctx->dist) return cpu_hier_all_gather(dev, send, recv, count);
   if (count == 0) return PMAP_SUCCESS;
   cc->slots[dev->index] = send;
-  passage ps = {dev, "all_gather", 0};
-  PMAP_TRY(arrive(&ps, 1));
+  cpu_passage ps = {dev, "all_gather", 0, NULL};
+  PMAP_TRY(cpu_arrive(&ps, 1));
   for (int k = 0; k < ctx->n; k++) {
     float *dst = recv + (size_t)k * count;
     if (dst != cc->slots[k]) memcpy(dst, cc->slots[k], count * sizeof *dst);
   }
-  PMAP_TRY(arrive(&ps, 0));
+  PMAP_TRY(cpu_arrive(&ps, 0));
   return PMAP_SUCCESS;
 }
 
 static pmap_status cpu_barrier(pmap_device *dev) {
-  passage ps = {dev, "barrier", 0};
-  return arrive(&ps, 0);
+  if (dev->ctx->dist) return cpu_hier_barrier(dev);
+  cpu_passage ps = {dev, "barrier", 0, NULL};
+  return cpu_arrive(&ps, 0);
 }
 
 const pmap_coll_i pmap_cpu_coll = {

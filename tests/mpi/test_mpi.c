@@ -1,0 +1,457 @@
+/* test_mpi.c: pmap across processes, run by test_mpi.sh under mpirun with P processes of D
+ * devices each. Modes:
+ *   coll D     every collective across processes with exactly summable values, in and out of
+ *              place, sizes 0..50001; global and local indices; a mismatch across processes
+ *   train D    every example model, 20 steps: P*D global devices equal one process with P*D
+ *              devices and equal 1 device (parameters: relative error <= 1e-5; each step's
+ *              loss <= 1e-4); replicas bitwise identical in every process
+ *   layout D   process 1 asks for D + 1 devices: every process fails naming the counts; then
+ *              process 1 passes more rows than the others: every process refuses the step;
+ *              NaN gradients on one device of process 1: every process skips the step
+ *   stall D    process 1 stalls before step 3: process 0 gets PMAP_ERR_TIMEOUT naming process
+ *              1 and the collective within the timeout, and later calls fail at once
+ *   die D      process 1 exits before step 3: the job ends, not hangs (mpirun ends it), or,
+ *              where mpirun lets the others run on, process 0 reports process 1 as for stall
+ * Exits 77 when pmap was built without MPI. */
+#include <time.h>
+#include <unistd.h>
+
+#include "pmap_examples.h"
+#include "testutil.h"
+
+static int P = 1, RANK = 0;
+
+static pmap_status dist_ctx(int devices, double timeout_s, pmap_ctx **out) {
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = devices, .timeout_s = timeout_s, .dist = PMAP_DIST_MPI};
+  return pmap_ctx_create(&cfg, out);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Collectives                                                                                */
+
+typedef struct coll_job {
+  long wrong[PMAP_MAX_DEVICES]; /* wrong elements seen by each local device */
+  int bad_index[PMAP_MAX_DEVICES];
+} coll_job;
+
+static const size_t counts[] = {0, 1, 7, 1000, 1025, 50001};
+#define NCOUNTS (sizeof counts / sizeof counts[0])
+
+static long count_wrong(const float *got, const double *want, size_t n, const char *what, int g) {
+  long wrong = 0;
+  for (size_t i = 0; i < n; i++)
+    if ((double)got[i] != want[i]) {
+      if (!wrong)
+        fprintf(stderr, "FAIL process %d device %d: %s: element %zu is %.9g, want %.9g\n", RANK,
+                g, what, i, (double)got[i], want[i]);
+      wrong++;
+    }
+  return wrong;
+}
+
+static float pmax_value(int g, size_t i, int G) {
+  return (float)(((size_t)g * 7 + i) % (size_t)G * 3 + i % 5);
+}
+
+static pmap_status coll_fn(pmap_device *dev, void *arg) {
+  coll_job *job = arg;
+  int g = pmap_axis_index(dev), G = pmap_axis_size(dev), l = pmap_local_index(dev);
+  long wrong = 0;
+  if (pmap_process_index(dev) != RANK || g != RANK * (G / P) + l) {
+    fprintf(stderr, "FAIL: device %d of process %d: global index %d, local %d, process %d\n", l,
+            RANK, g, l, pmap_process_index(dev));
+    wrong++;
+  }
+  size_t maxc = counts[NCOUNTS - 1];
+  float *send = NULL, *recv = NULL;
+  double *want = malloc((size_t)G * maxc * sizeof *want);
+  pmap_status st = pmap_device_alloc(dev, maxc, &send);
+  if (!st) st = pmap_device_alloc(dev, (size_t)G * maxc, &recv);
+  if (st || !want) goto out;
+  for (size_t c = 0; c < NCOUNTS && !st; c++) {
+    size_t n = counts[c];
+    for (int in_place = 0; in_place < 2 && !st; in_place++) {
+      /* psum and pmean of (g + 1) * k: sums and means are exact. */
+      for (size_t i = 0; i < n; i++) {
+        send[i] = (float)((g + 1) * (int)(i % 97 + 1));
+        want[i] = (double)(i % 97 + 1) * G * (G + 1) / 2;
+      }
+      float *out = in_place ? send : recv;
+      if ((st = pmap_psum(dev, send, out, n))) break;
+      wrong += count_wrong(out, want, n, in_place ? "psum in place" : "psum", g);
+      for (size_t i = 0; i < n; i++) {
+        send[i] = (float)((g + 1) * (int)(i % 97 + 1));
+        want[i] = (double)(i % 97 + 1) * (G + 1) / 2.0;
+      }
+      if ((st = pmap_pmean(dev, send, out, n))) break;
+      wrong += count_wrong(out, want, n, "pmean", g);
+      for (size_t i = 0; i < n; i++) {
+        send[i] = pmax_value(g, i, G);
+        double m = 0;
+        for (int k = 0; k < G; k++) m = k == 0 || pmax_value(k, i, G) > m ? pmax_value(k, i, G) : m;
+        want[i] = m;
+      }
+      if ((st = pmap_pmax(dev, send, out, n))) break;
+      wrong += count_wrong(out, want, n, "pmax", g);
+      /* all_gather: in place is send == recv + g * n. */
+      float *src = in_place ? recv + (size_t)g * n : send;
+      for (size_t i = 0; i < n; i++) src[i] = (float)(g * 4096 + (int)(i % 4096));
+      for (int k = 0; k < G; k++)
+        for (size_t i = 0; i < n; i++) want[(size_t)k * n + i] = k * 4096 + (double)(i % 4096);
+      if ((st = pmap_all_gather(dev, src, recv, n))) break;
+      wrong += count_wrong(recv, want, (size_t)G * n, "all_gather", g);
+    }
+    for (int root = 0; root < G && !st; root++) {
+      for (size_t i = 0; i < n; i++) {
+        send[i] = g == root ? (float)(root * 10000 + (int)(i % 1000)) : -1.0f;
+        want[i] = root * 10000 + (double)(i % 1000);
+      }
+      if ((st = pmap_broadcast(dev, send, recv, n, root))) break;
+      wrong += count_wrong(recv, want, n, "broadcast", g);
+    }
+    if (!st) st = pmap_barrier(dev);
+  }
+out:
+  job->wrong[l] = wrong;
+  pmap_device_free(dev, send);
+  pmap_device_free(dev, recv);
+  free(want);
+  if (!st && !want) st = PMAP_ERR_OUT_OF_MEMORY;
+  return st;
+}
+
+/* Process 0 calls psum of 4 floats, the others of 5: every process must refuse. */
+static pmap_status mismatch_fn(pmap_device *dev, void *arg) {
+  (void)arg;
+  float buf[5] = {1, 2, 3, 4, 5};
+  return pmap_psum(dev, buf, buf, pmap_process_index(dev) == 0 ? 4 : 5);
+}
+
+static void mode_coll(int d) {
+  pmap_ctx *ctx = NULL;
+  CHECK_OK(dist_ctx(d, 60.0, &ctx));
+  if (!ctx) return;
+  CHECK(pmap_ctx_num_processes(ctx) == P && pmap_ctx_process_index(ctx) == RANK,
+        "context: %d processes, index %d; want %d, %d", pmap_ctx_num_processes(ctx),
+        pmap_ctx_process_index(ctx), P, RANK);
+  coll_job job;
+  memset(&job, 0, sizeof job);
+  double t0 = now_s();
+  CHECK_OK(pmap_run(ctx, coll_fn, &job));
+  long wrong = 0;
+  for (int i = 0; i < d; i++) wrong += job.wrong[i];
+  CHECK(wrong == 0, "process %d: %ld wrong elements", RANK, wrong);
+  printf("process %d: collectives over %d x %d devices: %ld wrong (%.2f s)\n", RANK, P, d, wrong,
+         now_s() - t0);
+  CHECK_FAILS(pmap_run(ctx, mismatch_fn, NULL), PMAP_ERR_INVALID_ARGUMENT,
+              "called different collectives");
+  /* Still in step: a mismatch is refused before any data moves. */
+  memset(&job, 0, sizeof job);
+  CHECK_OK(pmap_run(ctx, coll_fn, &job));
+  CHECK_OK(pmap_ctx_destroy(ctx));
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Training                                                                                   */
+
+/* Rows [first, first + n) of a, as a view. */
+static pmap_array rows_of(const pmap_array *a, int64_t first, int64_t n) {
+  pmap_array v = *a;
+  int64_t row = pmap_array_numel(a) / a->shape[0];
+  v.data = (char *)a->data + (size_t)(first * row) * 4;
+  v.shape[0] = n;
+  return v;
+}
+
+#define STEPS 20
+#define WINDOWS 4 /* the data holds WINDOWS batches; step s trains on batch s % WINDOWS */
+
+/* Trains `model` for STEPS steps on a context of `devices` local devices (distributed when
+ * dist) and returns the parameters of this process's first device and the losses. */
+static float *train(const char *model, int64_t batch, int devices, int dist, float *losses) {
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = devices, .timeout_s = 60.0, .dist = dist ? PMAP_DIST_MPI : PMAP_DIST_NONE};
+  pmap_ctx *ctx = NULL;
+  pmap_params *params = NULL;
+  pmap_model *m = NULL;
+  pmap_example_info info;
+  pmap_array xs = {0}, ys = {0};
+  float *w = NULL;
+  pmap_status st = pmap_ctx_create(&cfg, &ctx);
+  if (!st) st = pmap_example_info_get(model, &info);
+  if (!st) st = pmap_example_model(model, &m);
+  if (!st) st = pmap_params_create(ctx, m, &info.opt, 42, &params);
+  if (!st) st = pmap_example_data(model, 7, batch * WINDOWS, &xs, &ys);
+  int procs = dist ? P : 1, me = dist ? RANK : 0;
+  int64_t mine = batch / procs; /* this process's rows of each global batch */
+  for (int s = 0; s < STEPS && !st; s++) {
+    int64_t first = (int64_t)(s % WINDOWS) * batch + me * mine;
+    pmap_array x = rows_of(&xs, first, mine), y = rows_of(&ys, first, mine);
+    st = pmap_update(params, &x, &y, &losses[s]);
+  }
+  size_t n = st ? 0 : pmap_params_count(params);
+  if (!st && !(w = malloc(n * sizeof *w))) st = PMAP_ERR_OUT_OF_MEMORY;
+  if (!st) st = pmap_params_read(params, me * devices, w, n);
+  /* Every local replica equals the first, bitwise. */
+  float *o = st ? NULL : malloc(n * sizeof *o);
+  for (int k = 1; o && k < devices && !st; k++) {
+    st = pmap_params_read(params, me * devices + k, o, n);
+    CHECK(st || !memcmp(o, w, n * sizeof *o), "%s: process %d device %d differs from its first",
+          model, me, k);
+  }
+  free(o);
+  if (st) {
+    fprintf(stderr, "FAIL %s on %d x %d devices: %s: %s\n", model, procs, devices,
+            pmap_status_string(st), pmap_last_error());
+    test_failures++;
+    free(w);
+    w = NULL;
+  }
+  if (dist && params && !st) {
+    /* A device of another process is not readable here. */
+    float one;
+    int other = ((RANK + 1) % P) * devices;
+    CHECK_FAILS(pmap_params_read(params, other, &one, pmap_params_count(params)),
+                PMAP_ERR_INVALID_ARGUMENT, "lives in process");
+  }
+  pmap_example_data_free(&xs, &ys);
+  pmap_model_destroy(m);
+  pmap_params_destroy(params);
+  pmap_ctx_destroy(ctx);
+  return w;
+}
+
+static double rel_err(const float *a, const float *b, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!isfinite(a[i]) || !isfinite(b[i])) return INFINITY;
+    double e = (double)a[i] - (double)b[i];
+    num += e * e;
+    den += (double)b[i] * b[i];
+  }
+  return sqrt(num / (den > 1e-30 ? den : 1e-30));
+}
+
+/* FNV-1a of the parameters' bits, as four 16-bit pieces: floats that sum and compare exactly. */
+static void hash_pieces(const float *w, size_t n, float out[4]) {
+  uint64_t h = 1469598103934665603ull;
+  const unsigned char *b = (const unsigned char *)w;
+  for (size_t i = 0; i < n * sizeof *w; i++) h = (h ^ b[i]) * 1099511628211ull;
+  for (int k = 0; k < 4; k++) out[k] = (float)((h >> (16 * k)) & 0xffff);
+}
+
+typedef struct hash_job {
+  float mine[4];
+  float all[PMAP_MAX_DEVICES][4 * 4096]; /* per local device: (G, 4) */
+} hash_job;
+
+static pmap_status hash_fn(pmap_device *dev, void *arg) {
+  hash_job *j = arg;
+  return pmap_all_gather(dev, j->mine, j->all[pmap_local_index(dev)], 4);
+}
+
+/* Every process's replica hashes the same: gathered over the distributed context. */
+static void check_same_everywhere(const char *model, const float *w, size_t n, int d) {
+  static hash_job job;
+  pmap_ctx *ctx = NULL;
+  CHECK_OK(dist_ctx(d, 60.0, &ctx));
+  if (!ctx) return;
+  hash_pieces(w, n, job.mine);
+  CHECK_OK(pmap_run(ctx, hash_fn, &job));
+  for (int k = 0; k < P * d; k++)
+    CHECK(!memcmp(job.all[0] + 4 * k, job.mine, sizeof job.mine),
+          "%s: the replica of global device %d differs from process %d's", model, k, RANK);
+  pmap_ctx_destroy(ctx);
+}
+
+static void mode_train(int d) {
+  static const struct {
+    const char *name;
+    int64_t batch;
+  } models[] = {{"linear", 24}, {"mlp", 24}, {"convnet", 24}, {"cifar-cnn", 12},
+                {"mlp-1024", 12}};
+  for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+    const char *name = models[i].name;
+    int64_t batch = models[i].batch;
+    pmap_model *m = NULL;
+    CHECK_OK(pmap_example_model(name, &m));
+    size_t n = pmap_model_num_params(m);
+    pmap_model_destroy(m);
+    double t0 = now_s();
+    float dl[STEPS], l1[STEPS], lg[STEPS];
+    float *wd = train(name, batch, d, 1, dl);
+    if (!wd) continue;
+    check_same_everywhere(name, wd, n, d);
+    if (RANK == 0) {
+      /* The references: one process with P*D devices, and one device. */
+      float *wg = train(name, batch, P * d, 0, lg);
+      float *w1 = train(name, batch, 1, 0, l1);
+      if (wg && w1) {
+        double eg = rel_err(wd, wg, n), e1 = rel_err(wd, w1, n), le = 0;
+        for (int s = 0; s < STEPS; s++) {
+          double e = fabs((double)dl[s] - l1[s]) / fmax(fabs((double)l1[s]), 1e-30);
+          le = e > le ? e : le;
+        }
+        CHECK(eg <= 1e-5, "%s: %d x %d devices vs one process of %d: relative error %.3g", name,
+              P, d, P * d, eg);
+        CHECK(e1 <= 1e-5, "%s: %d x %d devices vs 1 device: relative error %.3g", name, P, d, e1);
+        /* A step's loss is one mean over the batch, summed in another order per layout. */
+        CHECK(le <= 1e-4, "%s: losses differ from 1 device's by up to %.3g", name, le);
+        printf("%-9s %d x %d devices: vs %d devices %.2e, vs 1 device %.2e, losses %.2e "
+               "(%.2f s)\n",
+               name, P, d, P * d, eg, e1, le, now_s() - t0);
+      }
+      free(wg);
+      free(w1);
+    }
+    free(wd);
+  }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Failures                                                                                   */
+
+static void mode_layout(int d) {
+  pmap_ctx *ctx = NULL;
+  CHECK_FAILS(dist_ctx(RANK == 1 ? d + 1 : d, 30.0, &ctx), PMAP_ERR_INVALID_ARGUMENT,
+              "same backend and device count");
+  pmap_ctx_destroy(ctx);
+  printf("process %d: layout mismatch refused: %s\n", RANK, pmap_last_error());
+  /* Process 1 passes twice the rows of the others: refused everywhere, nothing changed. */
+  pmap_params *params = NULL;
+  pmap_model *m = NULL;
+  pmap_example_info info;
+  pmap_array xs = {0}, ys = {0};
+  CHECK_OK(dist_ctx(d, 30.0, &ctx));
+  CHECK_OK(pmap_example_info_get("mlp", &info));
+  CHECK_OK(pmap_example_model("mlp", &m));
+  if (ctx) CHECK_OK(pmap_params_create(ctx, m, &info.opt, 1, &params));
+  CHECK_OK(pmap_example_data("mlp", 2, 2 * d, &xs, &ys));
+  if (params) {
+    pmap_array x = xs, y = ys;
+    x.shape[0] = y.shape[0] = RANK == 1 ? 2 * d : d;
+    CHECK_FAILS(pmap_update(params, &x, &y, NULL), PMAP_ERR_INVALID_ARGUMENT,
+                "different numbers of rows");
+    CHECK(pmap_params_step(params) == 0, "a refused step counted");
+    x.shape[0] = y.shape[0] = d;
+    CHECK_OK(pmap_update(params, &x, &y, NULL));
+    CHECK(pmap_params_step(params) == 1, "step %lld after one update",
+          (long long)pmap_params_step(params));
+  }
+  pmap_params_destroy(params);
+  pmap_ctx_destroy(ctx);
+  params = NULL;
+  ctx = NULL;
+
+  /* The numeric guard: NaN gradients on one device of process 1 skip the step everywhere. */
+  if (RANK == 1) setenv("PMAP_FAULT", "nan:device=0:step=1", 1);
+  CHECK_OK(dist_ctx(d, 30.0, &ctx));
+  unsetenv("PMAP_FAULT");
+  if (ctx) CHECK_OK(pmap_params_create(ctx, m, &info.opt, 1, &params));
+  if (params) {
+    pmap_array x = xs, y = ys;
+    x.shape[0] = y.shape[0] = d;
+    CHECK_OK(pmap_update(params, &x, &y, NULL));
+    CHECK_FAILS(pmap_update(params, &x, &y, NULL), PMAP_ERR_NUMERIC, "skipped on every replica");
+    CHECK(pmap_params_step(params) == 1, "a skipped step counted");
+    CHECK_OK(pmap_update(params, &x, &y, NULL));
+    size_t n = pmap_params_count(params);
+    float *w = malloc(n * sizeof *w);
+    if (w) CHECK_OK(pmap_params_read(params, RANK * d, w, n));
+    pmap_params_destroy(params);
+    pmap_ctx_destroy(ctx);
+    if (w) check_same_everywhere("mlp after a skipped step", w, n, d);
+    free(w);
+  } else {
+    pmap_ctx_destroy(ctx);
+  }
+  pmap_example_data_free(&xs, &ys);
+  pmap_model_destroy(m);
+}
+
+/* Process 1 stalls (stall) or exits (die) before step 3; process 0 must get an error naming it
+ * within the 3 s timeout. */
+static void mode_fail(int d, int die) {
+  pmap_ctx *ctx = NULL;
+  pmap_params *params = NULL;
+  pmap_model *m = NULL;
+  pmap_example_info info;
+  pmap_array xs = {0}, ys = {0};
+  CHECK_OK(dist_ctx(d, 3.0, &ctx));
+  CHECK_OK(pmap_example_info_get("mlp", &info));
+  CHECK_OK(pmap_example_model("mlp", &m));
+  if (ctx) CHECK_OK(pmap_params_create(ctx, m, &info.opt, 1, &params));
+  CHECK_OK(pmap_example_data("mlp", 2, 8 * d, &xs, &ys));
+  if (!params || test_failures) exit(test_exit("test_mpi fail setup"));
+  for (int s = 0; s < 6; s++) {
+    if (RANK == 1 && s == 3) {
+      fflush(stdout);
+      if (die) _exit(3);
+      sleep(120);
+    }
+    double t0 = now_s();
+    pmap_status st = pmap_update(params, &xs, &ys, NULL);
+    if (s < 3) {
+      CHECK_OK(st);
+      continue;
+    }
+    double took = now_s() - t0;
+    if (RANK != 0) break;
+    CHECK(st == PMAP_ERR_TIMEOUT, "step %d: %s: %s", s, pmap_status_string(st), pmap_last_error());
+    CHECK(strstr(pmap_last_error(), "process 1") != NULL, "message lacks the process: %s",
+          pmap_last_error());
+    CHECK(strstr(pmap_last_error(), "all-reduce") != NULL, "message lacks the collective: %s",
+          pmap_last_error());
+    CHECK(took < 20.0, "the timeout took %.1f s", took);
+    printf("process 0: step %d failed after %.2f s: %s\n", s, took, pmap_last_error());
+    t0 = now_s();
+    st = pmap_update(params, &xs, &ys, NULL);
+    CHECK(st != PMAP_SUCCESS && now_s() - t0 < 1.0, "after the failure: %s in %.2f s",
+          pmap_status_string(st), now_s() - t0);
+    if (!test_failures) printf("OK %s: process 0 reported process 1\n", die ? "die" : "stall");
+    break;
+  }
+  pmap_example_data_free(&xs, &ys);
+  pmap_model_destroy(m);
+  pmap_params_destroy(params);
+  pmap_ctx_destroy(ctx);
+}
+
+int main(int argc, char **argv) {
+  if (argc != 3) {
+    fprintf(stderr, "usage: %s coll|train|layout|stall|die DEVICES (under mpirun)\n", argv[0]);
+    return 2;
+  }
+  int d = atoi(argv[2]);
+  /* Learn P and the rank from a one-device context. */
+  pmap_ctx *probe = NULL;
+  pmap_status st = dist_ctx(1, 60.0, &probe);
+  if (st == PMAP_ERR_UNAVAILABLE) {
+    printf("SKIP: %s\n", pmap_last_error());
+    return 77;
+  }
+  if (st) {
+    fprintf(stderr, "FAIL: distributed context: %s\n", pmap_last_error());
+    return 1;
+  }
+  P = pmap_ctx_num_processes(probe);
+  RANK = pmap_ctx_process_index(probe);
+  pmap_ctx_destroy(probe);
+  if (!strcmp(argv[1], "coll")) mode_coll(d);
+  else if (!strcmp(argv[1], "train")) mode_train(d);
+  else if (!strcmp(argv[1], "layout")) mode_layout(d);
+  else if (!strcmp(argv[1], "stall")) mode_fail(d, 0);
+  else if (!strcmp(argv[1], "die")) mode_fail(d, 1);
+  else {
+    fprintf(stderr, "unknown mode %s\n", argv[1]);
+    return 2;
+  }
+  char name[64];
+  snprintf(name, sizeof name, "test_mpi %s, process %d of %d", argv[1], RANK, P);
+  return test_exit(name);
+}

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# test_mpi.sh: runs test_mpi under mpirun with 2 and 3 processes of 1 and 2 devices each, and
+# checks that a stalled process is reported, that a dead one ends the job instead of hanging, and
+# that where the launcher lets the others run on, the survivor reports the dead one.
+# Usage: test_mpi.sh MPIRUN TEST_MPI [coll|train|fail|tools ...] (tools: $PMAP_TRAIN names
+# pmap-train). Exit 77 (skip) without mpirun.
+set -u
+mpirun=$1
+prog=$2
+shift 2
+parts=("$@")
+[ ${#parts[@]} -gt 0 ] || parts=(coll train fail)
+command -v "$mpirun" >/dev/null 2>&1 || { echo "SKIP: no mpirun"; exit 77; }
+
+# Open MPI as root, more processes than cores, and no network: shared memory between processes
+# (and no cross-memory attach, which containers often forbid).
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl=self,vader
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_plm_rsh_agent=
+export PMAP_SPIN_US=${PMAP_SPIN_US:-50}
+fail=0
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+
+# run LIMIT_S NP ARGS...: mpirun, bounded; leaves the output in $out, returns mpirun's status.
+run() {
+  local limit=$1 np=$2
+  shift 2
+  timeout -k 5 "$limit" "$mpirun" --oversubscribe -np "$np" "$prog" "$@" >"$out" 2>&1
+}
+
+expect_ok() {
+  local limit=$1 np=$2
+  shift 2
+  local t0=$SECONDS
+  run "$limit" "$np" "$@"
+  local rc=$?
+  if [ $rc -eq 77 ] || grep -q '^SKIP' "$out"; then cat "$out"; exit 77; fi
+  if [ $rc -ne 0 ]; then
+    echo "FAIL: mpirun -np $np $* exited $rc after $((SECONDS - t0)) s:"
+    cat "$out"
+    fail=1
+  else
+    echo "ok: mpirun -np $np $* ($((SECONDS - t0)) s)"
+    grep -v '^process [1-9]' "$out" | sed 's/^/    /'
+  fi
+}
+
+for part in "${parts[@]}"; do
+  case $part in
+  coll)
+    for np in 2 3; do for d in 1 2; do expect_ok 120 $np coll $d; done; done
+    expect_ok 60 2 layout 1
+    ;;
+  train)
+    for np in 2 3; do for d in 1 2; do expect_ok 300 $np train $d; done; done
+    ;;
+  fail)
+    # A stalled process: process 0 reports it (timeout 3 s) and ends; the launcher then ends
+    # the job. Bounded well below the stall's 120 s.
+    t0=$SECONDS
+    run 60 2 stall 2
+    if grep -q '^OK stall' "$out" && [ $((SECONDS - t0)) -lt 60 ]; then
+      echo "ok: stall reported in $((SECONDS - t0)) s: $(grep 'failed after' "$out")"
+    else
+      echo "FAIL: a stalled process was not reported (after $((SECONDS - t0)) s):"
+      cat "$out"
+      fail=1
+    fi
+    # A process that exits mid-run: the job must end with an error, not hang.
+    t0=$SECONDS
+    run 60 2 die 1
+    rc=$?
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 137 ] && [ $((SECONDS - t0)) -lt 60 ]; then
+      echo "ok: a dead process ended the job with status $rc in $((SECONDS - t0)) s"
+    else
+      echo "FAIL: a dead process: mpirun status $rc after $((SECONDS - t0)) s:"
+      cat "$out"
+      fail=1
+    fi
+    # The same with a launcher that lets the others run on: the survivor names the dead one.
+    t0=$SECONDS
+    OMPI_MCA_orte_abort_on_non_zero_status=0 run 60 2 die 1
+    if grep -q '^OK die' "$out" && [ $((SECONDS - t0)) -lt 60 ]; then
+      echo "ok: dead process reported in $((SECONDS - t0)) s: $(grep 'failed after' "$out")"
+    else
+      echo "FAIL: a dead process was not reported by the survivor (after $((SECONDS - t0)) s):"
+      cat "$out"
+      fail=1
+    fi
+    ;;
+  tools)
+    # pmap-train under mpirun, unchanged flags: 2 processes x 2 devices report once, and their
+    # final loss equals one process of 4 devices (same global batch, same data).
+    train=${PMAP_TRAIN:?PMAP_TRAIN names pmap-train}
+    t0=$SECONDS
+    timeout -k 5 120 "$mpirun" --oversubscribe -np 2 "$train" --backend cpu --model mlp --devices 2 \
+      --steps 50 --json >"$out" 2>&1
+    rc=$?
+    one=$(PMAP_DIST=none "$train" --backend cpu --model mlp --devices 4 --steps 50 --json | tail -n 1)
+    many=$(grep '^{' "$out")
+    if [ $rc -eq 0 ] && [ "$(grep -c '^{' "$out")" -eq 1 ] && python3 - "$one" "$many" <<'PY'
+import json, sys
+a, b = (json.loads(x) for x in sys.argv[1:3])
+ok = (b["processes"] == 2 and b["devices"] == 2 and b["replicas_identical"]
+      and abs(a["final_loss"] - b["final_loss"]) <= 1e-5 * abs(a["final_loss"]))
+print(f'    1 x 4: {a["final_loss"]:.9g}, 2 x 2: {b["final_loss"]:.9g}')
+sys.exit(0 if ok else 1)
+PY
+    then
+      echo "ok: pmap-train under mpirun reports once and matches one process ($((SECONDS - t0)) s)"
+    else
+      echo "FAIL: pmap-train under mpirun (status $rc):"
+      cat "$out"
+      echo "one process: $one"
+      fail=1
+    fi
+    ;;
+  *)
+    echo "unknown part $part"
+    exit 2
+    ;;
+  esac
+done
+exit $fail
