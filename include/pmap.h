@@ -142,7 +142,7 @@ typedef struct pmap_ctx pmap_ctx;
  * order; it also returns PMAP_ERR_INVALID_ARGUMENT when the processes differ in backend or
  * device count (the message names them), PMAP_ERR_UNAVAILABLE without MPI in this build (also
  * when an MPI launcher started the program with several processes and dist is
- * PMAP_DIST_AUTO), or on the CUDA backend (which does not span processes yet), and
+ * PMAP_DIST_AUTO), and
  * PMAP_ERR_TIMEOUT when not every process arrives within the timeout. After an inter-process
  * failure (timeout, dead process, MPI error) the context is broken: every later call fails at
  * once with that failure's message; destroy it and end the program. */

@@ -310,14 +310,6 @@ pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   ctx->nproc = 1;
   PMAP_TRY_GOTO(st, dist_open(&cfg, kind, n, ctx->wait.timeout_ns, &ctx->dist, &ctx->proc,
                               &ctx->nproc), fail);
-  if (ctx->dist && kind == PMAP_BACKEND_CUDA) {
-    /* The NCCL bootstrap over MPI is runtime/dist/dist_nccl.c; the CUDA backend does not use it
-     * yet, so its communicators would span one process only. */
-    st = PMAP_ERR(PMAP_ERR_UNAVAILABLE,
-                  "pmap_ctx_create: the CUDA backend does not span processes yet; use the cpu "
-                  "backend across processes, or PMAP_DIST=none for independent processes");
-    goto fail;
-  }
   if (ctx->nproc > 1 && (int64_t)n * ctx->nproc > INT_MAX / 2) {
     st = PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_ctx_create: %d processes x %d devices is too many",
                   ctx->nproc, n);

@@ -260,7 +260,13 @@ static pmap_status cuda_all_gather(pmap_device *dev, const float *send, float *r
 static pmap_status cuda_barrier(pmap_device *dev) {
   pmap_ctx *ctx = dev->ctx;
   PMAP_TRY(cuda_wait(dev, "barrier", 0));
-  return pmap_wait_status(dev, sync_barrier_wait(&ctx->bar, &ctx->wait), "barrier");
+  PMAP_TRY(pmap_wait_status(dev, sync_barrier_wait(&ctx->bar, &ctx->wait), "barrier"));
+  if (ctx->nproc <= 1) return PMAP_SUCCESS;
+  /* Across processes: a one-float all-reduce over the global communicator, waited for. */
+  cuda_device *cd = dev->be;
+  float *one = (float *)((char *)cd->scratch + CUDA_REDUCE_BLOCKS * sizeof(double));
+  PMAP_TRY(cuda_all_reduce(dev, one, one, 1, PMAP_RED_SUM));
+  return cuda_wait(dev, "barrier", 1);
 }
 
 const pmap_coll_i pmap_cuda_coll = {

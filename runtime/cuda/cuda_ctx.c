@@ -11,6 +11,9 @@
 #include <time.h>
 
 #include "cuda_backend.h"
+#if defined(PMAP_HAVE_MPI)
+#include "runtime/dist/dist_nccl.h"
+#endif
 
 /* NCCL 2.30.0, the first that can put several ranks of one communicator on one GPU. */
 #define NCCL_MULTI_RANK_VERSION 23000
@@ -300,11 +303,25 @@ static void comms_abandon(cuda_ctx *cc) {
 
 /* One non-blocking communicator rank per logical device (ncclCommInitAll has no options): the
  * watchdog may abort a communicator while a thread is inside a call on it, which NCCL supports
- * only for non-blocking ones. Every rank is created in one group, then polled until ready. */
-static pmap_status comms_create(cuda_ctx *cc) {
+ * only for non-blocking ones. Every rank is created in one group, then polled until ready.
+ * Across processes one communicator spans every global device: process 0's unique id reaches
+ * the others over MPI, and local device i of process p is rank p * n + i of P * n. */
+static pmap_status comms_create(pmap_ctx *ctx, cuda_ctx *cc) {
   pmap_status st = PMAP_SUCCESS;
   ncclUniqueId id;
+  int nranks = cc->n, first = 0;
+#if defined(PMAP_HAVE_MPI)
+  if (ctx->dist) {
+    PMAP_TRY(dist_nccl_unique_id(ctx->dist, &id));
+    nranks = cc->n * ctx->nproc;
+    first = cc->n * ctx->proc;
+  } else {
+    NCCL_CHECK(NULL, ncclGetUniqueId(&id));
+  }
+#else
+  (void)ctx;
   NCCL_CHECK(NULL, ncclGetUniqueId(&id));
+#endif
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   /* NCCL switches devices while it sets up each rank: keep the caller's current device. */
@@ -316,7 +333,7 @@ static pmap_status comms_create(cuda_ctx *cc) {
   for (; i < cc->n && (r == ncclSuccess || r == ncclInProgress); i++) {
     e = cudaSetDevice(cc->gpus[i]);
     if (e != cudaSuccess) break;
-    r = ncclCommInitRankConfig(&cc->comms[i], cc->n, id, i, &config);
+    r = ncclCommInitRankConfig(&cc->comms[i], nranks, id, first + i, &config);
   }
   ncclResult_t end = ncclGroupEnd();
   if (saved >= 0) (void)cudaSetDevice(saved);
@@ -372,7 +389,7 @@ pmap_status cuda_ctx_init(pmap_ctx *ctx, const pmap_config *cfg) {
   PMAP_TRY_GOTO(st, check_nccl_version(cc->nccl_version), fail);
   PMAP_TRY_GOTO(st, check_shared_gpus(cc->gpus, n, cc->nccl_version), fail);
   PMAP_TRY_GOTO(st, read_switches(cc), fail);
-  PMAP_TRY_GOTO(st, comms_create(cc), fail);
+  PMAP_TRY_GOTO(st, comms_create(ctx, cc), fail);
   cc->comms_live = 1;
   cc->ctx = ctx;
   atomic_store(&cc->starting, n);
