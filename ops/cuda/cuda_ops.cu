@@ -1,13 +1,25 @@
 /* cuda_ops.cu: the CUDA op table, the counterpart of ops/cpu's pmap_cpu_ops; the backend in
- * runtime/cuda hands it to every device. Entries follow the member order of pmap_ops. Also the
- * loading of every kernel when a device starts (cuda_ops_preload). */
+ * runtime/cuda hands it to every device. Designated initializers (C++20: in member order), and
+ * runtime/backend.c checks at context creation that no member is left NULL. Also the loading of
+ * every kernel when a device starts (cuda_ops_preload). */
 #include "cuda_ops.h"
 
 extern "C" const pmap_ops pmap_cuda_ops = {
-    cuda_gemm,          cuda_fill,           cuda_bias_forward,   cuda_bias_backward,
-    cuda_relu_forward,  cuda_relu_backward,  cuda_conv2d_forward, cuda_conv2d_backward,
-    cuda_mse,           cuda_softmax_xent,   cuda_sgd_step,       cuda_adam_step,
-    cuda_norm2,         cuda_scale,          cuda_axpy,
+    .gemm = cuda_gemm,
+    .fill = cuda_fill,
+    .bias_forward = cuda_bias_forward,
+    .bias_backward = cuda_bias_backward,
+    .relu_forward = cuda_relu_forward,
+    .relu_backward = cuda_relu_backward,
+    .conv2d_forward = cuda_conv2d_forward,
+    .conv2d_backward = cuda_conv2d_backward,
+    .mse = cuda_mse,
+    .softmax_xent = cuda_softmax_xent,
+    .sgd_step = cuda_sgd_step,
+    .adam_step = cuda_adam_step,
+    .norm2 = cuda_norm2,
+    .scale = cuda_scale,
+    .axpy = cuda_axpy,
 };
 
 extern "C" pmap_status cuda_ops_preload(cuda_device *cd) {
