@@ -7,4 +7,10 @@ extern "C" const pmap_ops pmap_cuda_ops = {
     cuda_relu_forward,  cuda_relu_backward,  cuda_conv2d_forward, cuda_conv2d_backward,
     cuda_mse,           cuda_softmax_xent,   cuda_sgd_step,       cuda_adam_step,
     cuda_norm2,         cuda_scale,
+    /* layers beyond dense and conv */
+    cuda_act_forward,   cuda_act_backward,   cuda_add,
+    cuda_layernorm_forward,  cuda_layernorm_backward,
+    cuda_pool2d_forward,     cuda_pool2d_backward,
+    cuda_dropout_forward,    cuda_dropout_backward,
+    cuda_bn_stats,      cuda_bn_forward,     cuda_bn_backward_sums,   cuda_bn_backward_dx,
 };

@@ -43,6 +43,39 @@ pmap_status cuda_adam_step(pmap_device *dev, float *w, const float *g, float *m,
 pmap_status cuda_norm2(pmap_device *dev, const float *x, size_t n, float *norm);
 pmap_status cuda_scale(pmap_device *dev, float *x, float s, size_t n);
 
+/* Layers beyond dense and conv: act.cu, add.cu, layernorm.cu, pool2d.cu, dropout.cu,
+ * batchnorm.cu. */
+pmap_status cuda_act_forward(pmap_device *dev, pmap_act act, const float *x, float *y, size_t n);
+pmap_status cuda_act_backward(pmap_device *dev, pmap_act act, const float *x, const float *y,
+                              const float *dy, float *dx, size_t n);
+pmap_status cuda_add(pmap_device *dev, const float *a, const float *b, float *y, size_t n);
+pmap_status cuda_layernorm_forward(pmap_device *dev, const float *x, const float *gamma,
+                                   const float *beta, int64_t rows, int64_t f, float eps, float *y,
+                                   float *stats);
+pmap_status cuda_layernorm_backward(pmap_device *dev, const float *x, const float *gamma,
+                                    const float *stats, const float *dy, int64_t rows, int64_t f,
+                                    float *dx, float *dgamma, float *dbeta);
+pmap_status cuda_pool2d_forward(pmap_device *dev, int is_max, const pmap_pool_shape *s,
+                                int64_t bd, const float *x, float *y);
+pmap_status cuda_pool2d_backward(pmap_device *dev, int is_max, const pmap_pool_shape *s,
+                                 int64_t bd, const float *x, const float *dy, float *dx);
+pmap_status cuda_dropout_forward(pmap_device *dev, const float *x, float *y, size_t n, float rate,
+                                 uint64_t key, uint64_t first);
+pmap_status cuda_dropout_backward(pmap_device *dev, const float *dy, float *dx, size_t n,
+                                  float rate, uint64_t key, uint64_t first);
+pmap_status cuda_bn_stats(pmap_device *dev, const float *x, int64_t outer, int64_t c,
+                          int64_t inner, float *stats);
+pmap_status cuda_bn_forward(pmap_device *dev, const float *x, const float *stats,
+                            const float *run_stats, float *running, const float *gamma,
+                            const float *beta, int64_t outer, int64_t c, int64_t inner, float eps,
+                            float momentum, int training, float *y);
+pmap_status cuda_bn_backward_sums(pmap_device *dev, const float *x, const float *dy,
+                                  const float *stats, int64_t outer, int64_t c, int64_t inner,
+                                  float eps, float *sums);
+pmap_status cuda_bn_backward_dx(pmap_device *dev, const float *x, const float *dy,
+                                const float *stats, const float *gamma, const float *sums,
+                                int64_t outer, int64_t c, int64_t inner, float eps, float *dx);
+
 /* Second pass of the loss reductions: *loss (device) = (float)(sum of partial (blocks) / denom),
  * summed in a fixed order so the loss is deterministic. blocks <= CUDA_REDUCE_BLOCKS. */
 pmap_status cuda_loss_finalize(cuda_device *cd, const double *partial, unsigned blocks,
