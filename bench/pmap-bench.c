@@ -12,7 +12,7 @@
 
 static const char *prog = "pmap-bench";
 
-#define ALL_MODELS "linear,mlp,convnet,mlp-1024,cifar-cnn"
+#define ALL_MODELS "linear,mlp,convnet,mlp-1024,cifar-cnn,res-mlp,cifar-bn"
 /* Difference allowed between final losses that differ only in summation order (see rel_diff). */
 #define LOSS_TOL 1e-3
 
