@@ -118,6 +118,16 @@ PMAP_HD static inline void pmap_moments(float sum, float sumsq, float count, flo
 }
 PMAP_HD static inline float pmap_rstd(float var, float eps) { return 1.0f / sqrtf(var + eps); }
 
+/* Running statistics: r = momentum r + (1 - momentum) batch, for one channel. Non-finite batch
+ * moments (a batch the numeric guard will skip) leave them as they were: every replica sees the
+ * same moments, so all keep or all move alike. */
+PMAP_HD static inline void pmap_running_update(float *mean, float *var, float batch_mean,
+                                               float batch_var, float momentum) {
+  if (!(batch_mean - batch_mean == 0.0f) || !(batch_var - batch_var == 0.0f)) return;
+  *mean = momentum * *mean + (1.0f - momentum) * batch_mean;
+  *var = momentum * *var + (1.0f - momentum) * batch_var;
+}
+
 /* Normalisation backward for one element: g = gamma rstd (dy - mean_dy - xhat mean_dyxhat). */
 PMAP_HD static inline float pmap_norm_dx(float dy, float xhat, float grstd, float mean_dy,
                                          float mean_dyxhat) {

@@ -119,7 +119,8 @@ typedef struct pmap_ops {
                           int64_t inner, float *stats);
   /* y = (x - mean) rstd gamma + beta per channel. training: mean and the biased variance from
    * stats; then, when running (2c: mean, var) is not NULL, running = momentum running +
-   * (1 - momentum) of the moments in run_stats (same layout as stats). Inference (!training):
+   * (1 - momentum) of the moments in run_stats (same layout as stats), unless those are not
+   * finite (ops/op_math.h pmap_running_update). Inference (!training):
    * mean and var from running. */
   pmap_status (*bn_forward)(pmap_device *dev, const float *x, const float *stats,
                             const float *run_stats, float *running, const float *gamma,

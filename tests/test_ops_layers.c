@@ -396,6 +396,18 @@ static void batchnorm_case(uint64_t *s, int64_t outer, int64_t c, int64_t inner)
   free(run0), free(xd), free(gd), free(bd), free(rd), free(want);
 }
 
+/* A NaN in the batch leaves the running statistics as they were (the guard skips such a step). */
+static void batchnorm_nan_keeps_running(void) {
+  float x[6] = {1.0f, 2.0f, NAN, 4.0f, 5.0f, 6.0f}, g[2] = {1.0f, 1.0f}, b[2] = {0.0f, 0.0f};
+  float st[5], y[6], run[4] = {0.5f, -0.5f, 2.0f, 3.0f}, run0[4];
+  memcpy(run0, run, sizeof run);
+  CHECK_OK(OPS.bn_stats(NULL, x, 3, 2, 1, st));
+  CHECK_OK(OPS.bn_forward(NULL, x, st, st, run, g, b, 3, 2, 1, 1e-5f, 0.9f, 1, y));
+  CHECK(run[0] == run0[0] && run[2] == run0[2], "channel 0 moved with a NaN: %g %g",
+        (double)run[0], (double)run[2]);
+  CHECK(run[1] != run0[1] && run[3] != run0[3], "channel 1 (finite) did not move");
+}
+
 int main(void) {
   uint64_t s = 0x1a7e5u;
   for (int a = 0; a < 3; a++) {
@@ -419,5 +431,6 @@ int main(void) {
   batchnorm_case(&s, 7, 3, 1);
   batchnorm_case(&s, 5, 4, 9);
   batchnorm_case(&s, 2, 1, 11);
+  batchnorm_nan_keeps_running();
   return test_exit("ops-layers");
 }

@@ -147,8 +147,7 @@ pmap_status cpu_bn_forward(pmap_device *dev, const float *x, const float *stats,
     for (int64_t ch = 0; ch < c; ch++) {
       float mean, var;
       pmap_moments(run_stats[ch], run_stats[c + ch], run_stats[2 * c], &mean, &var);
-      running[ch] = momentum * running[ch] + (1.0f - momentum) * mean;
-      running[c + ch] = momentum * running[c + ch] + (1.0f - momentum) * var;
+      pmap_running_update(&running[ch], &running[c + ch], mean, var, momentum);
     }
   return PMAP_SUCCESS;
 }

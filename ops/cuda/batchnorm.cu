@@ -52,8 +52,7 @@ static __global__ void bn_running_kernel(const float *run_stats, float *running,
   for (size_t ch = cuda_thread_index(); ch < (size_t)c; ch += cuda_grid_stride()) {
     float mean, var;
     pmap_moments(run_stats[ch], run_stats[c + ch], run_stats[2 * c], &mean, &var);
-    running[ch] = momentum * running[ch] + (1.0f - momentum) * mean;
-    running[c + ch] = momentum * running[c + ch] + (1.0f - momentum) * var;
+    pmap_running_update(&running[ch], &running[c + ch], mean, var, momentum);
   }
 }
 
