@@ -386,13 +386,15 @@ static pmap_status loop_step(bench_loop *l, float *loss, double *t_opt) {
   double t0 = t_opt ? cli_now() : 0.0;
   l->t++;
   const pmap_optimizer *op = &l->opt;
+  pmap_step_hyper h = {.lr = op->lr, .momentum = op->momentum, .nesterov = op->nesterov,
+                       .weight_decay = op->weight_decay, .beta1 = op->beta1,
+                       .beta2 = op->beta2, .eps = op->eps};
   if (op->kind == PMAP_OPT_SGD) {
-    PMAP_TRY(o->sgd_step(NULL, l->w, l->g, l->s1, P, op->lr, op->momentum));
+    PMAP_TRY(o->sgd_step(NULL, l->w, l->g, l->s1, P, &h));
   } else {
-    float bc1 = (float)(1.0 - pow((double)op->beta1, (double)l->t));
-    float bc2 = (float)(1.0 - pow((double)op->beta2, (double)l->t));
-    PMAP_TRY(o->adam_step(NULL, l->w, l->g, l->s1, l->s2, P, op->lr, op->beta1, op->beta2,
-                              op->eps, bc1, bc2));
+    h.bc1 = (float)(1.0 - pow((double)op->beta1, (double)l->t));
+    h.bc2 = (float)(1.0 - pow((double)op->beta2, (double)l->t));
+    PMAP_TRY(o->adam_step(NULL, l->w, l->g, l->s1, l->s2, P, &h));
   }
   if (t_opt) *t_opt = cli_now() - t0;
   *loss = l->g[P];

@@ -249,7 +249,7 @@ static int parse(int argc, char **argv, opts *o) {
 /* One table: every size and reduction on n devices. Appends JSON rows to js (may be NULL). */
 static int run_devices(const opts *o, pmap_backend backend, int n, FILE *csv, FILE *js,
                        int *first_row, int64_t *wrong_total, double copy_gbs, const char **bname) {
-  pmap_config cfg = {backend, n, NULL, 0.0, PMAP_GUARD_ON};
+  pmap_config cfg = {.backend = backend, .num_devices = n};
   pmap_ctx *ctx = NULL;
   bench b = {0};
   int code = 0;

@@ -88,7 +88,7 @@ static int step(setup *s, float *loss) {
 static int setup_open(setup *s, const char *name, const pmap_model *model,
                       const pmap_optimizer *opt, const opts *o, pmap_backend backend, int devices,
                       int64_t bd, int64_t warmup, int cap, bench_row *r) {
-  pmap_config cfg = {backend, devices, NULL, 0.0, o->guard};
+  pmap_config cfg = {.backend = backend, .num_devices = devices, .numeric_guard = o->guard};
   memset(s, 0, sizeof *s);
   s->row = r;
   r->devices = devices;

@@ -78,6 +78,10 @@ typedef struct pmap_config {
                             every device with PMAP_ERR_TIMEOUT; 0 means 300 s, < 0 or more than
                             1e9 s (inf included) never; NaN is rejected */
   int numeric_guard;     /* PMAP_GUARD_ON (0, the default) or PMAP_GUARD_OFF: see pmap_update */
+  int uneven_batches;    /* 0 (default): pmap_update and pmap_predict need a global batch that is
+                            a multiple of N; 1: any batch of at least N rows, split into shards
+                            that differ by at most one row, each device weighted by its rows so
+                            that the loss and gradient are the exact mean over the batch */
 } pmap_config;
 
 enum { PMAP_GUARD_ON = 0, PMAP_GUARD_OFF = 1 };
@@ -221,25 +225,53 @@ double pmap_model_forward_macs(const pmap_model *model);
 /* ------------------------------------------------------------------------------------------ */
 /* Optimizers                                                                                 */
 
+/* The update of step t (t = 1, 2, ...) with gradient g and this step's learning rate lr_t:
+ *   SGD    g' = g + weight_decay w;  momentum 0: w -= lr_t g';  else v = momentum v + g' and
+ *          w -= lr_t v, or with nesterov w -= lr_t (g' + momentum v)
+ *   ADAM   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2;
+ *          w -= lr_t (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
+ *   ADAMW  ADAM, and the decoupled weight decay w -= lr_t weight_decay w (w before the step) */
 typedef enum pmap_optimizer_kind {
-  PMAP_OPT_SGD = 0, /* w -= lr * (momentum ? v = momentum v + g : g) */
-  PMAP_OPT_ADAM = 1 /* bias-corrected Adam; moments kept across steps */
+  PMAP_OPT_SGD = 0,
+  PMAP_OPT_ADAM = 1,
+  PMAP_OPT_ADAMW = 2
 } pmap_optimizer_kind;
+
+/* The learning rate of step t (t = 1, 2, ...; W warmup_steps, D decay_steps, f final_lr):
+ *   CONSTANT       lr
+ *   WARMUP_COSINE  lr t / W for t <= W, then f + (lr - f) (1 + cos(pi min(t - W, D) / D)) / 2
+ *   WARMUP_LINEAR  lr t / W for t <= W, then lr - (lr - f) min(t - W, D) / D
+ * (W = 0: no warm-up), computed in double and rounded once, identically on every replica. */
+typedef enum pmap_schedule {
+  PMAP_SCHEDULE_CONSTANT = 0,
+  PMAP_SCHEDULE_WARMUP_COSINE = 1,
+  PMAP_SCHEDULE_WARMUP_LINEAR = 2
+} pmap_schedule;
 
 typedef struct pmap_optimizer {
   pmap_optimizer_kind kind;
-  float lr;       /* > 0 and finite */
+  float lr;       /* > 0 and finite: the base (peak) learning rate */
   float momentum; /* SGD: in [0, 1) */
-  float beta1;    /* Adam: in [0, 1) */
-  float beta2;    /* Adam: in [0, 1) */
-  float eps;      /* Adam: > 0 */
+  float beta1;    /* Adam, AdamW: in [0, 1) */
+  float beta2;    /* Adam, AdamW: in [0, 1) */
+  float eps;      /* Adam, AdamW: > 0 */
   float clip_norm; /* > 0: before the step, the averaged gradient is scaled so that its global L2
                       norm is at most clip_norm (the norm is identical on every replica);
                       0 (the default): no clipping */
+  float weight_decay;     /* >= 0: SGD's L2 term, AdamW's decoupled decay; Adam: must be 0 */
+  int nesterov;           /* SGD with momentum > 0: 1 for Nesterov's momentum */
+  pmap_schedule schedule; /* the learning-rate schedule (default constant) */
+  int64_t warmup_steps;   /* >= 0 */
+  int64_t decay_steps;    /* > 0 for the decaying schedules */
+  float final_lr;         /* the floor the decay ends at: in [0, lr] */
 } pmap_optimizer;
 
+/* Settings with everything else at its default: no clipping, no weight decay, constant lr. */
 pmap_optimizer pmap_sgd(float lr, float momentum);
-pmap_optimizer pmap_adam(float lr); /* beta1 0.9, beta2 0.999, eps 1e-8; both: no clipping */
+pmap_optimizer pmap_adam(float lr); /* beta1 0.9, beta2 0.999, eps 1e-8 */
+pmap_optimizer pmap_adamw(float lr, float weight_decay); /* as pmap_adam, decoupled decay */
+/* The learning rate of step t >= 1 under opt's schedule (opt->lr for t < 1 or NULL: 0). */
+double pmap_optimizer_lr(const pmap_optimizer *opt, int64_t t);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Replicated training state                                                                  */
@@ -284,6 +316,12 @@ int64_t pmap_params_step(const pmap_params *params); /* optimizer steps taken */
  * optimizer; on CUDA the replicas' state is undefined after a timeout). */
 pmap_status pmap_update(pmap_params *params, const pmap_array *xs, const pmap_array *ys,
                         float *loss);
+
+/* Splits each device's rows into k micro-batches (1..65536; 1, the default, is one piece):
+ * forward and backward run once per piece, the gradients accumulate, and the step still does
+ * one all-reduce and one optimizer update, equal to the unsplit step up to rounding, while the
+ * activation memory drops by k. A device with fewer than k rows takes one row per piece. */
+pmap_status pmap_params_set_micro_batches(pmap_params *params, int k);
 
 /* Sharded forward pass: out (B, output shape...) f32, written in batch order. xs as for
  * pmap_update. Returns the same statuses as pmap_update; out->shape must match exactly. */
@@ -330,9 +368,50 @@ pmap_status pmap_params_verify(const pmap_params *params);
 pmap_status pmap_params_shrink(pmap_params *params);
 
 /* ------------------------------------------------------------------------------------------ */
-/* Mapped functions and collectives                                                           */
+/* Your own model: a per-device loss-and-gradient function                                    */
 
 typedef struct pmap_device pmap_device;
+
+/* What a gradient function receives for one piece of one device's rows. Pointers are device
+ * memory of `dev` (host memory on CPU; on CUDA use pmap_device_stream and pmap_device_blas so
+ * that your kernels run in order with the runtime's). */
+typedef struct pmap_grad_args {
+  pmap_device *dev;    /* this device: pmap_axis_index, pmap_device_alloc, collectives */
+  const float *params; /* (P) this device's replica of the parameters; read only */
+  float *grads;        /* (P) ADD (+=) scale times the gradient of the mean loss over these
+                          rows; zeroed by the runtime before the first piece of a step */
+  float *loss;         /* one float: WRITE (=) the mean loss over these rows, not scaled */
+  float scale;         /* the weight of these rows in the device's share: 1 unless the rows are
+                          a micro-batch or the global batch is uneven */
+  pmap_array xs, ys;   /* these rows of xs and ys (data: device memory; shape[0]: the rows) */
+  int64_t row0;        /* the global index of the first row (for per-example randomness) */
+  int64_t step;        /* the step this gradient is for: pmap_params_step() before it */
+  size_t num_params;   /* P */
+} pmap_grad_args;
+
+/* Computes the loss and the gradient of args->xs, args->ys as described above; called on every
+ * device at once, on the device's thread, once per micro-batch; returns PMAP_SUCCESS or an error
+ * (set a message with your own text; the step then fails on every device, nothing changed). */
+typedef pmap_status (*pmap_grad_fn)(const pmap_grad_args *args, void *user);
+
+/* Training state for a model the runtime does not know: num_params parameters, initialised on
+ * every replica from init (num_params host floats, copied), trained by pmap_update exactly as a
+ * built-in model (validation, sharding and staging, the one all-reduce of [gradients | loss],
+ * the optimizer, the numeric guard, clipping, micro-batches, uneven batches, checkpoints),
+ * with fn in place of forward, loss and backward. xs must be f32 and ys f32 or i32, any rank
+ * 1..PMAP_MAX_RANK, with the same leading extent; the rest of their shape is fn's to check.
+ * pmap_predict is not available for them (PMAP_ERR_INVALID_ARGUMENT). user is passed to fn
+ * and stays the caller's. Returns as pmap_params_create. */
+pmap_status pmap_params_create_custom(pmap_ctx *ctx, size_t num_params, const float *init,
+                                      pmap_grad_fn fn, void *user, const pmap_optimizer *opt,
+                                      pmap_params **out);
+
+/* On CUDA, the device's cudaStream_t and cublasHandle_t (as void *); NULL on the CPU backend. */
+void *pmap_device_stream(pmap_device *dev);
+void *pmap_device_blas(pmap_device *dev);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Mapped functions and collectives                                                           */
 
 /* A user's mapped function: called once per device, on that device's thread, all at once. */
 typedef pmap_status (*pmap_fn)(pmap_device *dev, void *arg);

@@ -96,9 +96,8 @@ pmap_status model_forward(pmap_device *dev, const pmap_model *m, replica *r, con
 }
 
 pmap_status model_loss(pmap_device *dev, const pmap_model *m, replica *r, const void *y,
-                       int64_t bd) {
+                       int64_t bd, float *loss) {
   const layer *last = &m->layers[m->n_layers - 1];
-  float *loss = r->g + m->n_params;
   if (m->loss == PMAP_LOSS_MSE)
     PMAP_TRY(dev->ops->mse(dev, r->out[m->n_layers - 1], y, (size_t)(bd * last->out_size),
                            r->dact[m->n_layers - 1], loss));

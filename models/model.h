@@ -110,9 +110,10 @@ void replica_release(pmap_device *dev, replica *r);
 /* Forward over bd examples x (bd, input...): fills r->in, r->out; the output is r->out[L-1]. */
 pmap_status model_forward(pmap_device *dev, const pmap_model *m, replica *r, const float *x,
                           int64_t bd);
-/* Loss of the last forward against y into r->g[P] and its gradient into r->dact[L-1]. */
+/* Loss of the last forward against y into *loss (device memory) and its gradient into
+ * r->dact[L-1]. */
 pmap_status model_loss(pmap_device *dev, const pmap_model *m, replica *r, const void *y,
-                       int64_t bd);
+                       int64_t bd, float *loss);
 /* Backward after model_loss: parameter gradients accumulate into r->g. */
 pmap_status model_backward(pmap_device *dev, const pmap_model *m, replica *r, int64_t bd);
 

@@ -1,20 +1,25 @@
 /* params.h: the inside of a pmap_params (the replicated training state) for the files of models/
- * that work on it: the step (params.c), checkpoints (checkpoint.c). */
+ * that work on it: the state (params.c), the step (step.c), the optimizer (optimizer.c),
+ * checkpoints (checkpoint.c). */
 #ifndef PMAP_MODELS_PARAMS_H
 #define PMAP_MODELS_PARAMS_H
 
 #include "model.h"
+#include "runtime/backend.h"
 
 struct pmap_params {
   pmap_ctx *ctx;
-  pmap_model *model;
+  pmap_model *model;    /* a copy of the user's; custom params: one of no layers */
+  pmap_grad_fn grad_fn; /* custom params: the user's gradient function, else NULL */
+  void *grad_user;
   pmap_optimizer opt;
   size_t n_params;
   int opt_slots; /* optimizer state buffers of n_params each */
   int64_t step;
+  int micro_batches; /* >= 1: each device's rows are split into this many parts */
   replica *rep; /* (N) */
-  /* The gradient buffer of a replica is [gradients (P) | loss | guard flags (N) | norm]: the
-   * all-reduce covers the first P + 1 (+ N with the numeric guard) floats. */
+  /* The gradient buffer of a replica is [gradients (P) | loss | guard flags (N) | norm |
+   * micro-batch loss]: the all-reduce covers the first P + 1 (+ N with the numeric guard). */
   int guard;          /* the numeric guard is on (pmap_config.numeric_guard) */
   float *guard_host;  /* (N, N + 2) each device's host copy of [loss | flags | norm] */
   int numeric_bad;    /* the last step was skipped: non-finite values */
@@ -22,11 +27,32 @@ struct pmap_params {
   const float *host_w;
   const pmap_array *xs, *ys;
   pmap_array *out;
-  int64_t bd;
+  int64_t batch; /* global rows of the call */
+  int64_t bd;    /* most rows any device takes */
+  pmap_step_hyper hyper; /* this step's optimizer settings */
   int read_device;
   float *read_dst;
   float loss;
-  float bc1, bc2;
 };
+
+/* Floats of a replica's gradient buffer. */
+static inline size_t params_grad_len(const pmap_params *p) {
+  return p->n_params + 3 + (size_t)p->ctx->n;
+}
+
+/* Rows [*lo, *lo + *rows) of a global batch of `batch` rows belong to device d of n: shards
+ * differ by at most one row (equal when batch % n == 0). */
+static inline void params_device_rows(int64_t batch, int n, int d, int64_t *lo, int64_t *rows) {
+  *lo = batch * d / n;
+  *rows = batch * (d + 1) / n - *lo;
+}
+
+/* optimizer.c: validation naming `call`; state buffers per parameter; the settings of step t
+ * (t >= 1) after the schedule; the step over n parameters of a replica. */
+pmap_status optimizer_check(const pmap_optimizer *o, const char *call);
+int optimizer_slots(const pmap_optimizer *o);
+pmap_step_hyper optimizer_hyper(const pmap_optimizer *o, int64_t t);
+pmap_status optimizer_apply(pmap_device *dev, const pmap_optimizer *o, const pmap_step_hyper *h,
+                            float *w, const float *g, float *state, size_t n);
 
 #endif

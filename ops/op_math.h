@@ -45,24 +45,30 @@ PMAP_HD static inline double pmap_xent_row(const float *z, int label, int64_t k,
   return (double)logf(se) + (double)zmax - (double)z[label];
 }
 
-/* SGD with optional momentum (momentum == 0: plain SGD, v untouched). */
-PMAP_HD static inline void pmap_sgd_update(float *w, float g, float *v, float lr, float momentum) {
+/* SGD with optional L2 weight decay (g += wd w), momentum (momentum == 0: plain SGD, v
+ * untouched) and Nesterov's form (the step uses g + momentum v instead of v). */
+PMAP_HD static inline void pmap_sgd_update(float *w, float g, float *v, float lr, float momentum,
+                                           int nesterov, float wd) {
+  if (wd != 0.0f) g += wd * *w;
   if (momentum != 0.0f) {
     *v = momentum * *v + g;
-    g = *v;
+    g = nesterov ? g + momentum * *v : *v;
   }
   *w -= lr * g;
 }
 
-/* Adam with bias correction: bc1 = 1 - beta1^t, bc2 = 1 - beta2^t for step t >= 1. */
+/* Adam with bias correction: bc1 = 1 - beta1^t, bc2 = 1 - beta2^t for step t >= 1; wd != 0 is
+ * AdamW's decoupled weight decay, w -= lr wd w, from the weight before the step. */
 PMAP_HD static inline void pmap_adam_update(float *w, float g, float *m, float *v, float lr,
                                             float beta1, float beta2, float eps, float bc1,
-                                            float bc2) {
+                                            float bc2, float wd) {
+  float decay = wd != 0.0f ? lr * wd * *w : 0.0f;
   *m = beta1 * *m + (1.0f - beta1) * g;
   *v = beta2 * *v + (1.0f - beta2) * g * g;
   float mhat = *m / bc1;
   float vhat = *v / bc2;
   *w -= lr * mhat / (sqrtf(vhat) + eps);
+  if (wd != 0.0f) *w -= decay;
 }
 
 /* tanh and the logistic sigmoid; their derivatives from the output y. */

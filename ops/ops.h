@@ -20,6 +20,17 @@ typedef struct pmap_conv_shape {
   int kh, kw, stride, pad;
 } pmap_conv_shape;
 
+/* The settings of one optimizer step (models/params.c fills them from pmap_optimizer and the
+ * step's place in the learning-rate schedule). */
+typedef struct pmap_step_hyper {
+  float lr;           /* this step's learning rate */
+  float momentum;     /* SGD: 0 for none */
+  int nesterov;       /* SGD with momentum: Nesterov's form */
+  float weight_decay; /* SGD: L2, added to the gradient; Adam: decoupled (AdamW), applied to w */
+  float beta1, beta2, eps;
+  float bc1, bc2; /* Adam's bias corrections 1 - beta1^t, 1 - beta2^t for step t >= 1 */
+} pmap_step_hyper;
+
 /* Geometry of a 2-D pooling window over NCHW examples (no padding; windows may overlap). */
 typedef struct pmap_pool_shape {
   int64_t c, h, w; /* channels, input height and width */
@@ -66,19 +77,21 @@ typedef struct pmap_ops {
    * dlogits (rows, k) = (softmax - onehot) / rows; *loss (device memory) = the mean. */
   pmap_status (*softmax_xent)(pmap_device *dev, const float *logits, const int32_t *labels,
                               int64_t rows, int64_t k, float *dlogits, float *loss);
-  /* w, g, v (n): SGD step; v is read and written only when momentum != 0. */
-  pmap_status (*sgd_step)(pmap_device *dev, float *w, const float *g, float *v, size_t n, float lr,
-                          float momentum);
-  /* w, g, m, v (n): Adam step with bias corrections bc1 = 1 - beta1^t, bc2 = 1 - beta2^t. */
+  /* w, g, v (n): SGD step (momentum, Nesterov, L2 weight decay: ops/op_math.h); v is read and
+   * written only when h->momentum != 0. */
+  pmap_status (*sgd_step)(pmap_device *dev, float *w, const float *g, float *v, size_t n,
+                          const pmap_step_hyper *h);
+  /* w, g, m, v (n): Adam step with bias corrections, and AdamW's decoupled weight decay. */
   pmap_status (*adam_step)(pmap_device *dev, float *w, const float *g, float *m, float *v,
-                           size_t n, float lr, float beta1, float beta2, float eps, float bc1,
-                           float bc2);
+                           size_t n, const pmap_step_hyper *h);
   /* *norm (device memory) = sqrt(sum of x[i]^2) for i < n, summed in double in a fixed order:
    * non-finite exactly when some x[i] is (or the norm exceeds FLT_MAX). The numeric guard and
    * gradient clipping read it. */
   pmap_status (*norm2)(pmap_device *dev, const float *x, size_t n, float *norm);
   /* x[i] *= s for i < n (gradient clipping). */
   pmap_status (*scale)(pmap_device *dev, float *x, float s, size_t n);
+  /* y[i] += alpha * x[i] for i < n (weighted sums of micro-batch losses). */
+  pmap_status (*axpy)(pmap_device *dev, float alpha, const float *x, float *y, size_t n);
 
   /* ---- layers beyond dense and conv ---- */
   /* y (n) = act(x); y may equal x. */

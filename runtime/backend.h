@@ -53,6 +53,9 @@ typedef struct pmap_backend_i {
   pmap_status (*stage)(pmap_device *dev, int slot, const void *host, size_t bytes, void **out);
   /* Waits for the device's queued work (optional). */
   pmap_status (*sync)(pmap_device *dev);
+  /* The device's native handles for user code (optional): what 0 is the stream, 1 the BLAS
+   * handle; NULL where the backend has none. */
+  void *(*native)(pmap_device *dev, int what);
   const pmap_coll_i *coll;
   const pmap_ops *ops;
 } pmap_backend_i;
@@ -83,6 +86,7 @@ struct pmap_ctx {
   void *be_ctx;      /* the backend's context-wide state */
   pmap_wait_policy wait;
   int numeric_guard; /* pmap_config.numeric_guard */
+  int uneven;        /* pmap_config.uneven_batches */
   _Atomic int abort; /* set when a device failed in the current job */
   _Atomic int busy;  /* a job is running: pmap_run is not re-entrant */
   _Atomic int left;  /* devices whose function returned in the current job */

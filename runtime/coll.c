@@ -12,6 +12,14 @@
 int pmap_axis_index(const pmap_device *dev) { return dev ? dev->index : -1; }
 int pmap_axis_size(const pmap_device *dev) { return dev ? dev->ctx->n : 0; }
 
+void *pmap_device_stream(pmap_device *dev) {
+  return dev && dev->ctx->be->native ? dev->ctx->be->native(dev, 0) : NULL;
+}
+
+void *pmap_device_blas(pmap_device *dev) {
+  return dev && dev->ctx->be->native ? dev->ctx->be->native(dev, 1) : NULL;
+}
+
 pmap_status pmap_device_alloc(pmap_device *dev, size_t count, float **out) {
   if (!dev || !out)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_device_alloc: %s is NULL", dev ? "out" : "dev");

@@ -228,7 +228,7 @@ static pmap_status choose_backend(const pmap_config *cfg, pmap_backend *kind,
 pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   if (!out) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_ctx_create: out is NULL");
   *out = NULL;
-  pmap_config cfg = {PMAP_BACKEND_AUTO, PMAP_DEVICES_DEFAULT, NULL, 0.0, PMAP_GUARD_ON};
+  pmap_config cfg = {.backend = PMAP_BACKEND_AUTO, .num_devices = PMAP_DEVICES_DEFAULT};
   if (cfg_in) cfg = *cfg_in;
   if ((cfg.num_devices < 1 || cfg.num_devices > PMAP_MAX_DEVICES) &&
       cfg.num_devices != PMAP_DEVICES_DEFAULT)
@@ -238,6 +238,9 @@ pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
                     cfg.num_devices, PMAP_MAX_DEVICES);
   if (isnan(cfg.timeout_s))
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_ctx_create: timeout_s is NaN");
+  if (cfg.uneven_batches != 0 && cfg.uneven_batches != 1)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "pmap_ctx_create: uneven_batches %d is neither 0 nor 1", cfg.uneven_batches);
   if (cfg.numeric_guard != PMAP_GUARD_ON && cfg.numeric_guard != PMAP_GUARD_OFF)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "pmap_ctx_create: numeric_guard %d is neither PMAP_GUARD_ON (0) nor "
@@ -293,6 +296,7 @@ pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   ctx->wait.abort = &ctx->abort;
   ctx->wait.left = &ctx->left;
   ctx->numeric_guard = cfg.numeric_guard;
+  ctx->uneven = cfg.uneven_batches;
   atomic_store(&ctx->left_device, -1);
   pthread_mutexattr_t attr;
   pthread_mutexattr_init(&attr);

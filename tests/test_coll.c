@@ -415,7 +415,7 @@ static void run_misuse(pmap_ctx *ctx) {
 /* ------------------------------------------------------------------------------------------ */
 
 static pmap_ctx *make_ctx(int n, double timeout_s) {
-  pmap_config cfg = {PMAP_BACKEND_CPU, n, NULL, timeout_s, PMAP_GUARD_ON};
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = n, .timeout_s = timeout_s};
   pmap_ctx *ctx = NULL;
   CHECK_OK(pmap_ctx_create(&cfg, &ctx));
   if (ctx) CHECK(pmap_ctx_num_devices(ctx) == n, "context has %d devices, want %d",

@@ -12,7 +12,7 @@ static void train(const char *model, float *first, float *last, float *w) {
   pmap_model *m = NULL;
   pmap_params *p = NULL;
   pmap_array xs = {0}, ys = {0};
-  pmap_config cfg = {PMAP_BACKEND_CPU, 4, NULL, 0.0, PMAP_GUARD_ON};
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 4};
   *first = *last = NAN;
   CHECK_OK(pmap_example_info_get(model, &info));
   CHECK_OK(pmap_ctx_create(&cfg, &ctx));

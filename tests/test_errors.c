@@ -106,7 +106,7 @@ static void bad_updates(void) {
 
 static void bad_setup(void) {
   pmap_ctx *c = (pmap_ctx *)0x1;
-  pmap_config cfg = {PMAP_BACKEND_CPU, 0, NULL, 0.0, PMAP_GUARD_ON};
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 0};
   CHECK_FAILS(pmap_ctx_create(&cfg, &c), PMAP_ERR_INVALID_ARGUMENT, "device count 0");
   CHECK(c == NULL, "out not cleared on failure");
   cfg.num_devices = PMAP_MAX_DEVICES + 1;
@@ -162,7 +162,7 @@ static void bad_setup(void) {
 }
 
 int main(void) {
-  pmap_config cfg = {PMAP_BACKEND_CPU, 4, NULL, 0.0, PMAP_GUARD_ON};
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 4};
   pmap_model *m = NULL;
   CHECK_OK(pmap_ctx_create(&cfg, &ctx));
   pmap_optimizer sgd = pmap_sgd(0.01f, 0.0f), adam = pmap_adam(0.001f);

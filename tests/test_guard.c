@@ -19,7 +19,7 @@ static int run_open(run *r, const char *model, int n, double timeout, int guard,
                     const pmap_optimizer *opt, const char *fault) {
   memset(r, 0, sizeof *r);
   if (fault) setenv("PMAP_FAULT", fault, 1);
-  pmap_config cfg = {PMAP_BACKEND_CPU, n, NULL, timeout, guard};
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = n, .timeout_s = timeout, .numeric_guard = guard};
   pmap_status st = pmap_ctx_create(&cfg, &r->ctx);
   unsetenv("PMAP_FAULT");
   CHECK(st == PMAP_SUCCESS, "ctx %s: %s", model, pmap_last_error());
@@ -203,7 +203,7 @@ static double now_s(void) {
 
 static void test_fault_alloc(void) {
   setenv("PMAP_FAULT", "alloc:device=1", 1);
-  pmap_config cfg = {PMAP_BACKEND_CPU, 3, NULL, 0.0, PMAP_GUARD_ON};
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 3};
   pmap_ctx *ctx = NULL;
   CHECK_OK(pmap_ctx_create(&cfg, &ctx));
   unsetenv("PMAP_FAULT");
@@ -327,7 +327,7 @@ static pmap_status pmax_fn(pmap_device *dev, void *arg) {
 }
 
 static void test_nan_collective(void) {
-  pmap_config cfg = {PMAP_BACKEND_CPU, 3, NULL, 0.0, PMAP_GUARD_ON};
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 3};
   pmap_ctx *ctx = NULL;
   CHECK_OK(pmap_ctx_create(&cfg, &ctx));
   pmax_job j;

@@ -8,7 +8,7 @@
 #include "testutil.h"
 
 static pmap_ctx *make_ctx(int n, double timeout_s) {
-  pmap_config cfg = {PMAP_BACKEND_CPU, n, NULL, timeout_s, PMAP_GUARD_ON};
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = n, .timeout_s = timeout_s};
   pmap_ctx *ctx = NULL;
   CHECK_OK(pmap_ctx_create(&cfg, &ctx));
   return ctx;
@@ -288,13 +288,13 @@ static void test_lifetime(void) {
 static void test_timeouts(void) {
   const double values[] = {INFINITY, 1e300, 1e10, 1e9, -INFINITY, -1.0, 1e-300};
   for (size_t i = 0; i < sizeof values / sizeof *values; i++) {
-    pmap_config cfg = {PMAP_BACKEND_CPU, 2, NULL, values[i], PMAP_GUARD_ON};
+    pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 2, .timeout_s = values[i]};
     pmap_ctx *ctx = NULL;
     CHECK(pmap_ctx_create(&cfg, &ctx) == PMAP_SUCCESS, "timeout %g: %s", values[i],
           pmap_last_error());
     pmap_ctx_destroy(ctx);
   }
-  pmap_config bad = {PMAP_BACKEND_CPU, 2, NULL, 0.0, 7};
+  pmap_config bad = {.backend = PMAP_BACKEND_CPU, .num_devices = 2, .numeric_guard = 7};
   pmap_ctx *ctx = NULL;
   CHECK_FAILS(pmap_ctx_create(&bad, &ctx), PMAP_ERR_INVALID_ARGUMENT, "numeric_guard 7");
 }

@@ -318,7 +318,8 @@ static void test_sgd(void) {
   fill_nan(v, n);
   memcpy(vcopy, v, n * sizeof *v);
   for (size_t i = 0; i < n; i++) wd[i] = (double)w[i] - (double)lr * (double)g[i];
-  CHECK_OK(OPS.sgd_step(NULL, w, g, v, n, lr, 0.0f));
+  pmap_step_hyper plain = {.lr = lr};
+  CHECK_OK(OPS.sgd_step(NULL, w, g, v, n, &plain));
   test_close("sgd_step momentum=0 w", w, wd, n, 1e-6);
   test_same_bits("sgd_step momentum=0 leaves v alone", v, vcopy, n);
 
@@ -333,7 +334,8 @@ static void test_sgd(void) {
       vd[i] = (double)mom * vd[i] + (double)g[i];
       wd[i] -= (double)lr * vd[i];
     }
-    CHECK_OK(OPS.sgd_step(NULL, w, g, v, n, lr, mom));
+    pmap_step_hyper h = {.lr = lr, .momentum = mom};
+    CHECK_OK(OPS.sgd_step(NULL, w, g, v, n, &h));
     snprintf(what, sizeof what, "sgd_step momentum=0.9 step %d w", step);
     test_close(what, w, wd, n, 1e-6);
     snprintf(what, sizeof what, "sgd_step momentum=0.9 step %d v", step);
@@ -377,7 +379,9 @@ static void adam_run(uint64_t *s, size_t n, int random_state, float eps, float g
       wd[i] += delta[i];
     }
     memcpy(w0, w, n * sizeof *w);
-    CHECK_OK(OPS.adam_step(NULL, w, g, m, v, n, lr, beta1, beta2, eps, (float)bc1, (float)bc2));
+    pmap_step_hyper h = {.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps,
+                         .bc1 = (float)bc1, .bc2 = (float)bc2};
+    CHECK_OK(OPS.adam_step(NULL, w, g, m, v, n, &h));
     /* The step itself, not only w: a wrong bias correction moves w by ~lr, small next to w. */
     for (size_t i = 0; i < n; i++) dgot[i] = w[i] - w0[i];
     snprintf(what, sizeof what, "adam_step %s t=%d update", tag, t);

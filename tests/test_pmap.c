@@ -13,7 +13,7 @@ typedef struct run {
 static int run_open(run *r, const char *model, int devices, int64_t rows, uint64_t seed,
                     const pmap_optimizer *opt_override) {
   memset(r, 0, sizeof *r);
-  pmap_config cfg = {PMAP_BACKEND_CPU, devices, NULL, 0.0, PMAP_GUARD_ON};
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = devices};
   pmap_example_info info;
   pmap_model *m = NULL;
   if (pmap_ctx_create(&cfg, &r->ctx) || pmap_example_info_get(model, &info) ||

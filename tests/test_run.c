@@ -12,7 +12,7 @@ static double now_s(void) {
 }
 
 static pmap_ctx *make_ctx(int n) {
-  pmap_config cfg = {PMAP_BACKEND_CPU, n, NULL, 0.0, PMAP_GUARD_ON};
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = n};
   pmap_ctx *ctx = NULL;
   CHECK_OK(pmap_ctx_create(&cfg, &ctx));
   return ctx;
@@ -195,7 +195,7 @@ static void test_run_args(void) {
 /* Context creation                                                                           */
 
 static void check_create_fails(pmap_backend backend, int n, pmap_status want, const char *needle) {
-  pmap_config cfg = {backend, n, NULL, 0.0, PMAP_GUARD_ON};
+  pmap_config cfg = {.backend = backend, .num_devices = n};
   pmap_ctx *ctx = NULL;
   CHECK_FAILS(pmap_ctx_create(&cfg, &ctx), want, needle);
   CHECK(ctx == NULL, "a failed pmap_ctx_create returned a context");
@@ -207,7 +207,7 @@ static void check_default_count(const char *env, int want) {
     setenv("PMAP_CPU_DEVICES", env, 1);
   else
     unsetenv("PMAP_CPU_DEVICES");
-  pmap_config cfg = {PMAP_BACKEND_CPU, PMAP_DEVICES_DEFAULT, NULL, 0.0, PMAP_GUARD_ON};
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = PMAP_DEVICES_DEFAULT};
   pmap_ctx *ctx = NULL;
   CHECK_OK(pmap_ctx_create(&cfg, &ctx));
   CHECK(pmap_ctx_num_devices(ctx) == want, "PMAP_CPU_DEVICES=%s: %d devices, want %d",
@@ -262,7 +262,7 @@ static void test_create(void) {
   else
     printf("CUDA backend built: skipping its unavailable check\n");
   {
-    pmap_config cfg = {PMAP_BACKEND_CPU, 2, NULL, NAN, PMAP_GUARD_ON};
+    pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 2, .timeout_s = NAN};
     pmap_ctx *c = NULL;
     CHECK_FAILS(pmap_ctx_create(&cfg, &c), PMAP_ERR_INVALID_ARGUMENT, "timeout_s");
   }

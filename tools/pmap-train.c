@@ -176,7 +176,7 @@ int main(int argc, char **argv) {
   float *w0 = NULL, *wd = NULL, *curve = NULL;
   int64_t *curve_step = NULL;
   size_t ncurve = 0;
-  pmap_config cfg = {backend, (int)o.devices, NULL, 0.0, PMAP_GUARD_ON};
+  pmap_config cfg = {.backend = backend, .num_devices = (int)o.devices};
   if (pmap_ctx_create(&cfg, &ctx)) { fail("cannot create the context"); goto out; }
   int n = pmap_ctx_num_devices(ctx);
   const char *bname = pmap_backend_name(pmap_ctx_backend(ctx));

@@ -83,22 +83,27 @@ static pmap_status cpu_softmax_xent(pmap_device *dev, const float *logits, const
 }
 
 static pmap_status cpu_sgd_step(pmap_device *dev, float *w, const float *g, float *v, size_t n,
-                                float lr, float momentum) {
+                                const pmap_step_hyper *h) {
   (void)dev;
-  if (momentum == 0.0f) {
+  const float lr = h->lr, momentum = h->momentum, wd = h->weight_decay;
+  if (momentum == 0.0f && wd == 0.0f) {
     for (size_t i = 0; i < n; i++) w[i] -= lr * g[i];
+  } else if (momentum == 0.0f) {
+    float unused = 0.0f;
+    for (size_t i = 0; i < n; i++) pmap_sgd_update(&w[i], g[i], &unused, lr, 0.0f, 0, wd);
   } else {
-    for (size_t i = 0; i < n; i++) pmap_sgd_update(&w[i], g[i], &v[i], lr, momentum);
+    for (size_t i = 0; i < n; i++)
+      pmap_sgd_update(&w[i], g[i], &v[i], lr, momentum, h->nesterov, wd);
   }
   return PMAP_SUCCESS;
 }
 
 static pmap_status cpu_adam_step(pmap_device *dev, float *w, const float *g, float *m, float *v,
-                                 size_t n, float lr, float beta1, float beta2, float eps,
-                                 float bc1, float bc2) {
+                                 size_t n, const pmap_step_hyper *h) {
   (void)dev;
   for (size_t i = 0; i < n; i++)
-    pmap_adam_update(&w[i], g[i], &m[i], &v[i], lr, beta1, beta2, eps, bc1, bc2);
+    pmap_adam_update(&w[i], g[i], &m[i], &v[i], h->lr, h->beta1, h->beta2, h->eps, h->bc1,
+                     h->bc2, h->weight_decay);
   return PMAP_SUCCESS;
 }
 
@@ -113,6 +118,12 @@ static pmap_status cpu_norm2(pmap_device *dev, const float *x, size_t n, float *
 static pmap_status cpu_scale(pmap_device *dev, float *x, float s, size_t n) {
   (void)dev;
   for (size_t i = 0; i < n; i++) x[i] *= s;
+  return PMAP_SUCCESS;
+}
+
+static pmap_status cpu_axpy(pmap_device *dev, float alpha, const float *x, float *y, size_t n) {
+  (void)dev;
+  for (size_t i = 0; i < n; i++) y[i] += alpha * x[i];
   return PMAP_SUCCESS;
 }
 
@@ -131,6 +142,7 @@ const pmap_ops pmap_cpu_ops = {
     .adam_step = cpu_adam_step,
     .norm2 = cpu_norm2,
     .scale = cpu_scale,
+    .axpy = cpu_axpy,
     .act_forward = cpu_act_forward,
     .act_backward = cpu_act_backward,
     .add = cpu_add,

@@ -6,7 +6,7 @@ extern "C" const pmap_ops pmap_cuda_ops = {
     cuda_gemm,          cuda_fill,           cuda_bias_forward,   cuda_bias_backward,
     cuda_relu_forward,  cuda_relu_backward,  cuda_conv2d_forward, cuda_conv2d_backward,
     cuda_mse,           cuda_softmax_xent,   cuda_sgd_step,       cuda_adam_step,
-    cuda_norm2,         cuda_scale,
+    cuda_norm2,         cuda_scale,          cuda_axpy,
     /* layers beyond dense and conv */
     cuda_act_forward,   cuda_act_backward,   cuda_add,
     cuda_layernorm_forward,  cuda_layernorm_backward,

@@ -35,13 +35,13 @@ pmap_status cuda_mse(pmap_device *dev, const float *pred, const float *t, size_t
                      float *loss);
 pmap_status cuda_softmax_xent(pmap_device *dev, const float *logits, const int32_t *labels,
                               int64_t rows, int64_t k, float *dlogits, float *loss);
-pmap_status cuda_sgd_step(pmap_device *dev, float *w, const float *g, float *v, size_t n, float lr,
-                          float momentum);
+pmap_status cuda_sgd_step(pmap_device *dev, float *w, const float *g, float *v, size_t n,
+                          const pmap_step_hyper *h);
 pmap_status cuda_adam_step(pmap_device *dev, float *w, const float *g, float *m, float *v,
-                           size_t n, float lr, float beta1, float beta2, float eps, float bc1,
-                           float bc2);
+                           size_t n, const pmap_step_hyper *h);
 pmap_status cuda_norm2(pmap_device *dev, const float *x, size_t n, float *norm);
 pmap_status cuda_scale(pmap_device *dev, float *x, float s, size_t n);
+pmap_status cuda_axpy(pmap_device *dev, float alpha, const float *x, float *y, size_t n);
 
 /* Layers beyond dense and conv: act.cu, add.cu, layernorm.cu, pool2d.cu, dropout.cu,
  * batchnorm.cu. */

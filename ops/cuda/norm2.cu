@@ -1,6 +1,6 @@
 /* norm2.cu: the L2 norm of a device array (ops/ops.h norm2), summed in double in a fixed order
  * (per-block partial sums, then one block adds them), for the numeric guard and gradient
- * clipping; and the in-place scale that clipping applies. */
+ * clipping; the in-place scale that clipping applies, and axpy (micro-batch loss sums). */
 #include "cuda_common.cuh"
 
 static __global__ void norm2_kernel(const float *x, size_t n, double *partial) {
@@ -42,5 +42,18 @@ extern "C" pmap_status cuda_scale(pmap_device *dev, float *x, float s, size_t n)
   if (n == 0) return PMAP_SUCCESS;
   scale_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, cd->stream>>>(x, s, n);
   CUDA_CHECK_LAUNCH(cd, "scale_kernel");
+  return PMAP_SUCCESS;
+}
+
+static __global__ void axpy_kernel(float alpha, const float *x, float *y, size_t n) {
+  for (size_t i = cuda_thread_index(); i < n; i += cuda_grid_stride()) y[i] += alpha * x[i];
+}
+
+extern "C" pmap_status cuda_axpy(pmap_device *dev, float alpha, const float *x, float *y,
+                                 size_t n) {
+  cuda_device *cd = cuda_device_of(dev);
+  if (n == 0) return PMAP_SUCCESS;
+  axpy_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, cd->stream>>>(alpha, x, y, n);
+  CUDA_CHECK_LAUNCH(cd, "axpy_kernel");
   return PMAP_SUCCESS;
 }

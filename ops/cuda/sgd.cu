@@ -2,26 +2,26 @@
  * update of ops/op_math.h; the momentum buffer is touched only when momentum != 0. */
 #include "cuda_common.cuh"
 
-static __global__ void sgd_step_kernel(float *w, const float *g, float *v, size_t n, float lr,
-                                       float momentum) {
+static __global__ void sgd_step_kernel(float *w, const float *g, float *v, size_t n,
+                                       pmap_step_hyper h) {
   for (size_t i = cuda_thread_index(); i < n; i += cuda_grid_stride()) {
-    float wi = w[i], vi = momentum != 0.0f ? v[i] : 0.0f;
-    pmap_sgd_update(&wi, g[i], &vi, lr, momentum);
+    float wi = w[i], vi = h.momentum != 0.0f ? v[i] : 0.0f;
+    pmap_sgd_update(&wi, g[i], &vi, h.lr, h.momentum, h.nesterov, h.weight_decay);
     w[i] = wi;
-    if (momentum != 0.0f) v[i] = vi;
+    if (h.momentum != 0.0f) v[i] = vi;
   }
 }
 
 static void sgd_step_launch(cudaStream_t stream, float *w, const float *g, float *v, size_t n,
-                            float lr, float momentum) {
-  sgd_step_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, stream>>>(w, g, v, n, lr, momentum);
+                            const pmap_step_hyper *h) {
+  sgd_step_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, stream>>>(w, g, v, n, *h);
 }
 
 extern "C" pmap_status cuda_sgd_step(pmap_device *dev, float *w, const float *g, float *v,
-                                     size_t n, float lr, float momentum) {
+                                     size_t n, const pmap_step_hyper *h) {
   cuda_device *cd = cuda_device_of(dev);
   if (n == 0) return PMAP_SUCCESS;
-  sgd_step_launch(cd->stream, w, g, v, n, lr, momentum);
+  sgd_step_launch(cd->stream, w, g, v, n, h);
   CUDA_CHECK_LAUNCH(cd, "sgd_step_kernel");
   return PMAP_SUCCESS;
 }

@@ -18,7 +18,7 @@ static inline int gpu_count(void) {
     printf("SKIP: this build has no CUDA backend (configure with -Dcuda=enabled)\n");
     return 0;
   }
-  pmap_config cfg = {PMAP_BACKEND_CUDA, PMAP_DEVICES_DEFAULT, NULL, 0.0, PMAP_GUARD_ON};
+  pmap_config cfg = {.backend = PMAP_BACKEND_CUDA, .num_devices = PMAP_DEVICES_DEFAULT};
   pmap_ctx *ctx = NULL;
   pmap_status st = pmap_ctx_create(&cfg, &ctx);
   if (st == PMAP_ERR_UNAVAILABLE) {
@@ -41,7 +41,7 @@ static inline int gpu_count(void) {
 static inline pmap_status gpu_ctx(int n, int gpus, double timeout_s, pmap_ctx **out) {
   int ids[PMAP_MAX_DEVICES];
   for (int i = 0; i < n; i++) ids[i] = i % gpus;
-  pmap_config cfg = {PMAP_BACKEND_CUDA, n, ids, timeout_s, PMAP_GUARD_ON};
+  pmap_config cfg = {.backend = PMAP_BACKEND_CUDA, .num_devices = n, .device_ids = ids, .timeout_s = timeout_s};
   *out = NULL;
   pmap_status st = pmap_ctx_create(&cfg, out);
   if (st == PMAP_ERR_UNAVAILABLE && n > gpus) {

@@ -192,7 +192,7 @@ int main(void) {
   if (gpus == 0) return GPU_SKIP;
   if (gpus < 0) return 1;
   int bad_ids[2] = {0, gpus};
-  pmap_config bad = {PMAP_BACKEND_CUDA, 2, bad_ids, 0.0, PMAP_GUARD_ON};
+  pmap_config bad = {.backend = PMAP_BACKEND_CUDA, .num_devices = 2, .device_ids = bad_ids};
   pmap_ctx *ctx = NULL;
   CHECK_FAILS(pmap_ctx_create(&bad, &ctx), PMAP_ERR_INVALID_ARGUMENT, "outside");
 

@@ -255,13 +255,14 @@ static void test_xent(env *e) {
 
 static void test_optimizers(env *e) {
   size_t n = 100007;
-  for (int with_momentum = 0; with_momentum < 2; with_momentum++) {
-    float momentum = with_momentum ? 0.9f : 0.0f;
+  for (int variant = 0; variant < 4; variant++) {
+    /* plain, momentum, Nesterov, Nesterov with weight decay */
+    int with_momentum = variant > 0;
+    pmap_step_hyper h = {.lr = 0.01f, .momentum = with_momentum ? 0.9f : 0.0f,
+                         .nesterov = variant >= 2, .weight_decay = variant == 3 ? 0.01f : 0.0f};
     buf w = rnd(e, n, -1.0f, 1.0f), g = rnd(e, n, -1.0f, 1.0f), v = rnd(e, n, -1.0f, 1.0f);
-    CHECK_OK(pmap_cpu_ops.sgd_step(e->dev, w.h, g.h, with_momentum ? v.h : NULL, n, 0.01f,
-                                   momentum));
-    CHECK_OK(e->dev->ops->sgd_step(e->dev, w.d, g.d, with_momentum ? v.d : NULL, n, 0.01f,
-                                   momentum));
+    CHECK_OK(pmap_cpu_ops.sgd_step(e->dev, w.h, g.h, with_momentum ? v.h : NULL, n, &h));
+    CHECK_OK(e->dev->ops->sgd_step(e->dev, w.d, g.d, with_momentum ? v.d : NULL, n, &h));
     compare(e, "sgd_step w", &w, 1e-6);
     compare(e, "sgd_step v", &v, 1e-6);
     buf_free(e, &w);
@@ -271,11 +272,12 @@ static void test_optimizers(env *e) {
   buf w = rnd(e, n, -1.0f, 1.0f), g = rnd(e, n, -1.0f, 1.0f), m = rnd(e, n, -0.1f, 0.1f),
       v = rnd(e, n, 0.0f, 0.01f);
   float bc1 = 1.0f - 0.9f * 0.9f * 0.9f, bc2 = 1.0f - 0.999f * 0.999f * 0.999f;
-  for (int step = 0; step < 3; step++) {
-    CHECK_OK(pmap_cpu_ops.adam_step(e->dev, w.h, g.h, m.h, v.h, n, 1e-3f, 0.9f, 0.999f, 1e-8f,
-                                    bc1, bc2));
-    CHECK_OK(e->dev->ops->adam_step(e->dev, w.d, g.d, m.d, v.d, n, 1e-3f, 0.9f, 0.999f, 1e-8f,
-                                    bc1, bc2));
+  for (int step = 0; step < 4; step++) {
+    /* Adam, then AdamW (decoupled weight decay) */
+    pmap_step_hyper h = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .bc1 = bc1,
+                         .bc2 = bc2, .weight_decay = step >= 2 ? 0.01f : 0.0f};
+    CHECK_OK(pmap_cpu_ops.adam_step(e->dev, w.h, g.h, m.h, v.h, n, &h));
+    CHECK_OK(e->dev->ops->adam_step(e->dev, w.d, g.d, m.d, v.d, n, &h));
   }
   compare(e, "adam_step w", &w, 1e-6);
   compare(e, "adam_step m", &m, 1e-6);

@@ -62,7 +62,7 @@ static void test_agreement(const char *model, int n, int gpus) {
   float *w_cpu = calloc(P, sizeof(float)), *w_one = calloc(P, sizeof(float)),
         *w_many = calloc(P, sizeof(float));
   float l_cpu[COMPARE_STEPS], l_one[COMPARE_STEPS], l_many[COMPARE_STEPS];
-  pmap_config cpu = {PMAP_BACKEND_CPU, 1, NULL, 0.0, PMAP_GUARD_ON};
+  pmap_config cpu = {.backend = PMAP_BACKEND_CPU, .num_devices = 1};
   pmap_ctx *ctx = NULL;
   CHECK_OK(pmap_ctx_create(&cpu, &ctx));
   if (ctx) train(ctx, model, COMPARE_STEPS, batch, w_cpu, l_cpu);
@@ -101,7 +101,7 @@ static void test_predict(int n, int gpus) {
   pmap_ctx *cpu = NULL, *gpu = NULL;
   pmap_array xs = {0}, ys = {0};
   int64_t rows = 8 * n;
-  pmap_config cfg = {PMAP_BACKEND_CPU, 1, NULL, 0.0, PMAP_GUARD_ON};
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 1};
   CHECK_OK(pmap_example_info_get(model, &info));
   CHECK_OK(pmap_example_model(model, &m));
   CHECK_OK(pmap_ctx_create(&cfg, &cpu));

@@ -1,0 +1,403 @@
+/* step.c: the data-parallel step. pmap_update validates at the boundary, then every device
+ * runs: its rows (in micro-batches) -> forward, loss, backward (or the user's gradient function)
+ * -> one all-reduce (mean) of [gradients | loss | guard flags] -> the numeric guard and clipping
+ * -> the same optimizer step on every replica. pmap_predict is the sharded forward pass. */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "params.h"
+#include "runtime/backend.h"
+#include "runtime/error.h"
+#include "runtime/fault.h"
+
+static const char *dtype_name(pmap_dtype t) {
+  switch (t) {
+  case PMAP_F32: return "f32";
+  case PMAP_I32: return "i32";
+  }
+  return "unknown";
+}
+
+/* Elements of a's axes [first, rank): -1 unless every extent is >= 1 and the product fits. */
+static int64_t numel_from(const pmap_array *a, int first_axis) {
+  int64_t n = 1;
+  for (int i = first_axis; i < a->rank; i++)
+    if (a->shape[i] < 1 || __builtin_mul_overflow(n, a->shape[i], &n)) return -1;
+  return n;
+}
+
+/* "(4, -1, 7)" into buf. */
+static const char *shape_str(const pmap_array *a, char *buf, size_t size) {
+  size_t len = (size_t)snprintf(buf, size, "(");
+  for (int i = 0; i < a->rank && i < PMAP_MAX_RANK && len < size; i++)
+    len += (size_t)snprintf(buf + len, size - len, "%s%lld", i ? ", " : "", (long long)a->shape[i]);
+  if (len < size) snprintf(buf + len, size - len, ")");
+  return buf;
+}
+
+static pmap_status check_ys(pmap_params *p, const pmap_array *ys, int64_t b, const char *call) {
+  const pmap_model *m = p->model;
+  char sh[160];
+  if (!ys->data) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: ys->data is NULL", call);
+  int64_t k = m->layers[m->n_layers - 1].out_size;
+  if (ys->rank < 1 || ys->rank > PMAP_MAX_RANK)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: ys has rank %d; it must be 1..%d", call,
+                    ys->rank, PMAP_MAX_RANK);
+  if (ys->shape[0] != b)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: ys has leading extent %lld (shape %s); it must match xs's batch %lld",
+                    call, (long long)ys->shape[0], shape_str(ys, sh, sizeof sh), (long long)b);
+  if (numel_from(ys, 1) < 0)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: ys has shape %s; every extent must be positive and their product must "
+                    "fit in 64 bits",
+                    call, shape_str(ys, sh, sizeof sh));
+  if (m->loss == PMAP_LOSS_MSE) {
+    if (ys->dtype != PMAP_F32 || ys->rank != 2 || ys->shape[1] != k)
+      return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                      "%s: MSE needs ys f32 of shape (%lld, %lld); got %s %s", call, (long long)b,
+                      (long long)k, dtype_name(ys->dtype), shape_str(ys, sh, sizeof sh));
+    return PMAP_SUCCESS;
+  }
+  if (ys->dtype != PMAP_I32 || numel_from(ys, 1) != 1)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: softmax cross-entropy needs ys i32 labels of shape (%lld) or (%lld, 1); "
+                    "got %s %s",
+                    call, (long long)b, (long long)b, dtype_name(ys->dtype),
+                    shape_str(ys, sh, sizeof sh));
+  const int32_t *labels = ys->data;
+  for (int64_t i = 0; i < b; i++)
+    if (labels[i] < 0 || labels[i] >= k)
+      return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                      "%s: label %d at row %lld is outside [0, %lld)", call, (int)labels[i],
+                      (long long)i, (long long)k);
+  return PMAP_SUCCESS;
+}
+
+/* A custom model's arrays: xs f32, ys f32 or i32, any rank, positive extents whose product
+ * fits, the same leading extent. */
+static pmap_status check_custom(const pmap_array *a, const char *name, int64_t b,
+                                const char *call) {
+  char sh[160];
+  if (!a->data) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s->data is NULL", call, name);
+  if (a->rank < 1 || a->rank > PMAP_MAX_RANK)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s has rank %d; it must be 1..%d", call, name,
+                    a->rank, PMAP_MAX_RANK);
+  if (a->shape[0] != b || numel_from(a, 0) < 0)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: %s has shape %s; it needs leading extent %lld and positive extents whose "
+                    "product fits in 64 bits",
+                    call, name, shape_str(a, sh, sizeof sh), (long long)b);
+  if (numel_from(a, 0) > PTRDIFF_MAX / 4)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: %s of shape %s holds more bytes than the address space", call, name,
+                    shape_str(a, sh, sizeof sh));
+  if (a->dtype != PMAP_F32 && (a->dtype != PMAP_I32 || !strcmp(name, "xs")))
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s must be f32%s, got %s", call, name,
+                    strcmp(name, "xs") ? " or i32" : "", dtype_name(a->dtype));
+  return PMAP_SUCCESS;
+}
+
+/* The global batch b against the device count: a positive multiple of it, or with uneven
+ * batches at least one row per device. Sets p->batch and p->bd (most rows of a device). */
+static pmap_status check_rows(pmap_params *p, int64_t b, const char *call) {
+  int n = p->ctx->n;
+  if (p->ctx->uneven) {
+    if (b < n)
+      return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                      "%s: global batch %lld is smaller than the %d devices (uneven batches need "
+                      "at least one row per device)",
+                      call, (long long)b, n);
+  } else if (b <= 0 || b % n != 0) {
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: global batch %lld is not divisible by %d devices (it must be a positive "
+                    "multiple of the device count, or set pmap_config.uneven_batches)",
+                    call, (long long)b, n);
+  }
+  p->batch = b;
+  p->bd = (b + n - 1) / n;
+  return PMAP_SUCCESS;
+}
+
+/* Validates xs (and ys when non-NULL) against the model and the device count, and that the
+ * activation memory of the largest piece of a device's rows is addressable. */
+static pmap_status check_batch(pmap_params *p, const pmap_array *xs, const pmap_array *ys,
+                               const char *call) {
+  const pmap_model *m = p->model;
+  char sh[160];
+  if (!xs || !xs->data)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: xs%s is NULL", call, xs ? "->data" : "");
+  if (p->grad_fn) {
+    PMAP_TRY(check_custom(xs, "xs", xs->shape[0], call));
+    PMAP_TRY(check_rows(p, xs->shape[0], call));
+    return ys ? check_custom(ys, "ys", xs->shape[0], call) : PMAP_SUCCESS;
+  }
+  if (xs->dtype != PMAP_F32)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: xs must be f32, got %s", call,
+                    dtype_name(xs->dtype));
+  if (xs->rank != m->in_rank + 1)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: xs has rank %d; the model takes rank %d (batch axis + %d example axes)",
+                    call, xs->rank, m->in_rank + 1, m->in_rank);
+  for (int i = 0; i < m->in_rank; i++)
+    if (xs->shape[i + 1] != m->in_shape[i])
+      return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                      "%s: xs axis %d has extent %lld; the model's input needs %lld", call, i + 1,
+                      (long long)xs->shape[i + 1], (long long)m->in_shape[i]);
+  int64_t b = xs->shape[0];
+  PMAP_TRY(check_rows(p, b, call));
+  if (b > PTRDIFF_MAX / 4 / m->in_size)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: xs of shape %s holds more bytes than the address space", call,
+                    shape_str(xs, sh, sizeof sh));
+  int64_t piece = (p->bd + p->micro_batches - 1) / p->micro_batches;
+  size_t floats = 0;
+  if (model_arena_floats(m, piece, &floats) || floats > PTRDIFF_MAX / sizeof(float))
+    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY,
+                    "%s: the activations of %lld examples per device would take more than the "
+                    "address space (the model has %d layers)",
+                    call, (long long)piece, m->n_layers);
+  return ys ? check_ys(p, ys, b, call) : PMAP_SUCCESS;
+}
+
+/* Rows [row0, row0 + rows) of a host array, staged into device memory where the backend needs
+ * it (on CPU a view). */
+static pmap_status shard(pmap_device *dev, const pmap_array *a, int64_t row0, int64_t rows,
+                         int slot, const void **out) {
+  size_t row = (size_t)numel_from(a, 1) * 4; /* f32 and i32 */
+  const char *host = (const char *)a->data + (size_t)row0 * row;
+  return backend_stage(dev, slot, host, (size_t)rows * row, out);
+}
+
+/* Device `dev` waits as if hung, until another device gives up on it (or 10 timeouts pass). */
+static void stall(pmap_device *dev) {
+  pmap_ctx *ctx = dev->ctx;
+  int64_t limit = ctx->wait.timeout_ns >= 0 ? 10 * ctx->wait.timeout_ns : 1000000000;
+  int64_t start = pmap_now_ns();
+  struct timespec ms = {0, 1000000};
+  while (!atomic_load(&ctx->abort) && pmap_now_ns() - start < limit) nanosleep(&ms, NULL);
+}
+
+/* The fault hooks of a step before its all-reduce (runtime/fault.h). */
+static pmap_status inject_before_reduce(pmap_device *dev, pmap_params *p, replica *r) {
+  pmap_fault *f = dev->ctx->fault;
+  int d = dev->index;
+  if (pmap_fault_fires(f, FAULT_NAN, d, p->step))
+    PMAP_TRY(dev->ops->fill(dev, r->g, NAN, p->n_params));
+  if (pmap_fault_fires(f, FAULT_COLLECTIVE, d, p->step))
+    return PMAP_ERR(PMAP_ERR_DEVICE,
+                    "device %d: the gradient all-reduce of step %lld failed (injected by "
+                    "PMAP_FAULT)",
+                    d, (long long)p->step);
+  if (pmap_fault_fires(f, FAULT_STALL, d, p->step)) stall(dev);
+  return PMAP_SUCCESS;
+}
+
+/* Moves one parameter of this replica by one ulp (runtime/fault.h: drift). */
+static pmap_status drift(pmap_device *dev, replica *r) {
+  float w0 = 0.0f;
+  PMAP_TRY(backend_download(dev, &w0, r->w, sizeof w0));
+  w0 = nextafterf(w0, INFINITY);
+  PMAP_TRY(backend_upload(dev, r->w, &w0, sizeof w0));
+  return backend_sync(dev);
+}
+
+/* After the all-reduce: the numeric guard and the clipping scale. Every replica holds the same
+ * averaged [gradients | loss | flags] and reads the same norm, so every replica decides the
+ * same. Returns the scale for the gradients, 0 to skip the step. */
+static pmap_status guard_and_clip(pmap_device *dev, pmap_params *p, replica *r, float *scale) {
+  int n = dev->ctx->n;
+  size_t P = p->n_params;
+  float *h = p->guard_host + (size_t)dev->index * ((size_t)n + 2); /* loss, flags (n), norm */
+  *scale = 1.0f;
+  PMAP_TRY(dev->ops->norm2(dev, r->g, P, r->g + P + 1 + n));
+  PMAP_TRY(backend_download(dev, h, r->g + P, ((size_t)n + 2) * sizeof *h));
+  if (p->guard) {
+    int finite = 1;
+    for (int i = 0; i < n + 2; i++) finite &= isfinite(h[i]) != 0;
+    if (!finite) {
+      if (dev->index == 0) p->numeric_bad = 1;
+      *scale = 0.0f;
+      return PMAP_SUCCESS;
+    }
+  }
+  float clip = p->opt.clip_norm, norm = h[n + 1];
+  if (clip > 0.0f && norm > clip) *scale = clip / norm;
+  return PMAP_SUCCESS;
+}
+
+/* The loss and gradient of one piece: rows [row0, row0 + rows) of the call's arrays, weighted
+ * by `weight` (1: the device's whole share). The gradient accumulates into r->g; the loss goes
+ * to r->g[P] directly when the weight is 1 and the piece is the device's only one, else through
+ * the micro-batch slot, weighted, into r->g[P]. */
+static pmap_status piece_grads(pmap_device *dev, pmap_params *p, replica *r, int64_t row0,
+                               int64_t rows, float weight, int direct) {
+  const pmap_model *m = p->model;
+  size_t P = p->n_params;
+  float *loss = direct ? r->g + P : r->g + P + 2 + dev->ctx->n;
+  const void *x = NULL, *y = NULL;
+  PMAP_TRY(shard(dev, p->xs, row0, rows, 0, &x));
+  PMAP_TRY(shard(dev, p->ys, row0, rows, 1, &y));
+  if (p->grad_fn) {
+    pmap_grad_args a = {dev, r->w, r->g, loss, weight, *p->xs, *p->ys, row0, p->step, P};
+    a.xs.data = (void *)x;
+    a.ys.data = (void *)y;
+    a.xs.shape[0] = a.ys.shape[0] = rows;
+    PMAP_TRY(p->grad_fn(&a, p->grad_user));
+  } else {
+    int L = m->n_layers;
+    PMAP_TRY(model_forward(dev, m, r, x, rows));
+    PMAP_TRY(model_loss(dev, m, r, y, rows, loss));
+    if (weight != 1.0f)
+      PMAP_TRY(dev->ops->scale(dev, r->dact[L - 1], weight,
+                               (size_t)(rows * m->layers[L - 1].out_size)));
+    PMAP_TRY(model_backward(dev, m, r, rows));
+  }
+  if (!direct) PMAP_TRY(dev->ops->axpy(dev, weight, loss, r->g + P, 1));
+  return PMAP_SUCCESS;
+}
+
+/* Every piece of this device's rows. Its share of the mean weighs rows * N / B (1 for an even
+ * batch), split over the pieces by their rows. */
+static pmap_status device_grads(pmap_device *dev, pmap_params *p, replica *r) {
+  int n = dev->ctx->n;
+  int64_t lo = 0, rows = 0;
+  params_device_rows(p->batch, n, dev->index, &lo, &rows);
+  int64_t k = p->micro_batches < rows ? p->micro_batches : rows;
+  double share = p->ctx->uneven ? (double)rows * n / (double)p->batch : 1.0;
+  if (!p->grad_fn) PMAP_TRY(replica_reserve(dev, p->model, r, (rows + k - 1) / k));
+  for (int64_t i = 0; i < k; i++) {
+    int64_t a = rows * i / k, b = rows * (i + 1) / k;
+    float weight = (float)(share * (double)(b - a) / (double)rows);
+    PMAP_TRY(piece_grads(dev, p, r, lo + a, b - a, weight, k == 1 && weight == 1.0f));
+  }
+  return PMAP_SUCCESS;
+}
+
+static pmap_status update_job(pmap_device *dev, void *arg) {
+  pmap_params *p = arg;
+  replica *r = &p->rep[dev->index];
+  const pmap_ops *ops = dev->ops;
+  int n = dev->ctx->n;
+  size_t P = p->n_params;
+  PMAP_TRY(ops->fill(dev, r->g, 0.0f, params_grad_len(p)));
+  PMAP_TRY(device_grads(dev, p, r));
+  if (dev->ctx->fault) PMAP_TRY(inject_before_reduce(dev, p, r));
+  /* The guard's flag of this device: the norm of its own gradients and loss, in its slot; the
+   * others' slots are 0, so after the mean a slot is non-finite exactly when its device's
+   * values were. */
+  if (p->guard) PMAP_TRY(ops->norm2(dev, r->g, P + 1, r->g + P + 1 + dev->index));
+  /* The one all-reduce of the step: gradients, the loss slot and the guard flags after them. */
+  size_t reduced = P + 1 + (p->guard ? (size_t)n : 0);
+  PMAP_TRY(backend_all_reduce(dev, r->g, r->g, reduced, PMAP_RED_MEAN));
+  float scale = 1.0f;
+  if (p->guard || p->opt.clip_norm > 0.0f) PMAP_TRY(guard_and_clip(dev, p, r, &scale));
+  if (scale == 0.0f) return PMAP_SUCCESS; /* skipped: nothing changes on any replica */
+  if (scale != 1.0f) PMAP_TRY(ops->scale(dev, r->g, scale, P));
+  PMAP_TRY(optimizer_apply(dev, &p->opt, &p->hyper, r->w, r->g, r->opt, P));
+  if (pmap_fault_fires(dev->ctx->fault, FAULT_DRIFT, dev->index, p->step)) PMAP_TRY(drift(dev, r));
+  if (dev->index == 0) return backend_download(dev, &p->loss, r->g + P, sizeof p->loss);
+  return backend_sync(dev);
+}
+
+/* The message of a step the numeric guard skipped, naming the devices whose own loss or
+ * gradients were non-finite (device 0's copy of the flags; every device holds the same). */
+static pmap_status numeric_error(const pmap_params *p) {
+  int n = p->ctx->n;
+  const float *h = p->guard_host;
+  char devs[400];
+  size_t len = 0;
+  devs[0] = '\0';
+  for (int d = 0; d < n && len < sizeof devs; d++)
+    if (!isfinite(h[1 + d]))
+      len += (size_t)snprintf(devs + len, sizeof devs - len, "%s%d", len ? ", " : "", d);
+  char what[480];
+  if (len)
+    snprintf(what, sizeof what, "the local loss or gradients of device%s %s were non-finite",
+             strchr(devs, ',') ? "s" : "", devs);
+  else
+    snprintf(what, sizeof what,
+             "every device's own loss and gradients were finite, their average was not "
+             "(overflow)");
+  return PMAP_ERR(PMAP_ERR_NUMERIC,
+                  "pmap_update: step %lld: %s (averaged loss %g); the step was skipped on every "
+                  "replica: parameters, optimizer state and step count are unchanged",
+                  (long long)p->step, what, (double)h[0]);
+}
+
+pmap_status pmap_update(pmap_params *p, const pmap_array *xs, const pmap_array *ys, float *loss) {
+  const char *call = "pmap_update";
+  if (!p) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: params is NULL", call);
+  if (!ys) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: ys is NULL", call);
+  PMAP_TRY(pmap_ctx_lock(p->ctx, call));
+  pmap_status st = check_batch(p, xs, ys, call);
+  if (!st) {
+    int64_t t = p->step + 1;
+    p->hyper = optimizer_hyper(&p->opt, t);
+    p->xs = xs;
+    p->ys = ys;
+    p->numeric_bad = 0;
+    st = pmap_ctx_dispatch(p->ctx, update_job, p);
+    if (!st && p->numeric_bad) {
+      st = numeric_error(p);
+    } else if (!st) {
+      p->step = t;
+      if (loss) *loss = p->loss;
+    }
+  }
+  pmap_ctx_unlock(p->ctx);
+  return st;
+}
+
+static pmap_status predict_job(pmap_device *dev, void *arg) {
+  pmap_params *p = arg;
+  const pmap_model *m = p->model;
+  replica *r = &p->rep[dev->index];
+  int64_t lo = 0, rows = 0;
+  params_device_rows(p->batch, dev->ctx->n, dev->index, &lo, &rows);
+  size_t k = (size_t)m->layers[m->n_layers - 1].out_size;
+  int64_t piece = (rows + p->micro_batches - 1) / p->micro_batches;
+  PMAP_TRY(replica_reserve(dev, m, r, piece));
+  for (int64_t a = 0; a < rows; a += piece) {
+    int64_t len = rows - a < piece ? rows - a : piece;
+    const void *x = NULL;
+    PMAP_TRY(shard(dev, p->xs, lo + a, len, 0, &x));
+    PMAP_TRY(model_forward(dev, m, r, x, len));
+    float *dst = (float *)p->out->data + (size_t)(lo + a) * k;
+    PMAP_TRY(backend_download(dev, dst, r->out[m->n_layers - 1], (size_t)len * k * sizeof(float)));
+  }
+  return PMAP_SUCCESS;
+}
+
+pmap_status pmap_predict(pmap_params *p, const pmap_array *xs, pmap_array *out) {
+  const char *call = "pmap_predict";
+  if (!p || !out || !out->data)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL", call,
+                    !p ? "params" : !out ? "out" : "out->data");
+  if (p->grad_fn)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: params made by pmap_params_create_custom have no forward pass the "
+                    "runtime knows; compute predictions with your own pmap_run",
+                    call);
+  PMAP_TRY(pmap_ctx_lock(p->ctx, call));
+  pmap_status st = check_batch(p, xs, NULL, call);
+  const layer *last = &p->model->layers[p->model->n_layers - 1];
+  char sh[160];
+  if (!st && (out->dtype != PMAP_F32 || out->rank != 1 + last->out_rank ||
+              out->shape[0] != xs->shape[0] || numel_from(out, 1) != last->out_size))
+    st = PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: out must be f32 (%lld, %lld); got %s %s", call,
+                  (long long)xs->shape[0], (long long)last->out_size, dtype_name(out->dtype),
+                  out->rank >= 1 && out->rank <= PMAP_MAX_RANK ? shape_str(out, sh, sizeof sh)
+                                                               : "of a bad rank");
+  if (!st) {
+    p->xs = xs;
+    p->out = out;
+    st = pmap_ctx_dispatch(p->ctx, predict_job, p);
+  }
+  pmap_ctx_unlock(p->ctx);
+  return st;
+}

@@ -1,0 +1,153 @@
+"""Loading libpmap and declaring the C API for ctypes (see include/pmap.h)."""
+import ctypes
+import ctypes.util
+import os
+
+MAX_RANK = 4
+
+# pmap_status values and their names (include/pmap.h).
+STATUS_NAMES = {
+    0: "PMAP_SUCCESS",
+    1: "PMAP_ERR_INVALID_ARGUMENT",
+    2: "PMAP_ERR_OUT_OF_MEMORY",
+    3: "PMAP_ERR_UNAVAILABLE",
+    4: "PMAP_ERR_DEVICE",
+    5: "PMAP_ERR_TIMEOUT",
+    6: "PMAP_ERR_ABORTED",
+    7: "PMAP_ERR_INTERNAL",
+    8: "PMAP_ERR_NUMERIC",
+}
+
+
+class Error(RuntimeError):
+    """A pmap call failed: .status is the status name (e.g. "PMAP_ERR_INVALID_ARGUMENT"),
+    .code its value, .message the library's message naming the call and the values."""
+
+    def __init__(self, code, message):
+        self.code = int(code)
+        self.status = STATUS_NAMES.get(self.code, f"status {self.code}")
+        self.message = message
+        super().__init__(f"{self.status}: {message}")
+
+
+class Config(ctypes.Structure):
+    _fields_ = [
+        ("backend", ctypes.c_int),
+        ("num_devices", ctypes.c_int),
+        ("device_ids", ctypes.POINTER(ctypes.c_int)),
+        ("timeout_s", ctypes.c_double),
+        ("numeric_guard", ctypes.c_int),
+        ("uneven_batches", ctypes.c_int),
+    ]
+
+
+class Array(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", ctypes.c_int),
+        ("rank", ctypes.c_int),
+        ("shape", ctypes.c_int64 * MAX_RANK),
+    ]
+
+
+class Optimizer(ctypes.Structure):
+    _fields_ = [
+        ("kind", ctypes.c_int),
+        ("lr", ctypes.c_float),
+        ("momentum", ctypes.c_float),
+        ("beta1", ctypes.c_float),
+        ("beta2", ctypes.c_float),
+        ("eps", ctypes.c_float),
+        ("clip_norm", ctypes.c_float),
+        ("weight_decay", ctypes.c_float),
+        ("nesterov", ctypes.c_int),
+        ("schedule", ctypes.c_int),
+        ("warmup_steps", ctypes.c_int64),
+        ("decay_steps", ctypes.c_int64),
+        ("final_lr", ctypes.c_float),
+    ]
+
+
+def _find():
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = os.environ.get("PMAP_LIBRARY")
+    candidates = [env] if env else []
+    for name in sorted(os.listdir(here)):
+        if name.startswith("libpmap.so") or name.startswith("libpmap.") and name.endswith(".dylib"):
+            candidates.append(os.path.join(here, name))
+    found = ctypes.util.find_library("pmap")
+    if found:
+        candidates.append(found)
+    errors = []
+    for path in candidates:
+        try:
+            return ctypes.CDLL(path)
+        except OSError as e:
+            errors.append(f"{path}: {e}")
+    raise ImportError("pmap: cannot load libpmap (set PMAP_LIBRARY to its path); tried: "
+                      + ("; ".join(errors) or "nothing found"))
+
+
+lib = _find()
+_p = ctypes.c_void_p
+_status = ctypes.c_int
+
+
+def _decl(name, res, *args):
+    f = getattr(lib, name)
+    f.restype = res
+    f.argtypes = list(args)
+    return f
+
+
+_decl("pmap_last_error", ctypes.c_char_p)
+_decl("pmap_status_string", ctypes.c_char_p, ctypes.c_int)
+_decl("pmap_ctx_create", _status, ctypes.POINTER(Config), ctypes.POINTER(_p))
+_decl("pmap_ctx_destroy", _status, _p)
+_decl("pmap_ctx_num_devices", ctypes.c_int, _p)
+_decl("pmap_ctx_backend", ctypes.c_int, _p)
+_decl("pmap_backend_name", ctypes.c_char_p, ctypes.c_int)
+_decl("pmap_backend_parse", _status, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int))
+_decl("pmap_model_create", _status, ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(_p))
+_decl("pmap_model_destroy", None, _p)
+_decl("pmap_model_add_dense", _status, _p, ctypes.c_int64)
+_decl("pmap_model_add_relu", _status, _p)
+_decl("pmap_model_add_conv2d", _status, _p, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
+      ctypes.c_int, ctypes.c_int)
+_decl("pmap_model_add_flatten", _status, _p)
+_decl("pmap_model_set_loss", _status, _p, ctypes.c_int)
+_decl("pmap_model_num_params", ctypes.c_size_t, _p)
+_decl("pmap_model_output_shape", None, _p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int64))
+_decl("pmap_params_create", _status, _p, _p, ctypes.POINTER(Optimizer), ctypes.c_uint64,
+      ctypes.POINTER(_p))
+_decl("pmap_params_destroy", None, _p)
+_decl("pmap_params_count", ctypes.c_size_t, _p)
+_decl("pmap_params_step", ctypes.c_int64, _p)
+_decl("pmap_update", _status, _p, ctypes.POINTER(Array), ctypes.POINTER(Array),
+      ctypes.POINTER(ctypes.c_float))
+_decl("pmap_predict", _status, _p, ctypes.POINTER(Array), ctypes.POINTER(Array))
+_decl("pmap_params_read", _status, _p, ctypes.c_int, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t)
+_decl("pmap_params_write", _status, _p, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t)
+_decl("pmap_params_set_micro_batches", _status, _p, ctypes.c_int)
+_decl("pmap_params_shrink", _status, _p)
+_HAVE_CKPT = hasattr(lib, "pmap_params_save")
+if _HAVE_CKPT:
+    _decl("pmap_params_save", _status, _p, ctypes.c_char_p)
+    _decl("pmap_params_load", _status, _p, ctypes.c_char_p)
+_HAVE_VERIFY = hasattr(lib, "pmap_params_verify")
+if _HAVE_VERIFY:
+    _decl("pmap_params_verify", _status, _p)
+_HAVE_VERSION = hasattr(lib, "pmap_version")
+if _HAVE_VERSION:
+    _decl("pmap_version", ctypes.c_char_p)
+
+
+def check(status):
+    """Raises Error for a failed call, with the library's message of this thread."""
+    if status != 0:
+        raise Error(status, lib.pmap_last_error().decode("utf-8", "replace"))
+
+
+def version():
+    """The C library's version string."""
+    return lib.pmap_version().decode() if _HAVE_VERSION else "unknown"

@@ -1,0 +1,124 @@
+"""The Python package over the C library: the linear seed model converges, 1 and 4 devices
+agree, errors carry the C status and message, the caller's arrays are never modified, and
+contexts close deterministically without leaving threads behind."""
+import os
+
+import numpy as np
+import pytest
+
+import pmap
+
+
+def linear_data(rows=128, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, 1)).astype(np.float32)
+    y = (2.0 * x - 1.0 + 0.5 * rng.standard_normal((rows, 1))).astype(np.float32)
+    return x, y
+
+
+def threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_linear_converges():
+    x, y = linear_data()
+    with pmap.Context(backend="cpu", devices=4) as ctx:
+        assert ctx.devices == 4 and ctx.backend == "cpu"
+        model = pmap.Model(input_shape=(1,)).dense(1)
+        params = ctx.params(model, pmap.sgd(0.1), seed=0)
+        losses = [params.update(x, y) for _ in range(300)]
+        w, b = params.read(device=3)
+        assert params.step == 300
+    assert losses[-1] < 0.3 < losses[0]
+    assert abs(w - 2.0) < 0.15 and abs(b + 1.0) < 0.15
+
+
+def train(devices, steps=20):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((48, 10)).astype(np.float32)
+    y = rng.integers(0, 3, size=48).astype(np.int32)
+    with pmap.Context(backend="cpu", devices=devices) as ctx:
+        model = pmap.Model(input_shape=(10,)).dense(16).relu().dense(3).loss("softmax_xent")
+        params = ctx.params(model, pmap.adam(1e-2), seed=7)
+        loss = [params.update(x, y) for _ in range(steps)][-1]
+        return loss, params.read(0), params.predict(x)
+
+
+def test_one_and_four_devices_agree():
+    l1, w1, p1 = train(1)
+    l4, w4, p4 = train(4)
+    assert abs(l1 - l4) <= 1e-4 * max(1.0, abs(l1))
+    assert np.linalg.norm(w1 - w4) <= 1e-4 * np.linalg.norm(w1)
+    assert np.allclose(p1, p4, rtol=1e-4, atol=1e-5)
+    assert p1.shape == (48, 3) and p1.dtype == np.float32
+
+
+def test_bad_shapes_raise_with_the_c_message():
+    x, y = linear_data(rows=30)
+    with pmap.Context(backend="cpu", devices=4) as ctx:
+        params = ctx.params(pmap.Model(input_shape=(1,)).dense(1), pmap.sgd(0.1))
+        before = params.read()
+        with pytest.raises(pmap.Error) as e:
+            params.update(x, y)
+        assert e.value.status == "PMAP_ERR_INVALID_ARGUMENT"
+        assert "global batch 30 is not divisible by 4 devices" in e.value.message
+        with pytest.raises(pmap.Error) as e:
+            params.update(np.zeros((32, 3), np.float32), np.zeros((32, 1), np.float32))
+        assert "xs axis 1 has extent 3" in str(e.value)
+        assert np.array_equal(params.read(), before)
+    with pytest.raises(pmap.Error) as e:
+        pmap.Model(input_shape=(4,)).dense(0)
+    assert "units 0" in e.value.message
+    with pytest.raises(pmap.Error) as e:
+        pmap.Context(backend="cpu", devices=0)
+    assert e.value.code == 1
+
+
+def test_arrays_are_never_modified_and_any_layout_works():
+    x, y = linear_data(rows=64)
+    x64 = x.astype(np.float64)          # converted once
+    yf = np.asfortranarray(np.repeat(y, 1, axis=1))
+    x_strided = np.repeat(x, 2, axis=0)[::2]  # not contiguous
+    copies = [a.copy() for a in (x, y, x64, yf, x_strided)]
+    with pmap.Context(backend="cpu", devices=2) as ctx:
+        p = ctx.params(pmap.Model(input_shape=(1,)).dense(1), pmap.sgd(0.1), seed=1)
+        q = ctx.params(pmap.Model(input_shape=(1,)).dense(1), pmap.sgd(0.1), seed=1)
+        for _ in range(5):
+            p.update(x, y)
+            q.update(x64, yf)
+        q2 = ctx.params(pmap.Model(input_shape=(1,)).dense(1), pmap.sgd(0.1), seed=1)
+        for _ in range(5):
+            q2.update(x_strided, y)
+        assert np.array_equal(p.read(), q.read())
+        assert np.array_equal(p.read(), q2.read())
+    for a, c in zip((x, y, x64, yf, x_strided), copies):
+        assert np.array_equal(a, c)
+
+
+def test_close_is_deterministic_and_leaves_no_threads():
+    start = threads()
+    ctx = pmap.Context(backend="cpu", devices=6)
+    params = ctx.params(pmap.Model(input_shape=(1,)).dense(1), pmap.adam(1e-3))
+    assert threads() == start + 5  # device 0 runs on the caller's thread
+    ctx.close()  # closes its params too
+    assert threads() == start
+    ctx.close()  # idempotent
+    with pytest.raises(pmap.Error):
+        params.update(*linear_data())
+
+
+def test_write_read_micro_batches_and_guard():
+    x, y = linear_data(rows=64)
+    with pmap.Context(backend="cpu", devices=2) as ctx:
+        p = ctx.params(pmap.Model(input_shape=(1,)).dense(1), pmap.sgd(0.1))
+        p.write([2.0, -1.0])
+        assert np.array_equal(p.read(1), np.array([2.0, -1.0], np.float32))
+        p.set_micro_batches(4)
+        assert np.isfinite(p.update(x, y))
+        bad = x.copy()
+        bad[5] = np.nan
+        with pytest.raises(pmap.Error) as e:
+            p.update(bad, y)
+        assert e.value.status == "PMAP_ERR_NUMERIC"
+        assert "step 1" in e.value.message
+        assert p.step == 1

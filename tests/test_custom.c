@@ -1,0 +1,189 @@
+/* test_custom.c: models the runtime does not know (pmap_params_create_custom): the example's
+ * hand-written gradient against central finite differences of a float64 loss, N devices equal
+ * one device, micro-batches and uneven batches through a custom function, the numeric guard on
+ * its output, and the errors of the custom path. CPU backend. */
+#include "../examples/tanh_net.h"
+#include "testutil.h"
+
+enum { F = 3, H = 5, K = 2, ROWS = 24 };
+static const tanh_net NET = {F, H, K};
+
+/* The loss in double, for finite differences. */
+static double loss_f64(const double *w, const float *x, const float *t, int64_t rows) {
+  const double *w1 = w, *b1 = w1 + F * H, *w2 = b1 + H, *b2 = w2 + H * K;
+  double sum = 0.0;
+  for (int64_t r = 0; r < rows; r++) {
+    double hid[H];
+    for (int j = 0; j < H; j++) {
+      double s = b1[j];
+      for (int i = 0; i < F; i++) s += (double)x[r * F + i] * w1[i * H + j];
+      hid[j] = tanh(s);
+    }
+    for (int o = 0; o < K; o++) {
+      double s = b2[o];
+      for (int j = 0; j < H; j++) s += hid[j] * w2[j * K + o];
+      sum += (s - t[r * K + o]) * (s - t[r * K + o]);
+    }
+  }
+  return sum / (double)(rows * K);
+}
+
+static void make_data(float *x, float *t, float *w, size_t P) {
+  uint64_t s = 99;
+  test_fill(x, ROWS * F, &s, -1.0f, 1.0f);
+  test_fill(t, ROWS * K, &s, -1.0f, 1.0f);
+  test_fill(w, P, &s, -0.8f, 0.8f);
+}
+
+static void test_gradient(void) {
+  size_t P = tanh_net_params(&NET);
+  float x[ROWS * F], t[ROWS * K], w[64], g[64], loss = 0.0f;
+  double wd[64], want[64];
+  make_data(x, t, w, P);
+  for (int pass = 0; pass < 2; pass++) {
+    float scale = pass ? 0.25f : 1.0f;
+    for (size_t i = 0; i < P; i++) g[i] = pass ? 1.0f : 0.0f; /* pass 1: += onto ones */
+    int64_t xs_shape[2] = {ROWS, F}, ys_shape[2] = {ROWS, K};
+    pmap_grad_args a = {NULL, w, g, &loss, scale, pmap_array_f32(x, 2, xs_shape),
+                        pmap_array_f32(t, 2, ys_shape), 0, 0, P};
+    CHECK_OK(tanh_net_grad(&a, (void *)&NET));
+    for (size_t i = 0; i < P; i++) wd[i] = w[i];
+    for (size_t i = 0; i < P; i++) {
+      double h = 1e-4, keep = wd[i];
+      wd[i] = keep + h;
+      double up = loss_f64(wd, x, t, ROWS);
+      wd[i] = keep - h;
+      double down = loss_f64(wd, x, t, ROWS);
+      wd[i] = keep;
+      want[i] = scale * (up - down) / (2 * h) + (pass ? 1.0 : 0.0);
+    }
+    test_close(pass ? "tanh_net gradient, scale 0.25, accumulated" : "tanh_net gradient", g,
+               want, P, 1e-4);
+    float lw = (float)loss_f64(wd, x, t, ROWS);
+    test_close_f("tanh_net loss", &loss, &lw, 1, 1e-5);
+  }
+}
+
+typedef struct trained {
+  float w[64], loss;
+  int ok;
+} trained;
+
+/* 20 Adam steps on `n` devices (uneven: a global batch of `rows`), `micro` micro-batches. */
+static trained train(int n, int64_t rows, int micro, int uneven) {
+  trained out = {{0}, 0.0f, 0};
+  size_t P = tanh_net_params(&NET);
+  float x[ROWS * F], t[ROWS * K], init[64];
+  make_data(x, t, init, P);
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = n, .uneven_batches = uneven};
+  pmap_ctx *ctx = NULL;
+  pmap_params *p = NULL;
+  pmap_optimizer adam = pmap_adam(0.02f);
+  CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+  CHECK_OK(pmap_params_create_custom(ctx, P, init, tanh_net_grad, (void *)&NET, &adam, &p));
+  if (!p) {
+    pmap_ctx_destroy(ctx);
+    return out;
+  }
+  CHECK_OK(pmap_params_set_micro_batches(p, micro));
+  int64_t xs_shape[2] = {rows, F}, ys_shape[2] = {rows, K};
+  pmap_array xs = pmap_array_f32(x, 2, xs_shape), ys = pmap_array_f32(t, 2, ys_shape);
+  out.ok = 1;
+  for (int s = 0; s < 20; s++) {
+    pmap_status st = pmap_update(p, &xs, &ys, &out.loss);
+    CHECK(st == PMAP_SUCCESS, "N %d rows %lld micro %d: %s", n, (long long)rows, micro,
+          pmap_last_error());
+    out.ok &= st == PMAP_SUCCESS;
+  }
+  float w0[64], wd[64];
+  CHECK_OK(pmap_params_read(p, 0, w0, P));
+  for (int d = 1; d < n; d++) {
+    CHECK_OK(pmap_params_read(p, d, wd, P));
+    test_same_bits("custom replicas", wd, w0, P);
+  }
+  memcpy(out.w, w0, P * sizeof *w0);
+  pmap_params_destroy(p);
+  pmap_ctx_destroy(ctx);
+  return out;
+}
+
+static void test_devices(void) {
+  size_t P = tanh_net_params(&NET);
+  trained one = train(1, ROWS, 1, 0);
+  char what[96];
+  struct {
+    int n;
+    int64_t rows;
+    int micro, uneven;
+  } cases[] = {{2, ROWS, 1, 0}, {3, ROWS, 1, 0}, {4, ROWS, 1, 0}, {1, ROWS, 3, 0},
+               {4, ROWS, 2, 0}, {2, ROWS, 5, 0}, {4, ROWS, 4, 1}};
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    trained got = train(cases[c].n, cases[c].rows, cases[c].micro, cases[c].uneven);
+    snprintf(what, sizeof what, "custom: N %d micro %d vs 1 device", cases[c].n, cases[c].micro);
+    if (got.ok && one.ok) test_close_f(what, got.w, one.w, P, 1e-5);
+  }
+  /* Uneven: 19 rows on 4 devices (5, 5, 5, 4... as 4, 5, 5, 5) equal 1 device on 19 rows. */
+  trained ref = train(1, 19, 1, 0);
+  for (int n = 2; n <= 4; n++)
+    for (int micro = 1; micro <= 3; micro += 2) {
+      trained got = train(n, 19, micro, 1);
+      snprintf(what, sizeof what, "custom: 19 rows on %d devices, micro %d vs 1 device", n,
+               micro);
+      if (got.ok && ref.ok) test_close_f(what, got.w, ref.w, P, 1e-5);
+      test_close_f("loss", &got.loss, &ref.loss, 1, 1e-5);
+    }
+}
+
+static pmap_status nan_grad(const pmap_grad_args *a, void *user) {
+  int *calls = user;
+  ++*calls;
+  *a->loss = pmap_axis_index(a->dev) == 1 ? NAN : 1.0f;
+  for (size_t i = 0; i < a->num_params; i++) a->grads[i] += 0.5f;
+  return PMAP_SUCCESS;
+}
+
+static pmap_status failing_grad(const pmap_grad_args *a, void *user) {
+  (void)user;
+  return pmap_axis_index(a->dev) == 2 ? PMAP_ERR_DEVICE : PMAP_SUCCESS;
+}
+
+static void test_errors_and_guard(void) {
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 3};
+  pmap_ctx *ctx = NULL;
+  CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+  float init[4] = {1, 2, 3, 4}, after[4], x[6] = {0}, y[6] = {0};
+  int calls = 0;
+  pmap_optimizer sgd = pmap_sgd(0.1f, 0.0f);
+  pmap_params *p = NULL;
+  CHECK_FAILS(pmap_params_create_custom(ctx, 0, init, nan_grad, &calls, &sgd, &p),
+              PMAP_ERR_INVALID_ARGUMENT, "num_params 0");
+  CHECK_FAILS(pmap_params_create_custom(ctx, 4, init, NULL, &calls, &sgd, &p),
+              PMAP_ERR_INVALID_ARGUMENT, "fn is NULL");
+  CHECK_OK(pmap_params_create_custom(ctx, 4, init, nan_grad, &calls, &sgd, &p));
+  int64_t shape[2] = {6, 1}, bad[2] = {5, 1};
+  pmap_array xs = pmap_array_f32(x, 2, shape), ys = pmap_array_f32(y, 2, shape);
+  CHECK_FAILS(pmap_update(p, &xs, &ys, NULL), PMAP_ERR_NUMERIC, "device 1 ");
+  CHECK(calls == 3, "the function ran %d times for 3 devices", calls);
+  CHECK_OK(pmap_params_read(p, 2, after, 4));
+  test_same_bits("custom params after a skipped step", after, init, 4);
+  pmap_array ys_bad = pmap_array_f32(y, 2, bad);
+  CHECK_FAILS(pmap_update(p, &xs, &ys_bad, NULL), PMAP_ERR_INVALID_ARGUMENT, "leading extent 6");
+  pmap_array xi = pmap_array_i32((int32_t *)x, 2, shape);
+  CHECK_FAILS(pmap_update(p, &xi, &ys, NULL), PMAP_ERR_INVALID_ARGUMENT, "xs must be f32");
+  float out[6];
+  pmap_array o = pmap_array_f32(out, 2, shape);
+  CHECK_FAILS(pmap_predict(p, &xs, &o), PMAP_ERR_INVALID_ARGUMENT, "no forward pass");
+  pmap_params_destroy(p);
+  CHECK_OK(pmap_params_create_custom(ctx, 4, init, failing_grad, NULL, &sgd, &p));
+  CHECK_FAILS(pmap_update(p, &xs, &ys, NULL), PMAP_ERR_DEVICE, "device 2");
+  CHECK(pmap_params_step(p) == 0, "a failed custom step counted");
+  pmap_params_destroy(p);
+  CHECK_OK(pmap_ctx_destroy(ctx));
+}
+
+int main(void) {
+  test_gradient();
+  test_devices();
+  test_errors_and_guard();
+  return test_exit("custom");
+}

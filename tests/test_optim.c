@@ -1,0 +1,280 @@
+/* test_optim.c: the optimizers (SGD with L2 weight decay and Nesterov, Adam, AdamW) and the
+ * learning-rate schedules step by step against a float64 reference through pmap_update; the
+ * validation of their settings; micro-batches and uneven global batches on the example models
+ * against the unsplit step and one device. CPU backend. */
+#include "pmap_examples.h"
+#include "testutil.h"
+
+enum { P = 37 };
+
+/* A quadratic loss 0.5 |w - c|^2 whose gradient is w - c, as a custom gradient function: the
+ * reference then needs only the optimizer's formulas. */
+static float target(size_t i) { return (float)((int)(i % 7) - 3) * 0.25f; }
+
+static pmap_status quad_grad(const pmap_grad_args *a, void *user) {
+  (void)user;
+  double loss = 0.0;
+  for (size_t i = 0; i < a->num_params; i++) {
+    float e = a->params[i] - target(i);
+    a->grads[i] += a->scale * e;
+    loss += 0.5 * (double)e * e;
+  }
+  *a->loss = (float)loss;
+  return PMAP_SUCCESS;
+}
+
+/* The optimizer in double: one step t >= 1 of o on w with gradient w - c. */
+static void ref_step(const pmap_optimizer *o, int64_t t, double *w, double *v, double *m) {
+  double lr = pmap_optimizer_lr(o, t);
+  for (size_t i = 0; i < P; i++) {
+    double g = w[i] - target(i);
+    if (o->kind == PMAP_OPT_SGD) {
+      g += o->weight_decay * w[i];
+      if (o->momentum != 0.0f) {
+        v[i] = o->momentum * v[i] + g;
+        g = o->nesterov ? g + o->momentum * v[i] : v[i];
+      }
+      w[i] -= lr * g;
+    } else {
+      double decay = o->kind == PMAP_OPT_ADAMW ? lr * o->weight_decay * w[i] : 0.0;
+      m[i] = o->beta1 * m[i] + (1.0 - o->beta1) * g;
+      v[i] = o->beta2 * v[i] + (1.0 - o->beta2) * g * g;
+      double mh = m[i] / (1.0 - pow(o->beta1, (double)t));
+      double vh = v[i] / (1.0 - pow(o->beta2, (double)t));
+      w[i] -= lr * mh / (sqrt(vh) + o->eps) + decay;
+    }
+  }
+}
+
+static void run_reference(const char *name, const pmap_optimizer *o, int n) {
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = n};
+  pmap_ctx *ctx = NULL;
+  pmap_params *p = NULL;
+  float init[P], w[P], dummy[12] = {0};
+  double wd[P], vd[P] = {0}, md[P] = {0};
+  uint64_t s = 17;
+  test_fill(init, P, &s, -2.0f, 2.0f);
+  for (size_t i = 0; i < P; i++) wd[i] = init[i];
+  CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+  CHECK_OK(pmap_params_create_custom(ctx, P, init, quad_grad, NULL, o, &p));
+  if (!p) return;
+  int64_t shape[1] = {12};
+  pmap_array xs = pmap_array_f32(dummy, 1, shape);
+  char what[128];
+  for (int64_t t = 1; t <= 12; t++) {
+    CHECK_OK(pmap_update(p, &xs, &xs, NULL));
+    ref_step(o, t, wd, vd, md);
+    CHECK_OK(pmap_params_read(p, n - 1, w, P));
+    snprintf(what, sizeof what, "%s on %d devices, step %lld", name, n, (long long)t);
+    test_close(what, w, wd, P, 2e-6);
+  }
+  pmap_params_destroy(p);
+  pmap_ctx_destroy(ctx);
+}
+
+static void test_optimizers(void) {
+  pmap_optimizer sgd_wd = pmap_sgd(0.1f, 0.0f), nesterov = pmap_sgd(0.05f, 0.9f);
+  sgd_wd.weight_decay = 0.01f;
+  nesterov.nesterov = 1;
+  nesterov.weight_decay = 0.001f;
+  pmap_optimizer adam = pmap_adam(0.05f), adamw = pmap_adamw(0.05f, 0.1f);
+  pmap_optimizer cosine = pmap_adamw(0.1f, 0.01f), linear = pmap_sgd(0.2f, 0.5f);
+  cosine.schedule = PMAP_SCHEDULE_WARMUP_COSINE;
+  cosine.warmup_steps = 3;
+  cosine.decay_steps = 6;
+  cosine.final_lr = 0.01f;
+  linear.schedule = PMAP_SCHEDULE_WARMUP_LINEAR;
+  linear.warmup_steps = 2;
+  linear.decay_steps = 5;
+  for (int n = 1; n <= 3; n += 2) {
+    run_reference("SGD + weight decay", &sgd_wd, n);
+    run_reference("SGD Nesterov + weight decay", &nesterov, n);
+    run_reference("Adam", &adam, n);
+    run_reference("AdamW", &adamw, n);
+    run_reference("AdamW, warm-up + cosine", &cosine, n);
+    run_reference("SGD momentum, warm-up + linear", &linear, n);
+  }
+}
+
+static void test_schedule_values(void) {
+  pmap_optimizer o = pmap_sgd(1.0f, 0.0f);
+  o.schedule = PMAP_SCHEDULE_WARMUP_COSINE;
+  o.warmup_steps = 4;
+  o.decay_steps = 10;
+  o.final_lr = 0.1f;
+  const struct {
+    int64_t t;
+    double want;
+  } cos_cases[] = {{1, 0.25}, {4, 1.0}, {9, 0.55}, {14, 0.1f}, {100, 0.1f}};
+  for (size_t i = 0; i < sizeof cos_cases / sizeof *cos_cases; i++)
+    CHECK(fabs(pmap_optimizer_lr(&o, cos_cases[i].t) - cos_cases[i].want) < 1e-6,
+          "cosine lr at %lld: %g, want %g", (long long)cos_cases[i].t,
+          pmap_optimizer_lr(&o, cos_cases[i].t), cos_cases[i].want);
+  o.schedule = PMAP_SCHEDULE_WARMUP_LINEAR;
+  CHECK(fabs(pmap_optimizer_lr(&o, 9) - (1.0 - 0.9 * 0.5)) < 1e-6, "linear lr at 9: %g",
+        pmap_optimizer_lr(&o, 9));
+  o.schedule = PMAP_SCHEDULE_CONSTANT;
+  CHECK(pmap_optimizer_lr(&o, 9) == 1.0, "constant lr %g", pmap_optimizer_lr(&o, 9));
+}
+
+static void test_validation(void) {
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 2};
+  pmap_ctx *ctx = NULL;
+  pmap_model *m = NULL;
+  pmap_params *p = NULL;
+  CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+  CHECK_OK(pmap_example_model("linear", &m));
+  pmap_optimizer o = pmap_adam(0.1f);
+  o.weight_decay = 0.1f;
+  CHECK_FAILS(pmap_params_create(ctx, m, &o, 1, &p), PMAP_ERR_INVALID_ARGUMENT, "ADAMW");
+  o = pmap_sgd(0.1f, 0.0f);
+  o.nesterov = 1;
+  CHECK_FAILS(pmap_params_create(ctx, m, &o, 1, &p), PMAP_ERR_INVALID_ARGUMENT, "nesterov 1");
+  o = pmap_sgd(0.1f, 0.5f);
+  o.schedule = PMAP_SCHEDULE_WARMUP_COSINE;
+  CHECK_FAILS(pmap_params_create(ctx, m, &o, 1, &p), PMAP_ERR_INVALID_ARGUMENT, "decay 0 steps");
+  o.decay_steps = 10;
+  o.final_lr = 0.5f;
+  CHECK_FAILS(pmap_params_create(ctx, m, &o, 1, &p), PMAP_ERR_INVALID_ARGUMENT, "final lr 0.5");
+  o = pmap_sgd(0.1f, 0.0f);
+  o.weight_decay = -1.0f;
+  CHECK_FAILS(pmap_params_create(ctx, m, &o, 1, &p), PMAP_ERR_INVALID_ARGUMENT, "weight_decay -1");
+  o = pmap_sgd(0.1f, 0.0f);
+  o.clip_norm = NAN;
+  CHECK_FAILS(pmap_params_create(ctx, m, &o, 1, &p), PMAP_ERR_INVALID_ARGUMENT, "clip_norm nan");
+  o.clip_norm = 0.0f;
+  o.kind = (pmap_optimizer_kind)9;
+  CHECK_FAILS(pmap_params_create(ctx, m, &o, 1, &p), PMAP_ERR_INVALID_ARGUMENT, "kind 9");
+  o = pmap_sgd(0.1f, 0.0f);
+  CHECK_OK(pmap_params_create(ctx, m, &o, 1, &p));
+  CHECK_FAILS(pmap_params_set_micro_batches(p, 0), PMAP_ERR_INVALID_ARGUMENT, "0 micro-batches");
+  CHECK_FAILS(pmap_params_set_micro_batches(NULL, 2), PMAP_ERR_INVALID_ARGUMENT, "NULL");
+  pmap_params_destroy(p);
+  pmap_model_destroy(m);
+  pmap_ctx_destroy(ctx);
+  pmap_config bad = {.backend = PMAP_BACKEND_CPU, .num_devices = 2, .uneven_batches = 2};
+  CHECK_FAILS(pmap_ctx_create(&bad, &ctx), PMAP_ERR_INVALID_ARGUMENT, "uneven_batches 2");
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Micro-batches and uneven batches on the example models                                     */
+
+typedef struct result {
+  float *w, loss, *pred;
+  size_t P;
+} result;
+
+static result train_example(const char *name, int n, int64_t rows, int micro, int uneven) {
+  result out = {NULL, 0.0f, NULL, 0};
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = n, .uneven_batches = uneven};
+  pmap_ctx *ctx = NULL;
+  pmap_model *m = NULL;
+  pmap_params *p = NULL;
+  pmap_array xs = {0}, ys = {0};
+  pmap_example_info info;
+  CHECK_OK(pmap_example_info_get(name, &info));
+  CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+  CHECK_OK(pmap_example_model(name, &m));
+  CHECK_OK(pmap_params_create(ctx, m, &info.opt, 5, &p));
+  CHECK_OK(pmap_example_data(name, 6, rows, &xs, &ys));
+  if (p && xs.data) {
+    CHECK_OK(pmap_params_set_micro_batches(p, micro));
+    for (int s = 0; s < 20; s++) CHECK_OK(pmap_update(p, &xs, &ys, &out.loss));
+    out.P = pmap_params_count(p);
+    out.w = malloc(out.P * sizeof *out.w);
+    if (out.w) CHECK_OK(pmap_params_read(p, n - 1, out.w, out.P));
+    int rank;
+    int64_t shape[PMAP_MAX_RANK];
+    pmap_model_output_shape(m, &rank, shape);
+    int64_t oshape[2] = {rows, shape[0]};
+    out.pred = malloc((size_t)(rows * shape[0]) * sizeof *out.pred);
+    pmap_array o = pmap_array_f32(out.pred, 2, oshape);
+    if (out.pred) CHECK_OK(pmap_predict(p, &xs, &o));
+  }
+  pmap_example_data_free(&xs, &ys);
+  pmap_params_destroy(p);
+  pmap_model_destroy(m);
+  pmap_ctx_destroy(ctx);
+  return out;
+}
+
+static void compare(const char *what, result *got, const result *want, int64_t rows, int64_t k) {
+  char buf[160];
+  if (got->w && want->w) {
+    snprintf(buf, sizeof buf, "%s: parameters", what);
+    test_close_f(buf, got->w, want->w, want->P, 1e-5);
+    snprintf(buf, sizeof buf, "%s: loss", what);
+    test_close_f(buf, &got->loss, &want->loss, 1, 1e-5);
+  }
+  if (got->pred && want->pred) {
+    snprintf(buf, sizeof buf, "%s: predictions", what);
+    test_close_f(buf, got->pred, want->pred, (size_t)(rows * k), 1e-4);
+  }
+  free(got->w);
+  free(got->pred);
+}
+
+static void test_micro_and_uneven(void) {
+  const char *models[] = {"mlp", "convnet"};
+  const int64_t k[] = {1, 2};
+  char what[128];
+  for (int mi = 0; mi < 2; mi++) {
+    const char *name = models[mi];
+    result one = train_example(name, 1, 24, 1, 0);
+    const struct {
+      int n, micro;
+    } even[] = {{1, 3}, {1, 24}, {2, 4}, {3, 2}, {4, 7}};
+    for (size_t c = 0; c < sizeof even / sizeof *even; c++) {
+      result got = train_example(name, even[c].n, 24, even[c].micro, 0);
+      snprintf(what, sizeof what, "%s, %d devices, %d micro-batches vs 1 device", name,
+               even[c].n, even[c].micro);
+      compare(what, &got, &one, 24, k[mi]);
+    }
+    free(one.w);
+    free(one.pred);
+    result ref = train_example(name, 1, 22, 1, 0);
+    for (int n = 2; n <= 4; n++)
+      for (int micro = 1; micro <= 2; micro++) {
+        result got = train_example(name, n, 22, micro, 1);
+        snprintf(what, sizeof what, "%s, 22 rows on %d devices (uneven), %d micro vs 1 device",
+                 name, n, micro);
+        compare(what, &got, &ref, 22, k[mi]);
+      }
+    free(ref.w);
+    free(ref.pred);
+  }
+  /* Without the opt-in, the clear error stays. */
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 4};
+  pmap_ctx *ctx = NULL;
+  pmap_model *m = NULL;
+  pmap_params *p = NULL;
+  pmap_array xs = {0}, ys = {0};
+  pmap_optimizer sgd = pmap_sgd(0.1f, 0.0f);
+  CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+  CHECK_OK(pmap_example_model("mlp", &m));
+  CHECK_OK(pmap_params_create(ctx, m, &sgd, 5, &p));
+  CHECK_OK(pmap_example_data("mlp", 6, 22, &xs, &ys));
+  CHECK_FAILS(pmap_update(p, &xs, &ys, NULL), PMAP_ERR_INVALID_ARGUMENT, "uneven_batches");
+  pmap_example_data_free(&xs, &ys);
+  pmap_params_destroy(p);
+  pmap_model_destroy(m);
+  pmap_ctx_destroy(ctx);
+  cfg.uneven_batches = 1;
+  CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+  CHECK_OK(pmap_example_model("mlp", &m));
+  CHECK_OK(pmap_params_create(ctx, m, &sgd, 5, &p));
+  CHECK_OK(pmap_example_data("mlp", 6, 3, &xs, &ys));
+  CHECK_FAILS(pmap_update(p, &xs, &ys, NULL), PMAP_ERR_INVALID_ARGUMENT, "smaller than the 4");
+  pmap_example_data_free(&xs, &ys);
+  pmap_params_destroy(p);
+  pmap_model_destroy(m);
+  pmap_ctx_destroy(ctx);
+}
+
+int main(void) {
+  test_optimizers();
+  test_schedule_values();
+  test_validation();
+  test_micro_and_uneven();
+  return test_exit("optim");
+}
