@@ -34,6 +34,12 @@ int layer_is_view(const layer *l) {
   return 0;
 }
 
+int model_has_collectives(const pmap_model *m) {
+  for (int i = 0; i < m->n_layers; i++)
+    if (m->layers[i].kind == LAYER_BATCHNORM) return 1;
+  return 0;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Builders                                                                                   */
 

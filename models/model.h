@@ -72,6 +72,9 @@ pmap_status model_push(pmap_model *m, layer l, const char *call);
 /* A deep copy (params keep their own); PMAP_ERR_INVALID_ARGUMENT while a residual block is
  * open. */
 pmap_status model_clone(const pmap_model *m, pmap_model **out);
+/* 1 when the model's forward and backward call collectives (batch norm: every device must run
+ * the same number of forward and backward passes per step, even over zero rows). */
+int model_has_collectives(const pmap_model *m);
 /* Largest conv column scratch of the model, in floats (0 without conv layers). */
 size_t model_col_size(const pmap_model *m);
 /* Fills w (n_params) with the initial parameters drawn from seed (layer_init per layer). */

@@ -1,8 +1,9 @@
 /* test_layers.c: the layers end to end on CPU virtual devices: the example models res-mlp and
  * cifar-bn, a dropout model and batch norm across replicas train on N = 1..4 devices exactly as
- * on 1 device (loss and parameters after 20 steps); batch norm without cross_replica differs
- * but keeps its replicas identical; residual blocks and the layers inside them have the
- * gradients of finite differences of the whole model; a block left open is refused. */
+ * on 1 device (loss and parameters after 20 steps; batch norm also on an uneven global batch);
+ * batch norm without cross_replica differs but keeps its replicas identical; residual blocks
+ * and the layers inside them have the gradients of finite differences of the whole model; a
+ * block left open is refused. */
 #include "pmap_examples.h"
 #include "testutil.h"
 
@@ -91,9 +92,12 @@ typedef struct run {
   pmap_params *params;
 } run;
 
+static int uneven; /* contexts take uneven global batches */
+
 static int run_open(run *r, pmap_model *m, int devices, const pmap_optimizer *opt) {
   memset(r, 0, sizeof *r);
-  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = devices};
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = devices,
+                     .uneven_batches = uneven};
   if (pmap_ctx_create(&cfg, &r->ctx) || pmap_params_create(r->ctx, m, opt, 11, &r->params)) {
     fprintf(stderr, "FAIL setting up %d devices: %s\n", devices, pmap_last_error());
     test_failures++;
@@ -310,6 +314,10 @@ int main(void) {
   example_equivalence("res-mlp", 48);
   example_equivalence("cifar-bn", 24);
   built_equivalence("batch norm across replicas", build_bn_cross, 36);
+  /* 35 rows: 9 + 9 + 9 + 8 on 4 devices; the statistics count what each device holds. */
+  uneven = 1;
+  built_equivalence("batch norm across replicas, uneven batch", build_bn_cross, 35);
+  uneven = 0;
   built_equivalence("dropout", build_dropout, 36);
   local_batchnorm_differs();
   return test_exit("layers");
