@@ -173,6 +173,8 @@ int main(void) {
   pmap_ctx_destroy(probe);
   test_agreement("mlp", n, gpus);
   test_agreement("convnet", n, gpus);
+  test_agreement("res-mlp", n, gpus);  /* layer norm, GELU, residual blocks */
+  test_agreement("cifar-bn", n, gpus); /* batch norm across devices, pooling */
   test_predict(n, gpus);
   test_converge(n, gpus);
   return test_exit("gpu_pmap");
