@@ -44,7 +44,7 @@ typedef struct layer {
   float eps, momentum;     /* LAYER_LAYERNORM, LAYER_BATCHNORM */
   float rate;              /* LAYER_DROPOUT */
   int cross_replica;       /* LAYER_BATCHNORM: statistics over the global batch */
-  int skip;                /* LAYER_RES_END: the index of its LAYER_RES_BEGIN */
+  int skip;                /* LAYER_RES_END: the index of its LAYER_RES_BEGIN; and back */
   /* Scratch in the activation arena: aux_rows floats per example plus aux_fixed floats. */
   size_t aux_rows, aux_fixed;
 } layer;
@@ -80,7 +80,6 @@ size_t model_col_size(const pmap_model *m);
 /* Fills w (n_params) with the initial parameters drawn from seed (layer_init per layer). */
 void model_init_params(const pmap_model *m, uint64_t seed, float *w);
 
-
 /* One device's training state. w, g, opt: device memory; g holds n_params gradients then the
  * loss, so one all-reduce averages both. */
 typedef struct replica {
@@ -98,10 +97,11 @@ typedef struct replica {
   const float **in, **out; /* (n_layers) */
   const float **dout;      /* (n_layers) */
   /* Per call, set by the caller before model_forward; a zeroed replica means training mode,
-   * step 0 and the device's rows at dev->index * rows of the global batch. */
-  int inference; /* 1: batch norm uses its running statistics, dropout passes x through */
+   * step 0 and the call's rows at dev->index * rows of the global batch. */
+  int inference; /* 1 (predict): batch norm uses its running statistics, dropout passes x */
   int64_t step;  /* keys dropout's masks (pmap_params_step of the step being taken) */
-  int has_row0;  /* 1: row0 holds this device's first global row (uneven batches) */
+  int has_row0;  /* 1: row0 is the global row of the call's first example (micro-batches,
+                    uneven batches) */
   int64_t row0;
 } replica;
 
