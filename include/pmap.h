@@ -193,10 +193,11 @@ pmap_status pmap_model_add_global_avgpool(pmap_model *model);
 pmap_status pmap_model_add_dropout(pmap_model *model, float rate);
 /* batchnorm: (F) or (C, H, W); normalises each feature (channel: over the batch and H, W) with
  *          the batch's mean and biased variance, y = (x - mean) / sqrt(var + 1e-5) * gamma + beta.
- *          cross_replica != 0: the statistics are those of the global batch (an all-reduce of
- *          per-device sums, sums of squares and counts in forward, and of the matching sums in
- *          backward), so N devices compute what 1 device computes on the same global batch
- *          (jax pmap with axis_name); 0: each device normalises over its own shard.
+ *          cross_replica != 0: the statistics are those of the global batch (all-reduces of
+ *          per-device sums and counts, then of sums of squares around the global mean, in
+ *          forward, and of the matching sums in backward), so N devices compute what 1 device
+ *          computes on the same global batch (jax pmap with axis_name); 0: each device
+ *          normalises over its own shard.
  *          Parameters: gamma (C), beta (C), then the running mean (C) and running variance (C)
  *          (initialised 1, 0, 0, 1). The running statistics sit in the parameter vector so that
  *          pmap_params_read and checkpoints carry them, but they are state: their gradient is

@@ -151,8 +151,8 @@ pmap_status pmap_model_add_batchnorm(pmap_model *m, int cross_replica) {
   l.eps = BATCHNORM_EPS;
   l.momentum = BATCHNORM_MOMENTUM;
   l.cross_replica = cross_replica != 0;
-  /* stats (2C + 1) | global stats for the running update (2C + 1) | backward sums (2C) */
-  l.aux_fixed = 6 * (size_t)l.channels + 2;
+  /* three statistics buffers of 3C + 1 (ops.h bn_stats) | backward sums (2C) */
+  l.aux_fixed = 11 * (size_t)l.channels + 3;
   return model_push(m, l, call);
 }
 
@@ -249,13 +249,25 @@ static uint64_t dropout_first(pmap_device *dev, const replica *r, const layer *l
   return (uint64_t)row0 * (uint64_t)l->out_size;
 }
 
-/* Batch norm's scratch: stats (2C + 1), global stats (2C + 1), sums (2C). */
-static float *bn_stats_of(const replica *r, int i) { return r->aux[i]; }
-static float *bn_global_of(const replica *r, const layer *l, int i) {
-  return r->aux[i] + 2 * l->channels + 1;
+/* Batch norm's scratch: three statistics buffers of 3C + 1 floats (ops.h bn_stats), the first
+ * the normalisation's (backward reads it), then the backward sums (2C). */
+static float *bn_buf(const replica *r, const layer *l, int i, int k) {
+  return r->aux[i] + (size_t)k * (3 * (size_t)l->channels + 1);
 }
-static float *bn_sums_of(const replica *r, const layer *l, int i) {
-  return r->aux[i] + 4 * l->channels + 2;
+static float *bn_sums_of(const replica *r, const layer *l, int i) { return bn_buf(r, l, i, 3); }
+
+/* Statistics in two passes, the second around the first's mean: a + (all-reduce) -> b (+
+ * all-reduce); only the sums and the count travel, the shifts agree already. */
+static pmap_status bn_two_pass(pmap_device *dev, const layer *l, const float *in, int64_t bd,
+                               int reduce, float *a, float *b) {
+  const pmap_ops *ops = dev->ops;
+  int64_t c = l->channels;
+  size_t sums = 2 * (size_t)c + 1;
+  PMAP_TRY(ops->bn_stats(dev, in, bd, c, l->inner, NULL, a));
+  if (reduce) PMAP_TRY(backend_all_reduce(dev, a, a, sums, PMAP_RED_SUM));
+  PMAP_TRY(ops->bn_stats(dev, in, bd, c, l->inner, a, b));
+  if (reduce) PMAP_TRY(backend_all_reduce(dev, b, b, sums, PMAP_RED_SUM));
+  return PMAP_SUCCESS;
 }
 
 /* Training-mode batch norm: the statistics of this device's shard, all-reduced when
@@ -265,19 +277,16 @@ static pmap_status batchnorm_forward(pmap_device *dev, const layer *l, replica *
                                      const float *in, float *out, int64_t bd) {
   const pmap_ops *ops = dev->ops;
   int64_t c = l->channels;
-  size_t nstats = 2 * (size_t)c + 1;
-  float *stats = bn_stats_of(r, i), *global = bn_global_of(r, l, i), *running = r->w + l->s_off;
+  float *stats = bn_buf(r, l, i, 0), *first = bn_buf(r, l, i, 1), *global = stats;
+  float *running = r->w + l->s_off;
   const float *gamma = r->w + l->w_off, *beta = r->w + l->b_off;
   if (r->inference)
     return ops->bn_forward(dev, in, NULL, NULL, running, gamma, beta, bd, c, l->inner, l->eps,
                            l->momentum, 0, out);
-  PMAP_TRY(ops->bn_stats(dev, in, bd, c, l->inner, stats));
-  if (l->cross_replica) {
-    PMAP_TRY(backend_all_reduce(dev, stats, stats, nstats, PMAP_RED_SUM));
-    global = stats;
-  } else {
-    PMAP_TRY(ops->bn_stats(dev, in, bd, c, l->inner, global));
-    PMAP_TRY(backend_all_reduce(dev, global, global, nstats, PMAP_RED_SUM));
+  PMAP_TRY(bn_two_pass(dev, l, in, bd, l->cross_replica, first, stats));
+  if (!l->cross_replica) {
+    global = bn_buf(r, l, i, 2);
+    PMAP_TRY(bn_two_pass(dev, l, in, bd, 1, first, global));
   }
   return ops->bn_forward(dev, in, stats, global, running, gamma, beta, bd, c, l->inner, l->eps,
                          l->momentum, 1, out);
@@ -289,7 +298,7 @@ static pmap_status batchnorm_backward(pmap_device *dev, const layer *l, replica 
                                       const float *dy, float *dx, int64_t bd) {
   const pmap_ops *ops = dev->ops;
   int64_t c = l->channels;
-  float *stats = bn_stats_of(r, i), *sums = bn_sums_of(r, l, i);
+  float *stats = bn_buf(r, l, i, 0), *sums = bn_sums_of(r, l, i);
   PMAP_TRY(ops->bn_backward_sums(dev, r->in[i], dy, stats, bd, c, l->inner, l->eps, sums));
   PMAP_TRY(ops->add(dev, r->g + l->w_off, sums + c, r->g + l->w_off, (size_t)c));
   PMAP_TRY(ops->add(dev, r->g + l->b_off, sums, r->g + l->b_off, (size_t)c));

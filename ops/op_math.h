@@ -115,12 +115,26 @@ PMAP_HD static inline float pmap_dropout_factor(uint64_t key, uint64_t index, fl
   return u < rate ? 0.0f : 1.0f / (1.0f - rate);
 }
 
-/* Moments from (sum, sum of squares, count): mean and biased variance (clamped at 0). */
-PMAP_HD static inline void pmap_moments(float sum, float sumsq, float count, float *mean,
-                                        float *var) {
+/* Moments from (sum, sum of squares, count) of x - shift: mean and biased variance (clamped at
+ * 0). Summing around a shift near the mean keeps sumsq/count - m^2 from cancelling. */
+PMAP_HD static inline void pmap_moments(float sum, float sumsq, float count, float shift,
+                                        float *mean, float *var) {
   float m = sum / count, v = sumsq / count - m * m;
-  *mean = m;
+  *mean = shift + m;
   *var = v > 0.0f ? v : 0.0f;
+}
+/* The same from sums held in double (layer norm's rows): the subtraction happens in double. */
+PMAP_HD static inline void pmap_moments_d(double sum, double sumsq, double count, float *mean,
+                                          float *var) {
+  double m = sum / count, v = sumsq / count - m * m;
+  *mean = (float)m;
+  *var = v > 0.0 ? (float)v : 0.0f;
+}
+/* Batch norm statistics of channel ch: stats (3c + 1) = sums (c), sums of squares (c), count,
+ * shifts (c), the sums taken of x - shift. */
+PMAP_HD static inline void pmap_bn_moments(const float *stats, int64_t c, int64_t ch,
+                                           float *mean, float *var) {
+  pmap_moments(stats[ch], stats[c + ch], stats[2 * c], stats[2 * c + 1 + ch], mean, var);
 }
 PMAP_HD static inline float pmap_rstd(float var, float eps) { return 1.0f / sqrtf(var + eps); }
 

@@ -126,13 +126,17 @@ typedef struct pmap_ops {
   /* dx[i] = dy[i] keep(i) / (1 - rate), the same mask; dx may equal dy. */
   pmap_status (*dropout_backward)(pmap_device *dev, const float *dy, float *dx, size_t n,
                                   float rate, uint64_t key, uint64_t first);
-  /* Batch norm statistics of x (outer, c, inner) per channel: stats (2c + 1) = sum (c), sum of
-   * squares (c), count. Sums in double, in a fixed order; the caller may all-reduce them. */
+  /* Batch norm statistics of x (outer, c, inner) per channel: stats (3c + 1) = sum (c) and sum
+   * of squares (c) of x - shift, count, then shift (c): the mean of prev (stats of the same
+   * layout from a first pass, not stats itself) or 0 when prev is NULL. Sums in double, in a fixed order. The
+   * caller may all-reduce the first 2c + 1 (the shifts are the same on every device when prev
+   * is): a first pass, its all-reduce, a second pass around its mean and that all-reduce give
+   * the variance without the cancellation of E[x^2] - E[x]^2. */
   pmap_status (*bn_stats)(pmap_device *dev, const float *x, int64_t outer, int64_t c,
-                          int64_t inner, float *stats);
+                          int64_t inner, const float *prev, float *stats);
   /* y = (x - mean) rstd gamma + beta per channel. training: mean and the biased variance from
    * stats; then, when running (2c: mean, var) is not NULL, running = momentum running +
-   * (1 - momentum) of the moments in run_stats (same layout as stats), unless those are not
+   * (1 - momentum) of the moments in run_stats (layout of bn_stats), unless those are not
    * finite (ops/op_math.h pmap_running_update). Inference (!training):
    * mean and var from running. */
   pmap_status (*bn_forward)(pmap_device *dev, const float *x, const float *stats,

@@ -2,6 +2,7 @@
  * (activations, add, layer norm, pooling, dropout, batch norm): forward against float64
  * references, backward against central finite differences of those references on odd shapes,
  * and the write contract (outputs and dx overwritten, dgamma and dbeta accumulated). */
+#include "ops/op_math.h"
 #include "ops_check.h"
 
 /* Every finite-difference check differentiates sum_i r[i] y[i] for a random r. */
@@ -304,12 +305,19 @@ static void sum_into(float *dst, const float *a, const float *b, size_t n) {
   for (size_t i = 0; i < n; i++) dst[i] = a[i] + b[i];
 }
 
+/* Statistics (3c + 1): the sums and the count add, the shifts are the same on both. */
+static void sum_stats(float *dst, const float *a, const float *b, size_t c) {
+  sum_into(dst, a, b, 2 * c + 1);
+  memcpy(dst + 2 * c + 1, a + 2 * c + 1, c * sizeof *dst);
+}
+
 static void batchnorm_case(uint64_t *s, int64_t outer, int64_t c, int64_t inner) {
   char what[160];
   size_t n = (size_t)(outer * c * inner), C = (size_t)c;
   float eps = 1e-5f, mom = 0.9f;
   float *x = falloc(n), *y = falloc(n), *r = falloc(n), *dx = falloc(n), *g = falloc(C),
-        *b = falloc(C), *stats = falloc(2 * C + 1), *sums = falloc(2 * C),
+        *b = falloc(C), *first = falloc(3 * C + 1), *stats = falloc(3 * C + 1),
+        *sums = falloc(2 * C),
         *running = falloc(2 * C), *run0 = falloc(2 * C);
   double *xd = dalloc(n), *gd = dalloc(C), *bd = dalloc(C), *rd = dalloc(n), *want = dalloc(n);
   test_fill(x, n, s, -1.0f, 3.0f);
@@ -321,8 +329,9 @@ static void batchnorm_case(uint64_t *s, int64_t outer, int64_t c, int64_t inner)
   to_double(x, xd, n), to_double(g, gd, C), to_double(b, bd, C), to_double(r, rd, n);
   bn_ctx ctx = {xd, gd, bd, rd, outer, c, inner, eps};
   ref_bn(&ctx, want);
-  fill_nan(stats, 2 * C + 1);
-  CHECK_OK(OPS.bn_stats(NULL, x, outer, c, inner, stats));
+  fill_nan(stats, 3 * C + 1);
+  CHECK_OK(OPS.bn_stats(NULL, x, outer, c, inner, NULL, first));
+  CHECK_OK(OPS.bn_stats(NULL, x, outer, c, inner, first, stats));
   fill_nan(y, n);
   CHECK_OK(OPS.bn_forward(NULL, x, stats, stats, running, g, b, outer, c, inner, eps, mom, 1, y));
   snprintf(what, sizeof what, "batchnorm forward outer=%" PRId64 " c=%" PRId64 " inner=%" PRId64,
@@ -357,16 +366,20 @@ static void batchnorm_case(uint64_t *s, int64_t outer, int64_t c, int64_t inner)
   fd_check("batchnorm dbeta (sum dy) vs finite differences", bn_loss, &ctx, bd, C, sums, 1e-3,
            TOL_GRAD, s);
 
-  /* Two shards with summed statistics and sums give the whole batch's y and dx. */
+  /* Two shards with summed statistics (two passes, as layers.c takes them) and summed sums give
+   * the whole batch's y and dx. */
   if (outer >= 2) {
     int64_t o1 = outer / 2 + (outer & 1), o2 = outer - o1;
-    size_t n1 = (size_t)(o1 * c * inner);
-    float *s1 = falloc(2 * C + 1), *s2 = falloc(2 * C + 1), *sg = falloc(2 * C + 1);
+    size_t n1 = (size_t)(o1 * c * inner), S = 3 * C + 1;
+    float *s1 = falloc(S), *s2 = falloc(S), *g1 = falloc(S), *sg = falloc(S);
     float *u1 = falloc(2 * C), *u2 = falloc(2 * C), *ug = falloc(2 * C);
     float *ys = falloc(n), *dxs = falloc(n);
-    CHECK_OK(OPS.bn_stats(NULL, x, o1, c, inner, s1));
-    CHECK_OK(OPS.bn_stats(NULL, x + n1, o2, c, inner, s2));
-    sum_into(sg, s1, s2, 2 * C + 1);
+    CHECK_OK(OPS.bn_stats(NULL, x, o1, c, inner, NULL, s1));
+    CHECK_OK(OPS.bn_stats(NULL, x + n1, o2, c, inner, NULL, s2));
+    sum_stats(g1, s1, s2, C);
+    CHECK_OK(OPS.bn_stats(NULL, x, o1, c, inner, g1, s1));
+    CHECK_OK(OPS.bn_stats(NULL, x + n1, o2, c, inner, g1, s2));
+    sum_stats(sg, s1, s2, C);
     CHECK_OK(OPS.bn_forward(NULL, x, sg, sg, NULL, g, b, o1, c, inner, eps, mom, 1, ys));
     CHECK_OK(OPS.bn_forward(NULL, x + n1, sg, sg, NULL, g, b, o2, c, inner, eps, mom, 1, ys + n1));
     test_close("batchnorm forward over two shards with summed statistics", ys, want, n, TOL_FWD);
@@ -376,7 +389,7 @@ static void batchnorm_case(uint64_t *s, int64_t outer, int64_t c, int64_t inner)
     CHECK_OK(OPS.bn_backward_dx(NULL, x, r, sg, g, ug, o1, c, inner, eps, dxs));
     CHECK_OK(OPS.bn_backward_dx(NULL, x + n1, r + n1, sg, g, ug, o2, c, inner, eps, dxs + n1));
     test_close_f("batchnorm dx over two shards with summed sums", dxs, dx, n, 1e-5);
-    free(s1), free(s2), free(sg), free(u1), free(u2), free(ug), free(ys), free(dxs);
+    free(s1), free(s2), free(g1), free(sg), free(u1), free(u2), free(ug), free(ys), free(dxs);
   }
 
   /* Inference: the running statistics, and running stays as it was. */
@@ -392,20 +405,41 @@ static void batchnorm_case(uint64_t *s, int64_t outer, int64_t c, int64_t inner)
   test_close("batchnorm inference forward", y, want, n, TOL_FWD);
   test_same_bits("batchnorm inference leaves running alone", running, run0, 2 * C);
   free(rw);
-  free(x), free(y), free(r), free(dx), free(g), free(b), free(stats), free(sums), free(running);
+  free(x), free(y), free(r), free(dx), free(g), free(b), free(first), free(stats), free(sums);
+  free(running);
   free(run0), free(xd), free(gd), free(bd), free(rd), free(want);
 }
 
 /* A NaN in the batch leaves the running statistics as they were (the guard skips such a step). */
 static void batchnorm_nan_keeps_running(void) {
   float x[6] = {1.0f, 2.0f, NAN, 4.0f, 5.0f, 6.0f}, g[2] = {1.0f, 1.0f}, b[2] = {0.0f, 0.0f};
-  float st[5], y[6], run[4] = {0.5f, -0.5f, 2.0f, 3.0f}, run0[4];
+  float st[7], y[6], run[4] = {0.5f, -0.5f, 2.0f, 3.0f}, run0[4];
   memcpy(run0, run, sizeof run);
-  CHECK_OK(OPS.bn_stats(NULL, x, 3, 2, 1, st));
+  CHECK_OK(OPS.bn_stats(NULL, x, 3, 2, 1, NULL, st));
   CHECK_OK(OPS.bn_forward(NULL, x, st, st, run, g, b, 3, 2, 1, 1e-5f, 0.9f, 1, y));
   CHECK(run[0] == run0[0] && run[2] == run0[2], "channel 0 moved with a NaN: %g %g",
         (double)run[0], (double)run[2]);
   CHECK(run[1] != run0[1] && run[3] != run0[3], "channel 1 (finite) did not move");
+}
+
+/* A channel with a large mean and a small spread: the second pass around the first's mean
+ * keeps the variance (E[x^2] - E[x]^2 in float would lose it entirely). */
+static void batchnorm_large_mean(uint64_t *s) {
+  enum { N = 999 };
+  float x[N], first[4], st[4];
+  double m = 0.0, v = 0.0;
+  for (int i = 0; i < N; i++) x[i] = 1000.0f + test_rand_uniform(s, -0.5f, 0.5f);
+  for (int i = 0; i < N; i++) m += x[i];
+  m /= N;
+  for (int i = 0; i < N; i++) v += (x[i] - m) * (x[i] - m);
+  v /= N;
+  CHECK_OK(OPS.bn_stats(NULL, x, N, 1, 1, NULL, first));
+  CHECK_OK(OPS.bn_stats(NULL, x, N, 1, 1, first, st));
+  float mean, var;
+  pmap_bn_moments(st, 1, 0, &mean, &var);
+  CHECK(fabs(mean - m) <= 1e-4 && fabs(var - v) <= 1e-4 * v,
+        "batchnorm large mean: mean %.9g var %.9g, want %.9g %.9g", (double)mean, (double)var, m,
+        v);
 }
 
 int main(void) {
@@ -432,5 +466,6 @@ int main(void) {
   batchnorm_case(&s, 5, 4, 9);
   batchnorm_case(&s, 2, 1, 11);
   batchnorm_nan_keeps_running();
+  batchnorm_large_mean(&s);
   return test_exit("ops-layers");
 }

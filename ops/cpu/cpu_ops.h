@@ -43,7 +43,7 @@ pmap_status cpu_dropout_forward(pmap_device *dev, const float *x, float *y, size
 pmap_status cpu_dropout_backward(pmap_device *dev, const float *dy, float *dx, size_t n,
                                  float rate, uint64_t key, uint64_t first);
 pmap_status cpu_bn_stats(pmap_device *dev, const float *x, int64_t outer, int64_t c,
-                         int64_t inner, float *stats);
+                         int64_t inner, const float *prev, float *stats);
 pmap_status cpu_bn_forward(pmap_device *dev, const float *x, const float *stats,
                            const float *run_stats, float *running, const float *gamma,
                            const float *beta, int64_t outer, int64_t c, int64_t inner, float eps,

@@ -34,7 +34,7 @@ pmap_status cpu_layernorm_forward(pmap_device *dev, const float *x, const float 
     double s = 0.0, ss = 0.0;
     for (int64_t j = 0; j < f; j++) s += xr[j], ss += (double)xr[j] * xr[j];
     float mean, var;
-    pmap_moments((float)s, (float)ss, (float)f, &mean, &var);
+    pmap_moments_d(s, ss, (double)f, &mean, &var);
     float rstd = pmap_rstd(var, eps);
     for (int64_t j = 0; j < f; j++) y[r * f + j] = (xr[j] - mean) * rstd * gamma[j] + beta[j];
     stats[2 * r] = mean;
@@ -110,16 +110,22 @@ pmap_status cpu_dropout_backward(pmap_device *dev, const float *dy, float *dx, s
 }
 
 pmap_status cpu_bn_stats(pmap_device *dev, const float *x, int64_t outer, int64_t c,
-                         int64_t inner, float *stats) {
+                         int64_t inner, const float *prev, float *stats) {
   (void)dev;
   for (int64_t ch = 0; ch < c; ch++) {
+    float shift = 0.0f, var;
+    if (prev) pmap_bn_moments(prev, c, ch, &shift, &var);
     double s = 0.0, ss = 0.0;
     for (int64_t o = 0; o < outer; o++) {
       const float *q = x + (o * c + ch) * inner;
-      for (int64_t i = 0; i < inner; i++) s += q[i], ss += (double)q[i] * q[i];
+      for (int64_t i = 0; i < inner; i++) {
+        float d = q[i] - shift;
+        s += d, ss += (double)d * d;
+      }
     }
     stats[ch] = (float)s;
     stats[c + ch] = (float)ss;
+    stats[2 * c + 1 + ch] = shift;
   }
   stats[2 * c] = (float)(outer * inner);
   return PMAP_SUCCESS;
@@ -133,7 +139,7 @@ pmap_status cpu_bn_forward(pmap_device *dev, const float *x, const float *stats,
   for (int64_t ch = 0; ch < c; ch++) {
     float mean, var;
     if (training)
-      pmap_moments(stats[ch], stats[c + ch], stats[2 * c], &mean, &var);
+      pmap_bn_moments(stats, c, ch, &mean, &var);
     else
       mean = running[ch], var = running[c + ch];
     float rstd = pmap_rstd(var, eps);
@@ -146,7 +152,7 @@ pmap_status cpu_bn_forward(pmap_device *dev, const float *x, const float *stats,
   if (training && running)
     for (int64_t ch = 0; ch < c; ch++) {
       float mean, var;
-      pmap_moments(run_stats[ch], run_stats[c + ch], run_stats[2 * c], &mean, &var);
+      pmap_bn_moments(run_stats, c, ch, &mean, &var);
       pmap_running_update(&running[ch], &running[c + ch], mean, var, momentum);
     }
   return PMAP_SUCCESS;
@@ -158,7 +164,7 @@ pmap_status cpu_bn_backward_sums(pmap_device *dev, const float *x, const float *
   (void)dev;
   for (int64_t ch = 0; ch < c; ch++) {
     float mean, var;
-    pmap_moments(stats[ch], stats[c + ch], stats[2 * c], &mean, &var);
+    pmap_bn_moments(stats, c, ch, &mean, &var);
     float rstd = pmap_rstd(var, eps);
     double s = 0.0, sx = 0.0;
     for (int64_t o = 0; o < outer; o++) {
@@ -179,7 +185,7 @@ pmap_status cpu_bn_backward_dx(pmap_device *dev, const float *x, const float *dy
   float count = stats[2 * c];
   for (int64_t ch = 0; ch < c; ch++) {
     float mean, var;
-    pmap_moments(stats[ch], stats[c + ch], count, &mean, &var);
+    pmap_bn_moments(stats, c, ch, &mean, &var);
     float rstd = pmap_rstd(var, eps);
     float md = sums[ch] / count, mdx = sums[c + ch] / count;
     for (int64_t o = 0; o < outer; o++) {

@@ -4,15 +4,18 @@
  * the passes for cross-replica batch norm. */
 #include "cuda_common.cuh"
 
-/* Block ch: stats[ch] = sum, stats[c + ch] = sum of squares; block 0 also writes the count. */
+/* Block ch: stats[ch] = sum, stats[c + ch] = sum of squares of x - shift, stats[2c + 1 + ch] =
+ * shift (prev's mean, or 0); block 0 also writes the count. */
 static __global__ void bn_stats_kernel(const float *x, int64_t outer, int64_t c, int64_t inner,
-                                       float *stats) {
+                                       const float *prev, float *stats) {
   int64_t ch = blockIdx.x, total = outer * inner;
+  float shift = 0.0f, unused;
+  if (prev) pmap_bn_moments(prev, c, ch, &shift, &unused);
   double s = 0.0, ss = 0.0;
   for (int64_t j = threadIdx.x; j < total; j += blockDim.x) {
     int64_t o = j / inner, i = j - o * inner;
-    float v = x[(o * c + ch) * inner + i];
-    s += v, ss += (double)v * v;
+    float d = x[(o * c + ch) * inner + i] - shift;
+    s += d, ss += (double)d * d;
   }
   s = cuda_block_sum(s);
   __syncthreads();
@@ -20,6 +23,7 @@ static __global__ void bn_stats_kernel(const float *x, int64_t outer, int64_t c,
   if (threadIdx.x == 0) {
     stats[ch] = (float)s;
     stats[c + ch] = (float)ss;
+    stats[2 * c + 1 + ch] = shift;
     if (ch == 0) stats[2 * c] = (float)total;
   }
 }
@@ -28,7 +32,7 @@ static __global__ void bn_stats_kernel(const float *x, int64_t outer, int64_t c,
 static __device__ void bn_channel(const float *stats, const float *running, int64_t c, int64_t ch,
                                   int training, float *mean, float *var) {
   if (training) {
-    pmap_moments(stats[ch], stats[c + ch], stats[2 * c], mean, var);
+    pmap_bn_moments(stats, c, ch, mean, var);
   } else {
     *mean = running[ch];
     *var = running[c + ch];
@@ -51,7 +55,7 @@ static __global__ void bn_running_kernel(const float *run_stats, float *running,
                                          float momentum) {
   for (size_t ch = cuda_thread_index(); ch < (size_t)c; ch += cuda_grid_stride()) {
     float mean, var;
-    pmap_moments(run_stats[ch], run_stats[c + ch], run_stats[2 * c], &mean, &var);
+    pmap_bn_moments(run_stats, c, (int64_t)ch, &mean, &var);
     pmap_running_update(&running[ch], &running[c + ch], mean, var, momentum);
   }
 }
@@ -62,7 +66,7 @@ static __global__ void bn_sums_kernel(const float *x, const float *dy, const flo
                                       float *sums) {
   int64_t ch = blockIdx.x, total = outer * inner;
   float mean, var;
-  pmap_moments(stats[ch], stats[c + ch], stats[2 * c], &mean, &var);
+  pmap_bn_moments(stats, c, ch, &mean, &var);
   float rstd = pmap_rstd(var, eps);
   double s = 0.0, sx = 0.0;
   for (int64_t j = threadIdx.x; j < total; j += blockDim.x) {
@@ -85,7 +89,7 @@ static __global__ void bn_dx_kernel(const float *x, const float *dy, const float
   for (size_t i = cuda_thread_index(); i < n; i += cuda_grid_stride()) {
     int64_t ch = (int64_t)(i / (size_t)inner % (size_t)c);
     float mean, var;
-    pmap_moments(stats[ch], stats[c + ch], count, &mean, &var);
+    pmap_bn_moments(stats, c, ch, &mean, &var);
     float rstd = pmap_rstd(var, eps);
     dx[i] = pmap_norm_dx(dy[i], (x[i] - mean) * rstd, gamma[ch] * rstd, sums[ch] / count,
                          sums[c + ch] / count);
@@ -93,8 +97,8 @@ static __global__ void bn_dx_kernel(const float *x, const float *dy, const float
 }
 
 static void bn_stats_launch(cudaStream_t stream, const float *x, int64_t outer, int64_t c,
-                            int64_t inner, float *stats) {
-  bn_stats_kernel<<<(unsigned)c, CUDA_BLOCK, 0, stream>>>(x, outer, c, inner, stats);
+                            int64_t inner, const float *prev, float *stats) {
+  bn_stats_kernel<<<(unsigned)c, CUDA_BLOCK, 0, stream>>>(x, outer, c, inner, prev, stats);
 }
 
 static void bn_forward_launch(cudaStream_t stream, const float *x, const float *stats,
@@ -134,11 +138,11 @@ static pmap_status check_channels(cuda_device *cd, int64_t c) {
 }
 
 extern "C" pmap_status cuda_bn_stats(pmap_device *dev, const float *x, int64_t outer, int64_t c,
-                                     int64_t inner, float *stats) {
+                                     int64_t inner, const float *prev, float *stats) {
   cuda_device *cd = cuda_device_of(dev);
   if (c <= 0) return PMAP_SUCCESS;
   PMAP_TRY(check_channels(cd, c));
-  bn_stats_launch(cd->stream, x, outer, c, inner, stats);
+  bn_stats_launch(cd->stream, x, outer, c, inner, prev, stats);
   CUDA_CHECK_LAUNCH(cd, "bn_stats_kernel");
   return PMAP_SUCCESS;
 }

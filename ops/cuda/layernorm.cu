@@ -16,7 +16,7 @@ static __global__ void layernorm_forward_kernel(const float *x, const float *gam
   ss = cuda_block_sum(ss);
   if (threadIdx.x == 0) {
     float mean, var;
-    pmap_moments((float)s, (float)ss, (float)f, &mean, &var);
+    pmap_moments_d(s, ss, (double)f, &mean, &var);
     moments[0] = mean;
     moments[1] = pmap_rstd(var, eps);
     stats[2 * r] = moments[0];

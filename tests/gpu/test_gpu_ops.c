@@ -406,11 +406,16 @@ static void test_batchnorm(env *e) {
     int64_t outer = shapes[i][0], c = shapes[i][1], inner = shapes[i][2];
     size_t n = (size_t)(outer * c * inner), C = (size_t)c;
     buf x = rnd(e, n, -1.0f, 3.0f), g = rnd(e, C, 0.5f, 1.5f), b = rnd(e, C, -1.0f, 1.0f);
-    buf st = poisoned(e, 2 * C + 1), run = rnd(e, 2 * C, 0.5f, 1.5f), y = poisoned(e, n);
-    CHECK_OK(pmap_cpu_ops.bn_stats(e->dev, x.h, outer, c, inner, st.h));
-    CHECK_OK(e->dev->ops->bn_stats(e->dev, x.d, outer, c, inner, st.d));
-    compare(e, "bn_stats", &st, 1e-6);
-    upload(e, &st); /* the same statistics on both sides from here */
+    buf first = poisoned(e, 3 * C + 1), st = poisoned(e, 3 * C + 1);
+    buf run = rnd(e, 2 * C, 0.5f, 1.5f), y = poisoned(e, n);
+    CHECK_OK(pmap_cpu_ops.bn_stats(e->dev, x.h, outer, c, inner, NULL, first.h));
+    CHECK_OK(e->dev->ops->bn_stats(e->dev, x.d, outer, c, inner, NULL, first.d));
+    compare(e, "bn_stats, first pass", &first, 1e-6);
+    upload(e, &first); /* the same statistics on both sides from here */
+    CHECK_OK(pmap_cpu_ops.bn_stats(e->dev, x.h, outer, c, inner, first.h, st.h));
+    CHECK_OK(e->dev->ops->bn_stats(e->dev, x.d, outer, c, inner, first.d, st.d));
+    compare(e, "bn_stats, around the first pass's mean", &st, 1e-5);
+    upload(e, &st);
     CHECK_OK(pmap_cpu_ops.bn_forward(e->dev, x.h, st.h, st.h, run.h, g.h, b.h, outer, c, inner,
                                      1e-5f, 0.9f, 1, y.h));
     CHECK_OK(e->dev->ops->bn_forward(e->dev, x.d, st.d, st.d, run.d, g.d, b.d, outer, c, inner,
@@ -435,8 +440,8 @@ static void test_batchnorm(env *e) {
     CHECK_OK(e->dev->ops->bn_backward_dx(e->dev, x.d, dy.d, st.d, g.d, sums.d, outer, c, inner,
                                          1e-5f, dx.d));
     compare(e, "bn_backward_dx", &dx, 1e-5);
-    buf *all[] = {&x, &g, &b, &st, &run, &y, &yi, &dy, &sums, &dx};
-    for (size_t k = 0; k < 10; k++) buf_free(e, all[k]);
+    buf *all[] = {&x, &g, &b, &first, &st, &run, &y, &yi, &dy, &sums, &dx};
+    for (size_t k = 0; k < 11; k++) buf_free(e, all[k]);
   }
 }
 
