@@ -29,9 +29,9 @@ extern "C" {
  *            added to the block's input) -> layernorm -> dense 1; the mlp's data and loss;
  *            Adam lr 0.001; 500 steps, batch 256, 1024 samples.
  *   cifar-bn (3, 32, 32) -> conv 3x3 16 ch pad 1 -> batch norm -> ReLU -> max pool 2x2 ->
- *            conv 3x3 32 ch pad 1 -> batch norm -> ReLU -> global average pool -> dense 10;
- *            batch norm across replicas (cross_replica 1); cifar-cnn's data and loss; SGD lr
- *            0.05 momentum 0.9; 100 steps, batch 64, 512 samples. */
+ *            conv 3x3 32 ch pad 1 -> batch norm -> ReLU -> average pool 2x2 -> flatten ->
+ *            dense 10; batch norm across replicas (cross_replica 1); cifar-cnn's data and loss;
+ *            SGD lr 0.05 momentum 0.9; 100 steps, batch 64, 512 samples. */
 typedef struct pmap_example_info {
   const char *name;
   int64_t steps;   /* default training steps */

@@ -122,7 +122,8 @@ pmap_status pmap_example_model(const char *name, pmap_model **out) {
   }
   case EX_CIFAR_BN: {
     /* (3, 32, 32) -> conv 16 -> BN -> ReLU -> maxpool 2 -> (16, 16, 16) -> conv 32 -> BN ->
-     * ReLU -> global average -> (32) -> 10; batch norm across replicas */
+     * ReLU -> average pool 2 -> (32, 8, 8) -> 10; batch norm across replicas. (A global average
+     * pool here would average away the phase of the class's plane wave.) */
     int64_t in[3] = {3, 32, 32};
     PMAP_TRY_GOTO(st, pmap_model_create(3, in, &m), fail);
     PMAP_TRY_GOTO(st, pmap_model_add_conv2d(m, 16, 3, 3, 1, 1), fail);
@@ -132,7 +133,8 @@ pmap_status pmap_example_model(const char *name, pmap_model **out) {
     PMAP_TRY_GOTO(st, pmap_model_add_conv2d(m, 32, 3, 3, 1, 1), fail);
     PMAP_TRY_GOTO(st, pmap_model_add_batchnorm(m, 1), fail);
     PMAP_TRY_GOTO(st, pmap_model_add_relu(m), fail);
-    PMAP_TRY_GOTO(st, pmap_model_add_global_avgpool(m), fail);
+    PMAP_TRY_GOTO(st, pmap_model_add_avgpool2d(m, 2, 2, 2), fail);
+    PMAP_TRY_GOTO(st, pmap_model_add_flatten(m), fail);
     PMAP_TRY_GOTO(st, pmap_model_add_dense(m, 10), fail);
     PMAP_TRY_GOTO(st, pmap_model_set_loss(m, PMAP_LOSS_SOFTMAX_XENT), fail);
     break;
