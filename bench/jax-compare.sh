@@ -6,13 +6,22 @@
 #   bench/jax-compare.sh [--build DIR] [jax_compare.py options, e.g. --models mlp-1024 --devices 1,2]
 #
 # DIR defaults to build/. PMAP_BENCH_VENV picks another virtual environment (one with a CUDA
-# build of JAX compares on the GPU). jax_compare.py --help lists the options.
+# build of JAX compares on the GPU); PMAP_BENCH_PYTHON names a Python that already has numpy and
+# JAX, used as it is (nothing is installed: for machines without network, such as the GPU
+# machines bench/gpu-check.sh runs on). jax_compare.py --help lists the options.
 set -euo pipefail
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=$SRC/build
 if [ "${1:-}" = "--build" ]; then
   BUILD=${2:?--build needs a directory}
   shift 2
+fi
+if [ -n "${PMAP_BENCH_PYTHON:-}" ]; then
+  "$PMAP_BENCH_PYTHON" -c 'import numpy, jax' || {
+    echo "jax-compare: PMAP_BENCH_PYTHON=$PMAP_BENCH_PYTHON cannot import numpy and jax" >&2
+    exit 1
+  }
+  exec "$PMAP_BENCH_PYTHON" "$SRC/bench/jax_compare.py" --pmap-bench "$BUILD/bench/pmap-bench" "$@"
 fi
 VENV=${PMAP_BENCH_VENV:-$SRC/.venv-bench}
 PY=$VENV/bin/python

@@ -29,6 +29,19 @@
 extern "C" {
 #endif
 
+/* The library exports exactly the functions marked PMAP_API (it is built with hidden
+ * visibility), so `nm -D --defined-only libpmap.so` lists only pmap_ names. */
+#if defined(__GNUC__) || defined(__clang__)
+#define PMAP_API __attribute__((visibility("default")))
+#else
+#define PMAP_API
+#endif
+
+/* The version of this header; pmap_version() gives the library's ("0.1.0"). */
+#define PMAP_VERSION_MAJOR 0
+#define PMAP_VERSION_MINOR 1
+#define PMAP_VERSION_PATCH 0
+
 #define PMAP_MAX_DEVICES 64 /* most devices one context may hold */
 #define PMAP_MAX_RANK 4     /* most axes of a pmap_array, batch axis included */
 #define PMAP_DEVICES_DEFAULT (-1) /* pmap_config.num_devices: the backend's default count */
@@ -49,13 +62,17 @@ typedef enum pmap_status {
                                     replica, nothing changed (see pmap_update) */
 } pmap_status;
 
+/* "MAJOR.MINOR.PATCH" of the library that is loaded; compare with PMAP_VERSION_* to catch a
+ * header and library of different releases. */
+PMAP_API const char *pmap_version(void);
+
 /* A short constant string for a status ("invalid argument", ...); never NULL. */
-const char *pmap_status_string(pmap_status s);
+PMAP_API const char *pmap_status_string(pmap_status s);
 
 /* The detailed message of the last failure of a pmap call on the calling thread, e.g.
  * "pmap_update: global batch 30 is not divisible by 4 devices". Valid until the next failing
  * pmap call on this thread; "" when there was none. Never NULL. */
-const char *pmap_last_error(void);
+PMAP_API const char *pmap_last_error(void);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Context: the device mesh and one worker thread per device                                  */
@@ -94,25 +111,25 @@ typedef struct pmap_ctx pmap_ctx;
  * pmap_ctx_destroy. Returns PMAP_ERR_INVALID_ARGUMENT (out NULL, device count outside
  * 1..PMAP_MAX_DEVICES other than PMAP_DEVICES_DEFAULT, unknown backend), PMAP_ERR_UNAVAILABLE (backend not built or no device),
  * PMAP_ERR_OUT_OF_MEMORY, PMAP_ERR_DEVICE. */
-pmap_status pmap_ctx_create(const pmap_config *cfg, pmap_ctx **out);
+PMAP_API pmap_status pmap_ctx_create(const pmap_config *cfg, pmap_ctx **out);
 
 /* Stops the workers and frees the context. Accepts NULL (PMAP_SUCCESS). Every pmap_params created
  * on the context must be destroyed first: with params still alive, or when called from inside a
  * mapped function of this context, it returns PMAP_ERR_INVALID_ARGUMENT and changes nothing (the
  * context stays usable). */
-pmap_status pmap_ctx_destroy(pmap_ctx *ctx);
+PMAP_API pmap_status pmap_ctx_destroy(pmap_ctx *ctx);
 
-int pmap_ctx_num_devices(const pmap_ctx *ctx);
-pmap_backend pmap_ctx_backend(const pmap_ctx *ctx); /* never PMAP_BACKEND_AUTO */
+PMAP_API int pmap_ctx_num_devices(const pmap_ctx *ctx);
+PMAP_API pmap_backend pmap_ctx_backend(const pmap_ctx *ctx); /* never PMAP_BACKEND_AUTO */
 
 /* "auto", "cpu", "cuda"; NULL for a value outside the enum. */
-const char *pmap_backend_name(pmap_backend b);
+PMAP_API const char *pmap_backend_name(pmap_backend b);
 /* Parses "auto", "cpu" or "cuda" into *out; PMAP_ERR_INVALID_ARGUMENT naming the string else. */
-pmap_status pmap_backend_parse(const char *name, pmap_backend *out);
+PMAP_API pmap_status pmap_backend_parse(const char *name, pmap_backend *out);
 /* Whether this build contains the backend (CPU always; CUDA when configured with it). */
-int pmap_backend_built(pmap_backend b);
+PMAP_API int pmap_backend_built(pmap_backend b);
 /* The CPU GEMM chosen at configure time: "onednn", "cblas" or "portable". */
-const char *pmap_gemm_provider(void);
+PMAP_API const char *pmap_gemm_provider(void);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Host arrays                                                                                */
@@ -131,9 +148,9 @@ typedef struct pmap_array {
 } pmap_array;
 
 /* Convenience constructors; they only fill the struct. */
-pmap_array pmap_array_f32(float *data, int rank, const int64_t *shape);
-pmap_array pmap_array_i32(int32_t *data, int rank, const int64_t *shape);
-int64_t pmap_array_numel(const pmap_array *a);
+PMAP_API pmap_array pmap_array_f32(float *data, int rank, const int64_t *shape);
+PMAP_API pmap_array pmap_array_i32(int32_t *data, int rank, const int64_t *shape);
+PMAP_API int64_t pmap_array_numel(const pmap_array *a);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Models: a sequential stack of layers with a loss                                           */
@@ -149,8 +166,8 @@ typedef struct pmap_model pmap_model;
 /* Creates an empty model taking examples of shape input_shape[0..rank) (without the batch axis):
  * rank 1 (F) or rank 3 (C, H, W). Returns PMAP_ERR_INVALID_ARGUMENT for a NULL pointer, a rank
  * other than 1 or 3 or a non-positive extent; PMAP_ERR_OUT_OF_MEMORY. */
-pmap_status pmap_model_create(int rank, const int64_t *input_shape, pmap_model **out);
-void pmap_model_destroy(pmap_model *model); /* accepts NULL */
+PMAP_API pmap_status pmap_model_create(int rank, const int64_t *input_shape, pmap_model **out);
+PMAP_API void pmap_model_destroy(pmap_model *model); /* accepts NULL */
 
 /* Layers, appended in order. Each checks that it fits the current output shape and returns
  * PMAP_ERR_INVALID_ARGUMENT (model unchanged) when it does not.
@@ -159,38 +176,38 @@ void pmap_model_destroy(pmap_model *model); /* accepts NULL */
  * conv2d:  (C, H, W) -> (OC, OH, OW), NCHW, weights (OC, C, KH, KW), bias (OC),
  *          OH = (H + 2 pad - KH) / stride + 1 (likewise OW).
  * flatten: (C, H, W) -> (C*H*W), a view: no copy. */
-pmap_status pmap_model_add_dense(pmap_model *model, int64_t units);
-pmap_status pmap_model_add_relu(pmap_model *model);
-pmap_status pmap_model_add_conv2d(pmap_model *model, int64_t out_channels, int kernel_h,
+PMAP_API pmap_status pmap_model_add_dense(pmap_model *model, int64_t units);
+PMAP_API pmap_status pmap_model_add_relu(pmap_model *model);
+PMAP_API pmap_status pmap_model_add_conv2d(pmap_model *model, int64_t out_channels, int kernel_h,
                                   int kernel_w, int stride, int pad);
-pmap_status pmap_model_add_flatten(pmap_model *model);
+PMAP_API pmap_status pmap_model_add_flatten(pmap_model *model);
 /* The loss (default MSE). The model's output must be rank 1 (K) when training. */
-pmap_status pmap_model_set_loss(pmap_model *model, pmap_loss loss);
+PMAP_API pmap_status pmap_model_set_loss(pmap_model *model, pmap_loss loss);
 
 /* More layers (docs/models.md, "Layers"), with the same checks and statuses as those above:
  * PMAP_ERR_INVALID_ARGUMENT (model unchanged) for a NULL model, an argument out of range or an
  * input shape the layer cannot take; PMAP_ERR_OUT_OF_MEMORY.
  * tanh, sigmoid, gelu: any shape, element-wise. gelu is the tanh form,
  *          0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (jax.nn.gelu(approximate=True)). */
-pmap_status pmap_model_add_tanh(pmap_model *model);
-pmap_status pmap_model_add_sigmoid(pmap_model *model);
-pmap_status pmap_model_add_gelu(pmap_model *model);
+PMAP_API pmap_status pmap_model_add_tanh(pmap_model *model);
+PMAP_API pmap_status pmap_model_add_sigmoid(pmap_model *model);
+PMAP_API pmap_status pmap_model_add_gelu(pmap_model *model);
 /* layernorm: any shape (S elements per example); each example is normalised over all its S
  *          elements, y = (x - mean) / sqrt(var + 1e-6) * gamma + beta (biased variance).
  *          Parameters: gamma (S) then beta (S), initialised to 1 and 0. */
-pmap_status pmap_model_add_layernorm(pmap_model *model);
+PMAP_API pmap_status pmap_model_add_layernorm(pmap_model *model);
 /* maxpool2d, avgpool2d: (C, H, W) -> (C, OH, OW), OH = (H - kernel_h) / stride + 1 (likewise
  *          OW), no padding; windows may overlap (stride < kernel). Kernel and stride 1..64.
  *          Max pooling passes the gradient to the first maximum of each window. No parameters.
  * global_avgpool: (C, H, W) -> (C), the mean of each channel's plane. */
-pmap_status pmap_model_add_maxpool2d(pmap_model *model, int kernel_h, int kernel_w, int stride);
-pmap_status pmap_model_add_avgpool2d(pmap_model *model, int kernel_h, int kernel_w, int stride);
-pmap_status pmap_model_add_global_avgpool(pmap_model *model);
+PMAP_API pmap_status pmap_model_add_maxpool2d(pmap_model *model, int kernel_h, int kernel_w, int stride);
+PMAP_API pmap_status pmap_model_add_avgpool2d(pmap_model *model, int kernel_h, int kernel_w, int stride);
+PMAP_API pmap_status pmap_model_add_global_avgpool(pmap_model *model);
 /* dropout: any shape, rate in [0, 1). In pmap_update, y = x * keep / (1 - rate) with keep drawn
  *          from a counter-based hash of (layer, step, the element's index in the global batch):
  *          the masks are reproducible and the same on any device count. In pmap_predict the
  *          identity. No parameters. */
-pmap_status pmap_model_add_dropout(pmap_model *model, float rate);
+PMAP_API pmap_status pmap_model_add_dropout(pmap_model *model, float rate);
 /* batchnorm: (F) or (C, H, W); normalises each feature (channel: over the batch and H, W) with
  *          the batch's mean and biased variance, y = (x - mean) / sqrt(var + 1e-5) * gamma + beta.
  *          cross_replica != 0: the statistics are those of the global batch (all-reduces of
@@ -205,23 +222,23 @@ pmap_status pmap_model_add_dropout(pmap_model *model, float rate);
  *          global batch's moments, running = 0.9 running + 0.1 batch (with either setting of
  *          cross_replica, so every replica holds the same values); pmap_predict normalises with
  *          them. */
-pmap_status pmap_model_add_batchnorm(pmap_model *model, int cross_replica);
+PMAP_API pmap_status pmap_model_add_batchnorm(pmap_model *model, int cross_replica);
 /* Residual blocks: the layers added between begin and end form f, and the block computes
  * y = x + f(x); f must keep the shape (end returns PMAP_ERR_INVALID_ARGUMENT otherwise, and
  * when no block is open). Blocks nest up to 16 deep; pmap_params_create rejects a model with a
  * block left open. No parameters of their own. */
-pmap_status pmap_model_begin_residual(pmap_model *model);
-pmap_status pmap_model_end_residual(pmap_model *model);
+PMAP_API pmap_status pmap_model_begin_residual(pmap_model *model);
+PMAP_API pmap_status pmap_model_end_residual(pmap_model *model);
 
 /* Number of parameters. Their layout in the flat parameter vector: layers in order, each
  * layer's weights then its bias, in the shapes given above (norms: gamma then beta; batch norm
  * then its running mean and variance). */
-size_t pmap_model_num_params(const pmap_model *model);
+PMAP_API size_t pmap_model_num_params(const pmap_model *model);
 /* Output shape of one example: writes the rank into *rank and the extents into shape. */
-void pmap_model_output_shape(const pmap_model *model, int *rank, int64_t shape[PMAP_MAX_RANK]);
+PMAP_API void pmap_model_output_shape(const pmap_model *model, int *rank, int64_t shape[PMAP_MAX_RANK]);
 /* Multiply-adds of one example's forward pass (for FLOP counts: a training step costs about
  * 3x forward, 2 FLOPs each). */
-double pmap_model_forward_macs(const pmap_model *model);
+PMAP_API double pmap_model_forward_macs(const pmap_model *model);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Optimizers                                                                                 */
@@ -268,11 +285,11 @@ typedef struct pmap_optimizer {
 } pmap_optimizer;
 
 /* Settings with everything else at its default: no clipping, no weight decay, constant lr. */
-pmap_optimizer pmap_sgd(float lr, float momentum);
-pmap_optimizer pmap_adam(float lr); /* beta1 0.9, beta2 0.999, eps 1e-8 */
-pmap_optimizer pmap_adamw(float lr, float weight_decay); /* as pmap_adam, decoupled decay */
+PMAP_API pmap_optimizer pmap_sgd(float lr, float momentum);
+PMAP_API pmap_optimizer pmap_adam(float lr); /* beta1 0.9, beta2 0.999, eps 1e-8 */
+PMAP_API pmap_optimizer pmap_adamw(float lr, float weight_decay); /* as pmap_adam, decoupled decay */
 /* The learning rate of step t >= 1 under opt's schedule (opt->lr for t < 1 or NULL: 0). */
-double pmap_optimizer_lr(const pmap_optimizer *opt, int64_t t);
+PMAP_API double pmap_optimizer_lr(const pmap_optimizer *opt, int64_t t);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Replicated training state                                                                  */
@@ -284,12 +301,12 @@ typedef struct pmap_params pmap_params;
  * gradients and optimizer state zeroed. The model and the optimizer are copied: the caller
  * keeps ownership of both. Returns PMAP_ERR_INVALID_ARGUMENT (NULL, empty model, optimizer
  * settings out of range: lr <= 0 or not finite, ...), PMAP_ERR_OUT_OF_MEMORY, PMAP_ERR_DEVICE. */
-pmap_status pmap_params_create(pmap_ctx *ctx, const pmap_model *model, const pmap_optimizer *opt,
+PMAP_API pmap_status pmap_params_create(pmap_ctx *ctx, const pmap_model *model, const pmap_optimizer *opt,
                                uint64_t seed, pmap_params **out);
-void pmap_params_destroy(pmap_params *params); /* accepts NULL */
+PMAP_API void pmap_params_destroy(pmap_params *params); /* accepts NULL */
 
-size_t pmap_params_count(const pmap_params *params);
-int64_t pmap_params_step(const pmap_params *params); /* optimizer steps taken */
+PMAP_API size_t pmap_params_count(const pmap_params *params);
+PMAP_API int64_t pmap_params_step(const pmap_params *params); /* optimizer steps taken */
 
 /* One data-parallel training step. xs: (B, input shape...) f32; ys: (B, K) f32 for MSE, (B) or
  * (B, 1) i32 for softmax cross-entropy. Device d takes rows [d B/N, (d+1) B/N) of both as a view
@@ -315,24 +332,24 @@ int64_t pmap_params_step(const pmap_params *params); /* optimizer steps taken */
  * PMAP_ERR_DEVICE, PMAP_ERR_TIMEOUT, PMAP_ERR_ABORTED (a device or a collective failed: on the
  * CPU backend the step is then not applied on any replica, as every failure happens before the
  * optimizer; on CUDA the replicas' state is undefined after a timeout). */
-pmap_status pmap_update(pmap_params *params, const pmap_array *xs, const pmap_array *ys,
+PMAP_API pmap_status pmap_update(pmap_params *params, const pmap_array *xs, const pmap_array *ys,
                         float *loss);
 
 /* Splits each device's rows into k micro-batches (1..65536; 1, the default, is one piece):
  * forward and backward run once per piece, the gradients accumulate, and the step still does
  * one all-reduce and one optimizer update, equal to the unsplit step up to rounding, while the
  * activation memory drops by k. A device with fewer than k rows takes one row per piece. */
-pmap_status pmap_params_set_micro_batches(pmap_params *params, int k);
+PMAP_API pmap_status pmap_params_set_micro_batches(pmap_params *params, int k);
 
 /* Sharded forward pass: out (B, output shape...) f32, written in batch order. xs as for
  * pmap_update. Returns the same statuses as pmap_update; out->shape must match exactly. */
-pmap_status pmap_predict(pmap_params *params, const pmap_array *xs, pmap_array *out);
+PMAP_API pmap_status pmap_predict(pmap_params *params, const pmap_array *xs, pmap_array *out);
 
 /* Copies the parameters of device `device`'s replica into dst (count == pmap_params_count()).
  * Returns PMAP_ERR_INVALID_ARGUMENT for a NULL dst, a device outside [0, N) or another count. */
-pmap_status pmap_params_read(const pmap_params *params, int device, float *dst, size_t count);
+PMAP_API pmap_status pmap_params_read(const pmap_params *params, int device, float *dst, size_t count);
 /* Copies src (count == pmap_params_count()) into every replica; optimizer state is kept. */
-pmap_status pmap_params_write(pmap_params *params, const float *src, size_t count);
+PMAP_API pmap_status pmap_params_write(pmap_params *params, const float *src, size_t count);
 
 /* Checkpoints. pmap_params_save writes the whole training state (model description, optimizer
  * kind and settings, step count, parameters and optimizer state, and an optional opaque user
@@ -346,27 +363,30 @@ pmap_status pmap_params_write(pmap_params *params, const float *src, size_t coun
  * The optimizer's settings (lr, betas, clip_norm) are those of params, not the file's.
  * user/user_bytes: the user section to save (NULL/0: none). On load, user_cap bytes at user
  * receive it (PMAP_ERR_INVALID_ARGUMENT, nothing changed, when it does not fit) and *user_bytes
- * (may be NULL) its size. Return PMAP_ERR_INVALID_ARGUMENT (NULL, a file that is not a pmap
+ * (may be NULL) its size; pmap_params_load ignores the user section. A save killed midway may
+ * leave a stray temporary file `path.tmp.XXXXXX` beside path. The format:
+ * docs/reliability.md. Return PMAP_ERR_INVALID_ARGUMENT (NULL, a file that is not a pmap
  * checkpoint, damaged, truncated, of another version, another model or another optimizer: the
  * message says which), PMAP_ERR_UNAVAILABLE (the file cannot be opened, read or written: the
- * message carries the system's reason), PMAP_ERR_OUT_OF_MEMORY, PMAP_ERR_DEVICE. */
-pmap_status pmap_params_save(const pmap_params *params, const char *path);
-pmap_status pmap_params_load(pmap_params *params, const char *path);
-pmap_status pmap_params_save_user(const pmap_params *params, const char *path, const void *user,
+ * message carries the system's reason), PMAP_ERR_OUT_OF_MEMORY, PMAP_ERR_DEVICE (a device
+ * failed while its replica was being set: the replicas are then undefined). */
+PMAP_API pmap_status pmap_params_save(const pmap_params *params, const char *path);
+PMAP_API pmap_status pmap_params_load(pmap_params *params, const char *path);
+PMAP_API pmap_status pmap_params_save_user(const pmap_params *params, const char *path, const void *user,
                                   size_t user_bytes);
-pmap_status pmap_params_load_user(pmap_params *params, const char *path, void *user,
+PMAP_API pmap_status pmap_params_load_user(pmap_params *params, const char *path, void *user,
                                   size_t user_cap, size_t *user_bytes);
 
 /* Compares every replica (parameters and optimizer state): each device computes a checksum of
  * its own replica, and the checksums are gathered and compared. PMAP_SUCCESS when they are all
  * equal; PMAP_ERR_DEVICE with a message naming the devices that differ from device 0 when not
  * (replicas must never drift: this is a check for hardware or memory faults). */
-pmap_status pmap_params_verify(const pmap_params *params);
+PMAP_API pmap_status pmap_params_verify(const pmap_params *params);
 
 /* Releases the activation memory, which is sized for the largest batch seen so far; the next
  * pmap_update or pmap_predict allocates what its batch needs. Parameters and optimizer state
  * are kept. Returns PMAP_ERR_INVALID_ARGUMENT for NULL. */
-pmap_status pmap_params_shrink(pmap_params *params);
+PMAP_API pmap_status pmap_params_shrink(pmap_params *params);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Your own model: a per-device loss-and-gradient function                                    */
@@ -403,13 +423,13 @@ typedef pmap_status (*pmap_grad_fn)(const pmap_grad_args *args, void *user);
  * 1..PMAP_MAX_RANK, with the same leading extent; the rest of their shape is fn's to check.
  * pmap_predict is not available for them (PMAP_ERR_INVALID_ARGUMENT). user is passed to fn
  * and stays the caller's. Returns as pmap_params_create. */
-pmap_status pmap_params_create_custom(pmap_ctx *ctx, size_t num_params, const float *init,
+PMAP_API pmap_status pmap_params_create_custom(pmap_ctx *ctx, size_t num_params, const float *init,
                                       pmap_grad_fn fn, void *user, const pmap_optimizer *opt,
                                       pmap_params **out);
 
 /* On CUDA, the device's cudaStream_t and cublasHandle_t (as void *); NULL on the CPU backend. */
-void *pmap_device_stream(pmap_device *dev);
-void *pmap_device_blas(pmap_device *dev);
+PMAP_API void *pmap_device_stream(pmap_device *dev);
+PMAP_API void *pmap_device_blas(pmap_device *dev);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Mapped functions and collectives                                                           */
@@ -425,18 +445,18 @@ typedef pmap_status (*pmap_fn)(pmap_device *dev, void *arg);
  * a device that returns without calling a collective the others wait in. Not re-entrant: fn
  * calling any public function on the same context (pmap_run, pmap_update, pmap_params_read,
  * pmap_ctx_destroy, ...) gets PMAP_ERR_INVALID_ARGUMENT. */
-pmap_status pmap_run(pmap_ctx *ctx, pmap_fn fn, void *arg);
+PMAP_API pmap_status pmap_run(pmap_ctx *ctx, pmap_fn fn, void *arg);
 
-int pmap_axis_index(const pmap_device *dev); /* this device's index, 0..N-1 */
-int pmap_axis_size(const pmap_device *dev);  /* N */
+PMAP_API int pmap_axis_index(const pmap_device *dev); /* this device's index, 0..N-1 */
+PMAP_API int pmap_axis_size(const pmap_device *dev);  /* N */
 
 /* Device memory for buffers passed to collectives (host memory on CPU, GPU memory on CUDA).
  * pmap_device_alloc sets *out to NULL on failure; a count whose bytes exceed the address space
  * is PMAP_ERR_OUT_OF_MEMORY. */
-pmap_status pmap_device_alloc(pmap_device *dev, size_t count, float **out); /* count floats */
-void pmap_device_free(pmap_device *dev, float *ptr);                       /* accepts NULL */
-pmap_status pmap_device_upload(pmap_device *dev, float *dst, const float *src, size_t count);
-pmap_status pmap_device_download(pmap_device *dev, float *dst, const float *src, size_t count);
+PMAP_API pmap_status pmap_device_alloc(pmap_device *dev, size_t count, float **out); /* count floats */
+PMAP_API void pmap_device_free(pmap_device *dev, float *ptr);                       /* accepts NULL */
+PMAP_API pmap_status pmap_device_upload(pmap_device *dev, float *dst, const float *src, size_t count);
+PMAP_API pmap_status pmap_device_download(pmap_device *dev, float *dst, const float *src, size_t count);
 
 /* Collectives, called by every device of the mapped function in the same order with the same
  * count (in elements, not bytes). In place is recv == send (all_gather: send == recv +
@@ -455,13 +475,13 @@ pmap_status pmap_device_download(pmap_device *dev, float *dst, const float *src,
  * overlap other than in place, collectives that differ across devices, a device that left the
  * function), PMAP_ERR_TIMEOUT,
  * PMAP_ERR_ABORTED (another device failed), PMAP_ERR_DEVICE. */
-pmap_status pmap_psum(pmap_device *dev, const float *send, float *recv, size_t count);
-pmap_status pmap_pmean(pmap_device *dev, const float *send, float *recv, size_t count);
-pmap_status pmap_pmax(pmap_device *dev, const float *send, float *recv, size_t count);
-pmap_status pmap_all_gather(pmap_device *dev, const float *send, float *recv, size_t count);
-pmap_status pmap_broadcast(pmap_device *dev, const float *send, float *recv, size_t count,
+PMAP_API pmap_status pmap_psum(pmap_device *dev, const float *send, float *recv, size_t count);
+PMAP_API pmap_status pmap_pmean(pmap_device *dev, const float *send, float *recv, size_t count);
+PMAP_API pmap_status pmap_pmax(pmap_device *dev, const float *send, float *recv, size_t count);
+PMAP_API pmap_status pmap_all_gather(pmap_device *dev, const float *send, float *recv, size_t count);
+PMAP_API pmap_status pmap_broadcast(pmap_device *dev, const float *send, float *recv, size_t count,
                            int root);
-pmap_status pmap_barrier(pmap_device *dev);
+PMAP_API pmap_status pmap_barrier(pmap_device *dev);
 
 #ifdef __cplusplus
 }

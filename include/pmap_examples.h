@@ -41,14 +41,14 @@ typedef struct pmap_example_info {
 } pmap_example_info;
 
 /* The example's defaults; PMAP_ERR_INVALID_ARGUMENT naming the known names for another name. */
-pmap_status pmap_example_info_get(const char *name, pmap_example_info *out);
+PMAP_API pmap_status pmap_example_info_get(const char *name, pmap_example_info *out);
 /* Builds the example's model (destroy with pmap_model_destroy). */
-pmap_status pmap_example_model(const char *name, pmap_model **out);
+PMAP_API pmap_status pmap_example_model(const char *name, pmap_model **out);
 /* Allocates and fills n rows of the example's data: xs f32 (n, input...), ys f32 (n, 1) for
  * MSE or i32 (n) labels. Same seed, same data. Free with pmap_example_data_free. */
-pmap_status pmap_example_data(const char *name, uint64_t seed, int64_t n, pmap_array *xs,
+PMAP_API pmap_status pmap_example_data(const char *name, uint64_t seed, int64_t n, pmap_array *xs,
                               pmap_array *ys);
-void pmap_example_data_free(pmap_array *xs, pmap_array *ys); /* accepts NULL */
+PMAP_API void pmap_example_data_free(pmap_array *xs, pmap_array *ys); /* accepts NULL */
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,6 @@
 /* params.h: the inside of a pmap_params (the replicated training state) for the files of models/
  * that work on it: the state (params.c), the step (step.c), the optimizer (optimizer.c),
- * checkpoints (checkpoint.c). */
+ * checkpoints (checkpoint.c), replica checks (verify.c). */
 #ifndef PMAP_MODELS_PARAMS_H
 #define PMAP_MODELS_PARAMS_H
 
@@ -33,6 +33,12 @@ struct pmap_params {
   int read_device;
   float *read_dst;
   float loss;
+  /* Checkpoint and verify jobs (checkpoint.c, verify.c); host memory, set only during a call. */
+  float *ckpt_w;             /* (P) parameters downloaded from device 0 or to upload */
+  float *ckpt_opt;           /* (opt_slots * P) optimizer state, likewise */
+  uint32_t *verify_sums;     /* (N) each device's checksum of its replica */
+  unsigned char *verify_buf; /* (N, verify_chunk) one bounded download buffer per device */
+  size_t verify_chunk;       /* bytes of each device's buffer */
 };
 
 /* Floats of a replica's gradient buffer. */
@@ -40,11 +46,13 @@ static inline size_t params_grad_len(const pmap_params *p) {
   return p->n_params + 3 + (size_t)p->ctx->n;
 }
 
-/* Rows [*lo, *lo + *rows) of a global batch of `batch` rows belong to device d of n: shards
- * differ by at most one row (equal when batch % n == 0). */
+/* Rows [*lo, *lo + *rows) of a global batch of `batch` rows belong to device d of n: the first
+ * batch % n devices take one row more, so shards differ by at most one row (and are equal when
+ * batch % n == 0). No product of batch can overflow. */
 static inline void params_device_rows(int64_t batch, int n, int d, int64_t *lo, int64_t *rows) {
-  *lo = batch * d / n;
-  *rows = batch * (d + 1) / n - *lo;
+  int64_t q = batch / n, r = batch % n;
+  *lo = q * d + (d < r ? d : r);
+  *rows = q + (d < r);
 }
 
 /* optimizer.c: validation naming `call`; state buffers per parameter; the settings of step t

@@ -119,7 +119,7 @@ static pmap_status check_rows(pmap_params *p, int64_t b, const char *call) {
                     call, (long long)b, n);
   }
   p->batch = b;
-  p->bd = (b + n - 1) / n;
+  p->bd = b / n + (b % n != 0);
   return PMAP_SUCCESS;
 }
 

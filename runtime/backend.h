@@ -14,7 +14,9 @@
 typedef enum pmap_redop { PMAP_RED_SUM = 0, PMAP_RED_MEAN = 1, PMAP_RED_MAX = 2 } pmap_redop;
 
 /* Collectives over the devices of one context. Called by every device, in the same order, with
- * the same count (elements). recv == send is in place. Every device gets bitwise the same result. */
+ * the same count (elements). recv == send is in place. Every device gets bitwise the same result.
+ * A collective may return once queued on the device (CUDA); the device's next sync or download
+ * completes it and reports its failure. */
 typedef struct pmap_coll_i {
   pmap_status (*all_reduce)(pmap_device *dev, const float *send, float *recv, size_t count,
                             pmap_redop op);
@@ -37,8 +39,8 @@ typedef struct pmap_backend_i {
   pmap_status (*device_init)(pmap_device *dev);
   void (*device_fini)(pmap_device *dev);
   /* Around each job of device 0 on the caller's thread: make the thread the device's, then give
-   * it back as it was (optional). */
-  void (*enter)(pmap_device *dev, int saved[2]);
+   * it back as it was (optional). A failed enter fails device 0's job (leave is not called). */
+  pmap_status (*enter)(pmap_device *dev, int saved[2]);
   void (*leave)(pmap_device *dev, const int saved[2]);
   /* Device memory. */
   pmap_status (*alloc)(pmap_device *dev, size_t bytes, void **out);
@@ -115,6 +117,9 @@ extern const pmap_backend_i pmap_cpu_backend;
 extern const pmap_backend_i pmap_cuda_backend;
 /* Number of usable CUDA devices, 0 where there are none (no driver, no GPU). */
 int pmap_cuda_device_count(void);
+/* Why the last pmap_cuda_device_count on this thread found none, in CUDA's words (e.g. the
+ * driver is older than the runtime, or there is no device). */
+const char *pmap_cuda_unavailable_reason(void);
 #endif
 
 /* The wrappers over a backend's table (runtime/backend.c): models and the public collectives

@@ -140,13 +140,19 @@ static pmap_status rendezvous(pmap_device *dev, const char *call, size_t count, 
                   call, dev->index, what);
 }
 
+/* A backend's collective may only be queued (CUDA: stream-ordered, so that a training step
+ * waits once); a public one has completed, or failed, when it returns. */
+static pmap_status finish(pmap_device *dev) {
+  return backend_sync(dev);
+}
+
 static pmap_status reduce(const char *call, pmap_device *dev, const float *send, float *recv,
                           size_t count, pmap_redop op) {
   pmap_status st = check_coll(call, dev, send, recv, count, count, recv);
   if (st) return st;
   PMAP_TRY(rendezvous(dev, call, count, 0));
   PMAP_TRY(backend_all_reduce(dev, send, recv, count, op));
-  return PMAP_SUCCESS;
+  return finish(dev);
 }
 
 pmap_status pmap_psum(pmap_device *dev, const float *send, float *recv, size_t count) {
@@ -168,7 +174,7 @@ pmap_status pmap_all_gather(pmap_device *dev, const float *send, float *recv, si
   if (st) return st;
   PMAP_TRY(rendezvous(dev, "pmap_all_gather", count, 0));
   PMAP_TRY(backend_all_gather(dev, send, recv, count));
-  return PMAP_SUCCESS;
+  return finish(dev);
 }
 
 pmap_status pmap_broadcast(pmap_device *dev, const float *send, float *recv, size_t count,
@@ -180,12 +186,11 @@ pmap_status pmap_broadcast(pmap_device *dev, const float *send, float *recv, siz
                     dev->ctx->n);
   PMAP_TRY(rendezvous(dev, "pmap_broadcast", count, root));
   PMAP_TRY(backend_broadcast(dev, send, recv, count, root));
-  return PMAP_SUCCESS;
+  return finish(dev);
 }
 
 pmap_status pmap_barrier(pmap_device *dev) {
   if (!dev) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_barrier: dev is NULL");
   PMAP_TRY(rendezvous(dev, "pmap_barrier", 0, 0));
-  PMAP_TRY(backend_barrier(dev));
-  return PMAP_SUCCESS;
+  return backend_barrier(dev);
 }

@@ -142,9 +142,15 @@ pmap_status pmap_ctx_dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg) {
 
   pmap_device *d0 = &ctx->dev[0];
   int saved[2] = {0, 0};
-  if (ctx->be->enter) ctx->be->enter(d0, saved);
-  run_job(ctx, d0);
-  if (ctx->be->leave) ctx->be->leave(d0, saved);
+  pmap_status entered = ctx->be->enter ? ctx->be->enter(d0, saved) : PMAP_SUCCESS;
+  if (entered == PMAP_SUCCESS) {
+    run_job(ctx, d0);
+    if (ctx->be->leave) ctx->be->leave(d0, saved);
+  } else {
+    d0->status = entered;
+    snprintf(d0->msg, sizeof d0->msg, "%s", pmap_error_message());
+    pmap_ctx_abort(ctx);
+  }
 
   if (ctx->n > 1) {
     pmap_wait_policy w = {ctx->wait.spin_ns, ctx->wait.yield_ns, -1, NULL, NULL};
@@ -211,7 +217,9 @@ static pmap_status choose_backend(const pmap_config *cfg, pmap_backend *kind,
 #if defined(PMAP_HAVE_CUDA)
     if (pmap_cuda_device_count() <= 0)
       return PMAP_ERR(PMAP_ERR_UNAVAILABLE,
-                      "pmap_ctx_create: backend cuda requested but no CUDA device is usable here");
+                      "pmap_ctx_create: backend cuda requested but no CUDA device is usable "
+                      "here: %s",
+                      pmap_cuda_unavailable_reason());
     *kind = PMAP_BACKEND_CUDA;
     *be = &pmap_cuda_backend;
     return PMAP_SUCCESS;

@@ -26,6 +26,13 @@ const char *pmap_status_string(pmap_status s) {
   return "unknown status";
 }
 
+#define PMAP_STR2(x) #x
+#define PMAP_STR(x) PMAP_STR2(x)
+const char *pmap_version(void) {
+  return PMAP_STR(PMAP_VERSION_MAJOR) "." PMAP_STR(PMAP_VERSION_MINOR) "." PMAP_STR(
+      PMAP_VERSION_PATCH);
+}
+
 const char *pmap_last_error(void) { return last_error; }
 const char *pmap_error_message(void) { return last_error; }
 void pmap_error_clear(void) { last_error[0] = '\0'; }

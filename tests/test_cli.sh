@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # test_cli.sh: pmap-train as a user meets it: a run with --json whose last line carries the
 # required fields with checked values, and every bad argument rejected with a message and exit 1.
+# Every run names --backend cpu: on a machine with a GPU, `auto` would pick CUDA, where 3 or 4
+# devices on one GPU are a different test (tests/gpu, bench/gpu-check.sh); only the check of an
+# unknown backend names none.
 set -u
 train=${1:?usage: test_cli.sh path/to/pmap-train}
 fails=0
@@ -49,34 +52,34 @@ assert $1, 'condition failed: ' + repr(j)
   ok
 }
 
-json_check --model linear --devices 4 -- \
+json_check --backend cpu --model linear --devices 4 -- \
   "j['model'] == 'linear' and j['devices'] == 4 and j['steps'] == 1000 and j['global_batch'] == 128 and j['final_loss'] < 0.3 and abs(j['w'] - 2) < 0.1 and abs(j['b'] + 1) < 0.1"
-json_check --model mlp --devices 3 --steps 30 --batch 96 -- \
+json_check --backend cpu --model mlp --devices 3 --steps 30 --batch 96 -- \
   "j['devices'] == 3 and j['steps'] == 30 and j['global_batch'] == 96 and math.isfinite(j['final_loss'])"
 json_check --model convnet --devices 2 --steps 20 --batch 8 --backend cpu -- \
   "j['backend'] == 'cpu' and j['devices'] == 2 and j['final_loss'] < 0.7"
-PMAP_CPU_DEVICES=3 json_check --model linear --steps 5 --batch 6 -- "j['devices'] == 3"
-json_check --model linear --steps 3 --lr 0.5 --seed 9 --log-every 0 -- "j['lr'] == 0.5 and j['seed'] == 9"
+PMAP_CPU_DEVICES=3 json_check --backend cpu --model linear --steps 5 --batch 6 -- "j['devices'] == 3"
+json_check --backend cpu --model linear --steps 3 --lr 0.5 --seed 9 --log-every 0 -- "j['lr'] == 0.5 and j['seed'] == 9"
 
-expect_error 'unknown model "resnet"' --model resnet
+expect_error 'unknown model "resnet"' --model resnet --backend cpu
 expect_error 'unknown backend "tpu"' --backend tpu
-expect_error '--devices "0" is not an integer in [1, 64]' --devices 0
-expect_error '--devices "65"' --devices 65
-expect_error 'global batch 30 is not divisible by 4 devices' --devices 4 --batch 30
-expect_error 'learning rate -1 must be > 0' --lr -1
-expect_error 'learning rate nan' --lr nan
-expect_error 'learning rate 0 must be > 0' --lr 0
-expect_error '--steps "abc"' --steps abc
-expect_error 'unknown option --frobnicate' --frobnicate
-expect_error 'option --model needs a value' --model
-PMAP_CPU_DEVICES=abc expect_error 'PMAP_CPU_DEVICES="abc"'
+expect_error '--devices "0" is not an integer in [1, 64]' --devices 0 --backend cpu
+expect_error '--devices "65"' --devices 65 --backend cpu
+expect_error 'global batch 30 is not divisible by 4 devices' --devices 4 --batch 30 --backend cpu
+expect_error 'learning rate -1 must be > 0' --lr -1 --backend cpu
+expect_error 'learning rate nan' --lr nan --backend cpu
+expect_error 'learning rate 0 must be > 0' --lr 0 --backend cpu
+expect_error '--steps "abc"' --steps abc --backend cpu
+expect_error 'unknown option --frobnicate' --frobnicate --backend cpu
+expect_error 'option --model needs a value' --backend cpu --model
+PMAP_CPU_DEVICES=abc expect_error 'PMAP_CPU_DEVICES="abc"' --backend cpu
 if [ "$("$train" --help | head -c 6)" = "usage:" ]; then ok; else bad "--help"; fi
 
 # --plot: a PNG where gnuplot is installed; where it is not (or fails), a note on stderr and a
 # successful run all the same. Both ways are checked: the missing case by pointing PMAP_GNUPLOT
 # at nothing.
 is_png() { python3 -c "import sys; sys.exit(open(sys.argv[1], 'rb').read(8) != b'\x89PNG\r\n\x1a\n')" "$1" 2>/dev/null; }
-if "$train" --model linear --steps 20 --log-every 0 --plot "$tmp/loss.png" --json >"$tmp/out" 2>"$tmp/err"; then
+if "$train" --backend cpu --model linear --steps 20 --log-every 0 --plot "$tmp/loss.png" --json >"$tmp/out" 2>"$tmp/err"; then
   if ! tail -n 1 "$tmp/out" | python3 -c "import json, sys; json.loads(sys.stdin.read())"; then
     bad "--plot: the last line is not JSON: $(tail -n 1 "$tmp/out")"
   elif { [ -n "${PMAP_GNUPLOT:-}" ] || command -v gnuplot >/dev/null 2>&1; } && ! grep -q 'note: --plot' "$tmp/err"; then
@@ -89,11 +92,159 @@ if "$train" --model linear --steps 20 --log-every 0 --plot "$tmp/loss.png" --jso
 else
   bad "--plot: pmap-train failed: $(cat "$tmp/err")"
 fi
-if PMAP_GNUPLOT=/nonexistent/gnuplot "$train" --model linear --steps 5 --log-every 0 --plot "$tmp/none.png" >"$tmp/out" 2>"$tmp/err"; then
+if PMAP_GNUPLOT=/nonexistent/gnuplot "$train" --backend cpu --model linear --steps 5 --log-every 0 --plot "$tmp/none.png" >"$tmp/out" 2>"$tmp/err"; then
   if grep -q 'note: --plot: gnuplot not found' "$tmp/err" && [ ! -e "$tmp/none.png" ]; then ok; else bad "--plot without gnuplot: $(cat "$tmp/err")"; fi
 else
   bad "--plot without gnuplot failed the run: $(cat "$tmp/err")"
 fi
+
+# Checkpoints: 40 steps equal 20 steps saved and 20 resumed, bitwise on the same device count
+# (loss, w and b as printed with 9 significant digits), within 1e-5 on another.
+# last_json ARGS...: runs pmap-train ARGS --json, requires exit 0, prints its last line.
+last_json() {
+  if ! "$train" "$@" --json >"$tmp/out" 2>"$tmp/err"; then
+    bad "pmap-train $* failed: $(cat "$tmp/err")"
+    return 1
+  fi
+  tail -n 1 "$tmp/out"
+}
+# same_json A B KEYS TOL: the JSON lines A and B agree on KEYS (exactly when TOL is 0).
+same_json() {
+  python3 -c "
+import json, sys
+a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+tol = float(sys.argv[4])
+for k in sys.argv[3].split(','):
+    x, y = a[k], b[k]
+    assert x is not None and y is not None, k + ' is null'
+    assert (x == y) if tol == 0 else abs(x - y) <= tol * max(abs(y), 1e-30), '%s: %r vs %r' % (k, x, y)
+" "$1" "$2" "$3" "$4"
+}
+ck=$tmp/run.ckpt
+for spec in "linear 2 2 w,b,final_loss 0" "mlp 2 2 final_loss 0" "convnet 2 2 final_loss 0" \
+            "linear 2 4 w,b,final_loss 1e-5" "mlp 4 1 final_loss 1e-5"; do
+  set -- $spec
+  m=$1 d1=$2 d2=$3 keys=$4 tol=$5
+  common=(--model "$m" --backend cpu --log-every 0 --batch 16 --samples 64 --seed 3)
+  full=$(last_json "${common[@]}" --devices "$d1" --steps 40) || continue
+  rm -f "$ck"
+  last_json "${common[@]}" --devices "$d1" --steps 20 --save "$ck" >/dev/null || continue
+  res=$(last_json "${common[@]}" --devices "$d2" --steps 40 --resume "$ck") || continue
+  if same_json "$res" "$full" "$keys" "$tol" &&
+     python3 -c "import json, sys; assert json.loads(sys.argv[1])['start_step'] == 20" "$res"; then
+    ok
+  else
+    bad "resume $spec: $res vs $full"
+  fi
+done
+# --save-every: the periodic checkpoint and the final one; resuming at the end trains nothing.
+rm -f "$ck"
+if last_json --model linear --backend cpu --steps 9 --save-every 4 --save "$ck" --log-every 0 >/dev/null &&
+   res=$(last_json --model linear --backend cpu --steps 9 --resume "$ck" --log-every 0) &&
+   python3 -c "import json, sys; j = json.loads(sys.argv[1]); assert j['start_step'] == 9 and j['final_loss'] is not None" "$res"; then
+  ok
+else
+  bad "--save-every / resume at the end: ${res:-}"
+fi
+# --verify-every on healthy replicas, and on a replica the fault injection perturbs.
+json_check --model mlp --devices 3 --batch 48 --steps 6 --verify-every 2 --backend cpu -- "j['steps'] == 6"
+PMAP_FAULT=drift:device=1:step=2 expect_error '--verify-every: pmap_params_verify' \
+  --model mlp --devices 2 --batch 32 --steps 6 --verify-every 1 --backend cpu
+if grep -q 'device 1 (' "$tmp/err"; then ok; else bad "--verify-every with drift: $(cat "$tmp/err")"; fi
+json_check --model mlp --steps 5 --clip-norm 0.5 --backend cpu -- "j['steps'] == 5"
+json_check --model linear --steps 5 --no-numeric-guard --backend cpu -- "j['steps'] == 5"
+
+# The numeric guard: a diverging run stops with exit 1, and its JSON says why, numbers as null.
+"$train" --model linear --lr 1e30 --backend cpu --log-every 0 --json >"$tmp/out" 2>"$tmp/err"
+rc=$?
+if [ "$rc" -eq 1 ] && tail -n 1 "$tmp/out" | python3 -c "
+import json, sys
+j = json.loads(sys.stdin.read())
+assert 'error' in j and 'step' in j['error'], j
+assert j['final_loss'] is None, j
+"; then ok; else bad "--lr 1e30 --json: exit $rc, $(tail -n 1 "$tmp/out") $(cat "$tmp/err")"; fi
+# Failures before training print valid JSON with the error too.
+"$train" --model resnet --json >"$tmp/out" 2>"$tmp/err"
+if [ $? -eq 1 ] && tail -n 1 "$tmp/out" | python3 -c "
+import json, sys
+j = json.loads(sys.stdin.read())
+assert 'resnet' in j['error'] and j['final_loss'] is None, j
+"; then ok; else bad "--model resnet --json: $(tail -n 1 "$tmp/out")"; fi
+
+# Checkpoint flags with bad values.
+rm -f "$ck"
+"$train" --model linear --backend cpu --steps 20 --log-every 0 --save "$ck" >/dev/null 2>&1 || bad "save for the flag checks"
+expect_error '--save-every "0" is not an integer' --save-every 0 --save "$ck"
+expect_error '--save-every needs --save FILE' --save-every 5
+expect_error '--verify-every "0" is not an integer' --verify-every 0
+expect_error '--verify-every "x"' --verify-every x
+expect_error '--clip-norm "-1" must be a finite number >= 0' --clip-norm -1
+expect_error '--clip-norm "nan" must be a finite number >= 0' --clip-norm nan
+expect_error '--clip-norm "inf"' --clip-norm inf
+expect_error 'option --resume needs a value' --resume
+expect_error '--resume: pmap_params_load: cannot open' --resume "$tmp/none.ckpt"
+expect_error 'this run differs in --batch' --model linear --batch 64 --resume "$ck"
+expect_error 'this run differs in --seed' --model linear --seed 5 --resume "$ck"
+expect_error 'this run differs in --samples' --model linear --samples 256 --resume "$ck"
+expect_error 'holds another model' --model mlp --resume "$ck"
+expect_error 'is at step 20, beyond --steps 10' --model linear --steps 10 --resume "$ck"
+expect_error 'cannot create a temporary file' --steps 2 --save "$tmp/no/such/dir/x.ckpt"
+head -c 100 "$ck" >"$tmp/short.ckpt"
+expect_error 'is truncated' --resume "$tmp/short.ckpt"
+printf 'not a checkpoint, but long enough to hold a header' >"$tmp/junk.ckpt"
+expect_error 'is not a pmap checkpoint' --resume "$tmp/junk.ckpt"
+
+# Real data from .npy files (written here without numpy): a separable 3-class problem with
+# f8 features and i8 labels, and float targets for MSE.
+python3 - "$tmp" <<'PY'
+import math, random, struct, sys
+def save(path, descr, shape, values, fmt):
+    head = "{'descr': '%s', 'fortran_order': False, 'shape': (%s), }" % (
+        descr, ", ".join(str(n) for n in shape) + ("," if len(shape) == 1 else ""))
+    head += " " * ((64 - (10 + len(head) + 1) % 64) % 64) + "\n"
+    with open(path, "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(head)) + head.encode())
+        f.write(struct.pack("<%d%s" % (len(values), fmt), *values))
+rng = random.Random(1)
+x, y, t = [], [], []
+for i in range(300):
+    c = i % 3
+    a, b = rng.gauss(0, 0.3) + 2 * math.cos(2 * c), rng.gauss(0, 0.3) + 2 * math.sin(2 * c)
+    x += [a, b]
+    y.append(c)
+    t += [a + b, a - b]
+d = sys.argv[1]
+save(d + "/x.npy", "<f8", (300, 2), x, "d")
+save(d + "/y.npy", "<i8", (300,), y, "q")
+save(d + "/t.npy", "<f4", (300, 2), t, "f")
+save(d + "/y_short.npy", "<i8", (299,), y[:299], "q")
+save(d + "/fortran.npy", "<f8", (300, 2), x, "d")
+data = open(d + "/fortran.npy", "rb").read().replace(b"False", b"True ")
+open(d + "/fortran.npy", "wb").write(data)
+PY
+json_check --backend cpu --data "$tmp/x.npy" --labels "$tmp/y.npy" --devices 4 --eval-fraction 0.2 \
+  --hidden 16 --steps 300 --batch 32 -- \
+  "j['model'] == 'npy' and j['eval_accuracy'] >= 0.95 and math.isfinite(j['eval_loss'])"
+json_check --backend cpu --data "$tmp/x.npy" --labels "$tmp/t.npy" --devices 2 --eval-fraction 0.1 \
+  --hidden 32,16 --steps 400 --batch 40 --micro-batches 3 -- \
+  "j['eval_accuracy'] is None and j['eval_loss'] < 0.1"
+# The same seed gives the same run on 1 and on 4 devices (the epoch order is the seed's).
+"$train" --backend cpu --data "$tmp/x.npy" --labels "$tmp/y.npy" --devices 1 --steps 50 \
+  --batch 32 --log-every 0 --json >"$tmp/d1" 2>&1 || bad "data run on 1 device"
+"$train" --backend cpu --data "$tmp/x.npy" --labels "$tmp/y.npy" --devices 4 --steps 50 \
+  --batch 32 --log-every 0 --json >"$tmp/d4" 2>&1 || bad "data run on 4 devices"
+if python3 -c "
+import json, sys
+a, b = (json.loads(open(f).read().splitlines()[-1])['final_loss'] for f in sys.argv[1:])
+sys.exit(abs(a - b) > 1e-4 * max(1, abs(a)))" "$tmp/d1" "$tmp/d4"; then ok; else bad "data: 1 vs 4 devices"; fi
+expect_error '--data and --labels go together' --backend cpu --data "$tmp/x.npy"
+expect_error 'it does not take --model' --backend cpu --data "$tmp/x.npy" --labels "$tmp/y.npy" --model mlp
+expect_error '299 rows, the features have 300' --backend cpu --data "$tmp/x.npy" --labels "$tmp/y_short.npy"
+expect_error 'fortran_order is True' --backend cpu --data "$tmp/fortran.npy" --labels "$tmp/y.npy"
+expect_error 'No such file' --backend cpu --data "$tmp/none.npy" --labels "$tmp/y.npy"
+expect_error '--eval-fraction "1" is outside [0, 1)' --backend cpu --eval-fraction 1
+expect_error 'larger than the 240 training rows' --backend cpu --data "$tmp/x.npy" --labels "$tmp/y.npy" --eval-fraction 0.2 --batch 256 --devices 4
+expect_error '--micro-batches "0"' --backend cpu --micro-batches 0
 
 echo "cli: $passes passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -39,3 +39,9 @@ extern "C" pmap_status cuda_act_backward(pmap_device *dev, pmap_act act, const f
   CUDA_CHECK_LAUNCH(cd, "act_backward_kernel");
   return PMAP_SUCCESS;
 }
+
+extern "C" pmap_status cuda_act_preload(cuda_device *cd) {
+  CUDA_PRELOAD(cd, act_forward_kernel);
+  CUDA_PRELOAD(cd, act_backward_kernel);
+  return PMAP_SUCCESS;
+}

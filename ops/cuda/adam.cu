@@ -27,3 +27,8 @@ extern "C" pmap_status cuda_adam_step(pmap_device *dev, float *w, const float *g
   CUDA_CHECK_LAUNCH(cd, "adam_step_kernel");
   return PMAP_SUCCESS;
 }
+
+extern "C" pmap_status cuda_adam_preload(cuda_device *cd) {
+  CUDA_PRELOAD(cd, adam_step_kernel);
+  return PMAP_SUCCESS;
+}

@@ -17,3 +17,8 @@ extern "C" pmap_status cuda_add(pmap_device *dev, const float *a, const float *b
   CUDA_CHECK_LAUNCH(cd, "add_kernel");
   return PMAP_SUCCESS;
 }
+
+extern "C" pmap_status cuda_add_preload(cuda_device *cd) {
+  CUDA_PRELOAD(cd, add_kernel);
+  return PMAP_SUCCESS;
+}

@@ -180,3 +180,12 @@ extern "C" pmap_status cuda_bn_backward_dx(pmap_device *dev, const float *x, con
   CUDA_CHECK_LAUNCH(cd, "bn_dx_kernel");
   return PMAP_SUCCESS;
 }
+
+extern "C" pmap_status cuda_batchnorm_preload(cuda_device *cd) {
+  CUDA_PRELOAD(cd, bn_stats_kernel);
+  CUDA_PRELOAD(cd, bn_forward_kernel);
+  CUDA_PRELOAD(cd, bn_running_kernel);
+  CUDA_PRELOAD(cd, bn_sums_kernel);
+  CUDA_PRELOAD(cd, bn_dx_kernel);
+  return PMAP_SUCCESS;
+}

@@ -74,3 +74,10 @@ extern "C" pmap_status cuda_bias_backward(pmap_device *dev, const float *dy, flo
                  return cuda_chk_s_);
   return PMAP_SUCCESS;
 }
+
+extern "C" pmap_status cuda_bias_preload(cuda_device *cd) {
+  CUDA_PRELOAD(cd, bias_forward_kernel);
+  CUDA_PRELOAD(cd, bias_backward_column_kernel);
+  CUDA_PRELOAD(cd, bias_backward_channel_kernel);
+  return PMAP_SUCCESS;
+}

@@ -157,3 +157,10 @@ extern "C" pmap_status cuda_conv2d_backward(pmap_device *dev, const pmap_conv_sh
   }
   return PMAP_SUCCESS;
 }
+
+extern "C" pmap_status cuda_conv2d_preload(cuda_device *cd) {
+  CUDA_PRELOAD(cd, im2col_kernel);
+  CUDA_PRELOAD(cd, col2im_kernel);
+  CUDA_PRELOAD(cd, swap_axes_kernel);
+  return PMAP_SUCCESS;
+}

@@ -76,6 +76,29 @@ pmap_status cuda_bn_backward_dx(pmap_device *dev, const float *x, const float *d
                                 const float *stats, const float *gamma, const float *sums,
                                 int64_t outer, int64_t c, int64_t inner, float eps, float *dx);
 
+/* Loads every kernel of ops/cuda on cd's GPU (the current device) now. CUDA loads a module at
+ * the first launch of one of its kernels, and that may synchronize the whole GPU: on a GPU
+ * shared by several logical devices, a first launch of, say, the optimizer's kernel behind a
+ * queued all-reduce could then wait for another device's all-reduce kernel, which spins until
+ * this device's joins. The backend calls this when a device starts, before any collective. */
+pmap_status cuda_ops_preload(cuda_device *cd);
+pmap_status cuda_act_preload(cuda_device *cd);
+pmap_status cuda_adam_preload(cuda_device *cd);
+pmap_status cuda_add_preload(cuda_device *cd);
+pmap_status cuda_batchnorm_preload(cuda_device *cd);
+pmap_status cuda_bias_preload(cuda_device *cd);
+pmap_status cuda_conv2d_preload(cuda_device *cd);
+pmap_status cuda_dropout_preload(cuda_device *cd);
+pmap_status cuda_fill_preload(cuda_device *cd);
+pmap_status cuda_layernorm_preload(cuda_device *cd);
+pmap_status cuda_loss_reduce_preload(cuda_device *cd);
+pmap_status cuda_mse_preload(cuda_device *cd);
+pmap_status cuda_norm2_preload(cuda_device *cd);
+pmap_status cuda_pool2d_preload(cuda_device *cd);
+pmap_status cuda_relu_preload(cuda_device *cd);
+pmap_status cuda_sgd_preload(cuda_device *cd);
+pmap_status cuda_softmax_xent_preload(cuda_device *cd);
+
 /* Second pass of the loss reductions: *loss (device) = (float)(sum of partial (blocks) / denom),
  * summed in a fixed order so the loss is deterministic. blocks <= CUDA_REDUCE_BLOCKS. */
 pmap_status cuda_loss_finalize(cuda_device *cd, const double *partial, unsigned blocks,

@@ -32,3 +32,8 @@ extern "C" pmap_status cuda_dropout_backward(pmap_device *dev, const float *dy, 
   CUDA_CHECK_LAUNCH(cd, "dropout_kernel");
   return PMAP_SUCCESS;
 }
+
+extern "C" pmap_status cuda_dropout_preload(cuda_device *cd) {
+  CUDA_PRELOAD(cd, dropout_kernel);
+  return PMAP_SUCCESS;
+}

@@ -20,3 +20,8 @@ extern "C" pmap_status cuda_fill(pmap_device *dev, float *x, float value, size_t
   CUDA_CHECK_LAUNCH(cd, "fill_kernel");
   return PMAP_SUCCESS;
 }
+
+extern "C" pmap_status cuda_fill_preload(cuda_device *cd) {
+  CUDA_PRELOAD(cd, fill_kernel);
+  return PMAP_SUCCESS;
+}

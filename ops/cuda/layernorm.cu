@@ -110,3 +110,10 @@ extern "C" pmap_status cuda_layernorm_backward(pmap_device *dev, const float *x,
   CUDA_CHECK_LAUNCH(cd, "layernorm_backward kernels");
   return PMAP_SUCCESS;
 }
+
+extern "C" pmap_status cuda_layernorm_preload(cuda_device *cd) {
+  CUDA_PRELOAD(cd, layernorm_forward_kernel);
+  CUDA_PRELOAD(cd, layernorm_dx_kernel);
+  CUDA_PRELOAD(cd, layernorm_dparams_kernel);
+  return PMAP_SUCCESS;
+}

@@ -20,3 +20,8 @@ extern "C" pmap_status cuda_loss_finalize(cuda_device *cd, const double *partial
   CUDA_CHECK_LAUNCH(cd, "loss_finalize_kernel");
   return PMAP_SUCCESS;
 }
+
+extern "C" pmap_status cuda_loss_reduce_preload(cuda_device *cd) {
+  CUDA_PRELOAD(cd, loss_finalize_kernel);
+  return PMAP_SUCCESS;
+}

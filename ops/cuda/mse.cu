@@ -31,3 +31,8 @@ extern "C" pmap_status cuda_mse(pmap_device *dev, const float *pred, const float
   CUDA_CHECK_LAUNCH(cd, "mse_kernel");
   return cuda_loss_finalize(cd, partial, blocks, (double)n, loss);
 }
+
+extern "C" pmap_status cuda_mse_preload(cuda_device *cd) {
+  CUDA_PRELOAD(cd, mse_kernel);
+  return PMAP_SUCCESS;
+}

@@ -57,3 +57,11 @@ extern "C" pmap_status cuda_axpy(pmap_device *dev, float alpha, const float *x, 
   CUDA_CHECK_LAUNCH(cd, "axpy_kernel");
   return PMAP_SUCCESS;
 }
+
+extern "C" pmap_status cuda_norm2_preload(cuda_device *cd) {
+  CUDA_PRELOAD(cd, norm2_kernel);
+  CUDA_PRELOAD(cd, norm2_finalize_kernel);
+  CUDA_PRELOAD(cd, scale_kernel);
+  CUDA_PRELOAD(cd, axpy_kernel);
+  return PMAP_SUCCESS;
+}

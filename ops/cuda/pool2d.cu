@@ -53,3 +53,9 @@ extern "C" pmap_status cuda_pool2d_backward(pmap_device *dev, int is_max,
   CUDA_CHECK_LAUNCH(cd, "pool2d_backward_kernel");
   return PMAP_SUCCESS;
 }
+
+extern "C" pmap_status cuda_pool2d_preload(cuda_device *cd) {
+  CUDA_PRELOAD(cd, pool2d_forward_kernel);
+  CUDA_PRELOAD(cd, pool2d_backward_kernel);
+  return PMAP_SUCCESS;
+}

@@ -37,3 +37,9 @@ extern "C" pmap_status cuda_relu_backward(pmap_device *dev, const float *y, cons
   CUDA_CHECK_LAUNCH(cd, "relu_backward_kernel");
   return PMAP_SUCCESS;
 }
+
+extern "C" pmap_status cuda_relu_preload(cuda_device *cd) {
+  CUDA_PRELOAD(cd, relu_forward_kernel);
+  CUDA_PRELOAD(cd, relu_backward_kernel);
+  return PMAP_SUCCESS;
+}

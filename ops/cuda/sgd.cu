@@ -25,3 +25,8 @@ extern "C" pmap_status cuda_sgd_step(pmap_device *dev, float *w, const float *g,
   CUDA_CHECK_LAUNCH(cd, "sgd_step_kernel");
   return PMAP_SUCCESS;
 }
+
+extern "C" pmap_status cuda_sgd_preload(cuda_device *cd) {
+  CUDA_PRELOAD(cd, sgd_step_kernel);
+  return PMAP_SUCCESS;
+}

@@ -34,3 +34,8 @@ extern "C" pmap_status cuda_softmax_xent(pmap_device *dev, const float *logits,
   CUDA_CHECK_LAUNCH(cd, "softmax_xent_kernel");
   return cuda_loss_finalize(cd, partial, blocks, (double)rows, loss);
 }
+
+extern "C" pmap_status cuda_softmax_xent_preload(cuda_device *cd) {
+  CUDA_PRELOAD(cd, softmax_xent_kernel);
+  return PMAP_SUCCESS;
+}

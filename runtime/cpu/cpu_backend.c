@@ -41,9 +41,10 @@ static pmap_status cpu_device_init(pmap_device *dev) {
   return PMAP_SUCCESS;
 }
 
-static void cpu_enter(pmap_device *dev, int saved[2]) {
+static pmap_status cpu_enter(pmap_device *dev, int saved[2]) {
   (void)dev;
   saved[0] = cpu_gemm_threads_set(1);
+  return PMAP_SUCCESS;
 }
 
 static void cpu_leave(pmap_device *dev, const int saved[2]) {

@@ -1,7 +1,7 @@
 /* cuda_backend.c: the CUDA backend's device half and its table. Each device's thread selects its
  * GPU once and owns a stream and a cuBLAS handle bound to it; memory is stream-ordered, inputs
- * are copied asynchronously into per-slot device buffers, and every wait on the GPU is a timed
- * poll (cuda_coll.c). */
+ * pass through two pinned host buffers into per-slot device buffers with asynchronous copies,
+ * and every wait on the GPU goes through cuda_wait (cuda_coll.c). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,6 +23,16 @@ static void device_release(cuda_device *cd) {
   if (cd->work) (void)cudaFreeAsync(cd->work, cd->stream);
   if (cd->scratch) (void)cudaFreeAsync(cd->scratch, cd->stream);
   if (cd->stream) (void)cudaStreamSynchronize(cd->stream);
+  for (int k = 0; k < 2; k++) {
+    if (cd->pinned[k]) (void)cudaFreeHost(cd->pinned[k]);
+    if (cd->pinned_ev[k]) (void)cudaEventDestroy(cd->pinned_ev[k]);
+    cd->pinned[k] = NULL;
+    cd->pinned_ev[k] = NULL;
+  }
+  if (cd->down) (void)cudaFreeHost(cd->down);
+  if (cd->done) (void)cudaEventDestroy(cd->done);
+  cd->down = NULL;
+  cd->done = NULL;
   if (cd->blas) (void)cublasDestroy(cd->blas);
   if (cd->blas_ws) (void)cudaFree(cd->blas_ws);
   if (cd->stream) (void)cudaStreamDestroy(cd->stream);
@@ -51,9 +61,34 @@ static pmap_status startup_barrier(pmap_device *dev, cuda_device *cd) {
   float *one = (float *)((char *)cd->scratch + CUDA_REDUCE_BLOCKS * sizeof(double));
   CUDA_CHECK(cd, cudaMemsetAsync(one, 0, sizeof *one, cd->stream));
   PMAP_TRY(cuda_nccl_enter(dev, "startup barrier"));
-  return cuda_nccl_issued(
+  PMAP_TRY(cuda_nccl_issued(
       dev, ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, cd->comm, cd->stream),
-      "ncclAllReduce", "startup barrier (NCCL all-reduce)");
+      "ncclAllReduce", "startup barrier (NCCL all-reduce)"));
+  return cuda_wait(dev, "startup barrier (NCCL all-reduce)", 1);
+}
+
+/* Page-locked host memory and the events: allocated before the startup barrier, while no
+ * collective of any device is in flight (a page-locked allocation may synchronize the GPU, and
+ * on a GPU shared by several devices that could wait on a collective waiting for this one).
+ * Each is an optimization with a plain fallback, so a machine that refuses one still runs:
+ * without `done` waits poll, without pinned buffers copies go from pageable memory. */
+static void host_buffers(cuda_device *cd, const cuda_ctx *cc) {
+  unsigned flags = cudaEventBlockingSync | cudaEventDisableTiming;
+  if (cc->wait_mode == CUDA_WAIT_BLOCK && cudaEventCreateWithFlags(&cd->done, flags) != cudaSuccess)
+    cd->done = NULL;
+  if (cudaMallocHost(&cd->down, CUDA_DOWN_BYTES) != cudaSuccess) cd->down = NULL;
+  for (int k = 0; k < 2 && cc->pinned_bytes; k++) {
+    if (cudaEventCreateWithFlags(&cd->pinned_ev[k], flags) != cudaSuccess) cd->pinned_ev[k] = NULL;
+    if (cudaMallocHost(&cd->pinned[k], cc->pinned_bytes) != cudaSuccess) cd->pinned[k] = NULL;
+  }
+  if (!cd->pinned_ev[0] || !cd->pinned_ev[1] || !cd->pinned[0] || !cd->pinned[1])
+    for (int k = 0; k < 2; k++) {
+      if (cd->pinned[k]) (void)cudaFreeHost(cd->pinned[k]);
+      if (cd->pinned_ev[k]) (void)cudaEventDestroy(cd->pinned_ev[k]);
+      cd->pinned[k] = NULL;
+      cd->pinned_ev[k] = NULL;
+    }
+  (void)cudaGetLastError();
 }
 
 static pmap_status cuda_device_init(pmap_device *dev) {
@@ -74,6 +109,8 @@ static pmap_status cuda_device_init(pmap_device *dev) {
                                                          : CUBLAS_DEFAULT_MATH),
                     fail);
   CUDA_CHECK_GOTO(cd, st, cudaMallocAsync(&cd->scratch, CUDA_SCRATCH_BYTES, cd->stream), fail);
+  host_buffers(cd, cc);
+  PMAP_TRY_GOTO(st, cuda_ops_preload(cd), fail);
   PMAP_TRY_GOTO(st, startup_barrier(dev, cd), fail);
   atomic_fetch_sub(&cc->starting, 1);
   return PMAP_SUCCESS;
@@ -91,16 +128,18 @@ static void cuda_device_fini(pmap_device *dev) {
   device_release(cd);
 }
 
-/* Device 0's work runs on the caller's thread: lend it the GPU, then give back its own. */
-static void cuda_enter(pmap_device *dev, int saved[2]) {
+/* Device 0's work runs on the caller's thread: lend it the GPU, then give back its own. Without
+ * its GPU the job would launch on another device's context, so a failure fails the job. */
+static pmap_status cuda_enter(pmap_device *dev, int saved[2]) {
   cuda_device *cd = dev->be;
   saved[0] = -1;
-  if (!cd) return;
+  if (!cd) return PMAP_SUCCESS;
   int cur = -1;
   if (cudaGetDevice(&cur) != cudaSuccess) cur = -1;
-  saved[0] = cur;
-  if (cur != cd->gpu) (void)cudaSetDevice(cd->gpu);
   (void)cudaGetLastError();
+  saved[0] = cur;
+  if (cur != cd->gpu) CUDA_CHECK(cd, cudaSetDevice(cd->gpu));
+  return PMAP_SUCCESS;
 }
 
 static void cuda_leave(pmap_device *dev, const int saved[2]) {
@@ -149,19 +188,48 @@ static pmap_status cuda_upload(pmap_device *dev, void *dst, const void *src, siz
 static pmap_status cuda_download(pmap_device *dev, void *dst, const void *src, size_t bytes) {
   cuda_device *cd = dev->be;
   if (!bytes) return PMAP_SUCCESS;
+  if (cd->down && bytes <= CUDA_DOWN_BYTES) {
+    /* A small result (the step's loss): queued into pinned memory, then the one wait. */
+    CUDA_CHECK(cd, cudaMemcpyAsync(cd->down, src, bytes, cudaMemcpyDeviceToHost, cd->stream));
+    PMAP_TRY(cuda_wait(dev, "download", 0));
+    memcpy(dst, cd->down, bytes);
+    return PMAP_SUCCESS;
+  }
   /* A copy into pageable memory blocks until the stream gets to it: wait for the queued work
-   * first with the timed poll, so that a stuck collective cannot hang the copy. */
+   * first with the timed wait, so that a stuck collective cannot hang the copy. */
   PMAP_TRY(cuda_wait(dev, "download", 0));
   CUDA_CHECK(cd, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cd->stream));
   CUDA_CHECK(cd, cudaStreamSynchronize(cd->stream));
   return PMAP_SUCCESS;
 }
 
+/* Copies `bytes` of host rows to dst through the two pinned buffers in turns, in pieces of at
+ * most pinned_bytes: the host fills one while the other's copy runs. A buffer whose last copy is
+ * still queued (only within one large input: a step ends in a wait) is waited for with the
+ * timed wait. The buffers never grow: their size is fixed when the device starts (see
+ * host_buffers), so no page-locked allocation happens in the middle of a job. */
+static pmap_status stage_pinned(pmap_device *dev, cuda_device *cd, size_t chunk, void *dst,
+                                const void *host, size_t bytes) {
+  for (size_t off = 0; off < bytes; off += chunk) {
+    size_t len = bytes - off < chunk ? bytes - off : chunk;
+    int k = cd->pinned_next;
+    cd->pinned_next ^= 1;
+    cudaError_t e = cudaEventQuery(cd->pinned_ev[k]);
+    if (e == cudaErrorNotReady)
+      PMAP_TRY(cuda_wait(dev, "input staging", 0));
+    else
+      CUDA_CHECK(cd, e);
+    memcpy(cd->pinned[k], (const char *)host + off, len);
+    CUDA_CHECK(cd, cudaMemcpyAsync((char *)dst + off, cd->pinned[k], len, cudaMemcpyHostToDevice,
+                                   cd->stream));
+    CUDA_CHECK(cd, cudaEventRecord(cd->pinned_ev[k], cd->stream));
+  }
+  return PMAP_SUCCESS;
+}
+
 /* host -> device buffer, asynchronous on the stream (like upload: done by the job's closing sync
- * or download). The driver stages pageable rows through its own pinned buffers. A pinned buffer
- * of ours would need cudaMallocHost/cudaFreeHost whenever a batch grows, in the middle of a job:
- * page-locked allocation is one of CUDA's implicit synchronizations and could wait for another
- * rank's collective on the same GPU, which waits for this rank. */
+ * or download): through the pinned buffers, or with PMAP_CUDA_PINNED_MB=0 straight from the
+ * pageable rows (the driver then stages them through its own pinned memory). */
 static pmap_status cuda_stage_input(pmap_device *dev, int slot, const void *host, size_t bytes,
                                     void **out) {
   cuda_device *cd = dev->be;
@@ -176,13 +244,22 @@ static pmap_status cuda_stage_input(pmap_device *dev, int slot, const void *host
     s->cap = cap;
   }
   /* Stream order keeps the kernels that read the previous contents ahead of this copy. */
-  if (bytes)
+  cuda_ctx *cc = dev->ctx->be_ctx;
+  if (bytes && cd->pinned[0] && cd->pinned[1])
+    PMAP_TRY(stage_pinned(dev, cd, cc->pinned_bytes, s->dev, host, bytes));
+  else if (bytes)
     CUDA_CHECK(cd, cudaMemcpyAsync(s->dev, host, bytes, cudaMemcpyHostToDevice, cd->stream));
   *out = s->dev;
   return PMAP_SUCCESS;
 }
 
 static pmap_status cuda_sync(pmap_device *dev) { return cuda_wait(dev, "sync", 0); }
+
+/* For user code (pmap_device_stream, pmap_device_blas): the stream and the cuBLAS handle. */
+static void *cuda_native(pmap_device *dev, int what) {
+  cuda_device *cd = dev->be;
+  return what == 0 ? (void *)cd->stream : what == 1 ? (void *)cd->blas : NULL;
+}
 
 const pmap_backend_i pmap_cuda_backend = {
     .name = "cuda",
@@ -198,6 +275,7 @@ const pmap_backend_i pmap_cuda_backend = {
     .download = cuda_download,
     .stage = cuda_stage_input,
     .sync = cuda_sync,
+    .native = cuda_native,
     .coll = &pmap_cuda_coll,
     .ops = &pmap_cuda_ops,
 };

@@ -12,6 +12,11 @@
 
 enum { CUDA_WATCHDOG_IDLE = 0, CUDA_WATCHDOG_TIMEOUT = 1, CUDA_WATCHDOG_PEER_FAILED = 2 };
 
+/* How a thread waits for its stream (PMAP_CUDA_WAIT): `block` sleeps in cudaEventSynchronize on
+ * a blocking-sync event while the watchdog enforces the timeout; `poll` queries the stream in a
+ * loop of short sleeps and checks everything itself. */
+typedef enum cuda_wait_mode { CUDA_WAIT_BLOCK = 0, CUDA_WAIT_POLL = 1 } cuda_wait_mode;
+
 /* The start-up barrier (first NCCL connections, cuBLAS loading on every GPU at once) may take
  * seconds; a context's timeout shorter than this does not apply to it. */
 #define CUDA_STARTUP_TIMEOUT_NS (60LL * 1000000000LL)
@@ -29,9 +34,14 @@ typedef struct cuda_ctx {
    * one. An abort waits briefly for the thread to leave, so that no call runs on a freed
    * communicator; the watchdog aborts under a thread that stays inside too long. */
   _Atomic int64_t *nccl_since;
+  /* (n) when device i's thread began to wait for its stream (0: not waiting), and whether that
+   * wait covers a collective (one issued and not yet seen complete: pending). */
+  _Atomic int64_t *wait_since;
+  _Atomic int *wait_coll;
+  _Atomic int *pending;
   pthread_mutex_t abort_lock;
-  /* A blocking NCCL call can wait on the host for a peer that never comes (connections are set
-   * up at first use), where no poll of ours runs: this thread watches for that. */
+  /* A thread asleep in a blocking wait runs no check of its own, and an NCCL call can wait on
+   * the host for a peer that never comes: this thread watches both. */
   pthread_t watchdog;
   int watchdog_started;
   _Atomic int watchdog_stop;
@@ -40,6 +50,9 @@ typedef struct cuda_ctx {
   pmap_ctx *ctx;
   int nccl_version;      /* ncclGetVersion() of the library loaded at run time */
   int tf32;              /* cuBLAS may use TF32 tensor cores for FP32 GEMMs */
+  cuda_wait_mode wait_mode;
+  int coll_wait;         /* PMAP_CUDA_COLL_WAIT=1: the host waits for every collective */
+  size_t pinned_bytes;   /* per staging buffer (2 per device); 0: pageable copies */
 } cuda_ctx;
 
 extern const pmap_coll_i pmap_cuda_coll;
@@ -68,14 +81,23 @@ pmap_status cuda_nccl_failed(pmap_device *dev, pmap_status st, const char *call)
  * CUDA_STARTUP_TIMEOUT_NS while a device is still starting. */
 int64_t cuda_timeout_ns(pmap_ctx *ctx);
 
-/* Waits until everything queued on dev's stream is done, polling so that it can give up: on a
- * CUDA error, an asynchronous NCCL error, the context's timeout (PMAP_ERR_TIMEOUT) and, when
- * `collective` says an NCCL operation of this device is in flight, another device's failure
- * (PMAP_ERR_ABORTED, since that operation can no longer complete). Except for a plain CUDA error
- * each of these aborts the communicators. `call` names the operation in the message. */
+/* Waits until everything queued on dev's stream is done (the one host wait of a step), giving
+ * up on a CUDA error, an asynchronous NCCL error, the context's timeout (PMAP_ERR_TIMEOUT) and,
+ * when a collective of this device is in flight (`collective`, or one issued since the last
+ * wait), another device's failure (PMAP_ERR_ABORTED, since that collective cannot complete).
+ * Except for a plain CUDA error each of these aborts the communicators. A stream that finished
+ * is not enough: a collective cut short by an abort ends early with garbage, so the abort flag
+ * and NCCL's asynchronous error are checked after it too. `call` names the operation. */
 pmap_status cuda_wait(pmap_device *dev, const char *call, int collective);
 /* Finishes an NCCL collective issued after cuda_nccl_enter: r is what the NCCL call (source text
- * `text`) returned. Leaves NCCL, then waits for the collective, or reports its failure. */
+ * `text`) returned. Waits while the non-blocking communicator says ncclInProgress, leaves NCCL
+ * and returns with the collective queued on the stream (marked pending: the next cuda_wait
+ * covers it; PMAP_CUDA_COLL_WAIT=1 waits here), or reports its failure. */
 pmap_status cuda_nccl_issued(pmap_device *dev, ncclResult_t r, const char *text, const char *call);
+
+/* Polls comm's asynchronous state while it is ncclInProgress (a call on a non-blocking
+ * communicator still running), up to deadline_ns (pmap_now_ns; < 0 none) and while the
+ * communicators are alive; returns the final state (ncclInProgress when it gave up). */
+ncclResult_t cuda_nccl_settle(cuda_ctx *cc, ncclComm_t comm, int64_t deadline_ns);
 
 #endif

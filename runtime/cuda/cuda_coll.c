@@ -1,6 +1,7 @@
-/* cuda_coll.c: the collectives of the CUDA backend on NCCL (one communicator rank per logical
- * device, each used only by its device's thread), and the timed wait that every wait on a GPU
- * goes through, so that a failed device or a stuck collective ends in an error, never a hang. */
+/* cuda_coll.c: the collectives of the CUDA backend on NCCL (one non-blocking communicator rank
+ * per logical device, each used only by its device's thread; a collective is queued on the
+ * stream, not waited for), and the wait that every wait on a GPU goes through, so that a failed
+ * device or a stuck collective ends in an error, never a hang or a silent garbage result. */
 #include <sched.h>
 #include <time.h>
 
@@ -8,6 +9,8 @@
 
 /* Poll the async NCCL error every this many polls of the stream (it takes a call into NCCL). */
 #define ASYNC_POLL_EVERY 16
+/* A non-blocking NCCL call still in progress is asked this many times before the polls sleep. */
+#define SETTLE_SPINS 64
 /* After the spin phase, sleep this long between polls. */
 #define POLL_SLEEP_NS 20000L
 
@@ -35,16 +38,56 @@ pmap_status cuda_nccl_failed(pmap_device *dev, pmap_status st, const char *call)
   return coll_failed(dev, st);
 }
 
+ncclResult_t cuda_nccl_settle(cuda_ctx *cc, ncclComm_t comm, int64_t deadline_ns) {
+  for (unsigned it = 0;; it++) {
+    /* Look before each call: an aborter frees the communicator once this thread has left. */
+    if (atomic_load(&cc->dead)) return ncclInProgress;
+    ncclResult_t state = ncclInProgress;
+    ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+    if (r != ncclSuccess) return r;
+    if (state != ncclInProgress) return state;
+    if (deadline_ns >= 0 && pmap_now_ns() > deadline_ns) return ncclInProgress;
+    if (it < SETTLE_SPINS) {
+      sched_yield();
+    } else {
+      struct timespec ts = {0, POLL_SLEEP_NS};
+      nanosleep(&ts, NULL);
+    }
+  }
+}
+
 pmap_status cuda_nccl_issued(pmap_device *dev, ncclResult_t r, const char *text,
                              const char *call) {
   cuda_device *cd = dev->be;
+  cuda_ctx *cc = dev->ctx->be_ctx;
   pmap_status st = PMAP_SUCCESS;
+  if (r == ncclInProgress) {
+    /* A non-blocking communicator still setting the call up (e.g. a first connection). */
+    int64_t t = cuda_timeout_ns(dev->ctx);
+    r = cuda_nccl_settle(cc, cd->comm, t >= 0 ? pmap_now_ns() + t : -1);
+    if (r == ncclInProgress) {
+      cuda_nccl_leave(dev);
+      if (atomic_load(&cc->dead))
+        return cuda_nccl_failed(dev, PMAP_ERR(PMAP_ERR_ABORTED,
+                                              "%s on device %d abandoned: the NCCL "
+                                              "communicators were aborted",
+                                              call, dev->index),
+                                call);
+      return coll_failed(dev, PMAP_ERR(PMAP_ERR_TIMEOUT,
+                                       "%s on device %d: NCCL did not finish issuing %s within "
+                                       "%.3f s; the NCCL communicators were aborted: destroy "
+                                       "the context",
+                                       call, dev->index, text, (double)t * 1e-9));
+    }
+  }
   CUDA_CHECK_GEN(cd, CUDA_LIB_NCCL, ncclSuccess, r, text, {
     st = cuda_chk_s_;
     goto fail;
   });
   cuda_nccl_leave(dev);
-  return cuda_wait(dev, call, 1);
+  /* Stream-ordered: the next wait of this device covers the collective. */
+  atomic_store(&cc->pending[dev->index], 1);
+  return cc->coll_wait ? cuda_wait(dev, call, 1) : PMAP_SUCCESS;
 fail:
   cuda_nccl_leave(dev);
   return cuda_nccl_failed(dev, st, call);
@@ -68,8 +111,40 @@ static int async_error(pmap_device *dev, cuda_device *cd, const char *call, pmap
   return 1;
 }
 
-pmap_status cuda_wait(pmap_device *dev, const char *call, int collective) {
+static pmap_status timed_out(pmap_device *dev, const char *call, int64_t timeout) {
   cuda_device *cd = dev->be;
+  return coll_failed(dev, PMAP_ERR(PMAP_ERR_TIMEOUT,
+                                   "%s on device %d (GPU %d) did not complete within %.3f s; "
+                                   "the NCCL communicators were aborted: destroy the context",
+                                   call, dev->index, cd->gpu, (double)timeout * 1e-9));
+}
+
+/* The stream finished, but a collective of it may have been cut short by an abort (its kernel
+ * ends early and leaves garbage): then this device must not go on as if it had the result. */
+static pmap_status collective_verdict(pmap_device *dev, const char *call) {
+  cuda_ctx *cc = dev->ctx->be_ctx;
+  cuda_device *cd = dev->be;
+  pmap_status st = PMAP_SUCCESS;
+  if (atomic_load(&cc->dead)) {
+    if (atomic_load(&cc->watchdog_fired) == CUDA_WATCHDOG_TIMEOUT)
+      return PMAP_ERR(PMAP_ERR_TIMEOUT,
+                      "%s on device %d: a collective did not complete within %.3f s; the NCCL "
+                      "communicators were aborted: destroy the context",
+                      call, dev->index, (double)cuda_timeout_ns(dev->ctx) * 1e-9);
+    return PMAP_ERR(PMAP_ERR_ABORTED,
+                    "%s on device %d abandoned: the NCCL communicators were aborted after a "
+                    "failure on another device, so its collective's result is not valid",
+                    call, dev->index);
+  }
+  if (async_error(dev, cd, call, &st)) return coll_failed(dev, st);
+  atomic_store(&cc->pending[dev->index], 0);
+  return PMAP_SUCCESS;
+}
+
+/* PMAP_CUDA_WAIT=poll: query the stream, spinning briefly, then in short sleeps; every check is
+ * made here. */
+static pmap_status wait_poll(pmap_device *dev, cuda_device *cd, const char *call,
+                             int collective) {
   pmap_ctx *ctx = dev->ctx;
   cuda_ctx *cc = ctx->be_ctx;
   int64_t start = pmap_now_ns(), timeout = cuda_timeout_ns(ctx);
@@ -84,7 +159,8 @@ pmap_status cuda_wait(pmap_device *dev, const char *call, int collective) {
       /* A collective of this device will not finish: the others must not wait for it. */
       return collective ? coll_failed(dev, st) : st;
     }
-    if (it % ASYNC_POLL_EVERY == 0 && async_error(dev, cd, call, &st)) return coll_failed(dev, st);
+    if (collective && it % ASYNC_POLL_EVERY == 0 && async_error(dev, cd, call, &st))
+      return coll_failed(dev, st);
     if (collective && atomic_load(&cc->dead))
       return PMAP_ERR(PMAP_ERR_ABORTED,
                       "%s on device %d abandoned: the NCCL communicators were aborted after a "
@@ -96,11 +172,7 @@ pmap_status cuda_wait(pmap_device *dev, const char *call, int collective) {
                                        "NCCL communicators were aborted",
                                        call, dev->index));
     int64_t waited = pmap_now_ns() - start;
-    if (timeout >= 0 && waited > timeout)
-      return coll_failed(dev, PMAP_ERR(PMAP_ERR_TIMEOUT,
-                                       "%s on device %d (GPU %d) did not complete within %.3f s; "
-                                       "the NCCL communicators were aborted: destroy the context",
-                                       call, dev->index, cd->gpu, (double)timeout * 1e-9));
+    if (timeout >= 0 && waited > timeout) return timed_out(dev, call, timeout);
     if (waited < spin) {
       sched_yield();
     } else {
@@ -108,6 +180,40 @@ pmap_status cuda_wait(pmap_device *dev, const char *call, int collective) {
       nanosleep(&ts, NULL);
     }
   }
+}
+
+/* PMAP_CUDA_WAIT=block (the default): sleep on a blocking-sync event behind the stream's work;
+ * the watchdog (cuda_ctx.c) aborts the communicators on a timeout or, when this wait covers a
+ * collective, on another device's failure, which ends the collective and so the wait. */
+static pmap_status wait_block(pmap_device *dev, cuda_device *cd, const char *call,
+                              int collective) {
+  cuda_ctx *cc = dev->ctx->be_ctx;
+  int i = dev->index;
+  int64_t start = pmap_now_ns(), timeout = cuda_timeout_ns(dev->ctx);
+  cudaError_t e = cudaEventRecord(cd->done, cd->stream);
+  if (e == cudaSuccess) {
+    atomic_store(&cc->wait_coll[i], collective);
+    atomic_store(&cc->wait_since[i], start);
+    e = cudaEventSynchronize(cd->done);
+    atomic_store(&cc->wait_since[i], 0);
+  }
+  if (e != cudaSuccess) {
+    pmap_status st = cuda_fail(cd, CUDA_LIB_RUNTIME, (int)e, call, __FILE__, __LINE__, __func__);
+    return collective ? coll_failed(dev, st) : st;
+  }
+  if (timeout >= 0 && pmap_now_ns() - start > timeout &&
+      atomic_load(&cc->watchdog_fired) == CUDA_WATCHDOG_TIMEOUT)
+    return timed_out(dev, call, timeout);
+  return PMAP_SUCCESS;
+}
+
+pmap_status cuda_wait(pmap_device *dev, const char *call, int collective) {
+  cuda_device *cd = dev->be;
+  cuda_ctx *cc = dev->ctx->be_ctx;
+  collective = collective || atomic_load(&cc->pending[dev->index]);
+  PMAP_TRY(cc->wait_mode == CUDA_WAIT_POLL || !cd->done ? wait_poll(dev, cd, call, collective)
+                                                        : wait_block(dev, cd, call, collective));
+  return collective ? collective_verdict(dev, call) : PMAP_SUCCESS;
 }
 
 static ncclRedOp_t nccl_op(pmap_redop op) {

@@ -1,6 +1,8 @@
 /* cuda_ctx.c: the CUDA backend's context: which GPU each logical device uses, the NCCL
  * communicators over them (created with the context, so that failures show at start) and their
  * abort when a device fails or a collective outlives the context's timeout. */
+/* dladdr (which file the loaded NCCL came from) needs _GNU_SOURCE, which the build defines. */
+#include <dlfcn.h>
 #include <errno.h>
 #include <sched.h>
 #include <stdio.h>
@@ -12,6 +14,10 @@
 
 /* NCCL 2.30.0, the first that can put several ranks of one communicator on one GPU. */
 #define NCCL_MULTI_RANK_VERSION 23000
+/* Each of a device's two pinned staging buffers, unless PMAP_CUDA_PINNED_MB says otherwise. */
+#define CUDA_PINNED_MB_DEFAULT 4
+/* How long a communicator may take to finalize before it is aborted instead. */
+#define FINALIZE_TIMEOUT_NS (10LL * 1000000000LL)
 /* How long an abort waits for a thread to leave an NCCL call before aborting under it. */
 #define ABORT_GRACE_NS 200000000LL
 /* The watchdog looks this often, and judges a thread stuck in an NCCL call after this long
@@ -19,14 +25,37 @@
 #define WATCHDOG_PERIOD_NS 20000000L
 #define WATCHDOG_STUCK_NS 100000000LL
 
+/* What the last pmap_cuda_device_count of this thread was told. */
+static _Thread_local cudaError_t count_error = cudaSuccess;
+static _Thread_local char count_reason[256];
+
 int pmap_cuda_device_count(void) {
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+  count_error = cudaGetDeviceCount(&n);
+  if (count_error != cudaSuccess) {
     /* No driver or no GPU: an error here, not a count of 0. Leave no error behind. */
     (void)cudaGetLastError();
     return 0;
   }
   return n;
+}
+
+const char *pmap_cuda_unavailable_reason(void) {
+  if (count_error == cudaSuccess)
+    return "cudaGetDeviceCount found no GPU";
+  snprintf(count_reason, sizeof count_reason, "cudaGetDeviceCount failed: %s (%s)",
+           cudaGetErrorString(count_error), cudaGetErrorName(count_error));
+  return count_reason;
+}
+
+/* NCCL reads its integer variables with strtoll (any base): a number other than 0 enables. */
+static int nccl_env_enabled(const char *name) {
+  const char *s = getenv(name);
+  if (!s || !*s) return 0;
+  char *end = NULL;
+  errno = 0;
+  long long v = strtoll(s, &end, 0);
+  return end != s && !errno && v != 0;
 }
 
 /* "2.28.9" from ncclGetVersion's code (major*10000 + minor*100 + patch since 2.9). */
@@ -97,32 +126,88 @@ static pmap_status check_shared_gpus(const int *gpus, int n, int version) {
     for (int j = i + 1; j < n; j++) {
       if (gpus[i] != gpus[j]) continue;
       const char *env = getenv("NCCL_MULTI_RANK_GPU_ENABLE");
-      int enabled = env && strcmp(env, "1") == 0;
+      int enabled = nccl_env_enabled("NCCL_MULTI_RANK_GPU_ENABLE");
       if (version >= NCCL_MULTI_RANK_VERSION && enabled) return PMAP_SUCCESS;
-      char vs[32];
+      char vs[32], why[96] = "";
       nccl_version_string(version, vs, sizeof vs);
+      if (version >= NCCL_MULTI_RANK_VERSION)
+        snprintf(why, sizeof why, " and NCCL_MULTI_RANK_GPU_ENABLE is %s%.40s%s",
+                 env ? "\"" : "unset", env ? env : "", env ? "\"" : "");
       return PMAP_ERR(PMAP_ERR_UNAVAILABLE,
                       "pmap_ctx_create: logical devices %d and %d both use GPU %d; several NCCL "
                       "ranks on one GPU need NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1 "
                       "(this process loaded NCCL %s%s)",
-                      i, j, gpus[i], vs,
-                      version >= NCCL_MULTI_RANK_VERSION
-                          ? " and NCCL_MULTI_RANK_GPU_ENABLE is not 1"
-                          : "");
+                      i, j, gpus[i], vs, why);
     }
   return PMAP_SUCCESS;
 }
 
-/* TF32 tensor-core math for FP32 GEMMs: off unless configured with -Dtf32=true or asked
- * for by PMAP_CUDA_TF32=1 (PMAP_CUDA_TF32=0 turns it off again). */
-static int tf32_wanted(void) {
-  const char *s = getenv("PMAP_CUDA_TF32");
-  if (s && *s) return strcmp(s, "0") != 0;
+/* The NCCL loaded at run time must be the major.minor pmap was compiled against: anything else
+ * means the loader found another NCCL first (e.g. the toolkit's beside a wheel's), and features
+ * that differ by minor version (several ranks on one GPU, communicator options) would not be
+ * what the build assumed. An error, not a warning: a library prints nothing, and the message
+ * names both and where the loaded one came from. PMAP_NCCL_ALLOW_MISMATCH=1 accepts it. */
+static pmap_status check_nccl_version(int loaded) {
+  int built = NCCL_VERSION_CODE;
+  if (loaded / 100 == built / 100 || nccl_env_enabled("PMAP_NCCL_ALLOW_MISMATCH"))
+    return PMAP_SUCCESS;
+  char lv[32], bv[32];
+  nccl_version_string(loaded, lv, sizeof lv);
+  nccl_version_string(built, bv, sizeof bv);
+  Dl_info info;
+  const char *file = "an unknown file";
+  if (dladdr((void *)(uintptr_t)ncclGetVersion, &info) && info.dli_fname) file = info.dli_fname;
+  return PMAP_ERR(PMAP_ERR_UNAVAILABLE,
+                  "pmap_ctx_create: this process loaded NCCL %s (%s) but pmap was built against "
+                  "NCCL %s: put the NCCL it was built with first on the loader's path, or rebuild "
+                  "with -Dnccl_root naming the one to use (PMAP_NCCL_ALLOW_MISMATCH=1 accepts it)",
+                  lv, file, bv);
+}
+
+/* PMAP_CUDA_TF32 etc.: "0" or "1", else default. */
+static pmap_status env_bool(const char *name, int dflt, int *out) {
+  const char *s = getenv(name);
+  *out = dflt;
+  if (!s || !*s) return PMAP_SUCCESS;
+  if (strcmp(s, "0") && strcmp(s, "1"))
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "pmap_ctx_create: environment variable %s=\"%s\" is neither 0 nor 1", name, s);
+  *out = s[0] == '1';
+  return PMAP_SUCCESS;
+}
+
+/* The run-time switches of the backend (docs/cuda.md): TF32 GEMMs (off unless configured with
+ * -Dtf32=true), how threads wait for their streams, whether the host waits for every
+ * collective, and the pinned staging buffers' size. */
+static pmap_status read_switches(cuda_ctx *cc) {
 #if defined(PMAP_CUDA_TF32_DEFAULT)
-  return 1;
+  PMAP_TRY(env_bool("PMAP_CUDA_TF32", 1, &cc->tf32));
 #else
-  return 0;
+  PMAP_TRY(env_bool("PMAP_CUDA_TF32", 0, &cc->tf32));
 #endif
+  PMAP_TRY(env_bool("PMAP_CUDA_COLL_WAIT", 0, &cc->coll_wait));
+  const char *w = getenv("PMAP_CUDA_WAIT");
+  cc->wait_mode = CUDA_WAIT_BLOCK;
+  if (w && *w && strcmp(w, "block")) {
+    if (strcmp(w, "poll"))
+      return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                      "pmap_ctx_create: environment variable PMAP_CUDA_WAIT=\"%s\" is neither "
+                      "block nor poll", w);
+    cc->wait_mode = CUDA_WAIT_POLL;
+  }
+  const char *mb = getenv("PMAP_CUDA_PINNED_MB");
+  long v = CUDA_PINNED_MB_DEFAULT;
+  if (mb && *mb) {
+    char *end = NULL;
+    errno = 0;
+    v = strtol(mb, &end, 10);
+    if (errno || *end || v < 0 || v > 4096)
+      return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                      "pmap_ctx_create: environment variable PMAP_CUDA_PINNED_MB=\"%s\" is not "
+                      "an integer in [0, 4096]", mb);
+  }
+  cc->pinned_bytes = (size_t)v << 20;
+  return PMAP_SUCCESS;
 }
 
 static int64_t timeout_of(cuda_ctx *cc) {
@@ -134,8 +219,9 @@ static int64_t timeout_of(cuda_ctx *cc) {
 
 int64_t cuda_timeout_ns(pmap_ctx *ctx) { return timeout_of(ctx->be_ctx); }
 
-/* Aborts the communicators when a thread has sat inside an NCCL call for long while another
- * device failed, or for longer than the context's timeout. */
+/* Aborts the communicators when a thread has sat inside an NCCL call, or in a wait that covers a
+ * collective, for long while another device failed; or inside either for longer than the
+ * context's timeout. Aborting ends the collective kernels, which ends the waits. */
 static void *watchdog_main(void *p) {
   cuda_ctx *cc = p;
   pmap_ctx *ctx = cc->ctx;
@@ -147,9 +233,14 @@ static void *watchdog_main(void *p) {
     int failed = atomic_load(&ctx->abort) != 0;
     for (int i = 0; i < cc->n; i++) {
       int64_t since = atomic_load(&cc->nccl_since[i]);
+      int coll = 1;
+      if (!since) {
+        since = atomic_load(&cc->wait_since[i]);
+        coll = atomic_load(&cc->wait_coll[i]);
+      }
       if (!since) continue;
       int late = timeout >= 0 && now - since > timeout;
-      if (late || (failed && now - since > WATCHDOG_STUCK_NS)) {
+      if (late || (failed && coll && now - since > WATCHDOG_STUCK_NS)) {
         atomic_store(&cc->watchdog_fired, late ? CUDA_WATCHDOG_TIMEOUT : CUDA_WATCHDOG_PEER_FAILED);
         cuda_comms_abort(cc);
         pmap_ctx_abort(ctx);
@@ -176,7 +267,11 @@ static void comms_destroy(cuda_ctx *cc) {
   ncclResult_t r = ncclGroupStart();
   for (int i = 0; i < cc->n && r == ncclSuccess; i++) r = ncclCommFinalize(cc->comms[i]);
   ncclResult_t end = ncclGroupEnd();
-  if (r == ncclSuccess) r = end;
+  if (r == ncclSuccess || r == ncclInProgress) r = end;
+  /* Non-blocking communicators finalize in the background: wait for each, within a limit. */
+  int64_t deadline = pmap_now_ns() + FINALIZE_TIMEOUT_NS;
+  for (int i = 0; i < cc->n && (r == ncclSuccess || r == ncclInProgress); i++)
+    r = cuda_nccl_settle(cc, cc->comms[i], deadline);
   for (int i = 0; i < cc->n; i++)
     (void)(r == ncclSuccess ? ncclCommDestroy(cc->comms[i]) : ncclCommAbort(cc->comms[i]));
   if (saved >= 0) (void)cudaSetDevice(saved);
@@ -190,8 +285,66 @@ static void ctx_free(cuda_ctx *cc) {
   free(cc->devs);
   free(cc->comms);
   free((void *)cc->nccl_since);
+  free((void *)cc->wait_since);
+  free((void *)cc->wait_coll);
+  free((void *)cc->pending);
   pthread_mutex_destroy(&cc->abort_lock);
   free(cc);
+}
+
+/* Aborts what exists of a failed creation of the communicators. */
+static void comms_abandon(cuda_ctx *cc) {
+  for (int i = 0; i < cc->n; i++)
+    if (cc->comms[i]) (void)ncclCommAbort(cc->comms[i]);
+}
+
+/* One non-blocking communicator rank per logical device (ncclCommInitAll has no options): the
+ * watchdog may abort a communicator while a thread is inside a call on it, which NCCL supports
+ * only for non-blocking ones. Every rank is created in one group, then polled until ready. */
+static pmap_status comms_create(cuda_ctx *cc) {
+  pmap_status st = PMAP_SUCCESS;
+  ncclUniqueId id;
+  NCCL_CHECK(NULL, ncclGetUniqueId(&id));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  /* NCCL switches devices while it sets up each rank: keep the caller's current device. */
+  int saved = -1;
+  if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
+  ncclResult_t r = ncclGroupStart();
+  cudaError_t e = cudaSuccess;
+  int i = 0;
+  for (; i < cc->n && (r == ncclSuccess || r == ncclInProgress); i++) {
+    e = cudaSetDevice(cc->gpus[i]);
+    if (e != cudaSuccess) break;
+    r = ncclCommInitRankConfig(&cc->comms[i], cc->n, id, i, &config);
+  }
+  ncclResult_t end = ncclGroupEnd();
+  if (saved >= 0) (void)cudaSetDevice(saved);
+  if (e != cudaSuccess) {
+    st = cuda_fail(NULL, CUDA_LIB_RUNTIME, (int)e, "cudaSetDevice(gpu) for an NCCL rank",
+                   __FILE__, __LINE__, __func__);
+    comms_abandon(cc);
+    return st;
+  }
+  (void)cudaGetLastError();
+  if (r == ncclSuccess || r == ncclInProgress) r = end;
+  int64_t deadline = pmap_now_ns() + CUDA_STARTUP_TIMEOUT_NS;
+  for (i = 0; i < cc->n && (r == ncclSuccess || r == ncclInProgress); i++)
+    r = cuda_nccl_settle(cc, cc->comms[i], deadline);
+  if (r == ncclInProgress) {
+    comms_abandon(cc);
+    return PMAP_ERR(PMAP_ERR_TIMEOUT,
+                    "pmap_ctx_create: NCCL did not finish creating rank %d of %d within %.0f s",
+                    i - 1, cc->n, (double)CUDA_STARTUP_TIMEOUT_NS * 1e-9);
+  }
+  if (r != ncclSuccess) {
+    st = cuda_fail(NULL, CUDA_LIB_NCCL, (int)r,
+                   "ncclCommInitRankConfig(&comm, n, id, rank, {.blocking = 0}) for every device",
+                   __FILE__, __LINE__, __func__);
+    comms_abandon(cc);
+    return st;
+  }
+  return PMAP_SUCCESS;
 }
 
 pmap_status cuda_ctx_init(pmap_ctx *ctx, const pmap_config *cfg) {
@@ -206,26 +359,20 @@ pmap_status cuda_ctx_init(pmap_ctx *ctx, const pmap_config *cfg) {
   cc->devs = calloc((size_t)n, sizeof *cc->devs);
   cc->comms = calloc((size_t)n, sizeof *cc->comms);
   cc->nccl_since = calloc((size_t)n, sizeof *cc->nccl_since);
-  if (!cc->gpus || !cc->devs || !cc->comms || !cc->nccl_since) {
+  cc->wait_since = calloc((size_t)n, sizeof *cc->wait_since);
+  cc->wait_coll = calloc((size_t)n, sizeof *cc->wait_coll);
+  cc->pending = calloc((size_t)n, sizeof *cc->pending);
+  if (!cc->gpus || !cc->devs || !cc->comms || !cc->nccl_since || !cc->wait_since ||
+      !cc->wait_coll || !cc->pending) {
     st = PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "CUDA backend: out of memory for %d devices", n);
     goto fail;
   }
   PMAP_TRY_GOTO(st, choose_gpus(cfg, n, count, cc->gpus), fail);
   NCCL_CHECK_GOTO(NULL, st, ncclGetVersion(&cc->nccl_version), fail);
+  PMAP_TRY_GOTO(st, check_nccl_version(cc->nccl_version), fail);
   PMAP_TRY_GOTO(st, check_shared_gpus(cc->gpus, n, cc->nccl_version), fail);
-  cc->tf32 = tf32_wanted();
-
-  /* NCCL switches devices while it sets up each rank: keep the caller's current device. */
-  int saved = -1;
-  if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
-  ncclResult_t r = ncclCommInitAll(cc->comms, n, cc->gpus);
-  if (saved >= 0) (void)cudaSetDevice(saved);
-  (void)cudaGetLastError();
-  if (r != ncclSuccess) {
-    st = cuda_fail(NULL, CUDA_LIB_NCCL, (int)r, "ncclCommInitAll(comms, n, gpus)", __FILE__,
-                   __LINE__, __func__);
-    goto fail;
-  }
+  PMAP_TRY_GOTO(st, read_switches(cc), fail);
+  PMAP_TRY_GOTO(st, comms_create(cc), fail);
   cc->comms_live = 1;
   cc->ctx = ctx;
   atomic_store(&cc->starting, n);

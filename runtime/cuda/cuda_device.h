@@ -25,6 +25,10 @@ extern "C" {
 /* cuBLAS workspace per handle, given explicitly so a GEMM never allocates (32 MiB suits Hopper). */
 #define CUDA_BLAS_WORKSPACE_BYTES ((size_t)32 << 20)
 
+/* Pinned host memory for downloads of at most this many bytes (the loss of a step): the copy is
+ * asynchronous and the wait for it is the step's one host wait. */
+#define CUDA_DOWN_BYTES ((size_t)4096)
+
 /* Input staging of one slot (0 inputs, 1 labels): the device buffer a shard of host rows is
  * copied into. It grows, never shrinks. */
 typedef struct cuda_stage {
@@ -43,6 +47,13 @@ typedef struct cuda_device {
   float *work;           /* (work_cap floats) op workspace, e.g. batched im2col columns */
   size_t work_cap;
   cuda_stage stage[2];
+  cudaEvent_t done;      /* blocking-sync event: what a wait sleeps on (runtime/cuda/cuda_coll.c) */
+  /* Two pinned host buffers (of the context's pinned_bytes) that input rows pass through on
+   * their way to `stage`, used in turns; ev[k] marks the end of the last copy out of buf[k]. */
+  void *pinned[2];
+  cudaEvent_t pinned_ev[2];
+  int pinned_next;
+  void *down;            /* (CUDA_DOWN_BYTES) pinned */
 } cuda_device;
 
 /* The backend state of a device of a CUDA context (dev->be). */

@@ -21,7 +21,14 @@ static inline int gpu_count(void) {
   pmap_config cfg = {.backend = PMAP_BACKEND_CUDA, .num_devices = PMAP_DEVICES_DEFAULT};
   pmap_ctx *ctx = NULL;
   pmap_status st = pmap_ctx_create(&cfg, &ctx);
-  if (st == PMAP_ERR_UNAVAILABLE) {
+  /* No GPU is a skip, and the message must carry CUDA's own reason (no device, or a driver
+   * older than the runtime). Any other refusal, e.g. another NCCL than the one built against,
+   * is a failure: the GPU is there. */
+  if (st == PMAP_ERR_UNAVAILABLE && strstr(pmap_last_error(), "no CUDA device is usable")) {
+    if (!strstr(pmap_last_error(), "cudaGetDeviceCount")) {
+      fprintf(stderr, "FAIL: the refusal does not give CUDA's reason: %s\n", pmap_last_error());
+      return -1;
+    }
     printf("SKIP: no usable GPU: %s\n", pmap_last_error());
     return 0;
   }
@@ -35,16 +42,31 @@ static inline int gpu_count(void) {
   return n;
 }
 
+/* The logical devices of the multi-device tests: PMAP_GPU_TEST_DEVICES (1..8; bench/gpu-check.sh
+ * runs the suite with 2 and with 4 on one GPU), else dflt; -1 after saying why on a bad value. */
+static inline int gpu_test_devices(int dflt) {
+  const char *s = getenv("PMAP_GPU_TEST_DEVICES");
+  if (!s || !*s) return dflt;
+  char *end = NULL;
+  long v = strtol(s, &end, 10);
+  if (*end || v < 1 || v > 8) {
+    fprintf(stderr, "FAIL: PMAP_GPU_TEST_DEVICES=\"%s\" is not an integer in [1, 8]\n", s);
+    return -1;
+  }
+  return (int)v;
+}
+
 /* A CUDA context of n logical devices, device i on GPU i % gpus. Returns PMAP_ERR_UNAVAILABLE
- * (after saying why) where that needs GPU sharing that this NCCL does not allow; any other
- * failure is a test failure. */
+ * (after saying why) where that needs GPU sharing that this NCCL does not allow, unless
+ * PMAP_GPU_TEST_DEVICES asked for it: then, as any other failure, it fails the test. */
 static inline pmap_status gpu_ctx(int n, int gpus, double timeout_s, pmap_ctx **out) {
   int ids[PMAP_MAX_DEVICES];
   for (int i = 0; i < n; i++) ids[i] = i % gpus;
   pmap_config cfg = {.backend = PMAP_BACKEND_CUDA, .num_devices = n, .device_ids = ids, .timeout_s = timeout_s};
   *out = NULL;
   pmap_status st = pmap_ctx_create(&cfg, out);
-  if (st == PMAP_ERR_UNAVAILABLE && n > gpus) {
+  const char *asked = getenv("PMAP_GPU_TEST_DEVICES");
+  if (st == PMAP_ERR_UNAVAILABLE && n > gpus && !(asked && *asked)) {
     CHECK(strstr(pmap_last_error(), "NCCL_MULTI_RANK_GPU_ENABLE") != NULL,
           "the refusal to share a GPU does not say what would allow it: %s", pmap_last_error());
     printf("note: %d logical devices on %d GPU%s not possible here: %s\n", n, gpus,

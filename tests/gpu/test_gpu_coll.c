@@ -1,6 +1,7 @@
-/* test_gpu_coll.c: the NCCL collectives on every GPU and on 4 logical devices (exact sums; sizes
- * 0, 1, odd, large; in place and not; wrong elements counted), then a device failing and a
- * collective timing out: an error everywhere, no hang, a clean destroy. Skips (77) without GPU. */
+/* test_gpu_coll.c: the NCCL collectives on every GPU and on PMAP_GPU_TEST_DEVICES (default 4)
+ * logical devices (exact sums; sizes 0, 1, odd, large; in place and not; wrong elements
+ * counted), then a device failing and a collective timing out: an error everywhere, no hang, a
+ * clean destroy. Skips (77) without GPU. */
 #include <time.h>
 
 #include "gpu_util.h"
@@ -202,13 +203,16 @@ int main(void) {
     run_collectives(ctx, label);
     pmap_ctx_destroy(ctx);
   }
-  int many = 0; /* devices of the failure tests */
-  if (gpus >= 2) many = gpus;
-  if (gpu_ctx(4, gpus, 0.0, &ctx) == PMAP_SUCCESS) {
-    snprintf(label, sizeof label, "4 logical devices on %d GPU%s", gpus, gpus == 1 ? "" : "s");
+  /* Logical devices sharing GPUs: PMAP_GPU_TEST_DEVICES, else 4. */
+  int shared = gpu_test_devices(4);
+  if (shared < 0) return 1;
+  int many = gpus >= 2 ? gpus : 0; /* devices of the failure tests */
+  if (gpu_ctx(shared, gpus, 0.0, &ctx) == PMAP_SUCCESS) {
+    snprintf(label, sizeof label, "%d logical devices on %d GPU%s", shared, gpus,
+             gpus == 1 ? "" : "s");
     run_collectives(ctx, label);
     pmap_ctx_destroy(ctx);
-    if (!many) many = 4;
+    if (shared >= 2 && (!many || getenv("PMAP_GPU_TEST_DEVICES"))) many = shared;
   }
   if (many)
     test_failure_paths(many, gpus);

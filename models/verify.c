@@ -1,0 +1,78 @@
+/* verify.c: pmap_params_verify. Every device checksums its own replica (parameters and optimizer
+ * state) through the backend's download into a bounded host buffer, so no device reads another's
+ * memory and no full host copy is made; the caller compares the gathered checksums. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "crc32c.h"
+#include "params.h"
+#include "runtime/backend.h"
+#include "runtime/error.h"
+
+#define VERIFY_CHUNK ((size_t)256 * 1024) /* bytes per device per download */
+
+/* CRC-32C of `bytes` bytes of device memory at src, continuing from crc. */
+static pmap_status checksum(pmap_device *dev, const void *src, size_t bytes, unsigned char *buf,
+                            size_t chunk, uint32_t *crc) {
+  const char *s = src;
+  for (size_t at = 0; at < bytes; at += chunk) {
+    size_t n = bytes - at < chunk ? bytes - at : chunk;
+    PMAP_TRY(dev->ctx->be->download(dev, buf, s + at, n));
+    *crc = crc32c_update(*crc, buf, n);
+  }
+  return PMAP_SUCCESS;
+}
+
+static pmap_status verify_job(pmap_device *dev, void *arg) {
+  pmap_params *p = arg;
+  const replica *r = &p->rep[dev->index];
+  unsigned char *buf = p->verify_buf + (size_t)dev->index * p->verify_chunk;
+  size_t P = p->n_params;
+  uint32_t crc = 0;
+  PMAP_TRY(checksum(dev, r->w, P * sizeof(float), buf, p->verify_chunk, &crc));
+  if (p->opt_slots)
+    PMAP_TRY(checksum(dev, r->opt, (size_t)p->opt_slots * P * sizeof(float), buf,
+                      p->verify_chunk, &crc));
+  p->verify_sums[dev->index] = crc;
+  return PMAP_SUCCESS;
+}
+
+/* The message naming the devices whose checksum differs from device 0's; 0 when none does. */
+static int describe(const pmap_params *p, char *msg, size_t size) {
+  int n = p->ctx->n, bad = 0;
+  size_t at = 0;
+  for (int d = 1; d < n; d++) {
+    if (p->verify_sums[d] == p->verify_sums[0]) continue;
+    int w = snprintf(msg + at, size - at, "%s%d (0x%08x)", bad ? ", " : "", d,
+                     (unsigned)p->verify_sums[d]);
+    if (w > 0) at = (size_t)w < size - at ? at + (size_t)w : size - 1;
+    bad++;
+  }
+  return bad;
+}
+
+pmap_status pmap_params_verify(const pmap_params *cp) {
+  const char *call = "pmap_params_verify";
+  if (!cp) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: params is NULL", call);
+  pmap_params *p = (pmap_params *)cp; /* the job fields are scratch, not state */
+  int n = p->ctx->n;
+  p->verify_chunk = VERIFY_CHUNK;
+  p->verify_sums = calloc((size_t)n, sizeof *p->verify_sums);
+  p->verify_buf = malloc((size_t)n * p->verify_chunk);
+  pmap_status st = PMAP_SUCCESS;
+  if (!p->verify_sums || !p->verify_buf)
+    st = PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "%s: out of memory for %d download buffers", call, n);
+  if (!st) st = pmap_ctx_dispatch(p->ctx, verify_job, p);
+  char list[768];
+  int bad = st ? 0 : describe(p, list, sizeof list);
+  if (bad)
+    st = PMAP_ERR(PMAP_ERR_DEVICE, "%s: %d of %d replicas differ from device 0's (checksum "
+                  "0x%08x) after step %lld: device%s %s", call, bad, n,
+                  (unsigned)p->verify_sums[0], (long long)p->step, bad > 1 ? "s" : "", list);
+  free(p->verify_sums);
+  free(p->verify_buf);
+  p->verify_sums = NULL;
+  p->verify_buf = NULL;
+  return st;
+}

@@ -1,0 +1,321 @@
+/* test_checkpoint.c: pmap_params_save / pmap_params_load: round trips on 1, 2 and 3 devices,
+ * byte-identical saves, and every kind of bad file (a bit flip anywhere, a truncation at every
+ * length, another version, magic, model or optimizer, a user buffer too small, NULLs, unwritable
+ * paths) rejected with its own message and the training state left bitwise unchanged. */
+#include <sys/stat.h>
+
+#include "ckpt_util.h"
+
+static char dir[256], path_a[300], path_b[300], scratch[300], bad[300];
+
+/* Bitwise CRC-32C, independent of the library's table-driven one. */
+static uint32_t crc32c_ref(uint32_t crc, const unsigned char *p, size_t n) {
+  crc = ~crc;
+  while (n--) {
+    crc ^= *p++;
+    for (int k = 0; k < 8; k++) crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
+  }
+  return ~crc;
+}
+
+static uint32_t rd32(const unsigned char *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t rd64(const unsigned char *p) { return rd32(p) | (uint64_t)rd32(p + 4) << 32; }
+static void wr32(unsigned char *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+/* Offsets of the five sections' headers, walking the file as the format describes it. */
+static int sections(const unsigned char *f, size_t n, size_t at[5]) {
+  size_t o = 32;
+  for (int i = 0; i < 5; i++) {
+    if (o + 16 > n) return -1;
+    at[i] = o;
+    o += 16 + (size_t)rd64(f + o + 8);
+  }
+  return o == n ? 0 : -1;
+}
+
+static void fix_header_crc(unsigned char *f) { wr32(f + 28, crc32c_ref(0, f, 28)); }
+static void fix_section_crc(unsigned char *f, size_t at) {
+  uint32_t c = crc32c_ref(0, f + at, 4);
+  wr32(f + at + 4, crc32c_ref(c, f + at + 8, 8 + (size_t)rd64(f + at + 8)));
+}
+
+/* Writes buf to `bad`, loads it into s, and requires `want` with needle in the message and the
+ * state unchanged (the full snapshot when full, else the replicas and the step only). */
+static void expect_rejected(state *s, const unsigned char *buf, size_t n, pmap_status want,
+                            const char *needle, const char *what, int full) {
+  snapshot before = {0}, after = {0};
+  if (full) snapshot_take(s, scratch, &before);
+  int dn = pmap_ctx_num_devices(s->ctx);
+  size_t P = pmap_params_count(s->params);
+  float *w0 = malloc((size_t)dn * P * sizeof *w0), *w1 = malloc((size_t)dn * P * sizeof *w1);
+  for (int d = 0; d < dn; d++) CHECK_OK(pmap_params_read(s->params, d, w0 + (size_t)d * P, P));
+  int64_t step = pmap_params_step(s->params);
+  CHECK(file_write(bad, buf, n) == 0, "cannot write %s", bad);
+  char user[64];
+  size_t got = 12345;
+  pmap_status st = pmap_params_load_user(s->params, bad, user, sizeof user, &got);
+  CHECK(st == want, "%s: status %s, want %s (%s)", what, pmap_status_string(st),
+        pmap_status_string(want), pmap_last_error());
+  CHECK(!needle || strstr(pmap_last_error(), needle), "%s: message \"%s\" lacks \"%s\"", what,
+        pmap_last_error(), needle);
+  CHECK(got == 12345, "%s: user_bytes written on failure", what);
+  for (int d = 0; d < dn; d++) CHECK_OK(pmap_params_read(s->params, d, w1 + (size_t)d * P, P));
+  CHECK(memcmp(w0, w1, (size_t)dn * P * sizeof *w0) == 0 && step == pmap_params_step(s->params),
+        "%s: the replicas or the step changed", what);
+  if (full) {
+    snapshot_take(s, scratch, &after);
+    snapshot_same(what, &before, &after);
+  }
+  snapshot_free(&before);
+  snapshot_free(&after);
+  free(w0);
+  free(w1);
+}
+
+/* Save, load into a fresh state of another seed, and compare on n devices. */
+static void round_trip(const char *name, int n, int64_t batch, int64_t rows) {
+  state a, b;
+  char what[96];
+  snprintf(what, sizeof what, "round trip %s on %d devices", name, n);
+  if (state_open(&a, name, n, NULL, 3, batch, rows) || state_open(&b, name, n, NULL, 4, batch, rows))
+    return;
+  state_train(&a, 0, 3, NULL);
+  const char user[] = "position 3";
+  CHECK_OK(pmap_params_save_user(a.params, path_a, user, sizeof user));
+  char got[32] = {0};
+  size_t got_n = 0;
+  CHECK_OK(pmap_params_load_user(b.params, path_a, got, sizeof got, &got_n));
+  CHECK(got_n == sizeof user && !memcmp(got, user, sizeof user), "%s: user section %zu bytes",
+        what, got_n);
+  snapshot sa = {0}, sb = {0};
+  snapshot_take(&a, path_a, &sa);
+  snapshot_take(&b, path_b, &sb);
+  snapshot_same(what, &sa, &sb);
+  /* A second save of the same state: the same bytes. */
+  snapshot sa2 = {0};
+  snapshot_take(&a, path_b, &sa2);
+  CHECK(sa.bytes == sa2.bytes && !memcmp(sa.file, sa2.file, sa.bytes), "%s: two saves differ",
+        what);
+  /* And both continue identically. */
+  float la = 0, lb = 1;
+  state_train(&a, 3, 5, &la);
+  state_train(&b, 3, 5, &lb);
+  CHECK(!memcmp(&la, &lb, sizeof la), "%s: losses after resuming %.9g vs %.9g", what, (double)la,
+        (double)lb);
+  snapshot_free(&sa);
+  snapshot_free(&sb);
+  snapshot_free(&sa2);
+  state_close(&a);
+  state_close(&b);
+}
+
+static void corruptions(void) {
+  state s, src;
+  if (state_open(&src, "mlp", 2, NULL, 5, 64, 256) || state_open(&s, "mlp", 2, NULL, 6, 64, 256))
+    return;
+  state_train(&src, 0, 2, NULL);
+  state_train(&s, 0, 1, NULL);
+  const char user[] = "user data";
+  CHECK_OK(pmap_params_save_user(src.params, path_a, user, sizeof user));
+  size_t n = 0, at[5];
+  unsigned char *f = file_read(path_a, &n), *g = malloc(n);
+  if (!f || !g || sections(f, n, at)) {
+    CHECK(0, "cannot read or walk %s", path_a);
+    free(f);
+    free(g);
+    return;
+  }
+  /* The file is good: a load succeeds with its user section. */
+  char buf[64];
+  size_t ub = 0;
+  state probe;
+  if (!state_open(&probe, "mlp", 3, NULL, 7, 64, 256)) {
+    CHECK_OK(pmap_params_load_user(probe.params, path_a, buf, sizeof buf, &ub));
+    CHECK(ub == sizeof user, "user bytes %zu", ub);
+    state_close(&probe);
+  }
+  struct { size_t off; const char *needle, *what; } flips[] = {
+      {0, "not a pmap checkpoint", "bit flip in the magic"},
+      {8, "is checkpoint version", "bit flip in the version"},
+      {17, "header checksum", "bit flip in the file length"},
+      {29, "header checksum", "bit flip in the header checksum"},
+      {at[0], "section 0 is not MODL", "bit flip in a section tag"},
+      {at[0] + 16 + 20, "section MODL checksum", "bit flip in the model"},
+      {at[1] + 16 + 9, "section OPTM checksum", "bit flip in the optimizer settings"},
+      {at[1] + 16 + 33, "section OPTM checksum", "bit flip in the step"},
+      {at[2] + 16 + 8 + 4 * 100 + 2, "section PARM checksum", "bit flip in a parameter"},
+      {at[2] + 5, "section PARM checksum", "bit flip in a section checksum"},
+      {at[3] + 16 + 16 + 4 * 50 + 3, "section OSTA checksum", "bit flip in the optimizer state"},
+      {at[4] + 16 + 3, "section USER checksum", "bit flip in the user section"},
+      {at[4] + 8, "claims", "bit flip in a section length"},
+  };
+  for (size_t i = 0; i < sizeof flips / sizeof *flips; i++) {
+    memcpy(g, f, n);
+    g[flips[i].off] ^= 0x10;
+    expect_rejected(&s, g, n, PMAP_ERR_INVALID_ARGUMENT, flips[i].needle, flips[i].what, 1);
+  }
+  /* Every byte, one bit each: rejected, whatever the message. */
+  for (size_t i = 0; i < n; i += (i < 2048 ? 1 : 97)) {
+    memcpy(g, f, n);
+    g[i] ^= (unsigned char)(1u << (i % 8));
+    char what[64];
+    snprintf(what, sizeof what, "bit %zu of byte %zu flipped", i % 8, i);
+    expect_rejected(&s, g, n, PMAP_ERR_INVALID_ARGUMENT, NULL, what, 0);
+  }
+  /* Truncations: every length up to 4 KiB, then a stride, and one byte short. */
+  for (size_t len = 0; len < n; len += (len < 4096 ? 1 : 331)) {
+    char what[64];
+    snprintf(what, sizeof what, "truncated to %zu of %zu bytes", len, n);
+    expect_rejected(&s, f, len, PMAP_ERR_INVALID_ARGUMENT, "truncated", what, len % 1000 == 7);
+  }
+  expect_rejected(&s, f, n - 1, PMAP_ERR_INVALID_ARGUMENT, "truncated", "one byte short", 1);
+  /* A trailing byte. */
+  memcpy(g, f, n);
+  unsigned char *longer = malloc(n + 1);
+  memcpy(longer, f, n);
+  longer[n] = 0;
+  expect_rejected(&s, longer, n + 1, PMAP_ERR_INVALID_ARGUMENT, "too long", "a trailing byte", 1);
+  free(longer);
+  /* Another version with a valid header checksum; another magic. */
+  memcpy(g, f, n);
+  wr32(g + 8, 2);
+  fix_header_crc(g);
+  expect_rejected(&s, g, n, PMAP_ERR_INVALID_ARGUMENT, "checkpoint version 2", "version 2", 1);
+  memcpy(g, f, n);
+  memcpy(g, "PMAPCKPX", 8);
+  fix_header_crc(g);
+  expect_rejected(&s, g, n, PMAP_ERR_INVALID_ARGUMENT, "not a pmap checkpoint", "wrong magic", 1);
+  /* A consistently re-checksummed step of 2^63: out of range. */
+  memcpy(g, f, n);
+  wr32(g + at[1] + 16 + 32, 0);
+  wr32(g + at[1] + 16 + 36, 0x80000000u);
+  fix_section_crc(g, at[1]);
+  expect_rejected(&s, g, n, PMAP_ERR_INVALID_ARGUMENT, "out of range", "step 2^63", 1);
+  /* A re-checksummed learning rate loads: settings come from params, and the test's CRC agrees
+   * with the library's. */
+  memcpy(g, f, n);
+  wr32(g + at[1] + 16 + 8, 0x3f800000u);
+  fix_section_crc(g, at[1]);
+  CHECK(file_write(bad, g, n) == 0, "write");
+  CHECK_OK(pmap_params_load(s.params, bad));
+  CHECK(pmap_params_step(s.params) == 2, "step after load %lld", (long long)pmap_params_step(s.params));
+  /* The user buffer too small; the plain load ignores the user section. */
+  state_train(&s, 2, 3, NULL);
+  snapshot before = {0}, after = {0};
+  snapshot_take(&s, scratch, &before);
+  CHECK_FAILS(pmap_params_load_user(s.params, path_a, buf, 4, &ub), PMAP_ERR_INVALID_ARGUMENT,
+              "user section of 10 bytes; the buffer holds 4");
+  CHECK_FAILS(pmap_params_load_user(s.params, path_a, NULL, 4, &ub), PMAP_ERR_INVALID_ARGUMENT,
+              "user");
+  snapshot_take(&s, scratch, &after);
+  snapshot_same("user buffer too small", &before, &after);
+  snapshot_free(&before);
+  snapshot_free(&after);
+  CHECK_OK(pmap_params_load(s.params, path_a));
+  free(f);
+  free(g);
+  state_close(&s);
+  state_close(&src);
+}
+
+/* Another model, another optimizer kind, another optimizer state layout. */
+static void mismatches(void) {
+  state mlp, lin, sgd, sgdm, adam;
+  pmap_optimizer o_sgd = pmap_sgd(0.01f, 0.0f), o_sgdm = pmap_sgd(0.01f, 0.9f);
+  if (state_open(&mlp, "mlp", 2, NULL, 1, 64, 256) || state_open(&lin, "linear", 2, NULL, 1, 64, 128) ||
+      state_open(&sgd, "mlp", 1, &o_sgd, 1, 64, 256) || state_open(&sgdm, "mlp", 3, &o_sgdm, 1, 48, 240) ||
+      state_open(&adam, "convnet", 2, NULL, 1, 8, 32))
+    return;
+  CHECK_OK(pmap_params_save(mlp.params, path_a));
+  size_t n = 0;
+  unsigned char *f = file_read(path_a, &n);
+  expect_rejected(&lin, f, n, PMAP_ERR_INVALID_ARGUMENT, "holds another model", "mlp into linear", 1);
+  expect_rejected(&adam, f, n, PMAP_ERR_INVALID_ARGUMENT, "holds another model", "mlp into convnet", 1);
+  expect_rejected(&sgd, f, n, PMAP_ERR_INVALID_ARGUMENT,
+                  "holds another optimizer: Adam (2 state slots); params use SGD without momentum",
+                  "Adam into SGD", 1);
+  free(f);
+  CHECK_OK(pmap_params_save(sgd.params, path_a));
+  f = file_read(path_a, &n);
+  expect_rejected(&sgdm, f, n, PMAP_ERR_INVALID_ARGUMENT,
+                  "another optimizer: SGD without momentum (0 state slots); params use SGD with "
+                  "momentum (1)", "SGD into SGD with momentum", 1);
+  expect_rejected(&mlp, f, n, PMAP_ERR_INVALID_ARGUMENT, "another optimizer", "SGD into Adam", 1);
+  free(f);
+  state_close(&mlp);
+  state_close(&lin);
+  state_close(&sgd);
+  state_close(&sgdm);
+  state_close(&adam);
+}
+
+static void bad_arguments(void) {
+  state s;
+  if (state_open(&s, "linear", 2, NULL, 1, 64, 128)) return;
+  CHECK_FAILS(pmap_params_save(NULL, path_a), PMAP_ERR_INVALID_ARGUMENT, "params is NULL");
+  CHECK_FAILS(pmap_params_save(s.params, NULL), PMAP_ERR_INVALID_ARGUMENT, "path is NULL");
+  CHECK_FAILS(pmap_params_save(s.params, ""), PMAP_ERR_INVALID_ARGUMENT, "path is empty");
+  CHECK_FAILS(pmap_params_save_user(s.params, path_a, NULL, 3), PMAP_ERR_INVALID_ARGUMENT, "user");
+  /* A user size no buffer can have: refused before anything is read from user. */
+  CHECK_FAILS(pmap_params_save_user(s.params, path_a, "x", SIZE_MAX), PMAP_ERR_OUT_OF_MEMORY,
+              "out of memory");
+  CHECK_FAILS(pmap_params_load(NULL, path_a), PMAP_ERR_INVALID_ARGUMENT, "params is NULL");
+  CHECK_FAILS(pmap_params_load(s.params, NULL), PMAP_ERR_INVALID_ARGUMENT, "path is NULL");
+  CHECK_FAILS(pmap_params_load_user(NULL, path_a, NULL, 0, NULL), PMAP_ERR_INVALID_ARGUMENT,
+              "params is NULL");
+  char p[600];
+  snprintf(p, sizeof p, "%s/no-such-folder/x.ckpt", dir);
+  CHECK_FAILS(pmap_params_save(s.params, p), PMAP_ERR_UNAVAILABLE, "cannot create a temporary file");
+  CHECK_FAILS(pmap_params_load(s.params, p), PMAP_ERR_UNAVAILABLE, "cannot open");
+  CHECK_FAILS(pmap_params_load(s.params, dir), PMAP_ERR_INVALID_ARGUMENT, "not a regular file");
+  /* A read-only folder (root ignores permissions, so only where the mode has effect). */
+  char ro[500];
+  snprintf(ro, sizeof ro, "%s/ro", dir);
+  mkdir(ro, 0555);
+  snprintf(p, sizeof p, "%s/x.ckpt", ro);
+  if (access(ro, W_OK) != 0)
+    CHECK_FAILS(pmap_params_save(s.params, p), PMAP_ERR_UNAVAILABLE, "Permission denied");
+  rmdir(ro);
+  /* A path that is a folder: the rename fails and the temporary file is removed. */
+  char sub[500];
+  snprintf(sub, sizeof sub, "%s/sub", dir);
+  mkdir(sub, 0755);
+  char inner[520];
+  snprintf(inner, sizeof inner, "%s/keep", sub);
+  file_write(inner, (const unsigned char *)"x", 1);
+  CHECK_FAILS(pmap_params_save(s.params, sub), PMAP_ERR_UNAVAILABLE, "cannot rename");
+  remove(inner);
+  CHECK(rmdir(sub) == 0, "the folder %s holds leftovers", sub);
+  state_close(&s);
+}
+
+int main(void) {
+  const char *t = getenv("TMPDIR");
+  snprintf(dir, sizeof dir, "%s/pmap-ckpt-XXXXXX", t && *t ? t : "/tmp");
+  if (!mkdtemp(dir)) {
+    perror("mkdtemp");
+    return 1;
+  }
+  snprintf(path_a, sizeof path_a, "%s/a.ckpt", dir);
+  snprintf(path_b, sizeof path_b, "%s/b.ckpt", dir);
+  snprintf(scratch, sizeof scratch, "%s/scratch.ckpt", dir);
+  snprintf(bad, sizeof bad, "%s/bad.ckpt", dir);
+  for (int n = 1; n <= 3; n++) {
+    round_trip("mlp", n, 48 * n, 240);
+    round_trip("convnet", n, 6, 36);
+  }
+  round_trip("linear", 2, 64, 128);
+  corruptions();
+  mismatches();
+  bad_arguments();
+  remove(path_a);
+  remove(path_b);
+  remove(scratch);
+  remove(bad);
+  rmdir(dir);
+  return test_exit("checkpoint");
+}
