@@ -3,7 +3,9 @@
  * on 1 device (loss and parameters after 20 steps; batch norm also on an uneven global batch);
  * batch norm without cross_replica differs but keeps its replicas identical; residual blocks
  * and the layers inside them have the gradients of finite differences of the whole model; a
- * block left open is refused. */
+ * block left open is refused; a checkpoint carries batch norm's running statistics. */
+#include <unistd.h>
+
 #include "pmap_examples.h"
 #include "testutil.h"
 
@@ -217,6 +219,42 @@ static void local_batchnorm_differs(void) {
   pmap_model_destroy(m);
 }
 
+/* A checkpoint of a batch-norm model carries the running statistics (they are in the parameter
+ * vector) and is refused by the same layers with cross_replica changed. */
+static void batchnorm_checkpoint(void) {
+  pmap_model *m = NULL, *local = NULL;
+  CHECK_OK(build_bn_cross(&m));
+  CHECK_OK(build_bn_local(&local));
+  if (!m || !local) return;
+  int64_t in[1] = {12};
+  pmap_array xs, ys;
+  random_data(m, 24, in, 1, &xs, &ys, 17);
+  pmap_optimizer opt = pmap_sgd(0.05f, 0.9f);
+  run a, b, c;
+  char path[] = "/tmp/pmap-test-layers-XXXXXX";
+  int fd = mkstemp(path);
+  CHECK(fd >= 0, "mkstemp");
+  if (fd >= 0) close(fd);
+  if (run_open(&a, m, 2, &opt) && run_open(&b, m, 2, &opt) && run_open(&c, local, 2, &opt)) {
+    float loss;
+    for (int s = 0; s < 3; s++) CHECK_OK(pmap_update(a.params, &xs, &ys, &loss));
+    CHECK_OK(pmap_params_save(a.params, path));
+    CHECK_OK(pmap_params_load(b.params, path));
+    float *wa = read_params(&a, 1), *wb = read_params(&b, 1);
+    test_same_bits("batch norm checkpoint: parameters and running statistics", wb, wa,
+                   pmap_params_count(a.params));
+    CHECK(pmap_params_load(c.params, path) == PMAP_ERR_INVALID_ARGUMENT,
+          "a checkpoint of cross-replica batch norm loaded into per-device batch norm: %s",
+          pmap_last_error());
+    free(wa), free(wb);
+    run_close(&a), run_close(&b), run_close(&c);
+  }
+  unlink(path);
+  free(xs.data), free(ys.data);
+  pmap_model_destroy(m);
+  pmap_model_destroy(local);
+}
+
 /* ---- whole-model gradients --------------------------------------------------------------- */
 
 /* The MSE loss of the model at the parameters held by r, in double, from pmap_predict. */
@@ -326,5 +364,6 @@ int main(void) {
   uneven = 0;
   built_equivalence("dropout", build_dropout, 36);
   local_batchnorm_differs();
+  batchnorm_checkpoint();
   return test_exit("layers");
 }
