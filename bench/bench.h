@@ -56,6 +56,9 @@ int bench_probe_allreduce(bench_probe *p, int reps, double *t, int *nt);
  * no collectives): the runtime-free baseline of a 1-device pmap_update. */
 typedef struct bench_loop bench_loop;
 
+/* 1 when the loop has code for every layer of model (dense, relu, conv2d, flatten); pmap-bench
+ * leaves the loop out for the others. */
+int bench_loop_supports(const pmap_model *model);
 /* Builds the loop for model with its optimizer, parameters drawn from seed as
  * pmap_params_create draws them, on the data xs, ys (whole arrays, one device). */
 int bench_loop_open(const pmap_model *model, const pmap_optimizer *opt, uint64_t seed,

@@ -37,6 +37,27 @@ static void json_layers(FILE *f, const pmap_model *m) {
               (long long)l->conv.c, (long long)l->conv.oc, l->conv.kh, l->conv.kw, l->conv.stride,
               l->conv.pad);
       break;
+    case LAYER_TANH: fprintf(f, "{\"kind\": \"tanh\"}"); break;
+    case LAYER_SIGMOID: fprintf(f, "{\"kind\": \"sigmoid\"}"); break;
+    case LAYER_GELU: fprintf(f, "{\"kind\": \"gelu\"}"); break;
+    case LAYER_LAYERNORM:
+      fprintf(f, "{\"kind\": \"layernorm\", \"size\": %lld, \"eps\": %.9g}",
+              (long long)l->in_size, (double)l->eps);
+      break;
+    case LAYER_MAXPOOL2D:
+    case LAYER_AVGPOOL2D:
+      fprintf(f, "{\"kind\": \"%s\", \"kh\": %d, \"kw\": %d, \"stride\": %d, \"global\": %d}",
+              l->kind == LAYER_MAXPOOL2D ? "maxpool2d" : "avgpool2d", l->pool.kh, l->pool.kw,
+              l->pool.stride, l->out_rank == 1);
+      break;
+    case LAYER_DROPOUT: fprintf(f, "{\"kind\": \"dropout\", \"rate\": %.9g}", (double)l->rate); break;
+    case LAYER_BATCHNORM:
+      fprintf(f, "{\"kind\": \"batchnorm\", \"channels\": %lld, \"eps\": %.9g, \"momentum\": "
+                 "%.9g, \"cross_replica\": %d}",
+              (long long)l->channels, (double)l->eps, (double)l->momentum, l->cross_replica);
+      break;
+    case LAYER_RES_BEGIN: fprintf(f, "{\"kind\": \"res_begin\"}"); break;
+    case LAYER_RES_END: fprintf(f, "{\"kind\": \"res_end\", \"begin\": %d}", l->skip); break;
     }
   }
 }

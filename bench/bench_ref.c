@@ -241,6 +241,30 @@ static float *loop_alloc(bench_loop *l, int slot, size_t floats) {
   return raw ? (float *)(raw + 16) : NULL;
 }
 
+int bench_loop_supports(const pmap_model *m) {
+  for (int i = 0; i < m->n_layers; i++) {
+    switch (m->layers[i].kind) {
+    case LAYER_DENSE:
+    case LAYER_RELU:
+    case LAYER_CONV2D:
+    case LAYER_FLATTEN: break;
+    /* The normalisations need the runtime's collectives (batch norm) or exec's scratch; the
+     * loop stays the plain baseline of the original four kinds. */
+    case LAYER_TANH:
+    case LAYER_SIGMOID:
+    case LAYER_GELU:
+    case LAYER_LAYERNORM:
+    case LAYER_MAXPOOL2D:
+    case LAYER_AVGPOOL2D:
+    case LAYER_DROPOUT:
+    case LAYER_BATCHNORM:
+    case LAYER_RES_BEGIN:
+    case LAYER_RES_END: return 0;
+    }
+  }
+  return 1;
+}
+
 int bench_loop_open(const pmap_model *m, const pmap_optimizer *opt, uint64_t seed,
                     const pmap_array *xs, const pmap_array *ys, bench_loop **out) {
   bench_loop *l = calloc(1, sizeof *l);
@@ -318,8 +342,10 @@ static pmap_status loop_step(bench_loop *l, float *loss, double *t_opt) {
       PMAP_TRY(o->conv2d_forward(NULL, &ly->conv, bd, in, l->w + ly->w_off, y, l->col));
       PMAP_TRY(o->bias_forward(NULL, y, l->w + ly->b_off, bd, ly->conv.oc,
                                    ly->conv.oh * ly->conv.ow));
-    } else {
+    } else if (ly->kind == LAYER_FLATTEN) {
       y = (float *)in;
+    } else {
+      return PMAP_ERR(PMAP_ERR_INTERNAL, "hand-written loop: layer %d has no loop code", i);
     }
     l->out[i] = y;
     in = y;
@@ -349,8 +375,10 @@ static pmap_status loop_step(bench_loop *l, float *loss, double *t_opt) {
                                       l->g + ly->w_off, l->col, l->dcol));
       PMAP_TRY(o->bias_backward(NULL, dy, l->g + ly->b_off, bd, ly->conv.oc,
                                     ly->conv.oh * ly->conv.ow));
-    } else {
+    } else if (ly->kind == LAYER_FLATTEN) {
       dx = (float *)dy;
+    } else {
+      return PMAP_ERR(PMAP_ERR_INTERNAL, "hand-written loop: layer %d has no loop code", i);
     }
     if (!dx) break;
     dy = dx;

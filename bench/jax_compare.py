@@ -50,13 +50,23 @@ def jax_worker(args):
         x = x.reshape(spec["x_shape"])
         y = np.fromfile(os.path.join(plan["dump"], m["model"] + ".y.bin"),
                         "<i4" if spec["y_dtype"] == "int32" else "<f4").reshape(spec["y_shape"])
-        # The flat vector in pmap's layout: layers in order, each layer's weights then bias.
+        # The flat vector in pmap's layout (docs/models.md, "Layers"): layers in order, each
+        # layer's weights then bias; norms gamma then beta; batch norm then its running mean and
+        # variance, kept here as parameters the training forward never reads (zero gradient, so
+        # SGD and Adam leave them alone, as in pmap).
         params, off = [], 0
         for layer in spec["layers"]:
             if layer["kind"] == "dense":
                 shapes = [(layer["in"], layer["out"]), (layer["out"],)]
             elif layer["kind"] == "conv2d":
                 shapes = [(layer["oc"], layer["c"], layer["kh"], layer["kw"]), (layer["oc"],)]
+            elif layer["kind"] == "layernorm":
+                shapes = [(layer["size"],)] * 2
+            elif layer["kind"] == "batchnorm":
+                shapes = [(layer["channels"],)] * 4
+            elif layer["kind"] == "dropout" and layer["rate"] > 0:
+                # pmap's masks come from its own counter-based hash; not reproduced here.
+                raise SystemExit("jax_compare: dropout with rate > 0 has no JAX counterpart here")
             else:
                 continue
             for s in shapes:
@@ -66,8 +76,25 @@ def jax_worker(args):
         assert off == flat.size, (off, flat.size)
         layers, loss_kind, opt = spec["layers"], spec["loss"], spec["optimizer"]
 
+        def batchnorm(h, g, b, layer):
+            # Training-mode statistics: of the global batch across the pmap axis when
+            # cross_replica (flax BatchNorm(axis_name=...)); shards are equal, so the global
+            # moments are the means of the shards' moments.
+            axes = (0,) if h.ndim == 2 else (0, 2, 3)
+            mean, sq = jnp.mean(h, axis=axes), jnp.mean(h * h, axis=axes)
+            if layer["cross_replica"]:
+                mean, sq = lax.pmean(mean, "i"), lax.pmean(sq, "i")
+            var = jnp.maximum(sq - mean * mean, 0.0)
+            shape = (1, -1) if h.ndim == 2 else (1, -1, 1, 1)
+            return ((h - mean.reshape(shape)) / jnp.sqrt(var.reshape(shape) + layer["eps"])
+                    * g.reshape(shape) + b.reshape(shape))
+
+        def pool(h, layer, reducer, init):
+            kh, kw, s = layer["kh"], layer["kw"], layer["stride"]
+            return lax.reduce_window(h, init, reducer, (1, 1, kh, kw), (1, 1, s, s), "VALID")
+
         def forward(ps, h):
-            i = 0
+            i, skips = 0, []
             for layer in layers:
                 k = layer["kind"]
                 if k == "dense":
@@ -81,8 +108,39 @@ def jax_worker(args):
                                                  dimension_numbers=("NCHW", "OIHW", "NCHW"))
                     h = h + ps[i + 1][None, :, None, None]
                     i += 2
-                else:
+                elif k == "flatten":
                     h = h.reshape(h.shape[0], -1)
+                elif k == "tanh":
+                    h = jnp.tanh(h)
+                elif k == "sigmoid":
+                    h = jax.nn.sigmoid(h)
+                elif k == "gelu":
+                    h = jax.nn.gelu(h, approximate=True)
+                elif k == "layernorm":
+                    axes = tuple(range(1, h.ndim))
+                    mean = jnp.mean(h, axis=axes, keepdims=True)
+                    var = jnp.mean((h - mean) ** 2, axis=axes, keepdims=True)
+                    h = ((h - mean) / jnp.sqrt(var + layer["eps"]) * ps[i].reshape(h.shape[1:])
+                         + ps[i + 1].reshape(h.shape[1:]))
+                    i += 2
+                elif k == "batchnorm":
+                    h = batchnorm(h, ps[i], ps[i + 1], layer)
+                    i += 4
+                elif k in ("maxpool2d", "avgpool2d"):
+                    if k == "maxpool2d":
+                        h = pool(h, layer, lax.max, -jnp.inf)
+                    else:
+                        h = pool(h, layer, lax.add, 0.0) / (layer["kh"] * layer["kw"])
+                    if layer["global"]:
+                        h = h.reshape(h.shape[0], -1)
+                elif k == "dropout":
+                    pass  # rate 0 (others are refused above)
+                elif k == "res_begin":
+                    skips.append(h)
+                elif k == "res_end":
+                    h = h + skips.pop()
+                else:
+                    raise SystemExit("jax_compare: unknown layer kind " + k)
             return h
 
         def loss_fn(ps, xb, yb):
@@ -235,7 +293,7 @@ def main():
     ap = argparse.ArgumentParser(
         description="pmap against jax.pmap + lax.pmean on the same models, data and cores")
     ap.add_argument("--pmap-bench", default="build/bench/pmap-bench")
-    ap.add_argument("--models", default="linear,mlp,convnet,mlp-1024,cifar-cnn")
+    ap.add_argument("--models", default="linear,mlp,convnet,mlp-1024,cifar-cnn,res-mlp,cifar-bn")
     ap.add_argument("--devices", default="1,2,4")
     ap.add_argument("--steps", type=int, default=0, help="timed steps (default: pmap-bench's)")
     ap.add_argument("--warmup", type=int, default=None)
@@ -268,7 +326,7 @@ def main():
 
     cores = parse_cores(args.cores) if args.cores else sorted(os.sched_getaffinity(0))
     if args.models == "all":
-        args.models = "linear,mlp,convnet,mlp-1024,cifar-cnn"
+        args.models = "linear,mlp,convnet,mlp-1024,cifar-cnn,res-mlp,cifar-bn"
     devices = [int(d) for d in args.devices.split(",")]
     args.gpu = args.platform == "gpu"
     if args.platform == "auto":

@@ -12,7 +12,7 @@
 
 static const char *prog = "pmap-bench";
 
-#define ALL_MODELS "linear,mlp,convnet,mlp-1024,cifar-cnn"
+#define ALL_MODELS "linear,mlp,convnet,mlp-1024,cifar-cnn,res-mlp,cifar-bn"
 /* Difference allowed between final losses that differ only in summation order (see rel_diff). */
 #define LOSS_TOL 1e-3
 
@@ -280,8 +280,9 @@ static int bench_model(const char *name, const opts *o, pmap_backend backend, co
       if (!code) *bname = pmap_backend_name(pmap_ctx_backend(su[mode][i].ctx));
     }
   }
-  /* The hand-written loop runs the CPU op table, so only beside the CPU backend. */
-  if (!code && o->ref && !strcmp(*bname, "cpu")) {
+  /* The hand-written loop runs the CPU op table, so only beside the CPU backend, and only for
+   * the layers it has code for. */
+  if (!code && o->ref && !strcmp(*bname, "cpu") && bench_loop_supports(model)) {
     th = malloc(sizeof *th * (size_t)cap);
     topt = malloc(sizeof *topt * (size_t)cap);
     if (!th || !topt) code = fail("out of memory");

@@ -225,8 +225,55 @@ PMAP_API pmap_status pmap_model_add_flatten(pmap_model *model);
 /* The loss (default MSE). The model's output must be rank 1 (K) when training. */
 PMAP_API pmap_status pmap_model_set_loss(pmap_model *model, pmap_loss loss);
 
-/* Number of trainable parameters. Their layout in the flat parameter vector: layers in order,
- * each layer's weights then its bias, in the shapes given above. */
+/* More layers (docs/models.md, "Layers"), with the same checks and statuses as those above:
+ * PMAP_ERR_INVALID_ARGUMENT (model unchanged) for a NULL model, an argument out of range or an
+ * input shape the layer cannot take; PMAP_ERR_OUT_OF_MEMORY.
+ * tanh, sigmoid, gelu: any shape, element-wise. gelu is the tanh form,
+ *          0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (jax.nn.gelu(approximate=True)). */
+PMAP_API pmap_status pmap_model_add_tanh(pmap_model *model);
+PMAP_API pmap_status pmap_model_add_sigmoid(pmap_model *model);
+PMAP_API pmap_status pmap_model_add_gelu(pmap_model *model);
+/* layernorm: any shape (S elements per example); each example is normalised over all its S
+ *          elements, y = (x - mean) / sqrt(var + 1e-6) * gamma + beta (biased variance).
+ *          Parameters: gamma (S) then beta (S), initialised to 1 and 0. */
+PMAP_API pmap_status pmap_model_add_layernorm(pmap_model *model);
+/* maxpool2d, avgpool2d: (C, H, W) -> (C, OH, OW), OH = (H - kernel_h) / stride + 1 (likewise
+ *          OW), no padding; windows may overlap (stride < kernel). Kernel and stride 1..64.
+ *          Max pooling passes the gradient to the first maximum of each window. No parameters.
+ * global_avgpool: (C, H, W) -> (C), the mean of each channel's plane. */
+PMAP_API pmap_status pmap_model_add_maxpool2d(pmap_model *model, int kernel_h, int kernel_w, int stride);
+PMAP_API pmap_status pmap_model_add_avgpool2d(pmap_model *model, int kernel_h, int kernel_w, int stride);
+PMAP_API pmap_status pmap_model_add_global_avgpool(pmap_model *model);
+/* dropout: any shape, rate in [0, 1). In pmap_update, y = x * keep / (1 - rate) with keep drawn
+ *          from a counter-based hash of (layer, step, the element's index in the global batch):
+ *          the masks are reproducible and the same on any device count. In pmap_predict the
+ *          identity. No parameters. */
+PMAP_API pmap_status pmap_model_add_dropout(pmap_model *model, float rate);
+/* batchnorm: (F) or (C, H, W); normalises each feature (channel: over the batch and H, W) with
+ *          the batch's mean and biased variance, y = (x - mean) / sqrt(var + 1e-5) * gamma + beta.
+ *          cross_replica != 0: the statistics are those of the global batch (all-reduces of
+ *          per-device sums and counts, then of sums of squares around the global mean, in
+ *          forward, and of the matching sums in backward), so N devices compute what 1 device
+ *          computes on the same global batch (jax pmap with axis_name); 0: each device
+ *          normalises over its own shard.
+ *          Parameters: gamma (C), beta (C), then the running mean (C) and running variance (C)
+ *          (initialised 1, 0, 0, 1). The running statistics sit in the parameter vector so that
+ *          pmap_params_read and checkpoints carry them, but they are state: their gradient is
+ *          zero, so SGD and Adam leave them alone. Each training step moves them towards the
+ *          global batch's moments, running = 0.9 running + 0.1 batch (with either setting of
+ *          cross_replica, so every replica holds the same values); pmap_predict normalises with
+ *          them. */
+PMAP_API pmap_status pmap_model_add_batchnorm(pmap_model *model, int cross_replica);
+/* Residual blocks: the layers added between begin and end form f, and the block computes
+ * y = x + f(x); f must keep the shape (end returns PMAP_ERR_INVALID_ARGUMENT otherwise, and
+ * when no block is open). Blocks nest up to 16 deep; pmap_params_create rejects a model with a
+ * block left open. No parameters of their own. */
+PMAP_API pmap_status pmap_model_begin_residual(pmap_model *model);
+PMAP_API pmap_status pmap_model_end_residual(pmap_model *model);
+
+/* Number of parameters. Their layout in the flat parameter vector: layers in order, each
+ * layer's weights then its bias, in the shapes given above (norms: gamma then beta; batch norm
+ * then its running mean and variance). */
 PMAP_API size_t pmap_model_num_params(const pmap_model *model);
 /* Output shape of one example: writes the rank into *rank and the extents into shape. */
 PMAP_API void pmap_model_output_shape(const pmap_model *model, int *rank, int64_t shape[PMAP_MAX_RANK]);

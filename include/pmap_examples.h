@@ -10,7 +10,7 @@
 extern "C" {
 #endif
 
-/* Names: "linear", "mlp", "convnet", "mlp-1024", "cifar-cnn".
+/* Names: "linear", "mlp", "convnet", "mlp-1024", "cifar-cnn", "res-mlp", "cifar-bn".
  *   linear   y = w x + b on x ~ N(0,1), y = 2x - 1 + 0.5 N(0,1); MSE; SGD lr 0.005;
  *            1000 steps of the full 128 samples (the JAX pmap tutorial).
  *   mlp      10 -> 32 -> ReLU -> 32 -> ReLU -> 1 regressing a fixed random teacher plus noise;
@@ -24,7 +24,14 @@ extern "C" {
  *            ReLU -> conv 3x3 32 ch stride 2 -> ReLU -> flatten (32*7*7) -> dense 10; softmax
  *            cross-entropy; SGD lr 0.01 momentum 0.9; 100 steps, batch 64, 512 samples. Images
  *            are N(0,1) noise plus a faint plane wave (amplitude 0.1) that depends on the class
- *            and the channel; a CIFAR-shaped benchmark model. */
+ *            and the channel; a CIFAR-shaped benchmark model.
+ *   res-mlp  10 -> dense 32 -> 2 x residual block (layernorm -> dense 64 -> GELU -> dense 32,
+ *            added to the block's input) -> layernorm -> dense 1; the mlp's data and loss;
+ *            Adam lr 0.001; 500 steps, batch 256, 1024 samples.
+ *   cifar-bn (3, 32, 32) -> conv 3x3 16 ch pad 1 -> batch norm -> ReLU -> max pool 2x2 ->
+ *            conv 3x3 32 ch pad 1 -> batch norm -> ReLU -> average pool 2x2 -> flatten ->
+ *            dense 10; batch norm across replicas (cross_replica 1); cifar-cnn's data and loss;
+ *            SGD lr 0.05 momentum 0.9; 100 steps, batch 64, 512 samples. */
 typedef struct pmap_example_info {
   const char *name;
   int64_t steps;   /* default training steps */

@@ -7,13 +7,14 @@
 #include "rng.h"
 #include "runtime/error.h"
 
-#define NAMES "linear, mlp, convnet, mlp-1024, cifar-cnn"
+#define NAMES "linear, mlp, convnet, mlp-1024, cifar-cnn, res-mlp, cifar-bn"
 #define TEACHER_SEED 0x7eac4e2ull
 #define MLP_TEACHER_UNITS 16
 
-typedef enum { EX_LINEAR, EX_MLP, EX_CONVNET, EX_MLP1024, EX_CIFAR } example_id;
+typedef enum { EX_LINEAR, EX_MLP, EX_CONVNET, EX_MLP1024, EX_CIFAR, EX_RESMLP, EX_CIFAR_BN } example_id;
 
-static const char *const names[] = {"linear", "mlp", "convnet", "mlp-1024", "cifar-cnn"};
+static const char *const names[] = {"linear",    "mlp",     "convnet", "mlp-1024",
+                                    "cifar-cnn", "res-mlp", "cifar-bn"};
 
 static pmap_status find(const char *name, example_id *id) {
   for (int i = 0; name && i < (int)(sizeof names / sizeof *names); i++)
@@ -36,6 +37,10 @@ pmap_status pmap_example_info_get(const char *name, pmap_example_info *out) {
   case EX_CONVNET: i.steps = 200, i.batch = 16, i.samples = 256, i.opt = pmap_adam(0.001f); break;
   case EX_MLP1024: i.steps = 20, i.batch = 512, i.samples = 512, i.opt = pmap_sgd(0.01f, 0.9f); break;
   case EX_CIFAR: i.steps = 100, i.batch = 64, i.samples = 512, i.opt = pmap_sgd(0.01f, 0.9f); break;
+  case EX_RESMLP: i.steps = 500, i.batch = 256, i.samples = 1024, i.opt = pmap_adam(0.001f); break;
+  case EX_CIFAR_BN:
+    i.steps = 100, i.batch = 64, i.samples = 512, i.opt = pmap_sgd(0.05f, 0.9f);
+    break;
   }
   *out = i;
   return PMAP_SUCCESS;
@@ -98,6 +103,42 @@ pmap_status pmap_example_model(const char *name, pmap_model **out) {
     PMAP_TRY_GOTO(st, pmap_model_set_loss(m, PMAP_LOSS_SOFTMAX_XENT), fail);
     break;
   }
+  case EX_RESMLP: {
+    /* 10 -> 32, two pre-norm blocks x + W2 gelu(W1 layernorm(x)), layernorm -> 1 */
+    int64_t in[1] = {10};
+    PMAP_TRY_GOTO(st, pmap_model_create(1, in, &m), fail);
+    PMAP_TRY_GOTO(st, pmap_model_add_dense(m, 32), fail);
+    for (int i = 0; i < 2; i++) {
+      PMAP_TRY_GOTO(st, pmap_model_begin_residual(m), fail);
+      PMAP_TRY_GOTO(st, pmap_model_add_layernorm(m), fail);
+      PMAP_TRY_GOTO(st, pmap_model_add_dense(m, 64), fail);
+      PMAP_TRY_GOTO(st, pmap_model_add_gelu(m), fail);
+      PMAP_TRY_GOTO(st, pmap_model_add_dense(m, 32), fail);
+      PMAP_TRY_GOTO(st, pmap_model_end_residual(m), fail);
+    }
+    PMAP_TRY_GOTO(st, pmap_model_add_layernorm(m), fail);
+    PMAP_TRY_GOTO(st, pmap_model_add_dense(m, 1), fail);
+    break;
+  }
+  case EX_CIFAR_BN: {
+    /* (3, 32, 32) -> conv 16 -> BN -> ReLU -> maxpool 2 -> (16, 16, 16) -> conv 32 -> BN ->
+     * ReLU -> average pool 2 -> (32, 8, 8) -> 10; batch norm across replicas. (A global average
+     * pool here would average away the phase of the class's plane wave.) */
+    int64_t in[3] = {3, 32, 32};
+    PMAP_TRY_GOTO(st, pmap_model_create(3, in, &m), fail);
+    PMAP_TRY_GOTO(st, pmap_model_add_conv2d(m, 16, 3, 3, 1, 1), fail);
+    PMAP_TRY_GOTO(st, pmap_model_add_batchnorm(m, 1), fail);
+    PMAP_TRY_GOTO(st, pmap_model_add_relu(m), fail);
+    PMAP_TRY_GOTO(st, pmap_model_add_maxpool2d(m, 2, 2, 2), fail);
+    PMAP_TRY_GOTO(st, pmap_model_add_conv2d(m, 32, 3, 3, 1, 1), fail);
+    PMAP_TRY_GOTO(st, pmap_model_add_batchnorm(m, 1), fail);
+    PMAP_TRY_GOTO(st, pmap_model_add_relu(m), fail);
+    PMAP_TRY_GOTO(st, pmap_model_add_avgpool2d(m, 2, 2, 2), fail);
+    PMAP_TRY_GOTO(st, pmap_model_add_flatten(m), fail);
+    PMAP_TRY_GOTO(st, pmap_model_add_dense(m, 10), fail);
+    PMAP_TRY_GOTO(st, pmap_model_set_loss(m, PMAP_LOSS_SOFTMAX_XENT), fail);
+    break;
+  }
   }
   *out = m;
   return PMAP_SUCCESS;
@@ -146,12 +187,14 @@ pmap_status pmap_example_data(const char *name, uint64_t seed, int64_t n, pmap_a
   if (n <= 0 || n > (1 << 24))
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_example_data: row count %lld is outside 1..%d",
                     (long long)n, 1 << 24);
-  int64_t in = id == EX_LINEAR ? 1 : id == EX_MLP ? 10 : id == EX_CIFAR ? 3 * 1024 : 1024;
-  int xs_rank = id == EX_CONVNET || id == EX_CIFAR ? 4 : 2;
+  /* res-mlp trains on the mlp's data, cifar-bn on cifar-cnn's. */
+  int cifar = id == EX_CIFAR || id == EX_CIFAR_BN, mlp = id == EX_MLP || id == EX_RESMLP;
+  int64_t in = id == EX_LINEAR ? 1 : mlp ? 10 : cifar ? 3 * 1024 : 1024;
+  int xs_rank = id == EX_CONVNET || cifar ? 4 : 2;
   int64_t xshape[4] = {n, in, 0, 0};
   if (id == EX_CONVNET) xshape[1] = 1, xshape[2] = 32, xshape[3] = 32;
-  if (id == EX_CIFAR) xshape[1] = 3, xshape[2] = 32, xshape[3] = 32;
-  int classes = id == EX_CONVNET ? 2 : id == EX_MLP1024 || id == EX_CIFAR ? 10 : 0;
+  if (cifar) xshape[1] = 3, xshape[2] = 32, xshape[3] = 32;
+  int classes = id == EX_CONVNET ? 2 : id == EX_MLP1024 || cifar ? 10 : 0;
   float *x = malloc((size_t)(n * in) * sizeof *x);
   void *y = malloc((size_t)n * 4);
   if (!x || !y) {
@@ -171,6 +214,7 @@ pmap_status pmap_example_data(const char *name, uint64_t seed, int64_t n, pmap_a
       yf[i] = (float)(2.0 * xi[0] - 1.0 + 0.5 * pmap_rng_normal(&r));
       break;
     case EX_MLP:
+    case EX_RESMLP:
       for (int j = 0; j < 10; j++) xi[j] = (float)pmap_rng_normal(&r);
       yf[i] = (float)(mlp_teacher(xi) + 0.1 * pmap_rng_normal(&r));
       break;
@@ -197,7 +241,8 @@ pmap_status pmap_example_data(const char *name, uint64_t seed, int64_t n, pmap_a
       yi[i] = arg;
       break;
     }
-    case EX_CIFAR: {
+    case EX_CIFAR:
+    case EX_CIFAR_BN: {
       int label = (int)(pmap_rng_next(&r) % 10);
       for (int p = 0; p < 3 * 1024; p++)
         xi[p] = (float)(cifar_pattern(label, p) + pmap_rng_normal(&r));

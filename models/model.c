@@ -46,6 +46,11 @@ void pmap_model_destroy(pmap_model *m) {
 }
 
 pmap_status model_clone(const pmap_model *m, pmap_model **out) {
+  if (m->n_open)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "the model has %d residual block%s open: close each with "
+                    "pmap_model_end_residual",
+                    m->n_open, m->n_open > 1 ? "s" : "");
   pmap_model *c = malloc(sizeof *c);
   layer *l = malloc(sizeof *l * (size_t)(m->n_layers ? m->n_layers : 1));
   if (!c || !l) {
@@ -61,8 +66,7 @@ pmap_status model_clone(const pmap_model *m, pmap_model **out) {
   return PMAP_SUCCESS;
 }
 
-/* The current output shape: that of the last layer, or the input. */
-static void current_shape(const pmap_model *m, int *rank, int64_t shape[3], int64_t *size) {
+void model_current_shape(const pmap_model *m, int *rank, int64_t shape[3], int64_t *size) {
   if (m->n_layers == 0) {
     *rank = m->in_rank;
     memcpy(shape, m->in_shape, sizeof m->in_shape);
@@ -75,10 +79,9 @@ static void current_shape(const pmap_model *m, int *rank, int64_t shape[3], int6
   }
 }
 
-/* Appends l (its out fields and parameter sizes set); fills in the input side and offsets. */
-static pmap_status push(pmap_model *m, layer l, const char *call) {
-  current_shape(m, &l.in_rank, l.in_shape, &l.in_size);
-  if (m->n_params + l.w_size + l.b_size > MAX_PARAMS)
+pmap_status model_push(pmap_model *m, layer l, const char *call) {
+  model_current_shape(m, &l.in_rank, l.in_shape, &l.in_size);
+  if (m->n_params + l.w_size + l.b_size + l.s_size > MAX_PARAMS)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: the model would exceed %zu parameters", call,
                     MAX_PARAMS);
   if (m->n_layers == m->cap) {
@@ -90,7 +93,8 @@ static pmap_status push(pmap_model *m, layer l, const char *call) {
   }
   l.w_off = m->n_params;
   l.b_off = l.w_off + l.w_size;
-  m->n_params += l.w_size + l.b_size;
+  l.s_off = l.b_off + l.b_size;
+  m->n_params += l.w_size + l.b_size + l.s_size;
   m->layers[m->n_layers++] = l;
   return PMAP_SUCCESS;
 }
@@ -105,7 +109,7 @@ pmap_status pmap_model_add_dense(pmap_model *m, int64_t units) {
   PMAP_TRY(check_model(m, call));
   int rank;
   int64_t shape[3], size;
-  current_shape(m, &rank, shape, &size);
+  model_current_shape(m, &rank, shape, &size);
   if (rank != 1)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "%s: input of rank %d (%lld x %lld x %lld); add a flatten layer first", call,
@@ -117,15 +121,15 @@ pmap_status pmap_model_add_dense(pmap_model *m, int64_t units) {
   l.w_size = (size_t)(size * units);
   l.b_size = (size_t)units;
   l.fan_in = size;
-  return push(m, l, call);
+  return model_push(m, l, call);
 }
 
 pmap_status pmap_model_add_relu(pmap_model *m) {
   const char *call = "pmap_model_add_relu";
   PMAP_TRY(check_model(m, call));
   layer l = {.kind = LAYER_RELU};
-  current_shape(m, &l.out_rank, l.out_shape, &l.out_size);
-  return push(m, l, call);
+  model_current_shape(m, &l.out_rank, l.out_shape, &l.out_size);
+  return model_push(m, l, call);
 }
 
 pmap_status pmap_model_add_flatten(pmap_model *m) {
@@ -134,9 +138,9 @@ pmap_status pmap_model_add_flatten(pmap_model *m) {
   layer l = {.kind = LAYER_FLATTEN, .out_rank = 1};
   int rank;
   int64_t shape[3];
-  current_shape(m, &rank, shape, &l.out_size);
+  model_current_shape(m, &rank, shape, &l.out_size);
   l.out_shape[0] = l.out_size;
-  return push(m, l, call);
+  return model_push(m, l, call);
 }
 
 pmap_status pmap_model_add_conv2d(pmap_model *m, int64_t oc, int kh, int kw, int stride, int pad) {
@@ -144,7 +148,7 @@ pmap_status pmap_model_add_conv2d(pmap_model *m, int64_t oc, int kh, int kw, int
   PMAP_TRY(check_model(m, call));
   int rank;
   int64_t s[3], size;
-  current_shape(m, &rank, s, &size);
+  model_current_shape(m, &rank, s, &size);
   if (rank != 3)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: input of rank %d; conv2d needs (C, H, W)",
                     call, rank);
@@ -165,7 +169,7 @@ pmap_status pmap_model_add_conv2d(pmap_model *m, int64_t oc, int kh, int kw, int
   l.fan_in = s[0] * kh * kw;
   l.w_size = (size_t)(oc * l.fan_in);
   l.b_size = (size_t)oc;
-  return push(m, l, call);
+  return model_push(m, l, call);
 }
 
 pmap_status pmap_model_set_loss(pmap_model *m, pmap_loss loss) {
@@ -181,7 +185,7 @@ size_t pmap_model_num_params(const pmap_model *m) { return m ? m->n_params : 0; 
 void pmap_model_output_shape(const pmap_model *m, int *rank, int64_t shape[PMAP_MAX_RANK]) {
   int64_t s[3] = {0, 0, 0}, size;
   int r = 0;
-  if (m) current_shape(m, &r, s, &size);
+  if (m) model_current_shape(m, &r, s, &size);
   if (rank) *rank = r;
   if (shape) {
     memset(shape, 0, sizeof(int64_t) * PMAP_MAX_RANK);
@@ -212,13 +216,5 @@ size_t model_col_size(const pmap_model *m) {
 
 void model_init_params(const pmap_model *m, uint64_t seed, float *w) {
   pmap_rng rng = pmap_rng_seed(seed);
-  for (int i = 0; i < m->n_layers; i++) {
-    const layer *l = &m->layers[i];
-    if (!l->w_size) continue;
-    /* He normal in front of a ReLU, LeCun normal elsewhere; zero biases. */
-    int relu_next = i + 1 < m->n_layers && m->layers[i + 1].kind == LAYER_RELU;
-    double std = sqrt((relu_next ? 2.0 : 1.0) / (double)l->fan_in);
-    for (size_t j = 0; j < l->w_size; j++) w[l->w_off + j] = (float)(std * pmap_rng_normal(&rng));
-    memset(w + l->b_off, 0, l->b_size * sizeof *w);
-  }
+  for (int i = 0; i < m->n_layers; i++) layer_init(m, i, &rng, w);
 }

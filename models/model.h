@@ -9,18 +9,47 @@
 #include "ops/ops.h"
 #include "pmap.h"
 
-typedef enum layer_kind { LAYER_DENSE, LAYER_RELU, LAYER_CONV2D, LAYER_FLATTEN } layer_kind;
+/* Every kind is handled by a switch without default in models/layers.c (shape, initialiser,
+ * forward, backward), so the compiler names each place a new kind must be handled. */
+typedef enum layer_kind {
+  LAYER_DENSE,
+  LAYER_RELU,
+  LAYER_CONV2D,
+  LAYER_FLATTEN,
+  LAYER_TANH,
+  LAYER_SIGMOID,
+  LAYER_GELU,
+  LAYER_LAYERNORM,
+  LAYER_MAXPOOL2D,
+  LAYER_AVGPOOL2D, /* also the global average pool (output rank 1) */
+  LAYER_DROPOUT,
+  LAYER_BATCHNORM,
+  LAYER_RES_BEGIN, /* a view; its output gradient also receives that of its LAYER_RES_END */
+  LAYER_RES_END    /* y = x + the output of layer `skip` (its LAYER_RES_BEGIN) */
+} layer_kind;
 
 typedef struct layer {
   layer_kind kind;
   int in_rank, out_rank;
   int64_t in_shape[3], out_shape[3]; /* one example */
   int64_t in_size, out_size;         /* elements of one example */
-  size_t w_off, w_size;              /* weights in the flat parameter vector */
-  size_t b_off, b_size;              /* bias */
+  size_t w_off, w_size;              /* weights (norms: the scale gamma) in the parameter vector */
+  size_t b_off, b_size;              /* bias (norms: the shift beta) */
+  size_t s_off, s_size;              /* state after the bias, never trained (zero gradient):
+                                        batch norm's running mean (C) then running var (C) */
   int64_t fan_in;
   pmap_conv_shape conv; /* LAYER_CONV2D */
+  pmap_pool_shape pool; /* LAYER_MAXPOOL2D, LAYER_AVGPOOL2D */
+  int64_t channels, inner; /* LAYER_BATCHNORM: C and H*W (1 for rank-1 input) */
+  float eps, momentum;     /* LAYER_LAYERNORM, LAYER_BATCHNORM */
+  float rate;              /* LAYER_DROPOUT */
+  int cross_replica;       /* LAYER_BATCHNORM: statistics over the global batch */
+  int skip;                /* LAYER_RES_END: the index of its LAYER_RES_BEGIN; and back */
+  /* Scratch in the activation arena: aux_rows floats per example plus aux_fixed floats. */
+  size_t aux_rows, aux_fixed;
 } layer;
+
+#define MODEL_MAX_NESTING 16 /* residual blocks open at once */
 
 struct pmap_model {
   int in_rank;
@@ -30,13 +59,25 @@ struct pmap_model {
   int n_layers, cap;
   pmap_loss loss;
   size_t n_params;
+  int open[MODEL_MAX_NESTING]; /* the LAYER_RES_BEGIN of each open residual block */
+  int n_open;
 };
 
-/* A deep copy (params keep their own). */
+/* The current output shape: that of the last layer, or the input. */
+void model_current_shape(const pmap_model *m, int *rank, int64_t shape[3], int64_t *size);
+/* Appends l (its kind, out fields and parameter sizes set); fills in the input side and the
+ * parameter offsets. PMAP_ERR_INVALID_ARGUMENT / PMAP_ERR_OUT_OF_MEMORY naming call. */
+pmap_status model_push(pmap_model *m, layer l, const char *call);
+
+/* A deep copy (params keep their own); PMAP_ERR_INVALID_ARGUMENT while a residual block is
+ * open. */
 pmap_status model_clone(const pmap_model *m, pmap_model **out);
+/* 1 when the model's forward and backward call collectives (batch norm: every device must run
+ * the same number of forward and backward passes per step, even over zero rows). */
+int model_has_collectives(const pmap_model *m);
 /* Largest conv column scratch of the model, in floats (0 without conv layers). */
 size_t model_col_size(const pmap_model *m);
-/* Fills w (n_params) with the initial parameters drawn from seed. */
+/* Fills w (n_params) with the initial parameters drawn from seed (layer_init per layer). */
 void model_init_params(const pmap_model *m, uint64_t seed, float *w);
 
 /* One device's training state. w, g, opt: device memory; g holds n_params gradients then the
@@ -50,8 +91,18 @@ typedef struct replica {
   int64_t rows;
   float **act, **dact; /* (n_layers) */
   float *col, *dcol;   /* conv scratch (model_col_size) */
-  /* Per call: the input and output of each layer (flatten aliases its input). */
+  float **aux;         /* (n_layers) each layer's scratch (layer.aux_rows, aux_fixed) */
+  /* Per call: the input and output of each layer (flatten aliases its input), and in backward
+   * the gradient of each layer's output. */
   const float **in, **out; /* (n_layers) */
+  const float **dout;      /* (n_layers) */
+  /* Per call, set by the caller before model_forward; a zeroed replica means training mode,
+   * step 0 and the call's rows at dev->index * rows of the global batch. */
+  int inference; /* 1 (predict): batch norm uses its running statistics, dropout passes x */
+  int64_t step;  /* keys dropout's masks (pmap_params_step of the step being taken) */
+  int has_row0;  /* 1: row0 is the global row of the call's first example (micro-batches,
+                    uneven batches) */
+  int64_t row0;
 } replica;
 
 /* Floats of the activation arena for bd rows into *out; -1 when the count overflows. */
@@ -68,5 +119,20 @@ pmap_status model_loss(pmap_device *dev, const pmap_model *m, replica *r, const 
                        int64_t bd, float *loss);
 /* Backward after model_loss: parameter gradients accumulate into r->g. */
 pmap_status model_backward(pmap_device *dev, const pmap_model *m, replica *r, int64_t bd);
+
+/* models/layers.c: the per-kind parts of a layer. */
+/* 1 for a layer whose output is a view of its input (no activation buffer of its own). */
+int layer_is_view(const layer *l);
+struct pmap_rng;
+/* Layer i's parameters and state in w: dense and conv draw from rng, norms start at scale 1,
+ * shift 0, running mean 0 and running var 1. */
+void layer_init(const pmap_model *m, int i, struct pmap_rng *rng, float *w);
+/* Layer i's forward over bd examples from in into r->out[i] (r->act[i] or a view of in). */
+pmap_status layer_forward(pmap_device *dev, const pmap_model *m, replica *r, int i,
+                          const float *in, int64_t bd);
+/* Layer i's backward from dy (its output gradient) into dx (NULL: not needed, the model's
+ * input); *dx_out is where the input gradient lies (dx, or a view of dy). */
+pmap_status layer_backward(pmap_device *dev, const pmap_model *m, replica *r, int i,
+                           const float *dy, float *dx, const float **dx_out, int64_t bd);
 
 #endif

@@ -250,6 +250,12 @@ static pmap_status piece_grads(pmap_device *dev, pmap_params *p, replica *r, int
     PMAP_TRY(p->grad_fn(&a, p->grad_user));
   } else {
     int L = m->n_layers;
+    /* Dropout's masks are keyed by the step and the example's row in the global batch (across
+     * processes too), so they do not depend on how the batch is split. */
+    r->inference = 0;
+    r->step = p->step;
+    r->has_row0 = 1;
+    r->row0 = row0 + (int64_t)p->ctx->proc * p->batch;
     PMAP_TRY(model_forward(dev, m, r, x, rows));
     PMAP_TRY(model_loss(dev, m, r, y, rows, loss));
     if (weight != 1.0f)
@@ -267,7 +273,11 @@ static pmap_status device_grads(pmap_device *dev, pmap_params *p, replica *r) {
   int n = dev->ctx->n;
   int64_t lo = 0, rows = 0;
   params_device_rows(p->batch, n, dev->index, &lo, &rows);
-  int64_t k = p->micro_batches < rows ? p->micro_batches : rows;
+  /* Layers with collectives inside (cross-replica batch norm) need every device to run as many
+   * pieces: at most the fewest rows any device has. */
+  int64_t fewest = p->batch / n;
+  int64_t limit = !p->grad_fn && model_has_collectives(p->model) ? fewest : rows;
+  int64_t k = p->micro_batches < limit ? p->micro_batches : limit;
   double share = p->ctx->uneven ? (double)rows * n / (double)p->batch : 1.0;
   if (!p->grad_fn) PMAP_TRY(replica_reserve(dev, p->model, r, (rows + k - 1) / k));
   for (int64_t i = 0; i < k; i++) {
@@ -394,6 +404,7 @@ static pmap_status predict_job(pmap_device *dev, void *arg) {
   size_t k = (size_t)m->layers[m->n_layers - 1].out_size;
   int64_t piece = (rows + p->micro_batches - 1) / p->micro_batches;
   PMAP_TRY(replica_reserve(dev, m, r, piece));
+  r->inference = 1; /* batch norm: running statistics; dropout: the identity */
   for (int64_t a = 0; a < rows; a += piece) {
     int64_t len = rows - a < piece ? rows - a : piece;
     const void *x = NULL;

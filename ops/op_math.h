@@ -71,4 +71,129 @@ PMAP_HD static inline void pmap_adam_update(float *w, float g, float *m, float *
   if (wd != 0.0f) *w -= decay;
 }
 
+/* tanh and the logistic sigmoid; their derivatives from the output y. */
+PMAP_HD static inline float pmap_tanh(float x) { return tanhf(x); }
+PMAP_HD static inline float pmap_tanh_grad(float y, float dy) { return (1.0f - y * y) * dy; }
+PMAP_HD static inline float pmap_sigmoid(float x) {
+  return x >= 0.0f ? 1.0f / (1.0f + expf(-x)) : expf(x) / (1.0f + expf(x));
+}
+PMAP_HD static inline float pmap_sigmoid_grad(float y, float dy) { return y * (1.0f - y) * dy; }
+
+/* GELU, tanh form (as jax.nn.gelu(approximate=True)):
+ * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+#define PMAP_GELU_C 0.7978845608028654f
+#define PMAP_GELU_A 0.044715f
+PMAP_HD static inline float pmap_gelu(float x) {
+  return 0.5f * x * (1.0f + tanhf(PMAP_GELU_C * (x + PMAP_GELU_A * x * x * x)));
+}
+PMAP_HD static inline float pmap_gelu_grad(float x, float dy) {
+  float t = tanhf(PMAP_GELU_C * (x + PMAP_GELU_A * x * x * x));
+  float dt = (1.0f - t * t) * PMAP_GELU_C * (1.0f + 3.0f * PMAP_GELU_A * x * x);
+  return (0.5f * (1.0f + t) + 0.5f * x * dt) * dy;
+}
+
+/* act: a pmap_act value (0 tanh, 1 sigmoid, 2 gelu). */
+PMAP_HD static inline float pmap_act_apply(int act, float x) {
+  return act == 0 ? pmap_tanh(x) : act == 1 ? pmap_sigmoid(x) : pmap_gelu(x);
+}
+PMAP_HD static inline float pmap_act_grad(int act, float x, float y, float dy) {
+  return act == 0 ? pmap_tanh_grad(y, dy) : act == 1 ? pmap_sigmoid_grad(y, dy)
+                                                     : pmap_gelu_grad(x, dy);
+}
+
+/* Counter-based hash (the splitmix64 finaliser): the dropout mask of element `index` under
+ * `key` is a pure function of both, so it does not depend on which device holds the element. */
+PMAP_HD static inline uint64_t pmap_mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+/* keep / (1 - rate): 0 for a dropped element, 1 / (1 - rate) for a kept one. */
+PMAP_HD static inline float pmap_dropout_factor(uint64_t key, uint64_t index, float rate) {
+  float u = (float)(pmap_mix64(key ^ pmap_mix64(index)) >> 40) * (1.0f / 16777216.0f);
+  return u < rate ? 0.0f : 1.0f / (1.0f - rate);
+}
+
+/* Moments from (sum, sum of squares, count) of x - shift: mean and biased variance (clamped at
+ * 0). Summing around a shift near the mean keeps sumsq/count - m^2 from cancelling. */
+PMAP_HD static inline void pmap_moments(float sum, float sumsq, float count, float shift,
+                                        float *mean, float *var) {
+  float m = sum / count, v = sumsq / count - m * m;
+  *mean = shift + m;
+  *var = v > 0.0f ? v : 0.0f;
+}
+/* The same from sums held in double (layer norm's rows): the subtraction happens in double. */
+PMAP_HD static inline void pmap_moments_d(double sum, double sumsq, double count, float *mean,
+                                          float *var) {
+  double m = sum / count, v = sumsq / count - m * m;
+  *mean = (float)m;
+  *var = v > 0.0 ? (float)v : 0.0f;
+}
+/* Batch norm statistics of channel ch: stats (3c + 1) = sums (c), sums of squares (c), count,
+ * shifts (c), the sums taken of x - shift. */
+PMAP_HD static inline void pmap_bn_moments(const float *stats, int64_t c, int64_t ch,
+                                           float *mean, float *var) {
+  pmap_moments(stats[ch], stats[c + ch], stats[2 * c], stats[2 * c + 1 + ch], mean, var);
+}
+PMAP_HD static inline float pmap_rstd(float var, float eps) { return 1.0f / sqrtf(var + eps); }
+
+/* Running statistics: r = momentum r + (1 - momentum) batch, for one channel. Non-finite batch
+ * moments (a batch the numeric guard will skip) leave them as they were: every replica sees the
+ * same moments, so all keep or all move alike. */
+PMAP_HD static inline void pmap_running_update(float *mean, float *var, float batch_mean,
+                                               float batch_var, float momentum) {
+  if (!(batch_mean - batch_mean == 0.0f) || !(batch_var - batch_var == 0.0f)) return;
+  *mean = momentum * *mean + (1.0f - momentum) * batch_mean;
+  *var = momentum * *var + (1.0f - momentum) * batch_var;
+}
+
+/* Normalisation backward for one element: g = gamma rstd (dy - mean_dy - xhat mean_dyxhat). */
+PMAP_HD static inline float pmap_norm_dx(float dy, float xhat, float grstd, float mean_dy,
+                                         float mean_dyxhat) {
+  return grstd * (dy - mean_dy - xhat * mean_dyxhat);
+}
+
+/* Pooling: the output of window (oy, ox) of one plane p (h, w). */
+PMAP_HD static inline float pmap_pool_window(int is_max, const float *p, int64_t w, int64_t oy,
+                                             int64_t ox, int kh, int kw, int stride) {
+  const float *q = p + oy * stride * w + ox * stride;
+  float best = q[0], sum = 0.0f;
+  for (int i = 0; i < kh; i++)
+    for (int j = 0; j < kw; j++) {
+      float v = q[i * w + j];
+      best = v > best || v != v ? v : best;
+      sum += v;
+    }
+  return is_max ? best : sum / (float)(kh * kw);
+}
+/* The gradient reaching element (iy, ix) of plane p from every window that holds it (dyp: the
+ * plane's output gradient (oh, ow)); max pooling passes it to the first maximum of a window. */
+PMAP_HD static inline float pmap_pool_dx(int is_max, const float *p, const float *dyp, int64_t w,
+                                         int64_t oh, int64_t ow, int kh, int kw, int stride,
+                                         int64_t iy, int64_t ix) {
+  int64_t oy0 = iy - kh + 1 > 0 ? (iy - kh + 1 + stride - 1) / stride : 0;
+  int64_t ox0 = ix - kw + 1 > 0 ? (ix - kw + 1 + stride - 1) / stride : 0;
+  int64_t oy1 = iy / stride < oh - 1 ? iy / stride : oh - 1;
+  int64_t ox1 = ix / stride < ow - 1 ? ix / stride : ow - 1;
+  float g = 0.0f;
+  for (int64_t oy = oy0; oy <= oy1; oy++)
+    for (int64_t ox = ox0; ox <= ox1; ox++) {
+      if (!is_max) {
+        g += dyp[oy * ow + ox] / (float)(kh * kw);
+        continue;
+      }
+      /* The first maximum of the window, in the order pmap_pool_window scans it. */
+      const float *q = p + oy * stride * w + ox * stride;
+      int64_t by = 0, bx = 0;
+      float best = q[0];
+      for (int i = 0; i < kh; i++)
+        for (int j = 0; j < kw; j++)
+          if (q[i * w + j] > best || (q[i * w + j] != q[i * w + j] && best == best))
+            best = q[i * w + j], by = i, bx = j;
+      if (oy * stride + by == iy && ox * stride + bx == ix) g += dyp[oy * ow + ox];
+    }
+  return g;
+}
+
 #endif

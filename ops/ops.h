@@ -31,6 +31,16 @@ typedef struct pmap_step_hyper {
   float bc1, bc2; /* Adam's bias corrections 1 - beta1^t, 1 - beta2^t for step t >= 1 */
 } pmap_step_hyper;
 
+/* Geometry of a 2-D pooling window over NCHW examples (no padding; windows may overlap). */
+typedef struct pmap_pool_shape {
+  int64_t c, h, w; /* channels, input height and width */
+  int64_t oh, ow;  /* output height and width: (H - KH) / stride + 1 */
+  int kh, kw, stride;
+} pmap_pool_shape;
+
+/* Element-wise activations beside relu (formulas in ops/op_math.h). */
+typedef enum pmap_act { PMAP_ACT_TANH = 0, PMAP_ACT_SIGMOID = 1, PMAP_ACT_GELU = 2 } pmap_act;
+
 typedef struct pmap_ops {
   /* c (m, n) = alpha * op(a) op(b) + beta * c, op(a) (m, k), op(b) (k, n); trans_* transposes the
    * stored matrix (a stored (k, m) when trans_a). beta == 0 ignores c's old contents. */
@@ -82,6 +92,66 @@ typedef struct pmap_ops {
   pmap_status (*scale)(pmap_device *dev, float *x, float s, size_t n);
   /* y[i] += alpha * x[i] for i < n (weighted sums of micro-batch losses). */
   pmap_status (*axpy)(pmap_device *dev, float alpha, const float *x, float *y, size_t n);
+
+  /* ---- layers beyond dense and conv ---- */
+  /* y (n) = act(x); y may equal x. */
+  pmap_status (*act_forward)(pmap_device *dev, pmap_act act, const float *x, float *y, size_t n);
+  /* dx (n) = act'(x) dy from the forward input x and output y; dx may equal dy. */
+  pmap_status (*act_backward)(pmap_device *dev, pmap_act act, const float *x, const float *y,
+                              const float *dy, float *dx, size_t n);
+  /* y (n) = a + b; y may equal a or b (residual connections). */
+  pmap_status (*add)(pmap_device *dev, const float *a, const float *b, float *y, size_t n);
+  /* Layer normalisation of each row of x (rows, f): y = (x - mean) rstd gamma + beta with
+   * rstd = 1 / sqrt(var + eps) (biased variance); stats (rows, 2) = mean, rstd for backward. */
+  pmap_status (*layernorm_forward)(pmap_device *dev, const float *x, const float *gamma,
+                                   const float *beta, int64_t rows, int64_t f, float eps,
+                                   float *y, float *stats);
+  /* dx (rows, f) = ... (dx may be NULL: not needed), dgamma (f) += sum over rows of dy xhat,
+   * dbeta (f) += sum of dy. */
+  pmap_status (*layernorm_backward)(pmap_device *dev, const float *x, const float *gamma,
+                                    const float *stats, const float *dy, int64_t rows, int64_t f,
+                                    float *dx, float *dgamma, float *dbeta);
+  /* y (bd, c, oh, ow) = max (is_max) or mean of each window of x (bd, c, h, w). */
+  pmap_status (*pool2d_forward)(pmap_device *dev, int is_max, const pmap_pool_shape *s,
+                                int64_t bd, const float *x, float *y);
+  /* dx (bd, c, h, w) = the gradient of the windows that hold each element (max: only to the
+   * first maximum of a window), gathered per element, so overlapping windows need no atomics. */
+  pmap_status (*pool2d_backward)(pmap_device *dev, int is_max, const pmap_pool_shape *s,
+                                 int64_t bd, const float *x, const float *dy, float *dx);
+  /* Inverted dropout: y[i] = x[i] keep(i) / (1 - rate), where keep is drawn from a counter-based
+   * hash of (key, first + i): the mask of an element depends on its global index only, not on
+   * the device holding it. y may equal x. */
+  pmap_status (*dropout_forward)(pmap_device *dev, const float *x, float *y, size_t n, float rate,
+                                 uint64_t key, uint64_t first);
+  /* dx[i] = dy[i] keep(i) / (1 - rate), the same mask; dx may equal dy. */
+  pmap_status (*dropout_backward)(pmap_device *dev, const float *dy, float *dx, size_t n,
+                                  float rate, uint64_t key, uint64_t first);
+  /* Batch norm statistics of x (outer, c, inner) per channel: stats (3c + 1) = sum (c) and sum
+   * of squares (c) of x - shift, count, then shift (c): the mean of prev (stats of the same
+   * layout from a first pass, not stats itself) or 0 when prev is NULL. Sums in double, in a fixed order. The
+   * caller may all-reduce the first 2c + 1 (the shifts are the same on every device when prev
+   * is): a first pass, its all-reduce, a second pass around its mean and that all-reduce give
+   * the variance without the cancellation of E[x^2] - E[x]^2. */
+  pmap_status (*bn_stats)(pmap_device *dev, const float *x, int64_t outer, int64_t c,
+                          int64_t inner, const float *prev, float *stats);
+  /* y = (x - mean) rstd gamma + beta per channel. training: mean and the biased variance from
+   * stats; then, when running (2c: mean, var) is not NULL, running = momentum running +
+   * (1 - momentum) of the moments in run_stats (layout of bn_stats), unless those are not
+   * finite (ops/op_math.h pmap_running_update). Inference (!training):
+   * mean and var from running. */
+  pmap_status (*bn_forward)(pmap_device *dev, const float *x, const float *stats,
+                            const float *run_stats, float *running, const float *gamma,
+                            const float *beta, int64_t outer, int64_t c, int64_t inner, float eps,
+                            float momentum, int training, float *y);
+  /* sums (2c) = per channel sum of dy, sum of dy xhat (xhat from x and stats); overwritten. */
+  pmap_status (*bn_backward_sums)(pmap_device *dev, const float *x, const float *dy,
+                                  const float *stats, int64_t outer, int64_t c, int64_t inner,
+                                  float eps, float *sums);
+  /* dx = gamma rstd (dy - sum_dy / count - xhat sum_dyxhat / count) from (possibly
+   * all-reduced) stats and sums; dx overwritten. */
+  pmap_status (*bn_backward_dx)(pmap_device *dev, const float *x, const float *dy,
+                                const float *stats, const float *gamma, const float *sums,
+                                int64_t outer, int64_t c, int64_t inner, float eps, float *dx);
 } pmap_ops;
 
 /* The CPU op table (always built); the oracle every other backend is tested against. */

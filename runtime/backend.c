@@ -46,6 +46,19 @@ static const char *missing_op(const pmap_ops *o) {
   PMAP_OP_REQUIRED(norm2)
   PMAP_OP_REQUIRED(scale)
   PMAP_OP_REQUIRED(axpy)
+  PMAP_OP_REQUIRED(act_forward)
+  PMAP_OP_REQUIRED(act_backward)
+  PMAP_OP_REQUIRED(add)
+  PMAP_OP_REQUIRED(layernorm_forward)
+  PMAP_OP_REQUIRED(layernorm_backward)
+  PMAP_OP_REQUIRED(pool2d_forward)
+  PMAP_OP_REQUIRED(pool2d_backward)
+  PMAP_OP_REQUIRED(dropout_forward)
+  PMAP_OP_REQUIRED(dropout_backward)
+  PMAP_OP_REQUIRED(bn_stats)
+  PMAP_OP_REQUIRED(bn_forward)
+  PMAP_OP_REQUIRED(bn_backward_sums)
+  PMAP_OP_REQUIRED(bn_backward_dx)
 #undef PMAP_OP_REQUIRED
   return NULL;
 }

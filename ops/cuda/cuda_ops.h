@@ -43,19 +43,58 @@ pmap_status cuda_norm2(pmap_device *dev, const float *x, size_t n, float *norm);
 pmap_status cuda_scale(pmap_device *dev, float *x, float s, size_t n);
 pmap_status cuda_axpy(pmap_device *dev, float alpha, const float *x, float *y, size_t n);
 
+/* Layers beyond dense and conv: act.cu, add.cu, layernorm.cu, pool2d.cu, dropout.cu,
+ * batchnorm.cu. */
+pmap_status cuda_act_forward(pmap_device *dev, pmap_act act, const float *x, float *y, size_t n);
+pmap_status cuda_act_backward(pmap_device *dev, pmap_act act, const float *x, const float *y,
+                              const float *dy, float *dx, size_t n);
+pmap_status cuda_add(pmap_device *dev, const float *a, const float *b, float *y, size_t n);
+pmap_status cuda_layernorm_forward(pmap_device *dev, const float *x, const float *gamma,
+                                   const float *beta, int64_t rows, int64_t f, float eps, float *y,
+                                   float *stats);
+pmap_status cuda_layernorm_backward(pmap_device *dev, const float *x, const float *gamma,
+                                    const float *stats, const float *dy, int64_t rows, int64_t f,
+                                    float *dx, float *dgamma, float *dbeta);
+pmap_status cuda_pool2d_forward(pmap_device *dev, int is_max, const pmap_pool_shape *s,
+                                int64_t bd, const float *x, float *y);
+pmap_status cuda_pool2d_backward(pmap_device *dev, int is_max, const pmap_pool_shape *s,
+                                 int64_t bd, const float *x, const float *dy, float *dx);
+pmap_status cuda_dropout_forward(pmap_device *dev, const float *x, float *y, size_t n, float rate,
+                                 uint64_t key, uint64_t first);
+pmap_status cuda_dropout_backward(pmap_device *dev, const float *dy, float *dx, size_t n,
+                                  float rate, uint64_t key, uint64_t first);
+pmap_status cuda_bn_stats(pmap_device *dev, const float *x, int64_t outer, int64_t c,
+                          int64_t inner, const float *prev, float *stats);
+pmap_status cuda_bn_forward(pmap_device *dev, const float *x, const float *stats,
+                            const float *run_stats, float *running, const float *gamma,
+                            const float *beta, int64_t outer, int64_t c, int64_t inner, float eps,
+                            float momentum, int training, float *y);
+pmap_status cuda_bn_backward_sums(pmap_device *dev, const float *x, const float *dy,
+                                  const float *stats, int64_t outer, int64_t c, int64_t inner,
+                                  float eps, float *sums);
+pmap_status cuda_bn_backward_dx(pmap_device *dev, const float *x, const float *dy,
+                                const float *stats, const float *gamma, const float *sums,
+                                int64_t outer, int64_t c, int64_t inner, float eps, float *dx);
+
 /* Loads every kernel of ops/cuda on cd's GPU (the current device) now. CUDA loads a module at
  * the first launch of one of its kernels, and that may synchronize the whole GPU: on a GPU
  * shared by several logical devices, a first launch of, say, the optimizer's kernel behind a
  * queued all-reduce could then wait for another device's all-reduce kernel, which spins until
  * this device's joins. The backend calls this when a device starts, before any collective. */
 pmap_status cuda_ops_preload(cuda_device *cd);
+pmap_status cuda_act_preload(cuda_device *cd);
 pmap_status cuda_adam_preload(cuda_device *cd);
+pmap_status cuda_add_preload(cuda_device *cd);
+pmap_status cuda_batchnorm_preload(cuda_device *cd);
 pmap_status cuda_bias_preload(cuda_device *cd);
 pmap_status cuda_conv2d_preload(cuda_device *cd);
+pmap_status cuda_dropout_preload(cuda_device *cd);
 pmap_status cuda_fill_preload(cuda_device *cd);
+pmap_status cuda_layernorm_preload(cuda_device *cd);
 pmap_status cuda_loss_reduce_preload(cuda_device *cd);
 pmap_status cuda_mse_preload(cuda_device *cd);
 pmap_status cuda_norm2_preload(cuda_device *cd);
+pmap_status cuda_pool2d_preload(cuda_device *cd);
 pmap_status cuda_relu_preload(cuda_device *cd);
 pmap_status cuda_sgd_preload(cuda_device *cd);
 pmap_status cuda_softmax_xent_preload(cuda_device *cd);

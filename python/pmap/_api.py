@@ -95,6 +95,55 @@ class Model:
         check(lib.pmap_model_add_flatten(self._h))
         return self
 
+    # The layers of docs/models.md, "Layers".
+    def tanh(self):
+        check(lib.pmap_model_add_tanh(self._h))
+        return self
+
+    def sigmoid(self):
+        check(lib.pmap_model_add_sigmoid(self._h))
+        return self
+
+    def gelu(self):
+        check(lib.pmap_model_add_gelu(self._h))
+        return self
+
+    def layernorm(self):
+        check(lib.pmap_model_add_layernorm(self._h))
+        return self
+
+    def maxpool2d(self, kernel=2, stride=None):
+        kh, kw = (kernel, kernel) if isinstance(kernel, int) else kernel
+        check(lib.pmap_model_add_maxpool2d(self._h, kh, kw, stride or kh))
+        return self
+
+    def avgpool2d(self, kernel=2, stride=None):
+        kh, kw = (kernel, kernel) if isinstance(kernel, int) else kernel
+        check(lib.pmap_model_add_avgpool2d(self._h, kh, kw, stride or kh))
+        return self
+
+    def global_avgpool(self):
+        check(lib.pmap_model_add_global_avgpool(self._h))
+        return self
+
+    def dropout(self, rate):
+        check(lib.pmap_model_add_dropout(self._h, float(rate)))
+        return self
+
+    def batchnorm(self, cross_replica=True):
+        """Batch norm; cross_replica: statistics of the global batch across devices."""
+        check(lib.pmap_model_add_batchnorm(self._h, 1 if cross_replica else 0))
+        return self
+
+    def begin_residual(self):
+        """The layers until end_residual() form f; the block computes x + f(x)."""
+        check(lib.pmap_model_begin_residual(self._h))
+        return self
+
+    def end_residual(self):
+        check(lib.pmap_model_end_residual(self._h))
+        return self
+
     def loss(self, name):
         if name not in _LOSSES:
             raise ValueError(f"loss {name!r} is not one of {sorted(_LOSSES)}")

@@ -118,6 +118,14 @@ _decl("pmap_model_add_conv2d", _status, _p, ctypes.c_int64, ctypes.c_int, ctypes
       ctypes.c_int, ctypes.c_int)
 _decl("pmap_model_add_flatten", _status, _p)
 _decl("pmap_model_set_loss", _status, _p, ctypes.c_int)
+for _name in ("tanh", "sigmoid", "gelu", "layernorm", "global_avgpool"):
+    _decl("pmap_model_add_" + _name, _status, _p)
+_decl("pmap_model_add_maxpool2d", _status, _p, ctypes.c_int, ctypes.c_int, ctypes.c_int)
+_decl("pmap_model_add_avgpool2d", _status, _p, ctypes.c_int, ctypes.c_int, ctypes.c_int)
+_decl("pmap_model_add_dropout", _status, _p, ctypes.c_float)
+_decl("pmap_model_add_batchnorm", _status, _p, ctypes.c_int)
+_decl("pmap_model_begin_residual", _status, _p)
+_decl("pmap_model_end_residual", _status, _p)
 _decl("pmap_model_num_params", ctypes.c_size_t, _p)
 _decl("pmap_model_output_shape", None, _p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int64))
 _decl("pmap_params_create", _status, _p, _p, ctypes.POINTER(Optimizer), ctypes.c_uint64,

@@ -1,6 +1,7 @@
 """The Python package over the C library: the linear seed model converges, 1 and 4 devices
-agree, errors carry the C status and message, the caller's arrays are never modified, and
-contexts close deterministically without leaving threads behind."""
+agree (1 and 3 on a model with batch norm, a residual block and pooling), errors carry the C
+status and message, the caller's arrays are never modified, and contexts close
+deterministically without leaving threads behind."""
 import os
 
 import numpy as np
@@ -51,6 +52,28 @@ def test_one_and_four_devices_agree():
     assert np.linalg.norm(w1 - w4) <= 1e-4 * np.linalg.norm(w1)
     assert np.allclose(p1, p4, rtol=1e-4, atol=1e-5)
     assert p1.shape == (48, 3) and p1.dtype == np.float32
+
+
+def train_layers(devices, steps=10):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((24, 2, 6, 6)).astype(np.float32)
+    y = rng.integers(0, 3, 24).astype(np.int32)
+    with pmap.Context(backend="cpu", devices=devices) as ctx:
+        model = (pmap.Model(input_shape=(2, 6, 6)).conv2d(4, 3, pad=1).batchnorm().relu()
+                 .begin_residual().gelu().conv2d(4, 3, pad=1).end_residual()
+                 .maxpool2d(2).global_avgpool().layernorm().dense(3).loss("softmax_xent"))
+        params = ctx.params(model, pmap.sgd(0.05, 0.9), seed=2)
+        loss = [params.update(x, y) for _ in range(steps)][-1]
+        return loss, params.read(0)
+
+
+def test_layers_one_and_three_devices_agree():
+    l1, w1 = train_layers(1)
+    l3, w3 = train_layers(3)
+    assert abs(l1 - l3) <= 1e-4 * max(1.0, abs(l1))
+    assert np.linalg.norm(w1 - w3) <= 1e-4 * np.linalg.norm(w1)
+    with pytest.raises(pmap.Error, match="no residual block"):
+        pmap.Model(input_shape=(4,)).end_residual()
 
 
 def test_bad_shapes_raise_with_the_c_message():

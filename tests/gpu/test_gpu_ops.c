@@ -300,6 +300,151 @@ static void test_gemm_repeatable(env *e) {
   for (size_t k2 = 0; k2 < 4; k2++) buf_free(e, all[k2]);
 }
 
+/* ---- layers beyond dense and conv ---- */
+
+static void test_act(env *e) {
+  static const char *const names[] = {"tanh", "sigmoid", "gelu"};
+  size_t n = 50021;
+  for (int a = 0; a < 3; a++) {
+    char what[64];
+    buf x = rnd(e, n, -5.0f, 5.0f), y = poisoned(e, n), dy = rnd(e, n, -1.0f, 1.0f),
+        dx = poisoned(e, n);
+    CHECK_OK(pmap_cpu_ops.act_forward(e->dev, (pmap_act)a, x.h, y.h, n));
+    CHECK_OK(e->dev->ops->act_forward(e->dev, (pmap_act)a, x.d, y.d, n));
+    snprintf(what, sizeof what, "%s forward", names[a]);
+    compare(e, what, &y, 1e-6); /* device tanhf and expf may differ from the host's by an ulp */
+    CHECK_OK(pmap_cpu_ops.act_backward(e->dev, (pmap_act)a, x.h, y.h, dy.h, dx.h, n));
+    CHECK_OK(e->dev->ops->act_backward(e->dev, (pmap_act)a, x.d, y.d, dy.d, dx.d, n));
+    snprintf(what, sizeof what, "%s backward", names[a]);
+    compare(e, what, &dx, 1e-5);
+    buf *all[] = {&x, &y, &dy, &dx};
+    for (size_t k = 0; k < 4; k++) buf_free(e, all[k]);
+  }
+}
+
+static void test_add(env *e) {
+  size_t n = 40009;
+  buf a = rnd(e, n, -1.0f, 1.0f), b = rnd(e, n, -1.0f, 1.0f), y = poisoned(e, n);
+  CHECK_OK(pmap_cpu_ops.add(e->dev, a.h, b.h, y.h, n));
+  CHECK_OK(e->dev->ops->add(e->dev, a.d, b.d, y.d, n));
+  compare(e, "add", &y, 0.0);
+  CHECK_OK(pmap_cpu_ops.add(e->dev, a.h, b.h, a.h, n));
+  CHECK_OK(e->dev->ops->add(e->dev, a.d, b.d, a.d, n));
+  compare(e, "add in place", &a, 0.0);
+  buf *all[] = {&a, &b, &y};
+  for (size_t k = 0; k < 3; k++) buf_free(e, all[k]);
+}
+
+static void test_layernorm(env *e) {
+  static const int64_t shapes[][2] = {{1, 1}, {7, 33}, {64, 1000}, {300, 17}};
+  for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+    int64_t rows = shapes[i][0], f = shapes[i][1];
+    size_t n = (size_t)(rows * f);
+    buf x = rnd(e, n, -2.0f, 3.0f), g = rnd(e, (size_t)f, 0.5f, 1.5f),
+        b = rnd(e, (size_t)f, -1.0f, 1.0f), y = poisoned(e, n), st = poisoned(e, 2 * (size_t)rows);
+    CHECK_OK(pmap_cpu_ops.layernorm_forward(e->dev, x.h, g.h, b.h, rows, f, 1e-5f, y.h, st.h));
+    CHECK_OK(e->dev->ops->layernorm_forward(e->dev, x.d, g.d, b.d, rows, f, 1e-5f, y.d, st.d));
+    compare(e, "layernorm forward", &y, 1e-5);
+    compare(e, "layernorm stats", &st, 1e-5);
+    /* Backward from the CPU's stats on both sides; dgamma and dbeta accumulate onto the same
+     * random values. */
+    upload(e, &st);
+    buf dy = rnd(e, n, -1.0f, 1.0f), dx = poisoned(e, n), dg = rnd(e, (size_t)f, -1.0f, 1.0f),
+        db = rnd(e, (size_t)f, -1.0f, 1.0f);
+    CHECK_OK(pmap_cpu_ops.layernorm_backward(e->dev, x.h, g.h, st.h, dy.h, rows, f, dx.h, dg.h,
+                                             db.h));
+    CHECK_OK(e->dev->ops->layernorm_backward(e->dev, x.d, g.d, st.d, dy.d, rows, f, dx.d, dg.d,
+                                             db.d));
+    compare(e, "layernorm dx", &dx, 1e-5);
+    compare(e, "layernorm dgamma (accumulated)", &dg, 1e-5);
+    compare(e, "layernorm dbeta (accumulated)", &db, 1e-5);
+    buf *all[] = {&x, &g, &b, &y, &st, &dy, &dx, &dg, &db};
+    for (size_t k = 0; k < 9; k++) buf_free(e, all[k]);
+  }
+}
+
+static void test_pool(env *e) {
+  /* c, h, w, kernel, stride: overlapping, tiling, global */
+  static const int pools[][5] = {{3, 17, 15, 3, 2}, {16, 32, 32, 2, 2}, {8, 7, 7, 7, 1}};
+  int64_t bd = 5;
+  for (size_t i = 0; i < sizeof pools / sizeof *pools; i++)
+    for (int is_max = 0; is_max < 2; is_max++) {
+      const int *q = pools[i];
+      pmap_pool_shape s = {q[0], q[1], q[2], (q[1] - q[3]) / q[4] + 1, (q[2] - q[3]) / q[4] + 1,
+                           q[3], q[3], q[4]};
+      size_t nx = (size_t)(bd * s.c * s.h * s.w), ny = (size_t)(bd * s.c * s.oh * s.ow);
+      buf x = rnd(e, nx, -1.0f, 1.0f), y = poisoned(e, ny), dy = rnd(e, ny, -1.0f, 1.0f),
+          dx = poisoned(e, nx);
+      CHECK_OK(pmap_cpu_ops.pool2d_forward(e->dev, is_max, &s, bd, x.h, y.h));
+      CHECK_OK(e->dev->ops->pool2d_forward(e->dev, is_max, &s, bd, x.d, y.d));
+      compare(e, is_max ? "maxpool forward" : "avgpool forward", &y, 1e-6);
+      CHECK_OK(pmap_cpu_ops.pool2d_backward(e->dev, is_max, &s, bd, x.h, dy.h, dx.h));
+      CHECK_OK(e->dev->ops->pool2d_backward(e->dev, is_max, &s, bd, x.d, dy.d, dx.d));
+      compare(e, is_max ? "maxpool backward" : "avgpool backward", &dx, 1e-6);
+      buf *all[] = {&x, &y, &dy, &dx};
+      for (size_t k = 0; k < 4; k++) buf_free(e, all[k]);
+    }
+}
+
+/* The same mask bit for bit: the hash is integer arithmetic on both sides. */
+static void test_dropout(env *e) {
+  size_t n = 100003;
+  buf x = rnd(e, n, -1.0f, 1.0f), y = poisoned(e, n), dx = poisoned(e, n);
+  CHECK_OK(pmap_cpu_ops.dropout_forward(e->dev, x.h, y.h, n, 0.3f, 0xfeedull, 12345));
+  CHECK_OK(e->dev->ops->dropout_forward(e->dev, x.d, y.d, n, 0.3f, 0xfeedull, 12345));
+  compare(e, "dropout forward", &y, 0.0);
+  CHECK_OK(pmap_cpu_ops.dropout_backward(e->dev, x.h, dx.h, n, 0.3f, 0xfeedull, 12345));
+  CHECK_OK(e->dev->ops->dropout_backward(e->dev, x.d, dx.d, n, 0.3f, 0xfeedull, 12345));
+  compare(e, "dropout backward", &dx, 0.0);
+  buf *all[] = {&x, &y, &dx};
+  for (size_t k = 0; k < 3; k++) buf_free(e, all[k]);
+}
+
+static void test_batchnorm(env *e) {
+  static const int64_t shapes[][3] = {{64, 100, 1}, {8, 16, 1024}, {3, 5, 49}};
+  for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+    int64_t outer = shapes[i][0], c = shapes[i][1], inner = shapes[i][2];
+    size_t n = (size_t)(outer * c * inner), C = (size_t)c;
+    buf x = rnd(e, n, -1.0f, 3.0f), g = rnd(e, C, 0.5f, 1.5f), b = rnd(e, C, -1.0f, 1.0f);
+    buf first = poisoned(e, 3 * C + 1), st = poisoned(e, 3 * C + 1);
+    buf run = rnd(e, 2 * C, 0.5f, 1.5f), y = poisoned(e, n);
+    CHECK_OK(pmap_cpu_ops.bn_stats(e->dev, x.h, outer, c, inner, NULL, first.h));
+    CHECK_OK(e->dev->ops->bn_stats(e->dev, x.d, outer, c, inner, NULL, first.d));
+    compare(e, "bn_stats, first pass", &first, 1e-6);
+    upload(e, &first); /* the same statistics on both sides from here */
+    CHECK_OK(pmap_cpu_ops.bn_stats(e->dev, x.h, outer, c, inner, first.h, st.h));
+    CHECK_OK(e->dev->ops->bn_stats(e->dev, x.d, outer, c, inner, first.d, st.d));
+    compare(e, "bn_stats, around the first pass's mean", &st, 1e-5);
+    upload(e, &st);
+    CHECK_OK(pmap_cpu_ops.bn_forward(e->dev, x.h, st.h, st.h, run.h, g.h, b.h, outer, c, inner,
+                                     1e-5f, 0.9f, 1, y.h));
+    CHECK_OK(e->dev->ops->bn_forward(e->dev, x.d, st.d, st.d, run.d, g.d, b.d, outer, c, inner,
+                                     1e-5f, 0.9f, 1, y.d));
+    compare(e, "bn_forward training", &y, 1e-5);
+    compare(e, "bn_forward running statistics", &run, 1e-6);
+    buf yi = poisoned(e, n);
+    CHECK_OK(pmap_cpu_ops.bn_forward(e->dev, x.h, NULL, NULL, run.h, g.h, b.h, outer, c, inner,
+                                     1e-5f, 0.9f, 0, yi.h));
+    CHECK_OK(e->dev->ops->bn_forward(e->dev, x.d, NULL, NULL, run.d, g.d, b.d, outer, c, inner,
+                                     1e-5f, 0.9f, 0, yi.d));
+    compare(e, "bn_forward inference", &yi, 1e-5);
+    buf dy = rnd(e, n, -1.0f, 1.0f), sums = poisoned(e, 2 * C), dx = poisoned(e, n);
+    CHECK_OK(pmap_cpu_ops.bn_backward_sums(e->dev, x.h, dy.h, st.h, outer, c, inner, 1e-5f,
+                                           sums.h));
+    CHECK_OK(e->dev->ops->bn_backward_sums(e->dev, x.d, dy.d, st.d, outer, c, inner, 1e-5f,
+                                           sums.d));
+    compare(e, "bn_backward_sums", &sums, 1e-5);
+    upload(e, &sums);
+    CHECK_OK(pmap_cpu_ops.bn_backward_dx(e->dev, x.h, dy.h, st.h, g.h, sums.h, outer, c, inner,
+                                         1e-5f, dx.h));
+    CHECK_OK(e->dev->ops->bn_backward_dx(e->dev, x.d, dy.d, st.d, g.d, sums.d, outer, c, inner,
+                                         1e-5f, dx.d));
+    compare(e, "bn_backward_dx", &dx, 1e-5);
+    buf *all[] = {&x, &g, &b, &first, &st, &run, &y, &yi, &dy, &sums, &dx};
+    for (size_t k = 0; k < 11; k++) buf_free(e, all[k]);
+  }
+}
+
 static pmap_status ops_job(pmap_device *dev, void *arg) {
   env *e = arg;
   e->dev = dev;
@@ -312,6 +457,12 @@ static pmap_status ops_job(pmap_device *dev, void *arg) {
   test_mse(e);
   test_xent(e);
   test_optimizers(e);
+  test_act(e);
+  test_add(e);
+  test_layernorm(e);
+  test_pool(e);
+  test_dropout(e);
+  test_batchnorm(e);
   return PMAP_SUCCESS;
 }
 

@@ -195,8 +195,10 @@ int main(void) {
   if (n > gpus && gpu_ctx(n, gpus, 0.0, &probe) != PMAP_SUCCESS) n = 1;
   pmap_ctx_destroy(probe);
   if (test_failures) return test_exit("gpu_pmap");
-  static const char *const models[] = {"linear", "mlp", "convnet", "mlp-1024", "cifar-cnn"};
-  for (int i = 0; i < 5; i++) test_agreement(models[i], n, gpus);
+  /* res-mlp: layer norm, GELU, residual blocks; cifar-bn: batch norm across devices, pooling */
+  static const char *const models[] = {"linear",    "mlp",     "convnet", "mlp-1024",
+                                       "cifar-cnn", "res-mlp", "cifar-bn"};
+  for (int i = 0; i < 7; i++) test_agreement(models[i], n, gpus);
   test_predict(n, gpus);
   test_converge(n, gpus);
   return test_exit("gpu_pmap");

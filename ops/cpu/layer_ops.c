@@ -1,0 +1,199 @@
+/* layer_ops.c: CPU kernels of the layers beyond dense and conv (activations, residual add,
+ * layer norm, pooling, dropout, batch norm), with the math of ops/op_math.h. Sums over rows or
+ * channels are taken in double in a fixed order, so the CPU result is the reference. */
+#include <math.h>
+
+#include "cpu_ops.h"
+#include "ops/op_math.h"
+
+pmap_status cpu_act_forward(pmap_device *dev, pmap_act act, const float *x, float *y, size_t n) {
+  (void)dev;
+  for (size_t i = 0; i < n; i++) y[i] = pmap_act_apply((int)act, x[i]);
+  return PMAP_SUCCESS;
+}
+
+pmap_status cpu_act_backward(pmap_device *dev, pmap_act act, const float *x, const float *y,
+                             const float *dy, float *dx, size_t n) {
+  (void)dev;
+  for (size_t i = 0; i < n; i++) dx[i] = pmap_act_grad((int)act, x[i], y[i], dy[i]);
+  return PMAP_SUCCESS;
+}
+
+pmap_status cpu_add(pmap_device *dev, const float *a, const float *b, float *y, size_t n) {
+  (void)dev;
+  for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+  return PMAP_SUCCESS;
+}
+
+pmap_status cpu_layernorm_forward(pmap_device *dev, const float *x, const float *gamma,
+                                  const float *beta, int64_t rows, int64_t f, float eps, float *y,
+                                  float *stats) {
+  (void)dev;
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x + r * f;
+    double s = 0.0, ss = 0.0;
+    for (int64_t j = 0; j < f; j++) s += xr[j], ss += (double)xr[j] * xr[j];
+    float mean, var;
+    pmap_moments_d(s, ss, (double)f, &mean, &var);
+    float rstd = pmap_rstd(var, eps);
+    for (int64_t j = 0; j < f; j++) y[r * f + j] = (xr[j] - mean) * rstd * gamma[j] + beta[j];
+    stats[2 * r] = mean;
+    stats[2 * r + 1] = rstd;
+  }
+  return PMAP_SUCCESS;
+}
+
+pmap_status cpu_layernorm_backward(pmap_device *dev, const float *x, const float *gamma,
+                                   const float *stats, const float *dy, int64_t rows, int64_t f,
+                                   float *dx, float *dgamma, float *dbeta) {
+  (void)dev;
+  for (int64_t r = 0; dx && r < rows; r++) {
+    const float *xr = x + r * f, *dyr = dy + r * f;
+    float mean = stats[2 * r], rstd = stats[2 * r + 1];
+    double sg = 0.0, sgx = 0.0; /* sums of g = dy gamma and g xhat */
+    for (int64_t j = 0; j < f; j++) {
+      float g = dyr[j] * gamma[j], xhat = (xr[j] - mean) * rstd;
+      sg += g, sgx += (double)g * xhat;
+    }
+    float mg = (float)(sg / (double)f), mgx = (float)(sgx / (double)f);
+    for (int64_t j = 0; j < f; j++)
+      dx[r * f + j] = pmap_norm_dx(dyr[j] * gamma[j], (xr[j] - mean) * rstd, rstd, mg, mgx);
+  }
+  for (int64_t j = 0; j < f; j++) {
+    double sg = 0.0, sb = 0.0;
+    for (int64_t r = 0; r < rows; r++) {
+      float xhat = (x[r * f + j] - stats[2 * r]) * stats[2 * r + 1];
+      sg += (double)dy[r * f + j] * xhat;
+      sb += dy[r * f + j];
+    }
+    dgamma[j] += (float)sg;
+    dbeta[j] += (float)sb;
+  }
+  return PMAP_SUCCESS;
+}
+
+pmap_status cpu_pool2d_forward(pmap_device *dev, int is_max, const pmap_pool_shape *s,
+                               int64_t bd, const float *x, float *y) {
+  (void)dev;
+  for (int64_t p = 0; p < bd * s->c; p++)
+    for (int64_t oy = 0; oy < s->oh; oy++)
+      for (int64_t ox = 0; ox < s->ow; ox++)
+        y[(p * s->oh + oy) * s->ow + ox] =
+            pmap_pool_window(is_max, x + p * s->h * s->w, s->w, oy, ox, s->kh, s->kw, s->stride);
+  return PMAP_SUCCESS;
+}
+
+pmap_status cpu_pool2d_backward(pmap_device *dev, int is_max, const pmap_pool_shape *s,
+                                int64_t bd, const float *x, const float *dy, float *dx) {
+  (void)dev;
+  for (int64_t p = 0; p < bd * s->c; p++)
+    for (int64_t iy = 0; iy < s->h; iy++)
+      for (int64_t ix = 0; ix < s->w; ix++)
+        dx[(p * s->h + iy) * s->w + ix] =
+            pmap_pool_dx(is_max, x + p * s->h * s->w, dy + p * s->oh * s->ow, s->w, s->oh, s->ow,
+                         s->kh, s->kw, s->stride, iy, ix);
+  return PMAP_SUCCESS;
+}
+
+pmap_status cpu_dropout_forward(pmap_device *dev, const float *x, float *y, size_t n, float rate,
+                                uint64_t key, uint64_t first) {
+  (void)dev;
+  for (size_t i = 0; i < n; i++) y[i] = x[i] * pmap_dropout_factor(key, first + i, rate);
+  return PMAP_SUCCESS;
+}
+
+pmap_status cpu_dropout_backward(pmap_device *dev, const float *dy, float *dx, size_t n,
+                                 float rate, uint64_t key, uint64_t first) {
+  (void)dev;
+  for (size_t i = 0; i < n; i++) dx[i] = dy[i] * pmap_dropout_factor(key, first + i, rate);
+  return PMAP_SUCCESS;
+}
+
+pmap_status cpu_bn_stats(pmap_device *dev, const float *x, int64_t outer, int64_t c,
+                         int64_t inner, const float *prev, float *stats) {
+  (void)dev;
+  for (int64_t ch = 0; ch < c; ch++) {
+    float shift = 0.0f, var;
+    if (prev) pmap_bn_moments(prev, c, ch, &shift, &var);
+    double s = 0.0, ss = 0.0;
+    for (int64_t o = 0; o < outer; o++) {
+      const float *q = x + (o * c + ch) * inner;
+      for (int64_t i = 0; i < inner; i++) {
+        float d = q[i] - shift;
+        s += d, ss += (double)d * d;
+      }
+    }
+    stats[ch] = (float)s;
+    stats[c + ch] = (float)ss;
+    stats[2 * c + 1 + ch] = shift;
+  }
+  stats[2 * c] = (float)(outer * inner);
+  return PMAP_SUCCESS;
+}
+
+pmap_status cpu_bn_forward(pmap_device *dev, const float *x, const float *stats,
+                           const float *run_stats, float *running, const float *gamma,
+                           const float *beta, int64_t outer, int64_t c, int64_t inner, float eps,
+                           float momentum, int training, float *y) {
+  (void)dev;
+  for (int64_t ch = 0; ch < c; ch++) {
+    float mean, var;
+    if (training)
+      pmap_bn_moments(stats, c, ch, &mean, &var);
+    else
+      mean = running[ch], var = running[c + ch];
+    float rstd = pmap_rstd(var, eps);
+    for (int64_t o = 0; o < outer; o++) {
+      const float *q = x + (o * c + ch) * inner;
+      float *yq = y + (o * c + ch) * inner;
+      for (int64_t i = 0; i < inner; i++) yq[i] = (q[i] - mean) * rstd * gamma[ch] + beta[ch];
+    }
+  }
+  if (training && running)
+    for (int64_t ch = 0; ch < c; ch++) {
+      float mean, var;
+      pmap_bn_moments(run_stats, c, ch, &mean, &var);
+      pmap_running_update(&running[ch], &running[c + ch], mean, var, momentum);
+    }
+  return PMAP_SUCCESS;
+}
+
+pmap_status cpu_bn_backward_sums(pmap_device *dev, const float *x, const float *dy,
+                                 const float *stats, int64_t outer, int64_t c, int64_t inner,
+                                 float eps, float *sums) {
+  (void)dev;
+  for (int64_t ch = 0; ch < c; ch++) {
+    float mean, var;
+    pmap_bn_moments(stats, c, ch, &mean, &var);
+    float rstd = pmap_rstd(var, eps);
+    double s = 0.0, sx = 0.0;
+    for (int64_t o = 0; o < outer; o++) {
+      size_t base = (size_t)((o * c + ch) * inner);
+      for (int64_t i = 0; i < inner; i++)
+        s += dy[base + i], sx += (double)dy[base + i] * ((x[base + i] - mean) * rstd);
+    }
+    sums[ch] = (float)s;
+    sums[c + ch] = (float)sx;
+  }
+  return PMAP_SUCCESS;
+}
+
+pmap_status cpu_bn_backward_dx(pmap_device *dev, const float *x, const float *dy,
+                               const float *stats, const float *gamma, const float *sums,
+                               int64_t outer, int64_t c, int64_t inner, float eps, float *dx) {
+  (void)dev;
+  float count = stats[2 * c];
+  for (int64_t ch = 0; ch < c; ch++) {
+    float mean, var;
+    pmap_bn_moments(stats, c, ch, &mean, &var);
+    float rstd = pmap_rstd(var, eps);
+    float md = sums[ch] / count, mdx = sums[c + ch] / count;
+    for (int64_t o = 0; o < outer; o++) {
+      size_t base = (size_t)((o * c + ch) * inner);
+      for (int64_t i = 0; i < inner; i++)
+        dx[base + i] =
+            pmap_norm_dx(dy[base + i], (x[base + i] - mean) * rstd, gamma[ch] * rstd, md, mdx);
+    }
+  }
+  return PMAP_SUCCESS;
+}

@@ -1,0 +1,39 @@
+/* dropout.cu: inverted dropout (ops/ops.h dropout_*) with the counter-based mask of
+ * ops/op_math.h: the mask of an element is a function of (key, global index) only, the same as
+ * the CPU kernel's on any device count. */
+#include "cuda_common.cuh"
+
+static __global__ void dropout_kernel(const float *x, float *y, size_t n, float rate,
+                                      uint64_t key, uint64_t first) {
+  for (size_t i = cuda_thread_index(); i < n; i += cuda_grid_stride())
+    y[i] = x[i] * pmap_dropout_factor(key, first + i, rate);
+}
+
+static void dropout_launch(cudaStream_t stream, const float *x, float *y, size_t n, float rate,
+                           uint64_t key, uint64_t first) {
+  dropout_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, stream>>>(x, y, n, rate, key, first);
+}
+
+extern "C" pmap_status cuda_dropout_forward(pmap_device *dev, const float *x, float *y, size_t n,
+                                            float rate, uint64_t key, uint64_t first) {
+  cuda_device *cd = cuda_device_of(dev);
+  if (n == 0) return PMAP_SUCCESS;
+  dropout_launch(cd->stream, x, y, n, rate, key, first);
+  CUDA_CHECK_LAUNCH(cd, "dropout_kernel");
+  return PMAP_SUCCESS;
+}
+
+/* The backward applies the same mask to dy. */
+extern "C" pmap_status cuda_dropout_backward(pmap_device *dev, const float *dy, float *dx,
+                                             size_t n, float rate, uint64_t key, uint64_t first) {
+  cuda_device *cd = cuda_device_of(dev);
+  if (n == 0) return PMAP_SUCCESS;
+  dropout_launch(cd->stream, dy, dx, n, rate, key, first);
+  CUDA_CHECK_LAUNCH(cd, "dropout_kernel");
+  return PMAP_SUCCESS;
+}
+
+extern "C" pmap_status cuda_dropout_preload(cuda_device *cd) {
+  CUDA_PRELOAD(cd, dropout_kernel);
+  return PMAP_SUCCESS;
+}
