@@ -20,7 +20,8 @@ static const char *prog = "pmap-train";
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: pmap-train [--model linear|mlp|convnet|mlp-1024|cifar-cnn] [--devices N]\n"
+          "usage: pmap-train [--model linear|mlp|convnet|mlp-1024|cifar-cnn|res-mlp|cifar-bn]\n"
+          "                  [--devices N]\n"
           "                  [--backend auto|cpu|cuda] [--steps S] [--batch B] [--lr LR]\n"
           "                  [--seed K] [--samples S] [--log-every E] [--plot FILE] [--json]\n"
           "                  [--save FILE [--save-every K]] [--resume FILE] [--verify-every K]\n"
