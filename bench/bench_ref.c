@@ -139,8 +139,9 @@ static pmap_status probe_job(pmap_device *dev, void *arg) {
   case PROBE_ALLOC: return probe_alloc(dev, p);
   case PROBE_FREE: return probe_free(dev, p);
   case PROBE_GEMMS: return p->ng ? probe_gemms(dev, p) : PMAP_SUCCESS;
-  default: return probe_allreduce(dev, p);
+  case PROBE_ALLREDUCE: return probe_allreduce(dev, p);
   }
+  return PMAP_ERR(PMAP_ERR_INTERNAL, "probe mode %d", p->mode);
 }
 
 int bench_probe_open(pmap_ctx *ctx, const bench_gemm *g, int n, size_t count, bench_probe **out) {
@@ -332,19 +333,34 @@ static pmap_status loop_step(bench_loop *l, float *loss, double *t_opt) {
     const layer *ly = &m->layers[i];
     float *y = l->act[i];
     l->in[i] = in;
-    if (ly->kind == LAYER_DENSE) {
+    switch (ly->kind) {
+    case LAYER_DENSE:
       PMAP_TRY(o->gemm(NULL, 0, 0, bd, ly->out_size, ly->in_size, 1.0f, in, ly->in_size,
-                           l->w + ly->w_off, ly->out_size, 0.0f, y, ly->out_size));
+                       l->w + ly->w_off, ly->out_size, 0.0f, y, ly->out_size));
       PMAP_TRY(o->bias_forward(NULL, y, l->w + ly->b_off, bd, ly->out_size, 1));
-    } else if (ly->kind == LAYER_RELU) {
+      break;
+    case LAYER_RELU:
       PMAP_TRY(o->relu_forward(NULL, in, y, (size_t)(bd * ly->out_size)));
-    } else if (ly->kind == LAYER_CONV2D) {
+      break;
+    case LAYER_CONV2D:
       PMAP_TRY(o->conv2d_forward(NULL, &ly->conv, bd, in, l->w + ly->w_off, y, l->col));
       PMAP_TRY(o->bias_forward(NULL, y, l->w + ly->b_off, bd, ly->conv.oc,
-                                   ly->conv.oh * ly->conv.ow));
-    } else if (ly->kind == LAYER_FLATTEN) {
+                               ly->conv.oh * ly->conv.ow));
+      break;
+    case LAYER_FLATTEN:
       y = (float *)in;
-    } else {
+      break;
+    case LAYER_TANH:
+    case LAYER_SIGMOID:
+    case LAYER_GELU:
+    case LAYER_LAYERNORM:
+    case LAYER_MAXPOOL2D:
+    case LAYER_AVGPOOL2D:
+    case LAYER_DROPOUT:
+    case LAYER_BATCHNORM:
+    case LAYER_RES_BEGIN:
+    case LAYER_RES_END:
+      /* bench_loop_supports says no for models with these */
       return PMAP_ERR(PMAP_ERR_INTERNAL, "hand-written loop: layer %d has no loop code", i);
     }
     l->out[i] = y;
@@ -361,23 +377,38 @@ static pmap_status loop_step(bench_loop *l, float *loss, double *t_opt) {
   for (int i = L - 1; i >= 0; i--) {
     const layer *ly = &m->layers[i];
     float *dx = i > 0 ? l->dact[i - 1] : NULL;
-    if (ly->kind == LAYER_DENSE) {
+    switch (ly->kind) {
+    case LAYER_DENSE:
       PMAP_TRY(o->gemm(NULL, 1, 0, ly->in_size, ly->out_size, bd, 1.0f, l->in[i], ly->in_size,
-                           dy, ly->out_size, 1.0f, l->g + ly->w_off, ly->out_size));
+                       dy, ly->out_size, 1.0f, l->g + ly->w_off, ly->out_size));
       PMAP_TRY(o->bias_backward(NULL, dy, l->g + ly->b_off, bd, ly->out_size, 1));
       if (dx)
         PMAP_TRY(o->gemm(NULL, 0, 1, bd, ly->in_size, ly->out_size, 1.0f, dy, ly->out_size,
-                             l->w + ly->w_off, ly->out_size, 0.0f, dx, ly->in_size));
-    } else if (ly->kind == LAYER_RELU) {
+                         l->w + ly->w_off, ly->out_size, 0.0f, dx, ly->in_size));
+      break;
+    case LAYER_RELU:
       if (dx) PMAP_TRY(o->relu_backward(NULL, l->out[i], dy, dx, (size_t)(bd * ly->out_size)));
-    } else if (ly->kind == LAYER_CONV2D) {
+      break;
+    case LAYER_CONV2D:
       PMAP_TRY(o->conv2d_backward(NULL, &ly->conv, bd, l->in[i], l->w + ly->w_off, dy, dx,
-                                      l->g + ly->w_off, l->col, l->dcol));
+                                  l->g + ly->w_off, l->col, l->dcol));
       PMAP_TRY(o->bias_backward(NULL, dy, l->g + ly->b_off, bd, ly->conv.oc,
-                                    ly->conv.oh * ly->conv.ow));
-    } else if (ly->kind == LAYER_FLATTEN) {
+                                ly->conv.oh * ly->conv.ow));
+      break;
+    case LAYER_FLATTEN:
       dx = (float *)dy;
-    } else {
+      break;
+    case LAYER_TANH:
+    case LAYER_SIGMOID:
+    case LAYER_GELU:
+    case LAYER_LAYERNORM:
+    case LAYER_MAXPOOL2D:
+    case LAYER_AVGPOOL2D:
+    case LAYER_DROPOUT:
+    case LAYER_BATCHNORM:
+    case LAYER_RES_BEGIN:
+    case LAYER_RES_END:
+      /* bench_loop_supports says no for models with these */
       return PMAP_ERR(PMAP_ERR_INTERNAL, "hand-written loop: layer %d has no loop code", i);
     }
     if (!dx) break;
