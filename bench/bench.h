@@ -83,25 +83,25 @@ typedef enum bench_scaling { BENCH_STRONG = 0, BENCH_WEAK = 1 } bench_scaling;
 typedef struct bench_row {
   int devices;
   int64_t global_batch, per_device_batch;
-  int64_t total_steps;  /* steps taken before the final loss, step 0 and warm-up included */
-  double step0_ms;      /* the first pmap_update: sizing, first touches, library start-up */
-  bench_stats step;     /* steady-state step time */
-  double sps, gflops;   /* samples/s and model GFLOP/s at the median */
-  double speedup, eff;  /* against the first row of the same table */
-  bench_stats gemm;     /* the step's GEMMs alone, every device at once (n == 0: not measured) */
-  double gemm_gflops;   /* executed GEMM FLOPs of all devices / gemm.med */
-  double gemm_share;    /* gemm.med / step.med: the share of the raw GEMM rate the step keeps */
+  int64_t total_steps;   /* steps taken before the final loss, step 0 and warm-up included */
+  double step0_ms;       /* the first pmap_update: sizing, first touches, library start-up */
+  bench_stats step;      /* steady-state step time */
+  double sps, gflops;    /* samples/s and model GFLOP/s at the median */
+  double speedup, eff;   /* against the first row of the same table */
+  bench_stats gemm;      /* the step's GEMMs alone, every device at once (n == 0: not measured) */
+  double gemm_gflops;    /* executed GEMM FLOPs of all devices / gemm.med */
+  double gemm_share;     /* gemm.med / step.med: the share of the raw GEMM rate the step keeps */
   bench_stats allreduce; /* the in-place pmean of the gradients and loss alone */
-  float loss0, loss;    /* loss of step 0 (the initial parameters) and the final loss */
-  int identical;        /* every replica bitwise equal after the run */
-  double loss_rel_diff; /* |loss - first row's loss| / |first row's|, strong scaling only */
+  float loss0, loss;     /* loss of step 0 (the initial parameters) and the final loss */
+  int identical;         /* every replica bitwise equal after the run */
+  double loss_rel_diff;  /* |loss - first row's loss| / |first row's|, strong scaling only */
 } bench_row;
 
 typedef struct bench_result {
   const char *model;
   size_t params;
-  double fwd_macs; /* multiply-adds of one example's forward pass */
-  char optimizer[64]; /* e.g. "SGD lr 0.01 momentum 0.9" */
+  double fwd_macs;           /* multiply-adds of one example's forward pass */
+  char optimizer[64];        /* e.g. "SGD lr 0.01 momentum 0.9" */
   int64_t batch, weak_batch; /* strong global batch; weak per-device batch */
   int64_t steps, warmup, rounds;
   int nrows[2];
@@ -118,8 +118,8 @@ typedef struct bench_result {
 /* Link parameters of the ring all-reduce model (see bench/README.md). */
 typedef struct bench_link {
   const char *name;
-  double alpha_us;   /* per-hop latency */
-  double busbw_gbs;  /* bus bandwidth, GB/s */
+  double alpha_us;  /* per-hop latency */
+  double busbw_gbs; /* bus bandwidth, GB/s */
 } bench_link;
 
 /* Predicted step time on n devices from the measured 1-device step t1 (s), of which t_opt (s) is

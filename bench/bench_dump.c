@@ -32,8 +32,9 @@ static void json_layers(FILE *f, const pmap_model *m) {
     case LAYER_RELU: fprintf(f, "{\"kind\": \"relu\"}"); break;
     case LAYER_FLATTEN: fprintf(f, "{\"kind\": \"flatten\"}"); break;
     case LAYER_CONV2D:
-      fprintf(f, "{\"kind\": \"conv2d\", \"c\": %lld, \"oc\": %lld, \"kh\": %d, \"kw\": %d, "
-                 "\"stride\": %d, \"pad\": %d}",
+      fprintf(f,
+              "{\"kind\": \"conv2d\", \"c\": %lld, \"oc\": %lld, \"kh\": %d, \"kw\": %d, "
+              "\"stride\": %d, \"pad\": %d}",
               (long long)l->conv.c, (long long)l->conv.oc, l->conv.kh, l->conv.kw, l->conv.stride,
               l->conv.pad);
       break;
@@ -41,8 +42,8 @@ static void json_layers(FILE *f, const pmap_model *m) {
     case LAYER_SIGMOID: fprintf(f, "{\"kind\": \"sigmoid\"}"); break;
     case LAYER_GELU: fprintf(f, "{\"kind\": \"gelu\"}"); break;
     case LAYER_LAYERNORM:
-      fprintf(f, "{\"kind\": \"layernorm\", \"size\": %lld, \"eps\": %.9g}",
-              (long long)l->in_size, (double)l->eps);
+      fprintf(f, "{\"kind\": \"layernorm\", \"size\": %lld, \"eps\": %.9g}", (long long)l->in_size,
+              (double)l->eps);
       break;
     case LAYER_MAXPOOL2D:
     case LAYER_AVGPOOL2D:
@@ -50,10 +51,13 @@ static void json_layers(FILE *f, const pmap_model *m) {
               l->kind == LAYER_MAXPOOL2D ? "maxpool2d" : "avgpool2d", l->pool.kh, l->pool.kw,
               l->pool.stride, l->out_rank == 1);
       break;
-    case LAYER_DROPOUT: fprintf(f, "{\"kind\": \"dropout\", \"rate\": %.9g}", (double)l->rate); break;
+    case LAYER_DROPOUT:
+      fprintf(f, "{\"kind\": \"dropout\", \"rate\": %.9g}", (double)l->rate);
+      break;
     case LAYER_BATCHNORM:
-      fprintf(f, "{\"kind\": \"batchnorm\", \"channels\": %lld, \"eps\": %.9g, \"momentum\": "
-                 "%.9g, \"cross_replica\": %d}",
+      fprintf(f,
+              "{\"kind\": \"batchnorm\", \"channels\": %lld, \"eps\": %.9g, \"momentum\": "
+              "%.9g, \"cross_replica\": %d}",
               (long long)l->channels, (double)l->eps, (double)l->momentum, l->cross_replica);
       break;
     case LAYER_RES_BEGIN: fprintf(f, "{\"kind\": \"res_begin\"}"); break;
@@ -98,8 +102,9 @@ int bench_dump(const char *dir, const char *name, const pmap_model *m, const pma
   fprintf(f, "], \"loss\": \"%s\", \"layers\": [",
           m->loss == PMAP_LOSS_MSE ? "mse" : "softmax_xent");
   json_layers(f, m);
-  fprintf(f, "], \"optimizer\": {\"kind\": \"%s\", \"lr\": %.9g, \"momentum\": %.9g, "
-             "\"beta1\": %.9g, \"beta2\": %.9g, \"eps\": %.9g}}\n",
+  fprintf(f,
+          "], \"optimizer\": {\"kind\": \"%s\", \"lr\": %.9g, \"momentum\": %.9g, "
+          "\"beta1\": %.9g, \"beta2\": %.9g, \"eps\": %.9g}}\n",
           opt->kind == PMAP_OPT_ADAM ? "adam" : "sgd", (double)opt->lr, (double)opt->momentum,
           (double)opt->beta1, (double)opt->beta2, (double)opt->eps);
   if (fclose(f)) {

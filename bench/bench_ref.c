@@ -108,9 +108,8 @@ static pmap_status probe_gemms(pmap_device *dev, bench_probe *p) {
         const bench_gemm *g = &p->g[i];
         float *a = p->ops[d][3 * i], *b = p->ops[d][3 * i + 1], *c = p->ops[d][3 * i + 2];
         for (int64_t k = 0; k < g->repeat; k++)
-          PMAP_TRY(dev->ops->gemm(dev, g->ta, g->tb, g->m, g->n, g->k, 1.0f, a,
-                                      g->ta ? g->m : g->k, b, g->tb ? g->k : g->n,
-                                      g->beta1 ? 1.0f : 0.0f, c, g->n));
+          PMAP_TRY(dev->ops->gemm(dev, g->ta, g->tb, g->m, g->n, g->k, 1.0f, a, g->ta ? g->m : g->k,
+                                  b, g->tb ? g->k : g->n, g->beta1 ? 1.0f : 0.0f, c, g->n));
       }
     /* A download completes the device's queued work (CUDA); on CPU it is a 4-byte copy. */
     PMAP_TRY(pmap_device_download(dev, &sink, p->ops[d][3 * (p->ng - 1) + 2], 1));
@@ -221,8 +220,8 @@ struct bench_loop {
   const pmap_model *m;
   pmap_optimizer opt;
   int64_t bd;
-  const float *x; /* (bd, input...) */
-  const void *y;  /* (bd, K) f32 or (bd) i32 */
+  const float *x;         /* (bd, input...) */
+  const void *y;          /* (bd, K) f32 or (bd) i32 */
   float *w, *g, *s1, *s2; /* (P), (P + 1: the loss last), optimizer slots (P) each */
   float **act, **dact;    /* (n_layers) outputs and output gradients */
   const float **in, **out;
@@ -339,17 +338,13 @@ static pmap_status loop_step(bench_loop *l, float *loss, double *t_opt) {
                        l->w + ly->w_off, ly->out_size, 0.0f, y, ly->out_size));
       PMAP_TRY(o->bias_forward(NULL, y, l->w + ly->b_off, bd, ly->out_size, 1));
       break;
-    case LAYER_RELU:
-      PMAP_TRY(o->relu_forward(NULL, in, y, (size_t)(bd * ly->out_size)));
-      break;
+    case LAYER_RELU: PMAP_TRY(o->relu_forward(NULL, in, y, (size_t)(bd * ly->out_size))); break;
     case LAYER_CONV2D:
       PMAP_TRY(o->conv2d_forward(NULL, &ly->conv, bd, in, l->w + ly->w_off, y, l->col));
-      PMAP_TRY(o->bias_forward(NULL, y, l->w + ly->b_off, bd, ly->conv.oc,
-                               ly->conv.oh * ly->conv.ow));
+      PMAP_TRY(
+          o->bias_forward(NULL, y, l->w + ly->b_off, bd, ly->conv.oc, ly->conv.oh * ly->conv.ow));
       break;
-    case LAYER_FLATTEN:
-      y = (float *)in;
-      break;
+    case LAYER_FLATTEN: y = (float *)in; break;
     case LAYER_TANH:
     case LAYER_SIGMOID:
     case LAYER_GELU:
@@ -368,19 +363,19 @@ static pmap_status loop_step(bench_loop *l, float *loss, double *t_opt) {
   }
   const layer *last = &m->layers[L - 1];
   if (m->loss == PMAP_LOSS_MSE)
-    PMAP_TRY(o->mse(NULL, l->out[L - 1], l->y, (size_t)(bd * last->out_size), l->dact[L - 1],
-                        l->g + P));
+    PMAP_TRY(
+        o->mse(NULL, l->out[L - 1], l->y, (size_t)(bd * last->out_size), l->dact[L - 1], l->g + P));
   else
-    PMAP_TRY(o->softmax_xent(NULL, l->out[L - 1], l->y, bd, last->out_size, l->dact[L - 1],
-                                 l->g + P));
+    PMAP_TRY(
+        o->softmax_xent(NULL, l->out[L - 1], l->y, bd, last->out_size, l->dact[L - 1], l->g + P));
   const float *dy = l->dact[L - 1];
   for (int i = L - 1; i >= 0; i--) {
     const layer *ly = &m->layers[i];
     float *dx = i > 0 ? l->dact[i - 1] : NULL;
     switch (ly->kind) {
     case LAYER_DENSE:
-      PMAP_TRY(o->gemm(NULL, 1, 0, ly->in_size, ly->out_size, bd, 1.0f, l->in[i], ly->in_size,
-                       dy, ly->out_size, 1.0f, l->g + ly->w_off, ly->out_size));
+      PMAP_TRY(o->gemm(NULL, 1, 0, ly->in_size, ly->out_size, bd, 1.0f, l->in[i], ly->in_size, dy,
+                       ly->out_size, 1.0f, l->g + ly->w_off, ly->out_size));
       PMAP_TRY(o->bias_backward(NULL, dy, l->g + ly->b_off, bd, ly->out_size, 1));
       if (dx)
         PMAP_TRY(o->gemm(NULL, 0, 1, bd, ly->in_size, ly->out_size, 1.0f, dy, ly->out_size,
@@ -392,12 +387,10 @@ static pmap_status loop_step(bench_loop *l, float *loss, double *t_opt) {
     case LAYER_CONV2D:
       PMAP_TRY(o->conv2d_backward(NULL, &ly->conv, bd, l->in[i], l->w + ly->w_off, dy, dx,
                                   l->g + ly->w_off, l->col, l->dcol));
-      PMAP_TRY(o->bias_backward(NULL, dy, l->g + ly->b_off, bd, ly->conv.oc,
-                                ly->conv.oh * ly->conv.ow));
+      PMAP_TRY(
+          o->bias_backward(NULL, dy, l->g + ly->b_off, bd, ly->conv.oc, ly->conv.oh * ly->conv.ow));
       break;
-    case LAYER_FLATTEN:
-      dx = (float *)dy;
-      break;
+    case LAYER_FLATTEN: dx = (float *)dy; break;
     case LAYER_TANH:
     case LAYER_SIGMOID:
     case LAYER_GELU:
@@ -417,9 +410,13 @@ static pmap_status loop_step(bench_loop *l, float *loss, double *t_opt) {
   double t0 = t_opt ? cli_now() : 0.0;
   l->t++;
   const pmap_optimizer *op = &l->opt;
-  pmap_step_hyper h = {.lr = op->lr, .momentum = op->momentum, .nesterov = op->nesterov,
-                       .weight_decay = op->weight_decay, .beta1 = op->beta1,
-                       .beta2 = op->beta2, .eps = op->eps};
+  pmap_step_hyper h = {.lr = op->lr,
+                       .momentum = op->momentum,
+                       .nesterov = op->nesterov,
+                       .weight_decay = op->weight_decay,
+                       .beta1 = op->beta1,
+                       .beta2 = op->beta2,
+                       .eps = op->eps};
   if (op->kind == PMAP_OPT_SGD) {
     PMAP_TRY(o->sgd_step(NULL, l->w, l->g, l->s1, P, &h));
   } else {

@@ -105,16 +105,18 @@ static void prediction(FILE *f, const bench_result *r) {
 }
 
 void bench_report_text(FILE *f, const bench_result *r, const char *backend, int cores) {
-  fprintf(f, "\n== %s: %zu parameters (%.4g MB of gradients), %.4g M multiply-adds per example, "
-             "%s; backend %s (gemm %s), %d cores\n",
+  fprintf(f,
+          "\n== %s: %zu parameters (%.4g MB of gradients), %.4g M multiply-adds per example, "
+          "%s; backend %s (gemm %s), %d cores\n",
           r->model, r->params, grad_bytes(r) / 1e6, r->fwd_macs / 1e6, r->optimizer, backend,
           pmap_gemm_provider(), cores);
   table(f, r, BENCH_STRONG);
   table(f, r, BENCH_WEAK);
   const bench_row *one = one_device_row(r);
   if (r->hand.n) {
-    fprintf(f, "hand-written 1-device loop (CPU op table, no runtime), batch %lld: median %.4g ms "
-               "(p10 %.4g, p90 %.4g), optimizer step %.3g ms",
+    fprintf(f,
+            "hand-written 1-device loop (CPU op table, no runtime), batch %lld: median %.4g ms "
+            "(p10 %.4g, p90 %.4g), optimizer step %.3g ms",
             (long long)r->batch, r->hand.med, r->hand.p10, r->hand.p90, r->hand_opt_ms);
     if (one)
       fprintf(f, "; pmap on 1 device %.4g ms: runtime overhead %+.3g us (%+.1f%%)", one->step.med,
@@ -125,8 +127,9 @@ void bench_report_text(FILE *f, const bench_result *r, const char *backend, int 
     fprintf(f, "\n");
   }
   if (r->nrows[BENCH_STRONG] && r->rows[BENCH_STRONG][0].gemm.n) {
-    fprintf(f, "raw GEMM rate at the step's shapes, every device at once (gemm_ms; gemm%% = "
-               "gemm_ms / median_ms):");
+    fprintf(f,
+            "raw GEMM rate at the step's shapes, every device at once (gemm_ms; gemm%% = "
+            "gemm_ms / median_ms):");
     for (int i = 0; i < r->nrows[BENCH_STRONG]; i++)
       fprintf(f, " %d dev %.4g GFLOP/s%s", r->rows[BENCH_STRONG][i].devices,
               r->rows[BENCH_STRONG][i].gemm_gflops, i + 1 < r->nrows[BENCH_STRONG] ? "," : "\n");
@@ -136,23 +139,25 @@ void bench_report_text(FILE *f, const bench_result *r, const char *backend, int 
 }
 
 void bench_report_csv_header(FILE *f) {
-  fprintf(f, "model,scaling,backend,gemm,devices,global_batch,per_device_batch,total_steps,"
-             "step0_ms,median_ms,p10_ms,p90_ms,samples_per_sec,gflops,speedup,efficiency,gemm_ms,"
-             "gemm_gflops,gemm_share,allreduce_ms,loss0,loss,replicas_identical\n");
+  fprintf(f,
+          "model,scaling,backend,gemm,devices,global_batch,per_device_batch,total_steps,"
+          "step0_ms,median_ms,p10_ms,p90_ms,samples_per_sec,gflops,speedup,efficiency,gemm_ms,"
+          "gemm_gflops,gemm_share,allreduce_ms,loss0,loss,replicas_identical\n");
 }
 
 void bench_report_csv(FILE *f, const bench_result *r, const char *backend) {
   for (int mode = 0; mode < 2; mode++)
     for (int i = 0; i < r->nrows[mode]; i++) {
       const bench_row *w = &r->rows[mode][i];
-      fprintf(f, "%s,%s,%s,%s,%d,%lld,%lld,%lld,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,"
-                 "%.6g,%.6g,%.9g,%.9g,%d\n",
+      fprintf(f,
+              "%s,%s,%s,%s,%d,%lld,%lld,%lld,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,"
+              "%.6g,%.6g,%.9g,%.9g,%d\n",
               r->model, scaling_name[mode], backend, pmap_gemm_provider(), w->devices,
               (long long)w->global_batch, (long long)w->per_device_batch, (long long)w->total_steps,
               w->step0_ms, w->step.med, w->step.p10, w->step.p90, w->sps, w->gflops, w->speedup,
               w->eff, w->gemm.n ? w->gemm.med : -1.0, w->gemm.n ? w->gemm_gflops : -1.0,
-              w->gemm.n ? w->gemm_share : -1.0, w->allreduce.med, (double)w->loss0,
-              (double)w->loss, w->identical);
+              w->gemm.n ? w->gemm_share : -1.0, w->allreduce.med, (double)w->loss0, (double)w->loss,
+              w->identical);
     }
 }
 
@@ -168,8 +173,9 @@ void bench_report_json_rows(FILE *f, const bench_result *r, int *first_row) {
   for (int mode = 0; mode < 2; mode++)
     for (int i = 0; i < r->nrows[mode]; i++) {
       const bench_row *w = &r->rows[mode][i];
-      fprintf(f, "%s{\"model\": \"%s\", \"scaling\": \"%s\", \"devices\": %d, "
-                 "\"global_batch\": %lld, \"per_device_batch\": %lld, \"total_steps\": %lld, ",
+      fprintf(f,
+              "%s{\"model\": \"%s\", \"scaling\": \"%s\", \"devices\": %d, "
+              "\"global_batch\": %lld, \"per_device_batch\": %lld, \"total_steps\": %lld, ",
               *first_row ? "" : ", ", r->model, scaling_name[mode], w->devices,
               (long long)w->global_batch, (long long)w->per_device_batch,
               (long long)w->total_steps);
@@ -194,9 +200,10 @@ void bench_report_json_rows(FILE *f, const bench_result *r, int *first_row) {
 }
 
 void bench_report_json_model(FILE *f, const bench_result *r) {
-  fprintf(f, "{\"model\": \"%s\", \"params\": %zu, \"gradient_bytes\": %.0f, "
-             "\"forward_macs_per_example\": %.0f, \"optimizer\": \"%s\", \"batch\": %lld, "
-             "\"weak_batch\": %lld, \"steps\": %lld, \"warmup\": %lld, \"rounds\": %lld, ",
+  fprintf(f,
+          "{\"model\": \"%s\", \"params\": %zu, \"gradient_bytes\": %.0f, "
+          "\"forward_macs_per_example\": %.0f, \"optimizer\": \"%s\", \"batch\": %lld, "
+          "\"weak_batch\": %lld, \"steps\": %lld, \"warmup\": %lld, \"rounds\": %lld, ",
           r->model, r->params, grad_bytes(r), r->fwd_macs, r->optimizer, (long long)r->batch,
           (long long)r->weak_batch, (long long)r->steps, (long long)r->warmup,
           (long long)r->rounds);

@@ -41,10 +41,14 @@ static int parse_bytes(const char *opt, const char *s, int64_t *out) {
   double v = strtod(s, &end);
   double mult = 1.0;
   if (end && *end && !end[1]) {
-    if (*end == 'K' || *end == 'k') mult = 1024.0;
-    else if (*end == 'M' || *end == 'm') mult = 1048576.0;
-    else if (*end == 'G' || *end == 'g') mult = 1073741824.0;
-    else end = NULL;
+    if (*end == 'K' || *end == 'k')
+      mult = 1024.0;
+    else if (*end == 'M' || *end == 'm')
+      mult = 1048576.0;
+    else if (*end == 'G' || *end == 'g')
+      mult = 1073741824.0;
+    else
+      end = NULL;
     if (end) end++;
   }
   if (!end || end == s || *end || !(v >= 4.0 / mult) || v * mult > 4294967296.0) {
@@ -75,8 +79,8 @@ typedef struct bench {
   redop op;
   size_t count;
   int iters, warmup, check;
-  double *t[2];       /* (iters) per call, out of place and in place, seconds */
-  int64_t *wrong[2];  /* (n) wrong values per device */
+  double *t[2];      /* (iters) per call, out of place and in place, seconds */
+  int64_t *wrong[2]; /* (n) wrong values per device */
 } bench;
 
 static pmap_status coll(pmap_device *dev, redop op, const float *s, float *r, size_t count) {
@@ -107,8 +111,8 @@ static pmap_status count_wrong(pmap_device *dev, bench *b, const float *src, int
       float want = expected(b->op, b->n, lo + i), got = b->host[d][i];
       /* Sums and maxima of the pattern are exact. A mean may be formed as a sum scaled by 1/n
        * (NCCL's ncclAvg), which rounds differently from a sum divided by n: one part in 1e6. */
-      int ok = b->op == OP_MEAN ? fabsf(got - want) <= 1e-6f * fmaxf(1.0f, fabsf(want))
-                                : got == want;
+      int ok =
+          b->op == OP_MEAN ? fabsf(got - want) <= 1e-6f * fmaxf(1.0f, fabsf(want)) : got == want;
       *wrong += !ok;
     }
   }
@@ -194,8 +198,8 @@ typedef struct opts {
 
 static int parse(int argc, char **argv, opts *o) {
   static const char *const flags[] = {"--json", NULL};
-  static const char *const value_opts[] = {"-b", "-e", "-f", "-d", "-n", "-w", "-o", "-c",
-                                           "--backend", "--copy-bytes", "--csv", NULL};
+  static const char *const value_opts[] = {"-b", "-e", "-f",        "-d",           "-n",    "-w",
+                                           "-o", "-c", "--backend", "--copy-bytes", "--csv", NULL};
   *o = (opts){8, 128 << 20, 2, 20, 5, 1, 16 << 20, {2}, 1, 0, {1, 0, 0}, "auto", NULL};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = NULL;
@@ -282,8 +286,8 @@ static int run_devices(const opts *o, pmap_backend backend, int n, FILE *csv, FI
   b.n = g;
   b.setup = 1;
   if (pmap_run(ctx, job, &b)) {
-    fprintf(stderr, "%s: cannot allocate 2 x %lld bytes per device: %s\n", prog,
-            (long long)o->maxb, pmap_last_error());
+    fprintf(stderr, "%s: cannot allocate 2 x %lld bytes per device: %s\n", prog, (long long)o->maxb,
+            pmap_last_error());
     b.setup = 0;
     code = 1;
     goto out;
@@ -332,10 +336,11 @@ static int run_devices(const opts *o, pmap_backend backend, int n, FILE *csv, FI
                 (long long)(b.count * 4), b.count, op_name[k], us[0], alg[0], bus[0],
                 (long long)wrong[0], us[1], alg[1], bus[1], (long long)wrong[1]);
       if (js) {
-        fprintf(js, "%s{\"devices\": %d, \"bytes\": %lld, \"count\": %zu, \"type\": \"float\", "
-                    "\"redop\": \"%s\", \"oop_time_us\": %.6g, \"oop_algbw\": %.6g, "
-                    "\"oop_busbw\": %.6g, \"oop_wrong\": %lld, \"ip_time_us\": %.6g, "
-                    "\"ip_algbw\": %.6g, \"ip_busbw\": %.6g, \"ip_wrong\": %lld}",
+        fprintf(js,
+                "%s{\"devices\": %d, \"bytes\": %lld, \"count\": %zu, \"type\": \"float\", "
+                "\"redop\": \"%s\", \"oop_time_us\": %.6g, \"oop_algbw\": %.6g, "
+                "\"oop_busbw\": %.6g, \"oop_wrong\": %lld, \"ip_time_us\": %.6g, "
+                "\"ip_algbw\": %.6g, \"ip_busbw\": %.6g, \"ip_wrong\": %lld}",
                 *first_row ? "" : ", ", g, (long long)(b.count * 4), b.count, op_name[k], us[0],
                 alg[0], bus[0], (long long)wrong[0], us[1], alg[1], bus[1], (long long)wrong[1]);
         *first_row = 0;
@@ -347,9 +352,10 @@ static int run_devices(const opts *o, pmap_backend backend, int n, FILE *csv, FI
            *wrong_total ? "WRONG" : "OK");
     printf("# Avg bus bandwidth    : %g\n", rows ? busbw_sum / rows : 0.0);
     if (copy_share[0] >= 0.0)
-      printf("# all-reduce (sum) of %lld bytes: busbw %.0f%% (out of place), %.0f%% (in place) of "
-             "the 1-thread memcpy bandwidth\n",
-             (long long)o->copy_bytes, 100.0 * copy_share[0], 100.0 * copy_share[1]);
+      printf(
+          "# all-reduce (sum) of %lld bytes: busbw %.0f%% (out of place), %.0f%% (in place) of "
+          "the 1-thread memcpy bandwidth\n",
+          (long long)o->copy_bytes, 100.0 * copy_share[0], 100.0 * copy_share[1]);
   }
 out:
   if (ctx && b.send && b.send[0]) {
@@ -396,17 +402,19 @@ int main(int argc, char **argv) {
     return 1;
   }
   if (csv)
-    fprintf(csv, "devices,backend,bytes,count,type,redop,oop_time_us,oop_algbw,oop_busbw,"
-                 "oop_wrong,ip_time_us,ip_algbw,ip_busbw,ip_wrong\n");
+    fprintf(csv,
+            "devices,backend,bytes,count,type,redop,oop_time_us,oop_algbw,oop_busbw,"
+            "oop_wrong,ip_time_us,ip_algbw,ip_busbw,ip_wrong\n");
   if (o.json && !(js = open_memstream(&jbuf, &jlen))) {
     fprintf(stderr, "%s: out of memory\n", prog);
     return 1;
   }
   double copy = memcpy_gbs((size_t)o.copy_bytes, 20);
-  printf("# pmap-allreduce: %lld to %lld bytes, factor %lld, %lld iterations after %lld warm-up, "
-         "check %s\n# memcpy, 1 thread, %lld bytes: %.2f GB/s\n",
-         (long long)o.minb, (long long)o.maxb, (long long)o.factor, (long long)o.iters,
-         (long long)o.warmup, o.check ? "on" : "off", (long long)o.copy_bytes, copy);
+  printf(
+      "# pmap-allreduce: %lld to %lld bytes, factor %lld, %lld iterations after %lld warm-up, "
+      "check %s\n# memcpy, 1 thread, %lld bytes: %.2f GB/s\n",
+      (long long)o.minb, (long long)o.maxb, (long long)o.factor, (long long)o.iters,
+      (long long)o.warmup, o.check ? "on" : "off", (long long)o.copy_bytes, copy);
   int64_t wrong = 0;
   int first = 1, code = 0;
   const char *bname = "?";
@@ -422,10 +430,11 @@ int main(int argc, char **argv) {
   if (js) {
     fclose(js);
     if (!code)
-      printf("{\"backend\": \"%s\", \"memcpy_bytes\": %lld, \"memcpy_gbs\": %.6g, \"iters\": %lld, "
-             "\"warmup\": %lld, \"wrong\": %lld, \"rows\": [%s]}\n",
-             bname, (long long)o.copy_bytes, copy, (long long)o.iters, (long long)o.warmup,
-             (long long)wrong, jbuf ? jbuf : "");
+      printf(
+          "{\"backend\": \"%s\", \"memcpy_bytes\": %lld, \"memcpy_gbs\": %.6g, \"iters\": %lld, "
+          "\"warmup\": %lld, \"wrong\": %lld, \"rows\": [%s]}\n",
+          bname, (long long)o.copy_bytes, copy, (long long)o.iters, (long long)o.warmup,
+          (long long)wrong, jbuf ? jbuf : "");
     free(jbuf);
   }
   if (wrong) fprintf(stderr, "%s: %lld wrong values\n", prog, (long long)wrong);

@@ -23,7 +23,8 @@ static void usage(FILE *f) {
           "                  [--warmup W] [--rounds R] [--backend auto|cpu|cuda] [--seed K]\n"
           "                  [--no-ref] [--no-numeric-guard] [--csv FILE] [--dump DIR]\n"
           "                  [--json]\n"
-          "  --model      example models, comma-separated; all: " ALL_MODELS "\n"
+          "  --model      example models, comma-separated; all: " ALL_MODELS
+          "\n"
           "               (default mlp-1024)\n"
           "  --devices    device counts; speedup and efficiency are against the first\n"
           "  --batch      strong scaling: the global batch (default: each model's)\n"
@@ -97,7 +98,10 @@ static int setup_open(setup *s, const char *name, const pmap_model *model,
   s->t = malloc(sizeof *s->t * (size_t)cap);
   s->tg = malloc(sizeof *s->tg * (size_t)cap);
   s->ta = malloc(sizeof *s->ta * (size_t)cap);
-  if (!s->t || !s->tg || !s->ta) { fprintf(stderr, "%s: out of memory\n", prog); return -1; }
+  if (!s->t || !s->tg || !s->ta) {
+    fprintf(stderr, "%s: out of memory\n", prog);
+    return -1;
+  }
   if (pmap_ctx_create(&cfg, &s->ctx)) return fail("cannot create the context");
   /* Under mpirun the device count is per process and each process passes its bd * devices
    * rows: the row reports the global devices and batch. */
@@ -153,8 +157,10 @@ static int replicas_identical(pmap_params *p, int first, int n, int *identical) 
     rc = fail("pmap_params_read");
   }
   for (int d = 1; !rc && d < n && *identical; d++) {
-    if (pmap_params_read(p, first + d, wd, P)) rc = fail("pmap_params_read");
-    else *identical = memcmp(w0, wd, P * sizeof *w0) == 0;
+    if (pmap_params_read(p, first + d, wd, P))
+      rc = fail("pmap_params_read");
+    else
+      *identical = memcmp(w0, wd, P * sizeof *w0) == 0;
   }
   free(w0);
   free(wd);
@@ -203,8 +209,9 @@ static void finish_table(bench_result *res, int mode, setup *su, double flops_pe
     }
     w->loss_rel_diff = rel_diff(w->loss, rows[0].loss);
     if (mode == BENCH_STRONG && w->loss_rel_diff > LOSS_TOL) {
-      fprintf(stderr, "%s: %s: the loss on %d devices, %.9g, differs from %.9g on %d by %.3g "
-                      "(relative; allowed %g)\n",
+      fprintf(stderr,
+              "%s: %s: the loss on %d devices, %.9g, differs from %.9g on %d by %.3g "
+              "(relative; allowed %g)\n",
               prog, res->model, w->devices, (double)w->loss, (double)rows[0].loss, rows[0].devices,
               w->loss_rel_diff, LOSS_TOL);
       res->failed = 1;
@@ -285,10 +292,12 @@ static int bench_model(const char *name, const opts *o, pmap_backend backend, co
   if (!code && o->ref && !strcmp(*bname, "cpu") && bench_loop_supports(model)) {
     th = malloc(sizeof *th * (size_t)cap);
     topt = malloc(sizeof *topt * (size_t)cap);
-    if (!th || !topt) code = fail("out of memory");
+    if (!th || !topt)
+      code = fail("out of memory");
     else if (pmap_example_data(name, o->seed + 1, res->batch, &hx, &hy))
       code = fail("cannot make the data");
-    else if (bench_loop_open(model, &info.opt, o->seed, &hx, &hy, &hand)) code = -1;
+    else if (bench_loop_open(model, &info.opt, o->seed, &hx, &hy, &hand))
+      code = -1;
     for (int64_t i = 0; !code && i < 1 + res->warmup; i++, res->hand_steps++)
       code = bench_loop_step(hand, &res->hand_loss, NULL);
   }
@@ -320,8 +329,9 @@ static int bench_model(const char *name, const opts *o, pmap_backend backend, co
           res->hand_rel_diff = rel_diff(res->hand_loss, w->loss);
       }
       if (res->hand_rel_diff > LOSS_TOL) {
-        fprintf(stderr, "%s: %s: the hand-written loop's loss %.9g differs from pmap's on 1 "
-                        "device by %.3g (relative)\n",
+        fprintf(stderr,
+                "%s: %s: the hand-written loop's loss %.9g differs from pmap's on 1 "
+                "device by %.3g (relative)\n",
                 prog, name, (double)res->hand_loss, res->hand_rel_diff);
         res->failed = 1;
       }
@@ -339,11 +349,11 @@ static int bench_model(const char *name, const opts *o, pmap_backend backend, co
 
 static int parse(int argc, char **argv, opts *o) {
   static const char *const flags[] = {"--json", "--no-ref", "--no-numeric-guard", NULL};
-  static const char *const value_opts[] = {"--model", "--backend", "--devices", "--batch",
-                                           "--weak-batch", "--scaling", "--steps", "--warmup",
-                                           "--rounds", "--seed", "--csv", "--dump", NULL};
-  *o = (opts){"mlp-1024", "auto", NULL, NULL, {1, 2, 4}, -1, -1, -1, -1, 5, 3, 0, 1, {1, 1},
-              PMAP_GUARD_ON, 0};
+  static const char *const value_opts[] = {
+      "--model",  "--backend", "--devices", "--batch", "--weak-batch", "--scaling", "--steps",
+      "--warmup", "--rounds",  "--seed",    "--csv",   "--dump",       NULL};
+  *o = (opts){"mlp-1024", "auto", NULL, NULL,   {1, 2, 4},     -1, -1, -1, -1, 5,
+              3,          0,      1,    {1, 1}, PMAP_GUARD_ON, 0};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = NULL;
     int kind = cli_next(prog, argc, argv, &i, flags, value_opts, &v);
@@ -467,11 +477,12 @@ int main(int argc, char **argv) {
     code = 1;
   }
   if (o.json && !code) {
-    printf("{\"model\": \"%s\", \"backend\": \"%s\", \"gemm\": \"%s\", \"cores\": %ld, "
-           "\"global_batch\": %lld, \"steps\": %lld, \"warmup\": %lld, "
-           "\"flops_per_example\": \"6 x forward multiply-adds\", \"models\": [",
-           o.models, bname, pmap_gemm_provider(), cores, (long long)res[0].batch,
-           (long long)res[0].steps, (long long)res[0].warmup);
+    printf(
+        "{\"model\": \"%s\", \"backend\": \"%s\", \"gemm\": \"%s\", \"cores\": %ld, "
+        "\"global_batch\": %lld, \"steps\": %lld, \"warmup\": %lld, "
+        "\"flops_per_example\": \"6 x forward multiply-adds\", \"models\": [",
+        o.models, bname, pmap_gemm_provider(), cores, (long long)res[0].batch,
+        (long long)res[0].steps, (long long)res[0].warmup);
     for (int m = 0; m < nmodels; m++) {
       if (m) printf(", ");
       bench_report_json_model(stdout, &res[m]);

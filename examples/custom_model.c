@@ -24,7 +24,8 @@ static int train(int devices, const float *x, const float *t, const float *init,
   pmap_params *params = NULL;
   pmap_optimizer adam = pmap_adam(0.01f);
   int64_t xs_shape[2] = {ROWS, F}, ys_shape[2] = {ROWS, K};
-  pmap_array xs = pmap_array_f32((float *)x, 2, xs_shape), ys = pmap_array_f32((float *)t, 2, ys_shape);
+  pmap_array xs = pmap_array_f32((float *)x, 2, xs_shape),
+             ys = pmap_array_f32((float *)t, 2, ys_shape);
   int rc = 1;
   if (pmap_ctx_create(&cfg, &ctx) ||
       pmap_params_create_custom(ctx, P, init, tanh_net_grad, &net, &adam, &params))

@@ -9,7 +9,8 @@ int main(void) {
   int64_t shape[2] = {B, 1}, in[1] = {1};
   pmap_array xs = pmap_array_f32(x, 2, shape), ys = pmap_array_f32(y, 2, shape);
 
-  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 4}; /* 4 devices, each takes 32 rows */
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU,
+                     .num_devices = 4}; /* 4 devices, each takes 32 rows */
   pmap_ctx *ctx = NULL;
   pmap_model *model = NULL;
   pmap_params *params = NULL;

@@ -19,8 +19,8 @@ static inline size_t tanh_net_params(const tanh_net *n) {
 }
 
 /* Forward over rows examples of x (rows, F) into hid (rows, H) and y (rows, K). */
-static inline void tanh_net_forward(const tanh_net *n, const float *w, const float *x,
-                                    int64_t rows, float *hid, float *y) {
+static inline void tanh_net_forward(const tanh_net *n, const float *w, const float *x, int64_t rows,
+                                    float *hid, float *y) {
   const float *w1 = w, *b1 = w1 + n->f * n->h, *w2 = b1 + n->h, *b2 = w2 + n->h * n->k;
   for (int64_t r = 0; r < rows; r++) {
     for (int64_t j = 0; j < n->h; j++) {

@@ -46,8 +46,8 @@ extern "C" {
 #define PMAP_VERSION_MINOR 1
 #define PMAP_VERSION_PATCH 0
 
-#define PMAP_MAX_DEVICES 64 /* most devices one context may hold */
-#define PMAP_MAX_RANK 4     /* most axes of a pmap_array, batch axis included */
+#define PMAP_MAX_DEVICES 64       /* most devices one context may hold */
+#define PMAP_MAX_RANK 4           /* most axes of a pmap_array, batch axis included */
 #define PMAP_DEVICES_DEFAULT (-1) /* pmap_config.num_devices: the backend's default count */
 
 /* ------------------------------------------------------------------------------------------ */
@@ -184,8 +184,8 @@ typedef enum pmap_dtype {
 typedef struct pmap_array {
   void *data;
   pmap_dtype dtype;
-  int rank;                       /* 1..PMAP_MAX_RANK */
-  int64_t shape[PMAP_MAX_RANK];   /* (B, ...) */
+  int rank;                     /* 1..PMAP_MAX_RANK */
+  int64_t shape[PMAP_MAX_RANK]; /* (B, ...) */
 } pmap_array;
 
 /* Convenience constructors; they only fill the struct. */
@@ -197,8 +197,8 @@ PMAP_API int64_t pmap_array_numel(const pmap_array *a);
 /* Models: a sequential stack of layers with a loss                                           */
 
 typedef enum pmap_loss {
-  PMAP_LOSS_MSE = 0,          /* mean over all outputs of (pred - y)^2; ys are f32 (B, K) */
-  PMAP_LOSS_SOFTMAX_XENT = 1  /* mean over the batch of -log softmax(pred)[label]; ys are i32 (B)
+  PMAP_LOSS_MSE = 0,         /* mean over all outputs of (pred - y)^2; ys are f32 (B, K) */
+  PMAP_LOSS_SOFTMAX_XENT = 1 /* mean over the batch of -log softmax(pred)[label]; ys are i32 (B)
                                  or (B, 1), labels in [0, K) */
 } pmap_loss;
 
@@ -220,7 +220,7 @@ PMAP_API void pmap_model_destroy(pmap_model *model); /* accepts NULL */
 PMAP_API pmap_status pmap_model_add_dense(pmap_model *model, int64_t units);
 PMAP_API pmap_status pmap_model_add_relu(pmap_model *model);
 PMAP_API pmap_status pmap_model_add_conv2d(pmap_model *model, int64_t out_channels, int kernel_h,
-                                  int kernel_w, int stride, int pad);
+                                           int kernel_w, int stride, int pad);
 PMAP_API pmap_status pmap_model_add_flatten(pmap_model *model);
 /* The loss (default MSE). The model's output must be rank 1 (K) when training. */
 PMAP_API pmap_status pmap_model_set_loss(pmap_model *model, pmap_loss loss);
@@ -241,8 +241,10 @@ PMAP_API pmap_status pmap_model_add_layernorm(pmap_model *model);
  *          OW), no padding; windows may overlap (stride < kernel). Kernel and stride 1..64.
  *          Max pooling passes the gradient to the first maximum of each window. No parameters.
  * global_avgpool: (C, H, W) -> (C), the mean of each channel's plane. */
-PMAP_API pmap_status pmap_model_add_maxpool2d(pmap_model *model, int kernel_h, int kernel_w, int stride);
-PMAP_API pmap_status pmap_model_add_avgpool2d(pmap_model *model, int kernel_h, int kernel_w, int stride);
+PMAP_API pmap_status pmap_model_add_maxpool2d(pmap_model *model, int kernel_h, int kernel_w,
+                                              int stride);
+PMAP_API pmap_status pmap_model_add_avgpool2d(pmap_model *model, int kernel_h, int kernel_w,
+                                              int stride);
 PMAP_API pmap_status pmap_model_add_global_avgpool(pmap_model *model);
 /* dropout: any shape, rate in [0, 1). In pmap_update, y = x * keep / (1 - rate) with keep drawn
  *          from a counter-based hash of (layer, step, the element's index in the global batch):
@@ -276,7 +278,8 @@ PMAP_API pmap_status pmap_model_end_residual(pmap_model *model);
  * then its running mean and variance). */
 PMAP_API size_t pmap_model_num_params(const pmap_model *model);
 /* Output shape of one example: writes the rank into *rank and the extents into shape. */
-PMAP_API void pmap_model_output_shape(const pmap_model *model, int *rank, int64_t shape[PMAP_MAX_RANK]);
+PMAP_API void pmap_model_output_shape(const pmap_model *model, int *rank,
+                                      int64_t shape[PMAP_MAX_RANK]);
 /* Multiply-adds of one example's forward pass (for FLOP counts: a training step costs about
  * 3x forward, 2 FLOPs each). */
 PMAP_API double pmap_model_forward_macs(const pmap_model *model);
@@ -309,16 +312,16 @@ typedef enum pmap_schedule {
 
 typedef struct pmap_optimizer {
   pmap_optimizer_kind kind;
-  float lr;       /* > 0 and finite: the base (peak) learning rate */
-  float momentum; /* SGD: in [0, 1) */
-  float beta1;    /* Adam, AdamW: in [0, 1) */
-  float beta2;    /* Adam, AdamW: in [0, 1) */
-  float eps;      /* Adam, AdamW: > 0 */
-  float clip_norm; /* > 0: before the step, the averaged gradient is scaled so that its global L2
+  float lr;           /* > 0 and finite: the base (peak) learning rate */
+  float momentum;     /* SGD: in [0, 1) */
+  float beta1;        /* Adam, AdamW: in [0, 1) */
+  float beta2;        /* Adam, AdamW: in [0, 1) */
+  float eps;          /* Adam, AdamW: > 0 */
+  float clip_norm;    /* > 0: before the step, the averaged gradient is scaled so that its global L2
                       norm is at most clip_norm (the norm is identical on every replica);
                       0 (the default): no clipping */
-  float weight_decay;     /* >= 0: SGD's L2 term, AdamW's decoupled decay; Adam: must be 0 */
-  int nesterov;           /* SGD with momentum > 0: 1 for Nesterov's momentum */
+  float weight_decay; /* >= 0: SGD's L2 term, AdamW's decoupled decay; Adam: must be 0 */
+  int nesterov;       /* SGD with momentum > 0: 1 for Nesterov's momentum */
   pmap_schedule schedule; /* the learning-rate schedule (default constant) */
   int64_t warmup_steps;   /* >= 0 */
   int64_t decay_steps;    /* > 0 for the decaying schedules */
@@ -328,7 +331,8 @@ typedef struct pmap_optimizer {
 /* Settings with everything else at its default: no clipping, no weight decay, constant lr. */
 PMAP_API pmap_optimizer pmap_sgd(float lr, float momentum);
 PMAP_API pmap_optimizer pmap_adam(float lr); /* beta1 0.9, beta2 0.999, eps 1e-8 */
-PMAP_API pmap_optimizer pmap_adamw(float lr, float weight_decay); /* as pmap_adam, decoupled decay */
+PMAP_API pmap_optimizer pmap_adamw(float lr,
+                                   float weight_decay); /* as pmap_adam, decoupled decay */
 /* The learning rate of step t >= 1 under opt's schedule (opt->lr for t < 1 or NULL: 0). */
 PMAP_API double pmap_optimizer_lr(const pmap_optimizer *opt, int64_t t);
 
@@ -342,8 +346,9 @@ typedef struct pmap_params pmap_params;
  * gradients and optimizer state zeroed. The model and the optimizer are copied: the caller
  * keeps ownership of both. Returns PMAP_ERR_INVALID_ARGUMENT (NULL, empty model, optimizer
  * settings out of range: lr <= 0 or not finite, ...), PMAP_ERR_OUT_OF_MEMORY, PMAP_ERR_DEVICE. */
-PMAP_API pmap_status pmap_params_create(pmap_ctx *ctx, const pmap_model *model, const pmap_optimizer *opt,
-                               uint64_t seed, pmap_params **out);
+PMAP_API pmap_status pmap_params_create(pmap_ctx *ctx, const pmap_model *model,
+                                        const pmap_optimizer *opt, uint64_t seed,
+                                        pmap_params **out);
 PMAP_API void pmap_params_destroy(pmap_params *params); /* accepts NULL */
 
 PMAP_API size_t pmap_params_count(const pmap_params *params);
@@ -379,7 +384,7 @@ PMAP_API int64_t pmap_params_step(const pmap_params *params); /* optimizer steps
  * CPU backend the step is then not applied on any replica, as every failure happens before the
  * optimizer; on CUDA the replicas' state is undefined after a timeout). */
 PMAP_API pmap_status pmap_update(pmap_params *params, const pmap_array *xs, const pmap_array *ys,
-                        float *loss);
+                                 float *loss);
 
 /* Splits each device's rows into k micro-batches (1..65536; 1, the default, is one piece):
  * forward and backward run once per piece, the gradients accumulate, and the step still does
@@ -396,7 +401,8 @@ PMAP_API pmap_status pmap_predict(pmap_params *params, const pmap_array *xs, pma
  * (process p holds p * D .. p * D + D - 1; replicas are identical, so read one of those).
  * Returns PMAP_ERR_INVALID_ARGUMENT for a NULL dst, a device outside [0, N), a device of another
  * process (the message names its process) or another count. */
-PMAP_API pmap_status pmap_params_read(const pmap_params *params, int device, float *dst, size_t count);
+PMAP_API pmap_status pmap_params_read(const pmap_params *params, int device, float *dst,
+                                      size_t count);
 /* Copies src (count == pmap_params_count()) into every replica of this process; optimizer state
  * is kept. In a distributed context write the same values in every process. */
 PMAP_API pmap_status pmap_params_write(pmap_params *params, const float *src, size_t count);
@@ -422,10 +428,10 @@ PMAP_API pmap_status pmap_params_write(pmap_params *params, const float *src, si
  * failed while its replica was being set: the replicas are then undefined). */
 PMAP_API pmap_status pmap_params_save(const pmap_params *params, const char *path);
 PMAP_API pmap_status pmap_params_load(pmap_params *params, const char *path);
-PMAP_API pmap_status pmap_params_save_user(const pmap_params *params, const char *path, const void *user,
-                                  size_t user_bytes);
+PMAP_API pmap_status pmap_params_save_user(const pmap_params *params, const char *path,
+                                           const void *user, size_t user_bytes);
 PMAP_API pmap_status pmap_params_load_user(pmap_params *params, const char *path, void *user,
-                                  size_t user_cap, size_t *user_bytes);
+                                           size_t user_cap, size_t *user_bytes);
 
 /* Compares every replica (parameters and optimizer state): each device computes a checksum of
  * its own replica, and the checksums are gathered and compared. PMAP_SUCCESS when they are all
@@ -474,8 +480,8 @@ typedef pmap_status (*pmap_grad_fn)(const pmap_grad_args *args, void *user);
  * pmap_predict is not available for them (PMAP_ERR_INVALID_ARGUMENT). user is passed to fn
  * and stays the caller's. Returns as pmap_params_create. */
 PMAP_API pmap_status pmap_params_create_custom(pmap_ctx *ctx, size_t num_params, const float *init,
-                                      pmap_grad_fn fn, void *user, const pmap_optimizer *opt,
-                                      pmap_params **out);
+                                               pmap_grad_fn fn, void *user,
+                                               const pmap_optimizer *opt, pmap_params **out);
 
 /* On CUDA, the device's cudaStream_t and cublasHandle_t (as void *); NULL on the CPU backend. */
 PMAP_API void *pmap_device_stream(pmap_device *dev);
@@ -509,10 +515,13 @@ PMAP_API int pmap_process_index(const pmap_device *dev);
 /* Device memory for buffers passed to collectives (host memory on CPU, GPU memory on CUDA).
  * pmap_device_alloc sets *out to NULL on failure; a count whose bytes exceed the address space
  * is PMAP_ERR_OUT_OF_MEMORY. */
-PMAP_API pmap_status pmap_device_alloc(pmap_device *dev, size_t count, float **out); /* count floats */
-PMAP_API void pmap_device_free(pmap_device *dev, float *ptr);                       /* accepts NULL */
-PMAP_API pmap_status pmap_device_upload(pmap_device *dev, float *dst, const float *src, size_t count);
-PMAP_API pmap_status pmap_device_download(pmap_device *dev, float *dst, const float *src, size_t count);
+PMAP_API pmap_status pmap_device_alloc(pmap_device *dev, size_t count,
+                                       float **out);          /* count floats */
+PMAP_API void pmap_device_free(pmap_device *dev, float *ptr); /* accepts NULL */
+PMAP_API pmap_status pmap_device_upload(pmap_device *dev, float *dst, const float *src,
+                                        size_t count);
+PMAP_API pmap_status pmap_device_download(pmap_device *dev, float *dst, const float *src,
+                                          size_t count);
 
 /* Collectives, called by every device of the mapped function in the same order with the same
  * count (in elements, not bytes). In place is recv == send (all_gather: send == recv +
@@ -538,9 +547,10 @@ PMAP_API pmap_status pmap_device_download(pmap_device *dev, float *dst, const fl
 PMAP_API pmap_status pmap_psum(pmap_device *dev, const float *send, float *recv, size_t count);
 PMAP_API pmap_status pmap_pmean(pmap_device *dev, const float *send, float *recv, size_t count);
 PMAP_API pmap_status pmap_pmax(pmap_device *dev, const float *send, float *recv, size_t count);
-PMAP_API pmap_status pmap_all_gather(pmap_device *dev, const float *send, float *recv, size_t count);
+PMAP_API pmap_status pmap_all_gather(pmap_device *dev, const float *send, float *recv,
+                                     size_t count);
 PMAP_API pmap_status pmap_broadcast(pmap_device *dev, const float *send, float *recv, size_t count,
-                           int root);
+                                    int root);
 PMAP_API pmap_status pmap_barrier(pmap_device *dev);
 
 #ifdef __cplusplus

@@ -47,7 +47,7 @@ PMAP_API pmap_status pmap_example_model(const char *name, pmap_model **out);
 /* Allocates and fills n rows of the example's data: xs f32 (n, input...), ys f32 (n, 1) for
  * MSE or i32 (n) labels. Same seed, same data. Free with pmap_example_data_free. */
 PMAP_API pmap_status pmap_example_data(const char *name, uint64_t seed, int64_t n, pmap_array *xs,
-                              pmap_array *ys);
+                                       pmap_array *ys);
 PMAP_API void pmap_example_data_free(pmap_array *xs, pmap_array *ys); /* accepts NULL */
 
 #ifdef __cplusplus

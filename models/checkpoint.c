@@ -255,8 +255,8 @@ static pmap_status download_job(pmap_device *dev, void *arg) {
   size_t P = p->n_params;
   PMAP_TRY(dev->ctx->be->download(dev, p->ckpt_w, r->w, P * sizeof(float)));
   if (p->opt_slots)
-    PMAP_TRY(dev->ctx->be->download(dev, p->ckpt_opt, r->opt,
-                                    (size_t)p->opt_slots * P * sizeof(float)));
+    PMAP_TRY(
+        dev->ctx->be->download(dev, p->ckpt_opt, r->opt, (size_t)p->opt_slots * P * sizeof(float)));
   return PMAP_SUCCESS;
 }
 
@@ -266,8 +266,8 @@ static pmap_status upload_job(pmap_device *dev, void *arg) {
   size_t P = p->n_params;
   PMAP_TRY(dev->ctx->be->upload(dev, r->w, p->ckpt_w, P * sizeof(float)));
   if (p->opt_slots)
-    PMAP_TRY(dev->ctx->be->upload(dev, r->opt, p->ckpt_opt,
-                                  (size_t)p->opt_slots * P * sizeof(float)));
+    PMAP_TRY(
+        dev->ctx->be->upload(dev, r->opt, p->ckpt_opt, (size_t)p->opt_slots * P * sizeof(float)));
   if (dev->ctx->be->sync) PMAP_TRY(dev->ctx->be->sync(dev));
   return PMAP_SUCCESS;
 }
@@ -281,8 +281,10 @@ static pmap_status host_state(pmap_params *p, const char *call) {
     free(p->ckpt_w);
     free(p->ckpt_opt);
     p->ckpt_w = p->ckpt_opt = NULL;
-    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "%s: out of memory for %zu parameters and %zu "
-                    "optimizer state values", call, P, S);
+    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY,
+                    "%s: out of memory for %zu parameters and %zu "
+                    "optimizer state values",
+                    call, P, S);
   }
   return PMAP_SUCCESS;
 }
@@ -311,9 +313,12 @@ static pmap_status write_all(int fd, const unsigned char *buf, size_t n) {
 static int sync_folder(const char *path) {
   const char *slash = strrchr(path, '/');
   char *dir = NULL;
-  if (!slash) dir = strdup(".");
-  else if (slash == path) dir = strdup("/");
-  else dir = strndup(path, (size_t)(slash - path));
+  if (!slash)
+    dir = strdup(".");
+  else if (slash == path)
+    dir = strdup("/");
+  else
+    dir = strndup(path, (size_t)(slash - path));
   if (!dir) return -1;
   int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   free(dir);
@@ -333,8 +338,10 @@ static pmap_status write_atomic(const char *path, const unsigned char *buf, size
   int fd = mkostemp(tmp, O_CLOEXEC);
   if (fd < 0) {
     int e = errno;
-    pmap_status st = PMAP_ERR(PMAP_ERR_UNAVAILABLE, "%s: cannot create a temporary file beside "
-                              "\"%s\": %s", call, path, strerror(e));
+    pmap_status st = PMAP_ERR(PMAP_ERR_UNAVAILABLE,
+                              "%s: cannot create a temporary file beside "
+                              "\"%s\": %s",
+                              call, path, strerror(e));
     free(tmp);
     return st;
   }
@@ -347,15 +354,17 @@ static pmap_status write_atomic(const char *path, const unsigned char *buf, size
   if (ok && rename(tmp, path) != 0) ok = 0, what = "rename", e = errno;
   if (!ok) {
     unlink(tmp);
-    pmap_status st = PMAP_ERR(PMAP_ERR_UNAVAILABLE, "%s: cannot %s \"%s\" (for \"%s\"): %s",
-                              call, what, tmp, path, strerror(e));
+    pmap_status st = PMAP_ERR(PMAP_ERR_UNAVAILABLE, "%s: cannot %s \"%s\" (for \"%s\"): %s", call,
+                              what, tmp, path, strerror(e));
     free(tmp);
     return st;
   }
   free(tmp);
   if (sync_folder(path) != 0)
-    return PMAP_ERR(PMAP_ERR_UNAVAILABLE, "%s: \"%s\" was written but its folder could not be "
-                    "synced: %s", call, path, strerror(errno));
+    return PMAP_ERR(PMAP_ERR_UNAVAILABLE,
+                    "%s: \"%s\" was written but its folder could not be "
+                    "synced: %s",
+                    call, path, strerror(errno));
   return PMAP_SUCCESS;
 }
 
@@ -364,7 +373,9 @@ pmap_status pmap_params_save_user(const pmap_params *cp, const char *path, const
   const char *call = "pmap_params_save";
   if (!cp || !path || (!user && user_bytes))
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL", call,
-                    !cp ? "params" : !path ? "path" : "user (with user_bytes > 0)");
+                    !cp     ? "params"
+                    : !path ? "path"
+                            : "user (with user_bytes > 0)");
   if (!*path) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: path is empty", call);
   pmap_params *p = (pmap_params *)cp; /* the job fields are scratch, not state */
   PMAP_TRY(host_state(p, call));
@@ -372,8 +383,11 @@ pmap_status pmap_params_save_user(const pmap_params *cp, const char *path, const
   wbuf b = {0};
   if (st == PMAP_SUCCESS) {
     encode(&b, p, user, user_bytes);
-    if (b.oom) st = PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "%s: out of memory encoding %zu "
-                             "parameters", call, p->n_params);
+    if (b.oom)
+      st = PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY,
+                    "%s: out of memory encoding %zu "
+                    "parameters",
+                    call, p->n_params);
   }
   host_state_free(p);
   if (st == PMAP_SUCCESS) st = write_atomic(path, b.p, b.n, call);
@@ -392,25 +406,33 @@ pmap_status pmap_params_save(const pmap_params *p, const char *path) {
 static pmap_status check_header(const char *path, const unsigned char *f, size_t n,
                                 const char *call) {
   if (memcmp(f, CKPT_MAGIC, 8) != 0)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" is not a pmap checkpoint (bad magic "
-                    "number)", call, path);
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: \"%s\" is not a pmap checkpoint (bad magic "
+                    "number)",
+                    call, path);
   uint32_t version = load_u32(f + 8);
   if (version != CKPT_VERSION)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" is checkpoint version %u; this build "
-                    "reads version %u", call, path, version, CKPT_VERSION);
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: \"%s\" is checkpoint version %u; this build "
+                    "reads version %u",
+                    call, path, version, CKPT_VERSION);
   uint32_t hcrc = crc32c_update(0, f, 28);
   if (load_u32(f + 28) != hcrc)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" is damaged: header checksum 0x%08x, "
-                    "computed 0x%08x", call, path, load_u32(f + 28), hcrc);
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: \"%s\" is damaged: header checksum 0x%08x, "
+                    "computed 0x%08x",
+                    call, path, load_u32(f + 28), hcrc);
   uint64_t total = load_u64(f + 16);
   if (total != n)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" is %s: the header says %llu bytes, "
-                    "the file has %zu", call, path, total > n ? "truncated" : "too long",
-                    (unsigned long long)total, n);
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: \"%s\" is %s: the header says %llu bytes, "
+                    "the file has %zu",
+                    call, path, total > n ? "truncated" : "too long", (unsigned long long)total, n);
   if (load_u32(f + 12) != N_SECTIONS || load_u32(f + 24) != 0)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" has %u sections and flags 0x%x; "
-                    "version %u has %d sections and no flags", call, path, load_u32(f + 12),
-                    load_u32(f + 24), CKPT_VERSION, N_SECTIONS);
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: \"%s\" has %u sections and flags 0x%x; "
+                    "version %u has %d sections and no flags",
+                    call, path, load_u32(f + 12), load_u32(f + 24), CKPT_VERSION, N_SECTIONS);
   return PMAP_SUCCESS;
 }
 
@@ -425,14 +447,14 @@ static pmap_status read_file(const char *path, unsigned char **out, size_t *n, c
   pmap_status st = PMAP_SUCCESS;
   unsigned char *buf = NULL;
   if (fstat(fd, &sb) != 0) {
-    st = PMAP_ERR(PMAP_ERR_UNAVAILABLE, "%s: cannot stat \"%s\": %s", call, path,
-                  strerror(errno));
+    st = PMAP_ERR(PMAP_ERR_UNAVAILABLE, "%s: cannot stat \"%s\": %s", call, path, strerror(errno));
   } else if (!S_ISREG(sb.st_mode)) {
     st = PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" is not a regular file", call, path);
   } else if (sb.st_size < (off_t)HEADER_BYTES) {
-    st = PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" is truncated: %lld bytes, shorter than "
-                  "the %u-byte header of a pmap checkpoint", call, path, (long long)sb.st_size,
-                  HEADER_BYTES);
+    st = PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                  "%s: \"%s\" is truncated: %lld bytes, shorter than "
+                  "the %u-byte header of a pmap checkpoint",
+                  call, path, (long long)sb.st_size, HEADER_BYTES);
   } else if ((uint64_t)sb.st_size > (uint64_t)(SIZE_MAX / 2)) {
     st = PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" is too large (%lld bytes)", call, path,
                   (long long)sb.st_size);
@@ -455,8 +477,10 @@ static pmap_status read_file(const char *path, unsigned char **out, size_t *n, c
     if (r <= 0) {
       st = r < 0 ? PMAP_ERR(PMAP_ERR_UNAVAILABLE, "%s: cannot read \"%s\": %s", call, path,
                             strerror(errno))
-                 : PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" shrank while being read "
-                            "(%zu of %zu bytes)", call, path, got, want);
+                 : PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                            "%s: \"%s\" shrank while being read "
+                            "(%zu of %zu bytes)",
+                            call, path, got, want);
       break;
     }
     got += (size_t)r;
@@ -483,21 +507,24 @@ static pmap_status check_frames(const char *path, const unsigned char *f, size_t
   size_t at = HEADER_BYTES;
   for (int i = 0; i < N_SECTIONS; i++) {
     if (n - at < SECTION_BYTES)
-      return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" is truncated before section %s",
-                      call, path, tags[i]);
+      return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" is truncated before section %s", call,
+                      path, tags[i]);
     const unsigned char *h = f + at;
     if (memcmp(h, tags[i], 4) != 0)
       return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" is damaged: section %d is not %s",
                       call, path, i, tags[i]);
     uint64_t len = load_u64(h + 8);
     if (len > n - at - SECTION_BYTES)
-      return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" is damaged: section %s claims %llu "
-                      "bytes, %zu remain", call, path, tags[i], (unsigned long long)len,
-                      n - at - SECTION_BYTES);
+      return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                      "%s: \"%s\" is damaged: section %s claims %llu "
+                      "bytes, %zu remain",
+                      call, path, tags[i], (unsigned long long)len, n - at - SECTION_BYTES);
     uint32_t c = crc32c_update(crc32c_update(0, h, 4), h + 8, 8 + (size_t)len);
     if (load_u32(h + 4) != c)
-      return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" is damaged: section %s checksum "
-                      "0x%08x, computed 0x%08x", call, path, tags[i], load_u32(h + 4), c);
+      return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                      "%s: \"%s\" is damaged: section %s checksum "
+                      "0x%08x, computed 0x%08x",
+                      call, path, tags[i], load_u32(h + 4), c);
     sec[i].data = h + SECTION_BYTES;
     sec[i].bytes = (size_t)len;
     at += SECTION_BYTES + (size_t)len;
@@ -518,8 +545,10 @@ static pmap_status check_model_section(const pmap_params *p, const section *s, c
   if (same || s->bytes < MODEL_HEAD_BYTES) {
     free(mine.p);
     if (same) return PMAP_SUCCESS;
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" holds a model description of %zu "
-                    "bytes, too short", call, path, s->bytes);
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: \"%s\" holds a model description of %zu "
+                    "bytes, too short",
+                    call, path, s->bytes);
   }
   uint32_t layers = load_u32(s->data + 32);
   uint64_t count = load_u64(s->data + 40);
@@ -531,40 +560,49 @@ static pmap_status check_model_section(const pmap_params *p, const section *s, c
       break;
   }
   free(mine.p);
-  return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" holds another model: %u layers, %llu "
+  return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                  "%s: \"%s\" holds another model: %u layers, %llu "
                   "parameters; params' model has %d layers, %zu parameters (first difference at "
-                  "layer %d, or in the input shape or loss)", call, path, layers,
-                  (unsigned long long)count, m->n_layers, p->n_params, first);
+                  "layer %d, or in the input shape or loss)",
+                  call, path, layers, (unsigned long long)count, m->n_layers, p->n_params, first);
 }
 
 /* Optimizer kind, state layout and step; the state sizes against the parameter count. */
-static pmap_status check_state_sections(const pmap_params *p, const section *sec,
-                                        const char *path, int64_t *step, const char *call) {
+static pmap_status check_state_sections(const pmap_params *p, const section *sec, const char *path,
+                                        int64_t *step, const char *call) {
   const section *o = &sec[SEC_OPT];
   if (o->bytes != 40)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\": optimizer section of %zu bytes, "
-                    "expected 40", call, path, o->bytes);
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: \"%s\": optimizer section of %zu bytes, "
+                    "expected 40",
+                    call, path, o->bytes);
   uint32_t kind = load_u32(o->data), slots = load_u32(o->data + 4);
   uint32_t want_kind = opt_code(p->opt.kind), want_slots = (uint32_t)p->opt_slots;
   if (kind != want_kind || slots != want_slots)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" holds another optimizer: %s (%u state "
-                    "slots); params use %s (%u)", call, path, opt_name(kind, slots), slots,
-                    opt_name(want_kind, want_slots), want_slots);
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: \"%s\" holds another optimizer: %s (%u state "
+                    "slots); params use %s (%u)",
+                    call, path, opt_name(kind, slots), slots, opt_name(want_kind, want_slots),
+                    want_slots);
   uint64_t st = load_u64(o->data + 32);
   if (st > (uint64_t)INT64_MAX)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\": step %llu is out of range", call,
-                    path, (unsigned long long)st);
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\": step %llu is out of range", call, path,
+                    (unsigned long long)st);
   *step = (int64_t)st;
   size_t P = p->n_params, S = (size_t)p->opt_slots * P;
   const section *w = &sec[SEC_PARAMS], *s = &sec[SEC_STATE];
   if (w->bytes < 8 || load_u64(w->data) != P || w->bytes - 8 != P * 4)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\": parameter section of %zu bytes (%llu "
-                    "parameters); params hold %zu", call, path, w->bytes,
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: \"%s\": parameter section of %zu bytes (%llu "
+                    "parameters); params hold %zu",
+                    call, path, w->bytes,
                     w->bytes >= 8 ? (unsigned long long)load_u64(w->data) : 0ull, P);
   if (s->bytes < 16 || load_u32(s->data) != slots || load_u64(s->data + 8) != S ||
       s->bytes - 16 != S * 4)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\": optimizer state section of %zu bytes; "
-                    "params need %zu values", call, path, s->bytes, S);
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: \"%s\": optimizer state section of %zu bytes; "
+                    "params need %zu values",
+                    call, path, s->bytes, S);
   return PMAP_SUCCESS;
 }
 
@@ -577,7 +615,9 @@ static pmap_status load(pmap_params *p, const char *path, void *user, size_t use
   const char *call = "pmap_params_load";
   if (!p || !path || (want_user && !user && user_cap))
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL", call,
-                    !p ? "params" : !path ? "path" : "user (with user_cap > 0)");
+                    !p      ? "params"
+                    : !path ? "path"
+                            : "user (with user_cap > 0)");
   unsigned char *f = NULL;
   size_t n = 0;
   PMAP_TRY(read_file(path, &f, &n, call));
@@ -587,8 +627,10 @@ static pmap_status load(pmap_params *p, const char *path, void *user, size_t use
   if (!st) st = check_model_section(p, &sec[SEC_MODEL], path, call);
   if (!st) st = check_state_sections(p, sec, path, &step, call);
   if (!st && want_user && sec[SEC_USER].bytes > user_cap)
-    st = PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\" holds a user section of %zu bytes; the "
-                  "buffer holds %zu", call, path, sec[SEC_USER].bytes, user_cap);
+    st = PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                  "%s: \"%s\" holds a user section of %zu bytes; the "
+                  "buffer holds %zu",
+                  call, path, sec[SEC_USER].bytes, user_cap);
   if (!st) st = host_state(p, call);
   if (st) {
     free(f);

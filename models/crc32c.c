@@ -14,7 +14,8 @@ static void build_table(void) {
     table[0][i] = c;
   }
   for (uint32_t i = 0; i < 256; i++)
-    for (int t = 1; t < 8; t++) table[t][i] = (table[t - 1][i] >> 8) ^ table[0][table[t - 1][i] & 0xFF];
+    for (int t = 1; t < 8; t++)
+      table[t][i] = (table[t - 1][i] >> 8) ^ table[0][table[t - 1][i] & 0xFF];
 }
 
 uint32_t crc32c_update(uint32_t crc, const void *data, size_t bytes) {
@@ -23,8 +24,8 @@ uint32_t crc32c_update(uint32_t crc, const void *data, size_t bytes) {
   uint32_t c = ~crc;
   /* Byte order independent: the 8-byte step assembles its words from bytes. */
   while (bytes >= 8) {
-    uint32_t lo = c ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-                       (uint32_t)p[3] << 24);
+    uint32_t lo =
+        c ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
     c = table[7][lo & 0xFF] ^ table[6][(lo >> 8) & 0xFF] ^ table[5][(lo >> 16) & 0xFF] ^
         table[4][lo >> 24] ^ table[3][p[4]] ^ table[2][p[5]] ^ table[1][p[6]] ^ table[0][p[7]];
     p += 8;

@@ -11,7 +11,15 @@
 #define TEACHER_SEED 0x7eac4e2ull
 #define MLP_TEACHER_UNITS 16
 
-typedef enum { EX_LINEAR, EX_MLP, EX_CONVNET, EX_MLP1024, EX_CIFAR, EX_RESMLP, EX_CIFAR_BN } example_id;
+typedef enum {
+  EX_LINEAR,
+  EX_MLP,
+  EX_CONVNET,
+  EX_MLP1024,
+  EX_CIFAR,
+  EX_RESMLP,
+  EX_CIFAR_BN
+} example_id;
 
 static const char *const names[] = {"linear",    "mlp",     "convnet", "mlp-1024",
                                     "cifar-cnn", "res-mlp", "cifar-bn"};
@@ -35,7 +43,9 @@ pmap_status pmap_example_info_get(const char *name, pmap_example_info *out) {
   case EX_LINEAR: i.steps = 1000, i.batch = 128, i.samples = 128; break;
   case EX_MLP: i.steps = 1000, i.batch = 256, i.samples = 1024, i.opt = pmap_adam(0.001f); break;
   case EX_CONVNET: i.steps = 200, i.batch = 16, i.samples = 256, i.opt = pmap_adam(0.001f); break;
-  case EX_MLP1024: i.steps = 20, i.batch = 512, i.samples = 512, i.opt = pmap_sgd(0.01f, 0.9f); break;
+  case EX_MLP1024:
+    i.steps = 20, i.batch = 512, i.samples = 512, i.opt = pmap_sgd(0.01f, 0.9f);
+    break;
   case EX_CIFAR: i.steps = 100, i.batch = 64, i.samples = 512, i.opt = pmap_sgd(0.01f, 0.9f); break;
   case EX_RESMLP: i.steps = 500, i.batch = 256, i.samples = 1024, i.opt = pmap_adam(0.001f); break;
   case EX_CIFAR_BN:

@@ -95,8 +95,8 @@ pmap_status model_forward(pmap_device *dev, const pmap_model *m, replica *r, con
   return PMAP_SUCCESS;
 }
 
-pmap_status model_loss(pmap_device *dev, const pmap_model *m, replica *r, const void *y,
-                       int64_t bd, float *loss) {
+pmap_status model_loss(pmap_device *dev, const pmap_model *m, replica *r, const void *y, int64_t bd,
+                       float *loss) {
   const layer *last = &m->layers[m->n_layers - 1];
   if (m->loss == PMAP_LOSS_MSE)
     PMAP_TRY(dev->ops->mse(dev, r->out[m->n_layers - 1], y, (size_t)(bd * last->out_size),

@@ -10,8 +10,8 @@
 #include "runtime/backend.h"
 #include "runtime/error.h"
 
-#define LAYERNORM_EPS 1e-6f   /* flax.linen.LayerNorm's default */
-#define BATCHNORM_EPS 1e-5f   /* flax.linen.BatchNorm's default */
+#define LAYERNORM_EPS 1e-6f /* flax.linen.LayerNorm's default */
+#define BATCHNORM_EPS 1e-5f /* flax.linen.BatchNorm's default */
 #define BATCHNORM_MOMENTUM 0.9f
 
 int layer_is_view(const layer *l) {
@@ -83,8 +83,8 @@ pmap_status pmap_model_add_layernorm(pmap_model *m) {
 }
 
 /* Pooling over windows kh x kw; global: the whole plane, output rank 1 (C). */
-static pmap_status add_pool(pmap_model *m, layer_kind kind, int kh, int kw, int stride,
-                            int global, const char *call) {
+static pmap_status add_pool(pmap_model *m, layer_kind kind, int kh, int kw, int stride, int global,
+                            const char *call) {
   PMAP_TRY(check(m, call));
   int rank;
   int64_t s[3], size;
@@ -133,8 +133,7 @@ pmap_status pmap_model_add_dropout(pmap_model *m, float rate) {
   const char *call = "pmap_model_add_dropout";
   PMAP_TRY(check(m, call));
   if (!(rate >= 0.0f && rate < 1.0f))
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: rate %g is outside [0, 1)", call,
-                    (double)rate);
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: rate %g is outside [0, 1)", call, (double)rate);
   layer l = same_shape(m, LAYER_DROPOUT);
   l.rate = rate;
   return model_push(m, l, call);
@@ -303,14 +302,13 @@ static pmap_status batchnorm_backward(pmap_device *dev, const layer *l, replica 
   PMAP_TRY(ops->add(dev, r->g + l->w_off, sums + c, r->g + l->w_off, (size_t)c));
   PMAP_TRY(ops->add(dev, r->g + l->b_off, sums, r->g + l->b_off, (size_t)c));
   if (!dx) return PMAP_SUCCESS;
-  if (l->cross_replica)
-    PMAP_TRY(backend_all_reduce(dev, sums, sums, 2 * (size_t)c, PMAP_RED_SUM));
+  if (l->cross_replica) PMAP_TRY(backend_all_reduce(dev, sums, sums, 2 * (size_t)c, PMAP_RED_SUM));
   return ops->bn_backward_dx(dev, r->in[i], dy, stats, r->w + l->w_off, sums, bd, c, l->inner,
                              l->eps, dx);
 }
 
-pmap_status layer_forward(pmap_device *dev, const pmap_model *m, replica *r, int i,
-                          const float *in, int64_t bd) {
+pmap_status layer_forward(pmap_device *dev, const pmap_model *m, replica *r, int i, const float *in,
+                          int64_t bd) {
   const pmap_ops *ops = dev->ops;
   const layer *l = &m->layers[i];
   float *out = r->act[i];
@@ -325,8 +323,7 @@ pmap_status layer_forward(pmap_device *dev, const pmap_model *m, replica *r, int
   case LAYER_RELU: PMAP_TRY(ops->relu_forward(dev, in, out, n)); break;
   case LAYER_CONV2D:
     PMAP_TRY(ops->conv2d_forward(dev, &l->conv, bd, in, r->w + l->w_off, out, r->col));
-    PMAP_TRY(ops->bias_forward(dev, out, r->w + l->b_off, bd, l->conv.oc,
-                               l->conv.oh * l->conv.ow));
+    PMAP_TRY(ops->bias_forward(dev, out, r->w + l->b_off, bd, l->conv.oc, l->conv.oh * l->conv.ow));
     break;
   case LAYER_FLATTEN:
   case LAYER_RES_BEGIN:
@@ -379,8 +376,7 @@ pmap_status layer_backward(pmap_device *dev, const pmap_model *m, replica *r, in
   case LAYER_CONV2D:
     PMAP_TRY(ops->conv2d_backward(dev, &l->conv, bd, r->in[i], r->w + l->w_off, dy, dx,
                                   r->g + l->w_off, r->col, r->dcol));
-    PMAP_TRY(ops->bias_backward(dev, dy, r->g + l->b_off, bd, l->conv.oc,
-                                l->conv.oh * l->conv.ow));
+    PMAP_TRY(ops->bias_backward(dev, dy, r->g + l->b_off, bd, l->conv.oc, l->conv.oh * l->conv.ow));
     break;
   case LAYER_FLATTEN:
   case LAYER_RES_END:
@@ -397,14 +393,14 @@ pmap_status layer_backward(pmap_device *dev, const pmap_model *m, replica *r, in
     if (dx) PMAP_TRY(ops->act_backward(dev, act_of(l->kind), r->in[i], r->out[i], dy, dx, n));
     break;
   case LAYER_LAYERNORM:
-    PMAP_TRY(ops->layernorm_backward(dev, r->in[i], r->w + l->w_off, r->aux[i], dy, bd,
-                                     l->in_size, dx, r->g + l->w_off, r->g + l->b_off));
+    PMAP_TRY(ops->layernorm_backward(dev, r->in[i], r->w + l->w_off, r->aux[i], dy, bd, l->in_size,
+                                     dx, r->g + l->w_off, r->g + l->b_off));
     break;
   case LAYER_MAXPOOL2D:
   case LAYER_AVGPOOL2D:
     if (dx)
-      PMAP_TRY(ops->pool2d_backward(dev, l->kind == LAYER_MAXPOOL2D, &l->pool, bd, r->in[i], dy,
-                                    dx));
+      PMAP_TRY(
+          ops->pool2d_backward(dev, l->kind == LAYER_MAXPOOL2D, &l->pool, bd, r->in[i], dy, dx));
     break;
   case LAYER_DROPOUT:
     if (dx && l->rate == 0.0f) {

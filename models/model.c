@@ -27,8 +27,8 @@ pmap_status pmap_model_create(int rank, const int64_t *shape, pmap_model **out) 
     size *= shape[i];
   }
   if (size > (1 << 28))
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_model_create: %lld inputs per example is too many",
-                    (long long)size);
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "pmap_model_create: %lld inputs per example is too many", (long long)size);
   pmap_model *m = calloc(1, sizeof *m);
   if (!m) return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "pmap_model_create: out of memory");
   m->in_rank = rank;
@@ -150,8 +150,8 @@ pmap_status pmap_model_add_conv2d(pmap_model *m, int64_t oc, int kh, int kw, int
   int64_t s[3], size;
   model_current_shape(m, &rank, s, &size);
   if (rank != 3)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: input of rank %d; conv2d needs (C, H, W)",
-                    call, rank);
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: input of rank %d; conv2d needs (C, H, W)", call,
+                    rank);
   if (oc <= 0 || oc > (1 << 16) || kh <= 0 || kw <= 0 || stride <= 0 || pad < 0 || kh > 64 ||
       kw > 64 || pad > 64)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,

@@ -38,8 +38,8 @@ typedef struct layer {
   size_t s_off, s_size;              /* state after the bias, never trained (zero gradient):
                                         batch norm's running mean (C) then running var (C) */
   int64_t fan_in;
-  pmap_conv_shape conv; /* LAYER_CONV2D */
-  pmap_pool_shape pool; /* LAYER_MAXPOOL2D, LAYER_AVGPOOL2D */
+  pmap_conv_shape conv;    /* LAYER_CONV2D */
+  pmap_pool_shape pool;    /* LAYER_MAXPOOL2D, LAYER_AVGPOOL2D */
   int64_t channels, inner; /* LAYER_BATCHNORM: C and H*W (1 for rank-1 input) */
   float eps, momentum;     /* LAYER_LAYERNORM, LAYER_BATCHNORM */
   float rate;              /* LAYER_DROPOUT */
@@ -115,8 +115,8 @@ pmap_status model_forward(pmap_device *dev, const pmap_model *m, replica *r, con
                           int64_t bd);
 /* Loss of the last forward against y into *loss (device memory) and its gradient into
  * r->dact[L-1]. */
-pmap_status model_loss(pmap_device *dev, const pmap_model *m, replica *r, const void *y,
-                       int64_t bd, float *loss);
+pmap_status model_loss(pmap_device *dev, const pmap_model *m, replica *r, const void *y, int64_t bd,
+                       float *loss);
 /* Backward after model_loss: parameter gradients accumulate into r->g. */
 pmap_status model_backward(pmap_device *dev, const pmap_model *m, replica *r, int64_t bd);
 
@@ -128,8 +128,8 @@ struct pmap_rng;
  * shift 0, running mean 0 and running var 1. */
 void layer_init(const pmap_model *m, int i, struct pmap_rng *rng, float *w);
 /* Layer i's forward over bd examples from in into r->out[i] (r->act[i] or a view of in). */
-pmap_status layer_forward(pmap_device *dev, const pmap_model *m, replica *r, int i,
-                          const float *in, int64_t bd);
+pmap_status layer_forward(pmap_device *dev, const pmap_model *m, replica *r, int i, const float *in,
+                          int64_t bd);
 /* Layer i's backward from dy (its output gradient) into dx (NULL: not needed, the model's
  * input); *dx_out is where the input gradient lies (dx, or a view of dy). */
 pmap_status layer_backward(pmap_device *dev, const pmap_model *m, replica *r, int i,

@@ -12,8 +12,8 @@ pmap_optimizer pmap_sgd(float lr, float momentum) {
 }
 
 pmap_optimizer pmap_adam(float lr) {
-  pmap_optimizer o = {.kind = PMAP_OPT_ADAM, .lr = lr, .beta1 = 0.9f, .beta2 = 0.999f,
-                      .eps = 1e-8f};
+  pmap_optimizer o = {
+      .kind = PMAP_OPT_ADAM, .lr = lr, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
   return o;
 }
 
@@ -61,8 +61,8 @@ pmap_status optimizer_check(const pmap_optimizer *o, const char *call) {
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: clip_norm %g must be >= 0 and finite", call,
                     (double)o->clip_norm);
   if (!(o->weight_decay >= 0.0f) || !isfinite(o->weight_decay))
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: weight_decay %g must be >= 0 and finite",
-                    call, (double)o->weight_decay);
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: weight_decay %g must be >= 0 and finite", call,
+                    (double)o->weight_decay);
   PMAP_TRY(check_schedule(o, call));
   switch (o->kind) {
   case PMAP_OPT_SGD:
@@ -79,8 +79,8 @@ pmap_status optimizer_check(const pmap_optimizer *o, const char *call) {
     if (!(o->beta1 >= 0.0f && o->beta1 < 1.0f) || !(o->beta2 >= 0.0f && o->beta2 < 1.0f) ||
         !(o->eps > 0.0f) || !isfinite(o->eps))
       return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                      "%s: Adam beta1 %g, beta2 %g, eps %g: betas must be in [0, 1), eps > 0",
-                      call, (double)o->beta1, (double)o->beta2, (double)o->eps);
+                      "%s: Adam beta1 %g, beta2 %g, eps %g: betas must be in [0, 1), eps > 0", call,
+                      (double)o->beta1, (double)o->beta2, (double)o->eps);
     if (o->kind == PMAP_OPT_ADAM && o->weight_decay != 0.0f)
       return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                       "%s: Adam with weight_decay %g: use PMAP_OPT_ADAMW (pmap_adamw) for "
@@ -97,9 +97,13 @@ int optimizer_slots(const pmap_optimizer *o) {
 }
 
 pmap_step_hyper optimizer_hyper(const pmap_optimizer *o, int64_t t) {
-  pmap_step_hyper h = {.lr = (float)pmap_optimizer_lr(o, t), .momentum = o->momentum,
-                       .nesterov = o->nesterov, .weight_decay = o->weight_decay,
-                       .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps};
+  pmap_step_hyper h = {.lr = (float)pmap_optimizer_lr(o, t),
+                       .momentum = o->momentum,
+                       .nesterov = o->nesterov,
+                       .weight_decay = o->weight_decay,
+                       .beta1 = o->beta1,
+                       .beta2 = o->beta2,
+                       .eps = o->eps};
   if (o->kind != PMAP_OPT_SGD) {
     h.momentum = 0.0f;
     h.bc1 = (float)(1.0 - pow((double)o->beta1, (double)t));

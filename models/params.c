@@ -100,7 +100,10 @@ pmap_status pmap_params_create(pmap_ctx *ctx, const pmap_model *model, const pma
   const char *call = "pmap_params_create";
   if (!ctx || !model || !opt || !out)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL", call,
-                    !ctx ? "ctx" : !model ? "model" : !opt ? "opt" : "out");
+                    !ctx     ? "ctx"
+                    : !model ? "model"
+                    : !opt   ? "opt"
+                             : "out");
   *out = NULL;
   if (model->n_layers == 0 || model->n_params == 0)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
@@ -110,8 +113,8 @@ pmap_status pmap_params_create(pmap_ctx *ctx, const pmap_model *model, const pma
   const layer *last = &model->layers[model->n_layers - 1];
   if (last->out_rank != 1)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                    "%s: the model's output has rank %d; the loss needs rank 1 (add flatten)",
-                    call, last->out_rank);
+                    "%s: the model's output has rank %d; the loss needs rank 1 (add flatten)", call,
+                    last->out_rank);
   PMAP_TRY(optimizer_check(opt, call));
   pmap_params *p = calloc(1, sizeof *p);
   float *host_w = malloc(model->n_params * sizeof *host_w);
@@ -143,7 +146,11 @@ pmap_status pmap_params_create_custom(pmap_ctx *ctx, size_t num_params, const fl
   const char *call = "pmap_params_create_custom";
   if (!ctx || !init || !fn || !opt || !out)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL", call,
-                    !ctx ? "ctx" : !init ? "init" : !fn ? "fn" : !opt ? "opt" : "out");
+                    !ctx    ? "ctx"
+                    : !init ? "init"
+                    : !fn   ? "fn"
+                    : !opt  ? "opt"
+                            : "out");
   *out = NULL;
   if (num_params == 0 || num_params > ((size_t)1 << 31))
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: num_params %zu is outside 1..%zu", call,
@@ -193,8 +200,8 @@ pmap_status pmap_params_read(const pmap_params *cp, int device, float *dst, size
                     "%d..%d); replicas are identical, so read one of this process's",
                     call, device, device / ctx->n, ctx->proc, first, first + ctx->n - 1);
   if (count != cp->n_params)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: count %zu is not the parameter count %zu",
-                    call, count, cp->n_params);
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: count %zu is not the parameter count %zu", call,
+                    count, cp->n_params);
   pmap_params *p = (pmap_params *)cp; /* the job fields are scratch, not state */
   PMAP_TRY(pmap_ctx_lock(p->ctx, call));
   p->read_device = device - first;
@@ -216,8 +223,8 @@ pmap_status pmap_params_write(pmap_params *p, const float *src, size_t count) {
   if (!p || !src)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL", call, p ? "src" : "params");
   if (count != p->n_params)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: count %zu is not the parameter count %zu",
-                    call, count, p->n_params);
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: count %zu is not the parameter count %zu", call,
+                    count, p->n_params);
   PMAP_TRY(pmap_ctx_lock(p->ctx, call));
   p->host_w = src;
   pmap_status st = pmap_ctx_dispatch(p->ctx, write_job, p);
@@ -244,8 +251,7 @@ pmap_status pmap_params_set_micro_batches(pmap_params *p, int k) {
   const char *call = "pmap_params_set_micro_batches";
   if (!p) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: params is NULL", call);
   if (k < 1 || k > 65536)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %d micro-batches is outside 1..65536", call,
-                    k);
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %d micro-batches is outside 1..65536", call, k);
   PMAP_TRY(pmap_ctx_lock(p->ctx, call));
   p->micro_batches = k;
   pmap_ctx_unlock(p->ctx);

@@ -17,21 +17,21 @@ struct pmap_params {
   int opt_slots; /* optimizer state buffers of n_params each */
   int64_t step;
   int micro_batches; /* >= 1: each device's rows are split into this many parts */
-  replica *rep; /* (N) */
+  replica *rep;      /* (N) */
   /* The gradient buffer of a replica is [gradients (P) | loss | guard flags (N) | norm |
    * micro-batch loss]: the all-reduce covers the first P + 1 (+ N with the numeric guard). */
-  int guard;          /* the numeric guard is on (pmap_config.numeric_guard) */
-  float *guard_host;  /* (N, N + 2) each device's host copy of [loss | flags | norm] */
-  int numeric_bad;    /* the last step was skipped: non-finite values */
+  int guard;         /* the numeric guard is on (pmap_config.numeric_guard) */
+  float *guard_host; /* (N, N + 2) each device's host copy of [loss | flags | norm] */
+  int numeric_bad;   /* the last step was skipped: non-finite values */
   /* The current job's arguments. */
   const float *host_w;
   const pmap_array *xs, *ys;
   pmap_array *out;
-  int64_t batch; /* global rows of the call */
-  int64_t bd;    /* most rows any device takes */
+  int64_t batch;         /* global rows of the call */
+  int64_t bd;            /* most rows any device takes */
   pmap_step_hyper hyper; /* this step's optimizer settings */
-  int64_t dist_bd; /* across processes: the rows per device every process last agreed on */
-  float rows[2];   /* the exchange of that agreement: max and -min over the processes */
+  int64_t dist_bd;       /* across processes: the rows per device every process last agreed on */
+  float rows[2];         /* the exchange of that agreement: max and -min over the processes */
   int read_device;
   float *read_dst;
   float loss;

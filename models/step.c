@@ -72,9 +72,8 @@ static pmap_status check_ys(pmap_params *p, const pmap_array *ys, int64_t b, con
   const int32_t *labels = ys->data;
   for (int64_t i = 0; i < b; i++)
     if (labels[i] < 0 || labels[i] >= k)
-      return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                      "%s: label %d at row %lld is outside [0, %lld)", call, (int)labels[i],
-                      (long long)i, (long long)k);
+      return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: label %d at row %lld is outside [0, %lld)",
+                      call, (int)labels[i], (long long)i, (long long)k);
   return PMAP_SUCCESS;
 }
 
@@ -259,8 +258,8 @@ static pmap_status piece_grads(pmap_device *dev, pmap_params *p, replica *r, int
     PMAP_TRY(model_forward(dev, m, r, x, rows));
     PMAP_TRY(model_loss(dev, m, r, y, rows, loss));
     if (weight != 1.0f)
-      PMAP_TRY(dev->ops->scale(dev, r->dact[L - 1], weight,
-                               (size_t)(rows * m->layers[L - 1].out_size)));
+      PMAP_TRY(
+          dev->ops->scale(dev, r->dact[L - 1], weight, (size_t)(rows * m->layers[L - 1].out_size)));
     PMAP_TRY(model_backward(dev, m, r, rows));
   }
   if (!direct) PMAP_TRY(dev->ops->axpy(dev, weight, loss, r->g + P, 1));
@@ -326,8 +325,7 @@ static pmap_status numeric_error(const pmap_params *p) {
     if (!isfinite(h[1 + d]))
       len += (size_t)snprintf(devs + len, sizeof devs - len, "%s%d", len ? ", " : "", d);
   char what[480];
-  if (len)
-    /* Across processes a flag slot is shared by local device d of every process. */
+  if (len) /* Across processes a flag slot is shared by local device d of every process. */
     snprintf(what, sizeof what, "the local loss or gradients of %sdevice%s %s%s were non-finite",
              p->ctx->nproc > 1 ? "local " : "", strchr(devs, ',') ? "s" : "", devs,
              p->ctx->nproc > 1 ? " (of some process)" : "");
@@ -420,7 +418,9 @@ pmap_status pmap_predict(pmap_params *p, const pmap_array *xs, pmap_array *out) 
   const char *call = "pmap_predict";
   if (!p || !out || !out->data)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL", call,
-                    !p ? "params" : !out ? "out" : "out->data");
+                    !p     ? "params"
+                    : !out ? "out"
+                           : "out->data");
   if (p->grad_fn)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "%s: params made by pmap_params_create_custom have no forward pass the "

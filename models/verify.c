@@ -32,8 +32,8 @@ static pmap_status verify_job(pmap_device *dev, void *arg) {
   uint32_t crc = 0;
   PMAP_TRY(checksum(dev, r->w, P * sizeof(float), buf, p->verify_chunk, &crc));
   if (p->opt_slots)
-    PMAP_TRY(checksum(dev, r->opt, (size_t)p->opt_slots * P * sizeof(float), buf,
-                      p->verify_chunk, &crc));
+    PMAP_TRY(checksum(dev, r->opt, (size_t)p->opt_slots * P * sizeof(float), buf, p->verify_chunk,
+                      &crc));
   p->verify_sums[dev->index] = crc;
   return PMAP_SUCCESS;
 }
@@ -67,9 +67,11 @@ pmap_status pmap_params_verify(const pmap_params *cp) {
   char list[768];
   int bad = st ? 0 : describe(p, list, sizeof list);
   if (bad)
-    st = PMAP_ERR(PMAP_ERR_DEVICE, "%s: %d of %d replicas differ from device 0's (checksum "
-                  "0x%08x) after step %lld: device%s %s", call, bad, n,
-                  (unsigned)p->verify_sums[0], (long long)p->step, bad > 1 ? "s" : "", list);
+    st = PMAP_ERR(PMAP_ERR_DEVICE,
+                  "%s: %d of %d replicas differ from device 0's (checksum "
+                  "0x%08x) after step %lld: device%s %s",
+                  call, bad, n, (unsigned)p->verify_sums[0], (long long)p->step, bad > 1 ? "s" : "",
+                  list);
   free(p->verify_sums);
   free(p->verify_buf);
   p->verify_sums = NULL;

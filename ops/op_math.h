@@ -97,8 +97,9 @@ PMAP_HD static inline float pmap_act_apply(int act, float x) {
   return act == 0 ? pmap_tanh(x) : act == 1 ? pmap_sigmoid(x) : pmap_gelu(x);
 }
 PMAP_HD static inline float pmap_act_grad(int act, float x, float y, float dy) {
-  return act == 0 ? pmap_tanh_grad(y, dy) : act == 1 ? pmap_sigmoid_grad(y, dy)
-                                                     : pmap_gelu_grad(x, dy);
+  return act == 0   ? pmap_tanh_grad(y, dy)
+         : act == 1 ? pmap_sigmoid_grad(y, dy)
+                    : pmap_gelu_grad(x, dy);
 }
 
 /* Counter-based hash (the splitmix64 finaliser): the dropout mask of element `index` under
@@ -132,8 +133,8 @@ PMAP_HD static inline void pmap_moments_d(double sum, double sumsq, double count
 }
 /* Batch norm statistics of channel ch: stats (3c + 1) = sums (c), sums of squares (c), count,
  * shifts (c), the sums taken of x - shift. */
-PMAP_HD static inline void pmap_bn_moments(const float *stats, int64_t c, int64_t ch,
-                                           float *mean, float *var) {
+PMAP_HD static inline void pmap_bn_moments(const float *stats, int64_t c, int64_t ch, float *mean,
+                                           float *var) {
   pmap_moments(stats[ch], stats[c + ch], stats[2 * c], stats[2 * c + 1 + ch], mean, var);
 }
 PMAP_HD static inline float pmap_rstd(float var, float eps) { return 1.0f / sqrtf(var + eps); }

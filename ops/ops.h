@@ -50,8 +50,8 @@ typedef struct pmap_ops {
   /* x[i] = value for i < n. */
   pmap_status (*fill)(pmap_device *dev, float *x, float value, size_t n);
   /* y (outer, ch, inner) += b (ch) broadcast: dense uses inner 1, conv inner OH*OW. */
-  pmap_status (*bias_forward)(pmap_device *dev, float *y, const float *b, int64_t outer,
-                              int64_t ch, int64_t inner);
+  pmap_status (*bias_forward)(pmap_device *dev, float *y, const float *b, int64_t outer, int64_t ch,
+                              int64_t inner);
   /* db (ch) += sum over outer and inner of dy (outer, ch, inner). */
   pmap_status (*bias_backward)(pmap_device *dev, const float *dy, float *db, int64_t outer,
                                int64_t ch, int64_t inner);
@@ -82,8 +82,8 @@ typedef struct pmap_ops {
   pmap_status (*sgd_step)(pmap_device *dev, float *w, const float *g, float *v, size_t n,
                           const pmap_step_hyper *h);
   /* w, g, m, v (n): Adam step with bias corrections, and AdamW's decoupled weight decay. */
-  pmap_status (*adam_step)(pmap_device *dev, float *w, const float *g, float *m, float *v,
-                           size_t n, const pmap_step_hyper *h);
+  pmap_status (*adam_step)(pmap_device *dev, float *w, const float *g, float *m, float *v, size_t n,
+                           const pmap_step_hyper *h);
   /* *norm (device memory) = sqrt(sum of x[i]^2) for i < n, summed in double in a fixed order:
    * non-finite exactly when some x[i] is (or the norm exceeds FLT_MAX). The numeric guard and
    * gradient clipping read it. */
@@ -104,20 +104,20 @@ typedef struct pmap_ops {
   /* Layer normalisation of each row of x (rows, f): y = (x - mean) rstd gamma + beta with
    * rstd = 1 / sqrt(var + eps) (biased variance); stats (rows, 2) = mean, rstd for backward. */
   pmap_status (*layernorm_forward)(pmap_device *dev, const float *x, const float *gamma,
-                                   const float *beta, int64_t rows, int64_t f, float eps,
-                                   float *y, float *stats);
+                                   const float *beta, int64_t rows, int64_t f, float eps, float *y,
+                                   float *stats);
   /* dx (rows, f) = ... (dx may be NULL: not needed), dgamma (f) += sum over rows of dy xhat,
    * dbeta (f) += sum of dy. */
   pmap_status (*layernorm_backward)(pmap_device *dev, const float *x, const float *gamma,
                                     const float *stats, const float *dy, int64_t rows, int64_t f,
                                     float *dx, float *dgamma, float *dbeta);
   /* y (bd, c, oh, ow) = max (is_max) or mean of each window of x (bd, c, h, w). */
-  pmap_status (*pool2d_forward)(pmap_device *dev, int is_max, const pmap_pool_shape *s,
-                                int64_t bd, const float *x, float *y);
+  pmap_status (*pool2d_forward)(pmap_device *dev, int is_max, const pmap_pool_shape *s, int64_t bd,
+                                const float *x, float *y);
   /* dx (bd, c, h, w) = the gradient of the windows that hold each element (max: only to the
    * first maximum of a window), gathered per element, so overlapping windows need no atomics. */
-  pmap_status (*pool2d_backward)(pmap_device *dev, int is_max, const pmap_pool_shape *s,
-                                 int64_t bd, const float *x, const float *dy, float *dx);
+  pmap_status (*pool2d_backward)(pmap_device *dev, int is_max, const pmap_pool_shape *s, int64_t bd,
+                                 const float *x, const float *dy, float *dx);
   /* Inverted dropout: y[i] = x[i] keep(i) / (1 - rate), where keep is drawn from a counter-based
    * hash of (key, first + i): the mask of an element depends on its global index only, not on
    * the device holding it. y may equal x. */
@@ -132,8 +132,8 @@ typedef struct pmap_ops {
    * caller may all-reduce the first 2c + 1 (the shifts are the same on every device when prev
    * is): a first pass, its all-reduce, a second pass around its mean and that all-reduce give
    * the variance without the cancellation of E[x^2] - E[x]^2. */
-  pmap_status (*bn_stats)(pmap_device *dev, const float *x, int64_t outer, int64_t c,
-                          int64_t inner, const float *prev, float *stats);
+  pmap_status (*bn_stats)(pmap_device *dev, const float *x, int64_t outer, int64_t c, int64_t inner,
+                          const float *prev, float *stats);
   /* y = (x - mean) rstd gamma + beta per channel. training: mean and the biased variance from
    * stats; then, when running (2c: mean, var) is not NULL, running = momentum running +
    * (1 - momentum) of the moments in run_stats (layout of bn_stats), unless those are not

@@ -64,12 +64,12 @@ static const char *missing_op(const pmap_ops *o) {
 }
 
 pmap_status backend_check(const pmap_backend_i *be) {
-  const char *missing = !be->alloc      ? "alloc"
-                        : !be->free     ? "free"
-                        : !be->upload   ? "upload"
-                        : !be->download ? "download"
-                        : !be->ops      ? "ops"
-                        : !be->coll     ? "coll"
+  const char *missing = !be->alloc              ? "alloc"
+                        : !be->free             ? "free"
+                        : !be->upload           ? "upload"
+                        : !be->download         ? "download"
+                        : !be->ops              ? "ops"
+                        : !be->coll             ? "coll"
                         : !be->coll->all_reduce ? "coll->all_reduce"
                         : !be->coll->broadcast  ? "coll->broadcast"
                         : !be->coll->all_gather ? "coll->all_gather"
@@ -77,8 +77,7 @@ pmap_status backend_check(const pmap_backend_i *be) {
                                                 : NULL;
   if (!missing && be->ops) {
     const char *op = missing_op(be->ops);
-    if (op)
-      return PMAP_ERR(PMAP_ERR_INTERNAL, "backend %s: its op table has no %s", be->name, op);
+    if (op) return PMAP_ERR(PMAP_ERR_INTERNAL, "backend %s: its op table has no %s", be->name, op);
   }
   if (!missing) return PMAP_SUCCESS;
   return PMAP_ERR(PMAP_ERR_INTERNAL, "backend %s: its table has no %s", be->name, missing);

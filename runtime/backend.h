@@ -73,7 +73,7 @@ struct pmap_device {
   pmap_ctx *ctx;
   int index;
   const pmap_ops *ops;
-  void *be;          /* the backend's per-device state */
+  void *be;           /* the backend's per-device state */
   pmap_status status; /* result of the current job on this device */
   char msg[1024];     /* its message when status != PMAP_SUCCESS */
   int initialised;    /* device_init ran on this device */
@@ -84,14 +84,14 @@ struct pmap_ctx {
   const pmap_backend_i *be;
   pmap_backend kind;
   int n;
-  pmap_device *dev;  /* (n) */
-  void *be_ctx;      /* the backend's context-wide state */
+  pmap_device *dev; /* (n) */
+  void *be_ctx;     /* the backend's context-wide state */
   pmap_wait_policy wait;
-  int numeric_guard; /* pmap_config.numeric_guard */
-  int uneven;        /* pmap_config.uneven_batches */
-  _Atomic int abort; /* set when a device failed in the current job */
-  _Atomic int busy;  /* a job is running: pmap_run is not re-entrant */
-  _Atomic int left;  /* devices whose function returned in the current job */
+  int numeric_guard;       /* pmap_config.numeric_guard */
+  int uneven;              /* pmap_config.uneven_batches */
+  _Atomic int abort;       /* set when a device failed in the current job */
+  _Atomic int busy;        /* a job is running: pmap_run is not re-entrant */
+  _Atomic int left;        /* devices whose function returned in the current job */
   _Atomic int left_device; /* the first of them */
   /* Every public call on the context holds this (recursive) lock, so calls from several host
    * threads are serialised; a call from inside a mapped function is refused, not deadlocked. */
@@ -133,10 +133,10 @@ const char *pmap_cuda_unavailable_reason(void);
 typedef struct backend_entry {
   pmap_backend kind;
   const pmap_backend_i *table;
-  int (*device_count)(void);                 /* usable devices here; 0: not usable */
+  int (*device_count)(void); /* usable devices here; 0: not usable */
   /* The count PMAP_DEVICES_DEFAULT stands for (optional: NULL means device_count()). */
   pmap_status (*default_devices)(int *out);
-  const char *label;                         /* "CPU", "CUDA": for messages */
+  const char *label; /* "CPU", "CUDA": for messages */
   /* Why device_count() found none, in the platform's words (optional). */
   const char *(*unavailable_reason)(void);
 } backend_entry;

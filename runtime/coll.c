@@ -26,7 +26,8 @@ void *pmap_device_blas(pmap_device *dev) {
 
 pmap_status pmap_device_alloc(pmap_device *dev, size_t count, float **out) {
   if (!dev || !out)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_device_alloc: %s is NULL", dev ? "out" : "dev");
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_device_alloc: %s is NULL",
+                    dev ? "out" : "dev");
   *out = NULL;
   if (count > PTRDIFF_MAX / sizeof(float))
     return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY,
@@ -114,8 +115,8 @@ static void describe(const coll_desc *desc, int n, char *buf, size_t size) {
     if (j - i == 1)
       len += (size_t)snprintf(buf + len, size - len, "%sdevice %d: %s", i ? "; " : "", i, what);
     else
-      len += (size_t)snprintf(buf + len, size - len, "%sdevices %d-%d: %s", i ? "; " : "", i,
-                              j - 1, what);
+      len += (size_t)snprintf(buf + len, size - len, "%sdevices %d-%d: %s", i ? "; " : "", i, j - 1,
+                              what);
     i = j;
   }
 }
@@ -146,9 +147,7 @@ static pmap_status rendezvous(pmap_device *dev, const char *call, size_t count, 
 
 /* A backend's collective may only be queued (CUDA: stream-ordered, so that a training step
  * waits once); a public one has completed, or failed, when it returns. */
-static pmap_status finish(pmap_device *dev) {
-  return backend_sync(dev);
-}
+static pmap_status finish(pmap_device *dev) { return backend_sync(dev); }
 
 static pmap_status reduce(const char *call, pmap_device *dev, const float *send, float *recv,
                           size_t count, pmap_redop op) {

@@ -35,8 +35,9 @@ static pmap_status env_int(const char *name, long lo, long hi, long *out) {
   errno = 0;
   long v = strtol(s, &end, 10);
   if (errno || *end || v < lo || v > hi)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "environment variable %s=\"%s\" is not an integer in [%ld, %ld]",
-                    name, s, lo, hi);
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "environment variable %s=\"%s\" is not an integer in [%ld, %ld]", name, s, lo,
+                    hi);
   *out = v;
   return PMAP_SUCCESS;
 }
@@ -108,8 +109,8 @@ pmap_status pmap_wait_status(pmap_device *dev, int r, const char *call) {
                     call, dev->index, atomic_load(&ctx->left_device));
   }
   pmap_ctx_abort(ctx);
-  return PMAP_ERR(PMAP_ERR_TIMEOUT, "%s on device %d: not every device arrived within %.3f s",
-                  call, dev->index, (double)ctx->wait.timeout_ns * 1e-9);
+  return PMAP_ERR(PMAP_ERR_TIMEOUT, "%s on device %d: not every device arrived within %.3f s", call,
+                  dev->index, (double)ctx->wait.timeout_ns * 1e-9);
 }
 
 pmap_status pmap_ctx_lock(pmap_ctx *ctx, const char *call) {
@@ -254,8 +255,10 @@ pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   const pmap_backend_i *be = entry->table;
   PMAP_TRY(backend_check(be));
   if (cfg.num_devices == PMAP_DEVICES_DEFAULT) {
-    if (entry->default_devices) PMAP_TRY(entry->default_devices(&cfg.num_devices));
-    else cfg.num_devices = entry->device_count();
+    if (entry->default_devices)
+      PMAP_TRY(entry->default_devices(&cfg.num_devices));
+    else
+      cfg.num_devices = entry->device_count();
     if (cfg.num_devices > PMAP_MAX_DEVICES) cfg.num_devices = PMAP_MAX_DEVICES;
   }
   long spin_us = 0;
@@ -289,7 +292,8 @@ pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   if (getenv("PMAP_SPIN_US")) ctx->wait.spin_ns = spin_us * 1000;
   double timeout_s = cfg.timeout_s == 0.0 ? DEFAULT_TIMEOUT_S : cfg.timeout_s;
   /* Beyond MAX_TIMEOUT_S (inf included) the nanoseconds would not fit: no timeout. */
-  ctx->wait.timeout_ns = timeout_s < 0 || timeout_s > MAX_TIMEOUT_S ? -1 : (int64_t)(timeout_s * 1e9);
+  ctx->wait.timeout_ns =
+      timeout_s < 0 || timeout_s > MAX_TIMEOUT_S ? -1 : (int64_t)(timeout_s * 1e9);
   ctx->wait.abort = &ctx->abort;
   ctx->wait.left = &ctx->left;
   ctx->numeric_guard = cfg.numeric_guard;
@@ -308,11 +312,12 @@ pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   PMAP_TRY_GOTO(st, pmap_fault_parse(getenv("PMAP_FAULT"), &ctx->fault), fail);
   sync_barrier_init(&ctx->bar, (uint32_t)n);
   ctx->nproc = 1;
-  PMAP_TRY_GOTO(st, dist_open(&cfg, kind, n, ctx->wait.timeout_ns, &ctx->dist, &ctx->proc,
-                              &ctx->nproc), fail);
+  PMAP_TRY_GOTO(st,
+                dist_open(&cfg, kind, n, ctx->wait.timeout_ns, &ctx->dist, &ctx->proc, &ctx->nproc),
+                fail);
   if (ctx->nproc > 1 && (int64_t)n * ctx->nproc > INT_MAX / 2) {
-    st = PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_ctx_create: %d processes x %d devices is too many",
-                  ctx->nproc, n);
+    st = PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                  "pmap_ctx_create: %d processes x %d devices is too many", ctx->nproc, n);
     goto fail;
   }
 
@@ -329,7 +334,7 @@ pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   PMAP_TRY_GOTO(st, pmap_ctx_dispatch(ctx, init_job, NULL), fail);
   *out = ctx;
   return PMAP_SUCCESS;
-fail: {
+fail : {
   /* Keep the message of the failure through the cleanup. */
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", pmap_error_message());
@@ -385,7 +390,8 @@ const char *pmap_backend_name(pmap_backend b) {
 }
 
 pmap_status pmap_backend_parse(const char *name, pmap_backend *out) {
-  if (!name || !out) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_backend_parse: NULL argument");
+  if (!name || !out)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_backend_parse: NULL argument");
   for (int b = PMAP_BACKEND_AUTO; b <= PMAP_BACKEND_CUDA; b++)
     if (strcmp(name, pmap_backend_name((pmap_backend)b)) == 0) {
       *out = (pmap_backend)b;
@@ -395,9 +401,7 @@ pmap_status pmap_backend_parse(const char *name, pmap_backend *out) {
                   name);
 }
 
-int pmap_backend_built(pmap_backend b) {
-  return b == PMAP_BACKEND_AUTO || backend_find(b) != NULL;
-}
+int pmap_backend_built(pmap_backend b) { return b == PMAP_BACKEND_AUTO || backend_find(b) != NULL; }
 
 pmap_status pmap_run(pmap_ctx *ctx, pmap_fn fn, void *arg) {
   if (!ctx || !fn)

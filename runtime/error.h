@@ -24,21 +24,21 @@ const char *pmap_error_message(void);
 
 #define PMAP_ERR(s, ...) pmap_error_set((s), __VA_ARGS__)
 
-#define PMAP_TRY(expr)                                                          \
-  do {                                                                          \
-    pmap_status pmap_try_s_ = (expr);                                           \
-    if (pmap_try_s_ != PMAP_SUCCESS)                                            \
-      return pmap_error_trail(pmap_try_s_, __FILE__, __LINE__, __func__);      \
+#define PMAP_TRY(expr)                                                    \
+  do {                                                                    \
+    pmap_status pmap_try_s_ = (expr);                                     \
+    if (pmap_try_s_ != PMAP_SUCCESS)                                      \
+      return pmap_error_trail(pmap_try_s_, __FILE__, __LINE__, __func__); \
   } while (0)
 
 /* As PMAP_TRY, but stores the status in `st` and jumps to `label` for cleanup. */
-#define PMAP_TRY_GOTO(st, expr, label)                                          \
-  do {                                                                          \
-    (st) = (expr);                                                              \
-    if ((st) != PMAP_SUCCESS) {                                                 \
-      pmap_error_trail((st), __FILE__, __LINE__, __func__);                     \
-      goto label;                                                               \
-    }                                                                           \
+#define PMAP_TRY_GOTO(st, expr, label)                      \
+  do {                                                      \
+    (st) = (expr);                                          \
+    if ((st) != PMAP_SUCCESS) {                             \
+      pmap_error_trail((st), __FILE__, __LINE__, __func__); \
+      goto label;                                           \
+    }                                                       \
   } while (0)
 
 #endif

@@ -11,8 +11,8 @@
 struct pmap_fault {
   fault_kind kind;
   int device;
-  int64_t step;  /* -1: the first step that reaches the hook */
-  int64_t after; /* alloc: how many allocations of the device succeed first */
+  int64_t step;         /* -1: the first step that reaches the hook */
+  int64_t after;        /* alloc: how many allocations of the device succeed first */
   _Atomic int64_t seen; /* alloc: allocations counted so far */
   _Atomic int fired;
 };

@@ -123,16 +123,18 @@ static int barrier_verdict(sync_barrier *b, uint32_t gen, const pmap_wait_policy
     if ((uint32_t)(s >> BAR_GEN_SHIFT) != gen) return PMAP_WAIT_OK;
     if (s & BAR_FAILED) return PMAP_WAIT_ABORTED;
     int why = -1;
-    if (p->abort && atomic_load_explicit(p->abort, memory_order_acquire)) why = PMAP_WAIT_ABORTED;
+    if (p->abort && atomic_load_explicit(p->abort, memory_order_acquire))
+      why = PMAP_WAIT_ABORTED;
     else if (p->left && atomic_load_explicit(p->left, memory_order_acquire))
       /* A device that failed raised abort before it left: read abort again, so that a failure
        * racing this check is not taken for a device that left without calling. */
       why = p->abort && atomic_load_explicit(p->abort, memory_order_acquire) ? PMAP_WAIT_ABORTED
-                                                                            : PMAP_WAIT_LEFT;
-    else if (timed_out) why = PMAP_WAIT_TIMEOUT;
+                                                                             : PMAP_WAIT_LEFT;
+    else if (timed_out)
+      why = PMAP_WAIT_TIMEOUT;
     if (why < 0) return -1;
-    if (atomic_compare_exchange_strong_explicit(&b->state, &s, s | BAR_FAILED,
-                                                memory_order_acq_rel, memory_order_acquire)) {
+    if (atomic_compare_exchange_strong_explicit(&b->state, &s, s | BAR_FAILED, memory_order_acq_rel,
+                                                memory_order_acquire)) {
       pmap_event_signal(&b->ev);
       return why;
     }

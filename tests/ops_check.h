@@ -77,7 +77,7 @@ typedef double (*scalar_fn)(const void *ctx);
 /* Central differences (f(x + h e_i) - f(x - h e_i)) / 2h at every entry of x (or at
  * FD_MAX_SAMPLES random entries of a larger x), compared with the op's gradient `got`. */
 static inline void fd_check(const char *what, scalar_fn f, const void *ctx, double *x, size_t n,
-                     const float *got, double h, double tol, uint64_t *s) {
+                            const float *got, double h, double tol, uint64_t *s) {
   size_t cnt = n <= FD_MAX_SAMPLES ? n : FD_MAX_SAMPLES;
   size_t *idx = malloc((cnt ? cnt : 1) * sizeof *idx);
   double *fd = dalloc(cnt);

@@ -81,7 +81,8 @@ static void round_trip(const char *name, int n, int64_t batch, int64_t rows) {
   state a, b;
   char what[96];
   snprintf(what, sizeof what, "round trip %s on %d devices", name, n);
-  if (state_open(&a, name, n, NULL, 3, batch, rows) || state_open(&b, name, n, NULL, 4, batch, rows))
+  if (state_open(&a, name, n, NULL, 3, batch, rows) ||
+      state_open(&b, name, n, NULL, 4, batch, rows))
     return;
   state_train(&a, 0, 3, NULL);
   const char user[] = "position 3";
@@ -89,8 +90,8 @@ static void round_trip(const char *name, int n, int64_t batch, int64_t rows) {
   char got[32] = {0};
   size_t got_n = 0;
   CHECK_OK(pmap_params_load_user(b.params, path_a, got, sizeof got, &got_n));
-  CHECK(got_n == sizeof user && !memcmp(got, user, sizeof user), "%s: user section %zu bytes",
-        what, got_n);
+  CHECK(got_n == sizeof user && !memcmp(got, user, sizeof user), "%s: user section %zu bytes", what,
+        got_n);
   snapshot sa = {0}, sb = {0};
   snapshot_take(&a, path_a, &sa);
   snapshot_take(&b, path_b, &sb);
@@ -138,7 +139,10 @@ static void corruptions(void) {
     CHECK(ub == sizeof user, "user bytes %zu", ub);
     state_close(&probe);
   }
-  struct { size_t off; const char *needle, *what; } flips[] = {
+  struct {
+    size_t off;
+    const char *needle, *what;
+  } flips[] = {
       {0, "not a pmap checkpoint", "bit flip in the magic"},
       {8, "is checkpoint version", "bit flip in the version"},
       {17, "header checksum", "bit flip in the file length"},
@@ -202,7 +206,8 @@ static void corruptions(void) {
   fix_section_crc(g, at[1]);
   CHECK(file_write(bad, g, n) == 0, "write");
   CHECK_OK(pmap_params_load(s.params, bad));
-  CHECK(pmap_params_step(s.params) == 2, "step after load %lld", (long long)pmap_params_step(s.params));
+  CHECK(pmap_params_step(s.params) == 2, "step after load %lld",
+        (long long)pmap_params_step(s.params));
   /* The user buffer too small; the plain load ignores the user section. */
   state_train(&s, 2, 3, NULL);
   snapshot before = {0}, after = {0};
@@ -226,15 +231,19 @@ static void corruptions(void) {
 static void mismatches(void) {
   state mlp, lin, sgd, sgdm, adam;
   pmap_optimizer o_sgd = pmap_sgd(0.01f, 0.0f), o_sgdm = pmap_sgd(0.01f, 0.9f);
-  if (state_open(&mlp, "mlp", 2, NULL, 1, 64, 256) || state_open(&lin, "linear", 2, NULL, 1, 64, 128) ||
-      state_open(&sgd, "mlp", 1, &o_sgd, 1, 64, 256) || state_open(&sgdm, "mlp", 3, &o_sgdm, 1, 48, 240) ||
+  if (state_open(&mlp, "mlp", 2, NULL, 1, 64, 256) ||
+      state_open(&lin, "linear", 2, NULL, 1, 64, 128) ||
+      state_open(&sgd, "mlp", 1, &o_sgd, 1, 64, 256) ||
+      state_open(&sgdm, "mlp", 3, &o_sgdm, 1, 48, 240) ||
       state_open(&adam, "convnet", 2, NULL, 1, 8, 32))
     return;
   CHECK_OK(pmap_params_save(mlp.params, path_a));
   size_t n = 0;
   unsigned char *f = file_read(path_a, &n);
-  expect_rejected(&lin, f, n, PMAP_ERR_INVALID_ARGUMENT, "holds another model", "mlp into linear", 1);
-  expect_rejected(&adam, f, n, PMAP_ERR_INVALID_ARGUMENT, "holds another model", "mlp into convnet", 1);
+  expect_rejected(&lin, f, n, PMAP_ERR_INVALID_ARGUMENT, "holds another model", "mlp into linear",
+                  1);
+  expect_rejected(&adam, f, n, PMAP_ERR_INVALID_ARGUMENT, "holds another model", "mlp into convnet",
+                  1);
   expect_rejected(&sgd, f, n, PMAP_ERR_INVALID_ARGUMENT,
                   "holds another optimizer: Adam (2 state slots); params use SGD without momentum",
                   "Adam into SGD", 1);
@@ -243,7 +252,8 @@ static void mismatches(void) {
   f = file_read(path_a, &n);
   expect_rejected(&sgdm, f, n, PMAP_ERR_INVALID_ARGUMENT,
                   "another optimizer: SGD without momentum (0 state slots); params use SGD with "
-                  "momentum (1)", "SGD into SGD with momentum", 1);
+                  "momentum (1)",
+                  "SGD into SGD with momentum", 1);
   expect_rejected(&mlp, f, n, PMAP_ERR_INVALID_ARGUMENT, "another optimizer", "SGD into Adam", 1);
   free(f);
   state_close(&mlp);
@@ -269,7 +279,8 @@ static void bad_arguments(void) {
               "params is NULL");
   char p[600];
   snprintf(p, sizeof p, "%s/no-such-folder/x.ckpt", dir);
-  CHECK_FAILS(pmap_params_save(s.params, p), PMAP_ERR_UNAVAILABLE, "cannot create a temporary file");
+  CHECK_FAILS(pmap_params_save(s.params, p), PMAP_ERR_UNAVAILABLE,
+              "cannot create a temporary file");
   CHECK_FAILS(pmap_params_load(s.params, p), PMAP_ERR_UNAVAILABLE, "cannot open");
   CHECK_FAILS(pmap_params_load(s.params, dir), PMAP_ERR_INVALID_ARGUMENT, "not a regular file");
   /* A read-only folder (root ignores permissions, so only where the mode has effect). */

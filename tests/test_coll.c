@@ -67,10 +67,10 @@ static pmap_status call_op(pmap_device *dev, int op, const float *send, float *r
 
 static int same_bits(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
 
-#define RUN_TRY(call)                                                                        \
-  do {                                                                                       \
-    pmap_status run_try_s_ = (call);                                                         \
-    if (run_try_s_ != PMAP_SUCCESS) return run_try_s_;                                       \
+#define RUN_TRY(call)                                  \
+  do {                                                 \
+    pmap_status run_try_s_ = (call);                   \
+    if (run_try_s_ != PMAP_SUCCESS) return run_try_s_; \
   } while (0)
 
 /* ------------------------------------------------------------------------------------------ */
@@ -79,7 +79,7 @@ static int same_bits(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
 typedef struct one_case {
   int op, root, in_place;
   size_t count;
-  float *out[PMAP_MAX_DEVICES];    /* each device's result, host memory owned by the test */
+  float *out[PMAP_MAX_DEVICES];        /* each device's result, host memory owned by the test */
   size_t send_wrong[PMAP_MAX_DEVICES]; /* out of place: elements of send that changed */
 } one_case;
 
@@ -250,8 +250,9 @@ static void run_mix(pmap_ctx *ctx) {
     int k = c.first_bad_call[d];
     CHECK(c.wrong[d] == 0, "mixed calls N %d device %d: %zu wrong elements, first in call %d (%s)",
           n, d, c.wrong[d], k, k >= 0 ? op_names[k % (OP_COUNT + 1)] : "-");
-    CHECK(c.barrier_bad[d] == 0, "mixed calls N %d device %d: %d barriers let a device through early",
-          n, d, c.barrier_bad[d]);
+    CHECK(c.barrier_bad[d] == 0,
+          "mixed calls N %d device %d: %d barriers let a device through early", n, d,
+          c.barrier_bad[d]);
   }
 }
 
@@ -418,14 +419,15 @@ static pmap_ctx *make_ctx(int n, double timeout_s) {
   pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = n, .timeout_s = timeout_s};
   pmap_ctx *ctx = NULL;
   CHECK_OK(pmap_ctx_create(&cfg, &ctx));
-  if (ctx) CHECK(pmap_ctx_num_devices(ctx) == n, "context has %d devices, want %d",
-                 pmap_ctx_num_devices(ctx), n);
+  if (ctx)
+    CHECK(pmap_ctx_num_devices(ctx) == n, "context has %d devices, want %d",
+          pmap_ctx_num_devices(ctx), n);
   return ctx;
 }
 
 int main(void) {
-  static const size_t sizes[] = {0, 1, 2, 7, 15, 16, 17, 31, 1000, 1023, 1024, 1025, 1026,
-                                 1040, 4097, 65537};
+  static const size_t sizes[] = {0,    1,    2,    7,    15,   16,   17,   31,
+                                 1000, 1023, 1024, 1025, 1026, 1040, 4097, 65537};
   double t0 = now_s();
   for (int n = 1; n <= 8; n++) {
     pmap_ctx *ctx = make_ctx(n, 0.0);

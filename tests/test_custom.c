@@ -44,8 +44,9 @@ static void test_gradient(void) {
     float scale = pass ? 0.25f : 1.0f;
     for (size_t i = 0; i < P; i++) g[i] = pass ? 1.0f : 0.0f; /* pass 1: += onto ones */
     int64_t xs_shape[2] = {ROWS, F}, ys_shape[2] = {ROWS, K};
-    pmap_grad_args a = {NULL, w, g, &loss, scale, pmap_array_f32(x, 2, xs_shape),
-                        pmap_array_f32(t, 2, ys_shape), 0, 0, P};
+    pmap_grad_args a = {
+        NULL, w, g, &loss, scale, pmap_array_f32(x, 2, xs_shape), pmap_array_f32(t, 2, ys_shape),
+        0,    0, P};
     CHECK_OK(tanh_net_grad(&a, (void *)&NET));
     for (size_t i = 0; i < P; i++) wd[i] = w[i];
     for (size_t i = 0; i < P; i++) {
@@ -57,8 +58,8 @@ static void test_gradient(void) {
       wd[i] = keep;
       want[i] = scale * (up - down) / (2 * h) + (pass ? 1.0 : 0.0);
     }
-    test_close(pass ? "tanh_net gradient, scale 0.25, accumulated" : "tanh_net gradient", g,
-               want, P, 1e-4);
+    test_close(pass ? "tanh_net gradient, scale 0.25, accumulated" : "tanh_net gradient", g, want,
+               P, 1e-4);
     float lw = (float)loss_f64(wd, x, t, ROWS);
     test_close_f("tanh_net loss", &loss, &lw, 1, 1e-5);
   }
@@ -127,8 +128,7 @@ static void test_devices(void) {
   for (int n = 2; n <= 4; n++)
     for (int micro = 1; micro <= 3; micro += 2) {
       trained got = train(n, 19, micro, 1);
-      snprintf(what, sizeof what, "custom: 19 rows on %d devices, micro %d vs 1 device", n,
-               micro);
+      snprintf(what, sizeof what, "custom: 19 rows on %d devices, micro %d vs 1 device", n, micro);
       if (got.ok && ref.ok) test_close_f(what, got.w, ref.w, P, 1e-5);
       test_close_f("loss", &got.loss, &ref.loss, 1, 1e-5);
     }

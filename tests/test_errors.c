@@ -90,7 +90,8 @@ static void bad_updates(void) {
 
   /* reads and writes. */
   float w[2];
-  CHECK_FAILS(pmap_params_read(lin, 4, w, 2), PMAP_ERR_INVALID_ARGUMENT, "device 4 is outside [0, 4)");
+  CHECK_FAILS(pmap_params_read(lin, 4, w, 2), PMAP_ERR_INVALID_ARGUMENT,
+              "device 4 is outside [0, 4)");
   CHECK_FAILS(pmap_params_read(lin, -1, w, 2), PMAP_ERR_INVALID_ARGUMENT, "device -1");
   CHECK_FAILS(pmap_params_read(lin, 0, w, 3), PMAP_ERR_INVALID_ARGUMENT,
               "count 3 is not the parameter count 2");
@@ -133,7 +134,8 @@ static void bad_setup(void) {
   pmap_optimizer mom = pmap_sgd(0.1f, 1.0f);
   CHECK_FAILS(pmap_params_create(ctx, m, &mom, 0, &p), PMAP_ERR_INVALID_ARGUMENT,
               "momentum 1 is outside [0, 1)");
-  CHECK_FAILS(pmap_params_create(ctx, NULL, &mom, 0, &p), PMAP_ERR_INVALID_ARGUMENT, "model is NULL");
+  CHECK_FAILS(pmap_params_create(ctx, NULL, &mom, 0, &p), PMAP_ERR_INVALID_ARGUMENT,
+              "model is NULL");
   pmap_model_destroy(m);
 
   /* Model builder. */
@@ -151,11 +153,13 @@ static void bad_setup(void) {
   CHECK_FAILS(pmap_params_create(ctx, m, &mom, 0, &p), PMAP_ERR_INVALID_ARGUMENT, "rank 3");
   pmap_model_destroy(m);
   CHECK_OK(pmap_model_create(1, flat, &m));
-  CHECK_FAILS(pmap_model_add_conv2d(m, 1, 3, 3, 1, 1), PMAP_ERR_INVALID_ARGUMENT, "input of rank 1");
+  CHECK_FAILS(pmap_model_add_conv2d(m, 1, 3, 3, 1, 1), PMAP_ERR_INVALID_ARGUMENT,
+              "input of rank 1");
   CHECK_FAILS(pmap_model_add_dense(m, 0), PMAP_ERR_INVALID_ARGUMENT, "units 0");
   CHECK_FAILS(pmap_model_set_loss(m, (pmap_loss)5), PMAP_ERR_INVALID_ARGUMENT, "unknown loss 5");
   pmap_model_destroy(m);
-  CHECK_FAILS(pmap_example_model("resnet", &m), PMAP_ERR_INVALID_ARGUMENT, "unknown model \"resnet\"");
+  CHECK_FAILS(pmap_example_model("resnet", &m), PMAP_ERR_INVALID_ARGUMENT,
+              "unknown model \"resnet\"");
   pmap_model_destroy(NULL);
   pmap_params_destroy(NULL);
   pmap_ctx_destroy(NULL);

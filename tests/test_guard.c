@@ -19,7 +19,8 @@ static int run_open(run *r, const char *model, int n, double timeout, int guard,
                     const pmap_optimizer *opt, const char *fault) {
   memset(r, 0, sizeof *r);
   if (fault) setenv("PMAP_FAULT", fault, 1);
-  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = n, .timeout_s = timeout, .numeric_guard = guard};
+  pmap_config cfg = {
+      .backend = PMAP_BACKEND_CPU, .num_devices = n, .timeout_s = timeout, .numeric_guard = guard};
   pmap_status st = pmap_ctx_create(&cfg, &r->ctx);
   unsetenv("PMAP_FAULT");
   CHECK(st == PMAP_SUCCESS, "ctx %s: %s", model, pmap_last_error());
@@ -182,7 +183,8 @@ static void test_clip_devices(void) {
     if (run_open(&r, "mlp", n, 0.0, PMAP_GUARD_ON, &adam, NULL)) return;
     for (int s = 0; s < 8; s++) CHECK_OK(step(&r, s % 4, NULL));
     float *w = replica(&r, n - 1);
-    if (!want) want = w;
+    if (!want)
+      want = w;
     else if (w) {
       test_close_f("clipped Adam, N devices vs 1", w, want, r.P, 1e-5);
       free(w);

@@ -98,8 +98,7 @@ static int uneven; /* contexts take uneven global batches */
 
 static int run_open(run *r, pmap_model *m, int devices, const pmap_optimizer *opt) {
   memset(r, 0, sizeof *r);
-  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = devices,
-                     .uneven_batches = uneven};
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = devices, .uneven_batches = uneven};
   if (pmap_ctx_create(&cfg, &r->ctx) || pmap_params_create(r->ctx, m, opt, 11, &r->params)) {
     fprintf(stderr, "FAIL setting up %d devices: %s\n", devices, pmap_last_error());
     test_failures++;
@@ -133,8 +132,8 @@ static void random_data(const pmap_model *m, int64_t rows, const int64_t *in, in
   float *x = malloc((size_t)(rows * f) * sizeof *x), *y = malloc((size_t)(rows * k) * sizeof *y);
   test_fill(x, (size_t)(rows * f), &seed, -1.5f, 1.5f);
   test_fill(y, (size_t)(rows * k), &seed, -1.0f, 1.0f);
-  *xs = (pmap_array){x, PMAP_F32, in_rank + 1, {rows, in[0], in_rank > 1 ? in[1] : 0,
-                                                in_rank > 1 ? in[2] : 0}};
+  *xs = (pmap_array){
+      x, PMAP_F32, in_rank + 1, {rows, in[0], in_rank > 1 ? in[1] : 0, in_rank > 1 ? in[2] : 0}};
   *ys = (pmap_array){y, PMAP_F32, 2, {rows, k, 0, 0}};
 }
 
@@ -166,8 +165,7 @@ static void check_equivalence(const char *name, pmap_model *m, const pmap_optimi
     char what[128];
     snprintf(what, sizeof what, "%s: losses of %d steps on %d devices vs 1", name, STEPS, n);
     test_close_f(what, lossn, loss1, STEPS, TOL);
-    snprintf(what, sizeof what, "%s: parameters after %d steps on %d devices vs 1", name, STEPS,
-             n);
+    snprintf(what, sizeof what, "%s: parameters after %d steps on %d devices vs 1", name, STEPS, n);
     test_close_f(what, wn, w1, p, TOL);
     free(wn);
   }

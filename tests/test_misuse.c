@@ -134,10 +134,10 @@ static void test_two_threads(void) {
   pthread_join(tb, NULL);
   pthread_join(t1, NULL);
   pthread_join(t2, NULL);
-  CHECK(a.failures == 0 && b.failures == 0, "concurrent updates failed %d + %d times",
-        a.failures, b.failures);
-  CHECK(r1.failures == 0 && r2.failures == 0, "concurrent reads failed %d + %d times",
-        r1.failures, r2.failures);
+  CHECK(a.failures == 0 && b.failures == 0, "concurrent updates failed %d + %d times", a.failures,
+        b.failures);
+  CHECK(r1.failures == 0 && r2.failures == 0, "concurrent reads failed %d + %d times", r1.failures,
+        r2.failures);
   CHECK(pmap_params_step(p) == 360, "step count %lld after 300 + 60 updates",
         (long long)pmap_params_step(p));
   float w0[2], wd[2];
@@ -200,8 +200,8 @@ static void test_mismatch(void) {
       double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
       CHECK(st == PMAP_ERR_INVALID_ARGUMENT, "N %d mode %d -> %s: %s", n, mode,
             pmap_status_string(st), pmap_last_error());
-      CHECK(strstr(pmap_last_error(), needle[mode]) != NULL, "N %d mode %d: \"%s\" lacks \"%s\"",
-            n, mode, pmap_last_error(), needle[mode]);
+      CHECK(strstr(pmap_last_error(), needle[mode]) != NULL, "N %d mode %d: \"%s\" lacks \"%s\"", n,
+            mode, pmap_last_error(), needle[mode]);
       CHECK(secs < 10.0, "N %d mode %d took %.1f s: waited for the timeout", n, mode, secs);
       for (int d = mode == 3 ? 1 : 0; d < n; d++)
         CHECK(j.st[d] != PMAP_SUCCESS, "N %d mode %d: device %d's collective succeeded", n, mode,

@@ -59,14 +59,14 @@ int main(void) {
   int32_t i4[4] = {0, 3, -1, 9};
   int64_t i8[4] = {0, 3, -1, 9}, big[2] = {1, (int64_t)1 << 40};
   for (int v = 1; v <= 3; v++) {
-    ok_case(v, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", f, sizeof f,
-            PMAP_F32, 2, f, NULL, 6);
-    ok_case(v, "{'descr': '<f8', 'fortran_order': False, 'shape': (6,), }", d, sizeof d,
-            PMAP_F32, 1, f, NULL, 6);
+    ok_case(v, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", f, sizeof f, PMAP_F32,
+            2, f, NULL, 6);
+    ok_case(v, "{'descr': '<f8', 'fortran_order': False, 'shape': (6,), }", d, sizeof d, PMAP_F32,
+            1, f, NULL, 6);
     ok_case(v, "{'descr': '<i4', 'fortran_order': False, 'shape': (4, 1), }", i4, sizeof i4,
             PMAP_I32, 2, NULL, i4, 4);
-    ok_case(v, "{'descr': '<i8', 'fortran_order': False, 'shape': (4,), }", i8, sizeof i8,
-            PMAP_I32, 1, NULL, i4, 4);
+    ok_case(v, "{'descr': '<i8', 'fortran_order': False, 'shape': (4,), }", i8, sizeof i8, PMAP_I32,
+            1, NULL, i4, 4);
     ok_case(v, "{\"shape\": (1, 2, 3, 1), \"fortran_order\": False, \"descr\": \"<f4\"}", f,
             sizeof f, PMAP_F32, 4, f, NULL, 6);
   }
@@ -87,16 +87,15 @@ int main(void) {
            "repeated");
   bad_dict("{'descr': '<f4', 'fortran_order': False, 'shape': (6,), 'x': 1}", f, sizeof f,
            "unexpected");
-  bad_dict("{'descr': '<f4', 'fortran_order': Maybe, 'shape': (6,)}", f, sizeof f,
-           "True or False");
+  bad_dict("{'descr': '<f4', 'fortran_order': Maybe, 'shape': (6,)}", f, sizeof f, "True or False");
   bad_dict("{'descr': '<f4', 'fortran_order': False, 'shape': (6,)} extra", f, sizeof f,
            "after its dict");
   bad_dict("{'descr': '<f4', 'fortran_order': False, 'shape': (-6,)}", f, sizeof f, "bad extent");
   bad_dict("['descr']", f, sizeof f, "not a dict");
   bad_dict("{'descr': '<i8', 'fortran_order': False, 'shape': (2,), }", big, sizeof big,
            "outside the int32 range");
-  size_t total = build(img, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (6,), }", f,
-                       sizeof f);
+  size_t total =
+      build(img, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (6,), }", f, sizeof f);
   bad_case(img, 5, "magic");
   img[0] = 'X';
   bad_case(img, total, "magic");

@@ -45,11 +45,18 @@ static double conv_loss(const void *vctx) {
   return sum;
 }
 
-static void conv_case(uint64_t *rs, int64_t bd, int64_t c, int64_t h, int64_t w, int64_t oc,
-                      int kh, int kw, int stride, int pad) {
-  pmap_conv_shape s = {.c = c, .h = h, .w = w, .oc = oc,
-                       .oh = (h + 2 * pad - kh) / stride + 1, .ow = (w + 2 * pad - kw) / stride + 1,
-                       .kh = kh, .kw = kw, .stride = stride, .pad = pad};
+static void conv_case(uint64_t *rs, int64_t bd, int64_t c, int64_t h, int64_t w, int64_t oc, int kh,
+                      int kw, int stride, int pad) {
+  pmap_conv_shape s = {.c = c,
+                       .h = h,
+                       .w = w,
+                       .oc = oc,
+                       .oh = (h + 2 * pad - kh) / stride + 1,
+                       .ow = (w + 2 * pad - kw) / stride + 1,
+                       .kh = kh,
+                       .kw = kw,
+                       .stride = stride,
+                       .pad = pad};
   char shape[128], what[200];
   snprintf(shape, sizeof shape,
            "bd=%" PRId64 " c=%" PRId64 " %" PRId64 "x%" PRId64 " oc=%" PRId64
@@ -379,8 +386,8 @@ static void adam_run(uint64_t *s, size_t n, int random_state, float eps, float g
       wd[i] += delta[i];
     }
     memcpy(w0, w, n * sizeof *w);
-    pmap_step_hyper h = {.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps,
-                         .bc1 = (float)bc1, .bc2 = (float)bc2};
+    pmap_step_hyper h = {
+        .lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .bc1 = (float)bc1, .bc2 = (float)bc2};
     CHECK_OK(OPS.adam_step(NULL, w, g, m, v, n, &h));
     /* The step itself, not only w: a wrong bias correction moves w by ~lr, small next to w. */
     for (size_t i = 0; i < n; i++) dgot[i] = w[i] - w0[i];

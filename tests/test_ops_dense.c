@@ -76,9 +76,18 @@ static void gemm_case(uint64_t *s, int ta, int tb, int64_t m, int64_t n, int64_t
 static void test_gemm(void) {
   static const int64_t shapes[][3] = {
       /* tiny: at most 4096 multiply-adds */
-      {1, 1, 1}, {3, 5, 7}, {4, 9, 2}, {2, 1, 13}, {16, 16, 16},
+      {1, 1, 1},
+      {3, 5, 7},
+      {4, 9, 2},
+      {2, 1, 13},
+      {16, 16, 16},
       /* the large-shape path; the last two run k over more than one cache block */
-      {16, 16, 17}, {67, 45, 129}, {1, 70, 90}, {50, 1, 100}, {5, 7, 300}, {3, 2, 600},
+      {16, 16, 17},
+      {67, 45, 129},
+      {1, 70, 90},
+      {50, 1, 100},
+      {5, 7, 300},
+      {3, 2, 600},
   };
 
   static const float ab[][2] = {
@@ -167,8 +176,8 @@ static void bias_case(uint64_t *s, int64_t outer, int64_t ch, int64_t inner) {
         want[at] = (double)y[at] + (double)b[c];
       }
   CHECK_OK(OPS.bias_forward(NULL, y, b, outer, ch, inner));
-  snprintf(what, sizeof what, "bias_forward outer=%" PRId64 " ch=%" PRId64 " inner=%" PRId64,
-           outer, ch, inner);
+  snprintf(what, sizeof what, "bias_forward outer=%" PRId64 " ch=%" PRId64 " inner=%" PRId64, outer,
+           ch, inner);
   test_close(what, y, want, n, TOL_FWD);
 
   memset(db, 0, (size_t)ch * sizeof *db);
@@ -318,12 +327,10 @@ static void dense_case(uint64_t *s, int64_t bs, int64_t in, int64_t out, int wt)
   char shape[80];
   snprintf(shape, sizeof shape, "B=%" PRId64 " in=%" PRId64 " out=%" PRId64 " wt=%d", bs, in, out,
            wt);
-  size_t nx = (size_t)(bs * in), nw = (size_t)(in * out), ny = (size_t)(bs * out),
-         nb = (size_t)out;
+  size_t nx = (size_t)(bs * in), nw = (size_t)(in * out), ny = (size_t)(bs * out), nb = (size_t)out;
   float *x = falloc(nx), *w = falloc(nw), *b = falloc(nb), *r = falloc(ny), *y = falloc(ny);
   float *dx = falloc(nx), *dw = falloc(nw), *db = falloc(nb);
-  float *dx2 = falloc(nx), *dw2 = falloc(nw), *db2 = falloc(nb), *wb = falloc(nw),
-        *bb = falloc(nb);
+  float *dx2 = falloc(nx), *dw2 = falloc(nw), *db2 = falloc(nb), *wb = falloc(nw), *bb = falloc(nb);
   double *xd = dalloc(nx), *wd = dalloc(nw), *bd = dalloc(nb), *rd = dalloc(ny),
          *want = dalloc(ny > nw ? ny : nw);
   test_fill(x, nx, s, -1.0f, 1.0f);

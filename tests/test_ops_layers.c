@@ -193,8 +193,8 @@ static double pool_loss(const void *p) {
   return s;
 }
 
-static void pool_case(uint64_t *s, int is_max, int64_t bd, int64_t ch, int64_t h, int64_t w,
-                      int k, int stride) {
+static void pool_case(uint64_t *s, int is_max, int64_t bd, int64_t ch, int64_t h, int64_t w, int k,
+                      int stride) {
   char what[160];
   pmap_pool_shape sh = {ch, h, w, (h - k) / stride + 1, (w - k) / stride + 1, k, k, stride};
   size_t nx = (size_t)(bd * ch * h * w);
@@ -215,8 +215,9 @@ static void pool_case(uint64_t *s, int is_max, int64_t bd, int64_t ch, int64_t h
   ref_pool(&ctx, want);
   fill_nan(y, ny);
   CHECK_OK(OPS.pool2d_forward(NULL, is_max, &sh, bd, x, y));
-  snprintf(what, sizeof what, "%s forward bd=%" PRId64 " c=%" PRId64 " %" PRId64 "x%" PRId64
-           " k=%d stride=%d", is_max ? "maxpool" : "avgpool", bd, ch, h, w, k, stride);
+  snprintf(what, sizeof what,
+           "%s forward bd=%" PRId64 " c=%" PRId64 " %" PRId64 "x%" PRId64 " k=%d stride=%d",
+           is_max ? "maxpool" : "avgpool", bd, ch, h, w, k, stride);
   test_close(what, y, want, ny, TOL_FWD);
   fill_nan(dx, nx);
   CHECK_OK(OPS.pool2d_backward(NULL, is_max, &sh, bd, x, r, dx));
@@ -317,8 +318,7 @@ static void batchnorm_case(uint64_t *s, int64_t outer, int64_t c, int64_t inner)
   float eps = 1e-5f, mom = 0.9f;
   float *x = falloc(n), *y = falloc(n), *r = falloc(n), *dx = falloc(n), *g = falloc(C),
         *b = falloc(C), *first = falloc(3 * C + 1), *stats = falloc(3 * C + 1),
-        *sums = falloc(2 * C),
-        *running = falloc(2 * C), *run0 = falloc(2 * C);
+        *sums = falloc(2 * C), *running = falloc(2 * C), *run0 = falloc(2 * C);
   double *xd = dalloc(n), *gd = dalloc(C), *bd = dalloc(C), *rd = dalloc(n), *want = dalloc(n);
   test_fill(x, n, s, -1.0f, 3.0f);
   test_fill(r, n, s, -1.0f, 1.0f);
@@ -358,11 +358,11 @@ static void batchnorm_case(uint64_t *s, int64_t outer, int64_t c, int64_t inner)
   CHECK_OK(OPS.bn_backward_sums(NULL, x, r, stats, outer, c, inner, eps, sums));
   fill_nan(dx, n);
   CHECK_OK(OPS.bn_backward_dx(NULL, x, r, stats, g, sums, outer, c, inner, eps, dx));
-  snprintf(what, sizeof what, "batchnorm dx vs finite differences c=%" PRId64 " inner=%" PRId64,
-           c, inner);
+  snprintf(what, sizeof what, "batchnorm dx vs finite differences c=%" PRId64 " inner=%" PRId64, c,
+           inner);
   fd_check(what, bn_loss, &ctx, xd, n, dx, 1e-3, TOL_GRAD, s);
-  fd_check("batchnorm dgamma (sum dy xhat) vs finite differences", bn_loss, &ctx, gd, C,
-           sums + C, 1e-3, TOL_GRAD, s);
+  fd_check("batchnorm dgamma (sum dy xhat) vs finite differences", bn_loss, &ctx, gd, C, sums + C,
+           1e-3, TOL_GRAD, s);
   fd_check("batchnorm dbeta (sum dy) vs finite differences", bn_loss, &ctx, bd, C, sums, 1e-3,
            TOL_GRAD, s);
 
@@ -399,8 +399,8 @@ static void batchnorm_case(uint64_t *s, int64_t outer, int64_t c, int64_t inner)
     for (int64_t ch = 0; ch < c; ch++)
       for (int64_t i = 0; i < inner; i++) {
         size_t at = (size_t)((o * c + ch) * inner + i);
-        want[at] = (xd[at] - running[ch]) / sqrt((double)running[C + (size_t)ch] + eps) * gd[ch] +
-                   bd[ch];
+        want[at] =
+            (xd[at] - running[ch]) / sqrt((double)running[C + (size_t)ch] + eps) * gd[ch] + bd[ch];
       }
   test_close("batchnorm inference forward", y, want, n, TOL_FWD);
   test_same_bits("batchnorm inference leaves running alone", running, run0, 2 * C);
@@ -417,8 +417,8 @@ static void batchnorm_nan_keeps_running(void) {
   memcpy(run0, run, sizeof run);
   CHECK_OK(OPS.bn_stats(NULL, x, 3, 2, 1, NULL, st));
   CHECK_OK(OPS.bn_forward(NULL, x, st, st, run, g, b, 3, 2, 1, 1e-5f, 0.9f, 1, y));
-  CHECK(run[0] == run0[0] && run[2] == run0[2], "channel 0 moved with a NaN: %g %g",
-        (double)run[0], (double)run[2]);
+  CHECK(run[0] == run0[0] && run[2] == run0[2], "channel 0 moved with a NaN: %g %g", (double)run[0],
+        (double)run[2]);
   CHECK(run[1] != run0[1] && run[3] != run0[3], "channel 1 (finite) did not move");
 }
 
@@ -454,10 +454,10 @@ int main(void) {
   layernorm_case(&s, 5, 7);
   layernorm_case(&s, 3, 129);
   for (int is_max = 0; is_max < 2; is_max++) {
-    pool_case(&s, is_max, 2, 3, 7, 9, 3, 2);  /* overlapping windows, a ragged edge */
-    pool_case(&s, is_max, 3, 2, 8, 6, 2, 2);  /* tiling */
-    pool_case(&s, is_max, 1, 1, 5, 5, 1, 1);  /* identity */
-    pool_case(&s, is_max, 2, 5, 5, 5, 5, 1);  /* global */
+    pool_case(&s, is_max, 2, 3, 7, 9, 3, 2); /* overlapping windows, a ragged edge */
+    pool_case(&s, is_max, 3, 2, 8, 6, 2, 2); /* tiling */
+    pool_case(&s, is_max, 1, 1, 5, 5, 1, 1); /* identity */
+    pool_case(&s, is_max, 2, 5, 5, 5, 5, 1); /* global */
   }
   dropout_case(&s, 4001, 0.5f);
   dropout_case(&s, 999, 0.1f);

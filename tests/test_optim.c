@@ -221,13 +221,11 @@ static void test_micro_and_uneven(void) {
   for (int mi = 0; mi < 2; mi++) {
     const char *name = models[mi];
     result one = train_example(name, 1, 24, 1, 0);
-    const struct {
-      int n, micro;
-    } even[] = {{1, 3}, {1, 24}, {2, 4}, {3, 2}, {4, 7}};
+    const struct { int n, micro; } even[] = {{1, 3}, {1, 24}, {2, 4}, {3, 2}, {4, 7}};
     for (size_t c = 0; c < sizeof even / sizeof *even; c++) {
       result got = train_example(name, even[c].n, 24, even[c].micro, 0);
-      snprintf(what, sizeof what, "%s, %d devices, %d micro-batches vs 1 device", name,
-               even[c].n, even[c].micro);
+      snprintf(what, sizeof what, "%s, %d devices, %d micro-batches vs 1 device", name, even[c].n,
+               even[c].micro);
       compare(what, &got, &one, 24, k[mi]);
     }
     free(one.w);

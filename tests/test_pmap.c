@@ -61,7 +61,8 @@ static void check_equivalence(const char *model, int64_t batch, int steps) {
     if (!run_open(&r, model, counts[c], 2 * batch, 7, NULL)) return;
     float loss[64];
     for (int s = 0; s < steps; s++) {
-      pmap_array xb = rows_of(&r.xs, (s % 2) * batch, batch), yb = rows_of(&r.ys, (s % 2) * batch, batch);
+      pmap_array xb = rows_of(&r.xs, (s % 2) * batch, batch),
+                 yb = rows_of(&r.ys, (s % 2) * batch, batch);
       CHECK_OK(pmap_update(r.params, &xb, &yb, &loss[s]));
     }
     float *w = read_params(&r, counts[c] - 1);
@@ -187,8 +188,9 @@ static void check_batch_sizes(void) {
       CHECK_OK(pmap_update(r.params, &xb, &yb, NULL));
     }
     w[k] = read_params(&r, 0);
-    if (k) test_close_f("mlp: changing batch sizes, 4 devices vs 1", w[1], w[0],
-                        pmap_params_count(r.params), 1e-4);
+    if (k)
+      test_close_f("mlp: changing batch sizes, 4 devices vs 1", w[1], w[0],
+                   pmap_params_count(r.params), 1e-4);
     run_close(&r);
   }
   free(w[0]);

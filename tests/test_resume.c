@@ -47,8 +47,8 @@ static void resume(const char *name, const pmap_optimizer *opt, int n1, int n2, 
     }
   }
   if (n1 == n2)
-    CHECK(!memcmp(&l_full, &l_res, sizeof l_full), "%s: loss %.9g vs %.9g", what,
-          (double)l_res, (double)l_full);
+    CHECK(!memcmp(&l_full, &l_res, sizeof l_full), "%s: loss %.9g vs %.9g", what, (double)l_res,
+          (double)l_full);
   else
     CHECK(fabs((double)l_full - (double)l_res) <= 1e-5 * fabs((double)l_full) + 1e-7,
           "%s: loss %.9g vs %.9g", what, (double)l_res, (double)l_full);
@@ -115,8 +115,8 @@ static pid_t spawn(float base, int count, int *ready) {
 static void kill_during_save(void) {
   int status = 0;
   pid_t pid = spawn(0.0f, 1, NULL); /* a first good file */
-  CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
-            WEXITSTATUS(status) == 0, "the first save failed (status %d)", status);
+  CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+        "the first save failed (status %d)", status);
   enum { ROUNDS = 24 };
   for (int r = 1; r <= ROUNDS; r++) {
     int ready = -1;

@@ -30,7 +30,7 @@ typedef struct shard_job {
   const float *global; /* (total) */
   size_t total;
   int index[PMAP_MAX_DEVICES], size[PMAP_MAX_DEVICES];
-  float sum[PMAP_MAX_DEVICES];       /* psum of the shard sums */
+  float sum[PMAP_MAX_DEVICES]; /* psum of the shard sums */
   float mean_index[PMAP_MAX_DEVICES];
   float *mean_vec[PMAP_MAX_DEVICES]; /* (VEC_LEN) each, owned by the test */
   size_t round_trip_wrong[PMAP_MAX_DEVICES];
@@ -118,8 +118,10 @@ static void test_shard(int n) {
             j.index[d], j.size[d]);
       CHECK(same_bits(j.sum[d], want_sum), "N %d device %d: global sum %.9g, want %.9g", n, d,
             (double)j.sum[d], (double)want_sum);
-      CHECK(same_bits(j.mean_index[d], want_index), "N %d device %d: pmean of axis_index %.9g, "
-            "want %.9g", n, d, (double)j.mean_index[d], (double)want_index);
+      CHECK(same_bits(j.mean_index[d], want_index),
+            "N %d device %d: pmean of axis_index %.9g, "
+            "want %.9g",
+            n, d, (double)j.mean_index[d], (double)want_index);
       size_t wrong = 0, first = 0;
       float want = 0.0f;
       for (size_t i = 0; i < VEC_LEN; i++) {
@@ -128,10 +130,14 @@ static void test_shard(int n) {
         s /= (float)n;
         if (!same_bits(j.mean_vec[d][i], s) && wrong++ == 0) first = i, want = s;
       }
-      CHECK(wrong == 0, "N %d device %d: pmean vector: %zu of %d wrong, first at %zu: %.9g want "
-            "%.9g", n, d, wrong, VEC_LEN, first, (double)j.mean_vec[d][first], (double)want);
-      CHECK(j.round_trip_wrong[d] == 0, "N %d device %d: %zu elements changed in an upload and "
-            "download", n, d, j.round_trip_wrong[d]);
+      CHECK(wrong == 0,
+            "N %d device %d: pmean vector: %zu of %d wrong, first at %zu: %.9g want "
+            "%.9g",
+            n, d, wrong, VEC_LEN, first, (double)j.mean_vec[d][first], (double)want);
+      CHECK(j.round_trip_wrong[d] == 0,
+            "N %d device %d: %zu elements changed in an upload and "
+            "download",
+            n, d, j.round_trip_wrong[d]);
       CHECK(j.bad_upload[d] == PMAP_ERR_INVALID_ARGUMENT && j.bad_upload_named[d],
             "N %d device %d: upload to NULL -> %s (message names the device: %d)", n, d,
             pmap_status_string(j.bad_upload[d]), j.bad_upload_named[d]);

@@ -16,33 +16,33 @@
 static int test_failures = 0;
 static int test_checks = 0;
 
-#define CHECK(cond, ...)                                                   \
-  do {                                                                     \
-    test_checks++;                                                         \
-    if (!(cond)) {                                                         \
-      test_failures++;                                                     \
-      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);      \
-      fprintf(stderr, __VA_ARGS__);                                        \
-      fprintf(stderr, "\n");                                               \
-    }                                                                      \
+#define CHECK(cond, ...)                                              \
+  do {                                                                \
+    test_checks++;                                                    \
+    if (!(cond)) {                                                    \
+      test_failures++;                                                \
+      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                                   \
+      fprintf(stderr, "\n");                                          \
+    }                                                                 \
   } while (0)
 
 /* A pmap call that must succeed; prints pmap_last_error() when it does not. */
-#define CHECK_OK(call)                                                               \
-  do {                                                                               \
-    pmap_status check_ok_s_ = (call);                                                \
-    CHECK(check_ok_s_ == PMAP_SUCCESS, "%s -> %s: %s", #call,                        \
-          pmap_status_string(check_ok_s_), pmap_last_error());                       \
+#define CHECK_OK(call)                                                                         \
+  do {                                                                                         \
+    pmap_status check_ok_s_ = (call);                                                          \
+    CHECK(check_ok_s_ == PMAP_SUCCESS, "%s -> %s: %s", #call, pmap_status_string(check_ok_s_), \
+          pmap_last_error());                                                                  \
   } while (0)
 
 /* A pmap call that must fail with `want`, and whose message must contain `needle`. */
-#define CHECK_FAILS(call, want, needle)                                                    \
-  do {                                                                                     \
-    pmap_status check_f_s_ = (call);                                                       \
-    CHECK(check_f_s_ == (want), "%s -> %s, want %s (%s)", #call,                           \
-          pmap_status_string(check_f_s_), pmap_status_string(want), pmap_last_error());    \
-    CHECK(strstr(pmap_last_error(), (needle)) != NULL, "%s: message \"%s\" lacks \"%s\"", \
-          #call, pmap_last_error(), (needle));                                             \
+#define CHECK_FAILS(call, want, needle)                                                          \
+  do {                                                                                           \
+    pmap_status check_f_s_ = (call);                                                             \
+    CHECK(check_f_s_ == (want), "%s -> %s, want %s (%s)", #call, pmap_status_string(check_f_s_), \
+          pmap_status_string(want), pmap_last_error());                                          \
+    CHECK(strstr(pmap_last_error(), (needle)) != NULL, "%s: message \"%s\" lacks \"%s\"", #call, \
+          pmap_last_error(), (needle));                                                          \
   } while (0)
 
 static inline int test_exit(const char *name) {
@@ -58,8 +58,7 @@ static inline int test_close(const char *what, const float *a, const double *b, 
   size_t wi = 0;
   for (size_t i = 0; i < n; i++) {
     if (!isfinite(a[i]) || !isfinite(b[i])) {
-      fprintf(stderr, "FAIL %s: non-finite at %zu: got %g, want %g\n", what, i, (double)a[i],
-              b[i]);
+      fprintf(stderr, "FAIL %s: non-finite at %zu: got %g, want %g\n", what, i, (double)a[i], b[i]);
       test_failures++;
       return 0;
     }

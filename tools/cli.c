@@ -8,7 +8,8 @@
 #include <string.h>
 #include <time.h>
 
-int cli_int(const char *prog, const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out) {
+int cli_int(const char *prog, const char *opt, const char *s, int64_t lo, int64_t hi,
+            int64_t *out) {
   char *end = NULL;
   errno = 0;
   long long v = strtoll(s, &end, 10);
@@ -54,8 +55,8 @@ int cli_int_list(const char *prog, const char *opt, const char *s, int64_t lo, i
     errno = 0;
     long long v = strtoll(p, &end, 10);
     if (errno || end == p || (*end && *end != ',') || v < lo || v > hi || n == CLI_MAX_LIST) {
-      fprintf(stderr, "%s: %s \"%s\" is not a list of at most %d integers in [%lld, %lld]\n",
-              prog, opt, s, CLI_MAX_LIST, (long long)lo, (long long)hi);
+      fprintf(stderr, "%s: %s \"%s\" is not a list of at most %d integers in [%lld, %lld]\n", prog,
+              opt, s, CLI_MAX_LIST, (long long)lo, (long long)hi);
       return -1;
     }
     out[n++] = v;

@@ -83,8 +83,10 @@ static int parse_shape(const char **p, const char *end, npy_array *a, char *msg,
     }
     a->shape[a->rank++] = v;
     *p = skip(*p, end);
-    if (*p < end && **p == ',') (*p)++;
-    else if (*p >= end || **p != ')') return fail(msg, size, "the header's shape is malformed");
+    if (*p < end && **p == ',')
+      (*p)++;
+    else if (*p >= end || **p != ')')
+      return fail(msg, size, "the header's shape is malformed");
   }
 }
 
@@ -105,8 +107,9 @@ static int parse_header(const char *h, size_t len, npy_array *a, char *msg, size
       have_descr = 1;
     } else if (!strcmp(key, "fortran_order") && !have_order) {
       if (!expect(&p, end, "True"))
-        return fail(msg, size, "fortran_order is True: save the array in C order "
-                               "(numpy.ascontiguousarray)");
+        return fail(msg, size,
+                    "fortran_order is True: save the array in C order "
+                    "(numpy.ascontiguousarray)");
       if (expect(&p, end, "False")) return fail(msg, size, "fortran_order is not True or False");
       have_order = 1;
     } else if (!strcmp(key, "shape") && !have_shape) {
@@ -122,9 +125,10 @@ static int parse_header(const char *h, size_t len, npy_array *a, char *msg, size
   while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) p++;
   if (p != end) return fail(msg, size, "the header has text after its dict");
   if (!have_descr || !have_order || !have_shape)
-    return fail(msg, size, "the header lacks %s", !have_descr   ? "descr"
-                                                   : !have_order ? "fortran_order"
-                                                                 : "shape");
+    return fail(msg, size, "the header lacks %s",
+                !have_descr   ? "descr"
+                : !have_order ? "fortran_order"
+                              : "shape");
   return 0;
 }
 
@@ -164,9 +168,9 @@ int npy_parse(const unsigned char *buf, size_t len, npy_array *out, char *msg, s
     return fail(msg, size, ".npy format version %d.%d is not 1.0, 2.0 or 3.0", major, buf[7]);
   size_t hlen = 0, pre = major == 1 ? 10 : 12;
   if (len < pre) return fail(msg, size, "the file ends inside its preamble");
-  hlen = major == 1 ? (size_t)buf[8] | (size_t)buf[9] << 8
-                    : (size_t)buf[8] | (size_t)buf[9] << 8 | (size_t)buf[10] << 16 |
-                          (size_t)buf[11] << 24;
+  hlen = major == 1
+             ? (size_t)buf[8] | (size_t)buf[9] << 8
+             : (size_t)buf[8] | (size_t)buf[9] << 8 | (size_t)buf[10] << 16 | (size_t)buf[11] << 24;
   if (hlen > len - pre)
     return fail(msg, size, "the header of %zu bytes runs past the end of the %zu-byte file", hlen,
                 len);
@@ -177,8 +181,7 @@ int npy_parse(const unsigned char *buf, size_t len, npy_array *out, char *msg, s
   if (!strcmp(a.descr, "<f4") || !strcmp(a.descr, "<i4")) item = 4;
   if (!strcmp(a.descr, "<f8") || !strcmp(a.descr, "<i8")) item = 8;
   if (!item)
-    return fail(msg, size, "dtype '%s' is not supported (little-endian f4, f8, i4 or i8)",
-                a.descr);
+    return fail(msg, size, "dtype '%s' is not supported (little-endian f4, f8, i4 or i8)", a.descr);
   if (a.rank < 1) return fail(msg, size, "a scalar (shape ()) is not an array of rows");
   int64_t n = 1;
   for (int i = 0; i < a.rank; i++)

@@ -10,11 +10,11 @@
 #include "pmap.h"
 
 typedef struct npy_array {
-  void *data;        /* owned: float (PMAP_F32) or int32_t (PMAP_I32), shape's element count */
+  void *data; /* owned: float (PMAP_F32) or int32_t (PMAP_I32), shape's element count */
   pmap_dtype dtype;
   int rank;
   int64_t shape[PMAP_MAX_RANK];
-  char descr[8];     /* the file's dtype, e.g. "<f8" */
+  char descr[8]; /* the file's dtype, e.g. "<f8" */
 } npy_array;
 
 /* Parses a whole .npy image of len bytes into *out (which owns its data on success). On error

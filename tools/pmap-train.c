@@ -19,50 +19,51 @@
 static const char *prog = "pmap-train";
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: pmap-train [--model linear|mlp|convnet|mlp-1024|cifar-cnn|res-mlp|cifar-bn]\n"
-          "                  [--devices N]\n"
-          "                  [--backend auto|cpu|cuda] [--steps S] [--batch B] [--lr LR]\n"
-          "                  [--seed K] [--samples S] [--log-every E] [--plot FILE] [--json]\n"
-          "                  [--save FILE [--save-every K]] [--resume FILE] [--verify-every K]\n"
-          "                  [--clip-norm X] [--no-numeric-guard] [--micro-batches K]\n"
-          "                  [--data X.npy --labels Y.npy [--hidden 128,64] [--eval-fraction F]]\n"
-          "  --model      example model (default linear)\n"
-          "  --data       train on the features in X.npy (f4 or f8, (rows, features) or\n"
-          "               (rows, C, H, W)) instead of an example model: an MLP sized from the data\n"
-          "  --labels     Y.npy: integer labels (i4 or i8, (rows) or (rows, 1): softmax\n"
-          "               cross-entropy) or float targets (f4 or f8, (rows, K): MSE)\n"
-          "  --hidden     hidden widths of the MLP, ReLU after each (default 128,64)\n"
-          "  --eval-fraction  rows held out (after a shuffle from --seed) and evaluated at each\n"
-          "               progress line and at the end: loss, and accuracy for labels (default 0)\n"
-          "               With --data: Adam lr 0.001, batch 64 and 1000 steps unless given; each\n"
-          "               epoch takes the training rows in an order drawn from --seed and the\n"
-          "               epoch number, the same for any device count\n"
-          "  --micro-batches  split each device's rows into K pieces (gradient accumulation)\n"
-          "  --devices    device count, per process under mpirun (default: CPU:\n"
-          "               $PMAP_CPU_DEVICES or 4)\n"
-          "  --backend    auto picks CUDA where a GPU is usable, else the CPU (default auto)\n"
-          "  --steps      training steps in all, resumed ones included (default: the model's)\n"
-          "  --batch      GLOBAL batch, a multiple of the device count (under mpirun: of every\n"
-          "               process's devices; each process trains on its rows) (default: the model's)\n"
-          "  --lr         learning rate (default: the model's)\n"
-          "  --seed       seed of the parameters and the data (default 0)\n"
-          "  --samples    data set rows, rounded up to a multiple of the batch (default: the model's)\n"
-          "  --log-every  progress line every E steps, 0 for none (default steps/10)\n"
-          "  --plot       draw the loss curve into the PNG file FILE with gnuplot ($PMAP_GNUPLOT\n"
-          "               or gnuplot on the PATH); without gnuplot a note says so and training\n"
-          "               is unaffected\n"
-          "  --json       end with one line of JSON (also when the run fails: then with \"error\")\n"
-          "  --save       write a checkpoint to FILE at the end (atomically: a crash keeps the\n"
-          "               previous one)\n"
-          "  --save-every also every K steps (needs --save)\n"
-          "  --resume     continue the run saved in FILE up to --steps steps in all; --model,\n"
-          "               --seed, --batch and --samples must be those of the saved run; --lr,\n"
-          "               --devices, --backend and the rest may change\n"
-          "  --verify-every  check every K steps that all replicas are bitwise identical\n"
-          "  --clip-norm  scale the averaged gradient to global L2 norm <= X (default 0: off)\n"
-          "  --no-numeric-guard  let non-finite loss or gradients through (default: the step is\n"
-          "               skipped and pmap-train stops with exit status 1)\n");
+  fprintf(
+      f,
+      "usage: pmap-train [--model linear|mlp|convnet|mlp-1024|cifar-cnn|res-mlp|cifar-bn]\n"
+      "                  [--devices N]\n"
+      "                  [--backend auto|cpu|cuda] [--steps S] [--batch B] [--lr LR]\n"
+      "                  [--seed K] [--samples S] [--log-every E] [--plot FILE] [--json]\n"
+      "                  [--save FILE [--save-every K]] [--resume FILE] [--verify-every K]\n"
+      "                  [--clip-norm X] [--no-numeric-guard] [--micro-batches K]\n"
+      "                  [--data X.npy --labels Y.npy [--hidden 128,64] [--eval-fraction F]]\n"
+      "  --model      example model (default linear)\n"
+      "  --data       train on the features in X.npy (f4 or f8, (rows, features) or\n"
+      "               (rows, C, H, W)) instead of an example model: an MLP sized from the data\n"
+      "  --labels     Y.npy: integer labels (i4 or i8, (rows) or (rows, 1): softmax\n"
+      "               cross-entropy) or float targets (f4 or f8, (rows, K): MSE)\n"
+      "  --hidden     hidden widths of the MLP, ReLU after each (default 128,64)\n"
+      "  --eval-fraction  rows held out (after a shuffle from --seed) and evaluated at each\n"
+      "               progress line and at the end: loss, and accuracy for labels (default 0)\n"
+      "               With --data: Adam lr 0.001, batch 64 and 1000 steps unless given; each\n"
+      "               epoch takes the training rows in an order drawn from --seed and the\n"
+      "               epoch number, the same for any device count\n"
+      "  --micro-batches  split each device's rows into K pieces (gradient accumulation)\n"
+      "  --devices    device count, per process under mpirun (default: CPU:\n"
+      "               $PMAP_CPU_DEVICES or 4)\n"
+      "  --backend    auto picks CUDA where a GPU is usable, else the CPU (default auto)\n"
+      "  --steps      training steps in all, resumed ones included (default: the model's)\n"
+      "  --batch      GLOBAL batch, a multiple of the device count (under mpirun: of every\n"
+      "               process's devices; each process trains on its rows) (default: the model's)\n"
+      "  --lr         learning rate (default: the model's)\n"
+      "  --seed       seed of the parameters and the data (default 0)\n"
+      "  --samples    data set rows, rounded up to a multiple of the batch (default: the model's)\n"
+      "  --log-every  progress line every E steps, 0 for none (default steps/10)\n"
+      "  --plot       draw the loss curve into the PNG file FILE with gnuplot ($PMAP_GNUPLOT\n"
+      "               or gnuplot on the PATH); without gnuplot a note says so and training\n"
+      "               is unaffected\n"
+      "  --json       end with one line of JSON (also when the run fails: then with \"error\")\n"
+      "  --save       write a checkpoint to FILE at the end (atomically: a crash keeps the\n"
+      "               previous one)\n"
+      "  --save-every also every K steps (needs --save)\n"
+      "  --resume     continue the run saved in FILE up to --steps steps in all; --model,\n"
+      "               --seed, --batch and --samples must be those of the saved run; --lr,\n"
+      "               --devices, --backend and the rest may change\n"
+      "  --verify-every  check every K steps that all replicas are bitwise identical\n"
+      "  --clip-norm  scale the averaged gradient to global L2 norm <= X (default 0: off)\n"
+      "  --no-numeric-guard  let non-finite loss or gradients through (default: the step is\n"
+      "               skipped and pmap-train stops with exit status 1)\n");
 }
 
 typedef struct opts {
@@ -79,11 +80,19 @@ typedef struct opts {
 static int parse(int argc, char **argv, opts *o) {
   static const char *const flags[] = {"--json", "--no-numeric-guard", NULL};
   static const char *const value_opts[] = {
-      "--model", "--backend", "--devices", "--steps", "--batch", "--samples", "--log-every",
-      "--seed", "--lr", "--plot", "--save", "--save-every", "--resume", "--verify-every",
-      "--clip-norm", "--micro-batches", "--data", "--labels", "--hidden", "--eval-fraction", NULL};
-  *o = (opts){.model = "linear", .backend = "auto", .devices = PMAP_DEVICES_DEFAULT, .steps = -1,
-              .batch = -1, .samples = -1, .log_every = -1, .micro = 1, .hidden = {128, 64},
+      "--model",     "--backend",       "--devices",   "--steps",         "--batch", "--samples",
+      "--log-every", "--seed",          "--lr",        "--plot",          "--save",  "--save-every",
+      "--resume",    "--verify-every",  "--clip-norm", "--micro-batches", "--data",  "--labels",
+      "--hidden",    "--eval-fraction", NULL};
+  *o = (opts){.model = "linear",
+              .backend = "auto",
+              .devices = PMAP_DEVICES_DEFAULT,
+              .steps = -1,
+              .batch = -1,
+              .samples = -1,
+              .log_every = -1,
+              .micro = 1,
+              .hidden = {128, 64},
               .n_hidden = 2};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = NULL;
@@ -196,9 +205,7 @@ static int failf(result *r, const char *fmt, ...) {
   return 1;
 }
 
-static int fail(result *r, const char *what) {
-  return failf(r, "%s: %s", what, pmap_last_error());
-}
+static int fail(result *r, const char *what) { return failf(r, "%s: %s", what, pmap_last_error()); }
 
 /* The last line with --json: valid JSON whatever happened (null for numbers that are not
  * finite or not known, "error" when the run failed). */
@@ -209,17 +216,21 @@ static void print_json(const opts *o, const result *r) {
   json_string(stdout, r->backend);
   printf(", \"gemm\": ");
   json_string(stdout, pmap_gemm_provider());
-  printf(", \"devices\": %d, \"processes\": %d, \"steps\": %lld, \"start_step\": %lld, "
-         "\"global_batch\": %lld, \"lr\": ",
-         r->devices, r->procs, (long long)r->steps, (long long)r->start, (long long)o->batch);
-  if (isfinite(r->lr)) printf("%g", (double)r->lr); /* as given: 0.005, not 0.00499999989 */
-  else printf("null");
+  printf(
+      ", \"devices\": %d, \"processes\": %d, \"steps\": %lld, \"start_step\": %lld, "
+      "\"global_batch\": %lld, \"lr\": ",
+      r->devices, r->procs, (long long)r->steps, (long long)r->start, (long long)o->batch);
+  if (isfinite(r->lr))
+    printf("%g", (double)r->lr); /* as given: 0.005, not 0.00499999989 */
+  else
+    printf("null");
   printf(", \"seed\": %llu, \"final_loss\": ", (unsigned long long)o->seed);
   json_number(stdout, (double)r->loss);
   printf(", \"samples_per_sec\": ");
   json_number(stdout, r->sps);
-  printf(", \"replicas_identical\": %s",
-         r->identical < 0 ? "null" : r->identical ? "true" : "false");
+  printf(", \"replicas_identical\": %s", r->identical < 0 ? "null"
+                                         : r->identical   ? "true"
+                                                          : "false");
   if (r->have_wb) {
     printf(", \"w\": ");
     json_number(stdout, (double)r->w);
@@ -265,13 +276,17 @@ static void plot_loss(const char *file, const char *title, const int64_t *step, 
                       size_t n) {
   char gp[4096];
   if (!find_gnuplot(gp, sizeof gp)) {
-    fprintf(stderr, "%s: note: --plot: gnuplot not found (install it, e.g. apt-get install "
-                    "gnuplot-nox, or set PMAP_GNUPLOT); no loss curve drawn\n", prog);
+    fprintf(stderr,
+            "%s: note: --plot: gnuplot not found (install it, e.g. apt-get install "
+            "gnuplot-nox, or set PMAP_GNUPLOT); no loss curve drawn\n",
+            prog);
     return;
   }
   if (strchr(gp, '\'') || strchr(file, '\'') || strchr(file, '\n')) {
-    fprintf(stderr, "%s: note: --plot: quotes in the file or gnuplot path are not supported; "
-                    "no loss curve drawn\n", prog);
+    fprintf(stderr,
+            "%s: note: --plot: quotes in the file or gnuplot path are not supported; "
+            "no loss curve drawn\n",
+            prog);
     return;
   }
   char cmd[4200];
@@ -287,10 +302,11 @@ static void plot_loss(const char *file, const char *title, const int64_t *step, 
   }
   int positive = 1;
   for (size_t i = 0; i < n; i++) positive &= loss[i] > 0.0f && isfinite(loss[i]);
-  fprintf(p, "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) { set terminal pngcairo size 800,500 "
-             "noenhanced } else { set terminal png size 800,500 noenhanced }\n"
-             "set output '%s'\nset title '%s'\nset xlabel 'step'\nset ylabel 'loss'\n"
-             "set grid\n%sset key off\nplot '-' using 1:2 with lines linewidth 2\n",
+  fprintf(p,
+          "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) { set terminal pngcairo size 800,500 "
+          "noenhanced } else { set terminal png size 800,500 noenhanced }\n"
+          "set output '%s'\nset title '%s'\nset xlabel 'step'\nset ylabel 'loss'\n"
+          "set grid\n%sset key off\nplot '-' using 1:2 with lines linewidth 2\n",
           file, title, positive ? "set logscale y\n" : "");
   for (size_t i = 0; i < n; i++) fprintf(p, "%lld %.9g\n", (long long)step[i], (double)loss[i]);
   fprintf(p, "e\n");
@@ -298,8 +314,10 @@ static void plot_loss(const char *file, const char *title, const int64_t *step, 
   signal(SIGPIPE, old);
   FILE *check = fopen(file, "rb");
   if (rc != 0 || !check)
-    fprintf(stderr, "%s: note: --plot: gnuplot (%s) failed (exit status %d); no loss curve "
-                    "drawn\n", prog, gp, rc != -1 && WIFEXITED(rc) ? WEXITSTATUS(rc) : -1);
+    fprintf(stderr,
+            "%s: note: --plot: gnuplot (%s) failed (exit status %d); no loss curve "
+            "drawn\n",
+            prog, gp, rc != -1 && WIFEXITED(rc) ? WEXITSTATUS(rc) : -1);
   else
     printf("loss curve: %s\n", file);
   if (check) fclose(check);
@@ -309,8 +327,12 @@ static void plot_loss(const char *file, const char *title, const int64_t *step, 
 static int save(result *r, const opts *o, pmap_params *params, int64_t batches, float loss) {
   if (r->me != 0) return 0; /* under mpirun every process holds the same state: one writes it */
   int64_t step = pmap_params_step(params);
-  train_state ts = {.seed = o->seed, .batch = o->batch, .samples = batches * o->batch,
-                    .next_step = step, .next_batch = step % batches, .last_loss = loss};
+  train_state ts = {.seed = o->seed,
+                    .batch = o->batch,
+                    .samples = batches * o->batch,
+                    .next_step = step,
+                    .next_batch = step % batches,
+                    .last_loss = loss};
   snprintf(ts.model, sizeof ts.model, "%s", o->model);
   unsigned char buf[TRAIN_STATE_BYTES];
   if (train_state_encode(&ts, buf)) return failf(r, "--save: model name too long");
@@ -331,21 +353,25 @@ static int resume(result *r, const opts *o, pmap_params *params, int64_t batches
   char why[256];
   if (train_state_decode(buf, got, &ts, why, sizeof why))
     return failf(r, "--resume: \"%s\": %s", o->resume, why);
-  const char *flag = strcmp(ts.model, o->model) ? "--model"
-                     : ts.seed != o->seed       ? "--seed"
-                     : ts.batch != o->batch     ? "--batch"
-                     : ts.samples != batches * o->batch ? "--samples" : NULL;
+  const char *flag = strcmp(ts.model, o->model)         ? "--model"
+                     : ts.seed != o->seed               ? "--seed"
+                     : ts.batch != o->batch             ? "--batch"
+                     : ts.samples != batches * o->batch ? "--samples"
+                                                        : NULL;
   if (flag)
-    return failf(r, "--resume: \"%s\" was saved by a run with --model %s --seed %llu --batch %lld "
+    return failf(r,
+                 "--resume: \"%s\" was saved by a run with --model %s --seed %llu --batch %lld "
                  "--samples %lld; this run differs in %s (give the saved run's values)",
                  o->resume, ts.model, (unsigned long long)ts.seed, (long long)ts.batch,
                  (long long)ts.samples, flag);
   if (ts.next_step != pmap_params_step(params))
-    return failf(r, "--resume: \"%s\": its section says step %lld, its state step %lld",
-                 o->resume, (long long)ts.next_step, (long long)pmap_params_step(params));
+    return failf(r, "--resume: \"%s\": its section says step %lld, its state step %lld", o->resume,
+                 (long long)ts.next_step, (long long)pmap_params_step(params));
   if (ts.next_step > o->steps)
-    return failf(r, "--resume: \"%s\" is at step %lld, beyond --steps %lld (the total, resumed "
-                 "steps included)", o->resume, (long long)ts.next_step, (long long)o->steps);
+    return failf(r,
+                 "--resume: \"%s\" is at step %lld, beyond --steps %lld (the total, resumed "
+                 "steps included)",
+                 o->resume, (long long)ts.next_step, (long long)o->steps);
   *loss = ts.last_loss;
   return 0;
 }
@@ -366,8 +392,14 @@ static int replicas_identical(result *r, pmap_params *params, int first, int n, 
 int main(int argc, char **argv) {
   opts o;
   if (parse(argc, argv, &o)) return 1;
-  result r = {.backend = o.backend, .devices = (int)o.devices, .loss = NAN, .sps = NAN,
-              .identical = -1, .eval_loss = NAN, .eval_accuracy = NAN, .procs = 1};
+  result r = {.backend = o.backend,
+              .devices = (int)o.devices,
+              .loss = NAN,
+              .sps = NAN,
+              .identical = -1,
+              .eval_loss = NAN,
+              .eval_accuracy = NAN,
+              .procs = 1};
   train_data data = {0};
   char why[1024];
   pmap_example_info info;
@@ -391,7 +423,10 @@ int main(int argc, char **argv) {
     fail(&r, "--model");
     goto out;
   }
-  if (pmap_backend_parse(o.backend, &backend)) { fail(&r, "--backend"); goto out; }
+  if (pmap_backend_parse(o.backend, &backend)) {
+    fail(&r, "--backend");
+    goto out;
+  }
   if (o.steps < 0) o.steps = info.steps;
   if (o.batch < 0) o.batch = info.batch;
   if (o.samples < 0 || o.data) o.samples = info.samples;
@@ -403,9 +438,13 @@ int main(int argc, char **argv) {
   int64_t rows = (o.samples + o.batch - 1) / o.batch * o.batch;
   int64_t batches = rows / o.batch;
 
-  pmap_config cfg = {.backend = backend, .num_devices = (int)o.devices,
+  pmap_config cfg = {.backend = backend,
+                     .num_devices = (int)o.devices,
                      .numeric_guard = o.no_guard ? PMAP_GUARD_OFF : PMAP_GUARD_ON};
-  if (pmap_ctx_create(&cfg, &ctx)) { fail(&r, "cannot create the context"); goto out; }
+  if (pmap_ctx_create(&cfg, &ctx)) {
+    fail(&r, "cannot create the context");
+    goto out;
+  }
   int n = pmap_ctx_num_devices(ctx);
   /* Under mpirun: --devices is per process, --batch is global and each process trains on its
    * rows of it; process 0 alone reports and writes checkpoints. */
@@ -434,9 +473,18 @@ int main(int argc, char **argv) {
     fail(&r, "cannot build the model");
     goto out;
   }
-  if (pmap_params_create(ctx, model, &info.opt, o.seed, &params)) { fail(&r, "cannot create the parameters"); goto out; }
-  if (pmap_params_set_micro_batches(params, (int)o.micro)) { fail(&r, "--micro-batches"); goto out; }
-  if (!o.data && pmap_example_data(o.model, o.seed + 1, rows, &xs, &ys)) { fail(&r, "cannot make the data"); goto out; }
+  if (pmap_params_create(ctx, model, &info.opt, o.seed, &params)) {
+    fail(&r, "cannot create the parameters");
+    goto out;
+  }
+  if (pmap_params_set_micro_batches(params, (int)o.micro)) {
+    fail(&r, "--micro-batches");
+    goto out;
+  }
+  if (!o.data && pmap_example_data(o.model, o.seed + 1, rows, &xs, &ys)) {
+    fail(&r, "cannot make the data");
+    goto out;
+  }
   float loss = NAN;
   if (o.resume && resume(&r, &o, params, batches, &loss)) goto out;
   int64_t start = pmap_params_step(params);
@@ -444,16 +492,19 @@ int main(int argc, char **argv) {
   r.loss = loss;
   if (procs > 1)
     printf("pmap-train: %d processes x %d devices = %d global devices\n", procs, n, procs * n);
-  printf("pmap-train: model %s (%zu parameters), backend %s (gemm %s), %d devices, global batch "
-         "%lld (%lld per device), %lld steps, %s lr %g, seed %llu\n",
-         o.model, pmap_params_count(params), bname, pmap_gemm_provider(), n, (long long)o.batch,
-         (long long)(o.batch / n / procs), (long long)o.steps,
-         info.opt.kind == PMAP_OPT_SGD ? "SGD" : info.opt.kind == PMAP_OPT_ADAM ? "Adam" : "AdamW", (double)info.opt.lr,
-         (unsigned long long)o.seed);
+  printf(
+      "pmap-train: model %s (%zu parameters), backend %s (gemm %s), %d devices, global batch "
+      "%lld (%lld per device), %lld steps, %s lr %g, seed %llu\n",
+      o.model, pmap_params_count(params), bname, pmap_gemm_provider(), n, (long long)o.batch,
+      (long long)(o.batch / n / procs), (long long)o.steps,
+      info.opt.kind == PMAP_OPT_SGD    ? "SGD"
+      : info.opt.kind == PMAP_OPT_ADAM ? "Adam"
+                                       : "AdamW",
+      (double)info.opt.lr, (unsigned long long)o.seed);
   if (o.resume) printf("resumed from %s at step %lld\n", o.resume, (long long)start);
   if (o.data)
-    printf("data: %s %s, %lld rows (%lld for training, %lld held out), %lld %s\n", o.data,
-           o.labels, (long long)data.rows, (long long)data.train_rows, (long long)data.eval_rows,
+    printf("data: %s %s, %lld rows (%lld for training, %lld held out), %lld %s\n", o.data, o.labels,
+           (long long)data.rows, (long long)data.train_rows, (long long)data.eval_rows,
            (long long)data.outputs, data.classify ? "classes" : "targets");
 
   size_t xrow = rows ? (size_t)(pmap_array_numel(&xs) / rows) : 0;
@@ -464,7 +515,10 @@ int main(int argc, char **argv) {
     size_t cap = (size_t)(o.steps / stride + 2);
     curve = malloc(cap * sizeof *curve);
     curve_step = malloc(cap * sizeof *curve_step);
-    if (!curve || !curve_step) { failf(&r, "out of memory"); goto out; }
+    if (!curve || !curve_step) {
+      failf(&r, "out of memory");
+      goto out;
+    }
   }
   double busy = 0.0, last_busy = 0.0;
   int64_t last_step = start;
@@ -489,11 +543,16 @@ int main(int argc, char **argv) {
     pmap_status st = pmap_update(params, &xb, &yb, &loss);
     if (st == PMAP_ERR_NUMERIC) {
       r.loss = NAN; /* the step's loss was not finite, whatever the last finite one was */
-      failf(&r, "step %lld: the loss or the gradients are not finite; the step was skipped and "
-            "training stops (lower --lr or set --clip-norm): %s", (long long)s, pmap_last_error());
+      failf(&r,
+            "step %lld: the loss or the gradients are not finite; the step was skipped and "
+            "training stops (lower --lr or set --clip-norm): %s",
+            (long long)s, pmap_last_error());
       goto out;
     }
-    if (st) { failf(&r, "step %lld: pmap_update: %s", (long long)s, pmap_last_error()); goto out; }
+    if (st) {
+      failf(&r, "step %lld: pmap_update: %s", (long long)s, pmap_last_error());
+      goto out;
+    }
     busy += cli_now() - t0;
     r.loss = loss;
     if (curve && (s % stride == 0 || s == o.steps - 1)) {
@@ -534,7 +593,10 @@ int main(int argc, char **argv) {
       snprintf(mom, sizeof mom, " momentum %g", (double)info.opt.momentum);
     snprintf(title, sizeof title, "pmap-train: %s, %d %s devices, global batch %lld, %s lr %g%s",
              o.model, n, bname, (long long)o.batch,
-             info.opt.kind == PMAP_OPT_SGD ? "SGD" : info.opt.kind == PMAP_OPT_ADAM ? "Adam" : "AdamW", (double)info.opt.lr, mom);
+             info.opt.kind == PMAP_OPT_SGD    ? "SGD"
+             : info.opt.kind == PMAP_OPT_ADAM ? "Adam"
+                                              : "AdamW",
+             (double)info.opt.lr, mom);
     plot_loss(o.plot, title, curve_step, curve, ncurve);
   }
 
@@ -542,10 +604,13 @@ int main(int argc, char **argv) {
   size_t P = pmap_params_count(params);
   w0 = malloc(P * sizeof *w0);
   wd = malloc(P * sizeof *wd);
-  if (!w0 || !wd) { failf(&r, "out of memory"); goto out; }
+  if (!w0 || !wd) {
+    failf(&r, "out of memory");
+    goto out;
+  }
   if (replicas_identical(&r, params, me * n, n, w0, wd, P)) goto out;
-  printf("final loss %.6f after %lld steps, %.0f samples/s, replicas identical: %s\n",
-         (double)loss, (long long)o.steps, sps, r.identical ? "yes" : "NO");
+  printf("final loss %.6f after %lld steps, %.0f samples/s, replicas identical: %s\n", (double)loss,
+         (long long)o.steps, sps, r.identical ? "yes" : "NO");
   if (!strcmp(o.model, "linear")) {
     printf("w = %.4f, b = %.4f\n", (double)w0[0], (double)w0[1]);
     r.have_wb = 1;
@@ -558,11 +623,14 @@ int main(int argc, char **argv) {
       goto out;
     }
     printf("held out: loss %.6f", r.eval_loss);
-    if (data.classify) printf(", accuracy %.4f (%lld rows)", r.eval_accuracy, (long long)data.eval_rows);
+    if (data.classify)
+      printf(", accuracy %.4f (%lld rows)", r.eval_accuracy, (long long)data.eval_rows);
     printf("\n");
   }
-  if (r.identical) code = 0;
-  else failf(&r, "replicas differ after training");
+  if (r.identical)
+    code = 0;
+  else
+    failf(&r, "replicas differ after training");
 out:
   if (o.json) print_json(&o, &r);
   free(curve);

@@ -58,7 +58,8 @@ static int check_pair(train_data *d, const char *y_path, char *msg, size_t size)
     int32_t most = -1;
     for (int64_t i = 0; i < d->rows; i++) {
       int32_t l = ((const int32_t *)y->data)[i];
-      if (l < 0) return fail(msg, size, "--labels: label %d at row %lld is negative", l, (long long)i);
+      if (l < 0)
+        return fail(msg, size, "--labels: label %d at row %lld is negative", l, (long long)i);
       most = l > most ? l : most;
     }
     if (most < 1) return fail(msg, size, "--labels: every label is %d; need two classes", most);
@@ -116,8 +117,7 @@ int train_data_model(const train_data *d, const int64_t *hidden, int n_hidden, p
   int64_t in[3] = {0, 0, 0};
   int rank = d->x.rank - 1;
   for (int i = 0; i < rank; i++) in[i] = d->x.shape[i + 1];
-  if (pmap_model_create(rank, in, &m) || (rank == 3 && pmap_model_add_flatten(m)))
-    goto fail;
+  if (pmap_model_create(rank, in, &m) || (rank == 3 && pmap_model_add_flatten(m))) goto fail;
   for (int i = 0; i < n_hidden; i++)
     if (pmap_model_add_dense(m, hidden[i]) || pmap_model_add_relu(m)) goto fail;
   if (pmap_model_add_dense(m, d->outputs) ||
@@ -181,8 +181,8 @@ int train_data_batch(train_data *d, int64_t step, int64_t batch, pmap_array *xs,
   return 0;
 }
 
-int train_data_eval(train_data *d, pmap_params *params, int devices, double *loss,
-                    double *accuracy, char *msg, size_t size) {
+int train_data_eval(train_data *d, pmap_params *params, int devices, double *loss, double *accuracy,
+                    char *msg, size_t size) {
   *loss = *accuracy = NAN;
   if (d->eval_rows == 0) return 0;
   enum { CHUNK = 1024 };
@@ -224,7 +224,8 @@ int train_data_eval(train_data *d, pmap_params *params, int devices, double *los
         right += best == label;
       } else {
         const float *t = (const float *)d->yb + r * k;
-        for (int64_t j = 0; j < k; j++) sum += ((double)z[j] - t[j]) * ((double)z[j] - t[j]) / (double)k;
+        for (int64_t j = 0; j < k; j++)
+          sum += ((double)z[j] - t[j]) * ((double)z[j] - t[j]) / (double)k;
       }
     }
   }

@@ -8,19 +8,19 @@
 #include "pmap.h"
 
 typedef struct train_data {
-  npy_array x, y;   /* as loaded: x f32 (n, features...), y i32 (n) / (n, 1) or f32 (n, k) */
-  int64_t rows;     /* n */
-  int64_t x_row, y_row; /* elements per row */
-  int classify;     /* integer labels: softmax cross-entropy over `outputs` classes */
-  int64_t outputs;  /* classes (max label + 1) or targets per row */
+  npy_array x, y;        /* as loaded: x f32 (n, features...), y i32 (n) / (n, 1) or f32 (n, k) */
+  int64_t rows;          /* n */
+  int64_t x_row, y_row;  /* elements per row */
+  int classify;          /* integer labels: softmax cross-entropy over `outputs` classes */
+  int64_t outputs;       /* classes (max label + 1) or targets per row */
   int64_t *train, *eval; /* row indices of the two splits, after a seeded shuffle */
   int64_t train_rows, eval_rows;
   uint64_t seed;
-  int64_t *order;   /* (train_rows) the current epoch's order */
-  int64_t epoch;    /* of `order`; -1 before the first */
-  float *xb;        /* one batch, gathered */
+  int64_t *order; /* (train_rows) the current epoch's order */
+  int64_t epoch;  /* of `order`; -1 before the first */
+  float *xb;      /* one batch, gathered */
   void *yb;
-  int64_t cap;      /* rows xb and yb hold */
+  int64_t cap; /* rows xb and yb hold */
 } train_data;
 
 /* Loads and checks both files; eval_fraction in [0, 1) of the rows (after a shuffle from seed)
@@ -42,7 +42,7 @@ int train_data_batch(train_data *d, int64_t step, int64_t batch, pmap_array *xs,
 
 /* Loss (and for labels the accuracy, else NaN) of params on the held-out rows, predicted in
  * chunks; devices is the context's device count. NaN and NaN without held-out rows. */
-int train_data_eval(train_data *d, pmap_params *params, int devices, double *loss,
-                    double *accuracy, char *msg, size_t size);
+int train_data_eval(train_data *d, pmap_params *params, int devices, double *loss, double *accuracy,
+                    char *msg, size_t size);
 
 #endif

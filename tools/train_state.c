@@ -53,9 +53,11 @@ int train_state_decode(const unsigned char *buf, size_t n, train_state *s, char 
   memcpy(&s->last_loss, &bits, 4);
   if (s->batch <= 0 || s->samples <= 0 || s->samples % s->batch || s->next_step < 0 ||
       s->next_batch != s->next_step % (s->samples / s->batch)) {
-    snprintf(why, why_size, "its pmap-train section is inconsistent (batch %lld, samples %lld, "
-             "step %lld, data position %lld)", (long long)s->batch, (long long)s->samples,
-             (long long)s->next_step, (long long)s->next_batch);
+    snprintf(why, why_size,
+             "its pmap-train section is inconsistent (batch %lld, samples %lld, "
+             "step %lld, data position %lld)",
+             (long long)s->batch, (long long)s->samples, (long long)s->next_step,
+             (long long)s->next_batch);
     return -1;
   }
   return 0;
@@ -64,14 +66,19 @@ int train_state_decode(const unsigned char *buf, size_t n, train_state *s, char 
 void json_string(FILE *f, const char *s) {
   fputc('"', f);
   for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-    else if (*p < 0x20 || *p >= 0x7f) fprintf(f, "\\u%04x", *p); /* valid JSON for any bytes */
-    else fputc(*p, f);
+    if (*p == '"' || *p == '\\')
+      fprintf(f, "\\%c", *p);
+    else if (*p < 0x20 || *p >= 0x7f)
+      fprintf(f, "\\u%04x", *p); /* valid JSON for any bytes */
+    else
+      fputc(*p, f);
   }
   fputc('"', f);
 }
 
 void json_number(FILE *f, double x) {
-  if (isfinite(x)) fprintf(f, "%.9g", x);
-  else fputs("null", f);
+  if (isfinite(x))
+    fprintf(f, "%.9g", x);
+  else
+    fputs("null", f);
 }

@@ -55,8 +55,8 @@ pmap_status cpu_conv2d_forward(pmap_device *dev, const pmap_conv_shape *s, int64
   for (int64_t b = 0; b < bd; b++) {
     im2col(s, x + b * s->c * s->h * s->w, col);
     /* y_b (oc, ohw) = w (oc, ckk) col (ckk, ohw) */
-    PMAP_TRY(cpu_gemm(dev, 0, 0, s->oc, ohw, ckk, 1.0f, w, ckk, col, ohw, 0.0f,
-                      y + b * s->oc * ohw, ohw));
+    PMAP_TRY(cpu_gemm(dev, 0, 0, s->oc, ohw, ckk, 1.0f, w, ckk, col, ohw, 0.0f, y + b * s->oc * ohw,
+                      ohw));
   }
   return PMAP_SUCCESS;
 }

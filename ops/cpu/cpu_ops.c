@@ -102,8 +102,8 @@ static pmap_status cpu_adam_step(pmap_device *dev, float *w, const float *g, flo
                                  size_t n, const pmap_step_hyper *h) {
   (void)dev;
   for (size_t i = 0; i < n; i++)
-    pmap_adam_update(&w[i], g[i], &m[i], &v[i], h->lr, h->beta1, h->beta2, h->eps, h->bc1,
-                     h->bc2, h->weight_decay);
+    pmap_adam_update(&w[i], g[i], &m[i], &v[i], h->lr, h->beta1, h->beta2, h->eps, h->bc1, h->bc2,
+                     h->weight_decay);
   return PMAP_SUCCESS;
 }
 

@@ -34,16 +34,16 @@ pmap_status cpu_layernorm_forward(pmap_device *dev, const float *x, const float 
 pmap_status cpu_layernorm_backward(pmap_device *dev, const float *x, const float *gamma,
                                    const float *stats, const float *dy, int64_t rows, int64_t f,
                                    float *dx, float *dgamma, float *dbeta);
-pmap_status cpu_pool2d_forward(pmap_device *dev, int is_max, const pmap_pool_shape *s,
-                               int64_t bd, const float *x, float *y);
-pmap_status cpu_pool2d_backward(pmap_device *dev, int is_max, const pmap_pool_shape *s,
-                                int64_t bd, const float *x, const float *dy, float *dx);
+pmap_status cpu_pool2d_forward(pmap_device *dev, int is_max, const pmap_pool_shape *s, int64_t bd,
+                               const float *x, float *y);
+pmap_status cpu_pool2d_backward(pmap_device *dev, int is_max, const pmap_pool_shape *s, int64_t bd,
+                                const float *x, const float *dy, float *dx);
 pmap_status cpu_dropout_forward(pmap_device *dev, const float *x, float *y, size_t n, float rate,
                                 uint64_t key, uint64_t first);
-pmap_status cpu_dropout_backward(pmap_device *dev, const float *dy, float *dx, size_t n,
-                                 float rate, uint64_t key, uint64_t first);
-pmap_status cpu_bn_stats(pmap_device *dev, const float *x, int64_t outer, int64_t c,
-                         int64_t inner, const float *prev, float *stats);
+pmap_status cpu_dropout_backward(pmap_device *dev, const float *dy, float *dx, size_t n, float rate,
+                                 uint64_t key, uint64_t first);
+pmap_status cpu_bn_stats(pmap_device *dev, const float *x, int64_t outer, int64_t c, int64_t inner,
+                         const float *prev, float *stats);
 pmap_status cpu_bn_forward(pmap_device *dev, const float *x, const float *stats,
                            const float *run_stats, float *running, const float *gamma,
                            const float *beta, int64_t outer, int64_t c, int64_t inner, float eps,

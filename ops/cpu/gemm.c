@@ -46,9 +46,9 @@ int cpu_gemm_threads_set(int n) {
 #endif
 }
 
-void cpu_gemm_portable(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
-                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
-                       float *c, int64_t ldc) {
+void cpu_gemm_portable(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                       int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                       int64_t ldc) {
   for (int64_t i = 0; i < m; i++) {
     float *ci = c + i * ldc;
     if (beta == 0.0f)
@@ -89,9 +89,9 @@ void cpu_gemm_portable(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
   }
 }
 
-pmap_status cpu_gemm(pmap_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k,
-                     float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
-                     float beta, float *c, int64_t ldc) {
+pmap_status cpu_gemm(pmap_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
+                     const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                     int64_t ldc) {
   (void)dev;
   if (m <= 0 || n <= 0) return PMAP_SUCCESS;
   if (k <= 0 || m * n * k <= SMALL_GEMM_MACS) {
@@ -99,15 +99,15 @@ pmap_status cpu_gemm(pmap_device *dev, int ta, int tb, int64_t m, int64_t n, int
     return PMAP_SUCCESS;
   }
 #if defined(PMAP_GEMM_DNNL)
-  dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb,
-                                beta, c, ldc);
+  dnnl_status_t st =
+      dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   if (st != dnnl_success)
     return PMAP_ERR(PMAP_ERR_DEVICE, "dnnl_sgemm(%c, %c, m=%lld, n=%lld, k=%lld) failed: status %d",
                     ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)m, (long long)n, (long long)k,
                     (int)st);
 #elif defined(PMAP_GEMM_CBLAS)
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)m,
+              (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
 #else
   cpu_gemm_portable(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 #endif

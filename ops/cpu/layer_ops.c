@@ -72,8 +72,8 @@ pmap_status cpu_layernorm_backward(pmap_device *dev, const float *x, const float
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_pool2d_forward(pmap_device *dev, int is_max, const pmap_pool_shape *s,
-                               int64_t bd, const float *x, float *y) {
+pmap_status cpu_pool2d_forward(pmap_device *dev, int is_max, const pmap_pool_shape *s, int64_t bd,
+                               const float *x, float *y) {
   (void)dev;
   for (int64_t p = 0; p < bd * s->c; p++)
     for (int64_t oy = 0; oy < s->oh; oy++)
@@ -83,8 +83,8 @@ pmap_status cpu_pool2d_forward(pmap_device *dev, int is_max, const pmap_pool_sha
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_pool2d_backward(pmap_device *dev, int is_max, const pmap_pool_shape *s,
-                                int64_t bd, const float *x, const float *dy, float *dx) {
+pmap_status cpu_pool2d_backward(pmap_device *dev, int is_max, const pmap_pool_shape *s, int64_t bd,
+                                const float *x, const float *dy, float *dx) {
   (void)dev;
   for (int64_t p = 0; p < bd * s->c; p++)
     for (int64_t iy = 0; iy < s->h; iy++)
@@ -102,15 +102,15 @@ pmap_status cpu_dropout_forward(pmap_device *dev, const float *x, float *y, size
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_dropout_backward(pmap_device *dev, const float *dy, float *dx, size_t n,
-                                 float rate, uint64_t key, uint64_t first) {
+pmap_status cpu_dropout_backward(pmap_device *dev, const float *dy, float *dx, size_t n, float rate,
+                                 uint64_t key, uint64_t first) {
   (void)dev;
   for (size_t i = 0; i < n; i++) dx[i] = dy[i] * pmap_dropout_factor(key, first + i, rate);
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_bn_stats(pmap_device *dev, const float *x, int64_t outer, int64_t c,
-                         int64_t inner, const float *prev, float *stats) {
+pmap_status cpu_bn_stats(pmap_device *dev, const float *x, int64_t outer, int64_t c, int64_t inner,
+                         const float *prev, float *stats) {
   (void)dev;
   for (int64_t ch = 0; ch < c; ch++) {
     float shift = 0.0f, var;

@@ -7,8 +7,8 @@ static __global__ void act_forward_kernel(int act, const float *x, float *y, siz
     y[i] = pmap_act_apply(act, x[i]);
 }
 
-static __global__ void act_backward_kernel(int act, const float *x, const float *y,
-                                           const float *dy, float *dx, size_t n) {
+static __global__ void act_backward_kernel(int act, const float *x, const float *y, const float *dy,
+                                           float *dx, size_t n) {
   for (size_t i = cuda_thread_index(); i < n; i += cuda_grid_stride())
     dx[i] = pmap_act_grad(act, x[i], y[i], dy[i]);
 }

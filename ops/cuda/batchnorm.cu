@@ -83,8 +83,8 @@ static __global__ void bn_sums_kernel(const float *x, const float *dy, const flo
 }
 
 static __global__ void bn_dx_kernel(const float *x, const float *dy, const float *stats,
-                                    const float *gamma, const float *sums, int64_t c,
-                                    int64_t inner, float eps, float *dx, size_t n) {
+                                    const float *gamma, const float *sums, int64_t c, int64_t inner,
+                                    float eps, float *dx, size_t n) {
   float count = stats[2 * c];
   for (size_t i = cuda_thread_index(); i < n; i += cuda_grid_stride()) {
     int64_t ch = (int64_t)(i / (size_t)inner % (size_t)c);
@@ -103,8 +103,8 @@ static void bn_stats_launch(cudaStream_t stream, const float *x, int64_t outer, 
 
 static void bn_forward_launch(cudaStream_t stream, const float *x, const float *stats,
                               const float *run_stats, float *running, const float *gamma,
-                              const float *beta, int64_t outer, int64_t c, int64_t inner,
-                              float eps, float momentum, int training, float *y) {
+                              const float *beta, int64_t outer, int64_t c, int64_t inner, float eps,
+                              float momentum, int training, float *y) {
   size_t n = (size_t)(outer * c * inner);
   bn_forward_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, stream>>>(x, stats, running, gamma, beta, c,
                                                              inner, eps, training, y, n);
@@ -114,11 +114,9 @@ static void bn_forward_launch(cudaStream_t stream, const float *x, const float *
                                                                        momentum);
 }
 
-static void bn_sums_launch(cudaStream_t stream, const float *x, const float *dy,
-                           const float *stats, int64_t outer, int64_t c, int64_t inner, float eps,
-                           float *sums) {
-  bn_sums_kernel<<<(unsigned)c, CUDA_BLOCK, 0, stream>>>(x, dy, stats, outer, c, inner, eps,
-                                                         sums);
+static void bn_sums_launch(cudaStream_t stream, const float *x, const float *dy, const float *stats,
+                           int64_t outer, int64_t c, int64_t inner, float eps, float *sums) {
+  bn_sums_kernel<<<(unsigned)c, CUDA_BLOCK, 0, stream>>>(x, dy, stats, outer, c, inner, eps, sums);
 }
 
 static void bn_dx_launch(cudaStream_t stream, const float *x, const float *dy, const float *stats,

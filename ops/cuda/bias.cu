@@ -53,8 +53,8 @@ static const char *bias_backward_launch(cudaStream_t stream, const float *dy, fl
   return "bias_backward_channel_kernel";
 }
 
-extern "C" pmap_status cuda_bias_forward(pmap_device *dev, float *y, const float *b,
-                                         int64_t outer, int64_t ch, int64_t inner) {
+extern "C" pmap_status cuda_bias_forward(pmap_device *dev, float *y, const float *b, int64_t outer,
+                                         int64_t ch, int64_t inner) {
   cuda_device *cd = cuda_device_of(dev);
   if (outer <= 0 || ch <= 0 || inner <= 0) return PMAP_SUCCESS;
   bias_forward_launch(cd->stream, y, b, outer, ch, inner);
@@ -70,8 +70,7 @@ extern "C" pmap_status cuda_bias_backward(pmap_device *dev, const float *dy, flo
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "device %d: bias_backward with %lld channels",
                     cd->index, (long long)ch);
   const char *kernel = bias_backward_launch(cd->stream, dy, db, outer, ch, inner);
-  CUDA_CHECK_GEN(cd, CUDA_LIB_RUNTIME, cudaSuccess, cudaGetLastError(), kernel,
-                 return cuda_chk_s_);
+  CUDA_CHECK_GEN(cd, CUDA_LIB_RUNTIME, cudaSuccess, cudaGetLastError(), kernel, return cuda_chk_s_);
   return PMAP_SUCCESS;
 }
 

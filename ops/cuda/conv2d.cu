@@ -27,8 +27,7 @@ static __global__ void im2col_kernel(pmap_conv_shape s, const float *x, int64_t 
 
 /* dx (cb, c, h, w) = the sum of dcol (ckk, cb, ohw) back onto the pixels the columns were taken
  * from; a thread per pixel gathers its windows, so nothing is added concurrently. */
-static __global__ void col2im_kernel(pmap_conv_shape s, const float *dcol, int64_t cb,
-                                     float *dx) {
+static __global__ void col2im_kernel(pmap_conv_shape s, const float *dcol, int64_t cb, float *dx) {
   int64_t ohw = s.oh * s.ow;
   size_t n = (size_t)(cb * s.c * s.h * s.w);
   for (size_t idx = cuda_thread_index(); idx < n; idx += cuda_grid_stride()) {
@@ -70,8 +69,8 @@ static __global__ void swap_axes_kernel(const float *src, float *dst, int64_t a0
   }
 }
 
-static void im2col_launch(cudaStream_t stream, const pmap_conv_shape *s, const float *x,
-                          int64_t cb, float *col) {
+static void im2col_launch(cudaStream_t stream, const pmap_conv_shape *s, const float *x, int64_t cb,
+                          float *col) {
   size_t n = (size_t)(s->c * s->kh * s->kw * cb * s->oh * s->ow);
   im2col_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, stream>>>(*s, x, cb, col);
 }
@@ -94,9 +93,8 @@ static int64_t chunk_of(int64_t bd, size_t per_example) {
   return fit >= (size_t)bd ? bd : fit > 0 ? (int64_t)fit : 1;
 }
 
-extern "C" pmap_status cuda_conv2d_forward(pmap_device *dev, const pmap_conv_shape *s,
-                                           int64_t bd, const float *x, const float *w, float *y,
-                                           float *col) {
+extern "C" pmap_status cuda_conv2d_forward(pmap_device *dev, const pmap_conv_shape *s, int64_t bd,
+                                           const float *x, const float *w, float *y, float *col) {
   (void)col;
   cuda_device *cd = cuda_device_of(dev);
   int64_t ckk = s->c * s->kh * s->kw, ohw = s->oh * s->ow, chw = s->c * s->h * s->w;
@@ -122,10 +120,9 @@ extern "C" pmap_status cuda_conv2d_forward(pmap_device *dev, const pmap_conv_sha
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_conv2d_backward(pmap_device *dev, const pmap_conv_shape *s,
-                                            int64_t bd, const float *x, const float *w,
-                                            const float *dy, float *dx, float *dw, float *col,
-                                            float *dcol) {
+extern "C" pmap_status cuda_conv2d_backward(pmap_device *dev, const pmap_conv_shape *s, int64_t bd,
+                                            const float *x, const float *w, const float *dy,
+                                            float *dx, float *dw, float *col, float *dcol) {
   (void)col;
   (void)dcol;
   cuda_device *cd = cuda_device_of(dev);

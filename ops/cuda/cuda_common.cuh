@@ -16,12 +16,12 @@
 
 /* Loads `kernel` now rather than at its first launch (CUDA loads modules lazily): see
  * cuda_ops_preload in cuda_ops.h. Returns the failure, e.g. no code for this GPU. */
-#define CUDA_PRELOAD(cd, kernel)                                                               \
-  do {                                                                                         \
-    cudaFuncAttributes preload_attr_;                                                          \
-    CUDA_CHECK_GEN(cd, CUDA_LIB_RUNTIME, cudaSuccess,                                          \
-                   cudaFuncGetAttributes(&preload_attr_, kernel), "loading " #kernel,          \
-                   return cuda_chk_s_);                                                        \
+#define CUDA_PRELOAD(cd, kernel)                                                      \
+  do {                                                                                \
+    cudaFuncAttributes preload_attr_;                                                 \
+    CUDA_CHECK_GEN(cd, CUDA_LIB_RUNTIME, cudaSuccess,                                 \
+                   cudaFuncGetAttributes(&preload_attr_, kernel), "loading " #kernel, \
+                   return cuda_chk_s_);                                               \
   } while (0)
 
 /* Blocks of CUDA_BLOCK threads for n elements (0 for none: skip the launch). */

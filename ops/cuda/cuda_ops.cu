@@ -37,11 +37,12 @@ extern "C" const pmap_ops pmap_cuda_ops = {
 
 extern "C" pmap_status cuda_ops_preload(cuda_device *cd) {
   pmap_status (*const each[])(cuda_device *) = {
-      cuda_adam_preload, cuda_bias_preload, cuda_conv2d_preload,      cuda_fill_preload,
-      cuda_mse_preload,  cuda_norm2_preload, cuda_loss_reduce_preload, cuda_relu_preload,
-      cuda_sgd_preload,  cuda_softmax_xent_preload,
-      cuda_act_preload,  cuda_add_preload,   cuda_batchnorm_preload,   cuda_dropout_preload,
-      cuda_layernorm_preload, cuda_pool2d_preload,
+      cuda_adam_preload,         cuda_bias_preload,    cuda_conv2d_preload,
+      cuda_fill_preload,         cuda_mse_preload,     cuda_norm2_preload,
+      cuda_loss_reduce_preload,  cuda_relu_preload,    cuda_sgd_preload,
+      cuda_softmax_xent_preload, cuda_act_preload,     cuda_add_preload,
+      cuda_batchnorm_preload,    cuda_dropout_preload, cuda_layernorm_preload,
+      cuda_pool2d_preload,
   };
   for (size_t i = 0; i < sizeof each / sizeof each[0]; i++) PMAP_TRY(each[i](cd));
   return PMAP_SUCCESS;

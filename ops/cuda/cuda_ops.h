@@ -17,8 +17,8 @@ pmap_status cuda_gemm(pmap_device *dev, int trans_a, int trans_b, int64_t m, int
                       float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                       float beta, float *c, int64_t ldc);
 pmap_status cuda_fill(pmap_device *dev, float *x, float value, size_t n);
-pmap_status cuda_bias_forward(pmap_device *dev, float *y, const float *b, int64_t outer,
-                              int64_t ch, int64_t inner);
+pmap_status cuda_bias_forward(pmap_device *dev, float *y, const float *b, int64_t outer, int64_t ch,
+                              int64_t inner);
 pmap_status cuda_bias_backward(pmap_device *dev, const float *dy, float *db, int64_t outer,
                                int64_t ch, int64_t inner);
 pmap_status cuda_relu_forward(pmap_device *dev, const float *x, float *y, size_t n);
@@ -37,8 +37,8 @@ pmap_status cuda_softmax_xent(pmap_device *dev, const float *logits, const int32
                               int64_t rows, int64_t k, float *dlogits, float *loss);
 pmap_status cuda_sgd_step(pmap_device *dev, float *w, const float *g, float *v, size_t n,
                           const pmap_step_hyper *h);
-pmap_status cuda_adam_step(pmap_device *dev, float *w, const float *g, float *m, float *v,
-                           size_t n, const pmap_step_hyper *h);
+pmap_status cuda_adam_step(pmap_device *dev, float *w, const float *g, float *m, float *v, size_t n,
+                           const pmap_step_hyper *h);
 pmap_status cuda_norm2(pmap_device *dev, const float *x, size_t n, float *norm);
 pmap_status cuda_scale(pmap_device *dev, float *x, float s, size_t n);
 pmap_status cuda_axpy(pmap_device *dev, float alpha, const float *x, float *y, size_t n);
@@ -55,16 +55,16 @@ pmap_status cuda_layernorm_forward(pmap_device *dev, const float *x, const float
 pmap_status cuda_layernorm_backward(pmap_device *dev, const float *x, const float *gamma,
                                     const float *stats, const float *dy, int64_t rows, int64_t f,
                                     float *dx, float *dgamma, float *dbeta);
-pmap_status cuda_pool2d_forward(pmap_device *dev, int is_max, const pmap_pool_shape *s,
-                                int64_t bd, const float *x, float *y);
-pmap_status cuda_pool2d_backward(pmap_device *dev, int is_max, const pmap_pool_shape *s,
-                                 int64_t bd, const float *x, const float *dy, float *dx);
+pmap_status cuda_pool2d_forward(pmap_device *dev, int is_max, const pmap_pool_shape *s, int64_t bd,
+                                const float *x, float *y);
+pmap_status cuda_pool2d_backward(pmap_device *dev, int is_max, const pmap_pool_shape *s, int64_t bd,
+                                 const float *x, const float *dy, float *dx);
 pmap_status cuda_dropout_forward(pmap_device *dev, const float *x, float *y, size_t n, float rate,
                                  uint64_t key, uint64_t first);
 pmap_status cuda_dropout_backward(pmap_device *dev, const float *dy, float *dx, size_t n,
                                   float rate, uint64_t key, uint64_t first);
-pmap_status cuda_bn_stats(pmap_device *dev, const float *x, int64_t outer, int64_t c,
-                          int64_t inner, const float *prev, float *stats);
+pmap_status cuda_bn_stats(pmap_device *dev, const float *x, int64_t outer, int64_t c, int64_t inner,
+                          const float *prev, float *stats);
 pmap_status cuda_bn_forward(pmap_device *dev, const float *x, const float *stats,
                             const float *run_stats, float *running, const float *gamma,
                             const float *beta, int64_t outer, int64_t c, int64_t inner, float eps,

@@ -3,8 +3,8 @@
  * the CPU kernel's on any device count. */
 #include "cuda_common.cuh"
 
-static __global__ void dropout_kernel(const float *x, float *y, size_t n, float rate,
-                                      uint64_t key, uint64_t first) {
+static __global__ void dropout_kernel(const float *x, float *y, size_t n, float rate, uint64_t key,
+                                      uint64_t first) {
   for (size_t i = cuda_thread_index(); i < n; i += cuda_grid_stride())
     y[i] = x[i] * pmap_dropout_factor(key, first + i, rate);
 }
@@ -24,8 +24,8 @@ extern "C" pmap_status cuda_dropout_forward(pmap_device *dev, const float *x, fl
 }
 
 /* The backward applies the same mask to dy. */
-extern "C" pmap_status cuda_dropout_backward(pmap_device *dev, const float *dy, float *dx,
-                                             size_t n, float rate, uint64_t key, uint64_t first) {
+extern "C" pmap_status cuda_dropout_backward(pmap_device *dev, const float *dy, float *dx, size_t n,
+                                             float rate, uint64_t key, uint64_t first) {
   cuda_device *cd = cuda_device_of(dev);
   if (n == 0) return PMAP_SUCCESS;
   dropout_launch(cd->stream, dy, dx, n, rate, key, first);

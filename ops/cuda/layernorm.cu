@@ -49,9 +49,9 @@ static __global__ void layernorm_dx_kernel(const float *x, const float *gamma, c
         pmap_norm_dx(dyr[j] * gamma[j], (xr[j] - mean) * rstd, rstd, means[0], means[1]);
 }
 
-static __global__ void layernorm_dparams_kernel(const float *x, const float *stats,
-                                                const float *dy, int64_t rows, int64_t f,
-                                                float *dgamma, float *dbeta) {
+static __global__ void layernorm_dparams_kernel(const float *x, const float *stats, const float *dy,
+                                                int64_t rows, int64_t f, float *dgamma,
+                                                float *dbeta) {
   for (size_t j = cuda_thread_index(); j < (size_t)f; j += cuda_grid_stride()) {
     double sg = 0.0, sb = 0.0;
     for (int64_t r = 0; r < rows; r++) {
@@ -72,12 +72,12 @@ static void layernorm_forward_launch(cudaStream_t stream, const float *x, const 
 }
 
 static void layernorm_backward_launch(cudaStream_t stream, const float *x, const float *gamma,
-                                      const float *stats, const float *dy, int64_t rows,
-                                      int64_t f, float *dx, float *dgamma, float *dbeta) {
+                                      const float *stats, const float *dy, int64_t rows, int64_t f,
+                                      float *dx, float *dgamma, float *dbeta) {
   if (dx)
     layernorm_dx_kernel<<<(unsigned)rows, CUDA_BLOCK, 0, stream>>>(x, gamma, stats, dy, f, dx);
-  layernorm_dparams_kernel<<<cuda_grid((size_t)f), CUDA_BLOCK, 0, stream>>>(x, stats, dy, rows,
-                                                                            f, dgamma, dbeta);
+  layernorm_dparams_kernel<<<cuda_grid((size_t)f), CUDA_BLOCK, 0, stream>>>(x, stats, dy, rows, f,
+                                                                            dgamma, dbeta);
 }
 
 /* Rows are blocks: at most the grid's x extent. */
@@ -89,8 +89,8 @@ static pmap_status check_rows(cuda_device *cd, int64_t rows) {
 }
 
 extern "C" pmap_status cuda_layernorm_forward(pmap_device *dev, const float *x, const float *gamma,
-                                              const float *beta, int64_t rows, int64_t f,
-                                              float eps, float *y, float *stats) {
+                                              const float *beta, int64_t rows, int64_t f, float eps,
+                                              float *y, float *stats) {
   cuda_device *cd = cuda_device_of(dev);
   if (rows <= 0 || f <= 0) return PMAP_SUCCESS;
   PMAP_TRY(check_rows(cd, rows));
@@ -99,10 +99,9 @@ extern "C" pmap_status cuda_layernorm_forward(pmap_device *dev, const float *x, 
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_layernorm_backward(pmap_device *dev, const float *x,
-                                               const float *gamma, const float *stats,
-                                               const float *dy, int64_t rows, int64_t f,
-                                               float *dx, float *dgamma, float *dbeta) {
+extern "C" pmap_status cuda_layernorm_backward(pmap_device *dev, const float *x, const float *gamma,
+                                               const float *stats, const float *dy, int64_t rows,
+                                               int64_t f, float *dx, float *dgamma, float *dbeta) {
   cuda_device *cd = cuda_device_of(dev);
   if (rows <= 0 || f <= 0) return PMAP_SUCCESS;
   PMAP_TRY(check_rows(cd, rows));

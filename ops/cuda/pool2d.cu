@@ -43,9 +43,9 @@ extern "C" pmap_status cuda_pool2d_forward(pmap_device *dev, int is_max, const p
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_pool2d_backward(pmap_device *dev, int is_max,
-                                            const pmap_pool_shape *s, int64_t bd, const float *x,
-                                            const float *dy, float *dx) {
+extern "C" pmap_status cuda_pool2d_backward(pmap_device *dev, int is_max, const pmap_pool_shape *s,
+                                            int64_t bd, const float *x, const float *dy,
+                                            float *dx) {
   cuda_device *cd = cuda_device_of(dev);
   size_t n = (size_t)(bd * s->c * s->h * s->w);
   if (n == 0) return PMAP_SUCCESS;

@@ -6,8 +6,7 @@ static __global__ void relu_forward_kernel(const float *x, float *y, size_t n) {
   for (size_t i = cuda_thread_index(); i < n; i += cuda_grid_stride()) y[i] = pmap_relu(x[i]);
 }
 
-static __global__ void relu_backward_kernel(const float *y, const float *dy, float *dx,
-                                            size_t n) {
+static __global__ void relu_backward_kernel(const float *y, const float *dy, float *dx, size_t n) {
   for (size_t i = cuda_thread_index(); i < n; i += cuda_grid_stride())
     dx[i] = pmap_relu_grad(y[i], dy[i]);
 }

@@ -17,8 +17,8 @@ static void sgd_step_launch(cudaStream_t stream, float *w, const float *g, float
   sgd_step_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, stream>>>(w, g, v, n, *h);
 }
 
-extern "C" pmap_status cuda_sgd_step(pmap_device *dev, float *w, const float *g, float *v,
-                                     size_t n, const pmap_step_hyper *h) {
+extern "C" pmap_status cuda_sgd_step(pmap_device *dev, float *w, const float *g, float *v, size_t n,
+                                     const pmap_step_hyper *h) {
   cuda_device *cd = cuda_device_of(dev);
   if (n == 0) return PMAP_SUCCESS;
   sgd_step_launch(cd->stream, w, g, v, n, h);

@@ -3,8 +3,8 @@
  * terms are summed in double per block, then once more in loss_reduce.cu. */
 #include "cuda_common.cuh"
 
-static __global__ void softmax_xent_kernel(const float *logits, const int32_t *labels,
-                                           int64_t rows, int64_t k, float scale, float *dlogits,
+static __global__ void softmax_xent_kernel(const float *logits, const int32_t *labels, int64_t rows,
+                                           int64_t k, float scale, float *dlogits,
                                            double *partial) {
   double acc = 0.0;
   for (size_t r = cuda_thread_index(); r < (size_t)rows; r += cuda_grid_stride()) {

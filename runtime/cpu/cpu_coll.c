@@ -35,7 +35,7 @@ pmap_status cpu_arrive(cpu_passage *ps, int touch_next) {
  * src[k], so each block is reduced into a local buffer before it is written. max propagates NaN
  * (as jnp.max does). */
 void cpu_reduce_range(const float *const *src, int n, float *out, size_t lo, size_t hi,
-                         pmap_redop op) {
+                      pmap_redop op) {
   enum { BLOCK = 256 };
   float acc[BLOCK];
   float fn = (float)n;

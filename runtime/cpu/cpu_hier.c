@@ -64,8 +64,8 @@ pmap_status cpu_hier_all_reduce(pmap_device *dev, const float *send, float *recv
   if (hi > lo) cpu_reduce_range(cc->slots, n, cc->part, lo, hi, local);
   PMAP_TRY(cpu_arrive(&ps, 0));
   if (d == 0) {
-    pmap_status st = dist_all_reduce(ctx->dist, cc->part, count,
-                                     op == PMAP_RED_MAX ? DIST_MAX : DIST_SUM);
+    pmap_status st =
+        dist_all_reduce(ctx->dist, cc->part, count, op == PMAP_RED_MAX ? DIST_MAX : DIST_SUM);
     if (st) return dist_failed(dev, st);
     if (op == PMAP_RED_MEAN) {
       float g = (float)(n * ctx->nproc);
@@ -121,8 +121,7 @@ pmap_status cpu_hier_all_gather(pmap_device *dev, const float *send, float *recv
   ps.wait = &w;
   PMAP_TRY(cpu_arrive(&ps, 0));
   ps.wait = NULL;
-  if (count)
-    memcpy(recv, cc->gathered, count * (size_t)n * (size_t)ctx->nproc * sizeof *recv);
+  if (count) memcpy(recv, cc->gathered, count * (size_t)n * (size_t)ctx->nproc * sizeof *recv);
   return cpu_arrive(&ps, 0);
 }
 

@@ -61,9 +61,9 @@ static pmap_status startup_barrier(pmap_device *dev, cuda_device *cd) {
   float *one = (float *)((char *)cd->scratch + CUDA_REDUCE_BLOCKS * sizeof(double));
   CUDA_CHECK(cd, cudaMemsetAsync(one, 0, sizeof *one, cd->stream));
   PMAP_TRY(cuda_nccl_enter(dev, "startup barrier"));
-  PMAP_TRY(cuda_nccl_issued(
-      dev, ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, cd->comm, cd->stream),
-      "ncclAllReduce", "startup barrier (NCCL all-reduce)"));
+  PMAP_TRY(cuda_nccl_issued(dev,
+                            ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, cd->comm, cd->stream),
+                            "ncclAllReduce", "startup barrier (NCCL all-reduce)"));
   return cuda_wait(dev, "startup barrier (NCCL all-reduce)", 1);
 }
 
@@ -104,10 +104,10 @@ static pmap_status cuda_device_init(pmap_device *dev) {
   CUDA_CHECK_GOTO(cd, st, cudaMalloc(&cd->blas_ws, CUDA_BLAS_WORKSPACE_BYTES), fail);
   CUBLAS_CHECK_GOTO(cd, st, cublasSetWorkspace(cd->blas, cd->blas_ws, CUDA_BLAS_WORKSPACE_BYTES),
                     fail);
-  CUBLAS_CHECK_GOTO(cd, st,
-                    cublasSetMathMode(cd->blas, cc->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
-                                                         : CUBLAS_DEFAULT_MATH),
-                    fail);
+  CUBLAS_CHECK_GOTO(
+      cd, st,
+      cublasSetMathMode(cd->blas, cc->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
+      fail);
   CUDA_CHECK_GOTO(cd, st, cudaMallocAsync(&cd->scratch, CUDA_SCRATCH_BYTES, cd->stream), fail);
   host_buffers(cd, cc);
   PMAP_TRY_GOTO(st, cuda_ops_preload(cd), fail);

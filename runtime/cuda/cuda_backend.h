@@ -23,10 +23,10 @@ typedef enum cuda_wait_mode { CUDA_WAIT_BLOCK = 0, CUDA_WAIT_POLL = 1 } cuda_wai
 
 typedef struct cuda_ctx {
   int n;
-  int *gpus;             /* (n) physical GPU of each logical device */
-  cuda_device *devs;     /* (n) dev[i].be of the context */
-  ncclComm_t *comms;     /* (n) rank i serves logical device i */
-  int comms_live;        /* comms[] exist and were neither aborted nor destroyed */
+  int *gpus;         /* (n) physical GPU of each logical device */
+  cuda_device *devs; /* (n) dev[i].be of the context */
+  ncclComm_t *comms; /* (n) rank i serves logical device i */
+  int comms_live;    /* comms[] exist and were neither aborted nor destroyed */
   /* Once set, every NCCL call fails: the communicators were aborted after a failure or a
    * timeout and the context must be destroyed. */
   _Atomic int dead;
@@ -48,11 +48,11 @@ typedef struct cuda_ctx {
   _Atomic int watchdog_fired; /* why the watchdog aborted: CUDA_WATCHDOG_* */
   _Atomic int starting;       /* devices not yet through device_init */
   pmap_ctx *ctx;
-  int nccl_version;      /* ncclGetVersion() of the library loaded at run time */
-  int tf32;              /* cuBLAS may use TF32 tensor cores for FP32 GEMMs */
+  int nccl_version; /* ncclGetVersion() of the library loaded at run time */
+  int tf32;         /* cuBLAS may use TF32 tensor cores for FP32 GEMMs */
   cuda_wait_mode wait_mode;
-  int coll_wait;         /* PMAP_CUDA_COLL_WAIT=1: the host waits for every collective */
-  size_t pinned_bytes;   /* per staging buffer (2 per device); 0: pageable copies */
+  int coll_wait;       /* PMAP_CUDA_COLL_WAIT=1: the host waits for every collective */
+  size_t pinned_bytes; /* per staging buffer (2 per device); 0: pageable copies */
 } cuda_ctx;
 
 extern const pmap_coll_i pmap_cuda_coll;

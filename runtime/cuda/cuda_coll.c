@@ -56,8 +56,7 @@ ncclResult_t cuda_nccl_settle(cuda_ctx *cc, ncclComm_t comm, int64_t deadline_ns
   }
 }
 
-pmap_status cuda_nccl_issued(pmap_device *dev, ncclResult_t r, const char *text,
-                             const char *call) {
+pmap_status cuda_nccl_issued(pmap_device *dev, ncclResult_t r, const char *text, const char *call) {
   cuda_device *cd = dev->be;
   cuda_ctx *cc = dev->ctx->be_ctx;
   pmap_status st = PMAP_SUCCESS;
@@ -68,10 +67,11 @@ pmap_status cuda_nccl_issued(pmap_device *dev, ncclResult_t r, const char *text,
     if (r == ncclInProgress) {
       cuda_nccl_leave(dev);
       if (atomic_load(&cc->dead))
-        return cuda_nccl_failed(dev, PMAP_ERR(PMAP_ERR_ABORTED,
-                                              "%s on device %d abandoned: the NCCL "
-                                              "communicators were aborted",
-                                              call, dev->index),
+        return cuda_nccl_failed(dev,
+                                PMAP_ERR(PMAP_ERR_ABORTED,
+                                         "%s on device %d abandoned: the NCCL "
+                                         "communicators were aborted",
+                                         call, dev->index),
                                 call);
       return coll_failed(dev, PMAP_ERR(PMAP_ERR_TIMEOUT,
                                        "%s on device %d: NCCL did not finish issuing %s within "
@@ -143,8 +143,7 @@ static pmap_status collective_verdict(pmap_device *dev, const char *call) {
 
 /* PMAP_CUDA_WAIT=poll: query the stream, spinning briefly, then in short sleeps; every check is
  * made here. */
-static pmap_status wait_poll(pmap_device *dev, cuda_device *cd, const char *call,
-                             int collective) {
+static pmap_status wait_poll(pmap_device *dev, cuda_device *cd, const char *call, int collective) {
   pmap_ctx *ctx = dev->ctx;
   cuda_ctx *cc = ctx->be_ctx;
   int64_t start = pmap_now_ns(), timeout = cuda_timeout_ns(ctx);
@@ -185,8 +184,7 @@ static pmap_status wait_poll(pmap_device *dev, cuda_device *cd, const char *call
 /* PMAP_CUDA_WAIT=block (the default): sleep on a blocking-sync event behind the stream's work;
  * the watchdog (cuda_ctx.c) aborts the communicators on a timeout or, when this wait covers a
  * collective, on another device's failure, which ends the collective and so the wait. */
-static pmap_status wait_block(pmap_device *dev, cuda_device *cd, const char *call,
-                              int collective) {
+static pmap_status wait_block(pmap_device *dev, cuda_device *cd, const char *call, int collective) {
   cuda_ctx *cc = dev->ctx->be_ctx;
   int i = dev->index;
   int64_t start = pmap_now_ns(), timeout = cuda_timeout_ns(dev->ctx);
@@ -240,13 +238,12 @@ static pmap_status cuda_broadcast(pmap_device *dev, const float *send, float *re
   cuda_device *cd = dev->be;
   if (count == 0) return PMAP_SUCCESS;
   PMAP_TRY(cuda_nccl_enter(dev, "broadcast"));
-  return cuda_nccl_issued(
-      dev, ncclBroadcast(send, recv, count, ncclFloat32, root, cd->comm, cd->stream),
-      "ncclBroadcast", "broadcast");
+  return cuda_nccl_issued(dev,
+                          ncclBroadcast(send, recv, count, ncclFloat32, root, cd->comm, cd->stream),
+                          "ncclBroadcast", "broadcast");
 }
 
-static pmap_status cuda_all_gather(pmap_device *dev, const float *send, float *recv,
-                                   size_t count) {
+static pmap_status cuda_all_gather(pmap_device *dev, const float *send, float *recv, size_t count) {
   cuda_device *cd = dev->be;
   if (count == 0) return PMAP_SUCCESS;
   /* In place is NCCL's form, send == recv + index * count (checked in runtime/coll.c). */

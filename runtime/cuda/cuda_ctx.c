@@ -44,8 +44,7 @@ int pmap_cuda_device_count(void) {
 }
 
 const char *pmap_cuda_unavailable_reason(void) {
-  if (count_error == cudaSuccess)
-    return "cudaGetDeviceCount found no GPU";
+  if (count_error == cudaSuccess) return "cudaGetDeviceCount found no GPU";
   snprintf(count_reason, sizeof count_reason, "cudaGetDeviceCount failed: %s (%s)",
            cudaGetErrorString(count_error), cudaGetErrorName(count_error));
   return count_reason;
@@ -195,7 +194,8 @@ static pmap_status read_switches(cuda_ctx *cc) {
     if (strcmp(w, "poll"))
       return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                       "pmap_ctx_create: environment variable PMAP_CUDA_WAIT=\"%s\" is neither "
-                      "block nor poll", w);
+                      "block nor poll",
+                      w);
     cc->wait_mode = CUDA_WAIT_POLL;
   }
   const char *mb = getenv("PMAP_CUDA_PINNED_MB");
@@ -207,7 +207,8 @@ static pmap_status read_switches(cuda_ctx *cc) {
     if (errno || *end || v < 0 || v > 4096)
       return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                       "pmap_ctx_create: environment variable PMAP_CUDA_PINNED_MB=\"%s\" is not "
-                      "an integer in [0, 4096]", mb);
+                      "an integer in [0, 4096]",
+                      mb);
   }
   cc->pinned_bytes = (size_t)v << 20;
   return PMAP_SUCCESS;
@@ -338,8 +339,8 @@ static pmap_status comms_create(pmap_ctx *ctx, cuda_ctx *cc) {
   ncclResult_t end = ncclGroupEnd();
   if (saved >= 0) (void)cudaSetDevice(saved);
   if (e != cudaSuccess) {
-    st = cuda_fail(NULL, CUDA_LIB_RUNTIME, (int)e, "cudaSetDevice(gpu) for an NCCL rank",
-                   __FILE__, __LINE__, __func__);
+    st = cuda_fail(NULL, CUDA_LIB_RUNTIME, (int)e, "cudaSetDevice(gpu) for an NCCL rank", __FILE__,
+                   __LINE__, __func__);
     comms_abandon(cc);
     return st;
   }

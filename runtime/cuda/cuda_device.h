@@ -32,28 +32,28 @@ extern "C" {
 /* Input staging of one slot (0 inputs, 1 labels): the device buffer a shard of host rows is
  * copied into. It grows, never shrinks. */
 typedef struct cuda_stage {
-  void *dev;  /* (cap bytes) */
+  void *dev; /* (cap bytes) */
   size_t cap;
 } cuda_stage;
 
 typedef struct cuda_device {
-  int index;             /* logical device, also its NCCL rank */
-  int gpu;               /* physical CUDA device */
-  cudaStream_t stream;   /* every kernel, copy and collective of this device, in order */
-  cublasHandle_t blas;   /* bound to `stream`, with its own workspace */
-  void *blas_ws;         /* (CUDA_BLAS_WORKSPACE_BYTES) */
-  ncclComm_t comm;       /* rank `index`; owned by the context (runtime/cuda/cuda_ctx.c) */
-  void *scratch;         /* (CUDA_SCRATCH_BYTES) */
-  float *work;           /* (work_cap floats) op workspace, e.g. batched im2col columns */
+  int index;           /* logical device, also its NCCL rank */
+  int gpu;             /* physical CUDA device */
+  cudaStream_t stream; /* every kernel, copy and collective of this device, in order */
+  cublasHandle_t blas; /* bound to `stream`, with its own workspace */
+  void *blas_ws;       /* (CUDA_BLAS_WORKSPACE_BYTES) */
+  ncclComm_t comm;     /* rank `index`; owned by the context (runtime/cuda/cuda_ctx.c) */
+  void *scratch;       /* (CUDA_SCRATCH_BYTES) */
+  float *work;         /* (work_cap floats) op workspace, e.g. batched im2col columns */
   size_t work_cap;
   cuda_stage stage[2];
-  cudaEvent_t done;      /* blocking-sync event: what a wait sleeps on (runtime/cuda/cuda_coll.c) */
+  cudaEvent_t done; /* blocking-sync event: what a wait sleeps on (runtime/cuda/cuda_coll.c) */
   /* Two pinned host buffers (of the context's pinned_bytes) that input rows pass through on
    * their way to `stage`, used in turns; ev[k] marks the end of the last copy out of buf[k]. */
   void *pinned[2];
   cudaEvent_t pinned_ev[2];
   int pinned_next;
-  void *down;            /* (CUDA_DOWN_BYTES) pinned */
+  void *down; /* (CUDA_DOWN_BYTES) pinned */
 } cuda_device;
 
 /* The backend state of a device of a CUDA context (dev->be). */
@@ -72,14 +72,14 @@ pmap_status cuda_fail(const cuda_device *cd, cuda_lib lib, int code, const char 
 
 /* The one generic check: evaluates expr once, compares it with the library's success value and
  * on failure records the error and runs on_fail (a return or a goto; never an exit). */
-#define CUDA_CHECK_GEN(cd, lib, ok, expr, text, on_fail)                                        \
-  do {                                                                                          \
-    int cuda_chk_e_ = (int)(expr);                                                              \
-    if (cuda_chk_e_ != (int)(ok)) {                                                             \
-      pmap_status cuda_chk_s_ =                                                                 \
-          cuda_fail((cd), (lib), cuda_chk_e_, (text), __FILE__, __LINE__, __func__);           \
-      on_fail;                                                                                  \
-    }                                                                                           \
+#define CUDA_CHECK_GEN(cd, lib, ok, expr, text, on_fail)                             \
+  do {                                                                               \
+    int cuda_chk_e_ = (int)(expr);                                                   \
+    if (cuda_chk_e_ != (int)(ok)) {                                                  \
+      pmap_status cuda_chk_s_ =                                                      \
+          cuda_fail((cd), (lib), cuda_chk_e_, (text), __FILE__, __LINE__, __func__); \
+      on_fail;                                                                       \
+    }                                                                                \
   } while (0)
 
 #define CUDA_CHECK(cd, expr) \
@@ -90,19 +90,26 @@ pmap_status cuda_fail(const cuda_device *cd, cuda_lib lib, int code, const char 
   CUDA_CHECK_GEN(cd, CUDA_LIB_NCCL, ncclSuccess, expr, #expr, return cuda_chk_s_)
 
 /* As above, storing the status in st and jumping to label for cleanup. */
-#define CUDA_CHECK_GOTO(cd, st, expr, label)                                              \
-  CUDA_CHECK_GEN(cd, CUDA_LIB_RUNTIME, cudaSuccess, expr, #expr,                          \
-                 { (st) = cuda_chk_s_; goto label; })
-#define CUBLAS_CHECK_GOTO(cd, st, expr, label)                                            \
-  CUDA_CHECK_GEN(cd, CUDA_LIB_CUBLAS, CUBLAS_STATUS_SUCCESS, expr, #expr,                 \
-                 { (st) = cuda_chk_s_; goto label; })
-#define NCCL_CHECK_GOTO(cd, st, expr, label)                                              \
-  CUDA_CHECK_GEN(cd, CUDA_LIB_NCCL, ncclSuccess, expr, #expr, { (st) = cuda_chk_s_; goto label; })
+#define CUDA_CHECK_GOTO(cd, st, expr, label)                       \
+  CUDA_CHECK_GEN(cd, CUDA_LIB_RUNTIME, cudaSuccess, expr, #expr, { \
+    (st) = cuda_chk_s_;                                            \
+    goto label;                                                    \
+  })
+#define CUBLAS_CHECK_GOTO(cd, st, expr, label)                              \
+  CUDA_CHECK_GEN(cd, CUDA_LIB_CUBLAS, CUBLAS_STATUS_SUCCESS, expr, #expr, { \
+    (st) = cuda_chk_s_;                                                     \
+    goto label;                                                             \
+  })
+#define NCCL_CHECK_GOTO(cd, st, expr, label)                    \
+  CUDA_CHECK_GEN(cd, CUDA_LIB_NCCL, ncclSuccess, expr, #expr, { \
+    (st) = cuda_chk_s_;                                         \
+    goto label;                                                 \
+  })
 
 /* After a kernel launch: a bad configuration or an earlier asynchronous fault shows here. */
-#define CUDA_CHECK_LAUNCH(cd, kernel_name)                                                \
-  CUDA_CHECK_GEN(cd, CUDA_LIB_RUNTIME, cudaSuccess, cudaGetLastError(),                   \
-                 "launch of " kernel_name, return cuda_chk_s_)
+#define CUDA_CHECK_LAUNCH(cd, kernel_name)                                                        \
+  CUDA_CHECK_GEN(cd, CUDA_LIB_RUNTIME, cudaSuccess, cudaGetLastError(), "launch of " kernel_name, \
+                 return cuda_chk_s_)
 
 #ifdef __cplusplus
 }

@@ -30,8 +30,10 @@ pmap_status dist_env_mode(const pmap_config *cfg, pmap_dist_mode *out) {
                     (int)cfg->dist);
   const char *e = getenv("PMAP_DIST");
   if (!e || !*e || !strcmp(e, "auto")) return PMAP_SUCCESS;
-  if (!strcmp(e, "none")) *out = PMAP_DIST_NONE;
-  else if (!strcmp(e, "mpi")) *out = PMAP_DIST_MPI;
+  if (!strcmp(e, "none"))
+    *out = PMAP_DIST_NONE;
+  else if (!strcmp(e, "mpi"))
+    *out = PMAP_DIST_MPI;
   else
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "environment variable PMAP_DIST=\"%s\" is none of auto, none, mpi", e);

@@ -78,7 +78,8 @@ static pmap_status set_broken(pmap_dist *d, pmap_status s, const char *msg) {
 
 static pmap_status check_broken(const pmap_dist *d) {
   if (!d->broken) return PMAP_SUCCESS;
-  return PMAP_ERR(d->broken, "process %d: an earlier inter-process exchange failed, so the "
+  return PMAP_ERR(d->broken,
+                  "process %d: an earlier inter-process exchange failed, so the "
                   "processes are out of step (destroy the context and end the job): %s",
                   d->rank, d->broken_msg);
 }
@@ -184,12 +185,13 @@ static pmap_status agree(pmap_dist *d, dist_op op, size_t count, int root) {
                                 d->rank);
   for (int r = 0; r < p && len < sizeof msg; r++) {
     describe_desc(d->desc_in + 4 * (size_t)r, what, sizeof what);
-    len += (size_t)snprintf(msg + len, sizeof msg - len, "%s process %d: %s", r ? ";" : "", r,
-                            what);
+    len +=
+        (size_t)snprintf(msg + len, sizeof msg - len, "%s process %d: %s", r ? ";" : "", r, what);
   }
   /* The sequence numbers differ when one process skipped a collective: out of step for good. */
   for (int r = 0; r < p; r++)
-    if (d->desc_in[4 * (size_t)r] != d->desc_in[0]) return set_broken(d, PMAP_ERR_INVALID_ARGUMENT, msg);
+    if (d->desc_in[4 * (size_t)r] != d->desc_in[0])
+      return set_broken(d, PMAP_ERR_INVALID_ARGUMENT, msg);
   return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s", msg);
 }
 
@@ -197,8 +199,10 @@ static pmap_status grow(pmap_dist *d, float **buf, size_t *cap, size_t floats) {
   if (floats <= *cap) return PMAP_SUCCESS;
   float *b = realloc(*buf, floats * sizeof *b);
   if (!b)
-    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "process %d: out of memory for %zu floats of an "
-                    "inter-process exchange", d->rank, floats);
+    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY,
+                    "process %d: out of memory for %zu floats of an "
+                    "inter-process exchange",
+                    d->rank, floats);
   *buf = b;
   *cap = floats;
   return PMAP_SUCCESS;
@@ -215,8 +219,7 @@ static pmap_status finish(pmap_dist *d, int rc, MPI_Request *req, dist_op op, si
   snprintf(msg, sizeof msg,
            "process %d of %d: inter-process %s of %zu floats (#%llu) did not complete within "
            "%.3f s (every process arrived; one stalled or died during the transfer)",
-           d->rank, d->size, what, count, (unsigned long long)d->seq,
-           (double)d->timeout_ns * 1e-9);
+           d->rank, d->size, what, count, (unsigned long long)d->seq, (double)d->timeout_ns * 1e-9);
   return set_broken(d, PMAP_ERR_TIMEOUT, msg);
 }
 
@@ -235,8 +238,8 @@ pmap_status dist_all_reduce(pmap_dist *d, float *buf, size_t count, dist_op op) 
   PMAP_TRY(grow(d, &d->rbuf, &d->rcap, count * (size_t)d->size));
   memcpy(d->sbuf, buf, count * sizeof *buf);
   MPI_Request req = MPI_REQUEST_NULL;
-  int rc = MPI_Iallgather(d->sbuf, (int)count, MPI_FLOAT, d->rbuf, (int)count, MPI_FLOAT, d->comm,
-                          &req);
+  int rc =
+      MPI_Iallgather(d->sbuf, (int)count, MPI_FLOAT, d->rbuf, (int)count, MPI_FLOAT, d->comm, &req);
   PMAP_TRY(finish(d, rc, &req, op, count));
   /* Process order, element by element: the same additions on every process. */
   memcpy(buf, d->rbuf, count * sizeof *buf);
@@ -272,8 +275,8 @@ pmap_status dist_all_gather(pmap_dist *d, const float *send, size_t count, const
   PMAP_TRY(grow(d, &d->rbuf, &d->rcap, count * (size_t)d->size));
   memcpy(d->sbuf, send, count * sizeof *send);
   MPI_Request req = MPI_REQUEST_NULL;
-  int rc = MPI_Iallgather(d->sbuf, (int)count, MPI_FLOAT, d->rbuf, (int)count, MPI_FLOAT, d->comm,
-                          &req);
+  int rc =
+      MPI_Iallgather(d->sbuf, (int)count, MPI_FLOAT, d->rbuf, (int)count, MPI_FLOAT, d->comm, &req);
   PMAP_TRY(finish(d, rc, &req, DIST_ALL_GATHER, count));
   *out = d->rbuf;
   return PMAP_SUCCESS;
@@ -362,8 +365,10 @@ static pmap_status check_layout(pmap_dist *d, pmap_backend kind, int local_devic
   pmap_status st = PMAP_SUCCESS;
   if (rc == MPI_SUCCESS && wait_reqs(d, 1, &req, &rc) > 0) {
     char msg[256];
-    snprintf(msg, sizeof msg, "pmap_ctx_create: process %d of %d: not every process created its "
-             "context within %.3f s", d->rank, p, (double)d->timeout_ns * 1e-9);
+    snprintf(msg, sizeof msg,
+             "pmap_ctx_create: process %d of %d: not every process created its "
+             "context within %.3f s",
+             d->rank, p, (double)d->timeout_ns * 1e-9);
     st = set_broken(d, PMAP_ERR_TIMEOUT, msg);
     return st; /* `all` stays: MPI may still write into it */
   }
@@ -402,9 +407,10 @@ pmap_status dist_open(const pmap_config *cfg, pmap_backend kind, int local_devic
     int w = wait_reqs(d, 1, &req, &rc);
     if (w > 0) {
       char msg[256];
-      snprintf(msg, sizeof msg, "pmap_ctx_create: process %d: not every process of the "
-               "communicator created its context within %.3f s", d->rank,
-               (double)timeout_ns * 1e-9);
+      snprintf(msg, sizeof msg,
+               "pmap_ctx_create: process %d: not every process of the "
+               "communicator created its context within %.3f s",
+               d->rank, (double)timeout_ns * 1e-9);
       return set_broken(d, PMAP_ERR_TIMEOUT, msg); /* d stays: MPI may still write into it */
     }
   }

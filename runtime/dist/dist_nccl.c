@@ -55,6 +55,6 @@ pmap_status dist_nccl_init_comms(pmap_dist *d, int proc, int nproc, int local_de
   return PMAP_ERR(PMAP_ERR_DEVICE,
                   "process %d: ncclCommInitRank of %d local devices (ranks %d..%d of %d) failed: "
                   "%s",
-                  proc, local_devices, proc * local_devices, (proc + 1) * local_devices - 1,
-                  global, ncclGetErrorString(r));
+                  proc, local_devices, proc * local_devices, (proc + 1) * local_devices - 1, global,
+                  ncclGetErrorString(r));
 }

@@ -62,7 +62,8 @@ static inline int gpu_test_devices(int dflt) {
 static inline pmap_status gpu_ctx(int n, int gpus, double timeout_s, pmap_ctx **out) {
   int ids[PMAP_MAX_DEVICES];
   for (int i = 0; i < n; i++) ids[i] = i % gpus;
-  pmap_config cfg = {.backend = PMAP_BACKEND_CUDA, .num_devices = n, .device_ids = ids, .timeout_s = timeout_s};
+  pmap_config cfg = {
+      .backend = PMAP_BACKEND_CUDA, .num_devices = n, .device_ids = ids, .timeout_s = timeout_s};
   *out = NULL;
   pmap_status st = pmap_ctx_create(&cfg, out);
   const char *asked = getenv("PMAP_GPU_TEST_DEVICES");

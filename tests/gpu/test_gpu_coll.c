@@ -20,8 +20,8 @@ typedef struct coll_arg {
 static float value(int d, size_t i) { return (float)((d + 1) * (int)(i % 251 + 1)); }
 
 /* Elements of got (n) further than tol * |want| from want (n); prints the first of them. */
-static long count_wrong(const char *what, int d, size_t count, const float *got,
-                        const float *want, size_t n, double tol) {
+static long count_wrong(const char *what, int d, size_t count, const float *got, const float *want,
+                        size_t n, double tol) {
   long wrong = 0;
   for (size_t i = 0; i < n; i++) {
     double diff = fabs((double)got[i] - (double)want[i]);
@@ -65,8 +65,8 @@ static pmap_status check_size(pmap_device *dev, size_t count, float *h, float *w
       }
       static const char *names[] = {"psum", "pmean", "pmax"};
       int pow2 = (n & (n - 1)) == 0;
-      *wrong += count_wrong(names[op], d, count, h + count, want, count,
-                           op == 1 && !pow2 ? 1e-6 : 0.0);
+      *wrong +=
+          count_wrong(names[op], d, count, h + count, want, count, op == 1 && !pow2 ? 1e-6 : 0.0);
     }
   if (st) goto out;
 
@@ -80,7 +80,7 @@ static pmap_status check_size(pmap_device *dev, size_t count, float *h, float *w
     for (int k = 0; k < n; k++)
       for (size_t i = 0; i < count; i++) want[(size_t)k * count + i] = value(k, i);
     *wrong += count_wrong(in_place ? "all_gather in place" : "all_gather", d, count, want + big,
-                         want, big, 0.0);
+                          want, big, 0.0);
   }
   /* broadcast from every root, in place on even roots. */
   for (int root = 0; root < n && !st; root++) {

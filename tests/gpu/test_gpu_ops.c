@@ -85,8 +85,8 @@ static void window(const float *full, int64_t m, int64_t n, int64_t ld, float *o
 }
 
 static void test_gemm(env *e) {
-  static const int64_t shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {33, 64, 100}, {128, 256, 64},
-                                      {3, 517, 300}};
+  static const int64_t shapes[][3] = {
+      {1, 1, 1}, {7, 13, 5}, {33, 64, 100}, {128, 256, 64}, {3, 517, 300}};
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
     for (int ta = 0; ta < 2; ta++)
       for (int tb = 0; tb < 2; tb++)
@@ -109,8 +109,8 @@ static void test_gemm(env *e) {
           window(got, m, n, ldc, gw);
           window(c.h, m, n, ldc, rw);
           char what[96];
-          snprintf(what, sizeof what, "gemm m %lld n %lld k %lld ta %d tb %d beta %g",
-                   (long long)m, (long long)n, (long long)k, ta, tb, (double)beta);
+          snprintf(what, sizeof what, "gemm m %lld n %lld k %lld ta %d tb %d beta %g", (long long)m,
+                   (long long)n, (long long)k, ta, tb, (double)beta);
           test_close_f(what, gw, rw, (size_t)(m * n), e->tol_gemm);
           /* The padding column past n of each row of c is not c's: it must keep its bits (NaN
            * on the device where c was poisoned). */
@@ -198,17 +198,17 @@ static void test_conv(env *e) {
       CHECK_OK(e->dev->ops->conv2d_forward(e->dev, s, bd, x.d, w.d, y.d, col.d));
       compare(e, what, &y, e->tol_gemm);
       buf dy = rnd(e, ny, -1.0f, 1.0f), dw = rnd(e, w.n, -1.0f, 1.0f), dx = poisoned(e, nx);
-      CHECK_OK(pmap_cpu_ops.conv2d_backward(e->dev, s, bd, x.h, w.h, dy.h, dx.h, dw.h, col.h,
-                                            dcol.h));
-      CHECK_OK(e->dev->ops->conv2d_backward(e->dev, s, bd, x.d, w.d, dy.d, dx.d, dw.d, col.d,
-                                            dcol.d));
+      CHECK_OK(
+          pmap_cpu_ops.conv2d_backward(e->dev, s, bd, x.h, w.h, dy.h, dx.h, dw.h, col.h, dcol.h));
+      CHECK_OK(
+          e->dev->ops->conv2d_backward(e->dev, s, bd, x.d, w.d, dy.d, dx.d, dw.d, col.d, dcol.d));
       compare(e, "conv2d_backward dw", &dw, e->tol_gemm);
       compare(e, "conv2d_backward dx", &dx, e->tol_gemm);
       /* Without dx (the first layer): dw accumulates once more, nothing else is written. */
-      CHECK_OK(pmap_cpu_ops.conv2d_backward(e->dev, s, bd, x.h, w.h, dy.h, NULL, dw.h, col.h,
-                                            dcol.h));
-      CHECK_OK(e->dev->ops->conv2d_backward(e->dev, s, bd, x.d, w.d, dy.d, NULL, dw.d, col.d,
-                                            dcol.d));
+      CHECK_OK(
+          pmap_cpu_ops.conv2d_backward(e->dev, s, bd, x.h, w.h, dy.h, NULL, dw.h, col.h, dcol.h));
+      CHECK_OK(
+          e->dev->ops->conv2d_backward(e->dev, s, bd, x.d, w.d, dy.d, NULL, dw.d, col.d, dcol.d));
       compare(e, "conv2d_backward dw (no dx)", &dw, e->tol_gemm);
       buf *all[] = {&x, &w, &y, &col, &dcol, &dy, &dw, &dx};
       for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) buf_free(e, all[k]);
@@ -258,8 +258,10 @@ static void test_optimizers(env *e) {
   for (int variant = 0; variant < 4; variant++) {
     /* plain, momentum, Nesterov, Nesterov with weight decay */
     int with_momentum = variant > 0;
-    pmap_step_hyper h = {.lr = 0.01f, .momentum = with_momentum ? 0.9f : 0.0f,
-                         .nesterov = variant >= 2, .weight_decay = variant == 3 ? 0.01f : 0.0f};
+    pmap_step_hyper h = {.lr = 0.01f,
+                         .momentum = with_momentum ? 0.9f : 0.0f,
+                         .nesterov = variant >= 2,
+                         .weight_decay = variant == 3 ? 0.01f : 0.0f};
     buf w = rnd(e, n, -1.0f, 1.0f), g = rnd(e, n, -1.0f, 1.0f), v = rnd(e, n, -1.0f, 1.0f);
     CHECK_OK(pmap_cpu_ops.sgd_step(e->dev, w.h, g.h, with_momentum ? v.h : NULL, n, &h));
     CHECK_OK(e->dev->ops->sgd_step(e->dev, w.d, g.d, with_momentum ? v.d : NULL, n, &h));
@@ -274,8 +276,13 @@ static void test_optimizers(env *e) {
   float bc1 = 1.0f - 0.9f * 0.9f * 0.9f, bc2 = 1.0f - 0.999f * 0.999f * 0.999f;
   for (int step = 0; step < 4; step++) {
     /* Adam, then AdamW (decoupled weight decay) */
-    pmap_step_hyper h = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .bc1 = bc1,
-                         .bc2 = bc2, .weight_decay = step >= 2 ? 0.01f : 0.0f};
+    pmap_step_hyper h = {.lr = 1e-3f,
+                         .beta1 = 0.9f,
+                         .beta2 = 0.999f,
+                         .eps = 1e-8f,
+                         .bc1 = bc1,
+                         .bc2 = bc2,
+                         .weight_decay = step >= 2 ? 0.01f : 0.0f};
     CHECK_OK(pmap_cpu_ops.adam_step(e->dev, w.h, g.h, m.h, v.h, n, &h));
     CHECK_OK(e->dev->ops->adam_step(e->dev, w.d, g.d, m.d, v.d, n, &h));
   }
@@ -351,10 +358,10 @@ static void test_layernorm(env *e) {
     upload(e, &st);
     buf dy = rnd(e, n, -1.0f, 1.0f), dx = poisoned(e, n), dg = rnd(e, (size_t)f, -1.0f, 1.0f),
         db = rnd(e, (size_t)f, -1.0f, 1.0f);
-    CHECK_OK(pmap_cpu_ops.layernorm_backward(e->dev, x.h, g.h, st.h, dy.h, rows, f, dx.h, dg.h,
-                                             db.h));
-    CHECK_OK(e->dev->ops->layernorm_backward(e->dev, x.d, g.d, st.d, dy.d, rows, f, dx.d, dg.d,
-                                             db.d));
+    CHECK_OK(
+        pmap_cpu_ops.layernorm_backward(e->dev, x.h, g.h, st.h, dy.h, rows, f, dx.h, dg.h, db.h));
+    CHECK_OK(
+        e->dev->ops->layernorm_backward(e->dev, x.d, g.d, st.d, dy.d, rows, f, dx.d, dg.d, db.d));
     compare(e, "layernorm dx", &dx, 1e-5);
     compare(e, "layernorm dgamma (accumulated)", &dg, 1e-5);
     compare(e, "layernorm dbeta (accumulated)", &db, 1e-5);
@@ -429,10 +436,10 @@ static void test_batchnorm(env *e) {
                                      1e-5f, 0.9f, 0, yi.d));
     compare(e, "bn_forward inference", &yi, 1e-5);
     buf dy = rnd(e, n, -1.0f, 1.0f), sums = poisoned(e, 2 * C), dx = poisoned(e, n);
-    CHECK_OK(pmap_cpu_ops.bn_backward_sums(e->dev, x.h, dy.h, st.h, outer, c, inner, 1e-5f,
-                                           sums.h));
-    CHECK_OK(e->dev->ops->bn_backward_sums(e->dev, x.d, dy.d, st.d, outer, c, inner, 1e-5f,
-                                           sums.d));
+    CHECK_OK(
+        pmap_cpu_ops.bn_backward_sums(e->dev, x.h, dy.h, st.h, outer, c, inner, 1e-5f, sums.h));
+    CHECK_OK(
+        e->dev->ops->bn_backward_sums(e->dev, x.d, dy.d, st.d, outer, c, inner, 1e-5f, sums.d));
     compare(e, "bn_backward_sums", &sums, 1e-5);
     upload(e, &sums);
     CHECK_OK(pmap_cpu_ops.bn_backward_dx(e->dev, x.h, dy.h, st.h, g.h, sums.h, outer, c, inner,

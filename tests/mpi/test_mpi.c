@@ -22,7 +22,10 @@
 static int P = 1, RANK = 0;
 
 static pmap_status dist_ctx(int devices, double timeout_s, pmap_ctx **out) {
-  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = devices, .timeout_s = timeout_s, .dist = PMAP_DIST_MPI};
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU,
+                     .num_devices = devices,
+                     .timeout_s = timeout_s,
+                     .dist = PMAP_DIST_MPI};
   return pmap_ctx_create(&cfg, out);
 }
 
@@ -48,8 +51,8 @@ static long count_wrong(const float *got, const double *want, size_t n, const ch
   for (size_t i = 0; i < n; i++)
     if ((double)got[i] != want[i]) {
       if (!wrong)
-        fprintf(stderr, "FAIL process %d device %d: %s: element %zu is %.9g, want %.9g\n", RANK,
-                g, what, i, (double)got[i], want[i]);
+        fprintf(stderr, "FAIL process %d device %d: %s: element %zu is %.9g, want %.9g\n", RANK, g,
+                what, i, (double)got[i], want[i]);
       wrong++;
     }
   return wrong;
@@ -175,7 +178,10 @@ static pmap_array rows_of(const pmap_array *a, int64_t first, int64_t n) {
 /* Trains `model` for STEPS steps on a context of `devices` local devices (distributed when
  * dist) and returns the parameters of this process's first device and the losses. */
 static float *train(const char *model, int64_t batch, int devices, int dist, float *losses) {
-  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = devices, .timeout_s = 60.0, .dist = dist ? PMAP_DIST_MPI : PMAP_DIST_NONE};
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU,
+                     .num_devices = devices,
+                     .timeout_s = 60.0,
+                     .dist = dist ? PMAP_DIST_MPI : PMAP_DIST_NONE};
   pmap_ctx *ctx = NULL;
   pmap_params *params = NULL;
   pmap_model *m = NULL;
@@ -273,8 +279,7 @@ static void mode_train(int d) {
   static const struct {
     const char *name;
     int64_t batch;
-  } models[] = {{"linear", 24}, {"mlp", 24}, {"convnet", 24}, {"cifar-cnn", 12},
-                {"mlp-1024", 12}};
+  } models[] = {{"linear", 24}, {"mlp", 24}, {"convnet", 24}, {"cifar-cnn", 12}, {"mlp-1024", 12}};
   for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
     const char *name = models[i].name;
     int64_t batch = models[i].batch;
@@ -297,14 +302,15 @@ static void mode_train(int d) {
           double e = fabs((double)dl[s] - l1[s]) / fmax(fabs((double)l1[s]), 1e-30);
           le = e > le ? e : le;
         }
-        CHECK(eg <= 1e-5, "%s: %d x %d devices vs one process of %d: relative error %.3g", name,
-              P, d, P * d, eg);
+        CHECK(eg <= 1e-5, "%s: %d x %d devices vs one process of %d: relative error %.3g", name, P,
+              d, P * d, eg);
         CHECK(e1 <= 1e-5, "%s: %d x %d devices vs 1 device: relative error %.3g", name, P, d, e1);
         /* A step's loss is one mean over the batch, summed in another order per layout. */
         CHECK(le <= 1e-4, "%s: losses differ from 1 device's by up to %.3g", name, le);
-        printf("%-9s %d x %d devices: vs %d devices %.2e, vs 1 device %.2e, losses %.2e "
-               "(%.2f s)\n",
-               name, P, d, P * d, eg, e1, le, now_s() - t0);
+        printf(
+            "%-9s %d x %d devices: vs %d devices %.2e, vs 1 device %.2e, losses %.2e "
+            "(%.2f s)\n",
+            name, P, d, P * d, eg, e1, le, now_s() - t0);
       }
       free(wg);
       free(w1);
@@ -442,11 +448,16 @@ int main(int argc, char **argv) {
   P = pmap_ctx_num_processes(probe);
   RANK = pmap_ctx_process_index(probe);
   pmap_ctx_destroy(probe);
-  if (!strcmp(argv[1], "coll")) mode_coll(d);
-  else if (!strcmp(argv[1], "train")) mode_train(d);
-  else if (!strcmp(argv[1], "layout")) mode_layout(d);
-  else if (!strcmp(argv[1], "stall")) mode_fail(d, 0);
-  else if (!strcmp(argv[1], "die")) mode_fail(d, 1);
+  if (!strcmp(argv[1], "coll"))
+    mode_coll(d);
+  else if (!strcmp(argv[1], "train"))
+    mode_train(d);
+  else if (!strcmp(argv[1], "layout"))
+    mode_layout(d);
+  else if (!strcmp(argv[1], "stall"))
+    mode_fail(d, 0);
+  else if (!strcmp(argv[1], "die"))
+    mode_fail(d, 1);
   else {
     fprintf(stderr, "unknown mode %s\n", argv[1]);
     return 2;
