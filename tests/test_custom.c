@@ -2,6 +2,8 @@
  * hand-written gradient against central finite differences of a float64 loss, N devices equal
  * one device, micro-batches and uneven batches through a custom function, the numeric guard on
  * its output, and the errors of the custom path. CPU backend. */
+#include <stdatomic.h>
+
 #include "../examples/tanh_net.h"
 #include "testutil.h"
 
@@ -135,8 +137,8 @@ static void test_devices(void) {
 }
 
 static pmap_status nan_grad(const pmap_grad_args *a, void *user) {
-  int *calls = user;
-  ++*calls;
+  _Atomic int *calls = user; /* every device's thread counts itself */
+  atomic_fetch_add(calls, 1);
   *a->loss = pmap_axis_index(a->dev) == 1 ? NAN : 1.0f;
   for (size_t i = 0; i < a->num_params; i++) a->grads[i] += 0.5f;
   return PMAP_SUCCESS;
@@ -152,7 +154,7 @@ static void test_errors_and_guard(void) {
   pmap_ctx *ctx = NULL;
   CHECK_OK(pmap_ctx_create(&cfg, &ctx));
   float init[4] = {1, 2, 3, 4}, after[4], x[6] = {0}, y[6] = {0};
-  int calls = 0;
+  _Atomic int calls = 0;
   pmap_optimizer sgd = pmap_sgd(0.1f, 0.0f);
   pmap_params *p = NULL;
   CHECK_FAILS(pmap_params_create_custom(ctx, 0, init, nan_grad, &calls, &sgd, &p),
@@ -163,7 +165,7 @@ static void test_errors_and_guard(void) {
   int64_t shape[2] = {6, 1}, bad[2] = {5, 1};
   pmap_array xs = pmap_array_f32(x, 2, shape), ys = pmap_array_f32(y, 2, shape);
   CHECK_FAILS(pmap_update(p, &xs, &ys, NULL), PMAP_ERR_NUMERIC, "device 1 ");
-  CHECK(calls == 3, "the function ran %d times for 3 devices", calls);
+  CHECK(atomic_load(&calls) == 3, "the function ran %d times for 3 devices", atomic_load(&calls));
   CHECK_OK(pmap_params_read(p, 2, after, 4));
   test_same_bits("custom params after a skipped step", after, init, 4);
   pmap_array ys_bad = pmap_array_f32(y, 2, bad);
