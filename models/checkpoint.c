@@ -179,8 +179,17 @@ static void put_model(wbuf *b, const pmap_model *m) {
 }
 #define MODEL_HEAD_BYTES 48u
 
-static uint32_t opt_code(pmap_optimizer_kind k) { return k == PMAP_OPT_ADAM ? 2u : 1u; }
+/* The file's optimizer codes: 1 SGD, 2 Adam, 3 AdamW (a switch over every kind, no default). */
+static uint32_t opt_code(pmap_optimizer_kind k) {
+  switch (k) {
+  case PMAP_OPT_SGD: return 1u;
+  case PMAP_OPT_ADAM: return 2u;
+  case PMAP_OPT_ADAMW: return 3u;
+  }
+  return 0u;
+}
 static const char *opt_name(uint32_t code, uint32_t slots) {
+  if (code == 3) return "AdamW";
   if (code == 2) return "Adam";
   if (code == 1) return slots ? "SGD with momentum" : "SGD without momentum";
   return "an unknown optimizer";
