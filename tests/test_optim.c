@@ -2,6 +2,8 @@
  * learning-rate schedules step by step against a float64 reference through pmap_update; the
  * validation of their settings; micro-batches and uneven global batches on the example models
  * against the unsplit step and one device. CPU backend. */
+#include <unistd.h>
+
 #include "pmap_examples.h"
 #include "testutil.h"
 
@@ -269,7 +271,43 @@ static void test_micro_and_uneven(void) {
   pmap_ctx_destroy(ctx);
 }
 
+/* AdamW state round-trips through a checkpoint, and is not taken for Adam's or SGD's. */
+static void test_adamw_checkpoint(void) {
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 2};
+  pmap_ctx *ctx = NULL;
+  pmap_params *a = NULL, *b = NULL, *c = NULL;
+  float init[P], wa[P], wb[P], dummy[12] = {0};
+  uint64_t s = 5;
+  test_fill(init, P, &s, -1.0f, 1.0f);
+  pmap_optimizer adamw = pmap_adamw(0.05f, 0.1f), adam = pmap_adam(0.05f);
+  char path[] = "/tmp/pmap-test-adamw-XXXXXX";
+  int fd = mkstemp(path);
+  CHECK(fd >= 0, "mkstemp");
+  if (fd >= 0) close(fd);
+  CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+  CHECK_OK(pmap_params_create_custom(ctx, P, init, quad_grad, NULL, &adamw, &a));
+  CHECK_OK(pmap_params_create_custom(ctx, P, init, quad_grad, NULL, &adamw, &b));
+  CHECK_OK(pmap_params_create_custom(ctx, P, init, quad_grad, NULL, &adam, &c));
+  int64_t shape[1] = {12};
+  pmap_array xs = pmap_array_f32(dummy, 1, shape);
+  for (int i = 0; i < 3; i++) CHECK_OK(pmap_update(a, &xs, &xs, NULL));
+  CHECK_OK(pmap_params_save(a, path));
+  CHECK_FAILS(pmap_params_load(c, path), PMAP_ERR_INVALID_ARGUMENT, "AdamW");
+  CHECK_OK(pmap_params_load(b, path));
+  CHECK_OK(pmap_update(a, &xs, &xs, NULL));
+  CHECK_OK(pmap_update(b, &xs, &xs, NULL));
+  CHECK_OK(pmap_params_read(a, 1, wa, P));
+  CHECK_OK(pmap_params_read(b, 1, wb, P));
+  test_same_bits("AdamW: step 4 after a checkpoint at 3", wb, wa, P);
+  remove(path);
+  pmap_params_destroy(a);
+  pmap_params_destroy(b);
+  pmap_params_destroy(c);
+  pmap_ctx_destroy(ctx);
+}
+
 int main(void) {
+  test_adamw_checkpoint();
   test_optimizers();
   test_schedule_values();
   test_validation();
