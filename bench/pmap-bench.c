@@ -7,12 +7,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../examples/tanh_net.h"
 #include "bench.h"
 #include "pmap_examples.h"
 
 static const char *prog = "pmap-bench";
 
-#define ALL_MODELS "linear,mlp,convnet,mlp-1024,cifar-cnn,res-mlp,cifar-bn"
+#define ALL_MODELS "linear,mlp,convnet,mlp-1024,cifar-cnn,res-mlp,cifar-bn,tanh-custom"
 /* Difference allowed between final losses that differ only in summation order (see rel_diff). */
 #define LOSS_TOL 1e-3
 
@@ -86,6 +87,54 @@ static int step(setup *s, float *loss) {
 }
 
 /* Creates everything for one row, times step 0 and runs the warm-up. */
+/* "tanh-custom": the hand-written two-layer tanh network of examples/tanh_net.h trained through
+ * pmap_params_create_custom on mlp's data, so that the runtime around a user's gradient function
+ * is timed like the built-in models. Its builder twin (dense 64, tanh, dense 1) gives the
+ * parameter count, the FLOPs and the initial parameters (drawn from the seed as for the others). */
+#define CUSTOM_MODEL "tanh-custom"
+static const tanh_net custom_net = {10, 64, 1};
+
+static int is_custom(const char *name) { return !strcmp(name, CUSTOM_MODEL); }
+static const char *data_name(const char *name) { return is_custom(name) ? "mlp" : name; }
+
+static pmap_status model_info(const char *name, pmap_example_info *info) {
+  if (!is_custom(name)) return pmap_example_info_get(name, info);
+  pmap_status st = pmap_example_info_get("mlp", info);
+  if (!st) info->name = CUSTOM_MODEL;
+  return st;
+}
+
+static pmap_status model_build(const char *name, pmap_model **out) {
+  if (!is_custom(name)) return pmap_example_model(name, out);
+  int64_t in[1] = {custom_net.f};
+  pmap_model *m = NULL;
+  pmap_status st = pmap_model_create(1, in, &m);
+  if (!st) st = pmap_model_add_dense(m, custom_net.h);
+  if (!st) st = pmap_model_add_tanh(m);
+  if (!st) st = pmap_model_add_dense(m, custom_net.k);
+  if (st) pmap_model_destroy(m);
+  *out = st ? NULL : m;
+  return st;
+}
+
+/* Params of model on ctx: the built-in path, or for tanh-custom the user-function path started
+ * from the builder twin's initial parameters. */
+static pmap_status params_make(pmap_ctx *ctx, const char *name, const pmap_model *model,
+                               const pmap_optimizer *opt, uint64_t seed, pmap_params **out) {
+  if (!is_custom(name)) return pmap_params_create(ctx, model, opt, seed, out);
+  pmap_params *twin = NULL;
+  size_t P = pmap_model_num_params(model);
+  float *init = malloc(P * sizeof *init);
+  pmap_status st = init ? pmap_params_create(ctx, model, opt, seed, &twin) : PMAP_ERR_OUT_OF_MEMORY;
+  if (!st)
+    st = pmap_params_read(twin, pmap_ctx_process_index(ctx) * pmap_ctx_num_devices(ctx), init, P);
+  pmap_params_destroy(twin);
+  if (!st)
+    st = pmap_params_create_custom(ctx, P, init, tanh_net_grad, (void *)&custom_net, opt, out);
+  free(init);
+  return st;
+}
+
 static int setup_open(setup *s, const char *name, const pmap_model *model,
                       const pmap_optimizer *opt, const opts *o, pmap_backend backend, int devices,
                       int64_t bd, int64_t warmup, int cap, bench_row *r) {
@@ -108,9 +157,9 @@ static int setup_open(setup *s, const char *name, const pmap_model *model,
   int procs = pmap_ctx_num_processes(s->ctx);
   r->devices = devices * procs;
   r->global_batch = bd * devices * procs;
-  if (pmap_params_create(s->ctx, model, opt, o->seed, &s->params))
+  if (params_make(s->ctx, name, model, opt, o->seed, &s->params))
     return fail("cannot create the parameters");
-  if (pmap_example_data(name, o->seed + 1, bd * devices, &s->xs, &s->ys))
+  if (pmap_example_data(data_name(name), o->seed + 1, bd * devices, &s->xs, &s->ys))
     return fail("cannot make the data");
   double t0 = cli_now();
   if (step(s, &r->loss0)) return -1;
@@ -224,7 +273,7 @@ static int bench_model(const char *name, const opts *o, pmap_backend backend, co
                        bench_result *res) {
   pmap_example_info info;
   pmap_model *model = NULL;
-  if (pmap_example_info_get(name, &info)) return fail("--model");
+  if (model_info(name, &info)) return fail("--model");
   int heavy = !strcmp(name, "mlp-1024") || !strcmp(name, "cifar-cnn");
   memset(res, 0, sizeof *res);
   res->model = info.name;
@@ -251,13 +300,13 @@ static int bench_model(const char *name, const opts *o, pmap_backend backend, co
               (long long)res->batch, (long long)o->devs[i]);
       return -1;
     }
-  if (pmap_example_model(name, &model)) return fail("cannot build the model");
+  if (model_build(name, &model)) return fail("cannot build the model");
   res->params = pmap_model_num_params(model);
   res->fwd_macs = pmap_model_forward_macs(model);
   double flops_per_example = 6.0 * res->fwd_macs;
   if (o->dump) {
     pmap_array dx = {0}, dy = {0};
-    int rc = pmap_example_data(name, o->seed + 1, res->batch, &dx, &dy)
+    int rc = pmap_example_data(data_name(name), o->seed + 1, res->batch, &dx, &dy)
                  ? fail("cannot make the data")
                  : bench_dump(o->dump, name, model, &info.opt, o->seed, &dx, &dy);
     pmap_example_data_free(&dx, &dy);
@@ -294,7 +343,7 @@ static int bench_model(const char *name, const opts *o, pmap_backend backend, co
     topt = malloc(sizeof *topt * (size_t)cap);
     if (!th || !topt)
       code = fail("out of memory");
-    else if (pmap_example_data(name, o->seed + 1, res->batch, &hx, &hy))
+    else if (pmap_example_data(data_name(name), o->seed + 1, res->batch, &hx, &hy))
       code = fail("cannot make the data");
     else if (bench_loop_open(model, &info.opt, o->seed, &hx, &hy, &hand))
       code = -1;
@@ -424,7 +473,7 @@ int main(int argc, char **argv) {
       fprintf(stderr, "%s: --model: at most %d models\n", prog, CLI_MAX_LIST);
       return 1;
     }
-    if (pmap_example_info_get(tok, &info)) {
+    if (model_info(tok, &info)) {
       fail("--model");
       return 1;
     }
