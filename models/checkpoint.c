@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "atomic_file.h"
 #include "crc32c.h"
 #include "params.h"
 #include "runtime/backend.h"
@@ -304,79 +305,6 @@ static void host_state_free(pmap_params *p) {
   p->ckpt_w = p->ckpt_opt = NULL;
 }
 
-/* ------------------------------------------------------------------------------------------ */
-/* Atomic write                                                                                */
-
-static pmap_status write_all(int fd, const unsigned char *buf, size_t n) {
-  while (n) {
-    ssize_t w = write(fd, buf, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return PMAP_ERR_UNAVAILABLE;
-    buf += w;
-    n -= (size_t)w;
-  }
-  return PMAP_SUCCESS;
-}
-
-/* fsync of the folder holding path, so that the rename itself is durable. */
-static int sync_folder(const char *path) {
-  const char *slash = strrchr(path, '/');
-  char *dir = NULL;
-  if (!slash)
-    dir = strdup(".");
-  else if (slash == path)
-    dir = strdup("/");
-  else
-    dir = strndup(path, (size_t)(slash - path));
-  if (!dir) return -1;
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  free(dir);
-  if (fd < 0) return -1;
-  int rc = fsync(fd);
-  close(fd);
-  return rc;
-}
-
-static pmap_status write_atomic(const char *path, const unsigned char *buf, size_t n,
-                                const char *call) {
-  size_t len = strlen(path);
-  char *tmp = malloc(len + sizeof ".tmp.XXXXXX");
-  if (!tmp) return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "%s: out of memory", call);
-  memcpy(tmp, path, len);
-  memcpy(tmp + len, ".tmp.XXXXXX", sizeof ".tmp.XXXXXX");
-  int fd = mkostemp(tmp, O_CLOEXEC);
-  if (fd < 0) {
-    int e = errno;
-    pmap_status st = PMAP_ERR(PMAP_ERR_UNAVAILABLE,
-                              "%s: cannot create a temporary file beside "
-                              "\"%s\": %s",
-                              call, path, strerror(e));
-    free(tmp);
-    return st;
-  }
-  const char *what = "write";
-  int ok = fchmod(fd, 0644) == 0 || (what = "chmod", 0);
-  ok = ok && (write_all(fd, buf, n) == PMAP_SUCCESS || (what = "write", 0));
-  ok = ok && (fsync(fd) == 0 || (what = "fsync", 0));
-  int e = errno;
-  if (close(fd) != 0 && ok) ok = 0, what = "close", e = errno;
-  if (ok && rename(tmp, path) != 0) ok = 0, what = "rename", e = errno;
-  if (!ok) {
-    unlink(tmp);
-    pmap_status st = PMAP_ERR(PMAP_ERR_UNAVAILABLE, "%s: cannot %s \"%s\" (for \"%s\"): %s", call,
-                              what, tmp, path, strerror(e));
-    free(tmp);
-    return st;
-  }
-  free(tmp);
-  if (sync_folder(path) != 0)
-    return PMAP_ERR(PMAP_ERR_UNAVAILABLE,
-                    "%s: \"%s\" was written but its folder could not be "
-                    "synced: %s",
-                    call, path, strerror(errno));
-  return PMAP_SUCCESS;
-}
-
 pmap_status pmap_params_save_user(const pmap_params *cp, const char *path, const void *user,
                                   size_t user_bytes) {
   const char *call = "pmap_params_save";
@@ -399,7 +327,7 @@ pmap_status pmap_params_save_user(const pmap_params *cp, const char *path, const
                     call, p->n_params);
   }
   host_state_free(p);
-  if (st == PMAP_SUCCESS) st = write_atomic(path, b.p, b.n, call);
+  if (st == PMAP_SUCCESS) st = atomic_file_write(path, b.p, b.n, call);
   free(b.p);
   return st;
 }
