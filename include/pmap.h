@@ -372,9 +372,11 @@ PMAP_API int64_t pmap_params_step(const pmap_params *params); /* optimizer steps
  * device travels in the same all-reduce) for non-finite values. If any is non-finite, every
  * replica skips the optimizer step alike (parameters, optimizer state and step count unchanged,
  * *loss not written) and the call returns PMAP_ERR_NUMERIC naming the step and the devices
- * whose own loss or gradients were non-finite. NaN propagates through every op. With the guard
- * off, non-finite values go into the parameters. With opt.clip_norm > 0 the averaged gradient is
- * scaled to that global L2 norm when it exceeds it (the norm is computed in the guard's pass).
+ * whose own loss or gradients were non-finite (a gradient whose L2 norm exceeds FLT_MAX counts
+ * as non-finite). NaN propagates through every op. With the guard off, non-finite values go
+ * into the parameters. With opt.clip_norm > 0 the averaged gradient is scaled to that global L2
+ * norm when it exceeds it (the norm is computed in the guard's pass; the scale is applied
+ * however small).
  *
  * Returns PMAP_ERR_INVALID_ARGUMENT (NULL, B not divisible by N or zero, wrong rank, dtype or
  * extent, label out of range, a shape whose size overflows; called from inside a mapped
@@ -389,7 +391,10 @@ PMAP_API pmap_status pmap_update(pmap_params *params, const pmap_array *xs, cons
 /* Splits each device's rows into k micro-batches (1..65536; 1, the default, is one piece):
  * forward and backward run once per piece, the gradients accumulate, and the step still does
  * one all-reduce and one optimizer update, equal to the unsplit step up to rounding, while the
- * activation memory drops by k. A device with fewer than k rows takes one row per piece. */
+ * activation memory drops by k. A device with fewer than k rows takes one row per piece; for a
+ * model with collectives inside (batch norm across replicas) or a gradient function (which may
+ * call collectives), k is capped at the fewest rows of any device, so that every device runs
+ * as many pieces. */
 PMAP_API pmap_status pmap_params_set_micro_batches(pmap_params *params, int k);
 
 /* Sharded forward pass: out (B, output shape...) f32, written in batch order. xs as for

@@ -263,9 +263,9 @@ static pmap_status bn_two_pass(pmap_device *dev, const layer *l, const float *in
   int64_t c = l->channels;
   size_t sums = 2 * (size_t)c + 1;
   PMAP_TRY(ops->bn_stats(dev, in, bd, c, l->inner, NULL, a));
-  if (reduce) PMAP_TRY(backend_all_reduce(dev, a, a, sums, PMAP_RED_SUM));
+  if (reduce) PMAP_TRY(backend_all_reduce(dev, "batch norm's backward", a, a, sums, PMAP_RED_SUM));
   PMAP_TRY(ops->bn_stats(dev, in, bd, c, l->inner, a, b));
-  if (reduce) PMAP_TRY(backend_all_reduce(dev, b, b, sums, PMAP_RED_SUM));
+  if (reduce) PMAP_TRY(backend_all_reduce(dev, "batch norm's backward", b, b, sums, PMAP_RED_SUM));
   return PMAP_SUCCESS;
 }
 
@@ -302,7 +302,9 @@ static pmap_status batchnorm_backward(pmap_device *dev, const layer *l, replica 
   PMAP_TRY(ops->add(dev, r->g + l->w_off, sums + c, r->g + l->w_off, (size_t)c));
   PMAP_TRY(ops->add(dev, r->g + l->b_off, sums, r->g + l->b_off, (size_t)c));
   if (!dx) return PMAP_SUCCESS;
-  if (l->cross_replica) PMAP_TRY(backend_all_reduce(dev, sums, sums, 2 * (size_t)c, PMAP_RED_SUM));
+  if (l->cross_replica)
+    PMAP_TRY(backend_all_reduce(dev, "batch norm's statistics", sums, sums, 2 * (size_t)c,
+                                PMAP_RED_SUM));
   return ops->bn_backward_dx(dev, r->in[i], dy, stats, r->w + l->w_off, sums, bd, c, l->inner,
                              l->eps, dx);
 }

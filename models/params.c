@@ -28,7 +28,7 @@ static pmap_status create_job(pmap_device *dev, void *arg) {
     PMAP_TRY(dev->ops->fill(dev, r->opt, 0.0f, (size_t)p->opt_slots * P));
   }
   if (dev->index == 0) PMAP_TRY(backend_upload(dev, r->w, p->host_w, P * sizeof(float)));
-  PMAP_TRY(backend_broadcast(dev, r->w, r->w, P, 0));
+  PMAP_TRY(backend_broadcast(dev, "pmap_params_create's broadcast", r->w, r->w, P, 0));
   return backend_sync(dev);
 }
 
@@ -176,7 +176,16 @@ pmap_status pmap_params_create_custom(pmap_ctx *ctx, size_t num_params, const fl
 }
 
 size_t pmap_params_count(const pmap_params *p) { return p ? p->n_params : 0; }
-int64_t pmap_params_step(const pmap_params *p) { return p ? p->step : 0; }
+/* Under the context's lock, as every public call (a pmap_update may run on another thread);
+ * from inside one of its jobs no update can run, and the lock is not taken. */
+int64_t pmap_params_step(const pmap_params *p) {
+  if (!p) return 0;
+  if (pmap_ctx_in_job(p->ctx)) return p->step;
+  pthread_mutex_lock(&p->ctx->lock);
+  int64_t step = p->step;
+  pthread_mutex_unlock(&p->ctx->lock);
+  return step;
+}
 
 /* ------------------------------------------------------------------------------------------ */
 static pmap_status read_job(pmap_device *dev, void *arg) {

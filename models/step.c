@@ -208,11 +208,13 @@ static pmap_status drift(pmap_device *dev, replica *r) {
 /* After the all-reduce: the numeric guard and the clipping scale. Every replica holds the same
  * averaged [gradients | loss | flags] and reads the same norm, so every replica decides the
  * same. Returns the scale for the gradients, 0 to skip the step. */
-static pmap_status guard_and_clip(pmap_device *dev, pmap_params *p, replica *r, float *scale) {
+static pmap_status guard_and_clip(pmap_device *dev, pmap_params *p, replica *r, float *scale,
+                                  int *skip) {
   int n = dev->ctx->n;
   size_t P = p->n_params;
   float *h = p->guard_host + (size_t)dev->index * ((size_t)n + 2); /* loss, flags (n), norm */
   *scale = 1.0f;
+  *skip = 0;
   PMAP_TRY(dev->ops->norm2(dev, r->g, P, r->g + P + 1 + n));
   PMAP_TRY(backend_download(dev, h, r->g + P, ((size_t)n + 2) * sizeof *h));
   if (p->guard) {
@@ -220,12 +222,14 @@ static pmap_status guard_and_clip(pmap_device *dev, pmap_params *p, replica *r, 
     for (int i = 0; i < n + 2; i++) finite &= isfinite(h[i]) != 0;
     if (!finite) {
       if (dev->index == 0) p->numeric_bad = 1;
-      *scale = 0.0f;
+      *skip = 1;
       return PMAP_SUCCESS;
     }
   }
+  /* In double: clip / norm may underflow float (a tiny clip, a huge norm); the step still takes
+   * its (tiny, or with the guard off and an infinite norm, NaN-making) scale. */
   float clip = p->opt.clip_norm, norm = h[n + 1];
-  if (clip > 0.0f && norm > clip) *scale = clip / norm;
+  if (clip > 0.0f && !(norm <= clip)) *scale = (float)((double)clip / (double)norm);
   return PMAP_SUCCESS;
 }
 
@@ -272,10 +276,11 @@ static pmap_status device_grads(pmap_device *dev, pmap_params *p, replica *r) {
   int n = dev->ctx->n;
   int64_t lo = 0, rows = 0;
   params_device_rows(p->batch, n, dev->index, &lo, &rows);
-  /* Layers with collectives inside (cross-replica batch norm) need every device to run as many
-   * pieces: at most the fewest rows any device has. */
+  /* Layers with collectives inside (cross-replica batch norm), and a user's gradient function
+   * (which may call collectives), need every device to run as many pieces: at most the fewest
+   * rows any device has. */
   int64_t fewest = p->batch / n;
-  int64_t limit = !p->grad_fn && model_has_collectives(p->model) ? fewest : rows;
+  int64_t limit = p->grad_fn || model_has_collectives(p->model) ? fewest : rows;
   int64_t k = p->micro_batches < limit ? p->micro_batches : limit;
   double share = p->ctx->uneven ? (double)rows * n / (double)p->batch : 1.0;
   if (!p->grad_fn) PMAP_TRY(replica_reserve(dev, p->model, r, (rows + k - 1) / k));
@@ -302,10 +307,11 @@ static pmap_status update_job(pmap_device *dev, void *arg) {
   if (p->guard) PMAP_TRY(ops->norm2(dev, r->g, P + 1, r->g + P + 1 + dev->index));
   /* The one all-reduce of the step: gradients, the loss slot and the guard flags after them. */
   size_t reduced = P + 1 + (p->guard ? (size_t)n : 0);
-  PMAP_TRY(backend_all_reduce(dev, r->g, r->g, reduced, PMAP_RED_MEAN));
+  PMAP_TRY(backend_all_reduce(dev, "pmap_update's all-reduce", r->g, r->g, reduced, PMAP_RED_MEAN));
   float scale = 1.0f;
-  if (p->guard || p->opt.clip_norm > 0.0f) PMAP_TRY(guard_and_clip(dev, p, r, &scale));
-  if (scale == 0.0f) return PMAP_SUCCESS; /* skipped: nothing changes on any replica */
+  int skip = 0;
+  if (p->guard || p->opt.clip_norm > 0.0f) PMAP_TRY(guard_and_clip(dev, p, r, &scale, &skip));
+  if (skip) return PMAP_SUCCESS; /* the guard: nothing changes on any replica */
   if (scale != 1.0f) PMAP_TRY(ops->scale(dev, r->g, scale, P));
   PMAP_TRY(optimizer_apply(dev, &p->opt, &p->hyper, r->w, r->g, r->opt, P));
   if (pmap_fault_fires(dev->ctx->fault, FAULT_DRIFT, dev->index, p->step)) PMAP_TRY(drift(dev, r));
@@ -340,14 +346,14 @@ static pmap_status numeric_error(const pmap_params *p) {
 }
 
 /* Across processes the mean weighs every global device alike, which is the global mean only
- * when every process passes as many rows: one exchange checks it when the batch size changes.
+ * when every process passes as many rows: one small exchange per step checks it.
  * The rows travel split in 24-bit halves (exact in float); the values live on the stack:
  * distributed contexts are CPU ones, whose devices read host memory. */
 static pmap_status dist_rows_job(pmap_device *dev, void *arg) {
   pmap_params *p = arg;
   float hi = (float)(p->batch >> 24), lo = (float)(p->batch & 0xffffff);
   float v[4] = {hi, lo, -hi, -lo};
-  PMAP_TRY(backend_all_reduce(dev, v, v, 4, PMAP_RED_MAX));
+  PMAP_TRY(backend_all_reduce(dev, "pmap_update's row check", v, v, 4, PMAP_RED_MAX));
   if (dev->index == 0) {
     p->rows[0] = v[0] * 16777216.0f + v[1]; /* approximate, for the message */
     p->rows[1] = v[2] * 16777216.0f + v[3];
@@ -356,8 +362,10 @@ static pmap_status dist_rows_job(pmap_device *dev, void *arg) {
   return PMAP_SUCCESS;
 }
 
+/* Every step of a distributed context runs the exchange: whether to run it must not depend on
+ * anything one process knows and another does not (its own last batch). */
 static pmap_status check_dist_rows(pmap_params *p) {
-  if (!p->ctx->dist || p->batch == p->dist_bd) return PMAP_SUCCESS;
+  if (!p->ctx->dist) return PMAP_SUCCESS;
   PMAP_TRY(pmap_ctx_dispatch(p->ctx, dist_rows_job, p));
   if (p->dist_bd != p->batch)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,

@@ -2,6 +2,9 @@
  * table. Optional members are handled here, once, and the allocation fault hook lives here. */
 #include "backend.h"
 
+#include <stdio.h>
+#include <string.h>
+
 #include "error.h"
 #include "fault.h"
 
@@ -146,18 +149,86 @@ pmap_status backend_stage(pmap_device *dev, int slot, const void *host, size_t b
   return PMAP_SUCCESS;
 }
 
-pmap_status backend_all_reduce(pmap_device *dev, const float *send, float *recv, size_t count,
-                               pmap_redop op) {
+/* Two records of one rendezvous: the same call, count, root and place in the job (a record
+ * left from an earlier collective or job never matches). */
+static int same_desc(const coll_desc *a, const coll_desc *b) {
+  return a->call && b->call && !strcmp(a->call, b->call) && a->count == b->count &&
+         a->root == b->root && a->seq == b->seq && a->job == b->job;
+}
+
+/* "device 0: pmap_psum(count 4); devices 1-3: pmap_barrier" into buf. */
+static void describe(const coll_desc *desc, int n, char *buf, size_t size) {
+  size_t len = 0;
+  buf[0] = '\0';
+  for (int i = 0; i < n && len < size;) {
+    int j = i + 1;
+    while (j < n && same_desc(&desc[j], &desc[i])) j++;
+    char what[96];
+    const coll_desc *d = &desc[i];
+    if (!d->call || d->job != desc[0].job)
+      snprintf(what, sizeof what, "nothing yet in this job");
+    else if (!strcmp(d->call, "pmap_barrier"))
+      snprintf(what, sizeof what, "%s", d->call);
+    else if (!strcmp(d->call, "pmap_broadcast"))
+      snprintf(what, sizeof what, "%s(count %zu, root %d)", d->call, d->count, d->root);
+    else
+      snprintf(what, sizeof what, "%s(count %zu)", d->call, d->count);
+    if (j - i == 1)
+      len += (size_t)snprintf(buf + len, size - len, "%sdevice %d: %s", i ? "; " : "", i, what);
+    else
+      len += (size_t)snprintf(buf + len, size - len, "%sdevices %d-%d: %s", i ? "; " : "", i, j - 1,
+                              what);
+    i = j;
+  }
+}
+
+/* Every collective, public or the runtime's own, starts here: every device records what it
+ * called, meets the others, and compares. The records are the same on every device, so a
+ * mismatch fails every device with the same message, before any device touches another's
+ * buffers. Every barrier of ctx->bar outside a collective is one of these, so the barriers of
+ * a collective only ever meet each other. The records are double-buffered by call parity (a
+ * device can be one collective ahead of a slow reader, not two: the next rendezvous waits for
+ * the reader) and carry the job and the call's number in it, so a stale one never matches. */
+static pmap_status rendezvous(pmap_device *dev, const char *call, size_t count, int root) {
+  pmap_ctx *ctx = dev->ctx;
+  int n = ctx->n;
+  if (n == 1) return PMAP_SUCCESS;
+  uint32_t seq = dev->coll_seq++;
+  coll_desc *desc = ctx->desc + (size_t)(seq & 1u) * (size_t)n;
+  desc[dev->index] = (coll_desc){call, count, root, seq, ctx->job_gen};
+  pmap_status st = pmap_wait_status(dev, sync_barrier_wait(&ctx->bar, &ctx->wait), call);
+  if (st) return st;
+  int same = 1;
+  for (int k = 1; k < n; k++) same &= same_desc(&desc[k], &desc[0]);
+  if (same) return PMAP_SUCCESS;
+  char what[640];
+  describe(desc, n, what, sizeof what);
+  pmap_ctx_abort(ctx);
+  return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                  "%s on device %d: the devices called different collectives (each must call the "
+                  "same ones, in the same order, with the same count and root): %s",
+                  call, dev->index, what);
+}
+
+pmap_status backend_all_reduce(pmap_device *dev, const char *call, const float *send, float *recv,
+                               size_t count, pmap_redop op) {
+  PMAP_TRY(rendezvous(dev, call, count, (int)op));
   return dev->ctx->be->coll->all_reduce(dev, send, recv, count, op);
 }
 
-pmap_status backend_broadcast(pmap_device *dev, const float *send, float *recv, size_t count,
-                              int root) {
+pmap_status backend_broadcast(pmap_device *dev, const char *call, const float *send, float *recv,
+                              size_t count, int root) {
+  PMAP_TRY(rendezvous(dev, call, count, root));
   return dev->ctx->be->coll->broadcast(dev, send, recv, count, root);
 }
 
-pmap_status backend_all_gather(pmap_device *dev, const float *send, float *recv, size_t count) {
+pmap_status backend_all_gather(pmap_device *dev, const char *call, const float *send, float *recv,
+                               size_t count) {
+  PMAP_TRY(rendezvous(dev, call, count, 0));
   return dev->ctx->be->coll->all_gather(dev, send, recv, count);
 }
 
-pmap_status backend_barrier(pmap_device *dev) { return dev->ctx->be->coll->barrier(dev); }
+pmap_status backend_barrier(pmap_device *dev, const char *call) {
+  PMAP_TRY(rendezvous(dev, call, 0, 0));
+  return dev->ctx->be->coll->barrier(dev);
+}

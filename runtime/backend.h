@@ -66,7 +66,9 @@ typedef struct pmap_backend_i {
 typedef struct coll_desc {
   const char *call; /* "pmap_psum", ...; NULL: not called */
   size_t count;
-  int root;
+  int root;     /* broadcast's root; all-reduce's operation */
+  uint32_t seq; /* the device's collective number in the job */
+  uint32_t job; /* the job (ctx->job_gen) */
 } coll_desc;
 
 struct pmap_device {
@@ -101,7 +103,9 @@ struct pmap_ctx {
   /* Workers: thread i serves device i for i >= 1. */
   pthread_t *threads;
   int started;
-  pmap_event job; /* bumped to start a job */
+  pmap_event job;   /* bumped to start a job */
+  uint32_t job_gen; /* jobs dispatched so far */
+  pmap_ctx *parent; /* during a job: the job its dispatching thread was in (or NULL) */
   pmap_fn fn;
   void *arg;
   int stop;
@@ -170,14 +174,16 @@ pmap_status backend_download(pmap_device *dev, void *dst, const void *src, size_
 pmap_status backend_sync(pmap_device *dev);
 pmap_status backend_stage(pmap_device *dev, int slot, const void *host, size_t bytes,
                           const void **out);
-/* The backend's collectives (pmap_coll_i), without the public checks of runtime/coll.c: for
- * the runtime's own calls, which every device makes alike. */
-pmap_status backend_all_reduce(pmap_device *dev, const float *send, float *recv, size_t count,
-                               pmap_redop op);
-pmap_status backend_broadcast(pmap_device *dev, const float *send, float *recv, size_t count,
-                              int root);
-pmap_status backend_all_gather(pmap_device *dev, const float *send, float *recv, size_t count);
-pmap_status backend_barrier(pmap_device *dev);
+/* The backend's collectives (pmap_coll_i), after a rendezvous that checks every device called
+ * the same one (call names it in messages, e.g. "pmap_psum" or "pmap_update's all-reduce"); the
+ * argument checks of the public collectives are runtime/coll.c's. */
+pmap_status backend_all_reduce(pmap_device *dev, const char *call, const float *send, float *recv,
+                               size_t count, pmap_redop op);
+pmap_status backend_broadcast(pmap_device *dev, const char *call, const float *send, float *recv,
+                              size_t count, int root);
+pmap_status backend_all_gather(pmap_device *dev, const char *call, const float *send, float *recv,
+                               size_t count);
+pmap_status backend_barrier(pmap_device *dev, const char *call);
 
 /* Runs fn on every device (internal form of pmap_run: errors are left in each device). */
 pmap_status pmap_ctx_dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg);
@@ -192,5 +198,7 @@ pmap_status pmap_wait_status(pmap_device *dev, int wait_result, const char *call
  * when the calling thread is running a mapped function of this context. */
 pmap_status pmap_ctx_lock(pmap_ctx *ctx, const char *call);
 void pmap_ctx_unlock(pmap_ctx *ctx);
+/* Whether the calling thread's work is nested in a job of ctx (then its lock is not to be taken). */
+int pmap_ctx_in_job(const pmap_ctx *ctx);
 
 #endif

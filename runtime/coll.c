@@ -1,7 +1,7 @@
 /* coll.c: the public face of mapped functions: axis queries, device memory and collectives.
  * Each collective is validated here, then every device meets the others at a rendezvous that
- * checks they all called the same collective with the same count and root, then the context's
- * backend runs it. */
+ * checks they all called the same collective with the same count and root (runtime/backend.c),
+ * then the context's backend runs it. */
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -93,58 +93,6 @@ static pmap_status check_coll(const char *call, pmap_device *dev, const float *s
   return PMAP_SUCCESS;
 }
 
-static int same_desc(const coll_desc *a, const coll_desc *b) {
-  return !strcmp(a->call, b->call) && a->count == b->count && a->root == b->root;
-}
-
-/* "device 0: pmap_psum(count 4); devices 1-3: pmap_barrier" into buf. */
-static void describe(const coll_desc *desc, int n, char *buf, size_t size) {
-  size_t len = 0;
-  buf[0] = '\0';
-  for (int i = 0; i < n && len < size;) {
-    int j = i + 1;
-    while (j < n && same_desc(&desc[j], &desc[i])) j++;
-    char what[96];
-    const coll_desc *d = &desc[i];
-    if (!strcmp(d->call, "pmap_barrier"))
-      snprintf(what, sizeof what, "%s", d->call);
-    else if (!strcmp(d->call, "pmap_broadcast"))
-      snprintf(what, sizeof what, "%s(count %zu, root %d)", d->call, d->count, d->root);
-    else
-      snprintf(what, sizeof what, "%s(count %zu)", d->call, d->count);
-    if (j - i == 1)
-      len += (size_t)snprintf(buf + len, size - len, "%sdevice %d: %s", i ? "; " : "", i, what);
-    else
-      len += (size_t)snprintf(buf + len, size - len, "%sdevices %d-%d: %s", i ? "; " : "", i, j - 1,
-                              what);
-    i = j;
-  }
-}
-
-/* Every device records what it called, meets the others, and compares: the records are the
- * same on every device, so a mismatch fails every device with the same message. The records are
- * double-buffered by call parity: a device can be one collective ahead of a slow reader, not
- * two, since the next collective's rendezvous waits for the reader. */
-static pmap_status rendezvous(pmap_device *dev, const char *call, size_t count, int root) {
-  pmap_ctx *ctx = dev->ctx;
-  int n = ctx->n;
-  if (n == 1) return PMAP_SUCCESS;
-  coll_desc *desc = ctx->desc + (size_t)(dev->coll_seq++ & 1u) * (size_t)n;
-  desc[dev->index] = (coll_desc){call, count, root};
-  pmap_status st = pmap_wait_status(dev, sync_barrier_wait(&ctx->bar, &ctx->wait), call);
-  if (st) return st;
-  int same = 1;
-  for (int k = 1; k < n; k++) same &= same_desc(&desc[k], &desc[0]);
-  if (same) return PMAP_SUCCESS;
-  char what[640];
-  describe(desc, n, what, sizeof what);
-  pmap_ctx_abort(ctx);
-  return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                  "%s on device %d: the devices called different collectives (each must call the "
-                  "same ones, in the same order, with the same count and root): %s",
-                  call, dev->index, what);
-}
-
 /* A backend's collective may only be queued (CUDA: stream-ordered, so that a training step
  * waits once); a public one has completed, or failed, when it returns. */
 static pmap_status finish(pmap_device *dev) { return backend_sync(dev); }
@@ -153,8 +101,7 @@ static pmap_status reduce(const char *call, pmap_device *dev, const float *send,
                           size_t count, pmap_redop op) {
   pmap_status st = check_coll(call, dev, send, recv, count, count, recv);
   if (st) return st;
-  PMAP_TRY(rendezvous(dev, call, count, 0));
-  PMAP_TRY(backend_all_reduce(dev, send, recv, count, op));
+  PMAP_TRY(backend_all_reduce(dev, call, send, recv, count, op));
   return finish(dev);
 }
 
@@ -175,8 +122,7 @@ pmap_status pmap_all_gather(pmap_device *dev, const float *send, float *recv, si
                               dev ? count * (size_t)pmap_axis_size(dev) : 0,
                               dev && recv ? recv + count * (size_t)pmap_axis_index(dev) : NULL);
   if (st) return st;
-  PMAP_TRY(rendezvous(dev, "pmap_all_gather", count, 0));
-  PMAP_TRY(backend_all_gather(dev, send, recv, count));
+  PMAP_TRY(backend_all_gather(dev, "pmap_all_gather", send, recv, count));
   return finish(dev);
 }
 
@@ -187,13 +133,11 @@ pmap_status pmap_broadcast(pmap_device *dev, const float *send, float *recv, siz
   if (root < 0 || root >= pmap_axis_size(dev))
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_broadcast: root %d is outside [0, %d)", root,
                     pmap_axis_size(dev));
-  PMAP_TRY(rendezvous(dev, "pmap_broadcast", count, root));
-  PMAP_TRY(backend_broadcast(dev, send, recv, count, root));
+  PMAP_TRY(backend_broadcast(dev, "pmap_broadcast", send, recv, count, root));
   return finish(dev);
 }
 
 pmap_status pmap_barrier(pmap_device *dev) {
   if (!dev) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_barrier: dev is NULL");
-  PMAP_TRY(rendezvous(dev, "pmap_barrier", 0, 0));
-  return backend_barrier(dev);
+  return backend_barrier(dev, "pmap_barrier");
 }

@@ -42,8 +42,10 @@ static pmap_status env_int(const char *name, long lo, long hi, long *out) {
   return PMAP_SUCCESS;
 }
 
-/* The context whose mapped function this thread is running, if any: a public call on that
- * context from inside it would wait for itself. */
+/* The context whose mapped function this thread is running, if any. With ctx->parent (the job
+ * the dispatching thread was running when it started ctx's job) it forms the chain of jobs this
+ * thread's work is nested in, across threads: a public call on any context of that chain would
+ * wait for itself. */
 static _Thread_local pmap_ctx *job_ctx;
 
 static void run_job(pmap_ctx *ctx, pmap_device *dev) {
@@ -113,12 +115,18 @@ pmap_status pmap_wait_status(pmap_device *dev, int r, const char *call) {
                   dev->index, (double)ctx->wait.timeout_ns * 1e-9);
 }
 
+int pmap_ctx_in_job(const pmap_ctx *ctx) {
+  for (const pmap_ctx *c = job_ctx; c; c = c->parent)
+    if (c == ctx) return 1;
+  return 0;
+}
+
 pmap_status pmap_ctx_lock(pmap_ctx *ctx, const char *call) {
-  if (job_ctx == ctx)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                    "%s: called from inside a mapped function of the same context, which is not "
-                    "re-entrant (the call would wait for itself); call it outside pmap_run",
-                    call);
+  if (pmap_ctx_in_job(ctx))
+      return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                      "%s: called from inside a mapped function of the same context, which is not "
+                      "re-entrant (the call would wait for itself); call it outside pmap_run",
+                      call);
   pthread_mutex_lock(&ctx->lock);
   return PMAP_SUCCESS;
 }
@@ -134,6 +142,8 @@ pmap_status pmap_ctx_dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg) {
   atomic_store(&ctx->abort, 0);
   atomic_store(&ctx->left, 0);
   atomic_store(&ctx->left_device, -1);
+  ctx->job_gen++;
+  ctx->parent = job_ctx; /* read by this job's threads: written before the job starts */
   sync_barrier_reset(&ctx->bar);
   atomic_store(&ctx->done_count, 0);
   ctx->fn = fn;

@@ -183,7 +183,64 @@ static void test_errors_and_guard(void) {
   CHECK_OK(pmap_ctx_destroy(ctx));
 }
 
+/* A gradient function with a collective inside (a cross-replica statistic), on an uneven batch
+ * with micro-batches: every device runs as many pieces, so the collectives match. */
+static pmap_status psum_grad(const pmap_grad_args *a, void *user) {
+  int extra = user != NULL;
+  float one = 1.0f, n = 0.0f, b[6] = {1000, 1000, 1000, 1000, 1000, 1000};
+  pmap_status st = pmap_psum(a->dev, &one, &n, 1);
+  if (st) return st;
+  /* With user set, device 0 calls one more collective than the others. */
+  if (extra && pmap_axis_index(a->dev) == 0 && (st = pmap_psum(a->dev, b, b, 6))) return st;
+  const float *x = a->xs.data;
+  float s = 0.0f;
+  for (int64_t i = 0; i < a->xs.shape[0]; i++) s += x[i];
+  a->grads[0] += a->scale * s / (float)a->xs.shape[0];
+  *a->loss = s / (float)a->xs.shape[0];
+  return PMAP_SUCCESS;
+}
+
+static pmap_status warm_fn(pmap_device *dev, void *arg) {
+  (void)arg;
+  float b[6] = {0};
+  pmap_status st = pmap_psum(dev, b, b, 6);
+  return st ? st : pmap_psum(dev, b, b, 6);
+}
+
+static void test_collectives_inside(void) {
+  pmap_config cfg = {
+      .backend = PMAP_BACKEND_CPU, .num_devices = 4, .timeout_s = 20, .uneven_batches = 1};
+  pmap_ctx *ctx = NULL;
+  CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+  float init = 0.0f, xs[5] = {1, 2, 3, 4, 5}, ys[5] = {0}, w[4];
+  int64_t sh[1] = {5};
+  pmap_array x = pmap_array_f32(xs, 1, sh), y = pmap_array_f32(ys, 1, sh);
+  pmap_optimizer sgd = pmap_sgd(0.1f, 0.0f);
+  pmap_params *p = NULL;
+  CHECK_OK(pmap_params_create_custom(ctx, 1, &init, psum_grad, NULL, &sgd, &p));
+  for (int micro = 1; micro <= 3; micro++) {
+    CHECK_OK(pmap_params_set_micro_batches(p, micro));
+    CHECK_OK(pmap_update(p, &x, &y, NULL));
+  }
+  pmap_params_destroy(p);
+  /* One device calls an extra collective, after a job that left records of matching shape:
+   * every device fails (no replica steps), none crashes. */
+  int marker = 1;
+  CHECK_OK(pmap_params_create_custom(ctx, 1, &init, psum_grad, &marker, &sgd, &p));
+  CHECK_OK(pmap_run(ctx, warm_fn, NULL));
+  CHECK_OK(pmap_params_set_micro_batches(p, 2));
+  CHECK_FAILS(pmap_update(p, &x, &y, NULL), PMAP_ERR_INVALID_ARGUMENT, "different collectives");
+  for (int d = 0; d < 4; d++) CHECK_OK(pmap_params_read(p, d, &w[d], 1));
+  for (int d = 0; d < 4; d++)
+    CHECK(w[d] == init, "replica %d changed to %g by a step that failed", d, (double)w[d]);
+  CHECK_OK(pmap_params_verify(p));
+  CHECK(pmap_params_step(p) == 0, "a failed step counted");
+  pmap_params_destroy(p);
+  pmap_ctx_destroy(ctx);
+}
+
 int main(void) {
+  test_collectives_inside();
   test_gradient();
   test_devices();
   test_errors_and_guard();

@@ -338,7 +338,47 @@ static void test_nan_collective(void) {
   pmap_ctx_destroy(ctx);
 }
 
+/* A clipping scale that underflows float, or an infinite norm with the guard off, is applied,
+ * never taken for a skipped step: the step counts and the loss is this step's. */
+static pmap_status big_grad(const pmap_grad_args *a, void *user) {
+  float g = *(const float *)user;
+  for (size_t i = 0; i < a->num_params; i++) a->grads[i] += a->scale * g;
+  *a->loss = 42.0f;
+  return PMAP_SUCCESS;
+}
+
+static void test_clip_extremes(void) {
+  const struct {
+    float g, clip;
+    int guard;
+  } cases[] = {{1e20f, 1e-30f, PMAP_GUARD_ON}, {INFINITY, 1.0f, PMAP_GUARD_OFF}};
+  for (int c = 0; c < 2; c++) {
+    pmap_config cfg = {
+        .backend = PMAP_BACKEND_CPU, .num_devices = 2, .numeric_guard = cases[c].guard};
+    pmap_ctx *ctx = NULL;
+    pmap_params *p = NULL;
+    pmap_optimizer sgd = pmap_sgd(1.0f, 0.0f);
+    sgd.clip_norm = cases[c].clip;
+    float init[2] = {1.0f, 1.0f}, w[2], xs[2] = {0}, loss = 7.0f;
+    int64_t sh[1] = {2};
+    pmap_array x = pmap_array_f32(xs, 1, sh);
+    CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+    CHECK_OK(pmap_params_create_custom(ctx, 2, init, big_grad, (void *)&cases[c].g, &sgd, &p));
+    CHECK_OK(pmap_update(p, &x, &x, &loss));
+    CHECK(loss == 42.0f, "case %d: loss %g is not this step's", c, (double)loss);
+    CHECK(pmap_params_step(p) == 1, "case %d: step count %lld", c, (long long)pmap_params_step(p));
+    CHECK_OK(pmap_params_read(p, 1, w, 2));
+    if (c == 0)
+      CHECK(isfinite(w[0]), "clip 1e-30: w %g", (double)w[0]); /* a step of 1e-30: w stays */
+    else
+      CHECK(!isfinite(w[0]), "guard off, infinite gradient: w %g stayed finite", (double)w[0]);
+    pmap_params_destroy(p);
+    pmap_ctx_destroy(ctx);
+  }
+}
+
 int main(void) {
+  test_clip_extremes();
   for (int n = 1; n <= 4; n++) test_nan_input(n, PMAP_GUARD_ON);
   test_nan_input(2, PMAP_GUARD_OFF);
   test_huge_lr();

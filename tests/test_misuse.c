@@ -3,6 +3,7 @@
  * mismatched collectives, a device leaving early, stale messages, lifetime errors, extreme
  * timeouts, and the one-verdict rule of a barrier at its deadline. CPU backend. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <time.h>
 
 #include "testutil.h"
@@ -411,7 +412,47 @@ static void test_device_alloc_overflow(void) {
   pmap_ctx_destroy(ctx);
 }
 
+/* Contexts nested across threads: A's device 1 (a worker thread) runs a job on B, whose device 0
+ * calls pmap_run on A: refused, not a deadlock, on every device of B. */
+static pmap_ctx *nest_a, *nest_b;
+static _Atomic int nest_refused;
+
+static pmap_status nest_inner(pmap_device *dev, void *arg) {
+  (void)dev;
+  (void)arg;
+  return PMAP_SUCCESS;
+}
+
+static pmap_status nest_b_fn(pmap_device *dev, void *arg) {
+  (void)dev;
+  (void)arg;
+  if (pmap_run(nest_a, nest_inner, NULL) == PMAP_ERR_INVALID_ARGUMENT &&
+      strstr(pmap_last_error(), "re-entrant"))
+    atomic_fetch_add(&nest_refused, 1);
+  return PMAP_SUCCESS;
+}
+
+static pmap_status nest_a_fn(pmap_device *dev, void *arg) {
+  (void)arg;
+  return pmap_axis_index(dev) == 1 ? pmap_run(nest_b, nest_b_fn, NULL) : PMAP_SUCCESS;
+}
+
+static void test_nested_contexts(void) {
+  nest_a = make_ctx(2, 20.0);
+  nest_b = make_ctx(3, 20.0);
+  if (!nest_a || !nest_b) return;
+  atomic_store(&nest_refused, 0);
+  CHECK_OK(pmap_run(nest_a, nest_a_fn, NULL));
+  CHECK(atomic_load(&nest_refused) == 3, "%d of B's 3 devices were refused a call on A",
+        atomic_load(&nest_refused));
+  CHECK_OK(pmap_run(nest_b, nest_b_fn, NULL)); /* not nested: A is free, the calls succeed */
+  CHECK(atomic_load(&nest_refused) == 3, "a call on A from an unnested job was refused");
+  pmap_ctx_destroy(nest_b);
+  pmap_ctx_destroy(nest_a);
+}
+
 int main(void) {
+  test_nested_contexts();
   test_timeout_then_free();
   test_two_threads();
   test_mismatch();
