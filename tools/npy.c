@@ -185,12 +185,13 @@ int npy_parse(const unsigned char *buf, size_t len, npy_array *out, char *msg, s
   if (a.rank < 1) return fail(msg, size, "a scalar (shape ()) is not an array of rows");
   int64_t n = 1;
   for (int i = 0; i < a.rank; i++)
-    if (__builtin_mul_overflow(n, a.shape[i], &n) || n > (int64_t)(SIZE_MAX / 8))
+    if (__builtin_mul_overflow(n, a.shape[i], &n) || n > INT64_MAX / 8)
       return fail(msg, size, "the shape's element count overflows");
   size_t data = len - pre - hlen;
-  if ((uint64_t)n * (uint64_t)item != data)
-    return fail(msg, size, "the shape needs %lld bytes of data; the file has %zu%s",
-                (long long)(n * item), data, data < (size_t)(n * item) ? " (truncated)" : "");
+  uint64_t need = (uint64_t)n * (uint64_t)item; /* n <= INT64_MAX / 8: no overflow */
+  if (need != data)
+    return fail(msg, size, "the shape needs %llu bytes of data; the file has %zu%s",
+                (unsigned long long)need, data, data < need ? " (truncated)" : "");
   if (convert(buf + pre + hlen, n, &a, msg, size)) {
     free(a.data);
     return -1;
