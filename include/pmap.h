@@ -126,9 +126,17 @@ typedef struct pmap_config {
                             at least) and finalises it at exit. Every process of the
                             communicator must create its context with the same backend and the
                             same num_devices. */
+  int shard_optimizer;   /* PMAP_SHARD_AUTO (0, the default), PMAP_SHARD_OFF or PMAP_SHARD_ON.
+                            On: each device holds the optimizer state of only its own contiguous
+                            1/N of the parameters and pmap_update runs reduce-scatter (mean) ->
+                            the optimizer on that 1/N -> all-gather of the parameters (ZeRO
+                            stage 1); on CPU the results are bitwise those of the replicated
+                            step. AUTO: the environment variable PMAP_SHARD_OPTIMIZER (0 or 1)
+                            when set, else on (see README, "Sharded optimizer"). */
 } pmap_config;
 
 enum { PMAP_GUARD_ON = 0, PMAP_GUARD_OFF = 1 };
+enum { PMAP_SHARD_AUTO = 0, PMAP_SHARD_OFF = 1, PMAP_SHARD_ON = 2 };
 
 typedef struct pmap_ctx pmap_ctx;
 
@@ -352,6 +360,10 @@ PMAP_API pmap_status pmap_params_create(pmap_ctx *ctx, const pmap_model *model,
 PMAP_API void pmap_params_destroy(pmap_params *params); /* accepts NULL */
 
 PMAP_API size_t pmap_params_count(const pmap_params *params);
+/* Bytes of optimizer state a device holds (the most any device holds): slots x P x 4 replicated
+ * (1 slot for SGD with momentum, 2 for Adam, 0 for plain SGD), about 1/N of that with
+ * pmap_config.shard_optimizer. 0 for NULL. */
+PMAP_API size_t pmap_params_optimizer_bytes(const pmap_params *params);
 PMAP_API int64_t pmap_params_step(const pmap_params *params); /* optimizer steps taken */
 
 /* One data-parallel training step. xs: (B, input shape...) f32; ys: (B, K) f32 for MSE, (B) or

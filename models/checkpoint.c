@@ -258,26 +258,38 @@ static void encode(wbuf *b, const pmap_params *p, const void *user, size_t user_
 /* ------------------------------------------------------------------------------------------ */
 /* Device state <-> host buffers                                                               */
 
+/* The optimizer state a device holds: all of it, or (sharded) its part of each slot, slot s of
+ * the part at r->opt + s * len; *lo is where the part starts in the whole. */
+static void state_part(const pmap_params *p, int d, size_t *lo, size_t *len) {
+  *lo = 0;
+  *len = p->n_params;
+  if (p->shard) params_part(p, params_global(p, d), lo, len);
+}
+
 static pmap_status download_job(pmap_device *dev, void *arg) {
   pmap_params *p = arg;
-  if (dev->index != 0) return PMAP_SUCCESS; /* replicas are identical: device 0 speaks for all */
-  const replica *r = &p->rep[0];
-  size_t P = p->n_params;
-  PMAP_TRY(dev->ctx->be->download(dev, p->ckpt_w, r->w, P * sizeof(float)));
-  if (p->opt_slots)
-    PMAP_TRY(
-        dev->ctx->be->download(dev, p->ckpt_opt, r->opt, (size_t)p->opt_slots * P * sizeof(float)));
-  return PMAP_SUCCESS;
+  const replica *r = &p->rep[dev->index];
+  size_t P = p->n_params, lo = 0, len = 0;
+  state_part(p, dev->index, &lo, &len);
+  /* Replicas are identical: device 0 speaks for all, and each device for its part of a sharded
+   * optimizer state. */
+  if (p->opt_slots && (p->shard || dev->index == 0))
+    for (int s = 0; s < p->opt_slots && len; s++)
+      PMAP_TRY(dev->ctx->be->download(dev, p->ckpt_opt + (size_t)s * P + lo, r->opt + (size_t)s * len,
+                                      len * sizeof(float)));
+  if (dev->index != 0) return PMAP_SUCCESS;
+  return dev->ctx->be->download(dev, p->ckpt_w, r->w, P * sizeof(float));
 }
 
 static pmap_status upload_job(pmap_device *dev, void *arg) {
   pmap_params *p = arg;
   replica *r = &p->rep[dev->index];
-  size_t P = p->n_params;
+  size_t P = p->n_params, lo = 0, len = 0;
+  state_part(p, dev->index, &lo, &len);
   PMAP_TRY(dev->ctx->be->upload(dev, r->w, p->ckpt_w, P * sizeof(float)));
-  if (p->opt_slots)
-    PMAP_TRY(
-        dev->ctx->be->upload(dev, r->opt, p->ckpt_opt, (size_t)p->opt_slots * P * sizeof(float)));
+  for (int s = 0; s < p->opt_slots && len; s++)
+    PMAP_TRY(dev->ctx->be->upload(dev, r->opt + (size_t)s * len, p->ckpt_opt + (size_t)s * P + lo,
+                                  len * sizeof(float)));
   if (dev->ctx->be->sync) PMAP_TRY(dev->ctx->be->sync(dev));
   return PMAP_SUCCESS;
 }

@@ -10,6 +10,20 @@
 #include "runtime/backend.h"
 #include "runtime/error.h"
 
+void params_layout(pmap_params *p) {
+  const pmap_ctx *ctx = p->ctx;
+  size_t P = p->n_params, n = (size_t)ctx->n;
+  p->ng = ctx->n * ctx->nproc;
+  p->shard = ctx->shard && ctx->nproc == 1 && p->ng > 1; /* docs/distributed.md: not across processes */
+  p->reduced = P + 2 + (p->guard ? n : 0);
+  size_t chunk = (p->reduced + (size_t)p->ng - 1) / (size_t)p->ng;
+  p->chunk = (chunk + 15) / 16 * 16;
+  size_t end = params_off_micro(p) + 1;
+  p->g_len = p->shard ? params_off_records(p) + (size_t)p->ng * params_record_len(p) : end;
+  p->w_len = p->shard ? (size_t)p->ng * p->chunk : P;
+  p->state_len = p->shard ? p->chunk : P;
+}
+
 /* Allocates the device's buffers; device 0 uploads the host parameters and a broadcast
  * replicates them, so every replica starts bitwise equal. */
 static pmap_status create_job(pmap_device *dev, void *arg) {
@@ -17,15 +31,16 @@ static pmap_status create_job(pmap_device *dev, void *arg) {
   replica *r = &p->rep[dev->index];
   size_t P = p->n_params;
   void *w = NULL, *g = NULL, *opt = NULL;
-  PMAP_TRY(backend_alloc(dev, P * sizeof(float), &w));
+  PMAP_TRY(backend_alloc(dev, p->w_len * sizeof(float), &w));
   r->w = w;
+  if (p->w_len > P) PMAP_TRY(dev->ops->fill(dev, r->w + P, 0.0f, p->w_len - P));
   PMAP_TRY(backend_alloc(dev, params_grad_len(p) * sizeof(float), &g));
   r->g = g;
   PMAP_TRY(dev->ops->fill(dev, r->g, 0.0f, params_grad_len(p)));
   if (p->opt_slots) {
-    PMAP_TRY(backend_alloc(dev, (size_t)p->opt_slots * P * sizeof(float), &opt));
+    PMAP_TRY(backend_alloc(dev, (size_t)p->opt_slots * p->state_len * sizeof(float), &opt));
     r->opt = opt;
-    PMAP_TRY(dev->ops->fill(dev, r->opt, 0.0f, (size_t)p->opt_slots * P));
+    PMAP_TRY(dev->ops->fill(dev, r->opt, 0.0f, (size_t)p->opt_slots * p->state_len));
   }
   if (dev->index == 0) PMAP_TRY(backend_upload(dev, r->w, p->host_w, P * sizeof(float)));
   PMAP_TRY(backend_broadcast(dev, "pmap_params_create's broadcast", r->w, r->w, P, 0));
@@ -70,8 +85,9 @@ static pmap_status params_open(pmap_ctx *ctx, pmap_params *p, const pmap_optimiz
   p->opt_slots = optimizer_slots(opt);
   p->micro_batches = 1;
   p->guard = ctx->numeric_guard == PMAP_GUARD_ON;
+  params_layout(p);
   p->rep = calloc((size_t)ctx->n, sizeof *p->rep);
-  p->guard_host = calloc((size_t)ctx->n * ((size_t)ctx->n + 2), sizeof *p->guard_host);
+  p->guard_host = calloc((size_t)ctx->n * params_host_len(p), sizeof *p->guard_host);
   if (!p->rep || !p->guard_host) return PMAP_ERR(st, "%s: out of memory", call);
   p->host_w = host_w;
   st = pmap_ctx_dispatch(ctx, create_job, p);
@@ -176,6 +192,12 @@ pmap_status pmap_params_create_custom(pmap_ctx *ctx, size_t num_params, const fl
 }
 
 size_t pmap_params_count(const pmap_params *p) { return p ? p->n_params : 0; }
+size_t pmap_params_optimizer_bytes(const pmap_params *p) {
+  if (!p || !p->opt_slots) return 0;
+  size_t lo = 0, len = p->n_params;
+  if (p->shard) params_part(p, 0, &lo, &len); /* part 0 is never smaller than another */
+  return (size_t)p->opt_slots * len * sizeof(float);
+}
 /* Under the context's lock, as every public call (a pmap_update may run on another thread);
  * from inside one of its jobs no update can run, and the lock is not taken. */
 int64_t pmap_params_step(const pmap_params *p) {

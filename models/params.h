@@ -14,14 +14,26 @@ struct pmap_params {
   void *grad_user;
   pmap_optimizer opt;
   size_t n_params;
-  int opt_slots; /* optimizer state buffers of n_params each */
+  int opt_slots; /* optimizer state buffers: of n_params each, or sharded of the device's part */
   int64_t step;
   int micro_batches; /* >= 1: each device's rows are split into this many parts */
   replica *rep;      /* (N) */
-  /* The gradient buffer of a replica is [gradients (P) | loss | guard flags (N) | norm |
-   * micro-batch loss]: the all-reduce covers the first P + 1 (+ N with the numeric guard). */
+  /* A replica's gradient buffer (params_off_*): [gradients (P) | part | loss | guard flags (N) |
+   * parts (G) | micro-batch loss], then, sharded, the records of the exchange. The reduction
+   * (all-reduce, or reduce-scatter when sharded) covers [0, reduced). G is the global device
+   * count; [0, reduced) is split into G parts of `chunk` elements: device g's part is its shard
+   * of the optimizer when sharded, and the norm is summed by parts in either case, so that both
+   * paths compute it alike. */
   int guard;         /* the numeric guard is on (pmap_config.numeric_guard) */
-  float *guard_host; /* (N, N + 2) each device's host copy of [loss | flags | norm] */
+  int shard;         /* the optimizer is sharded (pmap_config.shard_optimizer, G > 1) */
+  int ng;            /* G */
+  size_t reduced;    /* P + 2 (+ N with the guard) */
+  size_t chunk;      /* ceil(reduced / G) rounded up to 16 floats */
+  size_t g_len;      /* floats of a replica's gradient buffer */
+  size_t w_len;      /* floats of a replica's parameter buffer: P, or G * chunk when sharded */
+  size_t state_len;  /* floats of each optimizer slot on a device: P, or chunk when sharded */
+  float *guard_host; /* (N, params_host_len) each device's host copy of [loss | flags | parts],
+                        then, sharded, of the records */
   int numeric_bad;   /* the last step was skipped: non-finite values */
   /* The current job's arguments. */
   const float *host_w;
@@ -44,9 +56,39 @@ struct pmap_params {
 };
 
 /* Floats of a replica's gradient buffer. */
-static inline size_t params_grad_len(const pmap_params *p) {
-  return p->n_params + 3 + (size_t)p->ctx->n;
+static inline size_t params_grad_len(const pmap_params *p) { return p->g_len; }
+/* Offsets into it. part: this device's part norm (sharded; 0 until the reduction); loss; the
+ * guard flag of local device d at flags + d; parts: the G part norms; micro: scratch for a
+ * micro-batch's loss; records (sharded): G records of params_record_len floats, each a copy of
+ * one device's [part | loss | flags]. */
+static inline size_t params_off_part(const pmap_params *p) { return p->n_params; }
+static inline size_t params_off_loss(const pmap_params *p) { return p->n_params + 1; }
+static inline size_t params_off_flags(const pmap_params *p) { return p->n_params + 2; }
+static inline size_t params_off_parts(const pmap_params *p) {
+  return p->n_params + 2 + (size_t)p->ctx->n;
 }
+static inline size_t params_off_micro(const pmap_params *p) {
+  return params_off_parts(p) + (size_t)p->ng;
+}
+static inline size_t params_record_len(const pmap_params *p) { return (size_t)p->ctx->n + 2; }
+static inline size_t params_off_records(const pmap_params *p) {
+  size_t end = params_off_micro(p) + 1, padded = (size_t)p->ng * p->chunk;
+  return end > padded ? end : padded;
+}
+/* Floats of a device's host tail: [loss | flags (N) | parts (G)], then the G records. */
+static inline size_t params_host_len(const pmap_params *p) {
+  return (size_t)p->ctx->n + 1 + (size_t)p->ng + (size_t)p->ng * params_record_len(p);
+}
+/* The global index of local device d. */
+static inline int params_global(const pmap_params *p, int d) { return p->ctx->proc * p->ctx->n + d; }
+/* Part k of the parameters: [*lo, *lo + *len), empty past P. */
+static inline void params_part(const pmap_params *p, int k, size_t *lo, size_t *len) {
+  size_t a = (size_t)k * p->chunk, P = p->n_params;
+  *lo = a < P ? a : P;
+  *len = a < P ? (P - a < p->chunk ? P - a : p->chunk) : 0;
+}
+/* Sets reduced, chunk and the buffer lengths from n_params, guard, shard and the context. */
+void params_layout(pmap_params *p);
 
 /* Rows [*lo, *lo + *rows) of a global batch of `batch` rows belong to device d of n: the first
  * batch % n devices take one row more, so shards differ by at most one row (and are equal when

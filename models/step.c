@@ -1,7 +1,11 @@
 /* step.c: the data-parallel step. pmap_update validates at the boundary, then every device
  * runs: its rows (in micro-batches) -> forward, loss, backward (or the user's gradient function)
  * -> one all-reduce (mean) of [gradients | loss | guard flags] -> the numeric guard and clipping
- * -> the same optimizer step on every replica. pmap_predict is the sharded forward pass. */
+ * -> the same optimizer step on every replica. With a sharded optimizer the all-reduce is a
+ * reduce-scatter, each device steps its own part of the parameters (holding only that part's
+ * optimizer state), and an all-gather of the parameters follows; a small all-gather of each
+ * device's [part norm | loss | flags] gives every device what the guard and clipping read.
+ * pmap_predict is the sharded forward pass. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -205,21 +209,60 @@ static pmap_status drift(pmap_device *dev, replica *r) {
   return backend_sync(dev);
 }
 
-/* After the all-reduce: the numeric guard and the clipping scale. Every replica holds the same
- * averaged [gradients | loss | flags] and reads the same norm, so every replica decides the
- * same. Returns the scale for the gradients, 0 to skip the step. */
+/* [loss | flags (N) | parts (G)] of this device's host tail, from the averaged buffer. Replicated:
+ * every device has every part of the averaged gradients and computes every part norm. Sharded:
+ * each device has only its own part, so it computes its part norm into its part slot and the
+ * devices all-gather [part | loss | flags]; each value of the loss and flags is taken from the
+ * record of the device whose part held it averaged. */
+static pmap_status gather_tail(pmap_device *dev, pmap_params *p, replica *r, int norms, float *h) {
+  int n = dev->ctx->n, ng = p->ng;
+  float *parts = r->g + params_off_parts(p);
+  if (!p->shard) {
+    if (norms)
+      for (int k = 0; k < ng; k++) {
+        size_t lo = 0, len = 0;
+        params_part(p, k, &lo, &len);
+        PMAP_TRY(dev->ops->norm2(dev, r->g + lo, len, parts + k));
+      }
+    return backend_download(dev, h, r->g + params_off_loss(p),
+                            ((size_t)n + 1 + (size_t)ng) * sizeof *h);
+  }
+  size_t lo = 0, len = 0, rec = params_record_len(p);
+  params_part(p, params_global(p, dev->index), &lo, &len);
+  if (norms) PMAP_TRY(dev->ops->norm2(dev, r->g + lo, len, r->g + params_off_part(p)));
+  float *records = r->g + params_off_records(p);
+  PMAP_TRY(backend_all_gather(dev, "pmap_update's exchange of norms", r->g + params_off_part(p),
+                              records, rec));
+  float *hr = h + n + 1 + ng;
+  PMAP_TRY(backend_download(dev, hr, records, (size_t)ng * rec * sizeof *h));
+  for (size_t j = 0; j <= (size_t)n; j++) { /* loss, then the flags */
+    size_t at = params_off_loss(p) + j;
+    size_t owner = at < p->reduced ? at / p->chunk : 0;
+    h[j] = hr[owner * rec + 1 + j];
+  }
+  for (int k = 0; k < ng; k++) h[n + 1 + k] = hr[(size_t)k * rec];
+  return PMAP_SUCCESS;
+}
+
+/* After the reduction: the numeric guard and the clipping scale. Every device reads the same
+ * [loss | flags | parts], so every device decides the same. The norm is summed from the G part
+ * norms in order, in double, alike on both paths. *scale: for the gradients; *skip: the guard
+ * skips the step. */
 static pmap_status guard_and_clip(pmap_device *dev, pmap_params *p, replica *r, float *scale,
                                   int *skip) {
-  int n = dev->ctx->n;
-  size_t P = p->n_params;
-  float *h = p->guard_host + (size_t)dev->index * ((size_t)n + 2); /* loss, flags (n), norm */
+  int n = dev->ctx->n, ng = p->ng;
+  float *h = p->guard_host + (size_t)dev->index * params_host_len(p);
+  int norms = p->guard || p->opt.clip_norm > 0.0f;
   *scale = 1.0f;
   *skip = 0;
-  PMAP_TRY(dev->ops->norm2(dev, r->g, P, r->g + P + 1 + n));
-  PMAP_TRY(backend_download(dev, h, r->g + P, ((size_t)n + 2) * sizeof *h));
+  PMAP_TRY(gather_tail(dev, p, r, norms, h));
+  if (!norms) return PMAP_SUCCESS;
+  double sum = 0.0;
+  for (int k = 0; k < ng; k++) sum += (double)h[n + 1 + k] * (double)h[n + 1 + k];
+  float norm = (float)sqrt(sum);
   if (p->guard) {
-    int finite = 1;
-    for (int i = 0; i < n + 2; i++) finite &= isfinite(h[i]) != 0;
+    int finite = isfinite(norm) != 0;
+    for (int i = 0; i < n + 1; i++) finite &= isfinite(h[i]) != 0;
     if (!finite) {
       if (dev->index == 0) p->numeric_bad = 1;
       *skip = 1;
@@ -228,20 +271,20 @@ static pmap_status guard_and_clip(pmap_device *dev, pmap_params *p, replica *r, 
   }
   /* In double: clip / norm may underflow float (a tiny clip, a huge norm); the step still takes
    * its (tiny, or with the guard off and an infinite norm, NaN-making) scale. */
-  float clip = p->opt.clip_norm, norm = h[n + 1];
+  float clip = p->opt.clip_norm;
   if (clip > 0.0f && !(norm <= clip)) *scale = (float)((double)clip / (double)norm);
   return PMAP_SUCCESS;
 }
 
 /* The loss and gradient of one piece: rows [row0, row0 + rows) of the call's arrays, weighted
  * by `weight` (1: the device's whole share). The gradient accumulates into r->g; the loss goes
- * to r->g[P] directly when the weight is 1 and the piece is the device's only one, else through
- * the micro-batch slot, weighted, into r->g[P]. */
+ * to its slot directly when the weight is 1 and the piece is the device's only one, else
+ * through the micro-batch slot, weighted, into the loss slot. */
 static pmap_status piece_grads(pmap_device *dev, pmap_params *p, replica *r, int64_t row0,
                                int64_t rows, float weight, int direct) {
   const pmap_model *m = p->model;
   size_t P = p->n_params;
-  float *loss = direct ? r->g + P : r->g + P + 2 + dev->ctx->n;
+  float *loss = r->g + (direct ? params_off_loss(p) : params_off_micro(p));
   const void *x = NULL, *y = NULL;
   PMAP_TRY(shard(dev, p->xs, row0, rows, 0, &x));
   PMAP_TRY(shard(dev, p->ys, row0, rows, 1, &y));
@@ -266,7 +309,7 @@ static pmap_status piece_grads(pmap_device *dev, pmap_params *p, replica *r, int
           dev->ops->scale(dev, r->dact[L - 1], weight, (size_t)(rows * m->layers[L - 1].out_size)));
     PMAP_TRY(model_backward(dev, m, r, rows));
   }
-  if (!direct) PMAP_TRY(dev->ops->axpy(dev, weight, loss, r->g + P, 1));
+  if (!direct) PMAP_TRY(dev->ops->axpy(dev, weight, loss, r->g + params_off_loss(p), 1));
   return PMAP_SUCCESS;
 }
 
@@ -292,11 +335,19 @@ static pmap_status device_grads(pmap_device *dev, pmap_params *p, replica *r) {
   return PMAP_SUCCESS;
 }
 
+/* The optimizer over parameters [lo, lo + len), their gradients scaled by `scale`; the state
+ * is the device's own (all of it replicated, its part's sharded). */
+static pmap_status step_part(pmap_device *dev, pmap_params *p, replica *r, size_t lo, size_t len,
+                             float scale) {
+  if (len == 0) return PMAP_SUCCESS;
+  if (scale != 1.0f) PMAP_TRY(dev->ops->scale(dev, r->g + lo, scale, len));
+  return optimizer_apply(dev, &p->opt, &p->hyper, r->w + lo, r->g + lo, r->opt, len);
+}
+
 static pmap_status update_job(pmap_device *dev, void *arg) {
   pmap_params *p = arg;
   replica *r = &p->rep[dev->index];
   const pmap_ops *ops = dev->ops;
-  int n = dev->ctx->n;
   size_t P = p->n_params;
   PMAP_TRY(ops->fill(dev, r->g, 0.0f, params_grad_len(p)));
   PMAP_TRY(device_grads(dev, p, r));
@@ -304,19 +355,37 @@ static pmap_status update_job(pmap_device *dev, void *arg) {
   /* The guard's flag of this device: the norm of its own gradients and loss, in its slot; the
    * others' slots are 0, so after the mean a slot is non-finite exactly when its device's
    * values were. */
-  if (p->guard) PMAP_TRY(ops->norm2(dev, r->g, P + 1, r->g + P + 1 + dev->index));
-  /* The one all-reduce of the step: gradients, the loss slot and the guard flags after them. */
-  size_t reduced = P + 1 + (p->guard ? (size_t)n : 0);
-  PMAP_TRY(backend_all_reduce(dev, "pmap_update's all-reduce", r->g, r->g, reduced, PMAP_RED_MEAN));
+  if (p->guard)
+    PMAP_TRY(ops->norm2(dev, r->g, params_off_flags(p), r->g + params_off_flags(p) + dev->index));
+  /* The one reduction of the step: gradients, the loss and the guard flags after them. */
+  if (p->shard)
+    PMAP_TRY(backend_reduce_scatter(dev, "pmap_update's reduce-scatter", r->g, p->chunk,
+                                    PMAP_RED_MEAN));
+  else
+    PMAP_TRY(backend_all_reduce(dev, "pmap_update's all-reduce", r->g, r->g, p->reduced,
+                                PMAP_RED_MEAN));
   float scale = 1.0f;
   int skip = 0;
-  if (p->guard || p->opt.clip_norm > 0.0f) PMAP_TRY(guard_and_clip(dev, p, r, &scale, &skip));
+  if (p->shard || p->guard || p->opt.clip_norm > 0.0f)
+    PMAP_TRY(guard_and_clip(dev, p, r, &scale, &skip));
   if (skip) return PMAP_SUCCESS; /* the guard: nothing changes on any replica */
-  if (scale != 1.0f) PMAP_TRY(ops->scale(dev, r->g, scale, P));
-  PMAP_TRY(optimizer_apply(dev, &p->opt, &p->hyper, r->w, r->g, r->opt, P));
+  if (p->shard) {
+    int g = params_global(p, dev->index);
+    size_t lo = 0, len = 0;
+    params_part(p, g, &lo, &len);
+    PMAP_TRY(step_part(dev, p, r, lo, len, scale));
+    PMAP_TRY(backend_all_gather(dev, "pmap_update's all-gather", r->w + (size_t)g * p->chunk, r->w,
+                                p->chunk));
+  } else {
+    PMAP_TRY(step_part(dev, p, r, 0, P, scale));
+  }
   if (pmap_fault_fires(dev->ctx->fault, FAULT_DRIFT, dev->index, p->step)) PMAP_TRY(drift(dev, r));
-  if (dev->index == 0) return backend_download(dev, &p->loss, r->g + P, sizeof p->loss);
-  return backend_sync(dev);
+  if (dev->index != 0) return backend_sync(dev);
+  if (p->shard || p->guard || p->opt.clip_norm > 0.0f) {
+    p->loss = p->guard_host[0]; /* device 0's host tail: the averaged loss */
+    return backend_sync(dev);
+  }
+  return backend_download(dev, &p->loss, r->g + params_off_loss(p), sizeof p->loss);
 }
 
 /* The message of a step the numeric guard skipped, naming the devices whose own loss or

@@ -228,6 +228,15 @@ pmap_status backend_all_gather(pmap_device *dev, const char *call, const float *
   return dev->ctx->be->coll->all_gather(dev, send, recv, count);
 }
 
+pmap_status backend_reduce_scatter(pmap_device *dev, const char *call, float *buf, size_t chunk,
+                                   pmap_redop op) {
+  pmap_ctx *ctx = dev->ctx;
+  size_t total = chunk * (size_t)ctx->n * (size_t)ctx->nproc;
+  PMAP_TRY(rendezvous(dev, call, total, (int)op));
+  if (!ctx->be->coll->reduce_scatter) return ctx->be->coll->all_reduce(dev, buf, buf, total, op);
+  return ctx->be->coll->reduce_scatter(dev, buf, chunk, op);
+}
+
 pmap_status backend_barrier(pmap_device *dev, const char *call) {
   PMAP_TRY(rendezvous(dev, call, 0, 0));
   return dev->ctx->be->coll->barrier(dev);

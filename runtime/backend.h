@@ -24,6 +24,11 @@ typedef struct pmap_coll_i {
                            int root);
   /* recv (N, count) */
   pmap_status (*all_gather)(pmap_device *dev, const float *send, float *recv, size_t count);
+  /* In place over buf (N * chunk elements, N the global device count): the device of global
+   * index g ends with buf[g * chunk, (g + 1) * chunk) reduced over every device, each element
+   * exactly as all_reduce would give it; the rest of buf is left unspecified (optional: NULL
+   * means an all_reduce of the whole buffer stands in). */
+  pmap_status (*reduce_scatter)(pmap_device *dev, float *buf, size_t chunk, pmap_redop op);
   pmap_status (*barrier)(pmap_device *dev);
 } pmap_coll_i;
 
@@ -91,6 +96,7 @@ struct pmap_ctx {
   pmap_wait_policy wait;
   int numeric_guard;       /* pmap_config.numeric_guard */
   int uneven;              /* pmap_config.uneven_batches */
+  int shard;               /* pmap_config.shard_optimizer resolved: 1 shards the optimizer */
   _Atomic int abort;       /* set when a device failed in the current job */
   _Atomic int busy;        /* a job is running: pmap_run is not re-entrant */
   _Atomic int left;        /* devices whose function returned in the current job */
@@ -184,6 +190,9 @@ pmap_status backend_broadcast(pmap_device *dev, const char *call, const float *s
 pmap_status backend_all_gather(pmap_device *dev, const char *call, const float *send, float *recv,
                                size_t count);
 pmap_status backend_barrier(pmap_device *dev, const char *call);
+/* pmap_coll_i.reduce_scatter (chunk elements per device), or the all-reduce standing in. */
+pmap_status backend_reduce_scatter(pmap_device *dev, const char *call, float *buf, size_t chunk,
+                                   pmap_redop op);
 
 /* Runs fn on every device (internal form of pmap_run: errors are left in each device). */
 pmap_status pmap_ctx_dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg);

@@ -98,6 +98,27 @@ static pmap_status cpu_all_reduce(pmap_device *dev, const float *send, float *re
   return PMAP_SUCCESS;
 }
 
+/* Device d reduces chunk d of every device's buffer into its own, in the all-reduce's order (so
+ * each element is bitwise what the all-reduce gives). Across processes the hierarchical
+ * all-reduce stands in. */
+static pmap_status cpu_reduce_scatter(pmap_device *dev, float *buf, size_t chunk, pmap_redop op) {
+  pmap_ctx *ctx = dev->ctx;
+  cpu_ctx *cc = ctx->be_ctx;
+  int n = ctx->n, d = dev->index;
+  if (ctx->dist) return cpu_hier_all_reduce(dev, buf, buf, chunk * (size_t)n * (size_t)ctx->nproc, op);
+  if (chunk == 0) return PMAP_SUCCESS;
+  if (n == 1) return cpu_all_reduce(dev, buf, buf, chunk, op);
+  const float **bufs = cc->slots;
+  bufs[d] = buf;
+  cpu_passage ps = {dev, "reduce_scatter", 0, NULL};
+  PMAP_TRY(cpu_arrive(&ps, 1));
+  size_t lo = chunk * (size_t)d;
+  cpu_reduce_range(bufs, n, buf, lo, lo + chunk, op);
+  /* Nobody may leave (and reuse its buffer) while another device still reads its chunk. */
+  PMAP_TRY(cpu_arrive(&ps, 0));
+  return PMAP_SUCCESS;
+}
+
 static pmap_status cpu_broadcast(pmap_device *dev, const float *send, float *recv, size_t count,
                                  int root) {
   cpu_ctx *cc = dev->ctx->be_ctx;
@@ -138,5 +159,6 @@ const pmap_coll_i pmap_cpu_coll = {
     .all_reduce = cpu_all_reduce,
     .broadcast = cpu_broadcast,
     .all_gather = cpu_all_gather,
+    .reduce_scatter = cpu_reduce_scatter,
     .barrier = cpu_barrier,
 };

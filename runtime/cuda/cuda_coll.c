@@ -252,6 +252,18 @@ static pmap_status cuda_all_gather(pmap_device *dev, const float *send, float *r
                           "ncclAllGather", "all_gather");
 }
 
+/* NCCL's in-place form: the device's chunk is its place in buf (rank = global index). */
+static pmap_status cuda_reduce_scatter(pmap_device *dev, float *buf, size_t chunk, pmap_redop op) {
+  cuda_device *cd = dev->be;
+  if (chunk == 0) return PMAP_SUCCESS;
+  size_t rank = (size_t)dev->ctx->proc * (size_t)dev->ctx->n + (size_t)dev->index;
+  PMAP_TRY(cuda_nccl_enter(dev, "reduce_scatter"));
+  return cuda_nccl_issued(dev,
+                          ncclReduceScatter(buf, buf + rank * chunk, chunk, ncclFloat32,
+                                            nccl_op(op), cd->comm, cd->stream),
+                          "ncclReduceScatter", "reduce_scatter");
+}
+
 /* Drain this device's stream, then meet the other threads: every device's earlier work is done
  * when any of them leaves. */
 static pmap_status cuda_barrier(pmap_device *dev) {
@@ -270,5 +282,6 @@ const pmap_coll_i pmap_cuda_coll = {
     .all_reduce = cuda_all_reduce,
     .broadcast = cuda_broadcast,
     .all_gather = cuda_all_gather,
+    .reduce_scatter = cuda_reduce_scatter,
     .barrier = cuda_barrier,
 };

@@ -1,0 +1,328 @@
+/* test_shard.c: the sharded optimizer (pmap_config.shard_optimizer) against the replicated one.
+ * On CPU both must give bitwise the same losses, parameters and optimizer state (compared as
+ * checkpoint files, which hold the whole state): every example model, SGD, SGD with momentum and
+ * Adam, N = 1, 2, 3, 4, 8 (parameter counts that N does not divide among them); then clipping,
+ * the numeric guard's skipped step, micro-batches, uneven batches, AdamW with a schedule,
+ * Nesterov and a user's gradient function; checkpoints across the two layouts; the state bytes
+ * per device; and the setting's validation. */
+#include <unistd.h>
+
+#include "pmap_examples.h"
+#include "testutil.h"
+
+typedef struct run {
+  pmap_ctx *ctx;
+  pmap_model *model;
+  pmap_params *params;
+} run;
+
+static char dir[64];
+
+static int open_run(run *r, const char *name, const pmap_optimizer *opt, int n, int shard,
+                    int uneven) {
+  memset(r, 0, sizeof *r);
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU,
+                     .num_devices = n,
+                     .uneven_batches = uneven,
+                     .shard_optimizer = shard ? PMAP_SHARD_ON : PMAP_SHARD_OFF};
+  CHECK_OK(pmap_ctx_create(&cfg, &r->ctx));
+  CHECK_OK(pmap_example_model(name, &r->model));
+  if (!r->ctx || !r->model) return -1;
+  CHECK_OK(pmap_params_create(r->ctx, r->model, opt, 7, &r->params));
+  return r->params ? 0 : -1;
+}
+
+static void close_run(run *r) {
+  pmap_params_destroy(r->params);
+  pmap_model_destroy(r->model);
+  CHECK_OK(pmap_ctx_destroy(r->ctx));
+  memset(r, 0, sizeof *r);
+}
+
+/* Rows [at, at + b) of xs, ys as arrays. */
+static void rows_of(const pmap_array *xs, const pmap_array *ys, int64_t at, int64_t b,
+                    pmap_array *x, pmap_array *y) {
+  *x = *xs;
+  *y = *ys;
+  size_t xr = (size_t)(pmap_array_numel(xs) / xs->shape[0]);
+  size_t yr = (size_t)(pmap_array_numel(ys) / ys->shape[0]);
+  x->data = (float *)xs->data + (size_t)at * xr;
+  y->data = (char *)ys->data + (size_t)at * yr * 4;
+  x->shape[0] = y->shape[0] = b;
+}
+
+/* The whole file at path into a malloc'ed buffer; *len its size. */
+static unsigned char *slurp(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long size = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  unsigned char *buf = malloc(size > 0 ? (size_t)size : 1);
+  *len = buf ? fread(buf, 1, (size_t)size, f) : 0;
+  fclose(f);
+  return buf;
+}
+
+/* a and b hold bitwise the same training state: their checkpoints are byte-identical. */
+static void same_state(const char *what, run *a, run *b) {
+  char pa[128], pb[128];
+  snprintf(pa, sizeof pa, "%s/a.ckpt", dir);
+  snprintf(pb, sizeof pb, "%s/b.ckpt", dir);
+  CHECK_OK(pmap_params_save(a->params, pa));
+  CHECK_OK(pmap_params_save(b->params, pb));
+  size_t la = 0, lb = 0;
+  unsigned char *fa = slurp(pa, &la), *fb = slurp(pb, &lb);
+  size_t at = 0;
+  while (fa && fb && at < la && at < lb && fa[at] == fb[at]) at++;
+  CHECK(fa && fb && la == lb && at == la,
+        "%s: the checkpoints differ (%zu and %zu bytes, first difference at byte %zu)", what, la,
+        lb, at);
+  free(fa);
+  free(fb);
+}
+
+/* `steps` steps of batch b on both runs from the same data; every loss and status the same. */
+static void step_both(const char *what, run *a, run *b, const pmap_array *xs, const pmap_array *ys,
+                      int64_t b_rows, int steps) {
+  for (int t = 0; t < steps; t++) {
+    pmap_array x, y;
+    rows_of(xs, ys, (int64_t)t * b_rows % (xs->shape[0] - b_rows + 1), b_rows, &x, &y);
+    float la = -1.0f, lb = -2.0f;
+    pmap_status sa = pmap_update(a->params, &x, &y, &la);
+    pmap_status sb = pmap_update(b->params, &x, &y, &lb);
+    CHECK(sa == sb, "%s step %d: status %s (replicated) vs %s (sharded): %s", what, t,
+          pmap_status_string(sa), pmap_status_string(sb), pmap_last_error());
+    if (sa == PMAP_SUCCESS)
+      CHECK(memcmp(&la, &lb, sizeof la) == 0, "%s step %d: loss %.9g (replicated) vs %.9g (sharded)",
+            what, t, (double)la, (double)lb);
+  }
+}
+
+static void grid(void) {
+  const char *models[] = {"linear", "mlp", "convnet", "res-mlp", "cifar-cnn", "cifar-bn"};
+  pmap_optimizer opts[] = {pmap_sgd(0.01f, 0.0f), pmap_sgd(0.01f, 0.9f), pmap_adam(0.001f)};
+  const char *opt_names[] = {"sgd", "momentum", "adam"};
+  int ns[] = {1, 2, 3, 4, 8};
+  for (size_t m = 0; m < sizeof models / sizeof *models; m++) {
+    pmap_array xs, ys;
+    CHECK_OK(pmap_example_data(models[m], 3, 48, &xs, &ys));
+    if (!xs.data) continue;
+    for (size_t o = 0; o < 3; o++)
+      for (size_t k = 0; k < sizeof ns / sizeof *ns; k++) {
+        run a, b;
+        char what[96];
+        snprintf(what, sizeof what, "%s %s N=%d", models[m], opt_names[o], ns[k]);
+        if (!open_run(&a, models[m], &opts[o], ns[k], 0, 0) &&
+            !open_run(&b, models[m], &opts[o], ns[k], 1, 0)) {
+          size_t P = pmap_params_count(a.params);
+          if (o == 2 && ns[k] > 1)
+            CHECK(pmap_params_optimizer_bytes(b.params) < pmap_params_optimizer_bytes(a.params) ||
+                      (P <= 16 && pmap_params_optimizer_bytes(b.params) == 8 * P),
+                  "%s: sharded state %zu bytes, replicated %zu", what,
+                  pmap_params_optimizer_bytes(b.params), pmap_params_optimizer_bytes(a.params));
+          step_both(what, &a, &b, &xs, &ys, 24, 3);
+          same_state(what, &a, &b);
+        }
+        close_run(&a);
+        close_run(&b);
+      }
+    pmap_example_data_free(&xs, &ys);
+  }
+}
+
+/* One model, N devices, a variant of the settings: replicated against sharded. */
+static void variant(const char *what, const char *model, pmap_optimizer opt, int n, int micro,
+                    int uneven, int64_t batch, int steps) {
+  pmap_array xs, ys;
+  CHECK_OK(pmap_example_data(model, 5, 64, &xs, &ys));
+  run a, b;
+  if (xs.data && !open_run(&a, model, &opt, n, 0, uneven) &&
+      !open_run(&b, model, &opt, n, 1, uneven)) {
+    CHECK_OK(pmap_params_set_micro_batches(a.params, micro));
+    CHECK_OK(pmap_params_set_micro_batches(b.params, micro));
+    step_both(what, &a, &b, &xs, &ys, batch, steps);
+    same_state(what, &a, &b);
+  }
+  close_run(&a);
+  close_run(&b);
+  pmap_example_data_free(&xs, &ys);
+}
+
+static void variants(void) {
+  pmap_optimizer clip = pmap_adam(0.01f);
+  clip.clip_norm = 0.05f; /* below the norms of these gradients: every step clips */
+  variant("clip 3", "mlp", clip, 3, 1, 0, 24, 4);
+  variant("clip 8", "res-mlp", clip, 8, 1, 0, 32, 3);
+  pmap_optimizer w = pmap_adamw(0.01f, 0.1f);
+  w.schedule = PMAP_SCHEDULE_WARMUP_COSINE;
+  w.warmup_steps = 2;
+  w.decay_steps = 5;
+  w.final_lr = 0.001f;
+  variant("adamw cosine", "mlp", w, 4, 1, 0, 32, 5);
+  pmap_optimizer nest = pmap_sgd(0.02f, 0.9f);
+  nest.nesterov = 1;
+  nest.weight_decay = 0.01f;
+  variant("nesterov", "convnet", nest, 3, 1, 0, 24, 3);
+  variant("micro-batches", "mlp", pmap_adam(0.01f), 4, 3, 0, 48, 3);
+  variant("uneven", "mlp", pmap_adam(0.01f), 4, 1, 1, 27, 3);
+  variant("uneven micro", "cifar-bn", pmap_sgd(0.02f, 0.9f), 3, 2, 1, 29, 2);
+}
+
+/* The numeric guard: device 1's gradients turn NaN at step 1 (PMAP_FAULT): both layouts skip
+ * that step alike, change nothing, and go on alike. */
+static void guard(void) {
+  setenv("PMAP_FAULT", "nan:device=1:step=1", 1);
+  variant("guard", "mlp", pmap_adam(0.01f), 4, 1, 0, 32, 4);
+  unsetenv("PMAP_FAULT");
+}
+
+/* A user's gradient function: least squares on y = x . w, any N. */
+static pmap_status lsq(const pmap_grad_args *a, void *user) {
+  (void)user;
+  int64_t rows = a->xs.shape[0];
+  size_t P = a->num_params;
+  const float *x = a->xs.data, *y = a->ys.data;
+  double loss = 0.0;
+  for (int64_t i = 0; i < rows; i++) {
+    float e = -y[i];
+    for (size_t j = 0; j < P; j++) e += x[(size_t)i * P + j] * a->params[j];
+    loss += (double)e * e;
+    for (size_t j = 0; j < P; j++) a->grads[j] += a->scale * 2.0f * e * x[(size_t)i * P + j] / (float)rows;
+  }
+  *a->loss = (float)(loss / (double)rows);
+  return PMAP_SUCCESS;
+}
+
+static void custom(void) {
+  enum { P = 37, B = 24 }; /* 37 parameters: no N of these divides them */
+  float init[P], x[B * P], y[B];
+  for (int i = 0; i < P; i++) init[i] = 0.01f * (float)(i % 7) - 0.03f;
+  for (int i = 0; i < B * P; i++) x[i] = (float)((i * 37 + 11) % 17) / 17.0f - 0.5f;
+  for (int i = 0; i < B; i++) y[i] = (float)(i % 5) * 0.25f;
+  pmap_array xs = {.dtype = PMAP_F32, .rank = 2, .shape = {B, P}, .data = x};
+  pmap_array ys = {.dtype = PMAP_F32, .rank = 1, .shape = {B}, .data = y};
+  pmap_optimizer opt = pmap_adam(0.05f);
+  for (int n = 2; n <= 8; n *= 2) {
+    run a = {0}, b = {0};
+    pmap_config ca = {.backend = PMAP_BACKEND_CPU, .num_devices = n, .shard_optimizer = PMAP_SHARD_OFF};
+    pmap_config cb = ca;
+    cb.shard_optimizer = PMAP_SHARD_ON;
+    CHECK_OK(pmap_ctx_create(&ca, &a.ctx));
+    CHECK_OK(pmap_ctx_create(&cb, &b.ctx));
+    if (a.ctx && b.ctx) {
+      CHECK_OK(pmap_params_create_custom(a.ctx, P, init, lsq, NULL, &opt, &a.params));
+      CHECK_OK(pmap_params_create_custom(b.ctx, P, init, lsq, NULL, &opt, &b.params));
+    }
+    if (a.params && b.params) {
+      char what[32];
+      snprintf(what, sizeof what, "custom N=%d", n);
+      step_both(what, &a, &b, &xs, &ys, B, 5);
+      float wa[P], wb[P];
+      CHECK_OK(pmap_params_read(a.params, n - 1, wa, P));
+      CHECK_OK(pmap_params_read(b.params, n - 1, wb, P));
+      CHECK(memcmp(wa, wb, sizeof wa) == 0, "%s: parameters differ", what);
+      CHECK(memcmp(wa, init, sizeof wa) != 0, "%s: the parameters moved", what);
+      same_state(what, &a, &b);
+    }
+    pmap_params_destroy(a.params);
+    pmap_params_destroy(b.params);
+    CHECK_OK(pmap_ctx_destroy(a.ctx));
+    CHECK_OK(pmap_ctx_destroy(b.ctx));
+  }
+}
+
+/* A checkpoint of either layout loads into the other and the runs go on bitwise alike. */
+static void checkpoints(void) {
+  pmap_array xs, ys;
+  CHECK_OK(pmap_example_data("mlp", 9, 64, &xs, &ys));
+  pmap_optimizer opt = pmap_adam(0.01f);
+  run a, b, c;
+  char path[128];
+  snprintf(path, sizeof path, "%s/cross.ckpt", dir);
+  if (xs.data && !open_run(&a, "mlp", &opt, 3, 1, 0) && !open_run(&b, "mlp", &opt, 3, 0, 0) &&
+      !open_run(&c, "mlp", &opt, 3, 1, 0)) {
+    step_both("before the save", &a, &b, &xs, &ys, 24, 2);
+    CHECK_OK(pmap_params_save(a.params, path)); /* sharded */
+    CHECK_OK(pmap_params_load(c.params, path));  /* into sharded */
+    step_both("sharded from sharded", &a, &c, &xs, &ys, 24, 2);
+    CHECK_OK(pmap_params_save(c.params, path));
+    CHECK_OK(pmap_params_load(b.params, path)); /* into replicated */
+    step_both("replicated from sharded", &b, &c, &xs, &ys, 24, 2);
+    same_state("replicated from sharded", &b, &c);
+    CHECK_OK(pmap_params_save(b.params, path));
+    CHECK_OK(pmap_params_load(a.params, path)); /* replicated into sharded */
+    same_state("sharded from replicated", &a, &b);
+    step_both("sharded from replicated", &b, &a, &xs, &ys, 24, 2);
+    same_state("after", &a, &b);
+    CHECK_OK(pmap_params_verify(a.params));
+  }
+  close_run(&a);
+  close_run(&b);
+  close_run(&c);
+  pmap_example_data_free(&xs, &ys);
+}
+
+static void settings(void) {
+  pmap_ctx *ctx = NULL;
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 2, .shard_optimizer = 7};
+  CHECK_FAILS(pmap_ctx_create(&cfg, &ctx), PMAP_ERR_INVALID_ARGUMENT, "shard_optimizer 7");
+  cfg.shard_optimizer = -1;
+  CHECK_FAILS(pmap_ctx_create(&cfg, &ctx), PMAP_ERR_INVALID_ARGUMENT, "shard_optimizer -1");
+  cfg.shard_optimizer = PMAP_SHARD_AUTO;
+  setenv("PMAP_SHARD_OPTIMIZER", "2", 1);
+  CHECK_FAILS(pmap_ctx_create(&cfg, &ctx), PMAP_ERR_INVALID_ARGUMENT, "PMAP_SHARD_OPTIMIZER=\"2\"");
+  CHECK(ctx == NULL, "no context on error");
+  /* The variable decides AUTO, not an explicit setting. */
+  pmap_model *m = NULL;
+  CHECK_OK(pmap_example_model("mlp", &m));
+  size_t bytes[2][2] = {{0, 0}, {0, 0}};
+  for (int env = 0; env <= 1; env++)
+    for (int mode = 0; mode <= 1; mode++) {
+      setenv("PMAP_SHARD_OPTIMIZER", env ? "1" : "0", 1);
+      cfg.shard_optimizer = mode ? PMAP_SHARD_AUTO : PMAP_SHARD_OFF;
+      pmap_optimizer opt = pmap_adam(0.01f);
+      pmap_params *p = NULL;
+      CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+      if (ctx && m) CHECK_OK(pmap_params_create(ctx, m, &opt, 1, &p));
+      bytes[env][mode] = pmap_params_optimizer_bytes(p);
+      if (p && !mode)
+        CHECK(bytes[env][mode] == 2 * 4 * pmap_params_count(p), "replicated Adam: %zu bytes",
+              bytes[env][mode]);
+      if (p && mode && env)
+        CHECK(bytes[env][mode] <= 2 * 4 * (pmap_params_count(p) / 2 + 16) &&
+                  bytes[env][mode] >= 2 * 4 * (pmap_params_count(p) / 2),
+              "sharded over 2 devices: %zu bytes for %zu parameters", bytes[env][mode],
+              pmap_params_count(p));
+      pmap_params_destroy(p);
+      CHECK_OK(pmap_ctx_destroy(ctx));
+      ctx = NULL;
+    }
+  CHECK(bytes[0][1] == bytes[0][0] && bytes[1][1] < bytes[1][0] && bytes[1][0] == bytes[0][0],
+        "PMAP_SHARD_OPTIMIZER decides AUTO only");
+  unsetenv("PMAP_SHARD_OPTIMIZER");
+  pmap_model_destroy(m);
+  CHECK(pmap_params_optimizer_bytes(NULL) == 0, "NULL: 0 bytes");
+}
+
+int main(void) {
+  snprintf(dir, sizeof dir, "/tmp/pmap-test-shard-XXXXXX");
+  if (!mkdtemp(dir)) {
+    perror("mkdtemp");
+    return 1;
+  }
+  settings();
+  grid();
+  variants();
+  guard();
+  custom();
+  checkpoints();
+  char path[128];
+  const char *files[] = {"a.ckpt", "b.ckpt", "cross.ckpt"};
+  for (int i = 0; i < 3; i++) {
+    snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+    unlink(path);
+  }
+  rmdir(dir);
+  return test_exit("shard");
+}
