@@ -42,15 +42,22 @@ double bench_gemm_flops(const bench_gemm *g, int n);
 /* Per-device buffers of the GEMM probe and the all-reduce probe of one context. */
 typedef struct bench_probe bench_probe;
 
-/* Allocates, on every device of ctx, operands for the GEMMs g (n) and a gradient-sized buffer
- * of `count` floats for the all-reduce. Returns 0, or -1 after printing why. */
-int bench_probe_open(pmap_ctx *ctx, const bench_gemm *g, int n, size_t count, bench_probe **out);
+/* Allocates, on every device of ctx, operands for the GEMMs g (n), a gradient buffer for the
+ * step's collectives and parameters and optimizer state as params has them (replicated or
+ * sharded). Returns 0, or -1 after printing why. */
+int bench_probe_open(pmap_ctx *ctx, const bench_gemm *g, int n, const pmap_params *params,
+                     bench_probe **out);
 void bench_probe_close(bench_probe *p); /* accepts NULL */
 /* Times `reps` runs of the step's GEMMs on every device at once (the devices start together
  * and a rep ends when the last one is done); appends the times (s) to t[*nt]. */
 int bench_probe_gemms(bench_probe *p, int reps, double *t, int *nt);
-/* Times `reps` in-place pmean all-reduces of the gradient buffer; appends to t[*nt]. */
+/* Times `reps` runs of the step's collectives alone (the in-place pmean of [gradients | loss],
+ * or sharded the reduce-scatter, the exchange of norms and the all-gather of the parameters);
+ * appends to t[*nt]. */
 int bench_probe_allreduce(bench_probe *p, int reps, double *t, int *nt);
+/* Times `reps` runs of the step's optimizer alone, every device at once (over all parameters,
+ * or sharded over the device's part); appends to t[*nt]. */
+int bench_probe_optimizer(bench_probe *p, int reps, double *t, int *nt);
 
 /* The hand-written single-device training loop over the CPU op table (no context, no workers,
  * no collectives): the runtime-free baseline of a 1-device pmap_update. */
@@ -91,7 +98,11 @@ typedef struct bench_row {
   bench_stats gemm;      /* the step's GEMMs alone, every device at once (n == 0: not measured) */
   double gemm_gflops;    /* executed GEMM FLOPs of all devices / gemm.med */
   double gemm_share;     /* gemm.med / step.med: the share of the raw GEMM rate the step keeps */
-  bench_stats allreduce; /* the in-place pmean of the gradients and loss alone */
+  bench_stats allreduce; /* the step's collectives alone (the pmean, or sharded all three) */
+  bench_stats opt;       /* the step's optimizer alone, every device at once */
+  double opt_share, coll_share; /* opt.med / step.med, allreduce.med / step.med */
+  int sharded;           /* the optimizer sharded (pmap_config.shard_optimizer) */
+  size_t state_bytes;    /* optimizer state per device (pmap_params_optimizer_bytes) */
   float loss0, loss;     /* loss of step 0 (the initial parameters) and the final loss */
   int identical;         /* every replica bitwise equal after the run */
   double loss_rel_diff;  /* |loss - first row's loss| / |first row's|, strong scaling only */

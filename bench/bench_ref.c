@@ -7,6 +7,7 @@
 
 #include "bench.h"
 #include "models/model.h"
+#include "models/params.h"
 #include "ops/cpu/cpu_ops.h"
 #include "runtime/backend.h"
 #include "runtime/error.h"
@@ -55,16 +56,18 @@ double bench_gemm_flops(const bench_gemm *g, int n) {
 /* ------------------------------------------------------------------------------------------ */
 /* Probes: the step's GEMMs and its all-reduce, alone, on every device of a context at once    */
 
-enum { PROBE_ALLOC, PROBE_FREE, PROBE_GEMMS, PROBE_ALLREDUCE };
+enum { PROBE_ALLOC, PROBE_FREE, PROBE_GEMMS, PROBE_ALLREDUCE, PROBE_OPTIMIZER };
 
 struct bench_probe {
   pmap_ctx *ctx;
   bench_gemm g[BENCH_MAX_GEMMS];
   int ng;
   int64_t inner; /* passes over the GEMMs per timed rep, so that tiny shapes time well */
-  size_t count;  /* all-reduce floats */
+  size_t count;  /* all-reduce floats, or the sharded step's padded buffer */
+  const pmap_params *params;          /* the step's settings: optimizer, sharding, parts */
   float *(*ops)[3 * BENCH_MAX_GEMMS]; /* (N) a, b, c of each GEMM */
   float **grad;                       /* (N) */
+  float **w, **state;                 /* (N) the optimizer probe's parameters and state */
   float *host;                        /* random operand values, the largest operand's size */
   /* The current job. */
   int mode, reps;
@@ -87,6 +90,13 @@ static pmap_status probe_alloc(pmap_device *dev, bench_probe *p) {
     }
   PMAP_TRY(pmap_device_alloc(dev, p->count, &p->grad[d]));
   PMAP_TRY(pmap_device_upload(dev, p->grad[d], p->host, p->count));
+  size_t P = p->params->n_params, slots = (size_t)p->params->opt_slots;
+  PMAP_TRY(pmap_device_alloc(dev, P, &p->w[d]));
+  PMAP_TRY(pmap_device_upload(dev, p->w[d], p->host, P));
+  if (slots) {
+    PMAP_TRY(pmap_device_alloc(dev, slots * p->params->state_len, &p->state[d]));
+    PMAP_TRY(dev->ops->fill(dev, p->state[d], 0.0f, slots * p->params->state_len));
+  }
   return PMAP_SUCCESS;
 }
 
@@ -94,6 +104,8 @@ static pmap_status probe_free(pmap_device *dev, bench_probe *p) {
   int d = pmap_local_index(dev); /* per-process arrays */
   for (int i = 0; i < 3 * p->ng; i++) pmap_device_free(dev, p->ops[d][i]);
   pmap_device_free(dev, p->grad[d]);
+  pmap_device_free(dev, p->w[d]);
+  pmap_device_free(dev, p->state[d]);
   return PMAP_SUCCESS;
 }
 
@@ -119,14 +131,45 @@ static pmap_status probe_gemms(pmap_device *dev, bench_probe *p) {
   return PMAP_SUCCESS;
 }
 
+/* The step's collectives alone: the all-reduce of [gradients | loss], or sharded the
+ * reduce-scatter, the exchange of norms and the all-gather of the parameters. */
 static pmap_status probe_allreduce(pmap_device *dev, bench_probe *p) {
   int d = pmap_local_index(dev); /* per-process arrays */
+  const pmap_params *pp = p->params;
+  float sink = 0.0f, *g = p->grad[d];
+  size_t rec = params_record_len(pp), at = (size_t)params_global(pp, d);
+  for (int r = 0; r < p->reps; r++) {
+    PMAP_TRY(pmap_barrier(dev));
+    double t0 = cli_now();
+    if (pp->shard) {
+      PMAP_TRY(backend_reduce_scatter(dev, "probe", g, pp->chunk, PMAP_RED_MEAN));
+      PMAP_TRY(backend_all_gather(dev, "probe", g + at * rec, g, rec));
+      PMAP_TRY(backend_all_gather(dev, "probe", g + at * pp->chunk, g, pp->chunk));
+    } else {
+      PMAP_TRY(pmap_pmean(dev, g, g, p->count));
+    }
+    PMAP_TRY(pmap_device_download(dev, &sink, g, 1));
+    if (d == 0) p->t[(*p->nt)++] = cli_now() - t0;
+  }
+  return PMAP_SUCCESS;
+}
+
+/* The step's optimizer alone on every device at once: over every parameter, or sharded over
+ * the device's part. The gradients are the probe's fixed values, the learning rate tiny. */
+static pmap_status probe_optimizer(pmap_device *dev, bench_probe *p) {
+  int d = pmap_local_index(dev); /* per-process arrays */
+  const pmap_params *pp = p->params;
+  size_t lo = 0, len = pp->n_params;
+  if (pp->shard) params_part(pp, params_global(pp, d), &lo, &len);
+  pmap_step_hyper h = optimizer_hyper(&pp->opt, 1);
+  h.lr = 1e-12f;
   float sink = 0.0f;
   for (int r = 0; r < p->reps; r++) {
     PMAP_TRY(pmap_barrier(dev));
     double t0 = cli_now();
-    PMAP_TRY(pmap_pmean(dev, p->grad[d], p->grad[d], p->count));
-    PMAP_TRY(pmap_device_download(dev, &sink, p->grad[d], 1));
+    if (len) PMAP_TRY(optimizer_apply(dev, &pp->opt, &h, p->w[d] + lo, p->grad[d] + lo, p->state[d], len));
+    PMAP_TRY(pmap_device_download(dev, &sink, p->w[d], 1));
+    PMAP_TRY(pmap_barrier(dev));
     if (d == 0) p->t[(*p->nt)++] = cli_now() - t0;
   }
   return PMAP_SUCCESS;
@@ -139,17 +182,22 @@ static pmap_status probe_job(pmap_device *dev, void *arg) {
   case PROBE_FREE: return probe_free(dev, p);
   case PROBE_GEMMS: return p->ng ? probe_gemms(dev, p) : PMAP_SUCCESS;
   case PROBE_ALLREDUCE: return probe_allreduce(dev, p);
+  case PROBE_OPTIMIZER: return probe_optimizer(dev, p);
   }
   return PMAP_ERR(PMAP_ERR_INTERNAL, "probe mode %d", p->mode);
 }
 
-int bench_probe_open(pmap_ctx *ctx, const bench_gemm *g, int n, size_t count, bench_probe **out) {
+int bench_probe_open(pmap_ctx *ctx, const bench_gemm *g, int n, const pmap_params *params,
+                     bench_probe **out) {
   int nd = pmap_ctx_num_devices(ctx);
   bench_probe *p = calloc(1, sizeof *p);
+  /* The reduction's count, or sharded its padded buffer and the records after it. */
+  size_t count = params->shard ? params->g_len : params->reduced;
   size_t largest = count;
   *out = NULL;
   if (!p) goto oom;
   p->ctx = ctx;
+  p->params = params;
   p->ng = n < BENCH_MAX_GEMMS ? n : BENCH_MAX_GEMMS;
   memcpy(p->g, g, (size_t)p->ng * sizeof *g);
   p->count = count;
@@ -164,8 +212,10 @@ int bench_probe_open(pmap_ctx *ctx, const bench_gemm *g, int n, size_t count, be
   p->inner = (int64_t)(by_flops < by_calls ? by_flops : by_calls);
   p->ops = calloc((size_t)nd, sizeof *p->ops);
   p->grad = calloc((size_t)nd, sizeof *p->grad);
+  p->w = calloc((size_t)nd, sizeof *p->w);
+  p->state = calloc((size_t)nd, sizeof *p->state);
   p->host = malloc(largest * sizeof *p->host);
-  if (!p->ops || !p->grad || !p->host) goto oom;
+  if (!p->ops || !p->grad || !p->w || !p->state || !p->host) goto oom;
   for (size_t i = 0; i < largest; i++) /* small, varied, never denormal */
     p->host[i] = (float)((int)(i * 2654435761u % 2001u) - 1000) / 1000.0f;
   p->mode = PROBE_ALLOC;
@@ -184,12 +234,14 @@ oom:
 
 void bench_probe_close(bench_probe *p) {
   if (!p) return;
-  if (p->ops && p->grad) {
+  if (p->ops && p->grad && p->w && p->state) {
     p->mode = PROBE_FREE;
     pmap_run(p->ctx, probe_job, p);
   }
   free(p->ops);
   free(p->grad);
+  free(p->w);
+  free(p->state);
   free(p->host);
   free(p);
 }
@@ -200,7 +252,8 @@ static int probe_run(bench_probe *p, int mode, int reps, double *t, int *nt) {
   p->t = t;
   p->nt = nt;
   if (pmap_run(p->ctx, probe_job, p) == PMAP_SUCCESS) return 0;
-  fprintf(stderr, "pmap-bench: %s probe: %s\n", mode == PROBE_GEMMS ? "GEMM" : "all-reduce",
+  fprintf(stderr, "pmap-bench: %s probe: %s\n",
+          mode == PROBE_GEMMS ? "GEMM" : mode == PROBE_OPTIMIZER ? "optimizer" : "collective",
           pmap_last_error());
   return -1;
 }
@@ -211,6 +264,10 @@ int bench_probe_gemms(bench_probe *p, int reps, double *t, int *nt) {
 
 int bench_probe_allreduce(bench_probe *p, int reps, double *t, int *nt) {
   return probe_run(p, PROBE_ALLREDUCE, reps, t, nt);
+}
+
+int bench_probe_optimizer(bench_probe *p, int reps, double *t, int *nt) {
+  return probe_run(p, PROBE_OPTIMIZER, reps, t, nt);
 }
 
 /* ------------------------------------------------------------------------------------------ */

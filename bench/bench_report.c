@@ -32,22 +32,33 @@ static void table(FILE *f, const bench_result *r, int mode) {
     fprintf(f, "weak scaling: %lld per device", (long long)r->weak_batch);
   fprintf(f, "; median of %lld steps in interleaved rounds after %lld warm-up\n",
           (long long)r->steps, (long long)r->warmup);
-  fprintf(f, "%7s %7s %7s %9s %10s %10s %10s %11s %8s %7s %6s %9s %6s %10s %7s\n", "devices",
-          "batch", "per_dev", "step0_ms", "median_ms", "p10_ms", "p90_ms", "samples/s", "GFLOP/s",
-          "speedup", "eff", "gemm_ms", "gemm%", "allred_ms", "same");
+  fprintf(f, "%7s %5s %7s %7s %9s %10s %10s %10s %11s %8s %7s %6s %9s %6s %9s %6s %9s %6s %9s %5s\n",
+          "devices", "opt", "batch", "per_dev", "step0_ms", "median_ms", "p10_ms", "p90_ms",
+          "samples/s", "GFLOP/s", "speedup", "eff", "gemm_ms", "gemm%", "coll_ms", "coll%",
+          "opt_ms", "opt%", "state_MB", "same");
   for (int i = 0; i < r->nrows[mode]; i++) {
     const bench_row *w = &rows[i];
-    char gemm_ms[16] = "-", share[16] = "-";
+    char gemm_ms[16] = "-", share[16] = "-", coll_ms[16] = "-", coll[16] = "-", opt_ms[16] = "-",
+         opt[16] = "-";
     if (w->gemm.n) {
       snprintf(gemm_ms, sizeof gemm_ms, "%.4g", w->gemm.med);
       snprintf(share, sizeof share, "%.0f%%", 100.0 * w->gemm_share);
     }
+    if (w->allreduce.n) {
+      snprintf(coll_ms, sizeof coll_ms, "%.4g", w->allreduce.med);
+      snprintf(coll, sizeof coll, "%.1f%%", 100.0 * w->coll_share);
+    }
+    if (w->opt.n) {
+      snprintf(opt_ms, sizeof opt_ms, "%.4g", w->opt.med);
+      snprintf(opt, sizeof opt, "%.1f%%", 100.0 * w->opt_share);
+    }
     fprintf(f,
-            "%7d %7lld %7lld %9.4g %10.4g %10.4g %10.4g %11.5g %8.4g %7.3f %6.3f %9s %6s %10.4g "
-            "%7s\n",
-            w->devices, (long long)w->global_batch, (long long)w->per_device_batch, w->step0_ms,
-            w->step.med, w->step.p10, w->step.p90, w->sps, w->gflops, w->speedup, w->eff, gemm_ms,
-            share, w->allreduce.med, w->identical ? "yes" : "NO");
+            "%7d %5s %7lld %7lld %9.4g %10.4g %10.4g %10.4g %11.5g %8.4g %7.3f %6.3f %9s %6s %9s "
+            "%6s %9s %6s %9.4g %5s\n",
+            w->devices, w->sharded ? "shard" : "repl", (long long)w->global_batch,
+            (long long)w->per_device_batch, w->step0_ms, w->step.med, w->step.p10, w->step.p90,
+            w->sps, w->gflops, w->speedup, w->eff, gemm_ms, share, coll_ms, coll, opt_ms, opt,
+            (double)w->state_bytes / 1e6, w->identical ? "yes" : "NO");
   }
 }
 
@@ -142,7 +153,8 @@ void bench_report_csv_header(FILE *f) {
   fprintf(f,
           "model,scaling,backend,gemm,devices,global_batch,per_device_batch,total_steps,"
           "step0_ms,median_ms,p10_ms,p90_ms,samples_per_sec,gflops,speedup,efficiency,gemm_ms,"
-          "gemm_gflops,gemm_share,allreduce_ms,loss0,loss,replicas_identical\n");
+          "gemm_gflops,gemm_share,allreduce_ms,loss0,loss,replicas_identical,sharded,"
+          "optimizer_ms,optimizer_share,collective_share,optimizer_state_bytes\n");
 }
 
 void bench_report_csv(FILE *f, const bench_result *r, const char *backend) {
@@ -151,13 +163,15 @@ void bench_report_csv(FILE *f, const bench_result *r, const char *backend) {
       const bench_row *w = &r->rows[mode][i];
       fprintf(f,
               "%s,%s,%s,%s,%d,%lld,%lld,%lld,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,"
-              "%.6g,%.6g,%.9g,%.9g,%d\n",
+              "%.6g,%.6g,%.9g,%.9g,%d,%d,%.6g,%.6g,%.6g,%zu\n",
               r->model, scaling_name[mode], backend, pmap_gemm_provider(), w->devices,
               (long long)w->global_batch, (long long)w->per_device_batch, (long long)w->total_steps,
               w->step0_ms, w->step.med, w->step.p10, w->step.p90, w->sps, w->gflops, w->speedup,
               w->eff, w->gemm.n ? w->gemm.med : -1.0, w->gemm.n ? w->gemm_gflops : -1.0,
               w->gemm.n ? w->gemm_share : -1.0, w->allreduce.med, (double)w->loss0, (double)w->loss,
-              w->identical);
+              w->identical, w->sharded, w->opt.n ? w->opt.med : -1.0,
+              w->opt.n ? w->opt_share : -1.0, w->allreduce.n ? w->coll_share : -1.0,
+              w->state_bytes);
     }
 }
 
@@ -191,7 +205,12 @@ void bench_report_json_rows(FILE *f, const bench_result *r, int *first_row) {
       num(f, "gemm_ms", w->gemm.n ? w->gemm.med : NAN), fputs(", ", f);
       num(f, "gemm_gflops", w->gemm.n ? w->gemm_gflops : NAN), fputs(", ", f);
       num(f, "gemm_share", w->gemm.n ? w->gemm_share : NAN), fputs(", ", f);
-      num(f, "allreduce_ms", w->allreduce.med), fputs(", ", f);
+      num(f, "allreduce_ms", w->allreduce.n ? w->allreduce.med : NAN), fputs(", ", f);
+      num(f, "collective_share", w->allreduce.n ? w->coll_share : NAN), fputs(", ", f);
+      num(f, "optimizer_ms", w->opt.n ? w->opt.med : NAN), fputs(", ", f);
+      num(f, "optimizer_share", w->opt.n ? w->opt_share : NAN), fputs(", ", f);
+      fprintf(f, "\"sharded\": %s, \"optimizer_state_bytes\": %zu, ", w->sharded ? "true" : "false",
+              w->state_bytes);
       num(f, "loss0", (double)w->loss0), fputs(", ", f);
       num(f, "loss", (double)w->loss), fputs(", ", f);
       num(f, "loss_rel_diff", mode == BENCH_STRONG ? w->loss_rel_diff : NAN);

@@ -9,6 +9,7 @@
 
 #include "../examples/tanh_net.h"
 #include "bench.h"
+#include "models/params.h"
 #include "pmap_examples.h"
 
 static const char *prog = "pmap-bench";
@@ -22,8 +23,9 @@ static void usage(FILE *f) {
           "usage: pmap-bench [--model NAME[,NAME...]|all] [--devices 1,2,4] [--batch B]\n"
           "                  [--weak-batch BD] [--scaling strong|weak|both] [--steps S]\n"
           "                  [--warmup W] [--rounds R] [--backend auto|cpu|cuda] [--seed K]\n"
-          "                  [--no-ref] [--no-numeric-guard] [--csv FILE] [--dump DIR]\n"
-          "                  [--json]\n"
+          "                  [--no-ref] [--no-numeric-guard] [--shard-optimizer]\n"
+          "                  [--no-shard-optimizer] [--compare-shard] [--csv FILE]\n"
+          "                  [--dump DIR] [--json]\n"
           "  --model      example models, comma-separated; all: " ALL_MODELS
           "\n"
           "               (default mlp-1024)\n"
@@ -37,6 +39,12 @@ static void usage(FILE *f) {
           "  --no-ref     skip the reference measurements (GEMMs alone, all-reduce alone,\n"
           "               the hand-written loop)\n"
           "  --no-numeric-guard  time steps without the numeric guard (pmap_config)\n"
+          "  --shard-optimizer     shard the optimizer over the devices (ZeRO-1: each device\n"
+          "               steps and keeps the state of its 1/N of the parameters)\n"
+          "  --no-shard-optimizer  replicate the optimizer on every device\n"
+          "               (default: the library's, PMAP_SHARD_OPTIMIZER when set)\n"
+          "  --compare-shard  a replicated and a sharded row for every device count above 1,\n"
+          "               measured in the same interleaved rounds\n"
           "  --csv FILE   also write the rows as CSV\n"
           "  --dump DIR   write each model's architecture, initial parameters and global batch\n"
           "               into DIR (for bench/jax_compare.py)\n"
@@ -53,7 +61,7 @@ static int fail(const char *what) {
 typedef struct opts {
   const char *models, *backend, *csv, *dump;
   int64_t devs[CLI_MAX_LIST], batch, weak_batch, steps, warmup, rounds;
-  int ndev, json, ref, modes[2], guard;
+  int ndev, json, ref, modes[2], guard, shard, compare;
   uint64_t seed;
 } opts;
 
@@ -63,8 +71,8 @@ typedef struct setup {
   pmap_params *params;
   pmap_array xs, ys;
   bench_probe *probe;
-  double *t, *tg, *ta; /* step, GEMM-probe and all-reduce-probe times (s) */
-  int nt, ntg, nta;
+  double *t, *tg, *ta, *to; /* step, GEMM-, collective- and optimizer-probe times (s) */
+  int nt, ntg, nta, nto;
   double gemm_flops; /* of one step on all devices */
   bench_row *row;
 } setup;
@@ -74,6 +82,7 @@ static void setup_close(setup *s) {
   free(s->t);
   free(s->tg);
   free(s->ta);
+  free(s->to);
   pmap_example_data_free(&s->xs, &s->ys);
   pmap_params_destroy(s->params);
   pmap_ctx_destroy(s->ctx);
@@ -137,8 +146,11 @@ static pmap_status params_make(pmap_ctx *ctx, const char *name, const pmap_model
 
 static int setup_open(setup *s, const char *name, const pmap_model *model,
                       const pmap_optimizer *opt, const opts *o, pmap_backend backend, int devices,
-                      int64_t bd, int64_t warmup, int cap, bench_row *r) {
-  pmap_config cfg = {.backend = backend, .num_devices = devices, .numeric_guard = o->guard};
+                      int shard, int64_t bd, int64_t warmup, int cap, bench_row *r) {
+  pmap_config cfg = {.backend = backend,
+                     .num_devices = devices,
+                     .numeric_guard = o->guard,
+                     .shard_optimizer = shard};
   memset(s, 0, sizeof *s);
   s->row = r;
   r->devices = devices;
@@ -147,7 +159,8 @@ static int setup_open(setup *s, const char *name, const pmap_model *model,
   s->t = malloc(sizeof *s->t * (size_t)cap);
   s->tg = malloc(sizeof *s->tg * (size_t)cap);
   s->ta = malloc(sizeof *s->ta * (size_t)cap);
-  if (!s->t || !s->tg || !s->ta) {
+  s->to = malloc(sizeof *s->to * (size_t)cap);
+  if (!s->t || !s->tg || !s->ta || !s->to) {
     fprintf(stderr, "%s: out of memory\n", prog);
     return -1;
   }
@@ -159,6 +172,8 @@ static int setup_open(setup *s, const char *name, const pmap_model *model,
   r->global_batch = bd * devices * procs;
   if (params_make(s->ctx, name, model, opt, o->seed, &s->params))
     return fail("cannot create the parameters");
+  r->sharded = s->params->shard;
+  r->state_bytes = pmap_params_optimizer_bytes(s->params);
   if (pmap_example_data(data_name(name), o->seed + 1, bd * devices, &s->xs, &s->ys))
     return fail("cannot make the data");
   double t0 = cli_now();
@@ -170,7 +185,7 @@ static int setup_open(setup *s, const char *name, const pmap_model *model,
     bench_gemm g[BENCH_MAX_GEMMS];
     int ng = bench_step_gemms(model, bd, g, BENCH_MAX_GEMMS);
     s->gemm_flops = bench_gemm_flops(g, ng) * devices;
-    if (bench_probe_open(s->ctx, g, ng, pmap_params_count(s->params) + 1, &s->probe)) return -1;
+    if (bench_probe_open(s->ctx, g, ng, s->params, &s->probe)) return -1;
   }
   return 0;
 }
@@ -189,6 +204,7 @@ static int setup_round(setup *s, int n, int reps) {
   bench_settle();
   if (bench_probe_gemms(s->probe, reps, s->tg, &s->ntg)) return -1;
   if (bench_probe_allreduce(s->probe, reps, s->ta, &s->nta)) return -1;
+  if (bench_probe_optimizer(s->probe, reps, s->to, &s->nto)) return -1;
   return 0;
 }
 
@@ -234,6 +250,9 @@ static void finish_table(bench_result *res, int mode, setup *su, double flops_pe
     w->gflops = flops_per_example * (double)w->global_batch / (w->step.med * 1e-3) / 1e9;
     w->gemm = bench_summarise(s->tg, s->ntg);
     w->allreduce = bench_summarise(s->ta, s->nta);
+    w->opt = bench_summarise(s->to, s->nto);
+    w->opt_share = w->opt.n ? w->opt.med / w->step.med : 0.0;
+    w->coll_share = w->allreduce.n ? w->allreduce.med / w->step.med : 0.0;
     w->gemm_gflops = w->gemm.n ? s->gemm_flops / (w->gemm.med * 1e-3) / 1e9 : 0.0;
     w->gemm_share = w->gemm.n ? w->gemm.med / w->step.med : 0.0;
     if (mode == BENCH_STRONG) {
@@ -326,13 +345,26 @@ static int bench_model(const char *name, const opts *o, pmap_backend backend, co
   pmap_array hx = {0}, hy = {0};
   double *th = NULL, *topt = NULL;
   int nth = 0, ntopt = 0;
+  /* The rows: each device count, and with --compare-shard above one device a replicated and
+   * a sharded row. */
+  int row_dev[CLI_MAX_LIST], row_shard[CLI_MAX_LIST], nrow = 0;
+  for (int i = 0; i < o->ndev; i++)
+    for (int k = 0; k < (o->compare && o->devs[i] > 1 ? 2 : 1); k++) {
+      if (nrow == CLI_MAX_LIST) {
+        fprintf(stderr, "%s: --compare-shard: at most %d rows\n", prog, CLI_MAX_LIST);
+        pmap_model_destroy(model);
+        return -1;
+      }
+      row_dev[nrow] = (int)o->devs[i];
+      row_shard[nrow++] = o->compare ? (k ? PMAP_SHARD_ON : PMAP_SHARD_OFF) : o->shard;
+    }
   for (int mode = 0; mode < 2 && !code; mode++) {
     if (!o->modes[mode]) continue;
-    for (int i = 0; i < o->ndev && !code; i++) {
-      int64_t bd = mode == BENCH_STRONG ? res->batch / o->devs[i] : res->weak_batch;
+    for (int i = 0; i < nrow && !code; i++) {
+      int64_t bd = mode == BENCH_STRONG ? res->batch / row_dev[i] : res->weak_batch;
       res->nrows[mode] = i + 1;
-      code = setup_open(&su[mode][i], name, model, &info.opt, o, backend, (int)o->devs[i], bd,
-                        res->warmup, cap, &res->rows[mode][i]);
+      code = setup_open(&su[mode][i], name, model, &info.opt, o, backend, row_dev[i],
+                        row_shard[i], bd, res->warmup, cap, &res->rows[mode][i]);
       if (!code) *bname = pmap_backend_name(pmap_ctx_backend(su[mode][i].ctx));
     }
   }
@@ -397,12 +429,29 @@ static int bench_model(const char *name, const opts *o, pmap_backend backend, co
 }
 
 static int parse(int argc, char **argv, opts *o) {
-  static const char *const flags[] = {"--json", "--no-ref", "--no-numeric-guard", NULL};
+  static const char *const flags[] = {"--json",
+                                      "--no-ref",
+                                      "--no-numeric-guard",
+                                      "--shard-optimizer",
+                                      "--no-shard-optimizer",
+                                      "--compare-shard",
+                                      NULL};
   static const char *const value_opts[] = {
       "--model",  "--backend", "--devices", "--batch", "--weak-batch", "--scaling", "--steps",
       "--warmup", "--rounds",  "--seed",    "--csv",   "--dump",       NULL};
-  *o = (opts){"mlp-1024", "auto", NULL, NULL,   {1, 2, 4},     -1, -1, -1, -1, 5,
-              3,          0,      1,    {1, 1}, PMAP_GUARD_ON, 0};
+  *o = (opts){.models = "mlp-1024",
+              .backend = "auto",
+              .devs = {1, 2, 4},
+              .batch = -1,
+              .weak_batch = -1,
+              .steps = -1,
+              .warmup = -1,
+              .rounds = 5,
+              .ndev = 3,
+              .ref = 1,
+              .modes = {1, 1},
+              .guard = PMAP_GUARD_ON,
+              .shard = PMAP_SHARD_AUTO};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = NULL;
     int kind = cli_next(prog, argc, argv, &i, flags, value_opts, &v);
@@ -417,6 +466,12 @@ static int parse(int argc, char **argv, opts *o) {
       o->ref = 0;
     } else if (!strcmp(a, "--no-numeric-guard")) {
       o->guard = PMAP_GUARD_OFF;
+    } else if (!strcmp(a, "--shard-optimizer")) {
+      o->shard = PMAP_SHARD_ON;
+    } else if (!strcmp(a, "--no-shard-optimizer")) {
+      o->shard = PMAP_SHARD_OFF;
+    } else if (!strcmp(a, "--compare-shard")) {
+      o->compare = 1;
     } else if (!strcmp(a, "--model")) {
       o->models = strcmp(v, "all") ? v : ALL_MODELS;
     } else if (!strcmp(a, "--backend")) {

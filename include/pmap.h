@@ -364,6 +364,9 @@ PMAP_API size_t pmap_params_count(const pmap_params *params);
  * (1 slot for SGD with momentum, 2 for Adam, 0 for plain SGD), about 1/N of that with
  * pmap_config.shard_optimizer. 0 for NULL. */
 PMAP_API size_t pmap_params_optimizer_bytes(const pmap_params *params);
+/* 1 when the optimizer of params is sharded over the devices (pmap_config.shard_optimizer on and
+ * more than one device in one process), else 0 (NULL included). */
+PMAP_API int pmap_params_sharded(const pmap_params *params);
 PMAP_API int64_t pmap_params_step(const pmap_params *params); /* optimizer steps taken */
 
 /* One data-parallel training step. xs: (B, input shape...) f32; ys: (B, K) f32 for MSE, (B) or

@@ -192,6 +192,7 @@ pmap_status pmap_params_create_custom(pmap_ctx *ctx, size_t num_params, const fl
 }
 
 size_t pmap_params_count(const pmap_params *p) { return p ? p->n_params : 0; }
+int pmap_params_sharded(const pmap_params *p) { return p ? p->shard : 0; }
 size_t pmap_params_optimizer_bytes(const pmap_params *p) {
   if (!p || !p->opt_slots) return 0;
   size_t lo = 0, len = p->n_params;

@@ -25,6 +25,7 @@ static void usage(FILE *f) {
       "                  [--seed K] [--samples S] [--log-every E] [--plot FILE] [--json]\n"
       "                  [--save FILE [--save-every K]] [--resume FILE] [--verify-every K]\n"
       "                  [--clip-norm X] [--no-numeric-guard] [--micro-batches K]\n"
+      "                  [--shard-optimizer | --no-shard-optimizer]\n"
       "                  [--data X.npy --labels Y.npy [--hidden 128,64] [--eval-fraction F]]\n"
       "  --model      example model (default linear)\n"
       "  --data       train on the features in X.npy (f4 or f8, (rows, features) or\n"
@@ -61,7 +62,11 @@ static void usage(FILE *f) {
       "  --verify-every  check every K steps that all replicas are bitwise identical\n"
       "  --clip-norm  scale the averaged gradient to global L2 norm <= X (default 0: off)\n"
       "  --no-numeric-guard  let non-finite loss or gradients through (default: the step is\n"
-      "               skipped and pmap-train stops with exit status 1)\n");
+      "               skipped and pmap-train stops with exit status 1)\n"
+      "  --shard-optimizer     each device keeps the optimizer state of its 1/N of the\n"
+      "               parameters and steps only those (ZeRO-1; the same results)\n"
+      "  --no-shard-optimizer  every device keeps all of it (default: the library's,\n"
+      "               PMAP_SHARD_OPTIMIZER when set)\n");
 }
 
 typedef struct opts {
@@ -71,12 +76,13 @@ typedef struct opts {
   int n_hidden, have_model;
   double eval_fraction;
   float lr, clip_norm;
-  int have_lr, json, no_guard;
+  int have_lr, json, no_guard, shard;
   uint64_t seed;
 } opts;
 
 static int parse(int argc, char **argv, opts *o) {
-  static const char *const flags[] = {"--json", "--no-numeric-guard", NULL};
+  static const char *const flags[] = {"--json", "--no-numeric-guard", "--shard-optimizer",
+                                      "--no-shard-optimizer", NULL};
   static const char *const value_opts[] = {
       "--model",     "--backend",       "--devices",   "--steps",         "--batch", "--samples",
       "--log-every", "--seed",          "--lr",        "--plot",          "--save",  "--save-every",
@@ -104,6 +110,10 @@ static int parse(int argc, char **argv, opts *o) {
       o->json = 1;
     } else if (!strcmp(a, "--no-numeric-guard")) {
       o->no_guard = 1;
+    } else if (!strcmp(a, "--shard-optimizer")) {
+      o->shard = PMAP_SHARD_ON;
+    } else if (!strcmp(a, "--no-shard-optimizer")) {
+      o->shard = PMAP_SHARD_OFF;
     } else if (!strcmp(a, "--model")) {
       o->model = v;
       o->have_model = 1;
@@ -185,6 +195,8 @@ typedef struct result {
   float lr, loss;
   double sps;
   int identical; /* 1, 0, or -1 when not checked */
+  int sharded;   /* pmap_params_sharded, -1 before the params exist */
+  size_t state_bytes;
   int have_wb, procs, me;
   float w, b;
   double eval_loss, eval_accuracy; /* NaN without held-out rows (or labels, for accuracy) */
@@ -226,6 +238,9 @@ static void print_json(const opts *o, const result *r) {
   json_number(stdout, (double)r->loss);
   printf(", \"samples_per_sec\": ");
   json_number(stdout, r->sps);
+  if (r->sharded >= 0)
+    printf(", \"sharded_optimizer\": %s, \"optimizer_state_bytes\": %zu",
+           r->sharded ? "true" : "false", r->state_bytes);
   printf(", \"replicas_identical\": %s", r->identical < 0 ? "null"
                                          : r->identical   ? "true"
                                                           : "false");
@@ -322,6 +337,7 @@ int main(int argc, char **argv) {
               .loss = NAN,
               .sps = NAN,
               .identical = -1,
+              .sharded = -1,
               .eval_loss = NAN,
               .eval_accuracy = NAN,
               .procs = 1};
@@ -365,7 +381,8 @@ int main(int argc, char **argv) {
 
   pmap_config cfg = {.backend = backend,
                      .num_devices = (int)o.devices,
-                     .numeric_guard = o.no_guard ? PMAP_GUARD_OFF : PMAP_GUARD_ON};
+                     .numeric_guard = o.no_guard ? PMAP_GUARD_OFF : PMAP_GUARD_ON,
+                     .shard_optimizer = o.shard};
   if (pmap_ctx_create(&cfg, &ctx)) {
     fail(&r, "cannot create the context");
     goto out;
@@ -426,6 +443,11 @@ int main(int argc, char **argv) {
       : info.opt.kind == PMAP_OPT_ADAM ? "Adam"
                                        : "AdamW",
       (double)info.opt.lr, (unsigned long long)o.seed);
+  r.sharded = pmap_params_sharded(params);
+  r.state_bytes = pmap_params_optimizer_bytes(params);
+  printf("pmap-train: optimizer state %.4g MB per device (%s)\n",
+         (double)pmap_params_optimizer_bytes(params) / 1e6,
+         pmap_params_sharded(params) ? "sharded over the devices" : "replicated");
   if (o.resume) printf("resumed from %s at step %lld\n", o.resume, (long long)start);
   if (o.data)
     printf("data: %s %s, %lld rows (%lld for training, %lld held out), %lld %s\n", o.data, o.labels,

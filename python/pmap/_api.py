@@ -173,10 +173,13 @@ class Model:
 
 class Context:
     """The device mesh: Context(backend="cpu", devices=4, timeout=0.0, numeric_guard=True,
-    uneven_batches=False). Close it with close() or a with block; closing it closes its params."""
+    uneven_batches=False, shard_optimizer=None). shard_optimizer: True shards the optimizer
+    over the devices (ZeRO-1), False replicates it, None leaves it to the library (the
+    PMAP_SHARD_OPTIMIZER variable, else sharded). Close it with close() or a with block; closing
+    it closes its params."""
 
     def __init__(self, backend="auto", devices=None, timeout=0.0, numeric_guard=True,
-                 uneven_batches=False):
+                 uneven_batches=False, shard_optimizer=None):
         if backend not in _BACKENDS:
             raise ValueError(f"backend {backend!r} is not one of {sorted(_BACKENDS)}")
         cfg = Config()
@@ -185,6 +188,7 @@ class Context:
         cfg.timeout_s = float(timeout)
         cfg.numeric_guard = 0 if numeric_guard else 1
         cfg.uneven_batches = int(bool(uneven_batches))
+        cfg.shard_optimizer = 0 if shard_optimizer is None else (2 if shard_optimizer else 1)
         self._h = ctypes.c_void_p()
         check(lib.pmap_ctx_create(ctypes.byref(cfg), ctypes.byref(self._h)))
         self._params = weakref.WeakSet()
@@ -244,6 +248,18 @@ class Params:
     @property
     def count(self):
         return lib.pmap_params_count(self._h)
+
+    @property
+    def sharded(self):
+        """Whether the optimizer is sharded over the devices."""
+        self._live()
+        return bool(lib.pmap_params_sharded(self._h))
+
+    @property
+    def optimizer_bytes(self):
+        """Bytes of optimizer state each device holds."""
+        self._live()
+        return lib.pmap_params_optimizer_bytes(self._h)
 
     @property
     def step(self):

@@ -40,6 +40,7 @@ class Config(ctypes.Structure):
         ("uneven_batches", ctypes.c_int),
         ("dist", ctypes.c_int),
         ("mpi_comm", ctypes.c_void_p),
+        ("shard_optimizer", ctypes.c_int),
     ]
 
 
@@ -132,6 +133,8 @@ _decl("pmap_params_create", _status, _p, _p, ctypes.POINTER(Optimizer), ctypes.c
       ctypes.POINTER(_p))
 _decl("pmap_params_destroy", None, _p)
 _decl("pmap_params_count", ctypes.c_size_t, _p)
+_decl("pmap_params_optimizer_bytes", ctypes.c_size_t, _p)
+_decl("pmap_params_sharded", ctypes.c_int, _p)
 _decl("pmap_params_step", ctypes.c_int64, _p)
 _decl("pmap_update", _status, _p, ctypes.POINTER(Array), ctypes.POINTER(Array),
       ctypes.POINTER(ctypes.c_float))

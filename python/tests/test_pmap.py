@@ -145,3 +145,20 @@ def test_write_read_micro_batches_and_guard():
         assert e.value.status == "PMAP_ERR_NUMERIC"
         assert "step 1" in e.value.message
         assert p.step == 1
+
+
+def test_sharded_optimizer_is_bitwise_the_replicated_one():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((48, 10)).astype(np.float32)
+    y = rng.integers(0, 3, size=48).astype(np.int32)
+    runs = {}
+    for shard in (False, True):
+        with pmap.Context(backend="cpu", devices=3, shard_optimizer=shard) as ctx:
+            model = pmap.Model(input_shape=(10,)).dense(16).relu().dense(3).loss("softmax_xent")
+            params = ctx.params(model, pmap.adam(1e-2), seed=7)
+            assert params.sharded == shard
+            losses = [params.update(x, y) for _ in range(8)]
+            runs[shard] = (losses, params.read(2), params.optimizer_bytes)
+    assert runs[False][0] == runs[True][0]
+    assert np.array_equal(runs[False][1], runs[True][1])
+    assert runs[True][2] < runs[False][2] == 2 * 4 * (10 * 16 + 16 + 16 * 3 + 3)
