@@ -377,7 +377,9 @@ PMAP_API int64_t pmap_params_step(const pmap_params *params); /* optimizer steps
  * rows equally, which is the exact global mean) and *loss is the same on every process.
  * Device d takes rows [d B/N, (d+1) B/N) of both as a view
  * (no copy on CPU), computes forward, loss and backward on them, then one all-reduce averages
- * gradients and loss together and every device applies the same optimizer step. *loss (may be
+ * gradients and loss together and every device applies the same optimizer step (with
+ * pmap_config.shard_optimizer: a reduce-scatter, each device steps its 1/N of the parameters,
+ * and an all-gather of the parameters, with bitwise the same result on CPU). *loss (may be
  * NULL) receives the mean loss over the global batch. Synchronous: returns when every replica is
  * updated; xs and ys may be reused at once. The first call with a larger batch than before sizes
  * the activation memory; later calls allocate nothing.
@@ -453,7 +455,8 @@ PMAP_API pmap_status pmap_params_save_user(const pmap_params *params, const char
 PMAP_API pmap_status pmap_params_load_user(pmap_params *params, const char *path, void *user,
                                            size_t user_cap, size_t *user_bytes);
 
-/* Compares every replica (parameters and optimizer state): each device computes a checksum of
+/* Compares every replica (parameters and optimizer state; the parameters only when the optimizer
+ * is sharded, each device's part of the state being its own): each device computes a checksum of
  * its own replica, and the checksums are gathered and compared. PMAP_SUCCESS when they are all
  * equal; PMAP_ERR_DEVICE with a message naming the devices that differ from device 0 when not
  * (replicas must never drift: this is a check for hardware or memory faults). */
