@@ -317,8 +317,8 @@ static void host_state_free(pmap_params *p) {
   p->ckpt_w = p->ckpt_opt = NULL;
 }
 
-pmap_status pmap_params_save_user(const pmap_params *cp, const char *path, const void *user,
-                                  size_t user_bytes) {
+static pmap_status save(const pmap_params *cp, const char *path, const void *user,
+                        size_t user_bytes) {
   const char *call = "pmap_params_save";
   if (!cp || !path || (!user && user_bytes))
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL", call,
@@ -341,6 +341,19 @@ pmap_status pmap_params_save_user(const pmap_params *cp, const char *path, const
   host_state_free(p);
   if (st == PMAP_SUCCESS) st = atomic_file_write(path, b.p, b.n, call);
   free(b.p);
+  return st;
+}
+
+/* Under the context's lock, as every public call: two saves, or a save and a step, from two
+ * threads run one after the other. */
+pmap_status pmap_params_save_user(const pmap_params *cp, const char *path, const void *user,
+                                  size_t user_bytes) {
+  if (!cp) return save(cp, path, user, user_bytes);
+  pmap_params *p = (pmap_params *)cp;
+  PMAP_TRY(pmap_ctx_lock(p->ctx, "pmap_params_save"));
+  pmap_status st = params_mend(p, "pmap_params_save");
+  if (!st) st = save(cp, path, user, user_bytes);
+  pmap_ctx_unlock(p->ctx);
   return st;
 }
 
@@ -599,11 +612,22 @@ static pmap_status load(pmap_params *p, const char *path, void *user, size_t use
   return st;
 }
 
+/* Under the context's lock; a load sets every replica whole, so it also ends a torn step. */
+static pmap_status load_locked(pmap_params *p, const char *path, void *user, size_t user_cap,
+                               size_t *user_bytes, int want_user) {
+  if (!p) return load(p, path, user, user_cap, user_bytes, want_user);
+  PMAP_TRY(pmap_ctx_lock(p->ctx, "pmap_params_load"));
+  pmap_status st = load(p, path, user, user_cap, user_bytes, want_user);
+  if (!st) p->torn = 0;
+  pmap_ctx_unlock(p->ctx);
+  return st;
+}
+
 pmap_status pmap_params_load(pmap_params *p, const char *path) {
-  return load(p, path, NULL, 0, NULL, 0);
+  return load_locked(p, path, NULL, 0, NULL, 0);
 }
 
 pmap_status pmap_params_load_user(pmap_params *p, const char *path, void *user, size_t user_cap,
                                   size_t *user_bytes) {
-  return load(p, path, user, user_cap, user_bytes, 1);
+  return load_locked(p, path, user, user_cap, user_bytes, 1);
 }

@@ -9,6 +9,9 @@
 #include "params.h"
 #include "runtime/backend.h"
 #include "runtime/error.h"
+#include "runtime/fault.h"
+
+static float *r_w(pmap_params *p, pmap_device *dev) { return p->rep[dev->index].w; }
 
 void params_layout(pmap_params *p) {
   const pmap_ctx *ctx = p->ctx;
@@ -22,6 +25,38 @@ void params_layout(pmap_params *p) {
   p->g_len = p->shard ? params_off_records(p) + (size_t)p->ng * params_record_len(p) : end;
   p->w_len = p->shard ? (size_t)p->ng * p->chunk : P;
   p->state_len = p->shard ? p->chunk : P;
+}
+
+pmap_status params_gather(pmap_device *dev, pmap_params *p, int64_t step) {
+  int g = params_global(p, dev->index);
+  if (pmap_fault_fires(dev->ctx->fault, FAULT_GATHER, dev->index, step))
+    return PMAP_ERR(PMAP_ERR_DEVICE,
+                    "device %d: the all-gather of the parameters of step %lld failed (injected "
+                    "by PMAP_FAULT)",
+                    dev->index, (long long)step);
+  return backend_all_gather(dev, "pmap_update's all-gather", r_w(p, dev) + (size_t)g * p->chunk,
+                            r_w(p, dev), p->chunk);
+}
+
+static pmap_status mend_job(pmap_device *dev, void *arg) {
+  pmap_params *p = arg;
+  PMAP_TRY(params_gather(dev, p, p->step - 1));
+  return backend_sync(dev);
+}
+
+pmap_status params_mend(pmap_params *p, const char *call) {
+  if (!p->torn) return PMAP_SUCCESS;
+  pmap_status st = pmap_ctx_dispatch(p->ctx, mend_job, p);
+  if (!st) {
+    p->torn = 0;
+    return PMAP_SUCCESS;
+  }
+  char msg[1024];
+  snprintf(msg, sizeof msg, "%s", pmap_error_message());
+  return pmap_error_set(st,
+                        "%s: the parameters are incomplete since step %lld (each device holds only "
+                        "its own part up to date) and completing them failed again: %s",
+                        call, (long long)p->step, msg);
 }
 
 /* Allocates the device's buffers; device 0 uploads the host parameters and a broadcast
@@ -238,7 +273,8 @@ pmap_status pmap_params_read(const pmap_params *cp, int device, float *dst, size
   PMAP_TRY(pmap_ctx_lock(p->ctx, call));
   p->read_device = device - first;
   p->read_dst = dst;
-  pmap_status st = pmap_ctx_dispatch(p->ctx, read_job, p);
+  pmap_status st = params_mend(p, call);
+  if (!st) st = pmap_ctx_dispatch(p->ctx, read_job, p);
   pmap_ctx_unlock(p->ctx);
   return st;
 }
@@ -261,6 +297,7 @@ pmap_status pmap_params_write(pmap_params *p, const float *src, size_t count) {
   p->host_w = src;
   pmap_status st = pmap_ctx_dispatch(p->ctx, write_job, p);
   p->host_w = NULL;
+  if (!st) p->torn = 0; /* every replica is whole again */
   pmap_ctx_unlock(p->ctx);
   return st;
 }

@@ -34,6 +34,9 @@ struct pmap_params {
   size_t state_len;  /* floats of each optimizer slot on a device: P, or chunk when sharded */
   float *guard_host; /* (N, params_host_len) each device's host copy of [loss | flags | parts],
                         then, sharded, of the records */
+  int stepped;       /* sharded: the current step's parts were stepped (the gather may follow) */
+  int torn;          /* sharded: the last step's all-gather of the parameters failed twice, so
+                        each replica is whole only in its own part; params_mend completes it */
   int numeric_bad;   /* the last step was skipped: non-finite values */
   /* The current job's arguments. */
   const float *host_w;
@@ -89,6 +92,12 @@ static inline void params_part(const pmap_params *p, int k, size_t *lo, size_t *
 }
 /* Sets reduced, chunk and the buffer lengths from n_params, guard, shard and the context. */
 void params_layout(pmap_params *p);
+/* Sharded: the all-gather of the parameters (every device sends its own part), the last act of
+ * a step; its fault hook (PMAP_FAULT=gather) on update step `step`. */
+pmap_status params_gather(pmap_device *dev, pmap_params *p, int64_t step);
+/* Completes a torn step's all-gather (nothing to do when not torn); the lock is held. On failure
+ * an error naming `call`, and the params stay torn. */
+pmap_status params_mend(pmap_params *p, const char *call);
 
 /* Rows [*lo, *lo + *rows) of a global batch of `batch` rows belong to device d of n: the first
  * batch % n devices take one row more, so shards differ by at most one row (and are equal when

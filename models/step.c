@@ -370,19 +370,23 @@ static pmap_status update_job(pmap_device *dev, void *arg) {
     PMAP_TRY(guard_and_clip(dev, p, r, &scale, &skip));
   if (skip) return PMAP_SUCCESS; /* the guard: nothing changes on any replica */
   if (p->shard) {
-    int g = params_global(p, dev->index);
     size_t lo = 0, len = 0;
-    params_part(p, g, &lo, &len);
+    params_part(p, params_global(p, dev->index), &lo, &len);
+    /* Every device passed the exchange (one verdict), so every device steps its part now: a
+     * failure from here on leaves the step taken (pmap_update then completes the gather). */
+    if (dev->index == 0) {
+      p->stepped = 1;
+      p->loss = p->guard_host[0]; /* device 0's host tail: the averaged loss */
+    }
     PMAP_TRY(step_part(dev, p, r, lo, len, scale));
-    PMAP_TRY(backend_all_gather(dev, "pmap_update's all-gather", r->w + (size_t)g * p->chunk, r->w,
-                                p->chunk));
+    PMAP_TRY(params_gather(dev, p, p->step));
   } else {
     PMAP_TRY(step_part(dev, p, r, 0, P, scale));
   }
   if (pmap_fault_fires(dev->ctx->fault, FAULT_DRIFT, dev->index, p->step)) PMAP_TRY(drift(dev, r));
   if (dev->index != 0) return backend_sync(dev);
   if (p->shard || p->guard || p->opt.clip_norm > 0.0f) {
-    p->loss = p->guard_host[0]; /* device 0's host tail: the averaged loss */
+    if (!p->shard) p->loss = p->guard_host[0]; /* device 0's host tail: the averaged loss */
     return backend_sync(dev);
   }
   return backend_download(dev, &p->loss, r->g + params_off_loss(p), sizeof p->loss);
@@ -445,12 +449,29 @@ static pmap_status check_dist_rows(pmap_params *p) {
   return PMAP_SUCCESS;
 }
 
+/* A sharded step failed after every device stepped its part (only its final all-gather can):
+ * the step is taken (step count, optimizer state, each device's own part). Its all-gather runs
+ * once more at once; if that fails too the params are torn until a later call completes it. */
+static pmap_status finish_stepped(pmap_params *p, pmap_status st, int64_t t) {
+  char first[1024];
+  snprintf(first, sizeof first, "%s", pmap_error_message());
+  p->step = t;
+  p->torn = 1;
+  if (params_mend(p, "pmap_update") == PMAP_SUCCESS) return PMAP_SUCCESS;
+  return pmap_error_set(st,
+                        "pmap_update: step %lld was taken (each device stepped its part of the "
+                        "parameters) but their all-gather failed twice (%s); the next call on "
+                        "these params completes it",
+                        (long long)t, first);
+}
+
 pmap_status pmap_update(pmap_params *p, const pmap_array *xs, const pmap_array *ys, float *loss) {
   const char *call = "pmap_update";
   if (!p) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: params is NULL", call);
   if (!ys) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: ys is NULL", call);
   PMAP_TRY(pmap_ctx_lock(p->ctx, call));
   pmap_status st = check_batch(p, xs, ys, call);
+  if (!st) st = params_mend(p, call);
   if (!st) st = check_dist_rows(p);
   if (!st) {
     int64_t t = p->step + 1;
@@ -458,13 +479,15 @@ pmap_status pmap_update(pmap_params *p, const pmap_array *xs, const pmap_array *
     p->xs = xs;
     p->ys = ys;
     p->numeric_bad = 0;
+    p->stepped = 0;
     st = pmap_ctx_dispatch(p->ctx, update_job, p);
-    if (!st && p->numeric_bad) {
+    if (st && p->stepped)
+      st = finish_stepped(p, st, t);
+    else if (!st && p->numeric_bad)
       st = numeric_error(p);
-    } else if (!st) {
+    else if (!st)
       p->step = t;
-      if (loss) *loss = p->loss;
-    }
+    if (!st && loss) *loss = p->loss;
   }
   pmap_ctx_unlock(p->ctx);
   return st;
@@ -505,6 +528,7 @@ pmap_status pmap_predict(pmap_params *p, const pmap_array *xs, pmap_array *out) 
                     call);
   PMAP_TRY(pmap_ctx_lock(p->ctx, call));
   pmap_status st = check_batch(p, xs, NULL, call);
+  if (!st) st = params_mend(p, call);
   const layer *last = &p->model->layers[p->model->n_layers - 1];
   char sh[160];
   if (!st && (out->dtype != PMAP_F32 || out->rank != 1 + last->out_rank ||

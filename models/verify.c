@@ -54,10 +54,22 @@ static int describe(const pmap_params *p, char *msg, size_t size) {
   return bad;
 }
 
+static pmap_status verify(pmap_params *p);
+
+/* Under the context's lock, as every public call. */
 pmap_status pmap_params_verify(const pmap_params *cp) {
   const char *call = "pmap_params_verify";
   if (!cp) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: params is NULL", call);
   pmap_params *p = (pmap_params *)cp; /* the job fields are scratch, not state */
+  PMAP_TRY(pmap_ctx_lock(p->ctx, call));
+  pmap_status st = params_mend(p, call);
+  if (!st) st = verify(p);
+  pmap_ctx_unlock(p->ctx);
+  return st;
+}
+
+static pmap_status verify(pmap_params *p) {
+  const char *call = "pmap_params_verify";
   int n = p->ctx->n;
   p->verify_chunk = VERIFY_CHUNK;
   p->verify_sums = calloc((size_t)n, sizeof *p->verify_sums);

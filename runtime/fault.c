@@ -17,7 +17,7 @@ struct pmap_fault {
   _Atomic int fired;
 };
 
-static const char *const kind_names[] = {"alloc", "collective", "stall", "nan", "drift"};
+static const char *const kind_names[] = {"alloc", "collective", "stall", "nan", "drift", "gather"};
 
 static int parse_int(const char *s, size_t len, int64_t lo, int64_t hi, int64_t *out) {
   char buf[32];
@@ -65,7 +65,7 @@ pmap_status pmap_fault_parse(const char *spec, pmap_fault **out) {
   if (!ok || *p)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "PMAP_FAULT=\"%s\" is not kind[:device=K][:step=S][:after=A] with kind alloc, "
-                    "collective, stall, nan or drift",
+                    "collective, stall, nan, drift or gather",
                     spec);
   f.kind = (fault_kind)k;
   pmap_fault *h = malloc(sizeof *h);
@@ -83,6 +83,7 @@ int pmap_fault_fires(pmap_fault *f, fault_kind kind, int device, int64_t step) {
   if (!f || f->kind != kind || f->device != device) return 0;
   if (kind == FAULT_ALLOC && atomic_fetch_add(&f->seen, 1) != f->after) return 0;
   if (kind != FAULT_ALLOC && f->step >= 0 && f->step != step) return 0;
+  if (kind == FAULT_GATHER) return atomic_fetch_add(&f->seen, 1) <= f->after;
   int expected = 0;
   return atomic_compare_exchange_strong(&f->fired, &expected, 1);
 }

@@ -5,7 +5,9 @@
  *   stall       device K stalls before that all-reduce until the others give up (timeout)
  *   nan         device K's local gradients of step S become NaN (the numeric guard's case)
  *   drift       device K's replica is perturbed (one parameter, one ulp) after step S
- * Each fault fires once. device defaults to 0 and step to the first step that reaches the hook.
+ *   gather      device K's all-gather of the parameters (sharded optimizer) in step S fails
+ *               (device error), and so do the next A attempts to complete it (default 0)
+ * Each fault but gather fires once. device defaults to 0 and step to the first step that reaches the hook.
  * Without PMAP_FAULT the hooks cost one NULL test. */
 #ifndef PMAP_RUNTIME_FAULT_H
 #define PMAP_RUNTIME_FAULT_H
@@ -20,6 +22,7 @@ typedef enum fault_kind {
   FAULT_STALL,
   FAULT_NAN,
   FAULT_DRIFT,
+  FAULT_GATHER,
 } fault_kind;
 
 typedef struct pmap_fault pmap_fault;

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "testutil.h"
 
@@ -109,6 +110,24 @@ static void *read_thread(void *arg) {
   return NULL;
 }
 
+/* Saves to its own path, or (path NULL) verifies, `times` times. */
+typedef struct keeper {
+  pmap_params *params;
+  const char *path;
+  int times, failures;
+  char msg[256];
+} keeper;
+
+static void *keep_thread(void *arg) {
+  keeper *k = arg;
+  for (int i = 0; i < k->times; i++) {
+    pmap_status st = k->path ? pmap_params_save(k->params, k->path) : pmap_params_verify(k->params);
+    if (st != PMAP_SUCCESS && !k->failures++)
+      snprintf(k->msg, sizeof k->msg, "%s", pmap_last_error());
+  }
+  return NULL;
+}
+
 static void test_two_threads(void) {
   pmap_ctx *ctx = make_ctx(4, 0.0);
   pmap_model *m = NULL;
@@ -126,19 +145,38 @@ static void test_two_threads(void) {
   for (int i = 0; i < BIG; i++) yb[i] = 2.0f * xb[i] - 1.0f;
   trainer a = {p, 8, 300, 0, xb, yb}, b = {p, BIG, 60, 0, xb, yb};
   reader r1 = {p, 1, 200, 0}, r2 = {p, 3, 200, 0};
-  pthread_t ta, tb, t1, t2;
+  /* Checkpoints and replica checks from two more threads: each call waits its turn. */
+  char dir[] = "/tmp/pmap-misuse-XXXXXX", pa[64], pb[64];
+  CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+  snprintf(pa, sizeof pa, "%s/a.ckpt", dir);
+  snprintf(pb, sizeof pb, "%s/b.ckpt", dir);
+  keeper ka = {.params = p, .path = pa, .times = 40}, kb = {.params = p, .path = pb, .times = 40};
+  keeper kv = {.params = p, .times = 40};
+  pthread_t ta, tb, t1, t2, k1, k2, k3;
   pthread_create(&ta, NULL, train_thread, &a);
   pthread_create(&tb, NULL, train_thread, &b);
   pthread_create(&t1, NULL, read_thread, &r1);
   pthread_create(&t2, NULL, read_thread, &r2);
+  pthread_create(&k1, NULL, keep_thread, &ka);
+  pthread_create(&k2, NULL, keep_thread, &kb);
+  pthread_create(&k3, NULL, keep_thread, &kv);
   pthread_join(ta, NULL);
   pthread_join(tb, NULL);
   pthread_join(t1, NULL);
   pthread_join(t2, NULL);
+  pthread_join(k1, NULL);
+  pthread_join(k2, NULL);
+  pthread_join(k3, NULL);
   CHECK(a.failures == 0 && b.failures == 0, "concurrent updates failed %d + %d times", a.failures,
         b.failures);
   CHECK(r1.failures == 0 && r2.failures == 0, "concurrent reads failed %d + %d times", r1.failures,
         r2.failures);
+  CHECK(ka.failures == 0 && kb.failures == 0 && kv.failures == 0,
+        "concurrent saves and verifies failed %d + %d + %d times: %s%s%s", ka.failures, kb.failures,
+        kv.failures, ka.msg, kb.msg, kv.msg);
+  unlink(pa);
+  unlink(pb);
+  rmdir(dir);
   CHECK(pmap_params_step(p) == 360, "step count %lld after 300 + 60 updates",
         (long long)pmap_params_step(p));
   float w0[2], wd[2];

@@ -263,6 +263,53 @@ static void checkpoints(void) {
   pmap_example_data_free(&xs, &ys);
 }
 
+/* The all-gather of the parameters, the one collective after the optimizer, fails on device 2 at
+ * step 1 (PMAP_FAULT=gather), 1 + `again` times. Once: pmap_update runs it again at once and
+ * succeeds. Twice: the update fails saying the step was taken, and the next call completes
+ * it. Three times: that call fails too (the params stay torn) and the one after completes it.
+ * Every way the run ends bitwise as a replicated run of as many steps. */
+static void gather_fault(int again) {
+  char spec[64], what[64];
+  snprintf(spec, sizeof spec, "gather:device=2:step=1:after=%d", again);
+  snprintf(what, sizeof what, "gather fault, %d more", again);
+  pmap_array xs, ys;
+  CHECK_OK(pmap_example_data("mlp", 4, 64, &xs, &ys));
+  pmap_optimizer opt = pmap_adam(0.01f);
+  run a, b;
+  int bad = open_run(&a, "mlp", &opt, 4, 0, 0);
+  setenv("PMAP_FAULT", spec, 1);
+  bad |= open_run(&b, "mlp", &opt, 4, 1, 0);
+  unsetenv("PMAP_FAULT");
+  pmap_array x, y;
+  rows_of(&xs, &ys, 0, 32, &x, &y);
+  float la = 0.0f, lb = 0.0f;
+  for (int t = 0; !bad && t < 3; t++) {
+    CHECK_OK(pmap_update(a.params, &x, &y, &la));
+    pmap_status st = pmap_update(b.params, &x, &y, &lb);
+    if (t == 1 && again >= 1) {
+      CHECK(st == PMAP_ERR_DEVICE && strstr(pmap_last_error(), "step 2 was taken") &&
+                strstr(pmap_last_error(), "injected"),
+            "%s: step 1: %s: %s", what, pmap_status_string(st), pmap_last_error());
+      CHECK(pmap_params_step(b.params) == 2, "%s: the step counts", what);
+      float w[1441];
+      size_t P = pmap_params_count(b.params);
+      if (again >= 2 && P <= 1441) {
+        CHECK_FAILS(pmap_params_verify(b.params), PMAP_ERR_DEVICE, "completing them failed again");
+        CHECK_OK(pmap_params_read(b.params, 3, w, P));
+      }
+      CHECK_OK(pmap_params_verify(b.params));
+    } else {
+      CHECK(st == PMAP_SUCCESS, "%s: step %d: %s", what, t, pmap_last_error());
+      CHECK(memcmp(&la, &lb, sizeof la) == 0, "%s: step %d: loss %.9g vs %.9g", what, t,
+            (double)la, (double)lb);
+    }
+  }
+  if (!bad) same_state(what, &a, &b);
+  close_run(&a);
+  close_run(&b);
+  pmap_example_data_free(&xs, &ys);
+}
+
 static void settings(void) {
   pmap_ctx *ctx = NULL;
   pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 2, .shard_optimizer = 7};
@@ -317,6 +364,7 @@ int main(void) {
   guard();
   custom();
   checkpoints();
+  for (int again = 0; again <= 2; again++) gather_fault(again);
   char path[128];
   const char *files[] = {"a.ckpt", "b.ckpt", "cross.ckpt"};
   for (int i = 0; i < 3; i++) {
