@@ -132,7 +132,8 @@ typedef struct pmap_config {
                             the optimizer on that 1/N -> all-gather of the parameters (ZeRO
                             stage 1); on CPU the results are bitwise those of the replicated
                             step. AUTO: the environment variable PMAP_SHARD_OPTIMIZER (0 or 1)
-                            when set, else on (see README, "Sharded optimizer"). */
+                            when set, else on for models of at least 65536 parameters (see
+                            README, "Sharded optimizer"). Never across processes. */
 } pmap_config;
 
 enum { PMAP_GUARD_ON = 0, PMAP_GUARD_OFF = 1 };

@@ -13,11 +13,18 @@
 
 static float *r_w(pmap_params *p, pmap_device *dev) { return p->rep[dev->index].w; }
 
+/* PMAP_SHARD_AUTO shards the optimizer of models from this many parameters on: below it the
+ * step's two extra collectives cost more than the optimizer work they save (README, "Sharded
+ * optimizer", has the measurements). */
+#define SHARD_MIN_PARAMS 65536
+
 void params_layout(pmap_params *p) {
   const pmap_ctx *ctx = p->ctx;
   size_t P = p->n_params, n = (size_t)ctx->n;
   p->ng = ctx->n * ctx->nproc;
-  p->shard = ctx->shard && ctx->nproc == 1 && p->ng > 1; /* docs/distributed.md: not across processes */
+  /* Not across processes (docs/distributed.md); AUTO: from SHARD_MIN_PARAMS parameters on. */
+  int want = ctx->shard == PMAP_SHARD_ON || (ctx->shard == PMAP_SHARD_AUTO && P >= SHARD_MIN_PARAMS);
+  p->shard = want && ctx->nproc == 1 && p->ng > 1;
   p->reduced = P + 2 + (p->guard ? n : 0);
   size_t chunk = (p->reduced + (size_t)p->ng - 1) / (size_t)p->ng;
   p->chunk = (chunk + 15) / 16 * 16;

@@ -96,7 +96,8 @@ struct pmap_ctx {
   pmap_wait_policy wait;
   int numeric_guard;       /* pmap_config.numeric_guard */
   int uneven;              /* pmap_config.uneven_batches */
-  int shard;               /* pmap_config.shard_optimizer resolved: 1 shards the optimizer */
+  int shard;               /* pmap_config.shard_optimizer, AUTO resolved by PMAP_SHARD_OPTIMIZER
+                              when set: PMAP_SHARD_AUTO, _OFF or _ON */
   _Atomic int abort;       /* set when a device failed in the current job */
   _Atomic int busy;        /* a job is running: pmap_run is not re-entrant */
   _Atomic int left;        /* devices whose function returned in the current job */

@@ -26,9 +26,6 @@ static int online_cpus(void) {
   return n > 0 ? (int)n : 1;
 }
 
-/* pmap_config.shard_optimizer's PMAP_SHARD_AUTO without PMAP_SHARD_OPTIMIZER set: 1 shards the
- * optimizer (README, "Sharded optimizer", gives the measurements behind it). */
-#define SHARD_DEFAULT 1
 
 /* Reads a positive integer from environment variable `name`; 0 when unset. */
 static pmap_status env_int(const char *name, long lo, long hi, long *out) {
@@ -267,11 +264,14 @@ pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
                     "pmap_ctx_create: shard_optimizer %d is none of PMAP_SHARD_AUTO (0), "
                     "PMAP_SHARD_OFF (1), PMAP_SHARD_ON (2)",
                     cfg.shard_optimizer);
-  long shard_env = SHARD_DEFAULT;
+  /* AUTO: the variable when set, else the size rule of params_layout (models/params.c). */
+  int shard = cfg.shard_optimizer;
   const char *shard_var = getenv("PMAP_SHARD_OPTIMIZER");
-  if (cfg.shard_optimizer == PMAP_SHARD_AUTO && shard_var && *shard_var) {
-    pmap_status se = env_int("PMAP_SHARD_OPTIMIZER", 0, 1, &shard_env);
+  if (shard == PMAP_SHARD_AUTO && shard_var && *shard_var) {
+    long v = 0;
+    pmap_status se = env_int("PMAP_SHARD_OPTIMIZER", 0, 1, &v);
     if (se) return se;
+    shard = v ? PMAP_SHARD_ON : PMAP_SHARD_OFF;
   }
   const backend_entry *entry = NULL;
   pmap_status st = choose_backend(&cfg, &entry);
@@ -323,8 +323,7 @@ pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   ctx->wait.left = &ctx->left;
   ctx->numeric_guard = cfg.numeric_guard;
   ctx->uneven = cfg.uneven_batches;
-  ctx->shard = cfg.shard_optimizer == PMAP_SHARD_AUTO ? (int)shard_env
-                                                      : cfg.shard_optimizer == PMAP_SHARD_ON;
+  ctx->shard = shard;
   atomic_store(&ctx->left_device, -1);
   pthread_mutexattr_t attr;
   pthread_mutexattr_init(&attr);

@@ -348,6 +348,25 @@ static void settings(void) {
   CHECK(bytes[0][1] == bytes[0][0] && bytes[1][1] < bytes[1][0] && bytes[1][0] == bytes[0][0],
         "PMAP_SHARD_OPTIMIZER decides AUTO only");
   unsetenv("PMAP_SHARD_OPTIMIZER");
+  /* AUTO without the variable: small models replicated, large ones (>= 65536 parameters)
+   * sharded; one device never. */
+  const char *names[] = {"mlp", "cifar-cnn", "mlp-1024", "mlp-1024"};
+  int devices[] = {2, 2, 2, 1}, want[] = {0, 0, 1, 0};
+  for (int i = 0; i < 4; i++) {
+    pmap_config auto_cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = devices[i]};
+    pmap_model *mm = NULL;
+    pmap_params *p = NULL;
+    pmap_optimizer opt = pmap_adam(0.01f);
+    CHECK_OK(pmap_ctx_create(&auto_cfg, &ctx));
+    CHECK_OK(pmap_example_model(names[i], &mm));
+    if (ctx && mm) CHECK_OK(pmap_params_create(ctx, mm, &opt, 1, &p));
+    CHECK(pmap_params_sharded(p) == want[i], "AUTO: %s (%zu parameters) on %d devices: sharded %d",
+          names[i], pmap_params_count(p), devices[i], pmap_params_sharded(p));
+    pmap_params_destroy(p);
+    pmap_model_destroy(mm);
+    CHECK_OK(pmap_ctx_destroy(ctx));
+    ctx = NULL;
+  }
   pmap_model_destroy(m);
   CHECK(pmap_params_optimizer_bytes(NULL) == 0, "NULL: 0 bytes");
 }

@@ -66,7 +66,7 @@ static void usage(FILE *f) {
       "  --shard-optimizer     each device keeps the optimizer state of its 1/N of the\n"
       "               parameters and steps only those (ZeRO-1; the same results)\n"
       "  --no-shard-optimizer  every device keeps all of it (default: the library's,\n"
-      "               PMAP_SHARD_OPTIMIZER when set)\n");
+      "               PMAP_SHARD_OPTIMIZER when set, else sharded from 65536 parameters)\n");
 }
 
 typedef struct opts {

@@ -175,7 +175,7 @@ class Context:
     """The device mesh: Context(backend="cpu", devices=4, timeout=0.0, numeric_guard=True,
     uneven_batches=False, shard_optimizer=None). shard_optimizer: True shards the optimizer
     over the devices (ZeRO-1), False replicates it, None leaves it to the library (the
-    PMAP_SHARD_OPTIMIZER variable, else sharded). Close it with close() or a with block; closing
+    PMAP_SHARD_OPTIMIZER variable, else sharded from 65536 parameters on). Close it with close() or a with block; closing
     it closes its params."""
 
     def __init__(self, backend="auto", devices=None, timeout=0.0, numeric_guard=True,
