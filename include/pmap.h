@@ -126,6 +126,16 @@ typedef struct pmap_config {
                             at least) and finalises it at exit. Every process of the
                             communicator must create its context with the same backend and the
                             same num_devices. */
+  int cuda_graphs;       /* CUDA: 1 captures the whole step (forward, loss, backward, all-reduce,
+                            optimizer) into a CUDA graph after a warm-up step at a batch size and
+                            replays it for later steps of that size; -1 never; 0 (default): the
+                            environment variable PMAP_CUDA_GRAPHS (0 or 1), else off. Ignored on
+                            CPU. See docs/cuda.md */
+  int cuda_overlap;      /* CUDA: 1 all-reduces the gradients in buckets on a second stream while
+                            backward still runs; -1 never; 0 (default): PMAP_CUDA_OVERLAP (0 or
+                            1), else off. Ignored on CPU */
+  int cuda_bucket_mb;    /* CUDA, with cuda_overlap: bucket size in MiB (1..4096); 0 (default):
+                            PMAP_CUDA_BUCKET_MB, else 25 */
 } pmap_config;
 
 enum { PMAP_GUARD_ON = 0, PMAP_GUARD_OFF = 1 };

@@ -8,6 +8,7 @@
 
 #include "params.h"
 #include "runtime/backend.h"
+#include "step_fast.h"
 #include "runtime/error.h"
 
 /* Allocates the device's buffers; device 0 uploads the host parameters and a broadcast
@@ -45,6 +46,7 @@ static pmap_status destroy_job(pmap_device *dev, void *arg) {
 
 /* Frees everything; p->ctx's lock is held or p was never handed out. */
 static void params_free(pmap_params *p) {
+  step_fast_free(p);
   if (p->rep) pmap_ctx_dispatch(p->ctx, destroy_job, p);
   free(p->rep);
   free(p->guard_host);

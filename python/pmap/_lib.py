@@ -40,6 +40,9 @@ class Config(ctypes.Structure):
         ("uneven_batches", ctypes.c_int),
         ("dist", ctypes.c_int),
         ("mpi_comm", ctypes.c_void_p),
+        ("cuda_graphs", ctypes.c_int),
+        ("cuda_overlap", ctypes.c_int),
+        ("cuda_bucket_mb", ctypes.c_int),
     ]
 
 
