@@ -86,6 +86,10 @@ static step_fast *fast_of(pmap_params *p) {
   return f;
 }
 
+int step_fast_graphs_live(const pmap_params *p) {
+  return p->fast && p->fast->have_live && !p->fast->broken;
+}
+
 void step_fast_prepare(pmap_params *p, int want_loss) {
   const pmap_ctx *ctx = p->ctx;
   /* Steps whose shape the fast path does not cover stay plain: a user's gradient function,

@@ -21,6 +21,9 @@ pmap_status step_fast_update(pmap_device *dev, pmap_params *p, replica *r, step_
 /* Frees the captured graphs on every device and the state (p->ctx's lock held). */
 void step_fast_free(pmap_params *p);
 
+/* 1 while p steps by replaying captured graphs (for tests). */
+int step_fast_graphs_live(const pmap_params *p);
+
 /* The first gradient offset that is complete once layers i..L-1 ran backward, for each layer i
  * (lo (L)): where a bucket may start after layer i's backward. */
 void step_fast_bucket_starts(const pmap_model *m, size_t *lo);
