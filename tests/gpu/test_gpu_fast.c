@@ -220,6 +220,5 @@ int main(void) {
   pmap_ctx_destroy(probe);
   if (test_failures) return test_exit("gpu_fast");
   test_variants(n, gpus);
-  if (n > 1) test_variants(1, gpus);
   return test_exit("gpu_fast");
 }
