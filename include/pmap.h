@@ -375,7 +375,10 @@ PMAP_API int64_t pmap_params_step(const pmap_params *params); /* optimizer steps
  * gradients and loss together and every device applies the same optimizer step. *loss (may be
  * NULL) receives the mean loss over the global batch. Synchronous: returns when every replica is
  * updated; xs and ys may be reused at once. The first call with a larger batch than before sizes
- * the activation memory; later calls allocate nothing.
+ * the activation memory; later calls allocate nothing. Exception, the CUDA fast steps
+ * (pmap_config.cuda_graphs, cuda_overlap): with the numeric guard off and loss NULL the call
+ * returns once the step is queued on the GPUs (xs and ys may still be reused at once); a failure
+ * of that step is returned by the next call that waits for the GPUs.
  *
  * Numeric guard (on unless pmap_config.numeric_guard is PMAP_GUARD_OFF): after the all-reduce,
  * every replica checks the averaged loss and gradients and each device's own (one flag per
