@@ -64,7 +64,8 @@ static int cmp_double(const void *a, const void *b) {
 
 static int usage(int rc) {
   fprintf(rc ? stderr : stdout,
-          "usage: " PROG " [--backend cuda|cpu|auto] [--model NAME] [--devices 1,2,4] [--batch B]\n"
+          "usage: " PROG
+          " [--backend cuda|cpu|auto] [--model NAME] [--devices 1,2,4] [--batch B]\n"
           "       [--steps N] [--warmup W] [--variants plain,graph,overlap,graph+overlap]\n"
           "       [--bucket-mb MB] [--numeric-guard] [--loss] [--json]\n");
   return rc;
@@ -134,11 +135,16 @@ static void agreement(const float *w, const float *base, size_t P, result *r) {
 
 static int parse(int argc, char **argv, opts *o) {
   static const char *const flags[] = {"--json", "--numeric-guard", "--loss", NULL};
-  static const char *const values[] = {"--backend", "--model",  "--devices",   "--batch",
-                                       "--steps",   "--warmup", "--variants", "--bucket-mb",
-                                       NULL};
-  *o = (opts){.backend = PMAP_BACKEND_CUDA, .model = "mlp", .devices = {1, 2, 4}, .n_devices = 3,
-              .steps = 50, .warmup = 5, .use = {1, 1, 1, 1}};
+  static const char *const values[] = {"--backend",  "--model",     "--devices",
+                                       "--batch",    "--steps",     "--warmup",
+                                       "--variants", "--bucket-mb", NULL};
+  *o = (opts){.backend = PMAP_BACKEND_CUDA,
+              .model = "mlp",
+              .devices = {1, 2, 4},
+              .n_devices = 3,
+              .steps = 50,
+              .warmup = 5,
+              .use = {1, 1, 1, 1}};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *val = NULL;
     int kind = cli_next(PROG, argc, argv, &i, flags, values, &val);
@@ -151,10 +157,14 @@ static int parse(int argc, char **argv, opts *o) {
     } else if (!strcmp(a, "--loss")) {
       o->loss = 1;
     } else if (!strcmp(a, "--backend")) {
-      if (!strcmp(val, "cuda")) o->backend = PMAP_BACKEND_CUDA;
-      else if (!strcmp(val, "cpu")) o->backend = PMAP_BACKEND_CPU;
-      else if (!strcmp(val, "auto")) o->backend = PMAP_BACKEND_AUTO;
-      else return fprintf(stderr, PROG ": --backend %s: cuda, cpu or auto\n", val), -1;
+      if (!strcmp(val, "cuda"))
+        o->backend = PMAP_BACKEND_CUDA;
+      else if (!strcmp(val, "cpu"))
+        o->backend = PMAP_BACKEND_CPU;
+      else if (!strcmp(val, "auto"))
+        o->backend = PMAP_BACKEND_AUTO;
+      else
+        return fprintf(stderr, PROG ": --backend %s: cuda, cpu or auto\n", val), -1;
     } else if (!strcmp(a, "--model")) {
       o->model = val;
     } else if (!strcmp(a, "--devices")) {
@@ -175,8 +185,12 @@ static int parse(int argc, char **argv, opts *o) {
         int k = 0;
         while (k < 4 && strcmp(t, all_variants[k].name)) k++;
         if (k == 4)
-          return fprintf(stderr, PROG ": --variants: unknown %s (plain, graph, overlap, "
-                                     "graph+overlap)\n", t), -1;
+          return fprintf(stderr,
+                         PROG
+                         ": --variants: unknown %s (plain, graph, overlap, "
+                         "graph+overlap)\n",
+                         t),
+                 -1;
         o->use[k] = 1;
       }
     }
@@ -220,20 +234,20 @@ int main(int argc, char **argv) {
         failed = 1;
         continue;
       }
-      if (k == 0) agreement(base, base, P, &r);
-      else agreement(w, base, P, &r);
-      printf("%-10s %7d %6lld %-14s %10.4f %10.2f %10.2f %12.3g %12.3g\n", o.model, n,
-             (long long)b, all_variants[k].name, r.step_ms, r.host_us, r.cpu_us, r.max_abs,
-             r.rel_l2);
+      if (k == 0)
+        agreement(base, base, P, &r);
+      else
+        agreement(w, base, P, &r);
+      printf("%-10s %7d %6lld %-14s %10.4f %10.2f %10.2f %12.3g %12.3g\n", o.model, n, (long long)b,
+             all_variants[k].name, r.step_ms, r.host_us, r.cpu_us, r.max_abs, r.rel_l2);
       if (jl < sizeof json)
-        jl += (size_t)snprintf(json + jl, sizeof json - jl,
-                               "%s{\"model\": \"%s\", \"devices\": %d, \"global_batch\": %lld, "
-                               "\"variant\": \"%s\", \"step_ms\": %.6g, \"host_us\": %.6g, "
-                               "\"cpu_us\": %.6g, \"max_abs_diff\": %.6g, \"rel_l2_diff\": %.6g}",
-                               first ? "" : ", ", o.model, n, (long long)b,
-                               all_variants[k].name, r.step_ms, r.host_us, r.cpu_us,
-                               isfinite(r.max_abs) ? r.max_abs : -1.0,
-                               isfinite(r.rel_l2) ? r.rel_l2 : -1.0);
+        jl += (size_t)snprintf(
+            json + jl, sizeof json - jl,
+            "%s{\"model\": \"%s\", \"devices\": %d, \"global_batch\": %lld, "
+            "\"variant\": \"%s\", \"step_ms\": %.6g, \"host_us\": %.6g, "
+            "\"cpu_us\": %.6g, \"max_abs_diff\": %.6g, \"rel_l2_diff\": %.6g}",
+            first ? "" : ", ", o.model, n, (long long)b, all_variants[k].name, r.step_ms, r.host_us,
+            r.cpu_us, isfinite(r.max_abs) ? r.max_abs : -1.0, isfinite(r.rel_l2) ? r.rel_l2 : -1.0);
       first = 0;
     }
     pmap_example_data_free(&xs, &ys);

@@ -8,8 +8,8 @@
 
 #include "params.h"
 #include "runtime/backend.h"
-#include "step_fast.h"
 #include "runtime/error.h"
+#include "step_fast.h"
 
 /* Allocates the device's buffers; device 0 uploads the host parameters and a broadcast
  * replicates them, so every replica starts bitwise equal. */

@@ -11,9 +11,9 @@
 
 #include "params.h"
 #include "runtime/backend.h"
-#include "step_fast.h"
 #include "runtime/error.h"
 #include "runtime/fault.h"
+#include "step_fast.h"
 
 static const char *dtype_name(pmap_dtype t) {
   switch (t) {

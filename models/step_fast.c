@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "step_fast.h"
 #include "runtime/error.h"
+#include "step_fast.h"
 
 typedef enum fast_mode {
   FAST_OFF = 0, /* the plain step (step.c) */
@@ -40,15 +40,15 @@ typedef struct step_fast {
   const pmap_fast_i *fi;
   int graphs, overlap;
   size_t bucket_bytes;
-  int broken;        /* a capture failed: these params step without graphs from now on */
-  fast_mode mode;    /* this step's */
-  int buckets;       /* this step all-reduces in buckets */
-  int want_loss;     /* this step's caller asked for the loss */
-  fast_key warm;     /* the last eager step's, the one a capture needs before it */
-  fast_key live;     /* the captured graphs' */
+  int broken;     /* a capture failed: these params step without graphs from now on */
+  fast_mode mode; /* this step's */
+  int buckets;    /* this step all-reduces in buckets */
+  int want_loss;  /* this step's caller asked for the loss */
+  fast_key warm;  /* the last eager step's, the one a capture needs before it */
+  fast_key live;  /* the captured graphs' */
   int have_warm, have_live;
-  size_t *lo;        /* (L) step_fast_bucket_starts */
-  fast_dev *dev;     /* (N) */
+  size_t *lo;    /* (L) step_fast_bucket_starts */
+  fast_dev *dev; /* (N) */
 } step_fast;
 
 void step_fast_bucket_starts(const pmap_model *m, size_t *lo) {
@@ -79,8 +79,12 @@ static step_fast *fast_of(pmap_params *p) {
     free(f);
     return NULL;
   }
-  *f = (step_fast){.fi = fi, .graphs = graphs, .overlap = overlap, .bucket_bytes = bucket_bytes,
-                   .lo = f->lo, .dev = f->dev};
+  *f = (step_fast){.fi = fi,
+                   .graphs = graphs,
+                   .overlap = overlap,
+                   .bucket_bytes = bucket_bytes,
+                   .lo = f->lo,
+                   .dev = f->dev};
   step_fast_bucket_starts(p->model, f->lo);
   p->fast = f;
   return f;
@@ -138,8 +142,8 @@ static pmap_status stage_inputs(pmap_device *dev, pmap_params *p) {
 /* Issues the bucket of gradients [lo, hi): with the guard on, this device's flag first gains the
  * bucket's norm (the sum of the buckets' norms is non-finite exactly when one of them is, and
  * only finiteness counts), then its mean all-reduce starts on the second queue. */
-static pmap_status issue_bucket(pmap_device *dev, pmap_params *p, replica *r, size_t lo,
-                                size_t hi, const char *call) {
+static pmap_status issue_bucket(pmap_device *dev, pmap_params *p, replica *r, size_t lo, size_t hi,
+                                const char *call) {
   size_t P = p->n_params;
   int n = dev->ctx->n;
   if (p->guard) {
@@ -204,8 +208,8 @@ static pmap_status step_body(pmap_device *dev, pmap_params *p, replica *r, step_
   } else {
     if (p->guard) PMAP_TRY(ops->norm2(dev, r->g, P + 1, r->g + P + 1 + dev->index));
     size_t reduced = P + 1 + (p->guard ? (size_t)n : 0);
-    PMAP_TRY(backend_all_reduce(dev, "pmap_update's all-reduce", r->g, r->g, reduced,
-                                PMAP_RED_MEAN));
+    PMAP_TRY(
+        backend_all_reduce(dev, "pmap_update's all-reduce", r->g, r->g, reduced, PMAP_RED_MEAN));
   }
   float clip = p->opt.clip_norm;
   if (p->guard || clip > 0.0f) {
@@ -233,7 +237,9 @@ static void note_fallback(pmap_device *dev, pmap_params *p) {
   f->have_live = 0;
   for (int k = 0; k < dev->ctx->n; k++)
     if (!f->dev[k].ok) {
-      fprintf(stderr, "pmap: CUDA graphs off for these params, which step without them: device %d: %s\n",
+      fprintf(stderr,
+              "pmap: CUDA graphs off for these params, which step without them: device %d: "
+              "%s\n",
               k, f->dev[k].why);
       return;
     }
@@ -241,8 +247,7 @@ static void note_fallback(pmap_device *dev, pmap_params *p) {
 
 /* Captures the step and launches it; where any device's capture fails, every device drops its
  * graph and runs the step eagerly instead (nothing captured has run). */
-static pmap_status capture_step(pmap_device *dev, pmap_params *p, replica *r,
-                                step_grads_fn grads) {
+static pmap_status capture_step(pmap_device *dev, pmap_params *p, replica *r, step_grads_fn grads) {
   step_fast *f = p->fast;
   fast_dev *fd = &f->dev[dev->index];
   f->fi->graph_free(dev, fd->graph);

@@ -107,8 +107,8 @@ static void test_hook(void) {
   for (int i = 0; i < L; i++) {
     const layer *l = &j.m->layers[i];
     if (i + 1 < L) CHECK(lo[i] <= lo[i + 1], "bucket starts grow from layer %d to %d", i, i + 1);
-    if (l->w_size + l->b_size) CHECK(lo[i] == l->w_off, "layer %d starts at %zu, want %zu", i,
-                                     lo[i], l->w_off);
+    if (l->w_size + l->b_size)
+      CHECK(lo[i] == l->w_off, "layer %d starts at %zu, want %zu", i, lo[i], l->w_off);
   }
   CHECK(lo[L - 1] == j.m->layers[L - 1].w_off, "the last layer's start");
 out:

@@ -63,7 +63,7 @@ typedef struct cuda_device {
   void *pinned[2];
   cudaEvent_t pinned_ev[2];
   int pinned_next;
-  void *down; /* (CUDA_DOWN_BYTES) pinned */
+  void *down;          /* (CUDA_DOWN_BYTES) pinned */
   uint64_t *alloc_gen; /* the context's allocation count (atomic builtins): a captured graph
                           names buffers, so any allocation makes the next step capture anew */
   /* Fast steps (runtime/cuda/cuda_graph.c). While vals_on, the optimizer, clipping and dropout

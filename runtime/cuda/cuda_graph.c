@@ -68,8 +68,7 @@ pmap_status cuda_fast_switches(cuda_ctx *cc, const pmap_config *cfg) {
 pmap_status cuda_fast_device_init(cuda_device *cd) {
   pmap_status st = PMAP_SUCCESS;
   unsigned flags = cudaEventDisableTiming;
-  CUDA_CHECK_GOTO(cd, st, cudaStreamCreateWithFlags(&cd->comm_stream, cudaStreamNonBlocking),
-                  fail);
+  CUDA_CHECK_GOTO(cd, st, cudaStreamCreateWithFlags(&cd->comm_stream, cudaStreamNonBlocking), fail);
   CUDA_CHECK_GOTO(cd, st, cudaEventCreateWithFlags(&cd->bucket_ready, flags), fail);
   CUDA_CHECK_GOTO(cd, st, cudaEventCreateWithFlags(&cd->bucket_done, flags), fail);
   void *v = NULL;

@@ -82,8 +82,8 @@ static pmap_status fast_ctx(int n, int gpus, int graphs, int overlap, pmap_ctx *
                      .cuda_overlap = overlap ? 1 : -1,
                      .cuda_bucket_mb = 1};
   pmap_status st = pmap_ctx_create(&cfg, out);
-  CHECK(st == PMAP_SUCCESS, "CUDA context of %d devices (graphs %d, overlap %d): %s: %s", n,
-        graphs, overlap, pmap_status_string(st), pmap_last_error());
+  CHECK(st == PMAP_SUCCESS, "CUDA context of %d devices (graphs %d, overlap %d): %s: %s", n, graphs,
+        overlap, pmap_status_string(st), pmap_last_error());
   return st;
 }
 
