@@ -2,9 +2,10 @@
 # gpu-check.sh: the one-shot check of pmap on a machine with an NVIDIA GPU and no network. Finds
 # Python, Meson, Ninja, nvcc and NCCL; builds with CUDA; proves the NCCL it loads; runs the gpu
 # test suite on 2 and on 4 logical devices (several on one GPU with NCCL >= 2.30), pmap-train,
-# pmap-allreduce and pmap-bench on 1, 2 and 4 devices, each run-time switch of the CUDA backend
-# against its default, the JAX comparison on the GPU (FP32 and TF32), the CPU suite, and, where
-# the machine allows them, compute-sanitizer and Nsight Compute.
+# pmap-allreduce and pmap-bench on 1, 2 and 4 devices, the step's fast paths (plain, CUDA graph,
+# overlapped buckets, sharded optimizer: time, host time, agreement), each run-time switch of the
+# CUDA backend against its default, the JAX comparison on the GPU (FP32 and TF32), the CPU suite,
+# and, where the machine allows them, compute-sanitizer and Nsight Compute.
 #
 #   bench/gpu-check.sh [OUTDIR] [--nccl DIR] [--dry-run]
 #
@@ -23,8 +24,8 @@
 #             steps use exists, and prints each command with its limit; runs nothing on a GPU.
 #             Exit status 1 if anything that would fail on the GPU machine fails here.
 #
-# Every step runs under a time limit inside an overall budget (GPU_CHECK_BUDGET_S, default 450 s:
-# the check ends within 8 minutes); a failed step is recorded and the next one runs. Optional
+# Every step runs under a time limit inside an overall budget (GPU_CHECK_BUDGET_S, default 480 s:
+# the check ends within 9 minutes); a failed step is recorded and the next one runs. Optional
 # steps (compute-sanitizer, Nsight Compute, JAX) are recorded as "unavailable" with the reason
 # where the machine refuses them and never fail the check. Exit status: 0 every step passed or
 # was skipped or unavailable, 1 a step failed, 2 no usable NVIDIA GPU. GPU_CHECK_BUILD_DIR picks
@@ -32,7 +33,7 @@
 set -u
 
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BUDGET=${GPU_CHECK_BUDGET_S:-450}
+BUDGET=${GPU_CHECK_BUDGET_S:-480}
 START=$(date +%s)
 NPROC=$(nproc 2>/dev/null || echo 4)
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
@@ -357,6 +358,7 @@ elif (( HAVE_GPU )); then
 fi
 
 TRAIN=$BUILD/tools/pmap-train BENCH=$BUILD/bench/pmap-bench ALLRED=$BUILD/bench/pmap-allreduce
+STEPB=$BUILD/bench/pmap-step
 # The NCCL the built library loads by itself (its RUNPATH, no LD_LIBRARY_PATH) must be the one
 # chosen: another one first on the path is what the library's version check would refuse.
 nccl_loaded() {
@@ -375,9 +377,9 @@ fi
 # option they pass is one the program parses (as a string in its source).
 if (( DRY && CONFIGURED )); then
   check targets "pmap-train, pmap-bench, pmap-allreduce and the gpu tests are build targets" \
-    bash -c 'targets=$(ninja -C "$1" -t targets all) && for t in tools/pmap-train bench/pmap-bench bench/pmap-allreduce tests/gpu/test_gpu_ops tests/gpu/test_gpu_coll tests/gpu/test_gpu_pmap; do grep -q "^$t:" <<<"$targets" || { echo "no target $t"; exit 1; }; done' _ "$BUILD"
-  check tests "the gpu suite lists gpu_ops, gpu_coll, gpu_pmap" \
-    bash -c 'l=$("$@" test -C "$0" --list --no-rebuild 2>&1 || "$@" test -C "$0" --list 2>&1); for t in gpu_ops gpu_coll gpu_pmap; do grep -q "$t" <<<"$l" || { echo "no test $t"; exit 1; }; done' "$BUILD" "${MESON[@]}"
+    bash -c 'targets=$(ninja -C "$1" -t targets all) && for t in tools/pmap-train bench/pmap-bench bench/pmap-step bench/pmap-allreduce tests/gpu/test_gpu_ops tests/gpu/test_gpu_coll tests/gpu/test_gpu_pmap tests/gpu/test_gpu_fast; do grep -q "^$t:" <<<"$targets" || { echo "no target $t"; exit 1; }; done' _ "$BUILD"
+  check tests "the gpu suite lists gpu_ops, gpu_coll, gpu_pmap, gpu_fast" \
+    bash -c 'l=$("$@" test -C "$0" --list --no-rebuild 2>&1 || "$@" test -C "$0" --list 2>&1); for t in gpu_ops gpu_coll gpu_pmap gpu_fast; do grep -q "$t" <<<"$l" || { echo "no test $t"; exit 1; }; done' "$BUILD" "${MESON[@]}"
 fi
 # opts_known SOURCE ARG...: every -x/--xx argument appears as "-x" in SOURCE (or cli.c).
 opts_known() {
@@ -400,6 +402,12 @@ BENCH_ARGS=(--backend cuda --model mlp-1024,cifar-cnn --devices "$COUNTS" --step
 SWITCH_ARGS=(--backend cuda --model mlp-1024 --devices "$SWITCH_COUNTS" --scaling strong
   --steps 30 --warmup 3 --no-ref --json)
 ALLRED_ARGS=(--backend cuda -d "$COUNTS" -b 8 -e 64M -f 4 -n 20 -w 5 --json)
+# The step's fast paths: each variant on 1, 2, 4 devices against the plain step (pmap-step), the
+# small seed model for the host time, mlp-1024 for the overlap; the sharded optimizer through
+# pmap-bench and pmap-train where they have --shard-optimizer.
+STEP_ARGS=(--backend cuda --devices "$COUNTS" --warmup 5 --json)
+SHARD_BENCH_ARGS=(--backend cuda --model mlp --devices "$COUNTS" --steps 100 --warmup 5 --no-ref
+  --json --shard-optimizer)
 JAX_ARGS=(--pmap-bench "$BENCH" --platform gpu --devices 1 --models mlp-1024,cifar-cnn --steps 30
   --warmup 3 --repeat 1 --precision both --out "$OUT/logs/jax")
 if (( DRY )); then
@@ -407,9 +415,42 @@ if (( DRY )); then
     $(declare -f opts_known); SRC='$SRC'
     opts_known '$SRC/bench/pmap-bench.c' ${BENCH_ARGS[*]} ${SWITCH_ARGS[*]} &&
     opts_known '$SRC/bench/pmap-allreduce.c' ${ALLRED_ARGS[*]} &&
+    opts_known '$SRC/bench/pmap-step.c' ${STEP_ARGS[*]} --model --steps &&
     opts_known '$SRC/tools/pmap-train.c' --backend --devices --model --json --steps --log-every &&
     grep -qF -- '--precision' '$SRC/bench/jax_compare.py'"
 fi
+
+# Whether a program has an option: its --help on this machine, or in a dry run (nothing built)
+# the option as a string in its source.
+has_option() { # program source-folder option
+  if (( DRY )); then grep -rqF -- "\"$3\"" "$2"; else "$1" --help 2>&1 | grep -qF -- "$3"; fi
+}
+
+# The step's fast paths (docs/cuda.md): plain, graph, overlap and both per device count, timed
+# and compared with the plain step by pmap-step; the sharded optimizer timed by pmap-bench and
+# its final loss compared with the plain one's by pmap-train, or "unavailable" where those
+# programs lack --shard-optimizer.
+step_variants() {
+  run_step step-mlp 60 "$STEPB" "${STEP_ARGS[@]}" --model mlp --steps 200
+  run_step step-mlp-1024 60 "$STEPB" "${STEP_ARGS[@]}" --model mlp-1024 --steps 30
+  if ! has_option "$BENCH" "$SRC/bench" --shard-optimizer; then
+    unavailable step-sharded "pmap-bench has no --shard-optimizer"
+  else
+    run_step step-sharded 60 "$BENCH" "${SHARD_BENCH_ARGS[@]}"
+  fi
+  if ! has_option "$TRAIN" "$SRC/tools" --shard-optimizer; then
+    unavailable agree-sharded "pmap-train has no --shard-optimizer"
+    return
+  fi
+  local n
+  for n in 2 4; do
+    if (( ! MULTI )); then skip_multi "agree-plain-$n"; skip_multi "agree-sharded-$n"; continue; fi
+    run_step "agree-plain-$n" 40 "$TRAIN" --backend cuda --devices "$n" --model mlp --steps 100 \
+      --log-every 0 --json
+    run_step "agree-sharded-$n" 40 "$TRAIN" --backend cuda --devices "$n" --model mlp --steps 100 \
+      --log-every 0 --json --shard-optimizer
+  done
+}
 
 GPU_STEPS=0 WAIT_NOTE=""
 if (( DRY || (BUILT && HAVE_GPU) )); then GPU_STEPS=1; fi
@@ -446,7 +487,7 @@ if (( GPU_STEPS )); then
   # CPU and against 1 device on every example model, on 2 and on 4 logical devices.
   if (( MULTI )); then
     gpu_suite gpu-tests-2 2 --suite gpu
-    gpu_suite gpu-tests-4 4 gpu_coll gpu_pmap
+    gpu_suite gpu-tests-4 4 gpu_coll gpu_pmap gpu_fast
   else
     gpu_suite gpu-tests-1 1 --suite gpu
     skip_multi gpu-tests-2
@@ -460,7 +501,8 @@ if (( GPU_STEPS )); then
   done
   run_step allreduce 90 "$ALLRED" "${ALLRED_ARGS[@]}"
   (( MULTI )) || SKIPPED_MULTI+=("allreduce and bench at 2 and 4 devices")
-  run_step bench 150 "$BENCH" "${BENCH_ARGS[@]}"
+  run_step bench 120 "$BENCH" "${BENCH_ARGS[@]}"
+  step_variants
   # The CPU suite (its CLI test pins --backend cpu, so the GPU here changes nothing in it).
   run_step cpu-tests 120 "${MESON[@]}" test -C "$BUILD" --no-suite gpu --print-errorlogs \
     --num-processes "$NPROC"
@@ -470,7 +512,7 @@ if (( GPU_STEPS )); then
   else
     (( DRY )) && check jax-args "jax_compare.py accepts the step's arguments" \
       "$JAX_PY" "$SRC/bench/jax_compare.py" "${JAX_ARGS[@]}" --dry-run
-    run_step jax-compare 150 env PYTHONUNBUFFERED=1 "$JAX_PY" "$SRC/bench/jax_compare.py" \
+    run_step jax-compare 120 env PYTHONUNBUFFERED=1 "$JAX_PY" "$SRC/bench/jax_compare.py" \
       "${JAX_ARGS[@]}"
   fi
   # Each run-time switch of the CUDA backend against the default run above (bench-default).

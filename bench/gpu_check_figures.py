@@ -22,6 +22,42 @@ def table(header, rows):
         print("| " + " | ".join(fmt(c) for c in r) + " |")
 
 
+def fast_paths(steps):
+    """The step's fast paths: pmap-step's rows (each variant against the plain step on the same
+    batches), then the sharded optimizer from pmap-bench, its agreement from pmap-train."""
+    rows = []
+    for name in ("step-mlp", "step-mlp-1024"):
+        rows += rows_of(steps.get(name, {}))
+    sharded = steps.get("step-sharded")
+    if not rows and not sharded:
+        return
+    print("\n## The step's fast paths (pmap-step: graph, overlap and both against plain; "
+          "host us: median time of a pmap_update call, guard off and no loss read back)\n")
+    plain = {(r.get("model"), r.get("devices")): r for r in rows if r.get("variant") == "plain"}
+    lines = []
+    for r in rows:
+        p = plain.get((r.get("model"), r.get("devices")), {})
+        speed = p.get("step_ms") / r["step_ms"] if p.get("step_ms") and r.get("step_ms") else ""
+        lines.append([r.get("model"), r.get("devices"), r.get("variant"), r.get("step_ms"), speed,
+                      r.get("host_us"), r.get("cpu_us"), r.get("max_abs_diff"),
+                      r.get("rel_l2_diff")])
+    if sharded is not None:
+        srows = rows_of(sharded)
+        for r in srows:
+            n = r.get("devices")
+            a, b = steps.get("agree-plain-%s" % n, {}), steps.get("agree-sharded-%s" % n, {})
+            la = a.get("output", {}).get("final_loss") if isinstance(a.get("output"), dict) else None
+            lb = b.get("output", {}).get("final_loss") if isinstance(b.get("output"), dict) else None
+            diff = abs(la - lb) if isinstance(la, (int, float)) and isinstance(lb, (int, float)) else "n/a"
+            lines.append([r.get("model"), n, "sharded (pmap-bench median)", r.get("median_ms"), "",
+                          "", "", "final loss diff %s" % fmt(diff), ""])
+        if not srows:
+            lines.append(["", "", "sharded", sharded.get("status"), "", "", "",
+                          sharded.get("note", ""), ""])
+    table(["model", "devices", "variant", "step ms", "speedup vs plain", "host us", "CPU us/step",
+           "max abs diff vs plain", "rel L2 diff"], lines)
+
+
 def main():
     summary = json.load(open(sys.argv[1]))
     steps = {s["name"]: s for s in summary.get("steps", [])}
@@ -76,6 +112,8 @@ def main():
                                   r.get("median_ms"), r.get("median_ms") / b["median_ms"]])
         table(["switch", "scaling", "devices", "default step ms", "switched step ms", "ratio"],
               lines)
+
+    fast_paths(steps)
 
     jax = rows_of(steps.get("jax-compare", {}))
     if jax:

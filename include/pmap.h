@@ -134,6 +134,16 @@ typedef struct pmap_config {
                             step. AUTO: the environment variable PMAP_SHARD_OPTIMIZER (0 or 1)
                             when set, else on for models of at least 65536 parameters (see
                             README, "Sharded optimizer"). Never across processes. */
+  int cuda_graphs;       /* CUDA: 1 captures the whole step (forward, loss, backward, all-reduce,
+                            optimizer) into a CUDA graph after a warm-up step at a batch size and
+                            replays it for later steps of that size; -1 never; 0 (default): the
+                            environment variable PMAP_CUDA_GRAPHS (0 or 1), else off. Ignored on
+                            CPU. See docs/cuda.md */
+  int cuda_overlap;      /* CUDA: 1 all-reduces the gradients in buckets on a second stream while
+                            backward still runs; -1 never; 0 (default): PMAP_CUDA_OVERLAP (0 or
+                            1), else off. Ignored on CPU */
+  int cuda_bucket_mb;    /* CUDA, with cuda_overlap: bucket size in MiB (1..4096); 0 (default):
+                            PMAP_CUDA_BUCKET_MB, else 25 */
 } pmap_config;
 
 enum { PMAP_GUARD_ON = 0, PMAP_GUARD_OFF = 1 };
@@ -383,7 +393,10 @@ PMAP_API int64_t pmap_params_step(const pmap_params *params); /* optimizer steps
  * and an all-gather of the parameters, with bitwise the same result on CPU). *loss (may be
  * NULL) receives the mean loss over the global batch. Synchronous: returns when every replica is
  * updated; xs and ys may be reused at once. The first call with a larger batch than before sizes
- * the activation memory; later calls allocate nothing.
+ * the activation memory; later calls allocate nothing. Exception, the CUDA fast steps
+ * (pmap_config.cuda_graphs, cuda_overlap): with the numeric guard off and loss NULL the call
+ * returns once the step is queued on the GPUs (xs and ys may still be reused at once); a failure
+ * of that step is returned by the next call that waits for the GPUs.
  *
  * Numeric guard (on unless pmap_config.numeric_guard is PMAP_GUARD_OFF): after the all-reduce,
  * every replica checks the averaged loss and gradients and each device's own (one flag per

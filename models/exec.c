@@ -114,6 +114,7 @@ pmap_status model_backward(pmap_device *dev, const pmap_model *m, replica *r, in
     const float *next = NULL;
     r->dout[i] = dy;
     PMAP_TRY(layer_backward(dev, m, r, i, dy, dx, &next, bd));
+    if (r->layer_grads_done) PMAP_TRY(r->layer_grads_done(dev, r, i, r->layer_grads_user));
     if (!next) break;
     dy = next;
   }

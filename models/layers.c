@@ -240,7 +240,7 @@ static pmap_act act_of(layer_kind k) {
 /* Dropout's key: layer i at step r->step; the element index adds the device's global offset,
  * so the mask does not depend on how the batch is split. */
 static uint64_t dropout_key(const replica *r, int i) {
-  return pmap_mix64(pmap_mix64((uint64_t)r->step) ^ ((uint64_t)i * 0x9e3779b97f4a7c15ull));
+  return pmap_dropout_key((uint64_t)r->step, (uint64_t)i * 0x9e3779b97f4a7c15ull);
 }
 
 static uint64_t dropout_first(pmap_device *dev, const replica *r, const layer *l, int64_t bd) {

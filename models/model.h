@@ -82,7 +82,8 @@ void model_init_params(const pmap_model *m, uint64_t seed, float *w);
 
 /* One device's training state. w, g, opt: device memory; g holds n_params gradients then the
  * loss, so one all-reduce averages both. */
-typedef struct replica {
+typedef struct replica replica;
+struct replica {
   float *w;   /* (P) */
   float *g;   /* (P + 1) */
   float *opt; /* (P) per optimizer slot: momentum; Adam m then v */
@@ -103,7 +104,12 @@ typedef struct replica {
   int has_row0;  /* 1: row0 is the global row of the call's first example (micro-batches,
                     uneven batches) */
   int64_t row0;
-} replica;
+  /* Optional, NULL for none: called by model_backward right after layer i's backward, when the
+   * gradients of layer i's parameters are complete (layers L-1 down to 0, once each), e.g. to
+   * start reducing them while the layers below still run (models/step_fast.c). */
+  pmap_status (*layer_grads_done)(pmap_device *dev, replica *r, int i, void *user);
+  void *layer_grads_user;
+};
 
 /* Floats of the activation arena for bd rows into *out; -1 when the count overflows. */
 int model_arena_floats(const pmap_model *m, int64_t bd, size_t *out);

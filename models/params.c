@@ -10,6 +10,7 @@
 #include "runtime/backend.h"
 #include "runtime/error.h"
 #include "runtime/fault.h"
+#include "step_fast.h"
 
 static float *r_w(pmap_params *p, pmap_device *dev) { return p->rep[dev->index].w; }
 
@@ -102,6 +103,7 @@ static pmap_status destroy_job(pmap_device *dev, void *arg) {
 
 /* Frees everything; p->ctx's lock is held or p was never handed out. */
 static void params_free(pmap_params *p) {
+  step_fast_free(p);
   if (p->rep) pmap_ctx_dispatch(p->ctx, destroy_job, p);
   free(p->rep);
   free(p->guard_host);

@@ -56,6 +56,7 @@ struct pmap_params {
   uint32_t *verify_sums;     /* (N) each device's checksum of its replica */
   unsigned char *verify_buf; /* (N, verify_chunk) one bounded download buffer per device */
   size_t verify_chunk;       /* bytes of each device's buffer */
+  struct step_fast *fast;    /* captured steps and gradient buckets (step_fast.c), else NULL */
 };
 
 /* Floats of a replica's gradient buffer. */

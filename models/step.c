@@ -17,6 +17,7 @@
 #include "runtime/backend.h"
 #include "runtime/error.h"
 #include "runtime/fault.h"
+#include "step_fast.h"
 
 static const char *dtype_name(pmap_dtype t) {
   switch (t) {
@@ -349,6 +350,9 @@ static pmap_status update_job(pmap_device *dev, void *arg) {
   replica *r = &p->rep[dev->index];
   const pmap_ops *ops = dev->ops;
   size_t P = p->n_params;
+  int fast = 0;
+  PMAP_TRY(step_fast_update(dev, p, r, device_grads, &fast));
+  if (fast) return PMAP_SUCCESS;
   PMAP_TRY(ops->fill(dev, r->g, 0.0f, params_grad_len(p)));
   PMAP_TRY(device_grads(dev, p, r));
   if (dev->ctx->fault) PMAP_TRY(inject_before_reduce(dev, p, r));
@@ -480,6 +484,7 @@ pmap_status pmap_update(pmap_params *p, const pmap_array *xs, const pmap_array *
     p->ys = ys;
     p->numeric_bad = 0;
     p->stepped = 0;
+    step_fast_prepare(p, loss != NULL);
     st = pmap_ctx_dispatch(p->ctx, update_job, p);
     if (st && p->stepped)
       st = finish_stepped(p, st, t);

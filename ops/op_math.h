@@ -110,6 +110,24 @@ PMAP_HD static inline uint64_t pmap_mix64(uint64_t z) {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
 }
+/* The inverse of pmap_mix64 (each of its steps is a bijection of 64-bit words). */
+PMAP_HD static inline uint64_t pmap_unmix64(uint64_t z) {
+  z ^= (z >> 31) ^ (z >> 62);
+  z *= 0x319642b2d24d8ec3ull; /* the inverse of 0x94d049bb133111eb modulo 2^64 */
+  z ^= (z >> 27) ^ (z >> 54);
+  z *= 0x96de1b173f119089ull; /* the inverse of 0xbf58476d1ce4e5b9 */
+  z ^= (z >> 30) ^ (z >> 60);
+  return z - 0x9e3779b97f4a7c15ull;
+}
+/* Dropout's key for step `step` and a layer's salt. A captured CUDA step takes the salt back
+ * from the key it was captured with (pmap_dropout_salt) and rebuilds each step's key on the
+ * device from the step number there, so the masks still change from step to step. */
+PMAP_HD static inline uint64_t pmap_dropout_key(uint64_t step, uint64_t salt) {
+  return pmap_mix64(pmap_mix64(step) ^ salt);
+}
+PMAP_HD static inline uint64_t pmap_dropout_salt(uint64_t key, uint64_t step) {
+  return pmap_unmix64(key) ^ pmap_mix64(step);
+}
 /* keep / (1 - rate): 0 for a dropped element, 1 / (1 - rate) for a kept one. */
 PMAP_HD static inline float pmap_dropout_factor(uint64_t key, uint64_t index, float rate) {
   float u = (float)(pmap_mix64(key ^ pmap_mix64(index)) >> 40) * (1.0f / 16777216.0f);

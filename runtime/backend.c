@@ -241,3 +241,12 @@ pmap_status backend_barrier(pmap_device *dev, const char *call) {
   PMAP_TRY(rendezvous(dev, call, 0, 0));
   return dev->ctx->be->coll->barrier(dev);
 }
+
+const pmap_fast_i *backend_fast(const pmap_ctx *ctx) { return ctx->be->fast; }
+
+pmap_status backend_bucket_reduce(pmap_device *dev, const char *call, float *buf, size_t count) {
+  PMAP_TRY(rendezvous(dev, call, count, (int)PMAP_RED_MEAN));
+  return dev->ctx->be->fast->bucket_reduce(dev, buf, count);
+}
+
+pmap_status backend_meet(pmap_device *dev, const char *call) { return rendezvous(dev, call, 0, 0); }

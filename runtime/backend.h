@@ -65,6 +65,9 @@ typedef struct pmap_backend_i {
   void *(*native)(pmap_device *dev, int what);
   const pmap_coll_i *coll;
   const pmap_ops *ops;
+  /* Graph capture and overlapped gradient buckets of pmap_update (optional: NULL where the
+   * backend has neither, as on CPU; see pmap_fast_i at the end of this file). */
+  const struct pmap_fast_i *fast;
 } pmap_backend_i;
 
 /* What a device called at a collective's rendezvous (runtime/coll.c). */
@@ -210,5 +213,48 @@ pmap_status pmap_ctx_lock(pmap_ctx *ctx, const char *call);
 void pmap_ctx_unlock(pmap_ctx *ctx);
 /* Whether the calling thread's work is nested in a job of ctx (then its lock is not to be taken). */
 int pmap_ctx_in_job(const pmap_ctx *ctx);
+
+/* The step's fast paths (models/step_fast.c), implemented by the CUDA backend
+ * (runtime/cuda/cuda_graph.c). Every member is required when the table is there. */
+typedef struct pmap_fast_i {
+  /* What the context asked for: captured steps, overlapped buckets, their size in bytes. */
+  void (*modes)(const pmap_ctx *ctx, int *graphs, int *overlap, size_t *bucket_bytes);
+  /* Bumped by every device allocation of the context: a captured step names the buffers it was
+   * captured with, so one taken at another generation must be captured again. */
+  uint64_t (*generation)(const pmap_ctx *ctx);
+  /* The values that change from step to step (optimizer settings after the schedule, the step
+   * number that keys dropout), written to device memory in stream order; until the call with
+   * h NULL, the device's optimizer, clipping and dropout kernels read them from there, so a
+   * captured step does not bake them in. */
+  pmap_status (*step_values)(pmap_device *dev, const pmap_step_hyper *h, int64_t step);
+  /* The numeric guard and clipping decided on the device from the averaged
+   * [loss | flags (n) | norm] at tail (device memory; n flags with the guard on): a non-finite
+   * value makes the optimizer kernels leave everything as it is; clip > 0 scales g (P) by
+   * clip / norm when the norm exceeds it. */
+  pmap_status (*guard_clip)(pmap_device *dev, float *g, size_t P, const float *tail, int n,
+                            int guard, float clip);
+  /* Capture of the device's queued work: begin, then end with the result of the work queued in
+   * between (body: its status); *graph is the instantiated graph, or NULL with the reason in
+   * why (size whylen) when capture or instantiation failed (not an error: the step then runs
+   * without a graph). While capturing, stage returns the slot's buffer without copying: the
+   * inputs are staged before the capture. */
+  pmap_status (*capture_begin)(pmap_device *dev);
+  void (*capture_end)(pmap_device *dev, pmap_status body, void **graph, char *why, size_t whylen);
+  /* Queues a captured graph on the device (its collectives count as issued). */
+  pmap_status (*launch)(pmap_device *dev, void *graph);
+  void (*graph_free)(pmap_device *dev, void *graph); /* accepts NULL */
+  /* The mean all-reduce of buf (count, in place) on a second queue, after the work queued so
+   * far on the device; join makes the device's queue wait for every bucket issued. */
+  pmap_status (*bucket_reduce)(pmap_device *dev, float *buf, size_t count);
+  pmap_status (*bucket_join)(pmap_device *dev);
+} pmap_fast_i;
+
+/* Wrappers (runtime/backend.c): backend_fast is the table or NULL; backend_bucket_reduce meets
+ * the other devices at the rendezvous first, as every collective does. */
+const pmap_fast_i *backend_fast(const pmap_ctx *ctx);
+pmap_status backend_bucket_reduce(pmap_device *dev, const char *call, float *buf, size_t count);
+/* Meets the other devices on the host only (the rendezvous of a collective without the
+ * collective): nothing is queued on the device, so a capture in progress is not disturbed. */
+pmap_status backend_meet(pmap_device *dev, const char *call);
 
 #endif

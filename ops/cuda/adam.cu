@@ -2,8 +2,14 @@
  * bias-corrected update (and AdamW's decoupled weight decay) of ops/op_math.h. */
 #include "cuda_common.cuh"
 
+/* vals non-NULL (a fast step): the settings come from there, and a skipped step changes
+ * nothing. */
 static __global__ void adam_step_kernel(float *w, const float *g, float *m, float *v, size_t n,
-                                        pmap_step_hyper h) {
+                                        pmap_step_hyper h, const cuda_step_vals *vals) {
+  if (vals) {
+    if (vals->skip) return;
+    h = vals->hyper;
+  }
   for (size_t i = cuda_thread_index(); i < n; i += cuda_grid_stride()) {
     float wi = w[i], mi = m[i], vi = v[i];
     pmap_adam_update(&wi, g[i], &mi, &vi, h.lr, h.beta1, h.beta2, h.eps, h.bc1, h.bc2,
@@ -15,15 +21,15 @@ static __global__ void adam_step_kernel(float *w, const float *g, float *m, floa
 }
 
 static void adam_step_launch(cudaStream_t stream, float *w, const float *g, float *m, float *v,
-                             size_t n, const pmap_step_hyper *h) {
-  adam_step_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, stream>>>(w, g, m, v, n, *h);
+                             size_t n, const pmap_step_hyper *h, const cuda_step_vals *vals) {
+  adam_step_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, stream>>>(w, g, m, v, n, *h, vals);
 }
 
 extern "C" pmap_status cuda_adam_step(pmap_device *dev, float *w, const float *g, float *m,
                                       float *v, size_t n, const pmap_step_hyper *h) {
   cuda_device *cd = cuda_device_of(dev);
   if (n == 0) return PMAP_SUCCESS;
-  adam_step_launch(cd->stream, w, g, m, v, n, h);
+  adam_step_launch(cd->stream, w, g, m, v, n, h, cuda_vals_of(cd));
   CUDA_CHECK_LAUNCH(cd, "adam_step_kernel");
   return PMAP_SUCCESS;
 }

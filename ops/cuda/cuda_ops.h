@@ -76,6 +76,16 @@ pmap_status cuda_bn_backward_dx(pmap_device *dev, const float *x, const float *d
                                 const float *stats, const float *gamma, const float *sums,
                                 int64_t outer, int64_t c, int64_t inner, float eps, float *dx);
 
+/* The fast steps' guard and clipping (step_vals.cu): from the averaged [loss | flags (n) | norm]
+ * at g + P, writes cd->vals's skip and scale, and scales g (P) by it when clip > 0. */
+pmap_status cuda_guard_clip(cuda_device *cd, float *g, size_t P, const float *tail, int n,
+                            int guard, float clip);
+/* The step's values for a kernel launched now: cd->vals while a fast step reads them, else NULL
+ * (the kernel then uses its arguments). */
+static inline const cuda_step_vals *cuda_vals_of(const cuda_device *cd) {
+  return cd->vals_on ? cd->vals : NULL;
+}
+
 /* Loads every kernel of ops/cuda on cd's GPU (the current device) now. CUDA loads a module at
  * the first launch of one of its kernels, and that may synchronize the whole GPU: on a GPU
  * shared by several logical devices, a first launch of, say, the optimizer's kernel behind a
@@ -98,6 +108,7 @@ pmap_status cuda_pool2d_preload(cuda_device *cd);
 pmap_status cuda_relu_preload(cuda_device *cd);
 pmap_status cuda_sgd_preload(cuda_device *cd);
 pmap_status cuda_softmax_xent_preload(cuda_device *cd);
+pmap_status cuda_step_vals_preload(cuda_device *cd);
 
 /* Second pass of the loss reductions: *loss (device) = (float)(sum of partial (blocks) / denom),
  * summed in a fixed order so the loss is deterministic. blocks <= CUDA_REDUCE_BLOCKS. */

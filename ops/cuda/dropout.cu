@@ -3,22 +3,27 @@
  * the CPU kernel's on any device count. */
 #include "cuda_common.cuh"
 
+/* vals non-NULL (a fast step): `key` is the layer's salt, and the key is rebuilt from the step
+ * number in vals, so a captured step draws new masks each step. */
 static __global__ void dropout_kernel(const float *x, float *y, size_t n, float rate, uint64_t key,
-                                      uint64_t first) {
+                                      uint64_t first, const cuda_step_vals *vals) {
+  if (vals) key = pmap_dropout_key(vals->step, key);
   for (size_t i = cuda_thread_index(); i < n; i += cuda_grid_stride())
     y[i] = x[i] * pmap_dropout_factor(key, first + i, rate);
 }
 
-static void dropout_launch(cudaStream_t stream, const float *x, float *y, size_t n, float rate,
+static void dropout_launch(const cuda_device *cd, const float *x, float *y, size_t n, float rate,
                            uint64_t key, uint64_t first) {
-  dropout_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, stream>>>(x, y, n, rate, key, first);
+  const cuda_step_vals *vals = cuda_vals_of(cd);
+  if (vals) key = pmap_dropout_salt(key, cd->vals_step);
+  dropout_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, cd->stream>>>(x, y, n, rate, key, first, vals);
 }
 
 extern "C" pmap_status cuda_dropout_forward(pmap_device *dev, const float *x, float *y, size_t n,
                                             float rate, uint64_t key, uint64_t first) {
   cuda_device *cd = cuda_device_of(dev);
   if (n == 0) return PMAP_SUCCESS;
-  dropout_launch(cd->stream, x, y, n, rate, key, first);
+  dropout_launch(cd, x, y, n, rate, key, first);
   CUDA_CHECK_LAUNCH(cd, "dropout_kernel");
   return PMAP_SUCCESS;
 }
@@ -28,7 +33,7 @@ extern "C" pmap_status cuda_dropout_backward(pmap_device *dev, const float *dy, 
                                              float rate, uint64_t key, uint64_t first) {
   cuda_device *cd = cuda_device_of(dev);
   if (n == 0) return PMAP_SUCCESS;
-  dropout_launch(cd->stream, dy, dx, n, rate, key, first);
+  dropout_launch(cd, dy, dx, n, rate, key, first);
   CUDA_CHECK_LAUNCH(cd, "dropout_kernel");
   return PMAP_SUCCESS;
 }

@@ -2,8 +2,14 @@
  * update of ops/op_math.h; the momentum buffer is touched only when momentum != 0. */
 #include "cuda_common.cuh"
 
+/* vals non-NULL (a fast step): the settings come from there, and a skipped step changes
+ * nothing. */
 static __global__ void sgd_step_kernel(float *w, const float *g, float *v, size_t n,
-                                       pmap_step_hyper h) {
+                                       pmap_step_hyper h, const cuda_step_vals *vals) {
+  if (vals) {
+    if (vals->skip) return;
+    h = vals->hyper;
+  }
   for (size_t i = cuda_thread_index(); i < n; i += cuda_grid_stride()) {
     float wi = w[i], vi = h.momentum != 0.0f ? v[i] : 0.0f;
     pmap_sgd_update(&wi, g[i], &vi, h.lr, h.momentum, h.nesterov, h.weight_decay);
@@ -13,15 +19,15 @@ static __global__ void sgd_step_kernel(float *w, const float *g, float *v, size_
 }
 
 static void sgd_step_launch(cudaStream_t stream, float *w, const float *g, float *v, size_t n,
-                            const pmap_step_hyper *h) {
-  sgd_step_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, stream>>>(w, g, v, n, *h);
+                            const pmap_step_hyper *h, const cuda_step_vals *vals) {
+  sgd_step_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, stream>>>(w, g, v, n, *h, vals);
 }
 
 extern "C" pmap_status cuda_sgd_step(pmap_device *dev, float *w, const float *g, float *v, size_t n,
                                      const pmap_step_hyper *h) {
   cuda_device *cd = cuda_device_of(dev);
   if (n == 0) return PMAP_SUCCESS;
-  sgd_step_launch(cd->stream, w, g, v, n, h);
+  sgd_step_launch(cd->stream, w, g, v, n, h, cuda_vals_of(cd));
   CUDA_CHECK_LAUNCH(cd, "sgd_step_kernel");
   return PMAP_SUCCESS;
 }

@@ -41,6 +41,9 @@ class Config(ctypes.Structure):
         ("dist", ctypes.c_int),
         ("mpi_comm", ctypes.c_void_p),
         ("shard_optimizer", ctypes.c_int),
+        ("cuda_graphs", ctypes.c_int),
+        ("cuda_overlap", ctypes.c_int),
+        ("cuda_bucket_mb", ctypes.c_int),
     ]
 
 

@@ -33,6 +33,7 @@ static void device_release(cuda_device *cd) {
   if (cd->done) (void)cudaEventDestroy(cd->done);
   cd->down = NULL;
   cd->done = NULL;
+  cuda_fast_device_release(cd);
   if (cd->blas) (void)cublasDestroy(cd->blas);
   if (cd->blas_ws) (void)cudaFree(cd->blas_ws);
   if (cd->stream) (void)cudaStreamDestroy(cd->stream);
@@ -110,6 +111,7 @@ static pmap_status cuda_device_init(pmap_device *dev) {
       fail);
   CUDA_CHECK_GOTO(cd, st, cudaMallocAsync(&cd->scratch, CUDA_SCRATCH_BYTES, cd->stream), fail);
   host_buffers(cd, cc);
+  PMAP_TRY_GOTO(st, cuda_fast_device_init(cd), fail);
   PMAP_TRY_GOTO(st, cuda_ops_preload(cd), fail);
   PMAP_TRY_GOTO(st, startup_barrier(dev, cd), fail);
   atomic_fetch_sub(&cc->starting, 1);
@@ -156,6 +158,7 @@ static pmap_status cuda_alloc(pmap_device *dev, size_t bytes, void **out) {
   void *p = NULL;
   *out = NULL;
   CUDA_CHECK(cd, cudaMallocAsync(&p, bytes ? bytes : 256, cd->stream));
+  cuda_alloc_counted(cd);
   *out = p;
   return PMAP_SUCCESS;
 }
@@ -173,6 +176,7 @@ pmap_status cuda_work_reserve(cuda_device *cd, size_t count) {
   cd->work_cap = 0;
   void *p = NULL;
   CUDA_CHECK(cd, cudaMallocAsync(&p, count * sizeof(float), cd->stream));
+  cuda_alloc_counted(cd);
   cd->work = p;
   cd->work_cap = count;
   return PMAP_SUCCESS;
@@ -235,12 +239,22 @@ static pmap_status cuda_stage_input(pmap_device *dev, int slot, const void *host
   cuda_device *cd = dev->be;
   cuda_stage *s = &cd->stage[slot];
   *out = NULL;
+  if (cd->capturing) {
+    /* A captured step reads the buffer its inputs were staged into before the capture. */
+    if (!s->dev || bytes > s->cap)
+      return PMAP_ERR(PMAP_ERR_INTERNAL,
+                      "device %d: input slot %d holds %zu bytes, a captured step reads %zu",
+                      dev->index, slot, s->cap, bytes);
+    *out = s->dev;
+    return PMAP_SUCCESS;
+  }
   if (bytes > s->cap) {
     size_t cap = (bytes + STAGE_ROUND - 1) / STAGE_ROUND * STAGE_ROUND;
     if (s->dev) CUDA_CHECK(cd, cudaFreeAsync(s->dev, cd->stream));
     s->dev = NULL;
     s->cap = 0;
     CUDA_CHECK(cd, cudaMallocAsync(&s->dev, cap, cd->stream));
+    cuda_alloc_counted(cd);
     s->cap = cap;
   }
   /* Stream order keeps the kernels that read the previous contents ahead of this copy. */
@@ -278,4 +292,5 @@ const pmap_backend_i pmap_cuda_backend = {
     .native = cuda_native,
     .coll = &pmap_cuda_coll,
     .ops = &pmap_cuda_ops,
+    .fast = &pmap_cuda_fast,
 };

@@ -53,7 +53,27 @@ typedef struct cuda_ctx {
   cuda_wait_mode wait_mode;
   int coll_wait;       /* PMAP_CUDA_COLL_WAIT=1: the host waits for every collective */
   size_t pinned_bytes; /* per staging buffer (2 per device); 0: pageable copies */
+  /* The fast steps (cuda_graph.c): pmap_config.cuda_graphs / PMAP_CUDA_GRAPHS,
+   * cuda_overlap / PMAP_CUDA_OVERLAP, the bucket size, and the test hook PMAP_CUDA_GRAPH_FAIL
+   * (the device whose graph fails to instantiate, -1 none). */
+  int graphs, overlap;
+  size_t bucket_bytes;
+  int graph_fail;
+  uint64_t alloc_gen; /* allocations on any device (atomic builtins; cuda_device.alloc_gen) */
 } cuda_ctx;
+
+extern const pmap_fast_i pmap_cuda_fast;
+
+/* Reads the fast steps' switches from cfg and the environment into cc (cuda_graph.c). */
+pmap_status cuda_fast_switches(cuda_ctx *cc, const pmap_config *cfg);
+/* Creates and frees a device's part of the fast steps (second stream, events, pinned values);
+ * create runs in device_init before any collective (page-locked allocation). */
+pmap_status cuda_fast_device_init(cuda_device *cd);
+void cuda_fast_device_release(cuda_device *cd);
+/* Counts an allocation of cd's context (a captured graph taken before it is stale). */
+static inline void cuda_alloc_counted(cuda_device *cd) {
+  if (cd->alloc_gen) __atomic_fetch_add(cd->alloc_gen, 1, __ATOMIC_SEQ_CST);
+}
 
 extern const pmap_coll_i pmap_cuda_coll;
 

@@ -390,6 +390,7 @@ pmap_status cuda_ctx_init(pmap_ctx *ctx, const pmap_config *cfg) {
   PMAP_TRY_GOTO(st, check_nccl_version(cc->nccl_version), fail);
   PMAP_TRY_GOTO(st, check_shared_gpus(cc->gpus, n, cc->nccl_version), fail);
   PMAP_TRY_GOTO(st, read_switches(cc), fail);
+  PMAP_TRY_GOTO(st, cuda_fast_switches(cc, cfg), fail);
   PMAP_TRY_GOTO(st, comms_create(ctx, cc), fail);
   cc->comms_live = 1;
   cc->ctx = ctx;
@@ -406,6 +407,7 @@ pmap_status cuda_ctx_init(pmap_ctx *ctx, const pmap_config *cfg) {
     cd->index = i;
     cd->gpu = cc->gpus[i];
     cd->comm = cc->comms[i];
+    cd->alloc_gen = &cc->alloc_gen;
     ctx->dev[i].be = cd;
   }
   ctx->be_ctx = cc;

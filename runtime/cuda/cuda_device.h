@@ -36,6 +36,16 @@ typedef struct cuda_stage {
   size_t cap;
 } cuda_stage;
 
+/* The values of a step that change from step to step, in device memory, for the fast steps
+ * (runtime/cuda/cuda_graph.c): the host writes hyper and step before each step (stream-ordered,
+ * outside any captured graph); the guard and clipping kernel writes scale and skip. */
+typedef struct cuda_step_vals {
+  pmap_step_hyper hyper; /* the optimizer's settings after the schedule */
+  uint64_t step;         /* keys dropout's masks */
+  float scale;           /* the gradients' clipping scale (1: none) */
+  int skip;              /* 1: the numeric guard skips the step: the optimizer changes nothing */
+} cuda_step_vals;
+
 typedef struct cuda_device {
   int index;           /* logical device, also its NCCL rank */
   int gpu;             /* physical CUDA device */
@@ -53,7 +63,23 @@ typedef struct cuda_device {
   void *pinned[2];
   cudaEvent_t pinned_ev[2];
   int pinned_next;
-  void *down; /* (CUDA_DOWN_BYTES) pinned */
+  void *down;          /* (CUDA_DOWN_BYTES) pinned */
+  uint64_t *alloc_gen; /* the context's allocation count (atomic builtins): a captured graph
+                          names buffers, so any allocation makes the next step capture anew */
+  /* Fast steps (runtime/cuda/cuda_graph.c). While vals_on, the optimizer, clipping and dropout
+   * kernels read this step's values from `vals` instead of taking them as arguments (dropout
+   * turns its key back into its salt with vals_step, the step it was written for). */
+  cuda_step_vals *vals; /* (1) device */
+  int vals_on;
+  uint64_t vals_step;
+  cuda_step_vals *vals_host[2]; /* pinned, in turns; vals_ev[k] marks the end of its copy */
+  cudaEvent_t vals_ev[2];
+  int vals_next;
+  int capturing; /* the stream is being captured: stage copies nothing */
+  /* Gradient buckets: all-reduced on comm_stream after bucket_ready (recorded on `stream`),
+   * joined back by bucket_done. */
+  cudaStream_t comm_stream;
+  cudaEvent_t bucket_ready, bucket_done;
 } cuda_device;
 
 /* The backend state of a device of a CUDA context (dev->be). */

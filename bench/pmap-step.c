@@ -1,0 +1,259 @@
+/* pmap-step: the ways one CUDA step can run, against each other: plain, the whole step as a
+ * replayed CUDA graph, the gradient all-reduce overlapped with backward in buckets, and both;
+ * on each device count, from the same initial parameters on the same batches. For each it
+ * reports the step time (wall time of the timed steps over their count, the work drained at
+ * the end), the host time of a step (the median time a pmap_update call takes to return: with
+ * the numeric guard off and no loss asked for, a step's launch only), the process CPU time per
+ * step (every thread, spinning waits included), and the agreement of the parameters with the
+ * plain run's after the same steps (max |w - w_plain| and the relative L2 difference).
+ *
+ *   pmap-step [--backend cuda] [--model mlp] [--devices 1,2,4] [--batch B] [--steps 50]
+ *             [--warmup 5] [--variants plain,graph,overlap,graph+overlap] [--bucket-mb 25]
+ *             [--numeric-guard] [--loss] [--json]
+ *
+ * Every variant runs with the numeric guard off and no loss read back unless --numeric-guard or
+ * --loss say otherwise (then each step waits for its read-back, and the host time includes the
+ * GPU's). The last line with --json is one JSON object: {"rows": [...]}. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "pmap.h"
+#include "pmap_examples.h"
+
+#define PROG "pmap-step"
+#define MAX_STEPS 100000
+
+typedef struct variant {
+  const char *name;
+  int graphs, overlap;
+} variant;
+
+static const variant all_variants[] = {
+    {"plain", -1, -1}, {"graph", 1, -1}, {"overlap", -1, 1}, {"graph+overlap", 1, 1}};
+
+typedef struct opts {
+  pmap_backend backend;
+  const char *model;
+  int64_t devices[CLI_MAX_LIST];
+  int n_devices;
+  int64_t batch, steps, warmup, bucket_mb;
+  int guard, loss, json;
+  int use[4];
+} opts;
+
+typedef struct result {
+  double step_ms, host_us, cpu_us, max_abs, rel_l2;
+  float final_loss;
+  int ok;
+} result;
+
+static double cpu_seconds(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static int usage(int rc) {
+  fprintf(rc ? stderr : stdout,
+          "usage: " PROG
+          " [--backend cuda|cpu|auto] [--model NAME] [--devices 1,2,4] [--batch B]\n"
+          "       [--steps N] [--warmup W] [--variants plain,graph,overlap,graph+overlap]\n"
+          "       [--bucket-mb MB] [--numeric-guard] [--loss] [--json]\n");
+  return rc;
+}
+
+/* One variant on n devices: w_out (P) receives device 0's parameters after every step. */
+static int run_variant(const opts *o, const variant *v, int n, const pmap_array *xs,
+                       const pmap_array *ys, float *w_out, size_t P, result *r) {
+  pmap_example_info info;
+  pmap_model *m = NULL;
+  pmap_ctx *ctx = NULL;
+  pmap_params *p = NULL;
+  double *host = calloc((size_t)o->steps, sizeof *host);
+  int rc = -1;
+  pmap_config cfg = {.backend = o->backend,
+                     .num_devices = n,
+                     .numeric_guard = o->guard ? PMAP_GUARD_ON : PMAP_GUARD_OFF,
+                     .cuda_graphs = v->graphs,
+                     .cuda_overlap = v->overlap,
+                     .cuda_bucket_mb = (int)o->bucket_mb};
+  if (!host || pmap_example_info_get(o->model, &info) || pmap_example_model(o->model, &m) ||
+      pmap_ctx_create(&cfg, &ctx) || pmap_params_create(ctx, m, &info.opt, 0, &p)) {
+    fprintf(stderr, PROG ": %s on %d devices: %s\n", v->name, n, pmap_last_error());
+    goto out;
+  }
+  float loss = NAN;
+  for (int64_t s = 0; s < o->warmup; s++)
+    if (pmap_update(p, xs, ys, o->loss ? &loss : NULL)) goto fail;
+  double t0 = cli_now(), c0 = cpu_seconds();
+  for (int64_t s = 0; s < o->steps; s++) {
+    double a = cli_now();
+    if (pmap_update(p, xs, ys, o->loss ? &loss : NULL)) goto fail;
+    host[s] = cli_now() - a;
+  }
+  /* Reading the parameters waits for every queued step. */
+  if (pmap_params_read(p, 0, w_out, P)) goto fail;
+  double t1 = cli_now(), c1 = cpu_seconds();
+  qsort(host, (size_t)o->steps, sizeof *host, cmp_double);
+  r->step_ms = 1e3 * (t1 - t0) / (double)o->steps;
+  r->host_us = 1e6 * host[o->steps / 2];
+  r->cpu_us = 1e6 * (c1 - c0) / (double)o->steps;
+  r->final_loss = loss;
+  r->ok = 1;
+  rc = 0;
+  goto out;
+fail:
+  fprintf(stderr, PROG ": %s on %d devices: %s\n", v->name, n, pmap_last_error());
+out:
+  pmap_params_destroy(p);
+  pmap_ctx_destroy(ctx);
+  pmap_model_destroy(m);
+  free(host);
+  return rc;
+}
+
+static void agreement(const float *w, const float *base, size_t P, result *r) {
+  double worst = 0.0, num = 0.0, den = 0.0;
+  for (size_t i = 0; i < P; i++) {
+    double d = (double)w[i] - (double)base[i];
+    if (!(fabs(d) <= worst)) worst = fabs(d); /* NaN sticks */
+    num += d * d;
+    den += (double)base[i] * base[i];
+  }
+  r->max_abs = worst;
+  r->rel_l2 = sqrt(num) / (den > 0.0 ? sqrt(den) : 1.0);
+}
+
+static int parse(int argc, char **argv, opts *o) {
+  static const char *const flags[] = {"--json", "--numeric-guard", "--loss", NULL};
+  static const char *const values[] = {"--backend",  "--model",     "--devices",
+                                       "--batch",    "--steps",     "--warmup",
+                                       "--variants", "--bucket-mb", NULL};
+  *o = (opts){.backend = PMAP_BACKEND_CUDA,
+              .model = "mlp",
+              .devices = {1, 2, 4},
+              .n_devices = 3,
+              .steps = 50,
+              .warmup = 5,
+              .use = {1, 1, 1, 1}};
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *val = NULL;
+    int kind = cli_next(PROG, argc, argv, &i, flags, values, &val);
+    if (kind == CLI_HELP) return usage(0), 1;
+    if (kind == CLI_ERROR) return -1;
+    if (!strcmp(a, "--json")) {
+      o->json = 1;
+    } else if (!strcmp(a, "--numeric-guard")) {
+      o->guard = 1;
+    } else if (!strcmp(a, "--loss")) {
+      o->loss = 1;
+    } else if (!strcmp(a, "--backend")) {
+      if (!strcmp(val, "cuda"))
+        o->backend = PMAP_BACKEND_CUDA;
+      else if (!strcmp(val, "cpu"))
+        o->backend = PMAP_BACKEND_CPU;
+      else if (!strcmp(val, "auto"))
+        o->backend = PMAP_BACKEND_AUTO;
+      else
+        return fprintf(stderr, PROG ": --backend %s: cuda, cpu or auto\n", val), -1;
+    } else if (!strcmp(a, "--model")) {
+      o->model = val;
+    } else if (!strcmp(a, "--devices")) {
+      if (cli_int_list(PROG, a, val, 1, PMAP_MAX_DEVICES, o->devices, &o->n_devices)) return -1;
+    } else if (!strcmp(a, "--batch")) {
+      if (cli_int(PROG, a, val, 1, INT32_MAX, &o->batch)) return -1;
+    } else if (!strcmp(a, "--steps")) {
+      if (cli_int(PROG, a, val, 1, MAX_STEPS, &o->steps)) return -1;
+    } else if (!strcmp(a, "--warmup")) {
+      if (cli_int(PROG, a, val, 0, MAX_STEPS, &o->warmup)) return -1;
+    } else if (!strcmp(a, "--bucket-mb")) {
+      if (cli_int(PROG, a, val, 1, 4096, &o->bucket_mb)) return -1;
+    } else if (!strcmp(a, "--variants")) {
+      memset(o->use, 0, sizeof o->use);
+      char buf[128];
+      snprintf(buf, sizeof buf, "%s", val);
+      for (char *t = strtok(buf, ","); t; t = strtok(NULL, ",")) {
+        int k = 0;
+        while (k < 4 && strcmp(t, all_variants[k].name)) k++;
+        if (k == 4)
+          return fprintf(stderr,
+                         PROG
+                         ": --variants: unknown %s (plain, graph, overlap, "
+                         "graph+overlap)\n",
+                         t),
+                 -1;
+        o->use[k] = 1;
+      }
+    }
+  }
+  o->use[0] = 1; /* the reference of the agreement */
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  opts o;
+  int pr = parse(argc, argv, &o);
+  if (pr) return pr > 0 ? 0 : 1;
+  pmap_example_info info;
+  pmap_model *m = NULL;
+  if (pmap_example_info_get(o.model, &info) || pmap_example_model(o.model, &m)) {
+    fprintf(stderr, PROG ": --model %s: %s\n", o.model, pmap_last_error());
+    return 1;
+  }
+  size_t P = pmap_model_num_params(m);
+  pmap_model_destroy(m);
+  float *base = calloc(P ? P : 1, sizeof *base), *w = calloc(P ? P : 1, sizeof *w);
+  int failed = 0, first = 1;
+  char json[16384];
+  size_t jl = (size_t)snprintf(json, sizeof json, "{\"model\": \"%s\", \"rows\": [", o.model);
+  printf("%-10s %7s %6s %-14s %10s %10s %10s %12s %12s\n", "model", "devices", "batch", "variant",
+         "step_ms", "host_us", "cpu_us", "max_abs_diff", "rel_l2_diff");
+  for (int di = 0; di < o.n_devices && base && w; di++) {
+    int n = (int)o.devices[di];
+    int64_t b = o.batch ? o.batch : info.batch;
+    b = b >= n ? b / n * n : n;
+    pmap_array xs = {0}, ys = {0};
+    if (pmap_example_data(o.model, 1, b, &xs, &ys)) {
+      fprintf(stderr, PROG ": data: %s\n", pmap_last_error());
+      failed = 1;
+      break;
+    }
+    for (int k = 0; k < 4; k++) {
+      if (!o.use[k]) continue;
+      result r = {0};
+      if (run_variant(&o, &all_variants[k], n, &xs, &ys, k == 0 ? base : w, P, &r)) {
+        failed = 1;
+        continue;
+      }
+      if (k == 0)
+        agreement(base, base, P, &r);
+      else
+        agreement(w, base, P, &r);
+      printf("%-10s %7d %6lld %-14s %10.4f %10.2f %10.2f %12.3g %12.3g\n", o.model, n, (long long)b,
+             all_variants[k].name, r.step_ms, r.host_us, r.cpu_us, r.max_abs, r.rel_l2);
+      if (jl < sizeof json)
+        jl += (size_t)snprintf(
+            json + jl, sizeof json - jl,
+            "%s{\"model\": \"%s\", \"devices\": %d, \"global_batch\": %lld, "
+            "\"variant\": \"%s\", \"step_ms\": %.6g, \"host_us\": %.6g, "
+            "\"cpu_us\": %.6g, \"max_abs_diff\": %.6g, \"rel_l2_diff\": %.6g}",
+            first ? "" : ", ", o.model, n, (long long)b, all_variants[k].name, r.step_ms, r.host_us,
+            r.cpu_us, isfinite(r.max_abs) ? r.max_abs : -1.0, isfinite(r.rel_l2) ? r.rel_l2 : -1.0);
+      first = 0;
+    }
+    pmap_example_data_free(&xs, &ys);
+  }
+  if (o.json && jl < sizeof json) printf("%s]}\n", json);
+  free(base);
+  free(w);
+  return failed;
+}

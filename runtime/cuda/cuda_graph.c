@@ -1,0 +1,260 @@
+/* cuda_graph.c: the CUDA backend's half of the fast steps (models/step_fast.c): the per-step
+ * values that kernels read from device memory, the capture of a device's step into a CUDA graph
+ * (thread-local capture of its stream, NCCL included) and its replay, and gradient buckets
+ * all-reduced on a second stream while backward still runs. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_backend.h"
+#include "ops/cuda/cuda_ops.h"
+
+/* Gradient bucket size unless PMAP_CUDA_BUCKET_MB or pmap_config.cuda_bucket_mb says otherwise
+ * (PyTorch DDP's default). */
+#define BUCKET_MB_DEFAULT 25
+
+/* A switch: cfg's value 1 on, -1 off, 0 the environment variable (0 or 1), else off. */
+static pmap_status fast_switch(int cfg, const char *field, const char *env, int *out) {
+  *out = 0;
+  if (cfg != 0 && cfg != 1 && cfg != -1)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "pmap_ctx_create: %s %d is none of 0 (default), 1 (on), -1 (off)", field, cfg);
+  if (cfg) {
+    *out = cfg == 1;
+    return PMAP_SUCCESS;
+  }
+  const char *s = getenv(env);
+  if (!s || !*s) return PMAP_SUCCESS;
+  if (strcmp(s, "0") && strcmp(s, "1"))
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "pmap_ctx_create: environment variable %s=\"%s\" is neither 0 nor 1", env, s);
+  *out = s[0] == '1';
+  return PMAP_SUCCESS;
+}
+
+/* An integer environment variable in [lo, hi], else dflt. */
+static pmap_status env_int(const char *name, long lo, long hi, long dflt, long *out) {
+  const char *s = getenv(name);
+  *out = dflt;
+  if (!s || !*s) return PMAP_SUCCESS;
+  char *end = NULL;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || *end || v < lo || v > hi)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "pmap_ctx_create: environment variable %s=\"%s\" is not an integer in "
+                    "[%ld, %ld]",
+                    name, s, lo, hi);
+  *out = v;
+  return PMAP_SUCCESS;
+}
+
+pmap_status cuda_fast_switches(cuda_ctx *cc, const pmap_config *cfg) {
+  PMAP_TRY(fast_switch(cfg->cuda_graphs, "cuda_graphs", "PMAP_CUDA_GRAPHS", &cc->graphs));
+  PMAP_TRY(fast_switch(cfg->cuda_overlap, "cuda_overlap", "PMAP_CUDA_OVERLAP", &cc->overlap));
+  long mb = cfg->cuda_bucket_mb;
+  if (mb < 0 || mb > 4096)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "pmap_ctx_create: cuda_bucket_mb %ld is outside [0, 4096] (0: default)", mb);
+  if (!mb) PMAP_TRY(env_int("PMAP_CUDA_BUCKET_MB", 1, 4096, BUCKET_MB_DEFAULT, &mb));
+  cc->bucket_bytes = (size_t)mb << 20;
+  long fail = -1;
+  PMAP_TRY(env_int("PMAP_CUDA_GRAPH_FAIL", -1, PMAP_MAX_DEVICES - 1, -1, &fail));
+  cc->graph_fail = (int)fail;
+  return PMAP_SUCCESS;
+}
+
+pmap_status cuda_fast_device_init(cuda_device *cd) {
+  pmap_status st = PMAP_SUCCESS;
+  unsigned flags = cudaEventDisableTiming;
+  CUDA_CHECK_GOTO(cd, st, cudaStreamCreateWithFlags(&cd->comm_stream, cudaStreamNonBlocking), fail);
+  CUDA_CHECK_GOTO(cd, st, cudaEventCreateWithFlags(&cd->bucket_ready, flags), fail);
+  CUDA_CHECK_GOTO(cd, st, cudaEventCreateWithFlags(&cd->bucket_done, flags), fail);
+  void *v = NULL;
+  CUDA_CHECK_GOTO(cd, st, cudaMallocAsync(&v, sizeof(cuda_step_vals), cd->stream), fail);
+  cd->vals = v;
+  /* Pinned copies of the values: an optimization (pageable copies otherwise), so a refusal is
+   * not a failure. Allocated here, before any collective (see host_buffers). */
+  for (int k = 0; k < 2; k++) {
+    void *h = NULL;
+    if (cudaEventCreateWithFlags(&cd->vals_ev[k], flags) != cudaSuccess) cd->vals_ev[k] = NULL;
+    if (cudaMallocHost(&h, sizeof(cuda_step_vals)) != cudaSuccess) h = NULL;
+    cd->vals_host[k] = h;
+  }
+  (void)cudaGetLastError();
+  return PMAP_SUCCESS;
+fail:
+  return st; /* device_release frees what exists */
+}
+
+void cuda_fast_device_release(cuda_device *cd) {
+  if (cd->comm_stream) (void)cudaStreamSynchronize(cd->comm_stream);
+  if (cd->vals && cd->stream) (void)cudaFreeAsync(cd->vals, cd->stream);
+  if (cd->stream) (void)cudaStreamSynchronize(cd->stream);
+  for (int k = 0; k < 2; k++) {
+    if (cd->vals_host[k]) (void)cudaFreeHost(cd->vals_host[k]);
+    if (cd->vals_ev[k]) (void)cudaEventDestroy(cd->vals_ev[k]);
+    cd->vals_host[k] = NULL;
+    cd->vals_ev[k] = NULL;
+  }
+  if (cd->bucket_ready) (void)cudaEventDestroy(cd->bucket_ready);
+  if (cd->bucket_done) (void)cudaEventDestroy(cd->bucket_done);
+  if (cd->comm_stream) (void)cudaStreamDestroy(cd->comm_stream);
+  (void)cudaGetLastError();
+  cd->vals = NULL;
+  cd->vals_on = 0;
+  cd->bucket_ready = cd->bucket_done = NULL;
+  cd->comm_stream = NULL;
+}
+
+static void fast_modes(const pmap_ctx *ctx, int *graphs, int *overlap, size_t *bucket_bytes) {
+  const cuda_ctx *cc = ctx->be_ctx;
+  *graphs = cc->graphs;
+  *overlap = cc->overlap;
+  *bucket_bytes = cc->bucket_bytes;
+}
+
+static uint64_t fast_generation(const pmap_ctx *ctx) {
+  cuda_ctx *cc = ctx->be_ctx;
+  return __atomic_load_n(&cc->alloc_gen, __ATOMIC_SEQ_CST);
+}
+
+/* Copies v to cd->vals in stream order: through one of two pinned buffers in turns (one whose
+ * last copy is still queued is waited for with the timed wait), else from pageable memory,
+ * which CUDA copies out before the call returns. */
+static pmap_status vals_upload(pmap_device *dev, cuda_device *cd, const cuda_step_vals *v) {
+  int k = cd->vals_next;
+  if (!cd->vals_host[k] || !cd->vals_ev[k]) {
+    CUDA_CHECK(cd, cudaMemcpyAsync(cd->vals, v, sizeof *v, cudaMemcpyHostToDevice, cd->stream));
+    return PMAP_SUCCESS;
+  }
+  cd->vals_next ^= 1;
+  cudaError_t e = cudaEventQuery(cd->vals_ev[k]);
+  if (e == cudaErrorNotReady)
+    PMAP_TRY(cuda_wait(dev, "step values", 0));
+  else
+    CUDA_CHECK(cd, e);
+  memcpy(cd->vals_host[k], v, sizeof *v);
+  CUDA_CHECK(cd, cudaMemcpyAsync(cd->vals, cd->vals_host[k], sizeof *v, cudaMemcpyHostToDevice,
+                                 cd->stream));
+  CUDA_CHECK(cd, cudaEventRecord(cd->vals_ev[k], cd->stream));
+  return PMAP_SUCCESS;
+}
+
+static pmap_status fast_step_values(pmap_device *dev, const pmap_step_hyper *h, int64_t step) {
+  cuda_device *cd = dev->be;
+  if (!h) {
+    cd->vals_on = 0;
+    return PMAP_SUCCESS;
+  }
+  cuda_step_vals v = {.hyper = *h, .step = (uint64_t)step, .scale = 1.0f, .skip = 0};
+  PMAP_TRY(vals_upload(dev, cd, &v));
+  cd->vals_step = (uint64_t)step;
+  cd->vals_on = 1;
+  return PMAP_SUCCESS;
+}
+
+static pmap_status fast_guard_clip(pmap_device *dev, float *g, size_t P, const float *tail,
+                                   int n, int guard, float clip) {
+  cuda_device *cd = dev->be;
+  if (!cd->vals_on)
+    return PMAP_ERR(PMAP_ERR_INTERNAL, "device %d: guard_clip outside a fast step", dev->index);
+  return cuda_guard_clip(cd, g, P, tail, n, guard, clip);
+}
+
+static pmap_status fast_capture_begin(pmap_device *dev) {
+  cuda_device *cd = dev->be;
+  cuda_ctx *cc = dev->ctx->be_ctx;
+  /* A wait after every collective cannot be captured (and would fail the collective). */
+  if (cc->coll_wait)
+    return PMAP_ERR(PMAP_ERR_UNAVAILABLE,
+                    "device %d: a step cannot be captured with PMAP_CUDA_COLL_WAIT=1", dev->index);
+  /* Thread-local: only this thread's calls that could not be captured are refused; the other
+   * devices' threads capture their own streams at the same time. */
+  CUDA_CHECK(cd, cudaStreamBeginCapture(cd->stream, cudaStreamCaptureModeThreadLocal));
+  cd->capturing = 1;
+  return PMAP_SUCCESS;
+}
+
+static void fast_capture_end(pmap_device *dev, pmap_status body, void **graph, char *why,
+                             size_t whylen) {
+  cuda_device *cd = dev->be;
+  cuda_ctx *cc = dev->ctx->be_ctx;
+  cudaGraph_t g = NULL;
+  cudaGraphExec_t exec = NULL;
+  *graph = NULL;
+  cd->capturing = 0;
+  /* Always ends the capture, even one that an illegal call invalidated. */
+  cudaError_t e = cudaStreamEndCapture(cd->stream, &g);
+  if (body)
+    snprintf(why, whylen, "capturing the step failed: %s", pmap_last_error());
+  else if (e != cudaSuccess)
+    snprintf(why, whylen, "cudaStreamEndCapture: %s", cudaGetErrorString(e));
+  else if (cc->graph_fail == dev->index)
+    snprintf(why, whylen, "cudaGraphInstantiate failed (injected by PMAP_CUDA_GRAPH_FAIL=%d)",
+             dev->index);
+  else if ((e = cudaGraphInstantiateWithFlags(&exec, g, 0)) != cudaSuccess)
+    snprintf(why, whylen, "cudaGraphInstantiate: %s", cudaGetErrorString(e));
+  else
+    *graph = exec;
+  if (g) (void)cudaGraphDestroy(g);
+  (void)cudaGetLastError(); /* a failed capture leaves no error behind for the plain step */
+}
+
+static pmap_status fast_launch(pmap_device *dev, void *graph) {
+  cuda_device *cd = dev->be;
+  cuda_ctx *cc = dev->ctx->be_ctx;
+  if (atomic_load(&cc->dead))
+    return PMAP_ERR(PMAP_ERR_DEVICE,
+                    "pmap_update on device %d: the NCCL communicators were aborted after an "
+                    "earlier failure or timeout; destroy the context and create a new one",
+                    dev->index);
+  CUDA_CHECK(cd, cudaGraphLaunch((cudaGraphExec_t)graph, cd->stream));
+  /* The graph holds the step's collectives: the next wait covers them. */
+  atomic_store(&cc->pending[dev->index], 1);
+  return cc->coll_wait ? cuda_wait(dev, "pmap_update (CUDA graph)", 1) : PMAP_SUCCESS;
+}
+
+static void fast_graph_free(pmap_device *dev, void *graph) {
+  if (!graph) return;
+  /* Not under a launch still running: a plain drain first (its failure is the next call's). */
+  (void)cuda_wait(dev, "freeing a CUDA graph", 0);
+  (void)cudaGraphExecDestroy((cudaGraphExec_t)graph);
+  (void)cudaGetLastError();
+}
+
+static pmap_status fast_bucket_reduce(pmap_device *dev, float *buf, size_t count) {
+  cuda_device *cd = dev->be;
+  if (count == 0) return PMAP_SUCCESS;
+  /* The bucket's gradients are complete once the work queued so far is done. */
+  CUDA_CHECK(cd, cudaEventRecord(cd->bucket_ready, cd->stream));
+  CUDA_CHECK(cd, cudaStreamWaitEvent(cd->comm_stream, cd->bucket_ready, 0));
+  PMAP_TRY(cuda_nccl_enter(dev, "gradient bucket all-reduce"));
+  return cuda_nccl_issued(
+      dev, ncclAllReduce(buf, buf, count, ncclFloat32, ncclAvg, cd->comm, cd->comm_stream),
+      "ncclAllReduce", "gradient bucket all-reduce");
+}
+
+static pmap_status fast_bucket_join(pmap_device *dev) {
+  cuda_device *cd = dev->be;
+  cuda_ctx *cc = dev->ctx->be_ctx;
+  CUDA_CHECK(cd, cudaEventRecord(cd->bucket_done, cd->comm_stream));
+  CUDA_CHECK(cd, cudaStreamWaitEvent(cd->stream, cd->bucket_done, 0));
+  /* The device's stream now waits for the buckets: its next wait covers their collectives. */
+  atomic_store(&cc->pending[dev->index], 1);
+  return PMAP_SUCCESS;
+}
+
+const pmap_fast_i pmap_cuda_fast = {
+    .modes = fast_modes,
+    .generation = fast_generation,
+    .step_values = fast_step_values,
+    .guard_clip = fast_guard_clip,
+    .capture_begin = fast_capture_begin,
+    .capture_end = fast_capture_end,
+    .launch = fast_launch,
+    .graph_free = fast_graph_free,
+    .bucket_reduce = fast_bucket_reduce,
+    .bucket_join = fast_bucket_join,
+};
