@@ -1,5 +1,7 @@
 /* pmap-step: the ways one CUDA step can run, against each other: plain, the whole step as a
- * replayed CUDA graph, the gradient all-reduce overlapped with backward in buckets, and both;
+ * replayed CUDA graph, the gradient all-reduce overlapped with backward in buckets, both, and
+ * the sharded optimizer (reduce-scatter, each device's part, all-gather; the others replicate
+ * the optimizer, which the fast paths need);
  * on each device count, from the same initial parameters on the same batches. For each it
  * reports the step time (wall time of the timed steps over their count, the work drained at
  * the end), the host time of a step (the median time a pmap_update call takes to return: with
@@ -8,7 +10,8 @@
  * plain run's after the same steps (max |w - w_plain| and the relative L2 difference).
  *
  *   pmap-step [--backend cuda] [--model mlp] [--devices 1,2,4] [--batch B] [--steps 50]
- *             [--warmup 5] [--variants plain,graph,overlap,graph+overlap] [--bucket-mb 25]
+ *             [--warmup 5] [--variants plain,graph,overlap,graph+overlap,sharded]
+ *             [--bucket-mb 25]
  *             [--numeric-guard] [--loss] [--json]
  *
  * Every variant runs with the numeric guard off and no loss read back unless --numeric-guard or
@@ -29,11 +32,14 @@
 
 typedef struct variant {
   const char *name;
-  int graphs, overlap;
+  int graphs, overlap, shard;
 } variant;
 
-static const variant all_variants[] = {
-    {"plain", -1, -1}, {"graph", 1, -1}, {"overlap", -1, 1}, {"graph+overlap", 1, 1}};
+#define N_VARIANTS 5
+static const variant all_variants[N_VARIANTS] = {
+    {"plain", -1, -1, PMAP_SHARD_OFF},        {"graph", 1, -1, PMAP_SHARD_OFF},
+    {"overlap", -1, 1, PMAP_SHARD_OFF},       {"graph+overlap", 1, 1, PMAP_SHARD_OFF},
+    {"sharded", -1, -1, PMAP_SHARD_ON}};
 
 typedef struct opts {
   pmap_backend backend;
@@ -42,7 +48,7 @@ typedef struct opts {
   int n_devices;
   int64_t batch, steps, warmup, bucket_mb;
   int guard, loss, json;
-  int use[4];
+  int use[N_VARIANTS];
 } opts;
 
 typedef struct result {
@@ -66,7 +72,8 @@ static int usage(int rc) {
   fprintf(rc ? stderr : stdout,
           "usage: " PROG
           " [--backend cuda|cpu|auto] [--model NAME] [--devices 1,2,4] [--batch B]\n"
-          "       [--steps N] [--warmup W] [--variants plain,graph,overlap,graph+overlap]\n"
+          "       [--steps N] [--warmup W]\n"
+          "       [--variants plain,graph,overlap,graph+overlap,sharded]\n"
           "       [--bucket-mb MB] [--numeric-guard] [--loss] [--json]\n");
   return rc;
 }
@@ -85,7 +92,8 @@ static int run_variant(const opts *o, const variant *v, int n, const pmap_array 
                      .numeric_guard = o->guard ? PMAP_GUARD_ON : PMAP_GUARD_OFF,
                      .cuda_graphs = v->graphs,
                      .cuda_overlap = v->overlap,
-                     .cuda_bucket_mb = (int)o->bucket_mb};
+                     .cuda_bucket_mb = (int)o->bucket_mb,
+                     .shard_optimizer = v->shard};
   if (!host || pmap_example_info_get(o->model, &info) || pmap_example_model(o->model, &m) ||
       pmap_ctx_create(&cfg, &ctx) || pmap_params_create(ctx, m, &info.opt, 0, &p)) {
     fprintf(stderr, PROG ": %s on %d devices: %s\n", v->name, n, pmap_last_error());
@@ -144,7 +152,7 @@ static int parse(int argc, char **argv, opts *o) {
               .n_devices = 3,
               .steps = 50,
               .warmup = 5,
-              .use = {1, 1, 1, 1}};
+              .use = {1, 1, 1, 1, 1}};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *val = NULL;
     int kind = cli_next(PROG, argc, argv, &i, flags, values, &val);
@@ -183,12 +191,12 @@ static int parse(int argc, char **argv, opts *o) {
       snprintf(buf, sizeof buf, "%s", val);
       for (char *t = strtok(buf, ","); t; t = strtok(NULL, ",")) {
         int k = 0;
-        while (k < 4 && strcmp(t, all_variants[k].name)) k++;
-        if (k == 4)
+        while (k < N_VARIANTS && strcmp(t, all_variants[k].name)) k++;
+        if (k == N_VARIANTS)
           return fprintf(stderr,
                          PROG
                          ": --variants: unknown %s (plain, graph, overlap, "
-                         "graph+overlap)\n",
+                         "graph+overlap, sharded)\n",
                          t),
                  -1;
         o->use[k] = 1;
@@ -227,7 +235,7 @@ int main(int argc, char **argv) {
       failed = 1;
       break;
     }
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < N_VARIANTS; k++) {
       if (!o.use[k]) continue;
       result r = {0};
       if (run_variant(&o, &all_variants[k], n, &xs, &ys, k == 0 ? base : w, P, &r)) {
