@@ -167,7 +167,8 @@ static pmap_status probe_optimizer(pmap_device *dev, bench_probe *p) {
   for (int r = 0; r < p->reps; r++) {
     PMAP_TRY(pmap_barrier(dev));
     double t0 = cli_now();
-    if (len) PMAP_TRY(optimizer_apply(dev, &pp->opt, &h, p->w[d] + lo, p->grad[d] + lo, p->state[d], len));
+    if (len)
+      PMAP_TRY(optimizer_apply(dev, &pp->opt, &h, p->w[d] + lo, p->grad[d] + lo, p->state[d], len));
     PMAP_TRY(pmap_device_download(dev, &sink, p->w[d], 1));
     PMAP_TRY(pmap_barrier(dev));
     if (d == 0) p->t[(*p->nt)++] = cli_now() - t0;
@@ -253,7 +254,9 @@ static int probe_run(bench_probe *p, int mode, int reps, double *t, int *nt) {
   p->nt = nt;
   if (pmap_run(p->ctx, probe_job, p) == PMAP_SUCCESS) return 0;
   fprintf(stderr, "pmap-bench: %s probe: %s\n",
-          mode == PROBE_GEMMS ? "GEMM" : mode == PROBE_OPTIMIZER ? "optimizer" : "collective",
+          mode == PROBE_GEMMS       ? "GEMM"
+          : mode == PROBE_OPTIMIZER ? "optimizer"
+                                    : "collective",
           pmap_last_error());
   return -1;
 }

@@ -32,7 +32,8 @@ static void table(FILE *f, const bench_result *r, int mode) {
     fprintf(f, "weak scaling: %lld per device", (long long)r->weak_batch);
   fprintf(f, "; median of %lld steps in interleaved rounds after %lld warm-up\n",
           (long long)r->steps, (long long)r->warmup);
-  fprintf(f, "%7s %5s %7s %7s %9s %10s %10s %10s %11s %8s %7s %6s %9s %6s %9s %6s %9s %6s %9s %5s\n",
+  fprintf(f,
+          "%7s %5s %7s %7s %9s %10s %10s %10s %11s %8s %7s %6s %9s %6s %9s %6s %9s %6s %9s %5s\n",
           "devices", "opt", "batch", "per_dev", "step0_ms", "median_ms", "p10_ms", "p90_ms",
           "samples/s", "GFLOP/s", "speedup", "eff", "gemm_ms", "gemm%", "coll_ms", "coll%",
           "opt_ms", "opt%", "state_MB", "same");

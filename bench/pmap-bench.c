@@ -364,8 +364,8 @@ static int bench_model(const char *name, const opts *o, pmap_backend backend, co
     for (int i = 0; i < nrow && !code; i++) {
       int64_t bd = mode == BENCH_STRONG ? res->batch / row_dev[i] : res->weak_batch;
       res->nrows[mode] = i + 1;
-      code = setup_open(&su[mode][i], name, model, &info.opt, o, backend, row_dev[i],
-                        row_shard[i], bd, res->warmup, cap, &res->rows[mode][i]);
+      code = setup_open(&su[mode][i], name, model, &info.opt, o, backend, row_dev[i], row_shard[i],
+                        bd, res->warmup, cap, &res->rows[mode][i]);
       if (!code) *bname = pmap_backend_name(pmap_ctx_backend(su[mode][i].ctx));
     }
   }

@@ -36,10 +36,11 @@ typedef struct variant {
 } variant;
 
 #define N_VARIANTS 5
-static const variant all_variants[N_VARIANTS] = {
-    {"plain", -1, -1, PMAP_SHARD_OFF},        {"graph", 1, -1, PMAP_SHARD_OFF},
-    {"overlap", -1, 1, PMAP_SHARD_OFF},       {"graph+overlap", 1, 1, PMAP_SHARD_OFF},
-    {"sharded", -1, -1, PMAP_SHARD_ON}};
+static const variant all_variants[N_VARIANTS] = {{"plain", -1, -1, PMAP_SHARD_OFF},
+                                                 {"graph", 1, -1, PMAP_SHARD_OFF},
+                                                 {"overlap", -1, 1, PMAP_SHARD_OFF},
+                                                 {"graph+overlap", 1, 1, PMAP_SHARD_OFF},
+                                                 {"sharded", -1, -1, PMAP_SHARD_ON}};
 
 typedef struct opts {
   pmap_backend backend;

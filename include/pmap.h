@@ -132,8 +132,9 @@ typedef struct pmap_config {
                             the optimizer on that 1/N -> all-gather of the parameters (ZeRO
                             stage 1); on CPU the results are bitwise those of the replicated
                             step. AUTO: the environment variable PMAP_SHARD_OPTIMIZER (0 or 1)
-                            when set, else on for models of at least 65536 parameters (see
-                            README, "Sharded optimizer"). Never across processes. */
+                            when set, else on for models of at least 65536 parameters whose
+                            optimizer keeps state, unless a CUDA fast path is on (see README,
+                            "Sharded optimizer"). Never across processes. */
   int cuda_graphs;       /* CUDA: 1 captures the whole step (forward, loss, backward, all-reduce,
                             optimizer) into a CUDA graph after a warm-up step at a batch size and
                             replays it for later steps of that size; -1 never; 0 (default): the
@@ -415,7 +416,11 @@ PMAP_API int64_t pmap_params_step(const pmap_params *params); /* optimizer steps
  * the batch would not fit the address space); PMAP_ERR_NUMERIC (above: nothing changed);
  * PMAP_ERR_DEVICE, PMAP_ERR_TIMEOUT, PMAP_ERR_ABORTED (a device or a collective failed: on the
  * CPU backend the step is then not applied on any replica, as every failure happens before the
- * optimizer; on CUDA the replicas' state is undefined after a timeout). */
+ * optimizer; on CUDA the replicas' state is undefined after a timeout). One exception, with a
+ * sharded optimizer: when the all-gather of the parameters after the optimizer fails twice, the
+ * step was taken (pmap_params_step() counts it, *loss is written, the message says "step S was
+ * taken") and the next call on params completes the all-gather before anything else; compare
+ * pmap_params_step() before and after to know whether to retry a batch. */
 PMAP_API pmap_status pmap_update(pmap_params *params, const pmap_array *xs, const pmap_array *ys,
                                  float *loss);
 

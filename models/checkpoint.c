@@ -275,8 +275,8 @@ static pmap_status download_job(pmap_device *dev, void *arg) {
    * optimizer state. */
   if (p->opt_slots && (p->shard || dev->index == 0))
     for (int s = 0; s < p->opt_slots && len; s++)
-      PMAP_TRY(dev->ctx->be->download(dev, p->ckpt_opt + (size_t)s * P + lo, r->opt + (size_t)s * len,
-                                      len * sizeof(float)));
+      PMAP_TRY(dev->ctx->be->download(dev, p->ckpt_opt + (size_t)s * P + lo,
+                                      r->opt + (size_t)s * len, len * sizeof(float)));
   if (dev->index != 0) return PMAP_SUCCESS;
   return dev->ctx->be->download(dev, p->ckpt_w, r->w, P * sizeof(float));
 }

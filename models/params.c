@@ -23,8 +23,19 @@ void params_layout(pmap_params *p) {
   const pmap_ctx *ctx = p->ctx;
   size_t P = p->n_params, n = (size_t)ctx->n;
   p->ng = ctx->n * ctx->nproc;
-  /* Not across processes (docs/distributed.md); AUTO: from SHARD_MIN_PARAMS parameters on. */
-  int want = ctx->shard == PMAP_SHARD_ON || (ctx->shard == PMAP_SHARD_AUTO && P >= SHARD_MIN_PARAMS);
+  /* Not across processes (docs/distributed.md). AUTO: from SHARD_MIN_PARAMS parameters on, with
+   * optimizer state to shard, and not when a CUDA fast path (graphs, overlap) is switched on:
+   * those step the replicated way only. */
+  int fast = 0;
+  const pmap_fast_i *fi = backend_fast(ctx);
+  if (fi) {
+    int graphs = 0, overlap = 0;
+    size_t bucket = 0;
+    fi->modes(ctx, &graphs, &overlap, &bucket);
+    fast = graphs || overlap;
+  }
+  int want = ctx->shard == PMAP_SHARD_ON ||
+             (ctx->shard == PMAP_SHARD_AUTO && P >= SHARD_MIN_PARAMS && p->opt_slots > 0 && !fast);
   p->shard = want && ctx->nproc == 1 && p->ng > 1;
   p->reduced = P + 2 + (p->guard ? n : 0);
   size_t chunk = (p->reduced + (size_t)p->ng - 1) / (size_t)p->ng;
@@ -238,10 +249,8 @@ pmap_status pmap_params_create_custom(pmap_ctx *ctx, size_t num_params, const fl
 size_t pmap_params_count(const pmap_params *p) { return p ? p->n_params : 0; }
 int pmap_params_sharded(const pmap_params *p) { return p ? p->shard : 0; }
 size_t pmap_params_optimizer_bytes(const pmap_params *p) {
-  if (!p || !p->opt_slots) return 0;
-  size_t lo = 0, len = p->n_params;
-  if (p->shard) params_part(p, 0, &lo, &len); /* part 0 is never smaller than another */
-  return (size_t)p->opt_slots * len * sizeof(float);
+  if (!p) return 0;
+  return (size_t)p->opt_slots * p->state_len * sizeof(float); /* as allocated on each device */
 }
 /* Under the context's lock, as every public call (a pmap_update may run on another thread);
  * from inside one of its jobs no update can run, and the lock is not taken. */

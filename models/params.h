@@ -4,6 +4,8 @@
 #ifndef PMAP_MODELS_PARAMS_H
 #define PMAP_MODELS_PARAMS_H
 
+#include <stdatomic.h>
+
 #include "model.h"
 #include "runtime/backend.h"
 
@@ -24,20 +26,20 @@ struct pmap_params {
    * count; [0, reduced) is split into G parts of `chunk` elements: device g's part is its shard
    * of the optimizer when sharded, and the norm is summed by parts in either case, so that both
    * paths compute it alike. */
-  int guard;         /* the numeric guard is on (pmap_config.numeric_guard) */
-  int shard;         /* the optimizer is sharded (pmap_config.shard_optimizer, G > 1) */
-  int ng;            /* G */
-  size_t reduced;    /* P + 2 (+ N with the guard) */
-  size_t chunk;      /* ceil(reduced / G) rounded up to 16 floats */
-  size_t g_len;      /* floats of a replica's gradient buffer */
-  size_t w_len;      /* floats of a replica's parameter buffer: P, or G * chunk when sharded */
-  size_t state_len;  /* floats of each optimizer slot on a device: P, or chunk when sharded */
-  float *guard_host; /* (N, params_host_len) each device's host copy of [loss | flags | parts],
+  int guard;           /* the numeric guard is on (pmap_config.numeric_guard) */
+  int shard;           /* the optimizer is sharded (pmap_config.shard_optimizer, G > 1) */
+  int ng;              /* G */
+  size_t reduced;      /* P + 2 (+ N with the guard) */
+  size_t chunk;        /* ceil(reduced / G) rounded up to 16 floats */
+  size_t g_len;        /* floats of a replica's gradient buffer */
+  size_t w_len;        /* floats of a replica's parameter buffer: P, or G * chunk when sharded */
+  size_t state_len;    /* floats of each optimizer slot on a device: P, or chunk when sharded */
+  float *guard_host;   /* (N, params_host_len) each device's host copy of [loss | flags | parts],
                         then, sharded, of the records */
-  int stepped;       /* sharded: the current step's parts were stepped (the gather may follow) */
-  int torn;          /* sharded: the last step's all-gather of the parameters failed twice, so
+  _Atomic int stepped; /* sharded: a device stepped its part this step (the gather may follow) */
+  int torn;            /* sharded: the last step's all-gather of the parameters failed twice, so
                         each replica is whole only in its own part; params_mend completes it */
-  int numeric_bad;   /* the last step was skipped: non-finite values */
+  int numeric_bad;     /* the last step was skipped: non-finite values */
   /* The current job's arguments. */
   const float *host_w;
   const pmap_array *xs, *ys;
@@ -84,7 +86,9 @@ static inline size_t params_host_len(const pmap_params *p) {
   return (size_t)p->ctx->n + 1 + (size_t)p->ng + (size_t)p->ng * params_record_len(p);
 }
 /* The global index of local device d. */
-static inline int params_global(const pmap_params *p, int d) { return p->ctx->proc * p->ctx->n + d; }
+static inline int params_global(const pmap_params *p, int d) {
+  return p->ctx->proc * p->ctx->n + d;
+}
 /* Part k of the parameters: [*lo, *lo + *len), empty past P. */
 static inline void params_part(const pmap_params *p, int k, size_t *lo, size_t *len) {
   size_t a = (size_t)k * p->chunk, P = p->n_params;

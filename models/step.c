@@ -363,11 +363,11 @@ static pmap_status update_job(pmap_device *dev, void *arg) {
     PMAP_TRY(ops->norm2(dev, r->g, params_off_flags(p), r->g + params_off_flags(p) + dev->index));
   /* The one reduction of the step: gradients, the loss and the guard flags after them. */
   if (p->shard)
-    PMAP_TRY(backend_reduce_scatter(dev, "pmap_update's reduce-scatter", r->g, p->chunk,
-                                    PMAP_RED_MEAN));
+    PMAP_TRY(
+        backend_reduce_scatter(dev, "pmap_update's reduce-scatter", r->g, p->chunk, PMAP_RED_MEAN));
   else
-    PMAP_TRY(backend_all_reduce(dev, "pmap_update's all-reduce", r->g, r->g, p->reduced,
-                                PMAP_RED_MEAN));
+    PMAP_TRY(
+        backend_all_reduce(dev, "pmap_update's all-reduce", r->g, r->g, p->reduced, PMAP_RED_MEAN));
   float scale = 1.0f;
   int skip = 0;
   if (p->shard || p->guard || p->opt.clip_norm > 0.0f)
@@ -378,10 +378,9 @@ static pmap_status update_job(pmap_device *dev, void *arg) {
     params_part(p, params_global(p, dev->index), &lo, &len);
     /* Every device passed the exchange (one verdict), so every device steps its part now: a
      * failure from here on leaves the step taken (pmap_update then completes the gather). */
-    if (dev->index == 0) {
-      p->stepped = 1;
-      p->loss = p->guard_host[0]; /* device 0's host tail: the averaged loss */
-    }
+    /* Every device says so itself (on CUDA the verdicts of a collective are per device). */
+    atomic_store(&p->stepped, 1);
+    if (dev->index == 0) p->loss = p->guard_host[0]; /* device 0's host tail: the averaged loss */
     PMAP_TRY(step_part(dev, p, r, lo, len, scale));
     PMAP_TRY(params_gather(dev, p, p->step));
   } else {
@@ -483,16 +482,17 @@ pmap_status pmap_update(pmap_params *p, const pmap_array *xs, const pmap_array *
     p->xs = xs;
     p->ys = ys;
     p->numeric_bad = 0;
-    p->stepped = 0;
+    atomic_store(&p->stepped, 0);
     step_fast_prepare(p, loss != NULL);
     st = pmap_ctx_dispatch(p->ctx, update_job, p);
-    if (st && p->stepped)
+    int stepped = atomic_load(&p->stepped);
+    if (st && stepped)
       st = finish_stepped(p, st, t);
     else if (!st && p->numeric_bad)
       st = numeric_error(p);
     else if (!st)
       p->step = t;
-    if (!st && loss) *loss = p->loss;
+    if ((!st || stepped) && loss) *loss = p->loss; /* a step taken has its loss */
   }
   pmap_ctx_unlock(p->ctx);
   return st;

@@ -26,7 +26,6 @@ static int online_cpus(void) {
   return n > 0 ? (int)n : 1;
 }
 
-
 /* Reads a positive integer from environment variable `name`; 0 when unset. */
 static pmap_status env_int(const char *name, long lo, long hi, long *out) {
   const char *s = getenv(name);
@@ -124,10 +123,10 @@ int pmap_ctx_in_job(const pmap_ctx *ctx) {
 
 pmap_status pmap_ctx_lock(pmap_ctx *ctx, const char *call) {
   if (pmap_ctx_in_job(ctx))
-      return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                      "%s: called from inside a mapped function of the same context, which is not "
-                      "re-entrant (the call would wait for itself); call it outside pmap_run",
-                      call);
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: called from inside a mapped function of the same context, which is not "
+                    "re-entrant (the call would wait for itself); call it outside pmap_run",
+                    call);
   pthread_mutex_lock(&ctx->lock);
   return PMAP_SUCCESS;
 }

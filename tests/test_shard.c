@@ -17,6 +17,7 @@ typedef struct run {
 } run;
 
 static char dir[64];
+static int guard_mode = PMAP_GUARD_ON; /* the numeric guard of the contexts open_run makes */
 
 static int open_run(run *r, const char *name, const pmap_optimizer *opt, int n, int shard,
                     int uneven) {
@@ -24,6 +25,7 @@ static int open_run(run *r, const char *name, const pmap_optimizer *opt, int n, 
   pmap_config cfg = {.backend = PMAP_BACKEND_CPU,
                      .num_devices = n,
                      .uneven_batches = uneven,
+                     .numeric_guard = guard_mode,
                      .shard_optimizer = shard ? PMAP_SHARD_ON : PMAP_SHARD_OFF};
   CHECK_OK(pmap_ctx_create(&cfg, &r->ctx));
   CHECK_OK(pmap_example_model(name, &r->model));
@@ -94,8 +96,9 @@ static void step_both(const char *what, run *a, run *b, const pmap_array *xs, co
     CHECK(sa == sb, "%s step %d: status %s (replicated) vs %s (sharded): %s", what, t,
           pmap_status_string(sa), pmap_status_string(sb), pmap_last_error());
     if (sa == PMAP_SUCCESS)
-      CHECK(memcmp(&la, &lb, sizeof la) == 0, "%s step %d: loss %.9g (replicated) vs %.9g (sharded)",
-            what, t, (double)la, (double)lb);
+      CHECK(memcmp(&la, &lb, sizeof la) == 0,
+            "%s step %d: loss %.9g (replicated) vs %.9g (sharded)", what, t, (double)la,
+            (double)lb);
   }
 }
 
@@ -116,11 +119,13 @@ static void grid(void) {
         if (!open_run(&a, models[m], &opts[o], ns[k], 0, 0) &&
             !open_run(&b, models[m], &opts[o], ns[k], 1, 0)) {
           size_t P = pmap_params_count(a.params);
-          if (o == 2 && ns[k] > 1)
-            CHECK(pmap_params_optimizer_bytes(b.params) < pmap_params_optimizer_bytes(a.params) ||
-                      (P <= 16 && pmap_params_optimizer_bytes(b.params) == 8 * P),
-                  "%s: sharded state %zu bytes, replicated %zu", what,
-                  pmap_params_optimizer_bytes(b.params), pmap_params_optimizer_bytes(a.params));
+          if (o == 2 && ns[k] > 1) { /* Adam: two slots, each a part padded to 16 floats */
+            size_t sb = pmap_params_optimizer_bytes(b.params),
+                   ra = pmap_params_optimizer_bytes(a.params);
+            CHECK(ra == 8 * P && sb <= 8 * (P / (size_t)ns[k] + 32) && (P < 1024 || sb < ra),
+                  "%s: sharded state %zu bytes, replicated %zu, for %zu parameters", what, sb, ra,
+                  P);
+          }
           step_both(what, &a, &b, &xs, &ys, 24, 3);
           same_state(what, &a, &b);
         }
@@ -167,6 +172,11 @@ static void variants(void) {
   variant("micro-batches", "mlp", pmap_adam(0.01f), 4, 3, 0, 48, 3);
   variant("uneven", "mlp", pmap_adam(0.01f), 4, 1, 1, 27, 3);
   variant("uneven micro", "cifar-bn", pmap_sgd(0.02f, 0.9f), 3, 2, 1, 29, 2);
+  /* The guard off: only [gradients | part | loss] is reduced, the flag slots lie in padding. */
+  guard_mode = PMAP_GUARD_OFF;
+  variant("guard off", "mlp", pmap_adam(0.01f), 3, 1, 0, 24, 3);
+  variant("guard off, clip", "res-mlp", clip, 8, 1, 0, 32, 3);
+  guard_mode = PMAP_GUARD_ON;
 }
 
 /* The numeric guard: device 1's gradients turn NaN at step 1 (PMAP_FAULT): both layouts skip
@@ -188,10 +198,62 @@ static pmap_status lsq(const pmap_grad_args *a, void *user) {
     float e = -y[i];
     for (size_t j = 0; j < P; j++) e += x[(size_t)i * P + j] * a->params[j];
     loss += (double)e * e;
-    for (size_t j = 0; j < P; j++) a->grads[j] += a->scale * 2.0f * e * x[(size_t)i * P + j] / (float)rows;
+    for (size_t j = 0; j < P; j++)
+      a->grads[j] += a->scale * 2.0f * e * x[(size_t)i * P + j] / (float)rows;
   }
   *a->loss = (float)(loss / (double)rows);
   return PMAP_SUCCESS;
+}
+
+/* Five parameters over 17 devices: the loss and the 17 guard flags spread over several devices'
+ * parts; device 8's gradients turn NaN at step 1. Both layouts skip that step alike (the same
+ * message) and go on alike. */
+static void spread_flags(void) {
+  enum { P = 5, N = 17, B = 34 };
+  float init[P] = {0.1f, -0.2f, 0.3f, 0.05f, -0.1f}, x[B * P], y[B];
+  for (int i = 0; i < B * P; i++) x[i] = (float)((i * 29 + 3) % 13) / 13.0f - 0.5f;
+  for (int i = 0; i < B; i++) y[i] = (float)(i % 3) * 0.5f;
+  pmap_array xs = {.dtype = PMAP_F32, .rank = 2, .shape = {B, P}, .data = x};
+  pmap_array ys = {.dtype = PMAP_F32, .rank = 1, .shape = {B}, .data = y};
+  pmap_optimizer opt = pmap_adam(0.05f);
+  pmap_ctx *ctx[2] = {NULL, NULL};
+  pmap_params *p[2] = {NULL, NULL};
+  setenv("PMAP_FAULT", "nan:device=8:step=1", 1);
+  for (int s = 0; s < 2; s++) {
+    pmap_config cfg = {.backend = PMAP_BACKEND_CPU,
+                       .num_devices = N,
+                       .shard_optimizer = s ? PMAP_SHARD_ON : PMAP_SHARD_OFF};
+    CHECK_OK(pmap_ctx_create(&cfg, &ctx[s]));
+    if (ctx[s]) CHECK_OK(pmap_params_create_custom(ctx[s], P, init, lsq, NULL, &opt, &p[s]));
+  }
+  unsetenv("PMAP_FAULT");
+  CHECK(pmap_params_sharded(p[1]) && !pmap_params_sharded(p[0]), "one of each layout");
+  for (int t = 0; p[0] && p[1] && t < 4; t++) {
+    float l[2] = {0.0f, 0.0f};
+    char msg[2][1024];
+    pmap_status st[2];
+    for (int s = 0; s < 2; s++) {
+      st[s] = pmap_update(p[s], &xs, &ys, &l[s]);
+      snprintf(msg[s], sizeof msg[s], "%s", pmap_last_error());
+    }
+    CHECK(st[0] == st[1] && (t == 1) == (st[0] == PMAP_ERR_NUMERIC), "step %d: %s vs %s", t,
+          pmap_status_string(st[0]), pmap_status_string(st[1]));
+    if (t == 1)
+      CHECK(!strcmp(msg[0], msg[1]) && strstr(msg[1], "device 8 were non-finite"),
+            "the same message naming device 8: \"%s\" vs \"%s\"", msg[0], msg[1]);
+    else
+      CHECK(memcmp(&l[0], &l[1], sizeof l[0]) == 0, "step %d: loss %.9g vs %.9g", t, (double)l[0],
+            (double)l[1]);
+  }
+  float w[2][P];
+  for (int s = 0; s < 2 && p[0] && p[1]; s++) CHECK_OK(pmap_params_read(p[s], 16, w[s], P));
+  CHECK(p[0] && p[1] && memcmp(w[0], w[1], sizeof w[0]) == 0, "the parameters after the run");
+  CHECK(pmap_params_step(p[1]) == 3, "three steps taken, one skipped: %lld",
+        (long long)pmap_params_step(p[1]));
+  for (int s = 0; s < 2; s++) {
+    pmap_params_destroy(p[s]);
+    CHECK_OK(pmap_ctx_destroy(ctx[s]));
+  }
 }
 
 static void custom(void) {
@@ -205,7 +267,8 @@ static void custom(void) {
   pmap_optimizer opt = pmap_adam(0.05f);
   for (int n = 2; n <= 8; n *= 2) {
     run a = {0}, b = {0};
-    pmap_config ca = {.backend = PMAP_BACKEND_CPU, .num_devices = n, .shard_optimizer = PMAP_SHARD_OFF};
+    pmap_config ca = {
+        .backend = PMAP_BACKEND_CPU, .num_devices = n, .shard_optimizer = PMAP_SHARD_OFF};
     pmap_config cb = ca;
     cb.shard_optimizer = PMAP_SHARD_ON;
     CHECK_OK(pmap_ctx_create(&ca, &a.ctx));
@@ -244,7 +307,7 @@ static void checkpoints(void) {
       !open_run(&c, "mlp", &opt, 3, 1, 0)) {
     step_both("before the save", &a, &b, &xs, &ys, 24, 2);
     CHECK_OK(pmap_params_save(a.params, path)); /* sharded */
-    CHECK_OK(pmap_params_load(c.params, path));  /* into sharded */
+    CHECK_OK(pmap_params_load(c.params, path)); /* into sharded */
     step_both("sharded from sharded", &a, &c, &xs, &ys, 24, 2);
     CHECK_OK(pmap_params_save(c.params, path));
     CHECK_OK(pmap_params_load(b.params, path)); /* into replicated */
@@ -300,8 +363,8 @@ static void gather_fault(int again) {
       CHECK_OK(pmap_params_verify(b.params));
     } else {
       CHECK(st == PMAP_SUCCESS, "%s: step %d: %s", what, t, pmap_last_error());
-      CHECK(memcmp(&la, &lb, sizeof la) == 0, "%s: step %d: loss %.9g vs %.9g", what, t,
-            (double)la, (double)lb);
+      CHECK(memcmp(&la, &lb, sizeof la) == 0, "%s: step %d: loss %.9g vs %.9g", what, t, (double)la,
+            (double)lb);
     }
   }
   if (!bad) same_state(what, &a, &b);
@@ -337,7 +400,7 @@ static void settings(void) {
         CHECK(bytes[env][mode] == 2 * 4 * pmap_params_count(p), "replicated Adam: %zu bytes",
               bytes[env][mode]);
       if (p && mode && env)
-        CHECK(bytes[env][mode] <= 2 * 4 * (pmap_params_count(p) / 2 + 16) &&
+        CHECK(bytes[env][mode] <= 2 * 4 * (pmap_params_count(p) / 2 + 32) &&
                   bytes[env][mode] >= 2 * 4 * (pmap_params_count(p) / 2),
               "sharded over 2 devices: %zu bytes for %zu parameters", bytes[env][mode],
               pmap_params_count(p));
@@ -350,13 +413,16 @@ static void settings(void) {
   unsetenv("PMAP_SHARD_OPTIMIZER");
   /* AUTO without the variable: small models replicated, large ones (>= 65536 parameters)
    * sharded; one device never. */
-  const char *names[] = {"mlp", "cifar-cnn", "mlp-1024", "mlp-1024"};
-  int devices[] = {2, 2, 2, 1}, want[] = {0, 0, 1, 0};
-  for (int i = 0; i < 4; i++) {
+  /* ...and plain SGD (no state to shard) replicated whatever the size. */
+  const char *names[] = {"mlp", "cifar-cnn", "mlp-1024", "mlp-1024", "mlp-1024", "mlp-1024"};
+  int devices[] = {2, 2, 2, 1, 2, 2}, want[] = {0, 0, 1, 0, 0, 1};
+  pmap_optimizer opts[] = {pmap_adam(0.01f), pmap_adam(0.01f),      pmap_adam(0.01f),
+                           pmap_adam(0.01f), pmap_sgd(0.01f, 0.0f), pmap_sgd(0.01f, 0.9f)};
+  for (int i = 0; i < 6; i++) {
     pmap_config auto_cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = devices[i]};
     pmap_model *mm = NULL;
     pmap_params *p = NULL;
-    pmap_optimizer opt = pmap_adam(0.01f);
+    pmap_optimizer opt = opts[i];
     CHECK_OK(pmap_ctx_create(&auto_cfg, &ctx));
     CHECK_OK(pmap_example_model(names[i], &mm));
     if (ctx && mm) CHECK_OK(pmap_params_create(ctx, mm, &opt, 1, &p));
@@ -382,6 +448,7 @@ int main(void) {
   variants();
   guard();
   custom();
+  spread_flags();
   checkpoints();
   for (int again = 0; again <= 2; again++) gather_fault(again);
   char path[128];

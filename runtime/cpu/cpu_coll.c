@@ -105,7 +105,8 @@ static pmap_status cpu_reduce_scatter(pmap_device *dev, float *buf, size_t chunk
   pmap_ctx *ctx = dev->ctx;
   cpu_ctx *cc = ctx->be_ctx;
   int n = ctx->n, d = dev->index;
-  if (ctx->dist) return cpu_hier_all_reduce(dev, buf, buf, chunk * (size_t)n * (size_t)ctx->nproc, op);
+  if (ctx->dist)
+    return cpu_hier_all_reduce(dev, buf, buf, chunk * (size_t)n * (size_t)ctx->nproc, op);
   if (chunk == 0) return PMAP_SUCCESS;
   if (n == 1) return cpu_all_reduce(dev, buf, buf, chunk, op);
   const float **bufs = cc->slots;

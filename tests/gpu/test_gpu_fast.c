@@ -1,6 +1,7 @@
 /* test_gpu_fast.c: the CUDA fast steps against the plain step, on fresh random data:
  * - graphs: the captured and replayed step gives the plain step's losses and parameters
- *   (bitwise expected, 1e-6 required) over steps with a learning-rate schedule, dropout,
+ *   (bitwise expected but where clipping acts on several devices, whose norm is summed another
+ *   way; 1e-6 required) over steps with a learning-rate schedule, dropout,
  *   clipping, a numeric-guard skip, and batch-size changes (re-capture), and the graphs were
  *   really used;
  * - overlap: gradients all-reduced in several buckets agree with the plain step to 1e-5, with
