@@ -1,7 +1,7 @@
 /* gemm_choice.c: which CPU GEMM provider runs, chosen once per process at the first need (the
  * first CPU context, or the first library-sized GEMM of code that runs the CPU ops without one):
  * the one PMAP_GEMM names, the only one built, this machine's cached choice (gemm_cache.c), or
- * the fastest in a short measurement at the shapes of the example models' steps. One provider
+ * the fastest in a short measurement at the GEMMs of the example models' steps. One provider
  * serves every shape: see README.md, "CPU GEMM", for why. */
 #include <math.h>
 #include <pthread.h>
@@ -17,29 +17,36 @@
 /* ------------------------------------------------------------------------------------------ */
 /* The measurement                                                                            */
 
-/* One GEMM of a step: c (m, n) = op(a) op(b) + beta c, `repeat` times. */
+/* One GEMM shape of a step: c (m, n) = op(a) op(b) + beta c, run `repeat` times per timing and
+ * counted `count` times in the step (the step's time takes the timing times count / repeat, so
+ * that identical layers and per-example GEMMs are timed once or a few times, not all). */
 typedef struct gemm_shape {
   int ta, tb;
   int64_t m, n, k;
   float beta;
-  int repeat;
+  int repeat, count;
 } gemm_shape;
 
-/* The steps measured, one per kind of model, at a per-device batch of a few devices: the GEMMs
- * models/layers.c and ops/cpu/conv.c call, forward then backward. Each kind counts alike in the
- * choice (its time against the fastest provider's), whatever its size. */
+/* The GEMMs of one training step (models/layers.c, ops/cpu/conv.c: forward, weight gradient,
+ * input gradient but for the first layer) of each GEMM-bound example model, at its default
+ * batch on 4 devices. The choice minimises their summed time: where the time goes in a step. */
 static const gemm_shape dense_step[] = {
-    /* mlp-1024's hidden layer, 128 rows per device: y = x W, dW += x^T dy, dx = dy W^T */
-    {0, 0, 128, 1024, 1024, 0.0f, 1},
-    {1, 0, 1024, 1024, 128, 1.0f, 1},
-    {0, 1, 128, 1024, 1024, 0.0f, 1},
+    /* mlp-1024, 128 rows per device: 3 hidden layers 1024 -> 1024, output 1024 -> 10 */
+    {0, 0, 128, 1024, 1024, 0.0f, 1, 3}, /* y = x W */
+    {1, 0, 1024, 1024, 128, 1.0f, 1, 3}, /* dW += x^T dy */
+    {0, 1, 128, 1024, 1024, 0.0f, 1, 2}, /* dx = dy W^T */
+    {0, 0, 128, 10, 1024, 0.0f, 4, 1},   {1, 0, 1024, 10, 128, 1.0f, 4, 1},
+    {0, 1, 128, 1024, 10, 0.0f, 4, 1},
 };
 static const gemm_shape conv_step[] = {
-    /* cifar-cnn's convolutions, per example (im2col), 8 examples per device: y = W col,
-     * dW += dy col^T, dcol = W^T dy; (3, 32, 32) -> 16 -> 32 stride 2 -> 32 stride 2 */
-    {0, 0, 16, 1024, 27, 0.0f, 8}, {0, 1, 16, 27, 1024, 1.0f, 8}, {0, 0, 32, 256, 144, 0.0f, 8},
-    {0, 1, 32, 144, 256, 1.0f, 8}, {1, 0, 144, 256, 32, 0.0f, 8}, {0, 0, 32, 49, 288, 0.0f, 8},
-    {0, 1, 32, 288, 49, 1.0f, 8},  {1, 0, 288, 49, 32, 0.0f, 8},
+    /* cifar-cnn, 16 examples per device, per example (im2col): y = W col, dW += dy col^T,
+     * dcol = W^T dy; (3, 32, 32) -> 16 -> 32 stride 2 -> 32 stride 2 -> dense 10 */
+    {0, 0, 16, 1024, 27, 0.0f, 4, 16}, {0, 1, 16, 27, 1024, 1.0f, 4, 16},
+    {0, 0, 32, 256, 144, 0.0f, 4, 16}, {0, 1, 32, 144, 256, 1.0f, 4, 16},
+    {1, 0, 144, 256, 32, 0.0f, 4, 16}, {0, 0, 32, 49, 288, 0.0f, 4, 16},
+    {0, 1, 32, 288, 49, 1.0f, 4, 16},  {1, 0, 288, 49, 32, 0.0f, 4, 16},
+    {0, 0, 16, 10, 1568, 0.0f, 4, 1},  {1, 0, 1568, 10, 16, 1.0f, 4, 1},
+    {0, 1, 16, 1568, 10, 0.0f, 4, 1},
 };
 typedef struct gemm_step {
   const char *name;
@@ -47,8 +54,8 @@ typedef struct gemm_step {
   int n;
 } gemm_step;
 static const gemm_step steps[] = {
-    {"dense", dense_step, (int)(sizeof dense_step / sizeof dense_step[0])},
-    {"conv", conv_step, (int)(sizeof conv_step / sizeof conv_step[0])},
+    {"mlp-1024", dense_step, (int)(sizeof dense_step / sizeof dense_step[0])},
+    {"cifar-cnn", conv_step, (int)(sizeof conv_step / sizeof conv_step[0])},
 };
 #define NSTEPS ((int)(sizeof steps / sizeof steps[0]))
 #define MAX_PROVIDERS 8
@@ -59,7 +66,7 @@ static const gemm_step steps[] = {
 #define MEASURE_BUDGET_S 0.4
 /* A provider replaces a more preferred one only when its score is lower by this fraction: where
  * two tie, the choice stays the same from one measurement to the next. */
-#define PICK_MARGIN 0.03
+#define PICK_MARGIN 0.02
 /* A provider slower than this many times the fastest at a step is dropped at once. */
 #define DROP_FACTOR 3.0
 
@@ -111,29 +118,28 @@ static int operands_alloc(operands *o) {
   return 0;
 }
 
-/* Seconds provider p takes for one step; stops early (returning what it took so far) once past
- * `bound` seconds. Negative when a GEMM fails. */
+/* The time of one step with provider p, in seconds (each shape's timing scaled to its count);
+ * stops early, returning what it took so far, once past `bound`. Negative when a GEMM fails. */
 static double time_step(const cpu_gemm_provider *p, const gemm_step *s, const operands *o,
                         double bound) {
-  double t0 = now_s(), t = 0.0;
-  for (int i = 0; i < s->n; i++) {
+  double t = 0.0;
+  for (int i = 0; i < s->n && t <= bound; i++) {
     const gemm_shape *g = &s->g[i];
+    double t0 = now_s();
     for (int r = 0; r < g->repeat; r++)
       if (cpu_gemm_with(p, g->ta, g->tb, g->m, g->n, g->k, 1.0f, o->a, g->ta ? g->m : g->k, o->b,
                         g->tb ? g->k : g->n, g->beta, o->c, g->n))
         return -1.0;
-    t = now_s() - t0;
-    if (t > bound) break;
+    t += (now_s() - t0) * g->count / g->repeat;
   }
   return t;
 }
 
-/* The fastest of the n providers: each step's best time over the rounds, scored against the
- * fastest provider's at that step, summed over the steps; within PICK_MARGIN, the earlier
- * (preferred) one.
- * Writes the times in milliseconds, "name=dense/conv ..." ("-" for a dropped provider), into
- * times. NULL when the operands do not fit in memory. A provider slower than DROP_FACTOR times
- * the fastest in the warm-up round, or whose GEMM fails, is dropped. */
+/* The fastest of the n providers: the least summed time of the steps, each step's time the best
+ * over the rounds; within PICK_MARGIN, the earlier (preferred) one. Writes the step times in
+ * milliseconds, "name=mlp-1024/cifar-cnn ..." ("-" for a dropped provider), into times. NULL
+ * when the operands do not fit in memory. A provider slower than DROP_FACTOR times the fastest
+ * at a step in the warm-up round, or whose GEMM fails, is dropped. */
 static const cpu_gemm_provider *measure(const cpu_gemm_provider *list, int n, char *times,
                                         size_t cap) {
   operands o;
@@ -177,19 +183,16 @@ static const cpu_gemm_provider *measure(const cpu_gemm_provider *list, int n, ch
   size_t len = 0;
   for (int i = 0; i < n; i++) {
     double score = 0.0;
-    for (int s = 0; s < NSTEPS; s++) {
-      double fastest = INFINITY;
-      for (int q = 0; q < n; q++)
-        if (!dropped[q]) fastest = fmin(fastest, best[q][s]);
-      score += best[i][s] / fastest;
-    }
+    for (int s = 0; s < NSTEPS; s++) score += best[i][s];
     if (!dropped[i] && score < pick_score * (1.0 - PICK_MARGIN)) pick = i, pick_score = score;
-    if (dropped[i])
-      len += (size_t)snprintf(times + len, len < cap ? cap - len : 0, "%s%s=-", i ? " " : "",
-                              list[i].name);
-    else
-      len += (size_t)snprintf(times + len, len < cap ? cap - len : 0, "%s%s=%.3f/%.3f",
-                              i ? " " : "", list[i].name, 1e3 * best[i][0], 1e3 * best[i][1]);
+    len += (size_t)snprintf(times + len, len < cap ? cap - len : 0, "%s%s=", i ? " " : "",
+                            list[i].name);
+    for (int s = 0; s < NSTEPS; s++)
+      if (dropped[i])
+        len += (size_t)snprintf(times + len, len < cap ? cap - len : 0, "%s", s ? "" : "-");
+      else
+        len += (size_t)snprintf(times + len, len < cap ? cap - len : 0, "%s%.3f", s ? "/" : "",
+                                1e3 * best[i][s]);
   }
   return pick >= 0 ? &list[pick] : &list[0];
 }
