@@ -65,12 +65,14 @@ void cpu_gemm_portable(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
   }
 }
 
+#if defined(PMAP_GEMM_PORTABLE)
 static pmap_status portable_run(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
                                 const float *a, int64_t lda, const float *b, int64_t ldb,
                                 float beta, float *c, int64_t ldc) {
   cpu_gemm_portable(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   return PMAP_SUCCESS;
 }
+#endif
 
 #if defined(PMAP_GEMM_DNNL)
 static pmap_status dnnl_run(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
