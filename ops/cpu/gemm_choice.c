@@ -5,6 +5,7 @@
  * serves every shape: see README.md, "CPU GEMM", for why. */
 #include <math.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -135,6 +136,17 @@ static double time_step(const cpu_gemm_provider *p, const gemm_step *s, const op
   return t;
 }
 
+/* printf into buf (cap bytes) at *len, which it advances; what does not fit is cut. */
+static void append(char *buf, size_t cap, size_t *len, const char *fmt, ...) PMAP_PRINTF(4, 5);
+static void append(char *buf, size_t cap, size_t *len, const char *fmt, ...) {
+  if (*len + 1 >= cap) return;
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf + *len, cap - *len, fmt, ap);
+  va_end(ap);
+  if (n > 0) *len = *len + (size_t)n < cap ? *len + (size_t)n : cap - 1;
+}
+
 /* The fastest of the n providers: the least summed time of the steps, each step's time the best
  * over the rounds; within PICK_MARGIN, the earlier (preferred) one. Writes the step times in
  * milliseconds, "name=mlp-1024/cifar-cnn ..." ("-" for a dropped provider), into times. NULL
@@ -181,18 +193,14 @@ static const cpu_gemm_provider *measure(const cpu_gemm_provider *list, int n, ch
   int pick = -1;
   double pick_score = INFINITY;
   size_t len = 0;
+  times[0] = '\0';
   for (int i = 0; i < n; i++) {
     double score = 0.0;
     for (int s = 0; s < NSTEPS; s++) score += best[i][s];
     if (!dropped[i] && score < pick_score * (1.0 - PICK_MARGIN)) pick = i, pick_score = score;
-    len += (size_t)snprintf(times + len, len < cap ? cap - len : 0, "%s%s=", i ? " " : "",
-                            list[i].name);
-    for (int s = 0; s < NSTEPS; s++)
-      if (dropped[i])
-        len += (size_t)snprintf(times + len, len < cap ? cap - len : 0, "%s", s ? "" : "-");
-      else
-        len += (size_t)snprintf(times + len, len < cap ? cap - len : 0, "%s%.3f", s ? "/" : "",
-                                1e3 * best[i][s]);
+    append(times, cap, &len, "%s%s=%s", i ? " " : "", list[i].name, dropped[i] ? "-" : "");
+    for (int s = 0; s < NSTEPS && !dropped[i]; s++)
+      append(times, cap, &len, "%s%.3f", s ? "/" : "", 1e3 * best[i][s]);
   }
   return pick >= 0 ? &list[pick] : &list[0];
 }
