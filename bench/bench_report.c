@@ -119,9 +119,9 @@ static void prediction(FILE *f, const bench_result *r) {
 void bench_report_text(FILE *f, const bench_result *r, const char *backend, int cores) {
   fprintf(f,
           "\n== %s: %zu parameters (%.4g MB of gradients), %.4g M multiply-adds per example, "
-          "%s; backend %s (gemm %s), %d cores\n",
+          "%s; backend %s (gemm %s, %s), %d cores\n",
           r->model, r->params, grad_bytes(r) / 1e6, r->fwd_macs / 1e6, r->optimizer, backend,
-          pmap_gemm_provider(), cores);
+          pmap_gemm_provider(), pmap_gemm_reason(), cores);
   table(f, r, BENCH_STRONG);
   table(f, r, BENCH_WEAK);
   const bench_row *one = one_device_row(r);

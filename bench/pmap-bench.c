@@ -567,7 +567,8 @@ int main(int argc, char **argv) {
   int code = 0, failed = 0;
   printf("pmap-bench: models %s, devices", o.models);
   for (int i = 0; i < o.ndev; i++) printf("%s%lld", i ? "," : " ", (long long)o.devs[i]);
-  printf(", %ld cores; FLOPs = 6 x forward multiply-adds\n", cores);
+  printf(", %ld cores; CPU GEMM %s (%s; built: %s); FLOPs = 6 x forward multiply-adds\n", cores,
+         pmap_gemm_provider(), pmap_gemm_reason(), pmap_gemm_providers());
   if (csv) bench_report_csv_header(csv);
   for (int m = 0; m < nmodels && !code; m++) {
     code = bench_model(model[m], &o, backend, &bname, &res[m]);
@@ -583,11 +584,12 @@ int main(int argc, char **argv) {
   }
   if (o.json && !code) {
     printf(
-        "{\"model\": \"%s\", \"backend\": \"%s\", \"gemm\": \"%s\", \"cores\": %ld, "
+        "{\"model\": \"%s\", \"backend\": \"%s\", \"gemm\": \"%s\", \"gemm_reason\": \"%s\", "
+        "\"gemm_providers\": \"%s\", \"cores\": %ld, "
         "\"global_batch\": %lld, \"steps\": %lld, \"warmup\": %lld, "
         "\"flops_per_example\": \"6 x forward multiply-adds\", \"models\": [",
-        o.models, bname, pmap_gemm_provider(), cores, (long long)res[0].batch,
-        (long long)res[0].steps, (long long)res[0].warmup);
+        o.models, bname, pmap_gemm_provider(), pmap_gemm_reason(), pmap_gemm_providers(), cores,
+        (long long)res[0].batch, (long long)res[0].steps, (long long)res[0].warmup);
     for (int m = 0; m < nmodels; m++) {
       if (m) printf(", ");
       bench_report_json_model(stdout, &res[m]);

@@ -189,8 +189,25 @@ PMAP_API const char *pmap_backend_name(pmap_backend b);
 PMAP_API pmap_status pmap_backend_parse(const char *name, pmap_backend *out);
 /* Whether this build contains the backend (CPU always; CUDA when configured with it). */
 PMAP_API int pmap_backend_built(pmap_backend b);
-/* The CPU GEMM chosen at configure time: "onednn", "cblas" or "portable". */
+/* The CPU GEMM in use: "onednn", "cblas" or "portable". A build holds every provider found at
+ * configure time (-Dgemm=auto) or one (-Dgemm=NAME); among several, the library chooses once
+ * per process, at the first CPU context, the first GEMM, or this call, whichever comes first
+ * (every thread that needs it waits for it): the one the environment variable PMAP_GEMM names
+ * (onednn, cblas, portable, or auto), else this machine's choice cached in
+ * $XDG_CACHE_HOME/pmap/gemm (~/.cache/pmap/gemm) for its CPU model, library version and built
+ * providers, else the fastest in a measurement of a fraction of a second, which is then cached
+ * (PMAP_GEMM_CACHE=0: neither read nor write the cache). "none" when PMAP_GEMM names no built
+ * provider or PMAP_GEMM_CACHE is neither 0 nor 1: pmap_ctx_create of a CPU context then fails
+ * with a message naming the value and the built providers. Never NULL; the string is static. */
 PMAP_API const char *pmap_gemm_provider(void);
+/* The CPU GEMM providers of this build, comma-separated, most preferred first: e.g.
+ * "onednn,cblas,portable". Never NULL; makes no choice. */
+PMAP_API const char *pmap_gemm_providers(void);
+/* Why pmap_gemm_provider() is the one in use: "measured" (in this process), "cached" (by an
+ * earlier process on this machine), "forced by PMAP_GEMM", "only one built", "preferred (no memory to
+ * measure)", or "invalid PMAP_GEMM" / "invalid PMAP_GEMM_CACHE" (provider "none"). Makes the choice like
+ * pmap_gemm_provider. Never NULL; the string is static. */
+PMAP_API const char *pmap_gemm_reason(void);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Host arrays                                                                                */

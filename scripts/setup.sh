@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# setup.sh: installs what pmap needs to build on Debian (compiler, Meson, Ninja, oneDNN for the
-# CPU GEMM, Python for the CLI test, Open MPI for contexts across processes and the mpi test
-# suite). Installs only what is missing; needs root or sudo.
+# setup.sh: installs what pmap needs to build on Debian (compiler, Meson, Ninja, oneDNN and
+# OpenBLAS for the CPU GEMM, chosen between per machine at run time, Python for the CLI test,
+# Open MPI for contexts across processes and the mpi test suite). Installs only what is missing;
+# needs root or sudo.
 set -euo pipefail
-pkgs=(gcc libc6-dev pkg-config meson ninja-build libdnnl-dev python3 libopenmpi-dev openmpi-bin)
+pkgs=(gcc libc6-dev pkg-config meson ninja-build libdnnl-dev libopenblas-dev python3 libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

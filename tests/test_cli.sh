@@ -60,6 +60,19 @@ json_check --model convnet --devices 2 --steps 20 --batch 8 --backend cpu -- \
   "j['backend'] == 'cpu' and j['devices'] == 2 and j['final_loss'] < 0.7"
 PMAP_CPU_DEVICES=3 json_check --backend cpu --model linear --steps 5 --batch 6 -- "j['devices'] == 3"
 json_check --backend cpu --model linear --steps 3 --lr 0.5 --seed 9 --log-every 0 -- "j['lr'] == 0.5 and j['seed'] == 9"
+# The CPU GEMM and why: forced by PMAP_GEMM here (portable is in every build but -Dgemm=onednn
+# or cblas), else one of the reasons of pmap_gemm_reason.
+if PMAP_GEMM=portable "$train" --backend cpu --model linear --steps 1 >/dev/null 2>&1; then
+  PMAP_GEMM=portable json_check --backend cpu --model linear --steps 2 -- \
+    "j['gemm'] == 'portable' and j['gemm_reason'] == 'forced by PMAP_GEMM'"
+  PMAP_GEMM=portable "$train" --backend cpu --model linear --steps 1 >"$tmp/out" 2>&1
+  if grep -qF '(gemm portable, forced by PMAP_GEMM)' "$tmp/out"; then ok; else
+    bad "pmap-train's header lacks the GEMM and its reason: $(head -n 1 "$tmp/out")"
+  fi
+fi
+json_check --backend cpu --model linear --steps 2 -- \
+  "j['gemm'] in ('onednn', 'cblas', 'portable') and j['gemm_reason'] in ('measured', 'cached', 'only one built')"
+PMAP_GEMM=bogus expect_error 'PMAP_GEMM="bogus" names no CPU GEMM' --backend cpu --model linear
 
 expect_error 'unknown model "resnet"' --model resnet --backend cpu
 expect_error 'unknown backend "tpu"' --backend tpu

@@ -1,6 +1,8 @@
 /* test_ops_dense.c: unit test of the CPU ops behind dense layers (gemm, fill, bias, relu and
  * their composition): forward against float64 references, backward against central finite
- * differences, and the write contract (activation gradients =, parameter gradients +=). */
+ * differences, and the write contract (activation gradients =, parameter gradients +=). The
+ * GEMM and dense cases run once with every CPU GEMM provider of the build. */
+#include "ops/cpu/gemm.h"
 #include "ops_check.h"
 
 /* ------------------------------------------------------------------------------------------ */
@@ -88,6 +90,9 @@ static void test_gemm(void) {
       {50, 1, 100},
       {5, 7, 300},
       {3, 2, 600},
+      /* odd sizes past the libraries' register blocks */
+      {37, 129, 65},
+      {131, 33, 17},
   };
 
   static const float ab[][2] = {
@@ -421,11 +426,26 @@ static void test_dense(void) {
   }
 }
 
+/* Every provider of the build, forced in turn, through the op table. */
+static void test_gemm_providers(void) {
+  int n = 0;
+  const cpu_gemm_provider *list = cpu_gemm_list(&n);
+  for (int i = 0; i < n; i++) {
+    CHECK_OK(cpu_gemm_force(list[i].name));
+    CHECK(strcmp(pmap_gemm_provider(), list[i].name) == 0, "forcing %s: %s in use", list[i].name,
+          pmap_gemm_provider());
+    int before = test_failures;
+    test_gemm();
+    test_dense();
+    printf("gemm provider %s: %s\n", list[i].name, test_failures == before ? "ok" : "FAILED");
+  }
+  CHECK(cpu_gemm_force("bogus") == PMAP_ERR_INVALID_ARGUMENT, "forcing bogus was accepted");
+}
+
 int main(void) {
-  test_gemm();
+  test_gemm_providers();
   test_fill_op();
   test_bias();
   test_relu();
-  test_dense();
   return test_exit("ops-dense");
 }

@@ -226,6 +226,8 @@ static void print_json(const opts *o, const result *r) {
   json_string(stdout, r->backend);
   printf(", \"gemm\": ");
   json_string(stdout, pmap_gemm_provider());
+  printf(", \"gemm_reason\": ");
+  json_string(stdout, pmap_gemm_reason());
   printf(
       ", \"devices\": %d, \"processes\": %d, \"steps\": %lld, \"start_step\": %lld, "
       "\"global_batch\": %lld, \"lr\": ",
@@ -435,10 +437,10 @@ int main(int argc, char **argv) {
   if (procs > 1)
     printf("pmap-train: %d processes x %d devices = %d global devices\n", procs, n, procs * n);
   printf(
-      "pmap-train: model %s (%zu parameters), backend %s (gemm %s), %d devices, global batch "
+      "pmap-train: model %s (%zu parameters), backend %s (gemm %s, %s), %d devices, global batch "
       "%lld (%lld per device), %lld steps, %s lr %g, seed %llu\n",
-      o.model, pmap_params_count(params), bname, pmap_gemm_provider(), n, (long long)o.batch,
-      (long long)(o.batch / n / procs), (long long)o.steps,
+      o.model, pmap_params_count(params), bname, pmap_gemm_provider(), pmap_gemm_reason(), n,
+      (long long)o.batch, (long long)(o.batch / n / procs), (long long)o.steps,
       info.opt.kind == PMAP_OPT_SGD    ? "SGD"
       : info.opt.kind == PMAP_OPT_ADAM ? "Adam"
                                        : "AdamW",

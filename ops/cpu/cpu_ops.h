@@ -4,7 +4,7 @@
 
 #include "ops/ops.h"
 
-/* Row-major GEMM through the provider chosen at configure time (see pmap_gemm_provider()). */
+/* Row-major GEMM through the provider in use (ops/cpu/gemm.h, pmap_gemm_provider()). */
 pmap_status cpu_gemm(pmap_device *dev, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                      float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                      float beta, float *c, int64_t ldc);
@@ -14,7 +14,9 @@ void cpu_gemm_portable(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k
                        float *c, int64_t ldc);
 
 /* The GEMM library runs single-threaded on each device thread: the devices are the parallelism.
- * cpu_gemm_threads_set returns the previous setting so the caller's thread can be restored. */
+ * cpu_gemm_threads_set sets the thread count of the provider in use and returns the setting to
+ * restore the caller's thread with: the previous one, or n for a count of the whole process
+ * (OpenBLAS's pthread build), which one device thread cannot give back while others run. */
 int cpu_gemm_threads_set(int n);
 
 pmap_status cpu_conv2d_forward(pmap_device *dev, const pmap_conv_shape *s, int64_t bd,

@@ -1,50 +1,26 @@
-/* gemm.c: the CPU GEMM. Provider fixed at configure time: oneDNN's dnnl_sgemm, else a CBLAS,
- * else the portable blocked loop below; tiny shapes always take the loop (library call
- * overhead dominates there). */
-#include "cpu_ops.h"
+/* gemm.c: the CPU GEMM providers: oneDNN's dnnl_sgemm and a CBLAS where the build found them,
+ * and the portable blocked loop, always (gemm.h); cpu_gemm calls the one in use (chosen per
+ * machine at run time, gemm_choice.c). Tiny shapes always take the loop (library call overhead
+ * dominates there). */
+#include "gemm.h"
 
+#include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "runtime/error.h"
 
 #if defined(PMAP_GEMM_DNNL)
 #include <dnnl.h>
-#elif defined(PMAP_GEMM_CBLAS)
+#endif
+#if defined(PMAP_GEMM_CBLAS)
 #include <cblas.h>
 #endif
 #if defined(PMAP_HAVE_OPENMP)
 #include <omp.h>
 #endif
 
-/* Below this many multiply-adds the loop beats a library call. */
-#define SMALL_GEMM_MACS 4096
 #define KBLOCK 256
-
-const char *pmap_gemm_provider(void) {
-#if defined(PMAP_GEMM_DNNL)
-  return "onednn";
-#elif defined(PMAP_GEMM_CBLAS)
-  return "cblas";
-#else
-  return "portable";
-#endif
-}
-
-int cpu_gemm_threads_set(int n) {
-#if defined(PMAP_HAVE_OPENMP)
-  int old = omp_get_max_threads();
-  if (old != n) omp_set_num_threads(n);
-  return old;
-#elif defined(PMAP_HAVE_OPENBLAS_THREADS)
-  extern void openblas_set_num_threads(int);
-  extern int openblas_get_num_threads(void);
-  int old = openblas_get_num_threads();
-  if (old != n) openblas_set_num_threads(n);
-  return old;
-#else
-  return n;
-#endif
-}
 
 void cpu_gemm_portable(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                        int64_t lda, const float *b, int64_t ldb, float beta, float *c,
@@ -89,27 +65,144 @@ void cpu_gemm_portable(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
   }
 }
 
-pmap_status cpu_gemm(pmap_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
-                     const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
-                     int64_t ldc) {
-  (void)dev;
-  if (m <= 0 || n <= 0) return PMAP_SUCCESS;
-  if (k <= 0 || m * n * k <= SMALL_GEMM_MACS) {
-    cpu_gemm_portable(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    return PMAP_SUCCESS;
-  }
+#if defined(PMAP_GEMM_PORTABLE)
+static pmap_status portable_run(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
+                                const float *a, int64_t lda, const float *b, int64_t ldb,
+                                float beta, float *c, int64_t ldc) {
+  cpu_gemm_portable(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  return PMAP_SUCCESS;
+}
+#endif
+
 #if defined(PMAP_GEMM_DNNL)
+static pmap_status dnnl_run(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
+                            const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                            float *c, int64_t ldc) {
   dnnl_status_t st =
       dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   if (st != dnnl_success)
     return PMAP_ERR(PMAP_ERR_DEVICE, "dnnl_sgemm(%c, %c, m=%lld, n=%lld, k=%lld) failed: status %d",
                     ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)m, (long long)n, (long long)k,
                     (int)st);
-#elif defined(PMAP_GEMM_CBLAS)
+  return PMAP_SUCCESS;
+}
+
+#if defined(PMAP_HAVE_OPENMP)
+/* oneDNN runs on OpenMP, whose thread count is a setting of the calling thread. */
+static int omp_threads_set(int n) {
+  int old = omp_get_max_threads();
+  if (old != n) omp_set_num_threads(n);
+  return old;
+}
+#endif
+#endif
+
+#if defined(PMAP_GEMM_CBLAS)
+static pmap_status cblas_run(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
+                             const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                             float *c, int64_t ldc) {
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)m,
               (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
-#else
-  cpu_gemm_portable(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-#endif
   return PMAP_SUCCESS;
+}
+
+#if defined(PMAP_HAVE_OPENBLAS_THREADS)
+extern void openblas_set_num_threads(int);
+extern int openblas_get_num_threads(void);
+extern int openblas_get_parallel(void);
+/* OpenBLAS's pthread build (Debian's default) keeps one count for the process; its OpenMP build
+ * passes the count to OpenMP, per calling thread. */
+static int openblas_threads_set(int n) {
+  int old = openblas_get_num_threads();
+  if (old != n) openblas_set_num_threads(n);
+  return old;
+}
+
+static int openblas_process_wide(void) { return openblas_get_parallel() == 1; }
+#endif
+#endif
+
+static const cpu_gemm_provider providers[] = {
+#if defined(PMAP_GEMM_DNNL)
+    {.name = "onednn",
+     .run = dnnl_run,
+#if defined(PMAP_HAVE_OPENMP)
+     .threads_set = omp_threads_set,
+#endif
+     .threads_process_wide = NULL},
+#endif
+#if defined(PMAP_GEMM_CBLAS)
+    {
+        .name = "cblas",
+        .run = cblas_run,
+#if defined(PMAP_HAVE_OPENBLAS_THREADS)
+        .threads_set = openblas_threads_set,
+        .threads_process_wide = openblas_process_wide,
+#endif
+    },
+#endif
+#if defined(PMAP_GEMM_PORTABLE)
+    {.name = "portable", .run = portable_run, .threads_set = NULL, .threads_process_wide = NULL},
+#endif
+};
+_Static_assert(sizeof providers > 0, "the build has no CPU GEMM provider (meson.build)");
+
+const cpu_gemm_provider *cpu_gemm_list(int *count) {
+  *count = (int)(sizeof providers / sizeof providers[0]);
+  return providers;
+}
+
+const cpu_gemm_provider *cpu_gemm_find(const char *name) {
+  for (size_t i = 0; name && i < sizeof providers / sizeof providers[0]; i++)
+    if (strcmp(providers[i].name, name) == 0) return &providers[i];
+  return NULL;
+}
+
+static char names[64];
+static pthread_once_t names_once = PTHREAD_ONCE_INIT;
+
+static void names_make(void) {
+  size_t len = 0;
+  for (size_t i = 0; i < sizeof providers / sizeof providers[0]; i++)
+    len +=
+        (size_t)snprintf(names + len, sizeof names - len, "%s%s", i ? "," : "", providers[i].name);
+}
+
+const char *pmap_gemm_providers(void) {
+  pthread_once(&names_once, names_make);
+  return names;
+}
+
+pmap_status cpu_gemm_with(const cpu_gemm_provider *p, int ta, int tb, int64_t m, int64_t n,
+                          int64_t k, float alpha, const float *a, int64_t lda, const float *b,
+                          int64_t ldb, float beta, float *c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return PMAP_SUCCESS;
+  if (k <= 0 || m * n * k <= CPU_GEMM_SMALL_MACS) {
+    cpu_gemm_portable(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return PMAP_SUCCESS;
+  }
+  return p->run(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+pmap_status cpu_gemm(pmap_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
+                     const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                     int64_t ldc) {
+  (void)dev;
+  if (m <= 0 || n <= 0) return PMAP_SUCCESS;
+  if (k <= 0 || m * n * k <= CPU_GEMM_SMALL_MACS) {
+    cpu_gemm_portable(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return PMAP_SUCCESS;
+  }
+  const cpu_gemm_provider *p = cpu_gemm_active();
+  if (!p) return cpu_gemm_ready("cpu gemm");
+  return p->run(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+int cpu_gemm_threads_set(int n) {
+  const cpu_gemm_provider *p = cpu_gemm_active();
+  if (!p || !p->threads_set) return n;
+  int old = p->threads_set(n);
+  /* A count of the whole process cannot be given back by one device thread while the others
+   * still run GEMMs: it stays at n. */
+  return p->threads_process_wide && p->threads_process_wide() ? n : old;
 }

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "cpu_backend.h"
-#include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/gemm.h"
 #include "runtime/error.h"
 
 #define CPU_ALIGN 64
@@ -29,6 +29,9 @@ pmap_status pmap_cpu_default_devices(int *out) {
 
 static pmap_status cpu_ctx_init(pmap_ctx *ctx, const pmap_config *cfg) {
   (void)cfg;
+  /* The GEMM provider is chosen here, before the workers start: they would disturb its
+   * measurement, and a bad PMAP_GEMM fails the context's creation. */
+  PMAP_TRY(cpu_gemm_ready("pmap_ctx_create"));
   cpu_ctx *cc = calloc(1, sizeof *cc);
   if (cc) cc->dev = aligned_alloc(CPU_ALIGN, sizeof(cpu_device) * (size_t)ctx->n);
   if (cc) cc->slots = calloc(2 * (size_t)ctx->n, sizeof *cc->slots);

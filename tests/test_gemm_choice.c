@@ -1,0 +1,345 @@
+/* test_gemm_choice.c: the run-time choice of the CPU GEMM, made once per process, so each case
+ * runs this program again as a child with its own environment: PMAP_GEMM forces a provider, or
+ * fails the context's creation naming the value and the built providers; the cache is written
+ * and read by the next process, survives corruption and a folder it cannot write, keeps other
+ * machines' lines; PMAP_GEMM_CACHE=0 skips it; threads asking at once get one answer. */
+#include <ftw.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "pmap.h"
+#include "testutil.h"
+
+#define OUT_CAP 8192
+#define THREADS 16
+
+/* ------------------------------------------------------------------------------------------ */
+/* The child: reports what it chose                                                           */
+
+static pthread_barrier_t start;
+static const char *seen[THREADS];
+
+static void *ask(void *arg) {
+  pthread_barrier_wait(&start);
+  seen[(intptr_t)arg] = pmap_gemm_provider();
+  return NULL;
+}
+
+/* "threads": THREADS threads ask for the provider at once, before any context. Then a context
+ * of one CPU device; prints one "key value" line each. */
+static int child(const char *mode) {
+  if (strcmp(mode, "threads") == 0) {
+    pthread_t t[THREADS];
+    pthread_barrier_init(&start, NULL, THREADS);
+    for (intptr_t i = 0; i < THREADS; i++) pthread_create(&t[i], NULL, ask, (void *)i);
+    int same = 1;
+    for (int i = 0; i < THREADS; i++) {
+      pthread_join(t[i], NULL);
+      same &= strcmp(seen[i], seen[0]) == 0;
+    }
+    printf("threads_same %d\n", same);
+  }
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 1};
+  pmap_ctx *ctx = NULL;
+  pmap_status st = pmap_ctx_create(&cfg, &ctx);
+  printf("status %d\nprovider %s\nreason %s\nerror %s\n", (int)st, pmap_gemm_provider(),
+         pmap_gemm_reason(), st ? pmap_last_error() : "");
+  pmap_ctx_destroy(ctx);
+  return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The parent: runs children and checks their reports                                         */
+
+typedef struct report {
+  char out[OUT_CAP];
+  int status;
+  char provider[64], reason[64];
+  const char *error; /* into out */
+} report;
+
+static char tmp[64];
+
+/* Runs this program as a child in mode `mode` with XDG_CACHE_HOME set to `cache` and the environment settings of `env` ("NAME=VALUE", NULL-terminated), PMAP_GEMM and
+ * PMAP_GEMM_CACHE unset otherwise; fills r from its output. */
+static void run_child(const char *mode, const char *cache, const char *const *env, report *r) {
+  memset(r, 0, sizeof *r);
+  r->status = -1;
+  int fd[2];
+  if (pipe(fd)) exit(2);
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fd[1], 1);
+    close(fd[0]);
+    unsetenv("PMAP_GEMM");
+    unsetenv("PMAP_GEMM_CACHE");
+    setenv("XDG_CACHE_HOME", cache, 1);
+    for (int i = 0; env && env[i]; i++) putenv((char *)env[i]);
+    execl("/proc/self/exe", "test_gemm_choice", "child", mode, (char *)NULL);
+    _exit(3);
+  }
+  close(fd[1]);
+  size_t len = 0;
+  ssize_t got;
+  while (len < sizeof r->out - 1 && (got = read(fd[0], r->out + len, sizeof r->out - 1 - len)) > 0)
+    len += (size_t)got;
+  close(fd[0]);
+  int ws = 0;
+  waitpid(pid, &ws, 0);
+  CHECK(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "child %s exited with wait status %d: %s", mode, ws,
+        r->out);
+  const char *s = strstr(r->out, "status ");
+  if (s) sscanf(s, "status %d", &r->status);
+  s = strstr(r->out, "provider ");
+  if (s) sscanf(s, "provider %63s", r->provider);
+  s = strstr(r->out, "reason ");
+  if (s) sscanf(s, "reason %63[^\n]", r->reason);
+  r->error = strstr(r->out, "error ");
+  if (!r->error) r->error = "";
+}
+
+static int built(const char *name) {
+  char list[128];
+  snprintf(list, sizeof list, ",%s,", pmap_gemm_providers());
+  char want[sizeof list];
+  snprintf(want, sizeof want, ",%.64s,", name);
+  return strstr(list, want) != NULL;
+}
+
+static void expect(const report *r, int status, const char *provider, const char *reason,
+                   const char *what) {
+  CHECK(r->status == status, "%s: status %d, want %d (%s)", what, r->status, status, r->error);
+  if (provider)
+    CHECK(strcmp(r->provider, provider) == 0, "%s: provider %s, want %s", what, r->provider,
+          provider);
+  if (reason)
+    CHECK(strcmp(r->reason, reason) == 0, "%s: reason \"%s\", want \"%s\"", what, r->reason,
+          reason);
+}
+
+static char *read_file(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  char *buf = calloc(1, 1 << 16);
+  if (buf) buf[fread(buf, 1, (1 << 16) - 1, f)] = '\0';
+  fclose(f);
+  return buf;
+}
+
+static void write_file(const char *path, const char *data, size_t n) {
+  FILE *f = fopen(path, "wb");
+  CHECK(f != NULL, "cannot write %s", path);
+  if (!f) return;
+  fwrite(data, 1, n, f);
+  fclose(f);
+}
+
+/* This machine's key (CPU model, version, providers: the line's first three fields) from a
+ * cache file with one entry. */
+static void entry_key(const char *file, char *key, size_t cap) {
+  key[0] = '\0';
+  const char *line = file;
+  while (line && *line == '#') line = strchr(line, '\n'), line = line ? line + 1 : NULL;
+  if (!line) return;
+  const char *p = line;
+  for (int tabs = 0; *p && *p != '\n'; p++)
+    if (*p == '\t' && ++tabs == 3) break;
+  size_t n = (size_t)(p - line);
+  if (n >= cap) n = cap - 1;
+  memcpy(key, line, n);
+  key[n] = '\0';
+}
+
+static void test_env_values(void) {
+  report r;
+  char names[128];
+  snprintf(names, sizeof names, "%s", pmap_gemm_providers());
+  const char *bogus[] = {"PMAP_GEMM=bogus", NULL};
+  run_child("plain", tmp, bogus, &r);
+  expect(&r, PMAP_ERR_INVALID_ARGUMENT, "none", "invalid PMAP_GEMM", "PMAP_GEMM=bogus");
+  CHECK(strstr(r.error, "PMAP_GEMM=\"bogus\"") != NULL, "PMAP_GEMM=bogus: message %s", r.error);
+  for (char *save = NULL, *n = strtok_r(names, ",", &save); n; n = strtok_r(NULL, ",", &save)) {
+    CHECK(strstr(r.error, n) != NULL, "PMAP_GEMM=bogus: message does not name %s: %s", n, r.error);
+    char set[64];
+    snprintf(set, sizeof set, "PMAP_GEMM=%s", n);
+    const char *force[] = {set, NULL};
+    report f;
+    run_child("plain", tmp, force, &f);
+    expect(&f, PMAP_SUCCESS, n, "forced by PMAP_GEMM", set);
+  }
+  static const char *const known[] = {"onednn", "cblas", "portable"};
+  for (int i = 0; i < 3; i++) {
+    if (built(known[i])) continue;
+    char set[64];
+    snprintf(set, sizeof set, "PMAP_GEMM=%s", known[i]);
+    const char *force[] = {set, NULL};
+    run_child("plain", tmp, force, &r);
+    expect(&r, PMAP_ERR_UNAVAILABLE, "none", "invalid PMAP_GEMM", set);
+    CHECK(strstr(r.error, pmap_gemm_providers()) || strstr(r.error, "built:"),
+          "%s: message does not name the built providers: %s", set, r.error);
+  }
+  const char *cache2[] = {"PMAP_GEMM_CACHE=2", NULL};
+  run_child("plain", tmp, cache2, &r);
+  expect(&r, PMAP_ERR_INVALID_ARGUMENT, "none", "invalid PMAP_GEMM_CACHE", "PMAP_GEMM_CACHE=2");
+}
+
+static void test_cache(void) {
+  report r, r2;
+  char dir[128], path[160];
+  snprintf(dir, sizeof dir, "%s/a", tmp);
+  snprintf(path, sizeof path, "%s/pmap/gemm", dir);
+  run_child("plain", dir, NULL, &r);
+  expect(&r, PMAP_SUCCESS, NULL, "measured", "first process");
+  CHECK(built(r.provider), "first process: provider %s is not built", r.provider);
+  char *file = read_file(path);
+  CHECK(file != NULL, "no cache file at %s", path);
+  if (!file) return;
+  char key[512], line[1024];
+  entry_key(file, key, sizeof key);
+  snprintf(line, sizeof line, "%s\t%s\t", key, r.provider);
+  CHECK(strstr(file, line) != NULL, "the cache does not hold the choice %s: %s", r.provider, file);
+  free(file);
+
+  run_child("plain", dir, NULL, &r2);
+  expect(&r2, PMAP_SUCCESS, r.provider, "cached", "second process");
+  const char *autov[] = {"PMAP_GEMM=auto", NULL};
+  run_child("plain", dir, autov, &r2);
+  expect(&r2, PMAP_SUCCESS, r.provider, "cached", "PMAP_GEMM=auto");
+
+  /* The next process takes the file's word for it, whatever was measured. */
+  int n = 0;
+  char names[128], *last = NULL;
+  snprintf(names, sizeof names, "%s", pmap_gemm_providers());
+  for (char *save = NULL, *p = strtok_r(names, ",", &save); p; p = strtok_r(NULL, ",", &save))
+    last = p, n++;
+  char planted[1024];
+  int len = snprintf(planted, sizeof planted, "%s\t%s\n", key, last);
+  write_file(path, planted, (size_t)len);
+  run_child("plain", dir, NULL, &r2);
+  expect(&r2, PMAP_SUCCESS, last, "cached", "a planted choice");
+  const char *nocache[] = {"PMAP_GEMM_CACHE=0", NULL};
+  run_child("plain", dir, nocache, &r2);
+  expect(&r2, PMAP_SUCCESS, NULL, "measured", "PMAP_GEMM_CACHE=0");
+  file = read_file(path);
+  CHECK(file && strcmp(file, planted) == 0, "PMAP_GEMM_CACHE=0 changed the cache: %s", file);
+  free(file);
+
+  /* Corrupt: binary bytes, an overlong line, this key with an unknown provider, lines of the
+   * wrong shape. Survived, measured again, and the next process reads the repaired file. */
+  char junk[8192];
+  size_t j = 0;
+  for (int i = 0; i < 300; i++) junk[j++] = (char)(i * 37 + 11);
+  junk[j++] = '\n';
+  memset(junk + j, 'x', 5000);
+  j += 5000;
+  j += (size_t)snprintf(junk + j, sizeof junk - j, "\n%s\tbogus\t\n\t\t\t\t\t\t\n%s\n", key, key);
+  write_file(path, junk, j);
+  run_child("plain", dir, NULL, &r2);
+  expect(&r2, PMAP_SUCCESS, NULL, "measured", "a corrupt cache");
+  run_child("plain", dir, NULL, &r2);
+  expect(&r2, PMAP_SUCCESS, NULL, "cached", "the cache rewritten after corruption");
+  write_file(path, "", 0);
+  run_child("plain", dir, NULL, &r2);
+  expect(&r2, PMAP_SUCCESS, NULL, "measured", "an empty cache");
+
+  /* Another machine's (or version's) line is no hit, and is kept. */
+  const char *other = "Other CPU 9000\t9.9.9\tonednn,cblas\tcblas\tonednn=1/1 cblas=1/1\n";
+  write_file(path, other, strlen(other));
+  run_child("plain", dir, NULL, &r2);
+  expect(&r2, PMAP_SUCCESS, NULL, "measured", "another machine's line");
+  file = read_file(path);
+  CHECK(file && strstr(file, other) && strstr(file, key), "the rewritten cache lost a line: %s",
+        file);
+  free(file);
+  (void)n;
+}
+
+static void test_cache_unusable(void) {
+  report r;
+  /* XDG_CACHE_HOME is a file: no folder can be made, nothing can be written. */
+  char file[128];
+  snprintf(file, sizeof file, "%s/not-a-folder", tmp);
+  write_file(file, "x", 1);
+  for (int i = 0; i < 2; i++) {
+    run_child("plain", file, NULL, &r);
+    expect(&r, PMAP_SUCCESS, NULL, "measured", "a cache folder that cannot exist");
+  }
+  /* A folder without write permission (root may write anyway: then it is only cached). */
+  char ro[128];
+  snprintf(ro, sizeof ro, "%s/ro", tmp);
+  CHECK(mkdir(ro, 0500) == 0, "mkdir %s", ro);
+  run_child("plain", ro, NULL, &r);
+  CHECK(r.status == PMAP_SUCCESS, "a read-only cache folder: status %d (%s)", r.status, r.error);
+  chmod(ro, 0700);
+}
+
+static void test_concurrent(void) {
+  /* Two processes at once on an empty cache: one measures, the other waits for its result. */
+  char dir[128];
+  snprintf(dir, sizeof dir, "%s/b", tmp);
+  report *r = calloc(2, sizeof *r);
+  pid_t pid[2];
+  int fd[2][2];
+  for (int i = 0; i < 2; i++) {
+    if (pipe(fd[i])) exit(2);
+    fflush(stdout);
+    int failures = test_failures;
+    pid[i] = fork();
+    if (pid[i] == 0) {
+      close(fd[i][0]);
+      run_child("threads", dir, NULL, &r[i]);
+      if (write(fd[i][1], &r[i], sizeof r[i]) != (ssize_t)sizeof r[i]) _exit(4);
+      _exit(test_failures > failures ? 1 : 0);
+    }
+    close(fd[i][1]);
+  }
+  int measured = 0;
+  for (int i = 0; i < 2; i++) {
+    ssize_t got = read(fd[i][0], &r[i], sizeof r[i]);
+    close(fd[i][0]);
+    int ws = 0;
+    waitpid(pid[i], &ws, 0);
+    CHECK(got == (ssize_t)sizeof r[i] && WIFEXITED(ws) && WEXITSTATUS(ws) == 0,
+          "concurrent child %d failed", i);
+    expect(&r[i], PMAP_SUCCESS, NULL, NULL, "concurrent processes");
+    CHECK(strstr(r[i].out, "threads_same 1") != NULL, "threads saw different providers: %s",
+          r[i].out);
+    measured += strcmp(r[i].reason, "measured") == 0;
+  }
+  CHECK(measured == 1, "%d of 2 concurrent processes measured, want 1 (%s, %s)", measured,
+        r[0].reason, r[1].reason);
+  CHECK(strcmp(r[0].provider, r[1].provider) == 0, "concurrent processes chose %s and %s",
+        r[0].provider, r[1].provider);
+  free(r);
+}
+
+static int remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+  (void)st, (void)flag, (void)ftw;
+  return remove(path);
+}
+
+int main(int argc, char **argv) {
+  if (argc == 3 && strcmp(argv[1], "child") == 0) return child(argv[2]);
+  snprintf(tmp, sizeof tmp, "/tmp/pmap-gemm-choice-XXXXXX");
+  if (!mkdtemp(tmp)) return 2;
+  printf("built providers: %s\n", pmap_gemm_providers());
+  test_env_values();
+  if (strchr(pmap_gemm_providers(), ',')) {
+    test_cache();
+    test_cache_unusable();
+    test_concurrent();
+  } else {
+    report r;
+    run_child("plain", tmp, NULL, &r);
+    expect(&r, PMAP_SUCCESS, pmap_gemm_providers(), "only one built", "one provider");
+  }
+  nftw(tmp, remove_one, 16, FTW_DEPTH | FTW_PHYS);
+  return test_exit("gemm-choice");
+}
