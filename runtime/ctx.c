@@ -26,18 +26,18 @@ static int online_cpus(void) {
   return n > 0 ? (int)n : 1;
 }
 
-/* Reads a positive integer from environment variable `name`; 0 when unset. */
-static pmap_status env_int(const char *name, long lo, long hi, long *out) {
+pmap_status pmap_env_long(const char *name, long lo, long hi, long dflt, long *out) {
   const char *s = getenv(name);
-  *out = 0;
+  *out = dflt;
   if (!s || !*s) return PMAP_SUCCESS;
   char *end = NULL;
   errno = 0;
   long v = strtol(s, &end, 10);
   if (errno || *end || v < lo || v > hi)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                    "environment variable %s=\"%s\" is not an integer in [%ld, %ld]", name, s, lo,
-                    hi);
+                    "pmap_ctx_create: environment variable %s=\"%s\" is not an integer in "
+                    "[%ld, %ld]",
+                    name, s, lo, hi);
   *out = v;
   return PMAP_SUCCESS;
 }
@@ -268,7 +268,7 @@ pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   const char *shard_var = getenv("PMAP_SHARD_OPTIMIZER");
   if (shard == PMAP_SHARD_AUTO && shard_var && *shard_var) {
     long v = 0;
-    pmap_status se = env_int("PMAP_SHARD_OPTIMIZER", 0, 1, &v);
+    pmap_status se = pmap_env_long("PMAP_SHARD_OPTIMIZER", 0, 1, 0, &v);
     if (se) return se;
     shard = v ? PMAP_SHARD_ON : PMAP_SHARD_OFF;
   }
@@ -286,7 +286,7 @@ pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
     if (cfg.num_devices > PMAP_MAX_DEVICES) cfg.num_devices = PMAP_MAX_DEVICES;
   }
   long spin_us = 0;
-  st = env_int("PMAP_SPIN_US", 0, 10000000, &spin_us);
+  st = pmap_env_long("PMAP_SPIN_US", 0, 10000000, 0, &spin_us);
   if (st) return st;
 
   pmap_ctx *ctx = calloc(1, sizeof *ctx);

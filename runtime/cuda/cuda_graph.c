@@ -2,7 +2,6 @@
  * values that kernels read from device memory, the capture of a device's step into a CUDA graph
  * (thread-local capture of its stream, NCCL included) and its replay, and gradient buckets
  * all-reduced on a second stream while backward still runs. */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,23 +32,6 @@ static pmap_status fast_switch(int cfg, const char *field, const char *env, int 
   return PMAP_SUCCESS;
 }
 
-/* An integer environment variable in [lo, hi], else dflt. */
-static pmap_status env_int(const char *name, long lo, long hi, long dflt, long *out) {
-  const char *s = getenv(name);
-  *out = dflt;
-  if (!s || !*s) return PMAP_SUCCESS;
-  char *end = NULL;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (errno || *end || v < lo || v > hi)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                    "pmap_ctx_create: environment variable %s=\"%s\" is not an integer in "
-                    "[%ld, %ld]",
-                    name, s, lo, hi);
-  *out = v;
-  return PMAP_SUCCESS;
-}
-
 pmap_status cuda_fast_switches(cuda_ctx *cc, const pmap_config *cfg) {
   PMAP_TRY(fast_switch(cfg->cuda_graphs, "cuda_graphs", "PMAP_CUDA_GRAPHS", &cc->graphs));
   PMAP_TRY(fast_switch(cfg->cuda_overlap, "cuda_overlap", "PMAP_CUDA_OVERLAP", &cc->overlap));
@@ -57,10 +39,10 @@ pmap_status cuda_fast_switches(cuda_ctx *cc, const pmap_config *cfg) {
   if (mb < 0 || mb > 4096)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "pmap_ctx_create: cuda_bucket_mb %ld is outside [0, 4096] (0: default)", mb);
-  if (!mb) PMAP_TRY(env_int("PMAP_CUDA_BUCKET_MB", 1, 4096, BUCKET_MB_DEFAULT, &mb));
+  if (!mb) PMAP_TRY(pmap_env_long("PMAP_CUDA_BUCKET_MB", 1, 4096, BUCKET_MB_DEFAULT, &mb));
   cc->bucket_bytes = (size_t)mb << 20;
   long fail = -1;
-  PMAP_TRY(env_int("PMAP_CUDA_GRAPH_FAIL", -1, PMAP_MAX_DEVICES - 1, -1, &fail));
+  PMAP_TRY(pmap_env_long("PMAP_CUDA_GRAPH_FAIL", -1, PMAP_MAX_DEVICES - 1, -1, &fail));
   cc->graph_fail = (int)fail;
   return PMAP_SUCCESS;
 }
