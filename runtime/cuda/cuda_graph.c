@@ -137,8 +137,8 @@ static pmap_status fast_step_values(pmap_device *dev, const pmap_step_hyper *h, 
   return PMAP_SUCCESS;
 }
 
-static pmap_status fast_guard_clip(pmap_device *dev, float *g, size_t P, const float *tail,
-                                   int n, int guard, float clip) {
+static pmap_status fast_guard_clip(pmap_device *dev, float *g, size_t P, const float *tail, int n,
+                                   int guard, float clip) {
   cuda_device *cd = dev->be;
   if (!cd->vals_on)
     return PMAP_ERR(PMAP_ERR_INTERNAL, "device %d: guard_clip outside a fast step", dev->index);
