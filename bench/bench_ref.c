@@ -168,7 +168,8 @@ static pmap_status probe_optimizer(pmap_device *dev, bench_probe *p) {
     PMAP_TRY(pmap_barrier(dev));
     double t0 = cli_now();
     if (len)
-      PMAP_TRY(optimizer_apply(dev, &pp->opt, &h, p->w[d] + lo, p->grad[d] + lo, p->state[d], len));
+      PMAP_TRY(optimizer_apply(dev, &pp->opt, &h, p->w[d] + lo, p->grad[d] + lo, p->state[d], len,
+                               len));
     PMAP_TRY(pmap_device_download(dev, &sink, p->w[d], 1));
     PMAP_TRY(pmap_barrier(dev));
     if (d == 0) p->t[(*p->nt)++] = cli_now() - t0;

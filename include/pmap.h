@@ -297,10 +297,12 @@ PMAP_API pmap_status pmap_model_add_dropout(pmap_model *model, float rate);
  *          normalises over its own shard.
  *          Parameters: gamma (C), beta (C), then the running mean (C) and running variance (C)
  *          (initialised 1, 0, 0, 1). The running statistics sit in the parameter vector so that
- *          pmap_params_read and checkpoints carry them, but they are state: their gradient is
- *          zero, so SGD and Adam leave them alone. Each training step moves them towards the
- *          global batch's moments, running = 0.9 running + 0.1 batch (with either setting of
- *          cross_replica, so every replica holds the same values); pmap_predict normalises with
+ *          pmap_params_read, checkpoints and pmap_params_verify carry them, but they are
+ *          state that is not trained: the optimizer (weight decay included), clipping and the
+ *          numeric guard never see them. A training step moves them towards the global batch's
+ *          moments, running = 0.9 running + 0.1 batch (with either setting of cross_replica,
+ *          so every replica holds the same values), and only once the step is taken: a step
+ *          that fails or is skipped leaves them as they were. pmap_predict normalises with
  *          them. */
 PMAP_API pmap_status pmap_model_add_batchnorm(pmap_model *model, int cross_replica);
 /* Residual blocks: the layers added between begin and end form f, and the block computes
@@ -419,8 +421,8 @@ PMAP_API int64_t pmap_params_step(const pmap_params *params); /* optimizer steps
  * Numeric guard (on unless pmap_config.numeric_guard is PMAP_GUARD_OFF): after the all-reduce,
  * every replica checks the averaged loss and gradients and each device's own (one flag per
  * device travels in the same all-reduce) for non-finite values. If any is non-finite, every
- * replica skips the optimizer step alike (parameters, optimizer state and step count unchanged,
- * *loss not written) and the call returns PMAP_ERR_NUMERIC naming the step and the devices
+ * replica skips the optimizer step alike (parameters, the layers' state such as batch norm's
+ * running statistics, optimizer state and step count unchanged, *loss not written) and the call returns PMAP_ERR_NUMERIC naming the step and the devices
  * whose own loss or gradients were non-finite (a gradient whose L2 norm exceeds FLT_MAX counts
  * as non-finite). NaN propagates through every op. With the guard off, non-finite values go
  * into the parameters. With opt.clip_norm > 0 the averaged gradient is scaled to that global L2

@@ -107,6 +107,27 @@ pmap_status model_loss(pmap_device *dev, const pmap_model *m, replica *r, const 
   return PMAP_SUCCESS;
 }
 
+/* Copies every layer's state between w (at s_off) and pending (at st_off). */
+static pmap_status state_copy(pmap_device *dev, const pmap_model *m, replica *r, int commit) {
+  if (!r->pending) return PMAP_SUCCESS;
+  for (int i = 0; i < m->n_layers; i++) {
+    const layer *l = &m->layers[i];
+    if (!l->s_size) continue;
+    float *w = r->w + l->s_off, *pend = r->pending + l->st_off;
+    PMAP_TRY(commit ? dev->ops->copy(dev, pend, w, l->s_size)
+                    : dev->ops->copy(dev, w, pend, l->s_size));
+  }
+  return PMAP_SUCCESS;
+}
+
+pmap_status model_state_begin(pmap_device *dev, const pmap_model *m, replica *r) {
+  return state_copy(dev, m, r, 0);
+}
+
+pmap_status model_state_commit(pmap_device *dev, const pmap_model *m, replica *r) {
+  return state_copy(dev, m, r, 1);
+}
+
 pmap_status model_backward(pmap_device *dev, const pmap_model *m, replica *r, int64_t bd) {
   const float *dy = r->dact[m->n_layers - 1];
   for (int i = m->n_layers - 1; i >= 0; i--) {

@@ -263,9 +263,9 @@ static pmap_status bn_two_pass(pmap_device *dev, const layer *l, const float *in
   int64_t c = l->channels;
   size_t sums = 2 * (size_t)c + 1;
   PMAP_TRY(ops->bn_stats(dev, in, bd, c, l->inner, NULL, a));
-  if (reduce) PMAP_TRY(backend_all_reduce(dev, "batch norm's backward", a, a, sums, PMAP_RED_SUM));
+  if (reduce) PMAP_TRY(backend_all_reduce(dev, "batch norm's statistics", a, a, sums, PMAP_RED_SUM));
   PMAP_TRY(ops->bn_stats(dev, in, bd, c, l->inner, a, b));
-  if (reduce) PMAP_TRY(backend_all_reduce(dev, "batch norm's backward", b, b, sums, PMAP_RED_SUM));
+  if (reduce) PMAP_TRY(backend_all_reduce(dev, "batch norm's statistics", b, b, sums, PMAP_RED_SUM));
   return PMAP_SUCCESS;
 }
 
@@ -277,11 +277,13 @@ static pmap_status batchnorm_forward(pmap_device *dev, const layer *l, replica *
   const pmap_ops *ops = dev->ops;
   int64_t c = l->channels;
   float *stats = bn_buf(r, l, i, 0), *first = bn_buf(r, l, i, 1), *global = stats;
-  float *running = r->w + l->s_off;
   const float *gamma = r->w + l->w_off, *beta = r->w + l->b_off;
   if (r->inference)
-    return ops->bn_forward(dev, in, NULL, NULL, running, gamma, beta, bd, c, l->inner, l->eps,
-                           l->momentum, 0, out);
+    return ops->bn_forward(dev, in, NULL, NULL, r->w + l->s_off, gamma, beta, bd, c, l->inner,
+                           l->eps, l->momentum, 0, out);
+  /* Training: the new running statistics go to the step's pending state, which the step
+   * commits once its verdict is in (models/model.h replica.pending). */
+  float *running = r->pending ? r->pending + l->st_off : NULL;
   PMAP_TRY(bn_two_pass(dev, l, in, bd, l->cross_replica, first, stats));
   if (!l->cross_replica) {
     global = bn_buf(r, l, i, 2);
@@ -303,7 +305,7 @@ static pmap_status batchnorm_backward(pmap_device *dev, const layer *l, replica 
   PMAP_TRY(ops->add(dev, r->g + l->b_off, sums, r->g + l->b_off, (size_t)c));
   if (!dx) return PMAP_SUCCESS;
   if (l->cross_replica)
-    PMAP_TRY(backend_all_reduce(dev, "batch norm's statistics", sums, sums, 2 * (size_t)c,
+    PMAP_TRY(backend_all_reduce(dev, "batch norm's backward", sums, sums, 2 * (size_t)c,
                                 PMAP_RED_SUM));
   return ops->bn_backward_dx(dev, r->in[i], dy, stats, r->w + l->w_off, sums, bd, c, l->inner,
                              l->eps, dx);

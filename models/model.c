@@ -94,7 +94,9 @@ pmap_status model_push(pmap_model *m, layer l, const char *call) {
   l.w_off = m->n_params;
   l.b_off = l.w_off + l.w_size;
   l.s_off = l.b_off + l.b_size;
+  l.st_off = m->n_state;
   m->n_params += l.w_size + l.b_size + l.s_size;
+  m->n_state += l.s_size;
   m->layers[m->n_layers++] = l;
   return PMAP_SUCCESS;
 }
@@ -212,6 +214,22 @@ size_t model_col_size(const pmap_model *m) {
     best = s > best ? s : best;
   }
   return best;
+}
+
+int model_trained_spans(const pmap_model *m, model_span *spans) {
+  int n = 0;
+  for (int i = 0; i < m->n_layers; i++) {
+    const layer *l = &m->layers[i];
+    size_t len = l->w_size + l->b_size;
+    if (!len) continue;
+    if (n && spans[n - 1].off + spans[n - 1].len == l->w_off)
+      spans[n - 1].len += len;
+    else
+      spans[n++] = (model_span){l->w_off, len};
+  }
+  /* A model of no layers (a gradient function's): every parameter is trained. */
+  if (m->n_layers == 0 && m->n_params) spans[n++] = (model_span){0, m->n_params};
+  return n;
 }
 
 void model_init_params(const pmap_model *m, uint64_t seed, float *w) {

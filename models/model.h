@@ -35,8 +35,12 @@ typedef struct layer {
   int64_t in_size, out_size;         /* elements of one example */
   size_t w_off, w_size;              /* weights (norms: the scale gamma) in the parameter vector */
   size_t b_off, b_size;              /* bias (norms: the shift beta) */
-  size_t s_off, s_size;              /* state after the bias, never trained (zero gradient):
-                                        batch norm's running mean (C) then running var (C) */
+  size_t s_off, s_size;              /* state that is not trained, after the bias: batch norm's
+                                        running mean (C) then running var (C). The optimizer,
+                                        weight decay, clipping and the guard never see it; a
+                                        training step writes its new value to the replica's
+                                        pending state, committed once the step's verdict is in */
+  size_t st_off;                     /* its place in the model's pending state (model.n_state) */
   int64_t fan_in;
   pmap_conv_shape conv;    /* LAYER_CONV2D */
   pmap_pool_shape pool;    /* LAYER_MAXPOOL2D, LAYER_AVGPOOL2D */
@@ -58,7 +62,8 @@ struct pmap_model {
   layer *layers;
   int n_layers, cap;
   pmap_loss loss;
-  size_t n_params;
+  size_t n_params; /* the flat vector: trained parameters and the layers' state */
+  size_t n_state;  /* floats of it that are state (layer.s_size summed) */
   int open[MODEL_MAX_NESTING]; /* the LAYER_RES_BEGIN of each open residual block */
   int n_open;
 };
@@ -80,6 +85,15 @@ size_t model_col_size(const pmap_model *m);
 /* Fills w (n_params) with the initial parameters drawn from seed (layer_init per layer). */
 void model_init_params(const pmap_model *m, uint64_t seed, float *w);
 
+/* A range [off, off + len) of the flat parameter vector. */
+typedef struct model_span {
+  size_t off, len;
+} model_span;
+/* The trained ranges of the flat vector (everything but the layers' state), in order and
+ * merged, into spans (room for n_layers + 1); returns their count (0 for a model without
+ * parameters). */
+int model_trained_spans(const pmap_model *m, model_span *spans);
+
 /* One device's training state. w, g, opt: device memory; g holds n_params gradients then the
  * loss, so one all-reduce averages both. */
 typedef struct replica replica;
@@ -87,6 +101,12 @@ struct replica {
   float *w;   /* (P) */
   float *g;   /* (P + 1) */
   float *opt; /* (P) per optimizer slot: momentum; Adam m then v */
+  /* (model.n_state) the state a training step computes (batch norm's running statistics after
+   * this step's batches), laid out by layer.st_off: copied from w when the step starts, written
+   * by the forward passes, copied back into w only once the step is taken (state_begin,
+   * state_commit), so a failed or skipped step leaves w's state as it was. NULL: a forward
+   * pass in training mode leaves the state alone. */
+  float *pending;
   /* Activation arena for up to `rows` examples: per layer its output and output gradient. */
   float *arena;
   int64_t rows;
@@ -123,6 +143,10 @@ pmap_status model_forward(pmap_device *dev, const pmap_model *m, replica *r, con
  * r->dact[L-1]. */
 pmap_status model_loss(pmap_device *dev, const pmap_model *m, replica *r, const void *y, int64_t bd,
                        float *loss);
+/* r->pending = the state in r->w (before a step's first forward pass); r->w's state =
+ * r->pending (once the step is taken). No-ops for a model without state. */
+pmap_status model_state_begin(pmap_device *dev, const pmap_model *m, replica *r);
+pmap_status model_state_commit(pmap_device *dev, const pmap_model *m, replica *r);
 /* Backward after model_loss: parameter gradients accumulate into r->g. */
 pmap_status model_backward(pmap_device *dev, const pmap_model *m, replica *r, int64_t bd);
 

@@ -96,6 +96,11 @@ static pmap_status create_job(pmap_device *dev, void *arg) {
     r->opt = opt;
     PMAP_TRY(dev->ops->fill(dev, r->opt, 0.0f, (size_t)p->opt_slots * p->state_len));
   }
+  if (p->model->n_state) {
+    void *pending = NULL;
+    PMAP_TRY(backend_alloc(dev, p->model->n_state * sizeof(float), &pending));
+    r->pending = pending;
+  }
   if (dev->index == 0) PMAP_TRY(backend_upload(dev, r->w, p->host_w, P * sizeof(float)));
   PMAP_TRY(backend_broadcast(dev, "pmap_params_create's broadcast", r->w, r->w, P, 0));
   return backend_sync(dev);
@@ -108,7 +113,8 @@ static pmap_status destroy_job(pmap_device *dev, void *arg) {
   backend_free(dev, r->w);
   backend_free(dev, r->g);
   backend_free(dev, r->opt);
-  r->w = r->g = r->opt = NULL;
+  backend_free(dev, r->pending);
+  r->w = r->g = r->opt = r->pending = NULL;
   return PMAP_SUCCESS;
 }
 
@@ -118,6 +124,7 @@ static void params_free(pmap_params *p) {
   if (p->rep) pmap_ctx_dispatch(p->ctx, destroy_job, p);
   free(p->rep);
   free(p->guard_host);
+  free(p->spans);
   pmap_model_destroy(p->model);
   free(p);
 }
@@ -143,7 +150,9 @@ static pmap_status params_open(pmap_ctx *ctx, pmap_params *p, const pmap_optimiz
   params_layout(p);
   p->rep = calloc((size_t)ctx->n, sizeof *p->rep);
   p->guard_host = calloc((size_t)ctx->n * params_host_len(p), sizeof *p->guard_host);
-  if (!p->rep || !p->guard_host) return PMAP_ERR(st, "%s: out of memory", call);
+  p->spans = calloc((size_t)p->model->n_layers + 1, sizeof *p->spans);
+  if (!p->rep || !p->guard_host || !p->spans) return PMAP_ERR(st, "%s: out of memory", call);
+  p->n_spans = model_trained_spans(p->model, p->spans);
   p->host_w = host_w;
   st = pmap_ctx_dispatch(ctx, create_job, p);
   p->host_w = NULL;

@@ -16,6 +16,9 @@ struct pmap_params {
   void *grad_user;
   pmap_optimizer opt;
   size_t n_params;
+  model_span *spans; /* the trained ranges of the parameters (model_trained_spans): the
+                        optimizer steps these only, never the layers' state */
+  int n_spans;
   int opt_slots; /* optimizer state buffers: of n_params each, or sharded of the device's part */
   int64_t step;
   int micro_batches; /* >= 1: each device's rows are split into this many parts */
@@ -119,6 +122,11 @@ pmap_status optimizer_check(const pmap_optimizer *o, const char *call);
 int optimizer_slots(const pmap_optimizer *o);
 pmap_step_hyper optimizer_hyper(const pmap_optimizer *o, int64_t t);
 pmap_status optimizer_apply(pmap_device *dev, const pmap_optimizer *o, const pmap_step_hyper *h,
-                            float *w, const float *g, float *state, size_t n);
+                            float *w, const float *g, float *state, size_t stride, size_t n);
+/* The step over the trained parameters among [lo, lo + len) of replica r, their gradients scaled
+ * by `scale` first (1: not at all); r->opt holds the optimizer state of [lo, lo + len), slot s at
+ * r->opt + s * len. The layers' state in the range is left alone. */
+pmap_status optimizer_step_range(pmap_device *dev, pmap_params *p, replica *r, size_t lo,
+                                 size_t len, float scale);
 
 #endif

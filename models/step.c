@@ -328,21 +328,13 @@ static pmap_status device_grads(pmap_device *dev, pmap_params *p, replica *r) {
   int64_t k = p->micro_batches < limit ? p->micro_batches : limit;
   double share = p->ctx->uneven ? (double)rows * n / (double)p->batch : 1.0;
   if (!p->grad_fn) PMAP_TRY(replica_reserve(dev, p->model, r, (rows + k - 1) / k));
+  PMAP_TRY(model_state_begin(dev, p->model, r));
   for (int64_t i = 0; i < k; i++) {
     int64_t a = rows * i / k, b = rows * (i + 1) / k;
     float weight = (float)(share * (double)(b - a) / (double)rows);
     PMAP_TRY(piece_grads(dev, p, r, lo + a, b - a, weight, k == 1 && weight == 1.0f));
   }
   return PMAP_SUCCESS;
-}
-
-/* The optimizer over parameters [lo, lo + len), their gradients scaled by `scale`; the state
- * is the device's own (all of it replicated, its part's sharded). */
-static pmap_status step_part(pmap_device *dev, pmap_params *p, replica *r, size_t lo, size_t len,
-                             float scale) {
-  if (len == 0) return PMAP_SUCCESS;
-  if (scale != 1.0f) PMAP_TRY(dev->ops->scale(dev, r->g + lo, scale, len));
-  return optimizer_apply(dev, &p->opt, &p->hyper, r->w + lo, r->g + lo, r->opt, len);
 }
 
 static pmap_status update_job(pmap_device *dev, void *arg) {
@@ -381,10 +373,14 @@ static pmap_status update_job(pmap_device *dev, void *arg) {
     /* Every device says so itself (on CUDA the verdicts of a collective are per device). */
     atomic_store(&p->stepped, 1);
     if (dev->index == 0) p->loss = p->guard_host[0]; /* device 0's host tail: the averaged loss */
-    PMAP_TRY(step_part(dev, p, r, lo, len, scale));
+    /* The step is taken: the state its forward passes computed replaces the old (the same on
+     * every device, so each commits its own copy of all of it). */
+    PMAP_TRY(model_state_commit(dev, p->model, r));
+    PMAP_TRY(optimizer_step_range(dev, p, r, lo, len, scale));
     PMAP_TRY(params_gather(dev, p, p->step));
   } else {
-    PMAP_TRY(step_part(dev, p, r, 0, P, scale));
+    PMAP_TRY(model_state_commit(dev, p->model, r));
+    PMAP_TRY(optimizer_step_range(dev, p, r, 0, P, scale));
   }
   if (pmap_fault_fires(dev->ctx->fault, FAULT_DRIFT, dev->index, p->step)) PMAP_TRY(drift(dev, r));
   if (dev->index != 0) return backend_sync(dev);

@@ -217,7 +217,10 @@ static pmap_status step_body(pmap_device *dev, pmap_params *p, replica *r, step_
     PMAP_TRY(ops->norm2(dev, r->g, P, r->g + params_off_parts(p)));
     PMAP_TRY(f->fi->guard_clip(dev, r->g, P, r->g + params_off_loss(p), n, p->guard, clip));
   }
-  return optimizer_apply(dev, &p->opt, &p->hyper, r->w, r->g, r->opt, P);
+  /* After the device's verdict: a skipped step commits no state and steps nothing (copy and
+   * the optimizer kernels read it). */
+  PMAP_TRY(model_state_commit(dev, p->model, r));
+  return optimizer_step_range(dev, p, r, 0, P, 1.0f);
 }
 
 /* Meets the other devices and says whether every one voted yes. */

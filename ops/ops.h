@@ -49,6 +49,10 @@ typedef struct pmap_ops {
                       float beta, float *c, int64_t ldc);
   /* x[i] = value for i < n. */
   pmap_status (*fill)(pmap_device *dev, float *x, float value, size_t n);
+  /* y[i] = x[i] for i < n; x and y do not overlap. Inside a step whose numeric guard is decided
+   * on the device (a CUDA fast step) a copy queued after the verdict to skip the step changes
+   * nothing, as the optimizer's steps do (the non-trained state's commit). */
+  pmap_status (*copy)(pmap_device *dev, const float *x, float *y, size_t n);
   /* y (outer, ch, inner) += b (ch) broadcast: dense uses inner 1, conv inner OH*OW. */
   pmap_status (*bias_forward)(pmap_device *dev, float *y, const float *b, int64_t outer, int64_t ch,
                               int64_t inner);

@@ -37,6 +37,7 @@ static const char *missing_op(const pmap_ops *o) {
   PMAP_OP_REQUIRED(gemm)
   PMAP_OP_REQUIRED(fill)
   PMAP_OP_REQUIRED(bias_forward)
+  PMAP_OP_REQUIRED(copy)
   PMAP_OP_REQUIRED(bias_backward)
   PMAP_OP_REQUIRED(relu_forward)
   PMAP_OP_REQUIRED(relu_backward)

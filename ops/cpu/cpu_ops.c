@@ -16,6 +16,12 @@ static pmap_status cpu_fill(pmap_device *dev, float *x, float value, size_t n) {
   return PMAP_SUCCESS;
 }
 
+static pmap_status cpu_copy(pmap_device *dev, const float *x, float *y, size_t n) {
+  (void)dev;
+  if (n) memcpy(y, x, n * sizeof *y);
+  return PMAP_SUCCESS;
+}
+
 static pmap_status cpu_bias_forward(pmap_device *dev, float *y, const float *b, int64_t outer,
                                     int64_t ch, int64_t inner) {
   (void)dev;
@@ -136,6 +142,7 @@ static pmap_status cpu_axpy(pmap_device *dev, float alpha, const float *x, float
 const pmap_ops pmap_cpu_ops = {
     .gemm = cpu_gemm,
     .fill = cpu_fill,
+    .copy = cpu_copy,
     .bias_forward = cpu_bias_forward,
     .bias_backward = cpu_bias_backward,
     .relu_forward = cpu_relu_forward,

@@ -7,6 +7,7 @@
 extern "C" const pmap_ops pmap_cuda_ops = {
     .gemm = cuda_gemm,
     .fill = cuda_fill,
+    .copy = cuda_copy,
     .bias_forward = cuda_bias_forward,
     .bias_backward = cuda_bias_backward,
     .relu_forward = cuda_relu_forward,
@@ -42,7 +43,7 @@ extern "C" pmap_status cuda_ops_preload(cuda_device *cd) {
       cuda_loss_reduce_preload,  cuda_relu_preload,    cuda_sgd_preload,
       cuda_softmax_xent_preload, cuda_act_preload,     cuda_add_preload,
       cuda_batchnorm_preload,    cuda_dropout_preload, cuda_layernorm_preload,
-      cuda_pool2d_preload,       cuda_step_vals_preload,
+      cuda_pool2d_preload,       cuda_step_vals_preload, cuda_copy_preload,
   };
   for (size_t i = 0; i < sizeof each / sizeof each[0]; i++) PMAP_TRY(each[i](cd));
   return PMAP_SUCCESS;

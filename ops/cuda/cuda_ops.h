@@ -17,6 +17,7 @@ pmap_status cuda_gemm(pmap_device *dev, int trans_a, int trans_b, int64_t m, int
                       float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                       float beta, float *c, int64_t ldc);
 pmap_status cuda_fill(pmap_device *dev, float *x, float value, size_t n);
+pmap_status cuda_copy(pmap_device *dev, const float *x, float *y, size_t n);
 pmap_status cuda_bias_forward(pmap_device *dev, float *y, const float *b, int64_t outer, int64_t ch,
                               int64_t inner);
 pmap_status cuda_bias_backward(pmap_device *dev, const float *dy, float *db, int64_t outer,
@@ -98,6 +99,7 @@ pmap_status cuda_add_preload(cuda_device *cd);
 pmap_status cuda_batchnorm_preload(cuda_device *cd);
 pmap_status cuda_bias_preload(cuda_device *cd);
 pmap_status cuda_conv2d_preload(cuda_device *cd);
+pmap_status cuda_copy_preload(cuda_device *cd);
 pmap_status cuda_dropout_preload(cuda_device *cd);
 pmap_status cuda_fill_preload(cuda_device *cd);
 pmap_status cuda_layernorm_preload(cuda_device *cd);

@@ -1,0 +1,289 @@
+/* test_state.c: state that is not trained (batch norm's running mean and variance). A step that
+ * fails or is skipped in any way (non-finite targets, the fault hooks nan, collective, stall,
+ * alloc, with micro-batches and with a sharded optimizer, on batch norm across replicas or per
+ * device, over features or channels) changes no replica at all, and retrying it gives bitwise
+ * the run that never saw the bad batch; weight decay (SGD's L2, AdamW's decoupled) and clipping
+ * leave the state alone; a step that is taken moves it once. CPU backend. */
+#include "testutil.h"
+
+enum { ROWS = 12 }; /* rows of a step's global batch */
+
+typedef enum net { NET_DENSE, NET_DENSE_LOCAL, NET_TWO_NORMS, NET_CONV } net;
+static const char *const net_name[] = {"dense+bn", "dense+bn per device", "two norms", "conv+bn"};
+
+/* (4) -> dense 8 -> batch norm -> relu -> dense 1, MSE; or its variants. */
+static pmap_model *build(net k) {
+  pmap_model *m = NULL;
+  int64_t in1[1] = {4}, in3[3] = {2, 5, 5};
+  if (k == NET_CONV) {
+    CHECK_OK(pmap_model_create(3, in3, &m));
+    CHECK_OK(pmap_model_add_conv2d(m, 3, 3, 3, 1, 1));
+    CHECK_OK(pmap_model_add_batchnorm(m, 1));
+    CHECK_OK(pmap_model_add_relu(m));
+    CHECK_OK(pmap_model_add_flatten(m));
+    CHECK_OK(pmap_model_add_dense(m, 3));
+    CHECK_OK(pmap_model_set_loss(m, PMAP_LOSS_SOFTMAX_XENT));
+    return m;
+  }
+  CHECK_OK(pmap_model_create(1, in1, &m));
+  CHECK_OK(pmap_model_add_dense(m, 8));
+  CHECK_OK(pmap_model_add_batchnorm(m, k != NET_DENSE_LOCAL));
+  CHECK_OK(pmap_model_add_relu(m));
+  if (k == NET_TWO_NORMS) {
+    CHECK_OK(pmap_model_add_dense(m, 6));
+    CHECK_OK(pmap_model_add_batchnorm(m, 1));
+  }
+  CHECK_OK(pmap_model_add_dense(m, 1));
+  return m;
+}
+
+/* Batch b of every step: inputs and targets (or labels) from the seed b. bad: a NaN in the
+ * targets of the last row (device N-1's), or in its inputs for the classifier. */
+typedef struct batch {
+  float x[ROWS * 50];
+  float y[ROWS];
+  int32_t label[ROWS];
+  pmap_array xs, ys;
+} batch;
+
+static void make_batch(batch *b, net k, uint64_t seed, int bad) {
+  uint64_t s = seed * 7919 + 11;
+  int conv = k == NET_CONV;
+  int64_t xshape[4] = {ROWS, conv ? 2 : 4, 5, 5}, yshape[2] = {ROWS, 1};
+  size_t per = conv ? 50 : 4;
+  test_fill(b->x, ROWS * per, &s, -1.5f, 2.5f);
+  test_fill(b->y, ROWS, &s, -1.0f, 1.0f);
+  for (int i = 0; i < ROWS; i++) b->label[i] = (int32_t)(test_rand_u64(&s) % 3);
+  b->xs = pmap_array_f32(b->x, conv ? 4 : 2, xshape);
+  if (conv) {
+    b->ys = pmap_array_i32(b->label, 1, yshape);
+    if (bad) b->x[(ROWS - 1) * per + 3] = NAN;
+  } else {
+    b->ys = pmap_array_f32(b->y, 2, yshape);
+    if (bad) b->y[ROWS - 1] = NAN;
+  }
+}
+
+typedef struct run {
+  pmap_ctx *ctx;
+  pmap_model *m;
+  pmap_params *p;
+  size_t P;
+  int n;
+} run;
+
+static int open_run(run *r, net k, int n, const pmap_optimizer *opt, const char *fault, int shard,
+                    int micro) {
+  memset(r, 0, sizeof *r);
+  if (fault) setenv("PMAP_FAULT", fault, 1);
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU,
+                     .num_devices = n,
+                     .timeout_s = 0.5,
+                     .shard_optimizer = shard ? PMAP_SHARD_ON : PMAP_SHARD_OFF};
+  pmap_status st = pmap_ctx_create(&cfg, &r->ctx);
+  unsetenv("PMAP_FAULT");
+  CHECK(st == PMAP_SUCCESS, "ctx: %s", pmap_last_error());
+  if (st) return -1;
+  r->m = build(k);
+  r->n = n;
+  CHECK_OK(pmap_params_create(r->ctx, r->m, opt, 5, &r->p));
+  if (!r->p) return -1;
+  CHECK(pmap_params_sharded(r->p) == (shard && n > 1), "sharded %d", pmap_params_sharded(r->p));
+  CHECK_OK(pmap_params_set_micro_batches(r->p, micro));
+  r->P = pmap_params_count(r->p);
+  return 0;
+}
+
+static void close_run(run *r) {
+  pmap_params_destroy(r->p);
+  pmap_model_destroy(r->m);
+  CHECK_OK(pmap_ctx_destroy(r->ctx));
+}
+
+/* Every replica's parameters, state included: (n, P). */
+static float *snapshot(run *r) {
+  float *w = malloc((size_t)r->n * r->P * sizeof *w);
+  for (int d = 0; w && d < r->n; d++)
+    CHECK_OK(pmap_params_read(r->p, d, w + (size_t)d * r->P, r->P));
+  return w;
+}
+
+static pmap_status step(run *r, net k, uint64_t seed, int bad) {
+  batch b;
+  make_batch(&b, k, seed, bad);
+  float loss = 0.0f;
+  return pmap_update(r->p, &b.xs, &b.ys, &loss);
+}
+
+/* The predictions (running statistics) on a fixed batch. */
+static void predict(run *r, net k, float *out) {
+  batch b;
+  make_batch(&b, k, 99, 0);
+  int64_t shape[2] = {ROWS, k == NET_CONV ? 3 : 1};
+  pmap_array o = pmap_array_f32(out, 2, shape);
+  CHECK_OK(pmap_predict(r->p, &b.xs, &o));
+}
+
+typedef enum failure {
+  FAIL_NAN_DATA,   /* a NaN in device N-1's rows: the guard skips the step */
+  FAIL_NAN_FAULT,  /* PMAP_FAULT=nan: poisoned local gradients */
+  FAIL_COLLECTIVE, /* PMAP_FAULT=collective: the gradient all-reduce fails */
+  FAIL_STALL,      /* PMAP_FAULT=stall: a device stalls past the timeout */
+  FAIL_ALLOC       /* PMAP_FAULT=alloc: the activations of a larger batch cannot be allocated */
+} failure;
+static const char *const failure_name[] = {"NaN data", "nan fault", "collective fault",
+                                           "stall fault", "alloc fault"};
+
+/* Two clean steps, a step that fails, the same step again with clean data, one more: every
+ * replica after the failure equals every replica before it (state included, and so do the
+ * predictions), and the end equals a run that never saw the failure, bitwise. */
+static void check_failed_step(net k, failure f, int n, const pmap_optimizer *opt, int shard,
+                              int micro) {
+  char what[256];
+  snprintf(what, sizeof what, "%s, %s, %d devices, %s%s, %d micro-batches", net_name[k],
+           failure_name[f], n, opt->kind == PMAP_OPT_SGD ? "SGD" : "AdamW", shard ? " sharded" : "",
+           micro);
+  static const char *const faults[] = {NULL, "nan:device=1:step=2", "collective:device=1:step=2",
+                                       "stall:device=1:step=2", NULL};
+  char alloc_fault[64];
+  const char *fault = faults[f];
+  if (f == FAIL_ALLOC) {
+    /* Device 1's allocations: replica buffers (w, g, opt, pending), then the arena of the first
+     * step; the next allocation is the larger arena of the step with the bigger batch. */
+    int allocs = 2 + (opt->kind != PMAP_OPT_SGD || opt->momentum != 0.0f) + 1 + 1;
+    snprintf(alloc_fault, sizeof alloc_fault, "alloc:device=1:after=%d", allocs);
+    fault = alloc_fault;
+  }
+  run a, b;
+  if (open_run(&a, k, n, opt, fault, shard, micro) || open_run(&b, k, n, opt, NULL, shard, micro))
+    return;
+  for (int s = 0; s < 2; s++) {
+    CHECK_OK(step(&a, k, (uint64_t)s, 0));
+    CHECK_OK(step(&b, k, (uint64_t)s, 0));
+  }
+  float *before = snapshot(&a), *after = NULL, *ref = NULL, *fin = NULL;
+  float pred_before[ROWS * 3], pred_after[ROWS * 3];
+  predict(&a, k, pred_before);
+  pmap_status st;
+  if (f == FAIL_ALLOC) {
+    /* A batch of twice the rows needs a larger arena, whose allocation fails. */
+    batch b1, b2;
+    make_batch(&b1, k, 2, 0);
+    make_batch(&b2, k, 3, 0);
+    float x[2 * ROWS * 50], y[2 * ROWS];
+    int32_t lab[2 * ROWS];
+    size_t per = k == NET_CONV ? 50 : 4;
+    memcpy(x, b1.x, sizeof(float) * ROWS * per);
+    memcpy(x + ROWS * per, b2.x, sizeof(float) * ROWS * per);
+    memcpy(y, b1.y, sizeof b1.y);
+    memcpy(y + ROWS, b2.y, sizeof b2.y);
+    memcpy(lab, b1.label, sizeof b1.label);
+    memcpy(lab + ROWS, b2.label, sizeof b2.label);
+    pmap_array xs = b1.xs, ys = b1.ys;
+    xs.data = x;
+    xs.shape[0] = ys.shape[0] = 2 * ROWS;
+    ys.data = k == NET_CONV ? (void *)lab : (void *)y;
+    float loss = 0.0f;
+    st = pmap_update(a.p, &xs, &ys, &loss);
+  } else {
+    st = step(&a, k, 2, f == FAIL_NAN_DATA);
+  }
+  static const pmap_status want[] = {PMAP_ERR_NUMERIC, PMAP_ERR_NUMERIC, PMAP_ERR_DEVICE,
+                                     PMAP_ERR_TIMEOUT, PMAP_ERR_OUT_OF_MEMORY};
+  CHECK(st == want[f], "%s: status %s, want %s (%s)", what, pmap_status_string(st),
+        pmap_status_string(want[f]), pmap_last_error());
+  CHECK(pmap_params_step(a.p) == 2, "%s: step %lld after the failure", what,
+        (long long)pmap_params_step(a.p));
+  after = snapshot(&a);
+  if (before && after) {
+    char w2[300];
+    snprintf(w2, sizeof w2, "%s: every replica after the failed step", what);
+    test_same_bits(w2, after, before, (size_t)n * a.P);
+  }
+  predict(&a, k, pred_after);
+  test_same_bits(what, pred_after, pred_before, ROWS * (k == NET_CONV ? 3 : 1));
+  for (int s = 2; s < 4; s++) {
+    CHECK_OK(step(&a, k, (uint64_t)s, 0));
+    CHECK_OK(step(&b, k, (uint64_t)s, 0));
+  }
+  fin = snapshot(&a);
+  ref = snapshot(&b);
+  if (fin && ref) {
+    char w2[300];
+    snprintf(w2, sizeof w2, "%s: retried run against one that never failed", what);
+    test_same_bits(w2, fin, ref, (size_t)n * a.P);
+  }
+  CHECK_OK(pmap_params_verify(a.p));
+  free(before);
+  free(after);
+  free(fin);
+  free(ref);
+  close_run(&a);
+  close_run(&b);
+}
+
+/* in (1) -> batch norm -> dense (1): parameters gamma 0, beta 1, running mean 2, running var 3,
+ * W 4, b 5. x = {1, 3} (mean 2, biased variance 1), one step: running mean 0.1 * 2, running var
+ * 0.9 + 0.1 * 1, whatever the optimizer's weight decay or clipping. */
+static void check_decay(const pmap_optimizer *opt, int n, int shard, const char *what) {
+  pmap_ctx *ctx = NULL;
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU,
+                     .num_devices = n,
+                     .shard_optimizer = shard ? PMAP_SHARD_ON : PMAP_SHARD_OFF};
+  CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+  pmap_model *m = NULL;
+  int64_t in[1] = {1};
+  CHECK_OK(pmap_model_create(1, in, &m));
+  CHECK_OK(pmap_model_add_batchnorm(m, 1));
+  CHECK_OK(pmap_model_add_dense(m, 1));
+  pmap_params *p = NULL;
+  CHECK_OK(pmap_params_create(ctx, m, opt, 1, &p));
+  if (!p) return;
+  float x[2] = {1.0f, 3.0f}, y[2] = {0.5f, -0.5f}, w[6], loss = 0.0f;
+  int64_t shape[2] = {2, 1};
+  pmap_array xs = pmap_array_f32(x, 2, shape), ys = pmap_array_f32(y, 2, shape);
+  CHECK_OK(pmap_update(p, &xs, &ys, &loss));
+  for (int d = 0; d < n; d++) {
+    CHECK_OK(pmap_params_read(p, d, w, 6));
+    float mean = 0.9f * 0.0f + 0.1f * 2.0f, var = 0.9f * 1.0f + 0.1f * 1.0f;
+    CHECK(fabsf(w[2] - mean) <= 1e-7f && fabsf(w[3] - var) <= 1e-7f,
+          "%s, device %d: running mean %.9g, var %.9g; want %.9g, %.9g", what, d, (double)w[2],
+          (double)w[3], (double)mean, (double)var);
+    /* gamma and beta are trained: weight decay reaches them (gamma starts at 1). */
+    if (opt->weight_decay > 0.0f)
+      CHECK(w[0] != 1.0f, "%s: gamma %.9g not decayed", what, (double)w[0]);
+  }
+  pmap_params_destroy(p);
+  pmap_model_destroy(m);
+  CHECK_OK(pmap_ctx_destroy(ctx));
+}
+
+int main(void) {
+  pmap_optimizer sgd = pmap_sgd(0.05f, 0.9f), adamw = pmap_adamw(0.01f, 0.1f);
+  sgd.weight_decay = 0.01f;
+  for (int k = NET_DENSE; k <= NET_CONV; k++)
+    for (int f = FAIL_NAN_DATA; f <= FAIL_ALLOC; f++) check_failed_step(k, f, 2, &sgd, 0, 1);
+  /* Across the other settings: 3 devices, AdamW, sharded, micro-batches. */
+  check_failed_step(NET_DENSE, FAIL_NAN_DATA, 3, &adamw, 0, 1);
+  check_failed_step(NET_TWO_NORMS, FAIL_NAN_DATA, 2, &adamw, 1, 1);
+  check_failed_step(NET_TWO_NORMS, FAIL_COLLECTIVE, 3, &sgd, 1, 1);
+  check_failed_step(NET_CONV, FAIL_STALL, 2, &adamw, 1, 1);
+  check_failed_step(NET_DENSE, FAIL_NAN_DATA, 2, &sgd, 0, 3);
+  check_failed_step(NET_DENSE_LOCAL, FAIL_COLLECTIVE, 2, &adamw, 0, 2);
+  check_failed_step(NET_CONV, FAIL_NAN_FAULT, 2, &sgd, 1, 2);
+
+  pmap_optimizer sgd_wd = pmap_sgd(0.1f, 0.0f), mom_wd = pmap_sgd(0.1f, 0.9f);
+  sgd_wd.weight_decay = 0.5f;
+  mom_wd.weight_decay = 0.5f;
+  mom_wd.nesterov = 1;
+  pmap_optimizer adamw_wd = pmap_adamw(0.1f, 0.5f), clipped = pmap_adamw(0.1f, 0.5f);
+  clipped.clip_norm = 1e-3f;
+  for (int n = 1; n <= 2; n++)
+    for (int shard = 0; shard <= 1; shard++) {
+      check_decay(&sgd_wd, n, shard, "SGD, weight decay 0.5");
+      check_decay(&mom_wd, n, shard, "Nesterov, weight decay 0.5");
+      check_decay(&adamw_wd, n, shard, "AdamW, weight decay 0.5");
+      check_decay(&clipped, n, shard, "AdamW, weight decay, clipping");
+    }
+  return test_exit("test_state");
+}
