@@ -2,7 +2,7 @@
  * hook of a replica is called once per layer, in reverse order, right after that layer's
  * parameter gradients are complete (they already equal the final gradients at that point); the
  * bucket starts derived from it; and the dropout key's salt, which a captured step turns back
- * into each step's key. */
+ * into each step's key. Also the names batch norm's collectives go by in mismatch messages. */
 #include "models/model.h"
 #include "models/step_fast.h"
 #include "ops/op_math.h"
@@ -130,8 +130,61 @@ static void test_dropout_salt(void) {
   CHECK(bad == 0, "%zu keys did not come back from their salt", bad);
 }
 
+/* Device 0 runs a batch norm model's forward pass (and backward when j->backward), device 1 the
+ * same up to the layer's collective under test, then a pmap_psum there instead. */
+typedef struct bn_job {
+  pmap_model *m;
+  int backward;
+} bn_job;
+
+static pmap_status bn_label_job(pmap_device *dev, void *arg) {
+  bn_job *j = arg;
+  const pmap_model *m = j->m;
+  size_t P = m->n_params;
+  float w[64] = {0}, g[64] = {0}, x[3 * ROWS], one = 1.0f, loss = 0.0f;
+  int32_t y[ROWS] = {0};
+  uint64_t seed = 5;
+  test_fill(x, 3 * ROWS, &seed, -1.0f, 1.0f);
+  model_init_params(m, 3, w);
+  replica r = {.w = w, .g = g};
+  if (P > 64) return PMAP_ERR_INTERNAL;
+  pmap_status st = replica_reserve(dev, m, &r, ROWS);
+  if (!st && (dev->index == 0 || j->backward)) st = model_forward(dev, m, &r, x, ROWS);
+  if (!st && j->backward) st = model_loss(dev, m, &r, y, ROWS, &loss);
+  if (!st && dev->index == 0 && j->backward) st = model_backward(dev, m, &r, ROWS);
+  if (!st && dev->index == 1) st = pmap_psum(dev, &one, &one, 1);
+  replica_release(dev, &r);
+  return st;
+}
+
+static void test_bn_labels(void) {
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 2};
+  pmap_ctx *ctx = NULL;
+  CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+  int64_t shape[1] = {3};
+  bn_job j = {0};
+  CHECK_OK(pmap_model_create(1, shape, &j.m));
+  CHECK_OK(pmap_model_add_dense(j.m, 3)); /* so that batch norm's backward needs dx */
+  CHECK_OK(pmap_model_add_batchnorm(j.m, 1));
+  CHECK_OK(pmap_model_add_dense(j.m, 2));
+  CHECK_OK(pmap_model_set_loss(j.m, PMAP_LOSS_SOFTMAX_XENT));
+  if (!test_failures) {
+    CHECK_FAILS(pmap_run(ctx, bn_label_job, &j), PMAP_ERR_INVALID_ARGUMENT,
+                "batch norm's statistics");
+    CHECK(strstr(pmap_last_error(), "backward") == NULL, "forward named backward: %s",
+          pmap_last_error());
+    j.backward = 1;
+    CHECK_FAILS(pmap_run(ctx, bn_label_job, &j), PMAP_ERR_INVALID_ARGUMENT,
+                "batch norm's backward");
+    CHECK(strstr(pmap_last_error(), "pmap_psum") != NULL, "the other side: %s", pmap_last_error());
+  }
+  pmap_model_destroy(j.m);
+  pmap_ctx_destroy(ctx);
+}
+
 int main(void) {
   test_hook();
+  test_bn_labels();
   test_dropout_salt();
   return test_exit("backward-hook");
 }
