@@ -473,7 +473,8 @@ PMAP_API pmap_status pmap_params_write(pmap_params *params, const float *src, si
  * CRC-32C per section, written to a temporary file in the same folder, fsync'ed, then renamed over
  * `path` (and the folder fsync'ed), so a crash during a save leaves the previous file intact. Two
  * saves of the same state are byte-identical. The file does not depend on the device count.
- * pmap_params_load validates the whole file first (magic, version, every checksum and size, the
+ * pmap_params_load reads only a regular file (a FIFO or a folder is refused at once, never
+ * waited on) and validates the whole file first (magic, version, every checksum and size, the
  * model description against params' model, the optimizer kind and state layout) and only then
  * sets every replica, the optimizer state and the step count; on any error nothing is changed.
  * The optimizer's settings (lr, betas, clip_norm) are those of params, not the file's.

@@ -401,7 +401,9 @@ static pmap_status check_header(const char *path, const unsigned char *f, size_t
 /* Reads the whole file: its length comes from fstat, never from its contents, and the header
  * must agree with it before anything is allocated. */
 static pmap_status read_file(const char *path, unsigned char **out, size_t *n, const char *call) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* Non-blocking: opening a FIFO without a writer returns at once (and is then refused as not a
+   * regular file) instead of waiting for one; reads of a regular file ignore the flag. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0)
     return PMAP_ERR(PMAP_ERR_UNAVAILABLE, "%s: cannot open \"%s\": %s", call, path,
                     strerror(errno));
@@ -547,9 +549,11 @@ static pmap_status check_state_sections(const pmap_params *p, const section *sec
                     call, path, opt_name(kind, slots), slots, opt_name(want_kind, want_slots),
                     want_slots);
   uint64_t st = load_u64(o->data + 32);
-  if (st > (uint64_t)INT64_MAX)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: \"%s\": step %llu is out of range", call, path,
-                    (unsigned long long)st);
+  /* The next update counts st + 1, which must fit. */
+  if (st >= (uint64_t)INT64_MAX)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: \"%s\": step %llu is out of range (a step count is below 2^63 - 1)", call,
+                    path, (unsigned long long)st);
   *step = (int64_t)st;
   size_t P = p->n_params, S = (size_t)p->opt_slots * P;
   const section *w = &sec[SEC_PARAMS], *s = &sec[SEC_STATE];

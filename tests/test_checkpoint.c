@@ -199,6 +199,33 @@ static void corruptions(void) {
   wr32(g + at[1] + 16 + 36, 0x80000000u);
   fix_section_crc(g, at[1]);
   expect_rejected(&s, g, n, PMAP_ERR_INVALID_ARGUMENT, "out of range", "step 2^63", 1);
+  /* 2^63 - 1: the next update would overflow the count. And 2^63 - 2 loads, steps once to the
+   * last count, and then refuses to step again, changing nothing. */
+  memcpy(g, f, n);
+  wr32(g + at[1] + 16 + 32, 0xffffffffu);
+  wr32(g + at[1] + 16 + 36, 0x7fffffffu);
+  fix_section_crc(g, at[1]);
+  expect_rejected(&s, g, n, PMAP_ERR_INVALID_ARGUMENT, "out of range", "step 2^63 - 1", 1);
+  wr32(g + at[1] + 16 + 32, 0xfffffffeu);
+  fix_section_crc(g, at[1]);
+  CHECK(file_write(bad, g, n) == 0, "write");
+  CHECK_OK(pmap_params_load(s.params, bad));
+  CHECK(pmap_params_step(s.params) == INT64_MAX - 1, "step after load %lld",
+        (long long)pmap_params_step(s.params));
+  state_train(&s, 0, 1, NULL);
+  CHECK(pmap_params_step(s.params) == INT64_MAX, "step %lld",
+        (long long)pmap_params_step(s.params));
+  {
+    snapshot last = {0}, again = {0};
+    snapshot_take(&s, scratch, &last);
+    pmap_array xb = s.xs, yb = s.ys;
+    xb.shape[0] = yb.shape[0] = s.batch;
+    CHECK_FAILS(pmap_update(s.params, &xb, &yb, NULL), PMAP_ERR_INVALID_ARGUMENT, "cannot grow");
+    snapshot_take(&s, scratch, &again);
+    snapshot_same("a refused step at the last count", &last, &again);
+    snapshot_free(&last);
+    snapshot_free(&again);
+  }
   /* A re-checksummed learning rate loads: settings come from params, and the test's CRC agrees
    * with the library's. */
   memcpy(g, f, n);

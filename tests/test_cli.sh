@@ -184,6 +184,29 @@ j = json.loads(sys.stdin.read())
 assert 'resnet' in j['error'] and j['final_loss'] is None, j
 "; then ok; else bad "--model resnet --json: $(tail -n 1 "$tmp/out")"; fi
 
+# Argument errors with --json: exit 1, the message on stderr, and still a last line of JSON
+# carrying it (the values not known yet are null).
+for args in "--steps 0" "--data $tmp/x.npy" "--frobnicate" "--clip-norm -1" "--devices 65"; do
+  # shellcheck disable=SC2086
+  "$train" --backend cpu $args --json >"$tmp/out" 2>"$tmp/err"
+  rc=$?
+  if [ "$rc" -eq 1 ] && [ -s "$tmp/err" ] && tail -n 1 "$tmp/out" | python3 -c "
+import json, sys
+j = json.loads(sys.stdin.read())
+assert j['error'] and j['error'] in open(sys.argv[1]).read(), j
+assert j['final_loss'] is None and j['replicas_identical'] is None, j
+" "$tmp/err"; then ok; else bad "$args --json: exit $rc, '$(tail -n 1 "$tmp/out")'"; fi
+done
+
+# A FIFO without a writer where a file is read: refused at once, not waited on.
+mkfifo "$tmp/fifo"
+timeout 20 "$train" --backend cpu --model linear --resume "$tmp/fifo" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+if [ "$rc" -eq 1 ] && grep -qF 'is not a regular file' "$tmp/err"; then ok; else bad "--resume FIFO: exit $rc, $(cat "$tmp/err")"; fi
+timeout 20 "$train" --backend cpu --data "$tmp/fifo" --labels "$tmp/fifo" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+if [ "$rc" -eq 1 ] && grep -qF 'not a regular file' "$tmp/err"; then ok; else bad "--data FIFO: exit $rc, $(cat "$tmp/err")"; fi
+
 # Checkpoint flags with bad values.
 rm -f "$ck"
 "$train" --model linear --backend cpu --steps 20 --log-every 0 --save "$ck" >/dev/null 2>&1 || bad "save for the flag checks"

@@ -34,6 +34,7 @@ static void *ask(void *arg) {
 /* "threads": THREADS threads ask for the provider at once, before any context. Then a context
  * of one CPU device; prints one "key value" line each. */
 static int child(const char *mode) {
+  alarm(120); /* a child that hangs (waiting on a FIFO, say) fails instead of holding the test */
   if (strcmp(mode, "threads") == 0) {
     pthread_t t[THREADS];
     pthread_barrier_init(&start, NULL, THREADS);
@@ -278,6 +279,15 @@ static void test_cache_unusable(void) {
   run_child("plain", ro, NULL, &r);
   CHECK(r.status == PMAP_SUCCESS, "a read-only cache folder: status %d (%s)", r.status, r.error);
   chmod(ro, 0700);
+  /* A FIFO without a writer in the cache file's place: no cache, not a wait for a writer. */
+  char fifo_home[128], fifo_dir[160], fifo[192];
+  snprintf(fifo_home, sizeof fifo_home, "%s/fifo", tmp);
+  snprintf(fifo_dir, sizeof fifo_dir, "%s/pmap", fifo_home);
+  snprintf(fifo, sizeof fifo, "%s/gemm", fifo_dir);
+  CHECK(mkdir(fifo_home, 0700) == 0 && mkdir(fifo_dir, 0700) == 0 && mkfifo(fifo, 0600) == 0,
+        "mkfifo %s", fifo);
+  run_child("plain", fifo_home, NULL, &r);
+  expect(&r, PMAP_SUCCESS, NULL, "measured", "a FIFO as the cache file");
 }
 
 static void test_concurrent(void) {

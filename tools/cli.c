@@ -3,10 +3,30 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+static char last_error[1024];
+
+const char *cli_last_error(void) { return last_error; }
+
+int cli_error(const char *prog, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "%s: %s\n", prog, last_error);
+  return -1;
+}
+
+int cli_has_flag(int argc, char **argv, const char *flag) {
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], flag)) return 1;
+  return 0;
+}
 
 int cli_int(const char *prog, const char *opt, const char *s, int64_t lo, int64_t hi,
             int64_t *out) {
@@ -14,8 +34,8 @@ int cli_int(const char *prog, const char *opt, const char *s, int64_t lo, int64_
   errno = 0;
   long long v = strtoll(s, &end, 10);
   if (errno || end == s || *end || v < lo || v > hi) {
-    fprintf(stderr, "%s: %s \"%s\" is not an integer in [%lld, %lld]\n", prog, opt, s,
-            (long long)lo, (long long)hi);
+    cli_error(prog, "%s \"%s\" is not an integer in [%lld, %lld]", opt, s, (long long)lo,
+              (long long)hi);
     return -1;
   }
   *out = v;
@@ -27,7 +47,7 @@ int cli_u64(const char *prog, const char *opt, const char *s, uint64_t *out) {
   errno = 0;
   unsigned long long v = strtoull(s, &end, 10);
   if (errno || end == s || *end || *s == '-') {
-    fprintf(stderr, "%s: %s \"%s\" is not a non-negative integer\n", prog, opt, s);
+    cli_error(prog, "%s \"%s\" is not a non-negative integer", opt, s);
     return -1;
   }
   *out = v;
@@ -39,7 +59,7 @@ int cli_float(const char *prog, const char *opt, const char *s, float *out) {
   errno = 0;
   float v = strtof(s, &end);
   if (errno || end == s || *end) {
-    fprintf(stderr, "%s: %s \"%s\" is not a number\n", prog, opt, s);
+    cli_error(prog, "%s \"%s\" is not a number", opt, s);
     return -1;
   }
   *out = v;
@@ -55,8 +75,8 @@ int cli_int_list(const char *prog, const char *opt, const char *s, int64_t lo, i
     errno = 0;
     long long v = strtoll(p, &end, 10);
     if (errno || end == p || (*end && *end != ',') || v < lo || v > hi || n == CLI_MAX_LIST) {
-      fprintf(stderr, "%s: %s \"%s\" is not a list of at most %d integers in [%lld, %lld]\n", prog,
-              opt, s, CLI_MAX_LIST, (long long)lo, (long long)hi);
+      cli_error(prog, "%s \"%s\" is not a list of at most %d integers in [%lld, %lld]", opt, s,
+                CLI_MAX_LIST, (long long)lo, (long long)hi);
       return -1;
     }
     out[n++] = v;
@@ -69,7 +89,7 @@ int cli_int_list(const char *prog, const char *opt, const char *s, int64_t lo, i
 
 const char *cli_value(const char *prog, int argc, char **argv, int *i) {
   if (*i + 1 >= argc) {
-    fprintf(stderr, "%s: option %s needs a value\n", prog, argv[*i]);
+    cli_error(prog, "option %s needs a value", argv[*i]);
     return NULL;
   }
   return argv[++*i];
@@ -87,7 +107,7 @@ int cli_next(const char *prog, int argc, char **argv, int *i, const char *const 
   if (!strcmp(a, "--help") || !strcmp(a, "-h")) return CLI_HELP;
   if (cli_is_option(a, flags)) return CLI_FLAG;
   if (!cli_is_option(a, value_opts)) {
-    fprintf(stderr, "%s: unknown option %s (see --help)\n", prog, a);
+    cli_error(prog, "unknown option %s (see --help)", a);
     return CLI_ERROR;
   }
   *value = cli_value(prog, argc, argv, i);

@@ -7,6 +7,14 @@
 
 #define CLI_MAX_LIST 16
 
+/* Prints "<prog>: <message>" on stderr, keeps the message for cli_last_error, returns -1. Every
+ * parse error of these functions goes through it. */
+int cli_error(const char *prog, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The message of the last cli_error ("" before any). */
+const char *cli_last_error(void);
+/* Whether flag is one of argv[1..argc): to know, before parsing succeeds, that it was given. */
+int cli_has_flag(int argc, char **argv, const char *flag);
+
 /* Each returns 0 on success, else prints "<prog>: <what>" on stderr and returns -1. */
 int cli_int(const char *prog, const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out);
 int cli_float(const char *prog, const char *opt, const char *s, float *out);

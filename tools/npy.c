@@ -4,12 +4,15 @@
 #include "npy.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static int fail(char *msg, size_t size, const char *fmt, ...) {
   va_list ap;
@@ -202,8 +205,19 @@ int npy_parse(const unsigned char *buf, size_t len, npy_array *out, char *msg, s
 
 int npy_load(const char *path, size_t max_bytes, npy_array *out, char *msg, size_t size) {
   memset(out, 0, sizeof *out);
-  FILE *f = fopen(path, "rb");
-  if (!f) return fail(msg, size, "%s: %s", path, strerror(errno));
+  /* Opened without blocking, so that a FIFO without a writer is refused, not waited on. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return fail(msg, size, "%s: %s", path, strerror(errno));
+  struct stat sb;
+  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    close(fd);
+    return fail(msg, size, "%s: not a regular file", path);
+  }
+  FILE *f = fdopen(fd, "rb");
+  if (!f) {
+    close(fd);
+    return fail(msg, size, "%s: %s", path, strerror(errno));
+  }
   unsigned char *buf = NULL;
   long len = -1;
   if (fseek(f, 0, SEEK_END) == 0) len = ftell(f);

@@ -127,8 +127,7 @@ static int parse(int argc, char **argv, opts *o) {
       float f = 0.0f;
       if (cli_float(prog, a, v, &f)) return -1;
       if (!(f >= 0.0f && f < 1.0f)) {
-        fprintf(stderr, "%s: --eval-fraction \"%s\" is outside [0, 1)\n", prog, v);
-        return -1;
+        return cli_error(prog, "--eval-fraction \"%s\" is outside [0, 1)", v);
       }
       o->eval_fraction = f;
     } else if (!strcmp(a, "--micro-batches")) {
@@ -163,24 +162,22 @@ static int parse(int argc, char **argv, opts *o) {
     } else if (!strcmp(a, "--clip-norm")) {
       if (cli_float(prog, a, v, &o->clip_norm)) return -1;
       if (!(o->clip_norm >= 0.0f) || !isfinite(o->clip_norm)) {
-        fprintf(stderr, "%s: --clip-norm \"%s\" must be a finite number >= 0 (0: no clipping)\n",
-                prog, v);
-        return -1;
+        return cli_error(prog, "--clip-norm \"%s\" must be a finite number >= 0 (0: no clipping)",
+                         v);
       }
     }
   }
   if (!o->data != !o->labels) {
-    fprintf(stderr, "%s: --data and --labels go together\n", prog);
+    cli_error(prog, "--data and --labels go together");
     return -1;
   }
   if (o->data && o->have_model) {
-    fprintf(stderr, "%s: --data trains an MLP sized from the data; it does not take --model\n",
-            prog);
+    cli_error(prog, "--data trains an MLP sized from the data; it does not take --model");
     return -1;
   }
   if (o->data) o->model = "npy";
   if (o->save_every && !o->save) {
-    fprintf(stderr, "%s: --save-every needs --save FILE\n", prog);
+    cli_error(prog, "--save-every needs --save FILE");
     return -1;
   }
   return 0;
@@ -217,6 +214,14 @@ static int failf(result *r, const char *fmt, ...) {
 
 static int fail(result *r, const char *what) { return failf(r, "%s: %s", what, pmap_last_error()); }
 
+/* A count, or null when it is not known (negative). */
+static void json_count(int64_t v) {
+  if (v >= 0)
+    printf("%lld", (long long)v);
+  else
+    printf("null");
+}
+
 /* The last line with --json: valid JSON whatever happened (null for numbers that are not
  * finite or not known, "error" when the run failed). */
 static void print_json(const opts *o, const result *r) {
@@ -228,10 +233,17 @@ static void print_json(const opts *o, const result *r) {
   json_string(stdout, pmap_gemm_provider());
   printf(", \"gemm_reason\": ");
   json_string(stdout, pmap_gemm_reason());
-  printf(
-      ", \"devices\": %d, \"processes\": %d, \"steps\": %lld, \"start_step\": %lld, "
-      "\"global_batch\": %lld, \"lr\": ",
-      r->devices, r->procs, (long long)r->steps, (long long)r->start, (long long)o->batch);
+  printf(", \"devices\": ");
+  json_count(r->devices);
+  printf(", \"processes\": ");
+  json_count(r->procs);
+  printf(", \"steps\": ");
+  json_count(r->steps);
+  printf(", \"start_step\": ");
+  json_count(r->start);
+  printf(", \"global_batch\": ");
+  json_count(o->batch);
+  printf(", \"lr\": ");
   if (isfinite(r->lr))
     printf("%g", (double)r->lr); /* as given: 0.005, not 0.00499999989 */
   else
@@ -333,9 +345,33 @@ static int replicas_identical(result *r, pmap_params *params, int first, int n, 
 
 int main(int argc, char **argv) {
   opts o;
-  if (parse(argc, argv, &o)) return 1;
+  if (parse(argc, argv, &o)) {
+    /* --json promises a last line of JSON also when the arguments are wrong (it may not have
+     * been parsed yet: look for it). What is not known is null. */
+    if (cli_has_flag(argc, argv, "--json")) {
+      result r = {.backend = o.backend,
+                  .devices = -1,
+                  .steps = -1,
+                  .loss = NAN,
+                  .sps = NAN,
+                  .lr = NAN,
+                  .identical = -1,
+                  .sharded = -1,
+                  .eval_loss = NAN,
+                  .eval_accuracy = NAN,
+                  .procs = -1,
+                  .start = -1};
+      snprintf(r.err, sizeof r.err, "%s", cli_last_error());
+      o.batch = -1;
+      print_json(&o, &r);
+    }
+    return 1;
+  }
   result r = {.backend = o.backend,
               .devices = (int)o.devices,
+              .steps = -1,
+              .start = -1,
+              .lr = NAN,
               .loss = NAN,
               .sps = NAN,
               .identical = -1,

@@ -101,8 +101,15 @@ static void take_lock(gemm_cache *c, const char *dir) {
 
 /* Reads the file: this key's choice into c->choice, other well-formed lines into c->keep. */
 static void read_entries(gemm_cache *c) {
-  FILE *f = fopen(c->path, "re");
-  if (!f) return;
+  /* Only a regular file, opened without blocking: a FIFO in its place is no cache. */
+  int fd = open(c->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  struct stat sb;
+  if (fd < 0) return;
+  FILE *f = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) ? fdopen(fd, "r") : NULL;
+  if (!f) {
+    close(fd);
+    return;
+  }
   char line[LINE_CAP];
   size_t klen = strlen(c->key);
   while (fgets(line, sizeof line, f)) {
