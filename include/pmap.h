@@ -12,7 +12,8 @@
  *   C, H, W  channels, height, width   OC output channels     K  outputs of the model
  *
  * Every function that can fail returns a pmap_status; on failure pmap_last_error() returns a
- * message naming the call and the offending values, and nothing the call was given is changed.
+ * message naming the call and the offending values, and nothing the call was given is changed
+ * (a create call leaves *out as it was; the one exception, pmap_device_alloc, says so).
  * Library code never exits or aborts on bad input or a device failure. Every size computed from
  * user input is checked for overflow (PMAP_ERR_INVALID_ARGUMENT or PMAP_ERR_OUT_OF_MEMORY).
  *
@@ -37,8 +38,10 @@ extern "C" {
  * visibility), so `nm -D --defined-only libpmap.so` lists only pmap_ names. */
 #if defined(__GNUC__) || defined(__clang__)
 #define PMAP_API __attribute__((visibility("default")))
+#define PMAP_PRINTF_LIKE(fmt, args) __attribute__((format(printf, fmt, args)))
 #else
 #define PMAP_API
+#define PMAP_PRINTF_LIKE(fmt, args)
 #endif
 
 /* The version of this header; pmap_version() gives the library's ("0.1.0"). */
@@ -77,6 +80,13 @@ PMAP_API const char *pmap_status_string(pmap_status s);
  * "pmap_update: global batch 30 is not divisible by 4 devices". Valid until the next failing
  * pmap call on this thread; "" when there was none. Never NULL. */
 PMAP_API const char *pmap_last_error(void);
+
+/* Sets the calling thread's last-error message to the printf-style text and returns status
+ * unchanged (fmt NULL clears the message). For your own gradient or mapped functions: return
+ * pmap_set_error(PMAP_ERR_INVALID_ARGUMENT, "my_loss: label %d out of range", y) and the
+ * pmap_update or pmap_run it ends reports your status and your text, naming the device. */
+PMAP_API pmap_status pmap_set_error(pmap_status status, const char *fmt, ...)
+    PMAP_PRINTF_LIKE(2, 3);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Context: the device mesh and one worker thread per device                                  */
@@ -530,7 +540,8 @@ typedef struct pmap_grad_args {
 
 /* Computes the loss and the gradient of args->xs, args->ys as described above; called on every
  * device at once, on the device's thread, once per micro-batch; returns PMAP_SUCCESS or an error
- * (set a message with your own text; the step then fails on every device, nothing changed). */
+ * (with your own message through pmap_set_error, any status, PMAP_ERR_ABORTED included; the
+ * step then fails on every device with that status and message, nothing changed). */
 typedef pmap_status (*pmap_grad_fn)(const pmap_grad_args *args, void *user);
 
 /* Training state for a model the runtime does not know: num_params parameters, initialised on
@@ -557,9 +568,10 @@ typedef pmap_status (*pmap_fn)(pmap_device *dev, void *arg);
 
 /* Runs fn(dev, arg) on every device and waits for all of them. Returns PMAP_SUCCESS when every
  * call did; otherwise the first failing device's status (a failure that made other devices
- * abandon a collective is reported, not their PMAP_ERR_ABORTED), with its message (a device
- * that fails without setting one is reported as such; messages never carry over from an earlier
- * job). A device failing before a collective never leaves the others waiting, and neither does
+ * abandon a collective is reported, not their PMAP_ERR_ABORTED; a function that returns
+ * PMAP_ERR_ABORTED itself, while no other device has failed, is such a failure), with its
+ * message (pmap_set_error; a device that fails without setting one is reported as such;
+ * messages never carry over from an earlier job). A device failing before a collective never leaves the others waiting, and neither does
  * a device that returns without calling a collective the others wait in. Not re-entrant: fn
  * calling any public function on the same context (pmap_run, pmap_update, pmap_params_read,
  * pmap_ctx_destroy, ...) gets PMAP_ERR_INVALID_ARGUMENT. */

@@ -14,7 +14,6 @@ pmap_status pmap_model_create(int rank, const int64_t *shape, pmap_model **out) 
   if (!out || !shape)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_model_create: %s is NULL",
                     out ? "input_shape" : "out");
-  *out = NULL;
   if (rank != 1 && rank != 3)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "pmap_model_create: input rank %d is not 1 (features) or 3 (C, H, W)", rank);

@@ -184,7 +184,6 @@ pmap_status pmap_params_create(pmap_ctx *ctx, const pmap_model *model, const pma
                     : !model ? "model"
                     : !opt   ? "opt"
                              : "out");
-  *out = NULL;
   if (model->n_layers == 0 || model->n_params == 0)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "%s: the model has %d layers and %zu parameters; it needs at least one "
@@ -231,7 +230,6 @@ pmap_status pmap_params_create_custom(pmap_ctx *ctx, size_t num_params, const fl
                     : !fn   ? "fn"
                     : !opt  ? "opt"
                             : "out");
-  *out = NULL;
   if (num_params == 0 || num_params > ((size_t)1 << 31))
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: num_params %zu is outside 1..%zu", call,
                     num_params, (size_t)1 << 31);

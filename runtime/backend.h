@@ -85,6 +85,8 @@ struct pmap_device {
   const pmap_ops *ops;
   void *be;           /* the backend's per-device state */
   pmap_status status; /* result of the current job on this device */
+  int own_failure;    /* status is this device's own failure, not PMAP_ERR_ABORTED from a
+                         collective it abandoned because another device failed */
   char msg[1024];     /* its message when status != PMAP_SUCCESS */
   int initialised;    /* device_init ran on this device */
   uint32_t coll_seq;  /* public collectives called in the current job */

@@ -52,6 +52,7 @@ static void run_job(pmap_ctx *ctx, pmap_device *dev) {
   /* Each job starts with clean messages: a failure never reports an earlier job's text. */
   pmap_error_clear();
   dev->msg[0] = '\0';
+  dev->own_failure = 0;
   dev->coll_seq = 0;
   pmap_ctx *outer = job_ctx;
   job_ctx = ctx;
@@ -64,7 +65,13 @@ static void run_job(pmap_ctx *ctx, pmap_device *dev) {
     else
       snprintf(dev->msg, sizeof dev->msg, "the mapped function returned %s (%d) without a message",
                pmap_status_string(dev->status), (int)dev->status);
-    if (dev->status != PMAP_ERR_ABORTED) pmap_ctx_abort(ctx);
+    /* PMAP_ERR_ABORTED is what a device returns when it abandoned a collective because another
+     * device had failed (the abort flag is then up); a function that returns it while no device
+     * has failed fails on its own account, like any other status. The flag goes up before this
+     * device counts as left, so the others waiting in a collective see the failure, not a
+     * device that left without calling it. */
+    dev->own_failure = dev->status != PMAP_ERR_ABORTED || !atomic_load(&ctx->abort);
+    if (dev->own_failure) pmap_ctx_abort(ctx);
   }
   /* A device that returned can no longer meet the others at a collective. */
   int expected = -1;
@@ -168,13 +175,14 @@ pmap_status pmap_ctx_dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg) {
     while (atomic_load_explicit(&ctx->done_count, memory_order_acquire) != (uint32_t)ctx->n - 1)
       pmap_event_wait(&ctx->done, done_seen, &w);
   }
-  /* Report the device whose failure caused the others to abandon the job. */
+  /* Report the device whose failure caused the others to abandon the job: the first device that
+   * failed on its own account, else the first that failed. */
   pmap_status st = PMAP_SUCCESS;
   int first = -1;
   for (int i = 0; i < ctx->n; i++) {
     pmap_status s = ctx->dev[i].status;
     if (s == PMAP_SUCCESS) continue;
-    if (first < 0 || (st == PMAP_ERR_ABORTED && s != PMAP_ERR_ABORTED)) {
+    if (first < 0 || (!ctx->dev[first].own_failure && ctx->dev[i].own_failure)) {
       first = i;
       st = s;
     }
@@ -239,7 +247,6 @@ static pmap_status choose_backend(const pmap_config *cfg, const backend_entry **
 
 pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   if (!out) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_ctx_create: out is NULL");
-  *out = NULL;
   pmap_config cfg = {.backend = PMAP_BACKEND_AUTO, .num_devices = PMAP_DEVICES_DEFAULT};
   if (cfg_in) cfg = *cfg_in;
   if ((cfg.num_devices < 1 || cfg.num_devices > PMAP_MAX_DEVICES) &&

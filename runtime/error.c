@@ -41,6 +41,18 @@ void pmap_error_copy(const char *msg) {
   if (msg != last_error) snprintf(last_error, sizeof last_error, "%s", msg);
 }
 
+pmap_status pmap_set_error(pmap_status status, const char *fmt, ...) {
+  if (!fmt) {
+    last_error[0] = '\0';
+    return status;
+  }
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  va_end(ap);
+  return status;
+}
+
 pmap_status pmap_error_set(pmap_status s, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);

@@ -149,6 +149,56 @@ static pmap_status failing_grad(const pmap_grad_args *a, void *user) {
   return pmap_axis_index(a->dev) == 2 ? PMAP_ERR_DEVICE : PMAP_SUCCESS;
 }
 
+/* Device 2 fails with its own message and status (PMAP_ERR_ABORTED included, which it
+ * returns of its own accord while the others wait in the step's all-reduce); with `user` NULL,
+ * without a message. */
+static pmap_status aborting_grad(const pmap_grad_args *a, void *user) {
+  const pmap_status *want = user;
+  if (pmap_axis_index(a->dev) != 2) return PMAP_SUCCESS;
+  return pmap_set_error(*want, "my_loss: label %d out of range on row %lld", 7, (long long)a->row0);
+}
+
+static pmap_status silent_abort_grad(const pmap_grad_args *a, void *user) {
+  (void)user;
+  return pmap_axis_index(a->dev) == 2 ? PMAP_ERR_ABORTED : PMAP_SUCCESS;
+}
+
+static void test_own_errors(void) {
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 3};
+  pmap_ctx *ctx = NULL;
+  CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+  float init[4] = {1, 2, 3, 4}, after[4], x[6] = {0}, y[6] = {0};
+  int64_t shape[2] = {6, 1};
+  pmap_array xs = pmap_array_f32(x, 2, shape), ys = pmap_array_f32(y, 2, shape);
+  pmap_optimizer sgd = pmap_sgd(0.1f, 0.0f);
+  const pmap_status kinds[] = {PMAP_ERR_ABORTED, PMAP_ERR_DEVICE, PMAP_ERR_INVALID_ARGUMENT};
+  for (int k = 0; k < 3; k++) {
+    pmap_params *p = NULL;
+    CHECK_OK(pmap_params_create_custom(ctx, 4, init, aborting_grad, (void *)&kinds[k], &sgd, &p));
+    for (int rep = 0; p && rep < 20; rep++) {
+      CHECK_FAILS(pmap_update(p, &xs, &ys, NULL), kinds[k],
+                  "device 2: my_loss: label 7 out of range on row 4");
+      CHECK(strstr(pmap_last_error(), "without calling") == NULL,
+            "reported as a device that left: %s", pmap_last_error());
+    }
+    CHECK_OK(pmap_params_read(p, 0, after, 4));
+    test_same_bits("params after a gradient function's own failure", after, init, 4);
+    CHECK(pmap_params_step(p) == 0, "a failed step counted");
+    pmap_params_destroy(p);
+  }
+  pmap_params *p = NULL;
+  CHECK_OK(pmap_params_create_custom(ctx, 4, init, silent_abort_grad, NULL, &sgd, &p));
+  CHECK_FAILS(pmap_update(p, &xs, &ys, NULL), PMAP_ERR_ABORTED,
+              "device 2: the mapped function returned aborted");
+  pmap_params_destroy(p);
+  /* pmap_set_error keeps the status it is given and clears the message with NULL. */
+  CHECK(pmap_set_error(PMAP_ERR_NUMERIC, "x %d", 5) == PMAP_ERR_NUMERIC &&
+            !strcmp(pmap_last_error(), "x 5"),
+        "pmap_set_error: %s", pmap_last_error());
+  CHECK(pmap_set_error(PMAP_SUCCESS, NULL) == PMAP_SUCCESS && !*pmap_last_error(), "cleared");
+  CHECK_OK(pmap_ctx_destroy(ctx));
+}
+
 static void test_errors_and_guard(void) {
   pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 3};
   pmap_ctx *ctx = NULL;
@@ -156,11 +206,17 @@ static void test_errors_and_guard(void) {
   float init[4] = {1, 2, 3, 4}, after[4], x[6] = {0}, y[6] = {0};
   _Atomic int calls = 0;
   pmap_optimizer sgd = pmap_sgd(0.1f, 0.0f);
-  pmap_params *p = NULL;
+  /* A failed create leaves *out as it was (nothing passed in changes on failure). */
+  pmap_params *const sentinel = (pmap_params *)&calls, *p = sentinel;
+  pmap_optimizer bad_lr = pmap_sgd(-1.0f, 0.0f);
   CHECK_FAILS(pmap_params_create_custom(ctx, 0, init, nan_grad, &calls, &sgd, &p),
               PMAP_ERR_INVALID_ARGUMENT, "num_params 0");
   CHECK_FAILS(pmap_params_create_custom(ctx, 4, init, NULL, &calls, &sgd, &p),
               PMAP_ERR_INVALID_ARGUMENT, "fn is NULL");
+  CHECK_FAILS(pmap_params_create_custom(ctx, 4, init, nan_grad, &calls, &bad_lr, &p),
+              PMAP_ERR_INVALID_ARGUMENT, "learning rate -1");
+  CHECK(p == sentinel, "a failed pmap_params_create_custom wrote %p to *out", (void *)p);
+  p = NULL;
   CHECK_OK(pmap_params_create_custom(ctx, 4, init, nan_grad, &calls, &sgd, &p));
   int64_t shape[2] = {6, 1}, bad[2] = {5, 1};
   pmap_array xs = pmap_array_f32(x, 2, shape), ys = pmap_array_f32(y, 2, shape);
@@ -240,6 +296,7 @@ static void test_collectives_inside(void) {
 }
 
 int main(void) {
+  test_own_errors();
   test_collectives_inside();
   test_gradient();
   test_devices();

@@ -109,7 +109,7 @@ static void bad_setup(void) {
   pmap_ctx *c = (pmap_ctx *)0x1;
   pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 0};
   CHECK_FAILS(pmap_ctx_create(&cfg, &c), PMAP_ERR_INVALID_ARGUMENT, "device count 0");
-  CHECK(c == NULL, "out not cleared on failure");
+  CHECK(c == (pmap_ctx *)0x1, "a failed create changed *out");
   cfg.num_devices = PMAP_MAX_DEVICES + 1;
   CHECK_FAILS(pmap_ctx_create(&cfg, &c), PMAP_ERR_INVALID_ARGUMENT, "device count 65");
   cfg.num_devices = -7;
@@ -130,7 +130,7 @@ static void bad_setup(void) {
                        "learning rate inf"};
   for (int i = 0; i < 4; i++)
     CHECK_FAILS(pmap_params_create(ctx, m, &bad[i], 0, &p), PMAP_ERR_INVALID_ARGUMENT, why[i]);
-  CHECK(p == NULL, "out not cleared on failure");
+  CHECK(p == (pmap_params *)0x1, "a failed create changed *out");
   pmap_optimizer mom = pmap_sgd(0.1f, 1.0f);
   CHECK_FAILS(pmap_params_create(ctx, m, &mom, 0, &p), PMAP_ERR_INVALID_ARGUMENT,
               "momentum 1 is outside [0, 1)");
@@ -140,8 +140,10 @@ static void bad_setup(void) {
 
   /* Model builder. */
   int64_t img[3] = {1, 8, 8}, flat[1] = {4}, zero[1] = {0};
+  m = (pmap_model *)0x1;
   CHECK_FAILS(pmap_model_create(2, flat, &m), PMAP_ERR_INVALID_ARGUMENT, "input rank 2");
   CHECK_FAILS(pmap_model_create(1, zero, &m), PMAP_ERR_INVALID_ARGUMENT, "input extent 0");
+  CHECK(m == (pmap_model *)0x1, "a failed create changed *out");
   CHECK_OK(pmap_model_create(3, img, &m));
   CHECK_FAILS(pmap_model_add_dense(m, 4), PMAP_ERR_INVALID_ARGUMENT, "add a flatten layer first");
   CHECK_FAILS(pmap_model_add_conv2d(m, 2, 9, 9, 1, 0), PMAP_ERR_INVALID_ARGUMENT,
