@@ -87,6 +87,7 @@ struct pmap_device {
   pmap_status status; /* result of the current job on this device */
   int own_failure;    /* status is this device's own failure, not PMAP_ERR_ABORTED from a
                          collective it abandoned because another device failed */
+  int abandoned;      /* this job, the device abandoned a collective (pmap_abandoned) */
   char msg[1024];     /* its message when status != PMAP_SUCCESS */
   int initialised;    /* device_init ran on this device */
   uint32_t coll_seq;  /* public collectives called in the current job */
@@ -209,6 +210,10 @@ pmap_status pmap_ctx_dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg);
 
 /* Marks the current job failed on every device and wakes every waiter. */
 void pmap_ctx_abort(pmap_ctx *ctx);
+
+/* PMAP_ERR_ABORTED with the printf-style message, for a device that abandons a collective
+ * because another device failed: the job then reports that other device's failure. */
+pmap_status pmap_abandoned(pmap_device *dev, const char *fmt, ...) PMAP_PRINTF_LIKE(2, 3);
 
 /* Turns a barrier wait result into a status with a message naming the device and call. */
 pmap_status pmap_wait_status(pmap_device *dev, int wait_result, const char *call);

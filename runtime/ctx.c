@@ -4,6 +4,7 @@
 #include <limits.h>
 #include <math.h>
 #include <sched.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +54,7 @@ static void run_job(pmap_ctx *ctx, pmap_device *dev) {
   pmap_error_clear();
   dev->msg[0] = '\0';
   dev->own_failure = 0;
+  dev->abandoned = 0;
   dev->coll_seq = 0;
   pmap_ctx *outer = job_ctx;
   job_ctx = ctx;
@@ -70,7 +72,8 @@ static void run_job(pmap_ctx *ctx, pmap_device *dev) {
      * has failed fails on its own account, like any other status. The flag goes up before this
      * device counts as left, so the others waiting in a collective see the failure, not a
      * device that left without calling it. */
-    dev->own_failure = dev->status != PMAP_ERR_ABORTED || !atomic_load(&ctx->abort);
+    dev->own_failure =
+        dev->status != PMAP_ERR_ABORTED || (!dev->abandoned && !atomic_load(&ctx->abort));
     if (dev->own_failure) pmap_ctx_abort(ctx);
   }
   /* A device that returned can no longer meet the others at a collective. */
@@ -103,13 +106,23 @@ void pmap_ctx_abort(pmap_ctx *ctx) {
   pmap_event_poke(&ctx->bar.ev);
 }
 
+pmap_status pmap_abandoned(pmap_device *dev, const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  dev->abandoned = 1;
+  return pmap_error_set(PMAP_ERR_ABORTED, "%s", msg);
+}
+
 pmap_status pmap_wait_status(pmap_device *dev, int r, const char *call) {
   pmap_ctx *ctx = dev->ctx;
   switch (r) {
   case PMAP_WAIT_OK: return PMAP_SUCCESS;
   case PMAP_WAIT_ABORTED:
-    return PMAP_ERR(PMAP_ERR_ABORTED, "%s on device %d abandoned: another device failed", call,
-                    dev->index);
+    return pmap_abandoned(dev, "%s on device %d abandoned: another device failed", call,
+                          dev->index);
   case PMAP_WAIT_LEFT:
     pmap_ctx_abort(ctx);
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
