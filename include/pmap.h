@@ -22,7 +22,10 @@
  * mapped function of the same context (pmap_run's fn) would wait for itself: it is refused with
  * PMAP_ERR_INVALID_ARGUMENT. Contexts are independent of each other. pmap_last_error() is
  * per thread. Destroying a context or params while another thread still uses them is the
- * caller's error, as for free(). */
+ * caller's error, as for free(). A context belongs to the process that created it: in a forked
+ * child (which has none of its worker threads) every call on it or its params fails at once
+ * with PMAP_ERR_INVALID_ARGUMENT naming both processes, destroy calls included (they change
+ * nothing); create a new context in the child. */
 #ifndef PMAP_H
 #define PMAP_H
 
