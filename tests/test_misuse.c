@@ -504,8 +504,10 @@ static pmap_status slow_fn(pmap_device *dev, void *arg) {
   return PMAP_SUCCESS;
 }
 
+static pmap_status slow_status;
+
 static void *slow_thread(void *arg) {
-  CHECK_OK(pmap_run(arg, slow_fn, NULL));
+  slow_status = pmap_run(arg, slow_fn, NULL); /* checked by the main thread after the join */
   return NULL;
 }
 
@@ -567,6 +569,8 @@ static void test_fork(void) {
         "the forked child %s (status %d after %d ms)", r == 0 ? "hung" : "failed", status,
         waited_ms);
   pthread_join(t, NULL);
+  CHECK(slow_status == PMAP_SUCCESS, "the parent's job during the fork -> %s",
+        pmap_status_string(slow_status));
   float x[4] = {1, 2, 3, 4}, y[4] = {0, 0, 0, 0}, loss = 0;
   pmap_array xs = pmap_array_f32(x, 2, (int64_t[]){4, 1});
   pmap_array ys = pmap_array_f32(y, 2, (int64_t[]){4, 1});
