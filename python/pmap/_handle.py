@@ -44,6 +44,8 @@ class Handle:
         return _Use(self, call)
 
     def _acquire(self, call):
+        if self.ptr is None:  # closed (checked again under the lock): no lock taken
+            raise Error(1, f"{call}: the {self.what} is closed")
         if self._owner == threading.get_ident():
             raise Error(1, f"{call}: a call on this {self.what} is already running on this thread "
                            "(the call comes from a signal handler or a finaliser inside it) and "
@@ -119,9 +121,9 @@ def _after_fork_in_child():
     # Only the forking thread exists here: a lock another thread held would never be released.
     me = threading.get_ident()
     for h in list(_ALL):
-        if h._owner is None or h._owner == me:
+        if not h._lock.locked() or h._owner == me:
             continue  # free, or held by the forking thread itself, which will release it
-        h._torn = True
+        h._torn = True  # another thread was inside a call on it (or entering or leaving one)
         h._lock = threading.Lock()
         h._owner = None
 
