@@ -14,6 +14,7 @@ F32, I32 = 0, 1
 INT32 = (-(2 ** 31), 2 ** 31 - 1)
 INT64 = (-(2 ** 63), 2 ** 63 - 1)
 _F32_MAX = float(np.finfo(np.float32).max)
+_F32_DTYPE, _I32_DTYPE = np.dtype(np.float32), np.dtype(np.int32)
 
 
 def integer(name, v, lo, hi):
@@ -128,13 +129,14 @@ def array(x, dtype, name, keep, classes=0):
     """A pmap_array over x: without a copy when x is an aligned C-contiguous array of the C dtype
     (float32, or int32 for labels); otherwise over one checked conversion, kept alive in `keep`.
     x itself is never written."""
-    a = _asarray(x, name)
+    labels = dtype == I32
+    a = x if type(x) is np.ndarray else _asarray(x, name)
     if a.ndim < 1 or a.ndim > _lib.MAX_RANK:
         raise ArgumentError(f"{name}: rank {a.ndim} is outside 1..{_lib.MAX_RANK}")
-    labels = dtype == I32
-    _numbers(a, name, labels)
-    want = np.int32 if labels else np.float32
-    if a.dtype != want or not a.flags.c_contiguous or not a.flags.aligned:
+    flags = a.flags
+    if a.dtype != (_I32_DTYPE if labels else _F32_DTYPE) or not (flags.c_contiguous and
+                                                                   flags.aligned):
+        _numbers(a, name, labels)
         a = _fit(a, name, labels, classes)
     keep.append(a)
     s = Array()
