@@ -23,7 +23,10 @@
  * mapped function of the same context (pmap_run's fn) would wait for itself: it is refused with
  * PMAP_ERR_INVALID_ARGUMENT. Contexts are independent of each other. pmap_last_error() is
  * per thread. Destroying a context or params while another thread still uses them is the
- * caller's error, as for free(). */
+ * caller's error, as for free(). A context belongs to the process that created it: in a forked
+ * child (which has none of its worker threads) every call on it or its params fails at once
+ * with PMAP_ERR_INVALID_ARGUMENT naming both processes, destroy calls included (they change
+ * nothing); create a new context in the child. */
 #ifndef PMAP_H
 #define PMAP_H
 
@@ -180,8 +183,9 @@ PMAP_API pmap_status pmap_ctx_create(const pmap_config *cfg, pmap_ctx **out);
 
 /* Stops the workers and frees the context. Accepts NULL (PMAP_SUCCESS). Every pmap_params created
  * on the context must be destroyed first: with params still alive, or when called from inside a
- * mapped function of this context, it returns PMAP_ERR_INVALID_ARGUMENT and changes nothing (the
- * context stays usable). */
+ * mapped function of this context, or from a process other than the one that created it (a
+ * forked child), it returns PMAP_ERR_INVALID_ARGUMENT and changes nothing (the context stays
+ * usable where it was created). */
 PMAP_API pmap_status pmap_ctx_destroy(pmap_ctx *ctx);
 
 /* Devices of this process (D). */
@@ -398,7 +402,9 @@ typedef struct pmap_params pmap_params;
 PMAP_API pmap_status pmap_params_create(pmap_ctx *ctx, const pmap_model *model,
                                         const pmap_optimizer *opt, uint64_t seed,
                                         pmap_params **out);
-PMAP_API void pmap_params_destroy(pmap_params *params); /* accepts NULL */
+/* Frees params. Accepts NULL. Does nothing when called from inside a mapped function of its
+ * context or from a process other than the one that created the context. */
+PMAP_API void pmap_params_destroy(pmap_params *params);
 
 PMAP_API size_t pmap_params_count(const pmap_params *params);
 /* Bytes of optimizer state a device holds (the most any device holds): slots x P x 4 replicated

@@ -260,10 +260,11 @@ size_t pmap_params_optimizer_bytes(const pmap_params *p) {
   return (size_t)p->opt_slots * p->state_len * sizeof(float); /* as allocated on each device */
 }
 /* Under the context's lock, as every public call (a pmap_update may run on another thread);
- * from inside one of its jobs no update can run, and the lock is not taken. */
+ * from inside one of its jobs no update can run, and in a forked child no other thread exists
+ * (and the lock may be held by one that does not): the lock is not taken there. */
 int64_t pmap_params_step(const pmap_params *p) {
   if (!p) return 0;
-  if (pmap_ctx_in_job(p->ctx)) return p->step;
+  if (pmap_ctx_in_job(p->ctx) || pmap_ctx_foreign(p->ctx)) return p->step;
   pthread_mutex_lock(&p->ctx->lock);
   int64_t step = p->step;
   pthread_mutex_unlock(&p->ctx->lock);

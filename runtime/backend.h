@@ -131,6 +131,9 @@ struct pmap_ctx {
    * and the process count. Global device index = proc * n + local index. */
   struct pmap_dist *dist;
   int proc, nproc;
+  /* The process that created the context. Its worker threads exist only there (fork copies
+   * the calling thread alone), so every call from another process is refused at once. */
+  long pid;
 };
 
 extern const pmap_backend_i pmap_cpu_backend;
@@ -224,6 +227,9 @@ pmap_status pmap_ctx_lock(pmap_ctx *ctx, const char *call);
 void pmap_ctx_unlock(pmap_ctx *ctx);
 /* Whether the calling thread's work is nested in a job of ctx (then its lock is not to be taken). */
 int pmap_ctx_in_job(const pmap_ctx *ctx);
+/* Whether the calling process is not the one that created ctx (a forked child): then nothing
+ * may wait for ctx's lock or threads. */
+int pmap_ctx_foreign(const pmap_ctx *ctx);
 
 /* The step's fast paths (models/step_fast.c), implemented by the CUDA backend
  * (runtime/cuda/cuda_graph.c). Every member is required when the table is there. */

@@ -141,7 +141,21 @@ int pmap_ctx_in_job(const pmap_ctx *ctx) {
   return 0;
 }
 
+int pmap_ctx_foreign(const pmap_ctx *ctx) { return ctx->pid != (long)getpid(); }
+
+/* A forked child has a copy of the context but none of its worker threads, and its copy of the
+ * lock may have been held by a thread that does not exist there: a call would wait forever. */
+static pmap_status check_process(const pmap_ctx *ctx, const char *call) {
+  if (!pmap_ctx_foreign(ctx)) return PMAP_SUCCESS;
+  return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                  "%s: the context was created by process %ld and this is process %ld (a forked "
+                  "child?); its worker threads exist only in process %ld, so it cannot be used "
+                  "here: create a new context in this process (nothing was changed)",
+                  call, ctx->pid, (long)getpid(), ctx->pid);
+}
+
 pmap_status pmap_ctx_lock(pmap_ctx *ctx, const char *call) {
+  PMAP_TRY(check_process(ctx, call));
   if (pmap_ctx_in_job(ctx))
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "%s: called from inside a mapped function of the same context, which is not "
@@ -154,6 +168,7 @@ pmap_status pmap_ctx_lock(pmap_ctx *ctx, const char *call) {
 void pmap_ctx_unlock(pmap_ctx *ctx) { pthread_mutex_unlock(&ctx->lock); }
 
 pmap_status pmap_ctx_dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg) {
+  PMAP_TRY(check_process(ctx, "pmap_run"));
   int expected = 0;
   if (!atomic_compare_exchange_strong(&ctx->busy, &expected, 1))
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
@@ -315,6 +330,7 @@ pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   ctx->be = be;
   ctx->kind = kind;
   ctx->n = n;
+  ctx->pid = (long)getpid();
   ctx->dev = calloc((size_t)n, sizeof *ctx->dev);
   ctx->threads = calloc((size_t)n, sizeof *ctx->threads);
   ctx->desc = calloc(2 * (size_t)n, sizeof *ctx->desc);

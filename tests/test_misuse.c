@@ -1,9 +1,12 @@
 /* test_misuse.c: the runtime under misuse, each case a regression of a crash or a corruption:
  * freeing buffers right after a timed-out collective, two host threads on one context,
  * mismatched collectives, a device leaving early, stale messages, lifetime errors, extreme
- * timeouts, and the one-verdict rule of a barrier at its deadline. CPU backend. */
+ * timeouts, the one-verdict rule of a barrier at its deadline, and a forked child using its
+ * parent's context. CPU backend. */
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -489,7 +492,98 @@ static void test_nested_contexts(void) {
   pmap_ctx_destroy(nest_a);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* 10. A forked child and its parent's context                                                */
+
+static _Atomic int slow_started;
+
+static pmap_status slow_fn(pmap_device *dev, void *arg) {
+  (void)arg;
+  atomic_store(&slow_started, 1);
+  if (pmap_axis_index(dev) == 0) sleep_ns(300000000L);
+  return PMAP_SUCCESS;
+}
+
+static pmap_status slow_status;
+
+static void *slow_thread(void *arg) {
+  slow_status = pmap_run(arg, slow_fn, NULL); /* checked by the main thread after the join */
+  return NULL;
+}
+
+/* The child's calls, each of which must return at once; its exit status is its failure count. */
+static void forked_child(pmap_ctx *ctx, pmap_params *p, pmap_model *m, long parent) {
+  char pids[64];
+  snprintf(pids, sizeof pids, "created by process %ld and this is process %ld", parent,
+           (long)getpid());
+  float x[4] = {1, 2, 3, 4}, y[4] = {0, 0, 0, 0}, w[2], loss = 0;
+  pmap_array xs = pmap_array_f32(x, 2, (int64_t[]){4, 1});
+  pmap_array ys = pmap_array_f32(y, 2, (int64_t[]){4, 1});
+  CHECK_FAILS(pmap_update(p, &xs, &ys, &loss), PMAP_ERR_INVALID_ARGUMENT, pids);
+  CHECK_FAILS(pmap_params_read(p, 0, w, 2), PMAP_ERR_INVALID_ARGUMENT, pids);
+  CHECK_FAILS(pmap_run(ctx, nest_inner, NULL), PMAP_ERR_INVALID_ARGUMENT, pids);
+  pmap_params *q = NULL;
+  pmap_optimizer sgd = pmap_sgd(0.1f, 0.0f);
+  CHECK_FAILS(pmap_params_create(ctx, m, &sgd, 1, &q), PMAP_ERR_INVALID_ARGUMENT, pids);
+  CHECK(pmap_params_step(p) == 0, "pmap_params_step in the child: %lld",
+        (long long)pmap_params_step(p));
+  pmap_params_destroy(p); /* refused: changes nothing */
+  CHECK_FAILS(pmap_ctx_destroy(ctx), PMAP_ERR_INVALID_ARGUMENT, "cannot be used here");
+  fflush(stdout);
+  _exit(test_failures > 255 ? 255 : test_failures);
+}
+
+/* The child is forked while another thread of the parent holds the context's lock inside a job:
+ * in the child that lock is never released and no worker thread exists, so anything that waits
+ * hangs. Every call must fail at once instead; the parent's context is unharmed. */
+static void test_fork(void) {
+  pmap_ctx *ctx = make_ctx(2, 120.0);
+  pmap_model *m = NULL;
+  pmap_params *p = NULL;
+  int64_t in[1] = {1};
+  pmap_optimizer sgd = pmap_sgd(0.1f, 0.0f);
+  CHECK_OK(pmap_model_create(1, in, &m));
+  CHECK_OK(pmap_model_add_dense(m, 1));
+  CHECK_OK(pmap_params_create(ctx, m, &sgd, 1, &p));
+  if (!p) return;
+  atomic_store(&slow_started, 0);
+  pthread_t t;
+  CHECK(pthread_create(&t, NULL, slow_thread, ctx) == 0, "pthread_create");
+  while (!atomic_load(&slow_started)) sleep_ns(1000000L);
+  fflush(stdout);
+  pid_t pid = fork();
+  CHECK(pid >= 0, "fork failed");
+  if (pid == 0) forked_child(ctx, p, m, (long)getppid());
+  /* A child that waits for the lock or a worker would outlive this: 60 s, then it is a hang. */
+  int status = 0, waited_ms = 0;
+  pid_t r = 0;
+  while (pid > 0 && (r = waitpid(pid, &status, WNOHANG)) == 0 && waited_ms < 60000) {
+    sleep_ns(10000000L);
+    waited_ms += 10;
+  }
+  if (pid > 0 && r == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+  }
+  CHECK(r == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+        "the forked child %s (status %d after %d ms)", r == 0 ? "hung" : "failed", status,
+        waited_ms);
+  pthread_join(t, NULL);
+  CHECK(slow_status == PMAP_SUCCESS, "the parent's job during the fork -> %s",
+        pmap_status_string(slow_status));
+  float x[4] = {1, 2, 3, 4}, y[4] = {0, 0, 0, 0}, loss = 0;
+  pmap_array xs = pmap_array_f32(x, 2, (int64_t[]){4, 1});
+  pmap_array ys = pmap_array_f32(y, 2, (int64_t[]){4, 1});
+  CHECK_OK(pmap_update(p, &xs, &ys, &loss)); /* the parent's context still works */
+  CHECK(pmap_params_step(p) == 1, "step %lld after one update", (long long)pmap_params_step(p));
+  pmap_params_destroy(p);
+  CHECK_OK(pmap_ctx_destroy(ctx));
+  pmap_model_destroy(m);
+  printf("fork: the child's calls on its parent's context returned within %d ms\n", waited_ms);
+}
+
 int main(void) {
+  test_fork();
   test_nested_contexts();
   test_timeout_then_free();
   test_two_threads();

@@ -1,8 +1,12 @@
 """pmap: data-parallel training on several devices (CPU threads or GPUs) from Python.
 
 A thin layer over the C library through ctypes. numpy arrays are passed without a copy when they
-are C-contiguous float32 (features, targets) or int32 (labels); anything else is converted once,
-explicitly, and the caller's array is never modified.
+are aligned C-contiguous float32 (features, targets) or int32 (labels); anything else is converted
+once, checked (labels must fit int32, complex and non-numeric arrays are refused, a finite value
+beyond float32's range is refused), and the caller's array is never modified. Any thread may use
+any object; close() waits for a running call, and a closed object raises pmap.Error. Models copy
+and pickle; contexts and params refuse (save/load, read/write copy training state). In a forked
+child the parent's contexts and params raise pmap.Error. The README's "From Python" says it all.
 
     import numpy as np, pmap
     with pmap.Context(backend="cpu", devices=4) as ctx:
@@ -10,7 +14,10 @@ explicitly, and the caller's array is never modified.
         params = ctx.params(model, pmap.sgd(0.5), seed=0)
         loss = params.update(xs, ys)        # one step over the global batch
 """
-from ._lib import Error, version
+from ._lib import ArgumentError, ArgumentTypeError, Error, version
 from ._api import Context, Model, Params, adam, adamw, sgd
 
-__all__ = ["Context", "Model", "Params", "Error", "sgd", "adam", "adamw", "version"]
+__version__ = version()  # the loaded library's pmap_version(), the project's version
+
+__all__ = ["Context", "Model", "Params", "Error", "ArgumentError", "ArgumentTypeError", "sgd",
+           "adam", "adamw", "version", "__version__"]

@@ -1,30 +1,36 @@
-"""The Pythonic layer: Context, Model, Params and the optimizer settings."""
+"""The Pythonic layer: Context, Model, Params and the optimizer settings. Arguments are checked by
+_convert before they reach the library; every use of a C object goes through its _handle."""
 import ctypes
-import weakref
 
 import numpy as np
 
 from . import _lib
-from ._lib import Array, Config, Error, Optimizer, check, lib
+from . import _convert
+from ._convert import F32, I32, INT32, INT64, array, choice, flag, integer, real
+from ._handle import Handle
+from ._lib import ArgumentTypeError, Config, Optimizer, check, lib
 
-_F32, _I32 = 0, 1
 _BACKENDS = {"auto": 0, "cpu": 1, "cuda": 2}
 _LOSSES = {"mse": 0, "softmax_xent": 1}
 _KINDS = {"sgd": 0, "adam": 1, "adamw": 2}
 _SCHEDULES = {"constant": 0, "warmup_cosine": 1, "warmup_linear": 2}
+_UINT64 = (0, 2 ** 64 - 1)
+_COUNT = (1, 2 ** 31 - 1)  # a positive C int
 
 
 def _optimizer(kind, lr, momentum=0.0, beta1=0.9, beta2=0.999, eps=1e-8, clip_norm=0.0,
                weight_decay=0.0, nesterov=False, schedule="constant", warmup_steps=0,
                decay_steps=0, final_lr=0.0):
-    if schedule not in _SCHEDULES:
-        raise ValueError(f"schedule {schedule!r} is not one of {sorted(_SCHEDULES)}")
     o = Optimizer()
     o.kind = _KINDS[kind]
-    o.lr, o.momentum, o.beta1, o.beta2, o.eps = lr, momentum, beta1, beta2, eps
-    o.clip_norm, o.weight_decay, o.nesterov = clip_norm, weight_decay, int(bool(nesterov))
-    o.schedule, o.warmup_steps, o.decay_steps = _SCHEDULES[schedule], warmup_steps, decay_steps
-    o.final_lr = final_lr
+    o.lr, o.momentum = real("lr", lr), real("momentum", momentum)
+    o.beta1, o.beta2, o.eps = real("beta1", beta1), real("beta2", beta2), real("eps", eps)
+    o.clip_norm, o.weight_decay = real("clip_norm", clip_norm), real("weight_decay", weight_decay)
+    o.nesterov = flag("nesterov", nesterov)
+    o.schedule = choice("schedule", schedule, _SCHEDULES)
+    o.warmup_steps = integer("warmup_steps", warmup_steps, *INT64)
+    o.decay_steps = integer("decay_steps", decay_steps, *INT64)
+    o.final_lr = real("final_lr", final_lr)
     if kind == "sgd":
         o.beta1 = o.beta2 = o.eps = 0.0
     return o
@@ -32,7 +38,7 @@ def _optimizer(kind, lr, momentum=0.0, beta1=0.9, beta2=0.999, eps=1e-8, clip_no
 
 def sgd(lr, momentum=0.0, **kw):
     """SGD settings (pmap_sgd); keywords: nesterov, weight_decay, clip_norm, schedule,
-    warmup_steps, decay_steps, final_lr."""
+    warmup_steps, decay_steps, final_lr. The settings are a plain value: copy and pickle it."""
     return _optimizer("sgd", lr, momentum=momentum, **kw)
 
 
@@ -46,176 +52,157 @@ def adamw(lr, weight_decay=0.01, **kw):
     return _optimizer("adamw", lr, weight_decay=weight_decay, **kw)
 
 
-def _as_array(x, dtype, name, keep):
-    """A pmap_array over x without a copy when x is C-contiguous of the right dtype; otherwise
-    over one converted copy (kept alive in `keep`). x itself is never written."""
-    a = np.asarray(x)
-    want = np.float32 if dtype == _F32 else np.int32
-    if a.dtype != want or not a.flags.c_contiguous:
-        if dtype == _I32 and not np.issubdtype(a.dtype, np.integer):
-            raise TypeError(f"{name}: labels must be integers, got {a.dtype}")
-        a = np.ascontiguousarray(a, dtype=want)
-    if a.ndim < 1 or a.ndim > _lib.MAX_RANK:
-        raise ValueError(f"{name}: rank {a.ndim} is outside 1..{_lib.MAX_RANK}")
-    keep.append(a)
-    s = Array()
-    s.data = a.ctypes.data
-    s.dtype = dtype
-    s.rank = a.ndim
-    for i, n in enumerate(a.shape):
-        s.shape[i] = n
-    return s
+def _no_copy(obj, how):
+    raise TypeError(f"a pmap.{type(obj).__name__} cannot be copied or pickled: {how}")
+
+
+def _pair(name, v):
+    if isinstance(v, (tuple, list)) and len(v) == 2:
+        return integer(name, v[0], *INT32), integer(name, v[1], *INT32)
+    k = integer(name, v, *INT32)
+    return k, k
+
+
+def _model_from_layers(input_shape, layers):
+    """Unpickling and copying: the same layers added again, each checked again."""
+    m = Model(input_shape)
+    for name, args in layers:
+        getattr(m, name)(*args)
+    return m
 
 
 class Model:
     """A sequential model: Model(input_shape=(10,)).dense(32).relu().dense(1).loss("mse").
-    Each layer is checked when added (pmap.Error with the C message)."""
+    Each layer is checked when added (pmap.Error with the C message). A Model remembers its
+    layers: copy.copy, copy.deepcopy and pickle give an independent model with the same layers.
+    Calls from several threads run one after the other."""
+
+    _handle = Handle.never("model")
 
     def __init__(self, input_shape):
-        shape = tuple(int(n) for n in input_shape)
-        self._h = ctypes.c_void_p()
+        try:
+            dims = list(input_shape)
+        except TypeError:
+            raise ArgumentTypeError(f"input_shape must be a sequence of extents, got "
+                                    f"{type(input_shape).__name__} {input_shape!r}") from None
+        shape = tuple(integer("input_shape extent", n, *INT64) for n in dims)
+        raw = ctypes.c_void_p()
         c = (ctypes.c_int64 * max(len(shape), 1))(*shape)
-        check(lib.pmap_model_create(len(shape), c, ctypes.byref(self._h)))
+        check(lib.pmap_model_create(len(shape), c, ctypes.byref(raw)))
         self.input_shape = shape
+        self._layers = []  # (method, arguments): what copying and pickling replay
+        self._loss = "mse"
+        self._handle = Handle("model", raw, lib.pmap_model_destroy, process_bound=False)
+
+    def _add(self, method, fn, *args, record=None):
+        with self._handle.use(f"Model.{method}") as h:
+            check(fn(h, *args))
+            self._layers.append((method, args if record is None else record))
+        return self
 
     def dense(self, units):
-        check(lib.pmap_model_add_dense(self._h, int(units)))
-        return self
+        return self._add("dense", lib.pmap_model_add_dense, integer("units", units, *INT64))
 
     def relu(self):
-        check(lib.pmap_model_add_relu(self._h))
-        return self
+        return self._add("relu", lib.pmap_model_add_relu)
 
     def conv2d(self, out_channels, kernel=3, stride=1, pad=0):
-        kh, kw = (kernel, kernel) if isinstance(kernel, int) else kernel
-        check(lib.pmap_model_add_conv2d(self._h, int(out_channels), kh, kw, stride, pad))
-        return self
+        oc = integer("out_channels", out_channels, *INT64)
+        kh, kw = _pair("kernel", kernel)
+        stride, pad = integer("stride", stride, *INT32), integer("pad", pad, *INT32)
+        return self._add("conv2d", lib.pmap_model_add_conv2d, oc, kh, kw, stride, pad,
+                         record=(oc, (kh, kw), stride, pad))
 
     def flatten(self):
-        check(lib.pmap_model_add_flatten(self._h))
-        return self
+        return self._add("flatten", lib.pmap_model_add_flatten)
 
     # The layers of docs/models.md, "Layers".
     def tanh(self):
-        check(lib.pmap_model_add_tanh(self._h))
-        return self
+        return self._add("tanh", lib.pmap_model_add_tanh)
 
     def sigmoid(self):
-        check(lib.pmap_model_add_sigmoid(self._h))
-        return self
+        return self._add("sigmoid", lib.pmap_model_add_sigmoid)
 
     def gelu(self):
-        check(lib.pmap_model_add_gelu(self._h))
-        return self
+        return self._add("gelu", lib.pmap_model_add_gelu)
 
     def layernorm(self):
-        check(lib.pmap_model_add_layernorm(self._h))
-        return self
+        return self._add("layernorm", lib.pmap_model_add_layernorm)
+
+    def _pool(self, method, fn, kernel, stride):
+        kh, kw = _pair("kernel", kernel)
+        s = kh if stride is None else integer("stride", stride, *INT32)
+        return self._add(method, fn, kh, kw, s, record=((kh, kw), s))
 
     def maxpool2d(self, kernel=2, stride=None):
-        kh, kw = (kernel, kernel) if isinstance(kernel, int) else kernel
-        check(lib.pmap_model_add_maxpool2d(self._h, kh, kw, stride or kh))
-        return self
+        """stride None: the kernel's height."""
+        return self._pool("maxpool2d", lib.pmap_model_add_maxpool2d, kernel, stride)
 
     def avgpool2d(self, kernel=2, stride=None):
-        kh, kw = (kernel, kernel) if isinstance(kernel, int) else kernel
-        check(lib.pmap_model_add_avgpool2d(self._h, kh, kw, stride or kh))
-        return self
+        """stride None: the kernel's height."""
+        return self._pool("avgpool2d", lib.pmap_model_add_avgpool2d, kernel, stride)
 
     def global_avgpool(self):
-        check(lib.pmap_model_add_global_avgpool(self._h))
-        return self
+        return self._add("global_avgpool", lib.pmap_model_add_global_avgpool)
 
     def dropout(self, rate):
-        check(lib.pmap_model_add_dropout(self._h, float(rate)))
-        return self
+        return self._add("dropout", lib.pmap_model_add_dropout, real("rate", rate))
 
     def batchnorm(self, cross_replica=True):
         """Batch norm; cross_replica: statistics of the global batch across devices."""
-        check(lib.pmap_model_add_batchnorm(self._h, 1 if cross_replica else 0))
-        return self
+        return self._add("batchnorm", lib.pmap_model_add_batchnorm,
+                         flag("cross_replica", cross_replica))
 
     def begin_residual(self):
         """The layers until end_residual() form f; the block computes x + f(x)."""
-        check(lib.pmap_model_begin_residual(self._h))
-        return self
+        return self._add("begin_residual", lib.pmap_model_begin_residual)
 
     def end_residual(self):
-        check(lib.pmap_model_end_residual(self._h))
-        return self
+        return self._add("end_residual", lib.pmap_model_end_residual)
 
     def loss(self, name):
-        if name not in _LOSSES:
-            raise ValueError(f"loss {name!r} is not one of {sorted(_LOSSES)}")
-        check(lib.pmap_model_set_loss(self._h, _LOSSES[name]))
-        self._loss = name
+        """"mse" (float targets) or "softmax_xent" (integer labels)."""
+        code = choice("loss", name, _LOSSES)
+        with self._handle.use("Model.loss") as h:
+            check(lib.pmap_model_set_loss(h, code))
+            self._layers.append(("loss", (name,)))
+            self._loss = name
         return self
 
     @property
     def num_params(self):
-        return lib.pmap_model_num_params(self._h)
+        with self._handle.use("Model.num_params") as h:
+            return lib.pmap_model_num_params(h)
 
     @property
     def output_shape(self):
         rank = ctypes.c_int()
         shape = (ctypes.c_int64 * _lib.MAX_RANK)()
-        lib.pmap_model_output_shape(self._h, ctypes.byref(rank), shape)
+        with self._handle.use("Model.output_shape") as h:
+            lib.pmap_model_output_shape(h, ctypes.byref(rank), shape)
         return tuple(shape[i] for i in range(rank.value))
 
-    def close(self):
-        if self._h:
-            lib.pmap_model_destroy(self._h)
-            self._h = ctypes.c_void_p()
+    def _recipe(self, call):
+        with self._handle.use(call):
+            return self.input_shape, tuple(self._layers)
 
-    def __del__(self):
-        self.close()
+    def __copy__(self):
+        return _model_from_layers(*self._recipe("copy.copy(Model)"))
 
+    def __deepcopy__(self, memo):
+        return _model_from_layers(*self._recipe("copy.deepcopy(Model)"))
 
-class Context:
-    """The device mesh: Context(backend="cpu", devices=4, timeout=0.0, numeric_guard=True,
-    uneven_batches=False, shard_optimizer=None). shard_optimizer: True shards the optimizer
-    over the devices (ZeRO-1), False replicates it, None leaves it to the library (the
-    PMAP_SHARD_OPTIMIZER variable, else sharded from 65536 parameters on). Close it with close() or a with block; closing
-    it closes its params."""
+    def __reduce__(self):
+        return (_model_from_layers, self._recipe("pickle(Model)"))
 
-    def __init__(self, backend="auto", devices=None, timeout=0.0, numeric_guard=True,
-                 uneven_batches=False, shard_optimizer=None):
-        if backend not in _BACKENDS:
-            raise ValueError(f"backend {backend!r} is not one of {sorted(_BACKENDS)}")
-        cfg = Config()
-        cfg.backend = _BACKENDS[backend]
-        cfg.num_devices = -1 if devices is None else int(devices)
-        cfg.timeout_s = float(timeout)
-        cfg.numeric_guard = 0 if numeric_guard else 1
-        cfg.uneven_batches = int(bool(uneven_batches))
-        cfg.shard_optimizer = 0 if shard_optimizer is None else (2 if shard_optimizer else 1)
-        self._h = ctypes.c_void_p()
-        check(lib.pmap_ctx_create(ctypes.byref(cfg), ctypes.byref(self._h)))
-        self._params = weakref.WeakSet()
-
-    @property
-    def devices(self):
-        return lib.pmap_ctx_num_devices(self._h)
-
-    @property
-    def backend(self):
-        return lib.pmap_backend_name(lib.pmap_ctx_backend(self._h)).decode()
-
-    def params(self, model, optimizer, seed=0):
-        """Training state of model on every device, drawn from seed."""
-        if not self._h:
-            raise Error(1, "the context is closed")
-        p = Params(self, model, optimizer, seed)
-        self._params.add(p)
-        return p
+    def __repr__(self):
+        calls = "".join(f".{m}({', '.join(map(repr, a))})" for m, a in self._layers)
+        state = " (closed)" if self._handle.closed else ""
+        return f"pmap.Model(input_shape={self.input_shape!r}){calls}{state}"
 
     def close(self):
-        """Closes every params of the context, then stops its threads. Idempotent."""
-        for p in list(self._params):
-            p.close()
-        if self._h:
-            check(lib.pmap_ctx_destroy(self._h))
-            self._h = ctypes.c_void_p()
+        """Frees the model (params made from it keep their own copy). Idempotent."""
+        self._handle.close()
 
     def __enter__(self):
         return self
@@ -230,99 +217,62 @@ class Context:
             pass
 
 
-class Params:
-    """Replicated training state; made by Context.params."""
+def _destroy_ctx(ptr):
+    check(lib.pmap_ctx_destroy(ptr))
 
-    def __init__(self, ctx, model, optimizer, seed):
-        self._ctx = ctx
-        self._h = ctypes.c_void_p()
-        check(lib.pmap_params_create(ctx._h, model._h, ctypes.byref(optimizer), int(seed),
-                                     ctypes.byref(self._h)))
-        self._classify = getattr(model, "_loss", "mse") == "softmax_xent"
-        self._out = model.output_shape
 
-    def _live(self):
-        if not self._h:
-            raise Error(1, "the params are closed")
+class Context:
+    """The device mesh: Context(backend="cpu", devices=4, timeout=0.0, numeric_guard=True,
+    uneven_batches=False, shard_optimizer=None). devices: a positive int, or None for the
+    backend's default (the C library's PMAP_DEVICES_DEFAULT). shard_optimizer: True shards the
+    optimizer over the devices (ZeRO-1), False replicates it, None leaves it to the library (the
+    PMAP_SHARD_OPTIMIZER variable, else sharded from 65536 parameters on).
+
+    Close it with close() or a with block; closing it closes its params (each after the call
+    running on it, if any). Any thread may use it. It belongs to the process that created it:
+    in a forked child every call on it or its params raises pmap.Error at once, and close() only
+    forgets it. It cannot be copied or pickled."""
+
+    _handle = Handle.never("context")
+
+    def __init__(self, backend="auto", devices=None, timeout=0.0, numeric_guard=True,
+                 uneven_batches=False, shard_optimizer=None):
+        cfg = Config()
+        cfg.backend = choice("backend", backend, _BACKENDS)
+        cfg.num_devices = -1 if devices is None else integer("devices", devices, *_COUNT)
+        cfg.timeout_s = real("timeout", timeout)
+        cfg.numeric_guard = 1 - flag("numeric_guard", numeric_guard)
+        cfg.uneven_batches = flag("uneven_batches", uneven_batches)
+        cfg.shard_optimizer = (0 if shard_optimizer is None
+                               else 1 + flag("shard_optimizer", shard_optimizer))
+        raw = ctypes.c_void_p()
+        check(lib.pmap_ctx_create(ctypes.byref(cfg), ctypes.byref(raw)))
+        self._children = set()  # the handles of its params, closed before it
+        self._handle = Handle("context", raw, _destroy_ctx, process_bound=True)
 
     @property
-    def count(self):
-        return lib.pmap_params_count(self._h)
+    def devices(self):
+        with self._handle.use("Context.devices") as h:
+            return lib.pmap_ctx_num_devices(h)
 
     @property
-    def sharded(self):
-        """Whether the optimizer is sharded over the devices."""
-        self._live()
-        return bool(lib.pmap_params_sharded(self._h))
+    def backend(self):
+        with self._handle.use("Context.backend") as h:
+            return lib.pmap_backend_name(lib.pmap_ctx_backend(h)).decode()
 
-    @property
-    def optimizer_bytes(self):
-        """Bytes of optimizer state each device holds."""
-        self._live()
-        return lib.pmap_params_optimizer_bytes(self._h)
+    def params(self, model, optimizer, seed=0):
+        """Training state of model (copied: the model may be closed after) on every device,
+        drawn from seed (0 .. 2**64 - 1)."""
+        return Params(self, model, optimizer, seed)
 
-    @property
-    def step(self):
-        return lib.pmap_params_step(self._h)
-
-    def update(self, xs, ys):
-        """One data-parallel step on the global batch (xs, ys); returns the mean loss."""
-        self._live()
-        keep = []
-        x = _as_array(xs, _F32, "xs", keep)
-        y = _as_array(ys, _I32 if self._classify else _F32, "ys", keep)
-        loss = ctypes.c_float()
-        check(lib.pmap_update(self._h, ctypes.byref(x), ctypes.byref(y), ctypes.byref(loss)))
-        return float(loss.value)
-
-    def predict(self, xs):
-        """The model's outputs for xs, an ndarray (rows, outputs...) float32."""
-        self._live()
-        keep = []
-        x = _as_array(xs, _F32, "xs", keep)
-        out = np.empty((x.shape[0],) + self._out, dtype=np.float32)
-        o = _as_array(out, _F32, "out", keep)
-        check(lib.pmap_predict(self._h, ctypes.byref(x), ctypes.byref(o)))
-        return out
-
-    def read(self, device=0):
-        """A copy of device `device`'s replica of the parameters (float32, flat)."""
-        self._live()
-        out = np.empty(self.count, dtype=np.float32)
-        check(lib.pmap_params_read(self._h, int(device), out.ctypes.data_as(
-            ctypes.POINTER(ctypes.c_float)), out.size))
-        return out
-
-    def write(self, values):
-        """Sets every replica's parameters to values (flat, count floats)."""
-        self._live()
-        a = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
-        check(lib.pmap_params_write(self._h, a.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
-                                    a.size))
-
-    def set_micro_batches(self, k):
-        self._live()
-        check(lib.pmap_params_set_micro_batches(self._h, int(k)))
-
-    def save(self, path):
-        """Checkpoints the whole training state to path (atomic)."""
-        self._live()
-        check(lib.pmap_params_save(self._h, str(path).encode()))
-
-    def load(self, path):
-        """Restores a checkpoint written by save (validated first; nothing changes on error)."""
-        self._live()
-        check(lib.pmap_params_load(self._h, str(path).encode()))
-
-    def verify(self):
-        """Raises pmap.Error when the replicas differ."""
-        self._live()
-        check(lib.pmap_params_verify(self._h))
+    def _close_children(self):
+        for h in list(self._children):
+            h.close()
+            self._children.discard(h)
 
     def close(self):
-        if self._h:
-            lib.pmap_params_destroy(self._h)
-            self._h = ctypes.c_void_p()
+        """Closes every params of the context, then stops its threads. Idempotent."""
+        self._handle.close(before=self._close_children)
 
     def __enter__(self):
         return self
@@ -331,4 +281,173 @@ class Params:
         self.close()
 
     def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __copy__(self):
+        _no_copy(self, "it owns worker threads and devices; create another pmap.Context")
+
+    def __deepcopy__(self, memo):
+        self.__copy__()
+
+    def __reduce_ex__(self, protocol):
+        self.__copy__()
+
+
+def _destroy_params(ptr):
+    lib.pmap_params_destroy(ptr)
+
+
+class Params:
+    """Replicated training state, made by Context.params(model, optimizer, seed). Any thread may
+    use it; calls run one after the other, and close() (or closing its context) waits for a
+    running call. A closed params raises pmap.Error on every call and property. It cannot be
+    copied or pickled: copy the training state with save()/load() (all of it) or read()/write()
+    (the parameters)."""
+
+    _handle = Handle.never("params")
+
+    def __init__(self, ctx, model, optimizer, seed=0):
+        if not isinstance(ctx, Context):
+            raise ArgumentTypeError(f"ctx must be a pmap.Context, got {type(ctx).__name__}")
+        if not isinstance(model, Model):
+            raise ArgumentTypeError(f"model must be a pmap.Model, got {type(model).__name__}")
+        if not isinstance(optimizer, Optimizer):
+            raise ArgumentTypeError("optimizer must come from pmap.sgd, pmap.adam or pmap.adamw, "
+                                    f"got {type(optimizer).__name__}")
+        seed = integer("seed", seed, *_UINT64)
+        raw = ctypes.c_void_p()
+        with ctx._handle.use("Context.params") as c, model._handle.use("Context.params") as m:
+            check(lib.pmap_params_create(c, m, ctypes.byref(optimizer), seed, ctypes.byref(raw)))
+            out = ctypes.c_int()
+            shape = (ctypes.c_int64 * _lib.MAX_RANK)()
+            lib.pmap_model_output_shape(m, ctypes.byref(out), shape)
+            self._ctx = ctx
+            self._classify = model._loss == "softmax_xent"
+            self._out = tuple(shape[i] for i in range(out.value))
+            self._handle = Handle("params", raw, _destroy_params, process_bound=True)
+            ctx._children.add(self._handle)
+
+    def _use(self, call):
+        return self._handle.use(call)
+
+    @property
+    def count(self):
+        with self._use("Params.count") as h:
+            return lib.pmap_params_count(h)
+
+    @property
+    def sharded(self):
+        """Whether the optimizer is sharded over the devices."""
+        with self._use("Params.sharded") as h:
+            return bool(lib.pmap_params_sharded(h))
+
+    @property
+    def optimizer_bytes(self):
+        """Bytes of optimizer state each device holds."""
+        with self._use("Params.optimizer_bytes") as h:
+            return lib.pmap_params_optimizer_bytes(h)
+
+    @property
+    def step(self):
+        with self._use("Params.step") as h:
+            return lib.pmap_params_step(h)
+
+    def _ys(self, ys, keep):
+        if self._classify:
+            return array(ys, I32, "ys", keep, classes=self._out[0])
+        return array(ys, F32, "ys", keep)
+
+    def update(self, xs, ys):
+        """One data-parallel step on the global batch (xs, ys); returns the mean loss.
+        xs, and ys for MSE, hold real numbers (converted to float32; a finite value beyond its
+        range is refused); labels (softmax_xent) are integers in [0, K). Complex, object or
+        string arrays are refused."""
+        keep = []
+        x = array(xs, F32, "xs", keep)
+        y = self._ys(ys, keep)
+        loss = ctypes.c_float()
+        with self._use("Params.update") as h:
+            check(lib.pmap_update(h, ctypes.byref(x), ctypes.byref(y), ctypes.byref(loss)))
+        return float(loss.value)
+
+    def predict(self, xs):
+        """The model's outputs for xs, an ndarray (rows, outputs...) float32."""
+        keep = []
+        x = array(xs, F32, "xs", keep)
+        out = np.empty((x.shape[0],) + self._out, dtype=np.float32)
+        o = array(out, F32, "out", keep)
+        with self._use("Params.predict") as h:
+            check(lib.pmap_predict(h, ctypes.byref(x), ctypes.byref(o)))
+        return out
+
+    def read(self, device=0):
+        """A copy of device `device`'s replica of the parameters (float32, flat)."""
+        device = integer("device", device, *INT32)
+        with self._use("Params.read") as h:
+            out = np.empty(lib.pmap_params_count(h), dtype=np.float32)
+            check(lib.pmap_params_read(h, device, out.ctypes.data_as(
+                ctypes.POINTER(ctypes.c_float)), out.size))
+        return out
+
+    def write(self, values):
+        """Sets every replica's parameters to values (count real numbers, any shape)."""
+        a = _convert.values(values, "values")
+        with self._use("Params.write") as h:
+            check(lib.pmap_params_write(h, a.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+                                        a.size))
+
+    def set_micro_batches(self, k):
+        k = integer("micro-batches", k, *INT32)
+        with self._use("Params.set_micro_batches") as h:
+            check(lib.pmap_params_set_micro_batches(h, k))
+
+    def save(self, path):
+        """Checkpoints the whole training state to path (str, bytes or os.PathLike; atomic)."""
+        p = _convert.path("path", path)
+        with self._use("Params.save") as h:
+            check(lib.pmap_params_save(h, p))
+
+    def load(self, path):
+        """Restores a checkpoint written by save (validated first; nothing changes on error)."""
+        p = _convert.path("path", path)
+        with self._use("Params.load") as h:
+            check(lib.pmap_params_load(h, p))
+
+    def verify(self):
+        """Raises pmap.Error when the replicas differ."""
+        with self._use("Params.verify") as h:
+            check(lib.pmap_params_verify(h))
+
+    def close(self):
+        """Frees the state on every device, after the call running on it, if any. Idempotent."""
+        h = self._handle
+        h.close()
+        ctx = getattr(self, "_ctx", None)
+        if ctx is not None:
+            ctx._children.discard(h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
         self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __copy__(self):
+        _no_copy(self, "it is training state on the devices of its context; copy the state with "
+                       "save(path) and load(path) into params of the same model (everything), "
+                       "or read() and write() (the parameters only)")
+
+    def __deepcopy__(self, memo):
+        self.__copy__()
+
+    def __reduce_ex__(self, protocol):
+        self.__copy__()

@@ -21,13 +21,39 @@ STATUS_NAMES = {
 
 class Error(RuntimeError):
     """A pmap call failed: .status is the status name (e.g. "PMAP_ERR_INVALID_ARGUMENT"),
-    .code its value, .message the library's message naming the call and the values."""
+    .code its value, .message the library's message naming the call and the values.
+    Errors pickle and copy (for multiprocessing) with their code and message."""
 
     def __init__(self, code, message):
         self.code = int(code)
         self.status = STATUS_NAMES.get(self.code, f"status {self.code}")
         self.message = message
         super().__init__(f"{self.status}: {message}")
+
+    def __reduce__(self):
+        return (_rebuild_error, (type(self), self.code, self.message))
+
+
+def _rebuild_error(cls, code, message):
+    e = cls.__new__(cls)
+    Error.__init__(e, code, message)
+    return e
+
+
+class ArgumentError(Error, ValueError):
+    """A bad value caught by the package before it reached the library (status
+    PMAP_ERR_INVALID_ARGUMENT): both a pmap.Error and a ValueError."""
+
+    def __init__(self, message):
+        super().__init__(1, message)
+
+
+class ArgumentTypeError(Error, TypeError):
+    """An argument of the wrong type (status PMAP_ERR_INVALID_ARGUMENT): both a pmap.Error and a
+    TypeError."""
+
+    def __init__(self, message):
+        super().__init__(1, message)
 
 
 class Config(ctypes.Structure):
