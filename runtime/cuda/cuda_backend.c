@@ -17,11 +17,12 @@ cuda_device *cuda_device_of(pmap_device *dev) { return (cuda_device *)dev->be; }
 static void device_release(cuda_device *cd) {
   for (int s = 0; s < 2; s++) {
     cuda_stage *st = &cd->stage[s];
-    if (st->dev) (void)cudaFreeAsync(st->dev, cd->stream);
+    if (st->dev) cuda_mem_free(cd, st->dev);
     memset(st, 0, sizeof *st);
   }
-  if (cd->work) (void)cudaFreeAsync(cd->work, cd->stream);
-  if (cd->scratch) (void)cudaFreeAsync(cd->scratch, cd->stream);
+  if (cd->work) cuda_mem_free(cd, cd->work);
+  if (cd->scratch) cuda_mem_free(cd, cd->scratch);
+  cuda_fast_device_release(cd);
   if (cd->stream) (void)cudaStreamSynchronize(cd->stream);
   for (int k = 0; k < 2; k++) {
     if (cd->pinned[k]) (void)cudaFreeHost(cd->pinned[k]);
@@ -33,7 +34,7 @@ static void device_release(cuda_device *cd) {
   if (cd->done) (void)cudaEventDestroy(cd->done);
   cd->down = NULL;
   cd->done = NULL;
-  cuda_fast_device_release(cd);
+  cuda_mem_release(cd);
   if (cd->blas) (void)cublasDestroy(cd->blas);
   if (cd->blas_ws) (void)cudaFree(cd->blas_ws);
   if (cd->stream) (void)cudaStreamDestroy(cd->stream);
@@ -78,8 +79,10 @@ static void host_buffers(cuda_device *cd, const cuda_ctx *cc) {
   if (cc->wait_mode == CUDA_WAIT_BLOCK && cudaEventCreateWithFlags(&cd->done, flags) != cudaSuccess)
     cd->done = NULL;
   if (cudaMallocHost(&cd->down, CUDA_DOWN_BYTES) != cudaSuccess) cd->down = NULL;
+  /* Only queried, never slept on: no blocking-sync flag, which a machine may refuse. */
   for (int k = 0; k < 2 && cc->pinned_bytes; k++) {
-    if (cudaEventCreateWithFlags(&cd->pinned_ev[k], flags) != cudaSuccess) cd->pinned_ev[k] = NULL;
+    if (cudaEventCreateWithFlags(&cd->pinned_ev[k], cudaEventDisableTiming) != cudaSuccess)
+      cd->pinned_ev[k] = NULL;
     if (cudaMallocHost(&cd->pinned[k], cc->pinned_bytes) != cudaSuccess) cd->pinned[k] = NULL;
   }
   if (!cd->pinned_ev[0] || !cd->pinned_ev[1] || !cd->pinned[0] || !cd->pinned[1])
@@ -109,9 +112,10 @@ static pmap_status cuda_device_init(pmap_device *dev) {
       cd, st,
       cublasSetMathMode(cd->blas, cc->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
       fail);
-  CUDA_CHECK_GOTO(cd, st, cudaMallocAsync(&cd->scratch, CUDA_SCRATCH_BYTES, cd->stream), fail);
+  PMAP_TRY_GOTO(st, cuda_mem_init(cd, cc), fail);
+  PMAP_TRY_GOTO(st, cuda_mem_alloc(dev, cd, CUDA_SCRATCH_BYTES, &cd->scratch), fail);
   host_buffers(cd, cc);
-  PMAP_TRY_GOTO(st, cuda_fast_device_init(cd), fail);
+  PMAP_TRY_GOTO(st, cuda_fast_device_init(dev, cd), fail);
   PMAP_TRY_GOTO(st, cuda_ops_preload(cd), fail);
   PMAP_TRY_GOTO(st, startup_barrier(dev, cd), fail);
   atomic_fetch_sub(&cc->starting, 1);
@@ -151,32 +155,26 @@ static void cuda_leave(pmap_device *dev, const int saved[2]) {
   (void)cudaGetLastError();
 }
 
-/* Stream-ordered allocations: unlike cudaMalloc/cudaFree they never wait for the whole GPU,
- * which could otherwise wait on another rank's collective when logical devices share a GPU. */
+/* Stream-ordered allocations (cuda_mem.c): unlike cudaMalloc/cudaFree they never wait for the
+ * whole GPU, which could otherwise wait on another rank's collective when logical devices share
+ * a GPU. */
 static pmap_status cuda_alloc(pmap_device *dev, size_t bytes, void **out) {
-  cuda_device *cd = dev->be;
-  void *p = NULL;
-  *out = NULL;
-  CUDA_CHECK(cd, cudaMallocAsync(&p, bytes ? bytes : 256, cd->stream));
-  cuda_alloc_counted(cd);
-  *out = p;
-  return PMAP_SUCCESS;
+  return cuda_mem_alloc(dev, dev->be, bytes, out);
 }
 
 static void cuda_free(pmap_device *dev, void *ptr) {
   cuda_device *cd = dev->be;
-  if (!ptr || !cd) return;
-  if (cudaFreeAsync(ptr, cd->stream) != cudaSuccess) (void)cudaGetLastError();
+  if (cd) cuda_mem_free(cd, ptr);
 }
 
-pmap_status cuda_work_reserve(cuda_device *cd, size_t count) {
+pmap_status cuda_work_reserve(pmap_device *dev, size_t count) {
+  cuda_device *cd = dev->be;
   if (count <= cd->work_cap) return PMAP_SUCCESS;
-  if (cd->work) CUDA_CHECK(cd, cudaFreeAsync(cd->work, cd->stream));
+  cuda_mem_free(cd, cd->work);
   cd->work = NULL;
   cd->work_cap = 0;
   void *p = NULL;
-  CUDA_CHECK(cd, cudaMallocAsync(&p, count * sizeof(float), cd->stream));
-  cuda_alloc_counted(cd);
+  PMAP_TRY(cuda_mem_alloc(dev, cd, count * sizeof(float), &p));
   cd->work = p;
   cd->work_cap = count;
   return PMAP_SUCCESS;
@@ -250,11 +248,10 @@ static pmap_status cuda_stage_input(pmap_device *dev, int slot, const void *host
   }
   if (bytes > s->cap) {
     size_t cap = (bytes + STAGE_ROUND - 1) / STAGE_ROUND * STAGE_ROUND;
-    if (s->dev) CUDA_CHECK(cd, cudaFreeAsync(s->dev, cd->stream));
+    cuda_mem_free(cd, s->dev);
     s->dev = NULL;
     s->cap = 0;
-    CUDA_CHECK(cd, cudaMallocAsync(&s->dev, cap, cd->stream));
-    cuda_alloc_counted(cd);
+    PMAP_TRY(cuda_mem_alloc(dev, cd, cap, &s->dev));
     s->cap = cap;
   }
   /* Stream order keeps the kernels that read the previous contents ahead of this copy. */

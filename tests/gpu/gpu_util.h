@@ -56,6 +56,13 @@ static inline int gpu_test_devices(int dflt) {
   return (int)v;
 }
 
+/* PMAP_GPU_TEST_QUICK=1: the shorter form of a multi-device test (bench/gpu-check.sh's run on 4
+ * logical devices after the full one on 2), which each test defines. */
+static inline int gpu_test_quick(void) {
+  const char *s = getenv("PMAP_GPU_TEST_QUICK");
+  return s && !strcmp(s, "1");
+}
+
 /* A CUDA context of n logical devices, device i on GPU i % gpus. Returns PMAP_ERR_UNAVAILABLE
  * (after saying why) where that needs GPU sharing that this NCCL does not allow, unless
  * PMAP_GPU_TEST_DEVICES asked for it: then, as any other failure, it fails the test. */
