@@ -23,7 +23,7 @@
 #             every step with its limit, and fails when a check fails or the limits add up to
 #             more than the budget. Runs nothing on a GPU.
 #
-# GPU_CHECK_BUDGET_S (default 575) bounds the whole run: a step starts only if its limit fits in
+# GPU_CHECK_BUDGET_S (default 585) bounds the whole run: a step starts only if its limit fits in
 # what is left, else it is "not run" (never a pass). GPU_CHECK_BUILD_DIR picks the build folder
 # (default: a fresh one under /tmp). Exit status: 0 every step passed, 1 a step failed, 2 no
 # usable GPU, 3 nothing failed but some steps did not run.
@@ -31,7 +31,7 @@ set -u
 trap '' PIPE # a console that went away must not end the run before its summary
 
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BUDGET=${GPU_CHECK_BUDGET_S:-575}
+BUDGET=${GPU_CHECK_BUDGET_S:-585}
 START=$(date +%s)
 NPROC=$(nproc 2>/dev/null || echo 4)
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
@@ -58,7 +58,7 @@ DRYRUN=$DRY # DRY alone is lifted for the dry run's real configure and build
 # keeps to its limit.
 
 PLAN=(
-  "configure 40 a" "build 110 a"
+  "configure 40 a" "build 100 a"
   "probe 20 b" "gpu-ops-1 25 b" "gpu-pmap-1 35 b"
   "gpu-coll-2 30 c" "gpu-pmap-2 55 c" "gpu-fast-2 30 c" "gpu-fallback-2 30 c"
   "gpu-coll-4 30 d" "gpu-pmap-4 30 d" "gpu-fast-4 25 d"
@@ -72,8 +72,9 @@ for p in "${PLAN[@]}"; do
   PLAN_NAMES+=("$n") LIMIT[$n]=$l STAGE[$n]=$s
   PLAN_SUM=$((PLAN_SUM + l))
 done
-# What the end of a run needs (summary, archive) is kept out of the steps' time.
-RESERVE=5
+# Kept out of the steps' time: the end of a run (summary, archive) and the stacks of the first
+# step that hangs (STACKS_S). The plan's limits fit in the rest.
+RESERVE=25
 
 # ------------------------------------------------------------------------------------------
 # Output: the five files in OUT; the steps' logs in a work folder, archived after every step.
@@ -147,7 +148,10 @@ log_note() { # log rc
 
 # run_step NAME CMD...: CMD under NAME's limit from the plan, output in logs/NAME.log. A dry run
 # prints it. It starts only if its limit fits in what is left of the budget; otherwise it is
-# not run. It runs in the background so that TERM reaches this script at once (see on_term).
+# not run. It runs in a session of its own (setsid: its processes form one group, ended
+# together) with line-buffered output (stdbuf: a program killed keeps what it printed), in the
+# background so that TERM reaches this script at once (see on_term). The first step to outlive
+# its limit first has its threads' stacks written to its log (cuda-gdb), from the reserve.
 run_step() {
   local name=$1 limit=${LIMIT[$1]:?gpu-check: step $1 is not in the plan}
   shift
@@ -167,22 +171,35 @@ run_step() {
     record "$name" not-run 0 "limit ${limit}s > ${left}s left of the budget"
     return 1
   fi
-  local log=$LOGS/$name.log rc t1
+  local log=$LOGS/$name.log rc t1 late=0
   say "== $name (limit ${limit}s, ${left}s left): $*"
   { echo "\$ $*"; echo; } >"$log"
   CUR_STEP=$name CUR_T0=$(date +%s.%N)
   checkpoint
-  timeout -k 5 "$limit" "$@" >>"$log" 2>&1 &
+  local deadline=$(($(date +%s) + limit))
+  "${LAUNCH[@]}" "$@" >>"$log" 2>&1 </dev/null &
   CUR_PID=$!
+  while kill -0 "$CUR_PID" 2>/dev/null; do
+    if (($(date +%s) >= deadline)); then
+      late=1
+      break
+    fi
+    sleep 0.2
+  done
+  if ((late)); then
+    stacks "$CUR_PID" "$log"
+    kill_group "$CUR_PID"
+  fi
   wait "$CUR_PID"
   rc=$?
   CUR_PID="" CUR_STEP=""
   t1=$(date +%s.%N)
-  local secs note
+  local secs
   secs=$(awk -v a="$CUR_T0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
   tail -n 3 "$log" | sed 's/^/   | /' | while IFS= read -r l; do say "$l"; done
-  if ((rc == 124 || rc == 137)); then
+  if ((late)); then
     record "$name" fail "$secs" "timed out after its limit of ${limit}s: $(log_note "$log" 1)"
+    rc=124
   elif ((rc != 0)); then
     record "$name" fail "$secs" "exit status $rc: $(log_note "$log" "$rc")"
   else
@@ -190,6 +207,37 @@ run_step() {
   fi
   checkpoint
   return $rc
+}
+
+# The launcher of every step: its own session, line-buffered output, where the tools exist.
+LAUNCH=()
+command -v setsid >/dev/null 2>&1 && LAUNCH+=(setsid)
+command -v stdbuf >/dev/null 2>&1 && LAUNCH+=(stdbuf -oL -eL)
+
+# Ends the step's process group (its own session when setsid ran it): TERM, then KILL.
+kill_group() {
+  local pid=$1 i
+  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
+  for i in $(seq 1 25); do
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.2
+  done
+  kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null
+}
+
+# The stacks of a step that hangs, once per run (the budget keeps STACKS_S for it).
+STACKS_USED=0 STACKS_S=20
+CUDA_GDB=$(command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null | head -n 1)
+stacks() { # pid log
+  ((STACKS_USED)) && return
+  [ -n "$CUDA_GDB" ] || { echo "(no cuda-gdb here for the stacks of the hung step)" >>"$2"; return; }
+  STACKS_USED=1
+  {
+    echo
+    echo "=== the step outlived its limit: its threads' stacks (cuda-gdb -p $1) ==="
+  } >>"$2"
+  timeout -k 2 $((STACKS_S - 3)) "$CUDA_GDB" -q -nx -batch -p "$1" -ex 'set pagination off' \
+    -ex 'info threads' -ex 'thread apply all bt 30' >>"$2" 2>&1 </dev/null
 }
 
 # not_run NAME WHY: a planned step that cannot run here.
@@ -286,7 +334,7 @@ write_md() {
     [ -n "${VISITED[$name]:-}" ] || echo "| $name | ${STAGE[$name]} | not-run | 0 | ${LIMIT[$name]} | not reached |"
   done
   echo
-  echo "Plan: ${PLAN_SUM}s of limits in a budget of ${BUDGET}s; this run took $(elapsed)s."
+  echo "Plan: ${PLAN_SUM}s of limits in a budget of ${BUDGET}s (${RESERVE}s kept for the end); this run took $(elapsed)s."
   echo "Every step's log is in \`logs.tar.gz\` (logs/<step>.log), this script's output in"
   echo "\`check.log\`, every figure in \`summary.json\`."
   [ -n "${PY:-}" ] && "$PY" "$SRC/bench/gpu_check_figures.py" "$OUTDIR/summary.json.new" 2>&1
@@ -340,16 +388,13 @@ checkpoint() {
   rm -f "$OUTDIR/logs.tar.gz.new"
 }
 
-# TERM, INT or HUP: the step under way (its own process group, made by timeout) is ended and
+# TERM, INT or HUP: the step under way (its own process group, made by setsid) is ended and
 # recorded as interrupted, and the run ends with its summary.
 on_term() {
   TERMINATED=1
   NOTES+=("The check was terminated after $(elapsed)s: the steps after it did not run.")
   if [ -n "$CUR_PID" ]; then
-    kill -TERM -- "-$CUR_PID" 2>/dev/null || kill -TERM "$CUR_PID" 2>/dev/null
-    local i
-    for i in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$CUR_PID" 2>/dev/null || break; sleep 0.2; done
-    kill -KILL -- "-$CUR_PID" 2>/dev/null
+    kill_group "$CUR_PID"
     local secs
     secs=$(awk -v a="$CUR_T0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
     record "$CUR_STEP" interrupted "$secs" "the check was terminated while it ran"
@@ -535,8 +580,8 @@ cat "$OUTDIR/environment.txt"
 cat "$OUTDIR/environment.txt" >&3 2>/dev/null
 nvidia-smi >"$LOGS/nvidia-smi.log" 2>&1 || true
 say "gpu-check: plan of ${#PLAN_NAMES[@]} steps, ${PLAN_SUM}s of limits, budget ${BUDGET}s"
-if ((PLAN_SUM > BUDGET)); then
-  NOTES+=("The plan's limits add up to ${PLAN_SUM}s, more than the budget of ${BUDGET}s.")
+if ((PLAN_SUM > BUDGET - RESERVE)); then
+  NOTES+=("The plan's limits add up to ${PLAN_SUM}s, more than the budget of ${BUDGET}s less ${RESERVE}s kept for the end.")
 fi
 
 HAVE_GPU=1
@@ -551,7 +596,8 @@ else
   check nccl "NCCL ${NCCL_VERSION:-?} found; its library loads and reports ${NCCL_LIB_VERSION:-nothing}, as its header says" \
     test -n "$NCCL_VERSION" -a "$NCCL_LIB_VERSION" = "$NCCL_VERSION"
 fi
-((DRY)) && check plan "the plan's limits (${PLAN_SUM}s) fit the budget (${BUDGET}s)" test "$PLAN_SUM" -le "$BUDGET"
+((DRY)) && check plan "the plan's limits (${PLAN_SUM}s) fit the budget (${BUDGET}s less ${RESERVE}s kept for the end)" \
+  test "$PLAN_SUM" -le $((BUDGET - RESERVE))
 checkpoint
 
 # ------------------------------------------------------------------------------------------
@@ -681,7 +727,7 @@ if ((DRY || (BUILT && HAVE_GPU))); then
   else
     ((DRY)) && check jax-args "jax_compare.py accepts the step's arguments" \
       "$JAX_PY" "$SRC/bench/jax_compare.py" "${JAX_ARGS[@]}" --dry-run
-    run_step jax-compare "${ONE_ENV[@]}" PYTHONUNBUFFERED=1 "$JAX_PY" "$SRC/bench/jax_compare.py" \
+    run_step jax-compare "${ONE_ENV[@]}" PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false "$JAX_PY" "$SRC/bench/jax_compare.py" \
       "${JAX_ARGS[@]}"
   fi
 else

@@ -2,14 +2,18 @@
  * GPU once and owns a stream and a cuBLAS handle bound to it; memory is stream-ordered, inputs
  * pass through two pinned host buffers into per-slot device buffers with asynchronous copies,
  * and every wait on the GPU goes through cuda_wait (cuda_coll.c). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cuda_backend.h"
 #include "ops/cuda/cuda_ops.h"
 
 /* Staging buffers grow in steps of this, so that a slightly larger batch reuses them. */
 #define STAGE_ROUND ((size_t)1 << 16)
+/* The least time a device's destruction waits for its work to finish. */
+#define DRAIN_MIN_NS (10LL * 1000000000LL)
 
 cuda_device *cuda_device_of(pmap_device *dev) { return (cuda_device *)dev->be; }
 
@@ -126,11 +130,38 @@ fail:
   return st;
 }
 
+/* Polls until the device's streams are idle, for the context's timeout but at least 10 s;
+ * 1 when they are (a stream in error runs nothing more either). */
+static int drain(pmap_device *dev, cuda_device *cd, int64_t *limit_ns) {
+  int64_t limit = cuda_timeout_ns(dev->ctx), start = pmap_now_ns();
+  if (limit >= 0 && limit < DRAIN_MIN_NS) limit = DRAIN_MIN_NS;
+  *limit_ns = limit;
+  for (;;) {
+    cudaError_t a = cd->stream ? cudaStreamQuery(cd->stream) : cudaSuccess;
+    cudaError_t b = cd->comm_stream ? cudaStreamQuery(cd->comm_stream) : cudaSuccess;
+    if (a != cudaErrorNotReady && b != cudaErrorNotReady) break;
+    if (limit >= 0 && pmap_now_ns() - start > limit) return 0;
+    struct timespec ts = {0, 100000};
+    nanosleep(&ts, NULL);
+  }
+  (void)cudaGetLastError();
+  return 1;
+}
+
 static void cuda_device_fini(pmap_device *dev) {
   cuda_device *cd = dev->be;
   if (!cd) return;
-  /* Drain the stream (bounded by the timeout) so nothing is freed under a running kernel. */
-  (void)cuda_wait(dev, "device_fini", 0);
+  /* Nothing is freed under a running kernel, and destroying never hangs: a device whose work
+   * does not finish (a kernel that an abort did not end) keeps its resources to the end of the
+   * process, and one line on stderr says so. */
+  int64_t limit = 0;
+  if (!drain(dev, cd, &limit)) {
+    fprintf(stderr,
+            "pmap: device %d (GPU %d): its GPU work did not finish within %.0f s of the "
+            "context's destruction; its memory, streams and handles are left to the process\n",
+            dev->index, cd->gpu, (double)limit * 1e-9);
+    return;
+  }
   device_release(cd);
 }
 

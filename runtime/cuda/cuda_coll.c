@@ -233,8 +233,10 @@ pmap_status cuda_wait(pmap_device *dev, const char *call, int collective) {
   cuda_device *cd = dev->be;
   cuda_ctx *cc = dev->ctx->be_ctx;
   collective = collective || atomic_load(&cc->pending[dev->index]);
-  PMAP_TRY(cc->wait_mode == CUDA_WAIT_POLL || !cd->done ? wait_poll(dev, cd, call, collective)
-                                                        : wait_block(dev, cd, call, collective));
+  /* Once the communicators are aborted the watchdog no longer ends waits: poll, within the
+   * timeout. */
+  int poll = cc->wait_mode == CUDA_WAIT_POLL || !cd->done || atomic_load(&cc->dead);
+  PMAP_TRY(poll ? wait_poll(dev, cd, call, collective) : wait_block(dev, cd, call, collective));
   return collective ? collective_verdict(dev, call) : PMAP_SUCCESS;
 }
 

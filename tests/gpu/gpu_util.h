@@ -12,6 +12,8 @@
  * Called first by every test: the tolerances assume FP32 GEMMs, so TF32 is turned off here
  * (a -Dtf32=true build would have it on) unless PMAP_CUDA_TF32 asks for it explicitly. */
 static inline int gpu_count(void) {
+  /* Line by line into a log file too: a test killed at its time limit keeps what it printed. */
+  setvbuf(stdout, NULL, _IOLBF, 0);
   const char *tf32 = getenv("PMAP_CUDA_TF32");
   if (!tf32 || !*tf32) setenv("PMAP_CUDA_TF32", "0", 1);
   if (!pmap_backend_built(PMAP_BACKEND_CUDA)) {
