@@ -59,11 +59,12 @@ DRYRUN=$DRY # DRY alone is lifted for the dry run's real configure and build
 
 PLAN=(
   "configure 40 a" "build 100 a"
-  "probe 20 b" "gpu-ops-1 25 b" "gpu-pmap-1 35 b"
-  "gpu-coll-2 30 c" "gpu-pmap-2 55 c" "gpu-fast-2 30 c" "gpu-fallback-2 30 c"
+  "probe 20 b" "gpu-ops-1 20 b" "gpu-pmap-1 35 b"
+  "nccl-2 15 c" "nccl-2-nocumem 15 c"
+  "gpu-coll-2 30 c" "gpu-pmap-2 45 c" "gpu-fast-2 30 c" "gpu-fallback-2 30 c"
   "gpu-coll-4 30 d" "gpu-pmap-4 30 d" "gpu-fast-4 25 d"
-  "step-mlp-1024 30 e" "step-mlp 20 e" "allreduce 20 e"
-  "jax-compare 40 f"
+  "step-mlp-1024 25 e" "step-mlp 20 e" "allreduce 20 e"
+  "jax-compare 30 f"
 )
 declare -A LIMIT STAGE
 PLAN_NAMES=() PLAN_SUM=0
@@ -565,13 +566,14 @@ write_environment() {
       grep -v '^\$\|^$' "$LOGS/probe.log" | sed 's/^/    /'
     fi
     local f
-    for f in "$LOGS"/gpu-coll-2.log "$LOGS"/gpu-coll-4.log; do
+    for f in "$LOGS"/nccl-2.log "$LOGS"/nccl-2-nocumem.log "$LOGS"/gpu-coll-4.log; do
       [ -f "$f" ] || continue
       echo "  NCCL's own report ($(basename "$f" .log), NCCL_DEBUG=INFO):"
       grep -Eo 'Comm config (Min|Max) CTAs set to [0-9]+|NCCL version [0-9.]+[^ ]*|nRanks [0-9]+ nNodes [0-9]+ localRanks [0-9]+|[0-9]+ coll channels, [0-9]+ collnet channels, [0-9]+ nvls channels, [0-9]+ p2p channels' "$f" |
         sort | uniq -c | sed 's/^ */    /'
     done
     if [ -n "${WAIT_NOTE:-}" ]; then echo "  waits         $WAIT_NOTE"; fi
+    if [ -n "${NCCL_CUMEM_ENABLE:-}" ]; then echo "  NCCL          NCCL_CUMEM_ENABLE=$NCCL_CUMEM_ENABLE"; fi
   } >"$OUTDIR/environment.txt.new"
   mv -f "$OUTDIR/environment.txt.new" "$OUTDIR/environment.txt"
 }
@@ -694,9 +696,28 @@ if ((DRY || (BUILT && HAVE_GPU))); then
   ((DRY)) || write_environment
   run_step gpu-ops-1 "${ONE_ENV[@]}" "$T/test_gpu_ops"
   run_step gpu-pmap-1 "${ONE_ENV[@]}" PMAP_GPU_TEST_DEVICES=1 "$T/test_gpu_pmap"
-  # (c) 2 and (d) 4 logical devices (on one GPU where there is one). The first collectives run
-  # with NCCL's report of its configuration: the channel limits as NCCL took them.
+  # (c) 2 and (d) 4 logical devices (on one GPU where there is one). First the least that
+  # proves NCCL with two ranks, with NCCL's report of its configuration (the channel limits as
+  # it took them); where that fails, once more without NCCL's cuMem allocations (the usual
+  # refusal of a sandbox), which then stay off for every later step.
   INFO=(NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV)
+  SMALL=(--backend cuda -d 2 -b 8 -e 1M -f 32 -n 5 -w 2)
+  NOCUMEM=("${MULTI_ENV[@]}" "${INFO[@]}" NCCL_CUMEM_ENABLE=0 "$B/pmap-allreduce" "${SMALL[@]}")
+  if ((!MULTI)); then
+    not_run nccl-2 "$MULTI_WHY"
+    not_run nccl-2-nocumem "$MULTI_WHY"
+  elif ((DRY)); then
+    run_step nccl-2 "${MULTI_ENV[@]}" "${INFO[@]}" "$B/pmap-allreduce" "${SMALL[@]}"
+    run_step nccl-2-nocumem "${NOCUMEM[@]}"
+  elif run_step nccl-2 "${MULTI_ENV[@]}" "${INFO[@]}" "$B/pmap-allreduce" "${SMALL[@]}"; then
+    not_run nccl-2-nocumem "not needed: nccl-2 passed"
+  elif [ ! -f "$LOGS/nccl-2.log" ]; then
+    not_run nccl-2-nocumem "nccl-2 did not run"
+  elif run_step nccl-2-nocumem "${NOCUMEM[@]}"; then
+    export NCCL_CUMEM_ENABLE=0
+    NOTES+=("NCCL failed with two ranks and worked with NCCL_CUMEM_ENABLE=0: every later step ran with it.")
+  fi
+  ((DRY)) || write_environment
   for n in 2 4; do
     quick=$([ $n = 4 ] && echo 1 || echo 0)
     for t in coll pmap fast fallback; do
@@ -704,7 +725,7 @@ if ((DRY || (BUILT && HAVE_GPU))); then
       [ -n "${LIMIT[$name]:-}" ] || continue
       if ((!MULTI)); then not_run "$name" "$MULTI_WHY"; continue; fi
       extra=()
-      [ "$t" = coll ] && extra=("${INFO[@]}")
+      [ "$t" = coll ] && [ $n = 4 ] && extra=("${INFO[@]}")
       run_step "$name" "${MULTI_ENV[@]}" PMAP_GPU_TEST_DEVICES=$n PMAP_GPU_TEST_QUICK=$quick \
         "${extra[@]}" "$T/test_gpu_$t"
       [ "$t" = coll ] && ((!DRY)) && write_environment

@@ -62,9 +62,13 @@ int cuda_module_loading_lazy(void) {
   CUresult (*get_mode)(CUmoduleLoadingMode *) = NULL;
   enum cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
   void *fn = NULL;
-  if (cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &fn, 11070, cudaEnableDefault,
-                                       &found) != cudaSuccess ||
-      found != cudaDriverEntryPointSuccess || !fn) {
+#if CUDART_VERSION >= 12050
+  cudaError_t e = cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &fn, 11070,
+                                                   cudaEnableDefault, &found);
+#else
+  cudaError_t e = cudaGetDriverEntryPoint("cuModuleGetLoadingMode", &fn, cudaEnableDefault, &found);
+#endif
+  if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || !fn) {
     (void)cudaGetLastError();
     return -1;
   }
@@ -419,10 +423,12 @@ static pmap_status comms_create(pmap_ctx *ctx, cuda_ctx *cc) {
 #endif
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 17, 0)
   if (cc->cta_max > 0) {
     config.minCTAs = cc->cta_min;
     config.maxCTAs = cc->cta_max;
   }
+#endif
   /* NCCL switches devices while it sets up each rank: keep the caller's current device. */
   int saved = -1;
   if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
