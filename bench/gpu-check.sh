@@ -123,7 +123,8 @@ json_str() {
   printf '"%s"' "$s"
 }
 
-# record NAME STATUS SECONDS NOTE: pass, fail, not-run, interrupted, planned (dry run).
+# record NAME STATUS SECONDS NOTE: pass, fail, not-run, interrupted, not-needed, planned (dry
+# run).
 record() {
   ST_NAME+=("$1") ST_STATUS+=("$2") ST_SECS+=("$3") ST_NOTE+=("$4")
   say "   -> $2${4:+ ($4)}"
@@ -247,17 +248,25 @@ not_run() {
   say "== $1: not run: $2"
   record "$1" not-run 0 "$2"
 }
+
+# not_needed NAME WHY: a fallback step whose condition did not arise (counted apart).
+not_needed() {
+  VISITED[$1]=1
+  say "== $1: not needed: $2"
+  record "$1" not-needed 0 "$2"
+}
 declare -A VISITED
 
 # ------------------------------------------------------------------------------------------
 # The summary: written before and after every step, and by the traps.
 
 counts() {
-  PASSED=0 FAILED=0 NOTRUN=0 INTERRUPTED=0 PLANNED=0
+  PASSED=0 FAILED=0 NOTRUN=0 INTERRUPTED=0 PLANNED=0 NOTNEEDED=0
   local st
   for st in "${ST_STATUS[@]}"; do
     case $st in
     planned) PLANNED=$((PLANNED + 1)) ;;
+    not-needed) NOTNEEDED=$((NOTNEEDED + 1)) ;;
     pass) PASSED=$((PASSED + 1)) ;;
     fail) FAILED=$((FAILED + 1)) ;;
     interrupted) INTERRUPTED=$((INTERRUPTED + 1)) NOTRUN=$((NOTRUN + 1)) ;;
@@ -281,8 +290,8 @@ json_value() { # a program's JSON line, validated where Python is; a string othe
 
 write_json() {
   local i name out st
-  printf '{\n  "passed": %d, "failed": %d, "not_run": %d, "interrupted": %d, "planned": %d,\n' \
-    "$PASSED" "$FAILED" "$NOTRUN" "$INTERRUPTED" "$PLANNED"
+  printf '{\n  "passed": %d, "failed": %d, "not_run": %d, "interrupted": %d, "not_needed": %d, "planned": %d,\n' \
+    "$PASSED" "$FAILED" "$NOTRUN" "$INTERRUPTED" "$NOTNEEDED" "$PLANNED"
   printf '  "result": %s,\n  "dry_run": %s,\n  "terminated": %s,\n  "seconds": %d,\n  "budget_s": %d,\n  "plan_s": %d,\n' \
     "$(json_str "$RESULT")" "$( ((DRYRUN)) && echo true || echo false)" \
     "$( ((TERMINATED)) && echo true || echo false)" "$(elapsed)" "$BUDGET" "$PLAN_SUM"
@@ -317,6 +326,7 @@ write_md() {
   local i name
   local more=""
   ((INTERRUPTED)) && more=" ($INTERRUPTED interrupted)"
+  ((NOTNEEDED)) && more+=", $NOTNEEDED not needed"
   ((DRYRUN)) && more+=", $PLANNED planned"
   echo "# pmap gpu-check: $PASSED passed, $FAILED failed, $NOTRUN not run$more -- $RESULT"
   echo
@@ -710,7 +720,7 @@ if ((DRY || (BUILT && HAVE_GPU))); then
     run_step nccl-2 "${MULTI_ENV[@]}" "${INFO[@]}" "$B/pmap-allreduce" "${SMALL[@]}"
     run_step nccl-2-nocumem "${NOCUMEM[@]}"
   elif run_step nccl-2 "${MULTI_ENV[@]}" "${INFO[@]}" "$B/pmap-allreduce" "${SMALL[@]}"; then
-    not_run nccl-2-nocumem "not needed: nccl-2 passed"
+    not_needed nccl-2-nocumem "nccl-2 passed"
   elif [ ! -f "$LOGS/nccl-2.log" ]; then
     not_run nccl-2-nocumem "nccl-2 did not run"
   elif run_step nccl-2-nocumem "${NOCUMEM[@]}"; then
