@@ -113,14 +113,21 @@ CUR_STEP="" CUR_PID="" CUR_T0=0 TERMINATED=0 NOTES=()
 
 elapsed() { echo $(($(date +%s) - START)); }
 
-json_str() {
-  local s
-  s=$(printf '%s' "$1" | tr -d '\000-\010\013-\037')
+# The JSON string of $2 into the variable named $1, without a subshell (a checkpoint writes
+# hundreds of them).
+json_into() {
+  local LC_ALL=C s=$2
   s=${s//\\/\\\\}
   s=${s//\"/\\\"}
   s=${s//$'\t'/ }
   s=${s//$'\n'/\\n}
-  printf '"%s"' "$s"
+  s=${s//[$'\001'-$'\037']/}
+  printf -v "$1" '"%s"' "$s"
+}
+json_str() {
+  local v
+  json_into v "$1"
+  printf '%s' "$v"
 }
 
 # record NAME STATUS SECONDS NOTE: pass, fail, not-run, interrupted, not-needed, planned (dry
@@ -207,6 +214,7 @@ run_step() {
   else
     record "$name" pass "$secs" "$(log_note "$log" 0)"
   fi
+  keep_json "$name"
   checkpoint
   return $rc
 }
@@ -280,6 +288,15 @@ counts() {
 
 last_json() { grep -E '^\{.*\}$' "$1" 2>/dev/null | tail -n 1; }
 
+# A finished step's JSON output for summary.json, checked once (a checkpoint is not slowed by
+# a Python start per step).
+declare -A OUTJSON
+keep_json() { # name
+  local out
+  out=$(last_json "$LOGS/$1.log")
+  if [ -n "$out" ]; then OUTJSON[$1]=$(json_value "$out"); fi
+}
+
 json_value() { # a program's JSON line, validated where Python is; a string otherwise
   if [ -n "$1" ] && [ -n "${PY:-}" ] && printf '%s' "$1" | "$PY" -c 'import json,sys; json.load(sys.stdin)' 2>/dev/null; then
     printf '%s' "$1"
@@ -304,20 +321,25 @@ write_json() {
   printf '  "multi_device": %s,\n  "notes": %s,\n  "environment": %s,\n  "steps": [\n' \
     "$( ((MULTI)) && echo true || echo false)" "$(json_str "$(printf '%s\n' "${NOTES[@]}")")" \
     "$(json_str "$(cat "$OUTDIR/environment.txt" 2>/dev/null)")"
-  local all=("${ST_NAME[@]}") k=0
+  local all=("${ST_NAME[@]}") jn js jt jl jo last=$((${#ST_NAME[@]} - 1))
   for name in "${PLAN_NAMES[@]}"; do [ -n "${VISITED[$name]:-}" ] || all+=("$name"); done
+  last=$((${#all[@]} - 1))
   for i in "${!all[@]}"; do
     name=${all[$i]}
-    if ((i < ${#ST_NAME[@]})); then st=${ST_STATUS[$i]}; else st=not-run; fi
-    out=$(last_json "$LOGS/$name.log")
-    printf '    {"name": %s, "stage": %s, "limit_s": %s, "status": %s, "seconds": %s, "note": %s, "log": %s, "output": %s}%s\n' \
-      "$(json_str "$name")" "$(json_str "${STAGE[$name]:-}")" "${LIMIT[$name]:-null}" \
-      "$(json_str "$st")" "${ST_SECS[$i]:-0}" \
-      "$(json_str "$(if ((i < ${#ST_NAME[@]})); then printf '%s' "${ST_NOTE[$i]}"; else printf 'not reached'; fi)")" \
-      "$(json_str "$([ -f "$LOGS/$name.log" ] && echo "logs.tar.gz:logs/$name.log")")" \
-      "$(if [ -n "$out" ]; then json_value "$out"; else echo null; fi)" \
-      "$([ "$i" -lt $((${#all[@]} - 1)) ] && echo ,)"
-    k=$((k + 1))
+    json_into jn "$name"
+    if ((i < ${#ST_NAME[@]})); then
+      json_into js "${ST_STATUS[$i]}"
+      json_into jt "${ST_NOTE[$i]}"
+    else
+      js='"not-run"' jt='"not reached"'
+    fi
+    jl='""'
+    [ -f "$LOGS/$name.log" ] && json_into jl "logs.tar.gz:logs/$name.log"
+    json_into jo "${STAGE[$name]:-}"
+    printf '    {"name": %s, "stage": %s, "limit_s": %s, "status": %s, "seconds": %s, "note": %s, "log": %s, "output": %s}' \
+      "$jn" "$jo" "${LIMIT[$name]:-null}" "$js" "${ST_SECS[$i]:-0}" "$jt" "$jl" "${OUTJSON[$name]:-null}"
+    ((i < last)) && printf ','
+    printf '\n'
   done
   printf '  ]\n}\n'
 }
@@ -451,6 +473,8 @@ PYS=()
 for p in ${VIRTUAL_ENV:+$VIRTUAL_ENV/bin/python3} python3 python /opt/*/.venv/bin/python3 \
   /opt/*/venv/bin/python3 "$HOME"/.venv/bin/python3 /usr/local/bin/python3 /usr/bin/python3; do
   p=$(command -v "$p" 2>/dev/null) || continue
+  # The interpreter itself, not a wrapper (a version manager's shim costs a start each time).
+  p=$("$p" -c 'import sys; print(sys.executable)' 2>/dev/null) && [ -x "$p" ] || continue
   case " ${PYS[*]} " in *" $p "*) ;; *) PYS+=("$p") ;; esac
 done
 PY=${PYS[0]:-}
