@@ -575,9 +575,12 @@ export PMAP_CUDA_DEVICE_IDS=$IDS
 MULTI_ENV=(env NCCL_MULTI_RANK_GPU_ENABLE=1 CUDA_MODULE_LOADING=EAGER)
 # One device: neither, so that those steps also show the default (lazy) loading works alone.
 ONE_ENV=(env -u NCCL_MULTI_RANK_GPU_ENABLE -u CUDA_MODULE_LOADING)
-# The test suite's environment (tests/meson.build): FP32 GEMMs, short spins, and the CPU GEMM
-# choice measured once for every step.
-export PMAP_CUDA_TF32=0 PMAP_SPIN_US=50 XDG_CACHE_HOME=$WORK/cache
+# FP32 GEMMs in every step (JAX's comparison sets its own), and the CPU GEMM choice measured
+# once for all of them; the tests also get the suite's short spins (tests/meson.build), the
+# performance steps the library's defaults.
+export PMAP_CUDA_TF32=0 XDG_CACHE_HOME=$WORK/cache
+MULTI_ENV+=(PMAP_SPIN_US=50) ONE_ENV+=(PMAP_SPIN_US=50)
+PERF_ENV=(env NCCL_MULTI_RANK_GPU_ENABLE=1 CUDA_MODULE_LOADING=EAGER)
 
 write_environment() {
   {
@@ -591,6 +594,7 @@ write_environment() {
     echo "  loader path   LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
     echo "  devices       1, 2, 4 on GPUs $IDS$( ((MULTI)) || echo " -- 2 and 4 NOT POSSIBLE: $MULTI_WHY")"
     echo "  2 and 4       ${MULTI_ENV[*]:1}"
+    echo "  GEMMs         FP32 (PMAP_CUDA_TF32=0), in JAX's comparison too (--precision fp32)"
     echo "  Python        ${PY:-none}; JAX ${JAX_VERSION:-not found} ${JAX_PY:+($JAX_PY)}"
     echo "  meson, ninja  ${MESON_VERSION:-not found}, ${NINJA_VERSION:-not found}"
     echo "  CPU cores     $NPROC"
@@ -767,13 +771,12 @@ if ((DRY || (BUILT && HAVE_GPU))); then
   done
   # (e) Performance.
   if ((MULTI)); then
-    run_step step-mlp-1024 "${MULTI_ENV[@]}" PMAP_CUDA_BUCKET_MB=$BUCKET "$B/pmap-step" "${STEP1024[@]}"
-    run_step step-mlp "${MULTI_ENV[@]}" "$B/pmap-step" "${STEPMLP[@]}"
-    run_step allreduce "${MULTI_ENV[@]}" "$B/pmap-allreduce" "${ALLRED[@]}"
+    run_step step-mlp-1024 "${PERF_ENV[@]}" PMAP_CUDA_BUCKET_MB=$BUCKET "$B/pmap-step" "${STEP1024[@]}"
+    run_step step-mlp "${PERF_ENV[@]}" "$B/pmap-step" "${STEPMLP[@]}"
+    run_step allreduce "${PERF_ENV[@]}" "$B/pmap-allreduce" "${ALLRED[@]}"
   else
-    run_step step-mlp-1024 "${ONE_ENV[@]}" PMAP_CUDA_BUCKET_MB=$BUCKET "$B/pmap-step" \
-      "${STEP1024[@]/1,2/1}"
-    run_step step-mlp "${ONE_ENV[@]}" "$B/pmap-step" "${STEPMLP[@]/1,4/1}"
+    run_step step-mlp-1024 env PMAP_CUDA_BUCKET_MB=$BUCKET "$B/pmap-step" "${STEP1024[@]/1,2/1}"
+    run_step step-mlp "$B/pmap-step" "${STEPMLP[@]/1,4/1}"
     not_run allreduce "$MULTI_WHY"
   fi
   # (f) JAX's pmap on the same GPU (one device: JAX puts one device on each GPU).
@@ -782,7 +785,8 @@ if ((DRY || (BUILT && HAVE_GPU))); then
   else
     ((DRY)) && check jax-args "jax_compare.py accepts the step's arguments" \
       "$JAX_PY" "$SRC/bench/jax_compare.py" "${JAX_ARGS[@]}" --dry-run
-    run_step jax-compare "${ONE_ENV[@]}" PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false "$JAX_PY" "$SRC/bench/jax_compare.py" \
+    run_step jax-compare env -u NCCL_MULTI_RANK_GPU_ENABLE -u CUDA_MODULE_LOADING PYTHONUNBUFFERED=1 \
+      XLA_PYTHON_CLIENT_PREALLOCATE=false "$JAX_PY" "$SRC/bench/jax_compare.py" \
       "${JAX_ARGS[@]}"
   fi
 else
