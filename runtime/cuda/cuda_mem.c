@@ -33,7 +33,10 @@ pmap_status cuda_mem_init(cuda_device *cd, const cuda_ctx *cc) {
  * devices, a collective kernel that one device issued before the allocation would then wait
  * for ever for the same collective of a device that issues it after. Every device issues a
  * collective right after its rendezvous, so this device waits until each device on its GPU has
- * issued as many as it has; none can have issued more (the next rendezvous needs this one). */
+ * issued as many as it has. None can have issued more: its next collective's rendezvous needs
+ * this device, and the one kind issued without a rendezvous, a step's graph launch, comes in a
+ * step that allocates nothing (a graph is captured and replayed at the batch it was warmed up
+ * with, so every buffer it uses exists). */
 static pmap_status wait_peers_issued(pmap_device *dev, cuda_device *cd) {
   pmap_ctx *ctx = dev->ctx;
   cuda_ctx *cc = ctx->be_ctx;
