@@ -100,7 +100,7 @@ extern "C" pmap_status cuda_conv2d_forward(pmap_device *dev, const pmap_conv_sha
   int64_t ckk = s->c * s->kh * s->kw, ohw = s->oh * s->ow, chw = s->c * s->h * s->w;
   if (bd <= 0) return PMAP_SUCCESS;
   int64_t chunk = chunk_of(bd, (size_t)((ckk + s->oc) * ohw));
-  PMAP_TRY(cuda_work_reserve(cd, (size_t)(chunk * (ckk + s->oc) * ohw)));
+  PMAP_TRY(cuda_work_reserve(dev, (size_t)(chunk * (ckk + s->oc) * ohw)));
   float *colp = cd->work, *yp = cd->work + chunk * ckk * ohw;
   for (int64_t b0 = 0; b0 < bd; b0 += chunk) {
     int64_t cb = bd - b0 < chunk ? bd - b0 : chunk;
@@ -130,7 +130,7 @@ extern "C" pmap_status cuda_conv2d_backward(pmap_device *dev, const pmap_conv_sh
   if (bd <= 0) return PMAP_SUCCESS;
   size_t per = (size_t)((ckk + s->oc + (dx ? ckk : 0)) * ohw);
   int64_t chunk = chunk_of(bd, per);
-  PMAP_TRY(cuda_work_reserve(cd, (size_t)chunk * per));
+  PMAP_TRY(cuda_work_reserve(dev, (size_t)chunk * per));
   float *colp = cd->work;
   float *dyp = colp + chunk * ckk * ohw;
   float *dcolp = dyp + chunk * s->oc * ohw;

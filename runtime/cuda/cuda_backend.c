@@ -2,14 +2,18 @@
  * GPU once and owns a stream and a cuBLAS handle bound to it; memory is stream-ordered, inputs
  * pass through two pinned host buffers into per-slot device buffers with asynchronous copies,
  * and every wait on the GPU goes through cuda_wait (cuda_coll.c). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cuda_backend.h"
 #include "ops/cuda/cuda_ops.h"
 
 /* Staging buffers grow in steps of this, so that a slightly larger batch reuses them. */
 #define STAGE_ROUND ((size_t)1 << 16)
+/* The least time a device's destruction waits for its work to finish. */
+#define DRAIN_MIN_NS (10LL * 1000000000LL)
 
 cuda_device *cuda_device_of(pmap_device *dev) { return (cuda_device *)dev->be; }
 
@@ -17,11 +21,12 @@ cuda_device *cuda_device_of(pmap_device *dev) { return (cuda_device *)dev->be; }
 static void device_release(cuda_device *cd) {
   for (int s = 0; s < 2; s++) {
     cuda_stage *st = &cd->stage[s];
-    if (st->dev) (void)cudaFreeAsync(st->dev, cd->stream);
+    if (st->dev) cuda_mem_free(cd, st->dev);
     memset(st, 0, sizeof *st);
   }
-  if (cd->work) (void)cudaFreeAsync(cd->work, cd->stream);
-  if (cd->scratch) (void)cudaFreeAsync(cd->scratch, cd->stream);
+  if (cd->work) cuda_mem_free(cd, cd->work);
+  if (cd->scratch) cuda_mem_free(cd, cd->scratch);
+  cuda_fast_device_release(cd);
   if (cd->stream) (void)cudaStreamSynchronize(cd->stream);
   for (int k = 0; k < 2; k++) {
     if (cd->pinned[k]) (void)cudaFreeHost(cd->pinned[k]);
@@ -33,7 +38,7 @@ static void device_release(cuda_device *cd) {
   if (cd->done) (void)cudaEventDestroy(cd->done);
   cd->down = NULL;
   cd->done = NULL;
-  cuda_fast_device_release(cd);
+  cuda_mem_release(cd);
   if (cd->blas) (void)cublasDestroy(cd->blas);
   if (cd->blas_ws) (void)cudaFree(cd->blas_ws);
   if (cd->stream) (void)cudaStreamDestroy(cd->stream);
@@ -78,8 +83,10 @@ static void host_buffers(cuda_device *cd, const cuda_ctx *cc) {
   if (cc->wait_mode == CUDA_WAIT_BLOCK && cudaEventCreateWithFlags(&cd->done, flags) != cudaSuccess)
     cd->done = NULL;
   if (cudaMallocHost(&cd->down, CUDA_DOWN_BYTES) != cudaSuccess) cd->down = NULL;
+  /* Only queried, never slept on: no blocking-sync flag, which a machine may refuse. */
   for (int k = 0; k < 2 && cc->pinned_bytes; k++) {
-    if (cudaEventCreateWithFlags(&cd->pinned_ev[k], flags) != cudaSuccess) cd->pinned_ev[k] = NULL;
+    if (cudaEventCreateWithFlags(&cd->pinned_ev[k], cudaEventDisableTiming) != cudaSuccess)
+      cd->pinned_ev[k] = NULL;
     if (cudaMallocHost(&cd->pinned[k], cc->pinned_bytes) != cudaSuccess) cd->pinned[k] = NULL;
   }
   if (!cd->pinned_ev[0] || !cd->pinned_ev[1] || !cd->pinned[0] || !cd->pinned[1])
@@ -109,9 +116,10 @@ static pmap_status cuda_device_init(pmap_device *dev) {
       cd, st,
       cublasSetMathMode(cd->blas, cc->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
       fail);
-  CUDA_CHECK_GOTO(cd, st, cudaMallocAsync(&cd->scratch, CUDA_SCRATCH_BYTES, cd->stream), fail);
+  PMAP_TRY_GOTO(st, cuda_mem_init(cd, cc), fail);
+  PMAP_TRY_GOTO(st, cuda_mem_alloc(dev, cd, CUDA_SCRATCH_BYTES, &cd->scratch), fail);
   host_buffers(cd, cc);
-  PMAP_TRY_GOTO(st, cuda_fast_device_init(cd), fail);
+  PMAP_TRY_GOTO(st, cuda_fast_device_init(dev, cd), fail);
   PMAP_TRY_GOTO(st, cuda_ops_preload(cd), fail);
   PMAP_TRY_GOTO(st, startup_barrier(dev, cd), fail);
   atomic_fetch_sub(&cc->starting, 1);
@@ -122,11 +130,38 @@ fail:
   return st;
 }
 
+/* Polls until the device's streams are idle, for the context's timeout but at least 10 s;
+ * 1 when they are (a stream in error runs nothing more either). */
+static int drain(pmap_device *dev, cuda_device *cd, int64_t *limit_ns) {
+  int64_t limit = cuda_timeout_ns(dev->ctx), start = pmap_now_ns();
+  if (limit >= 0 && limit < DRAIN_MIN_NS) limit = DRAIN_MIN_NS;
+  *limit_ns = limit;
+  for (;;) {
+    cudaError_t a = cd->stream ? cudaStreamQuery(cd->stream) : cudaSuccess;
+    cudaError_t b = cd->comm_stream ? cudaStreamQuery(cd->comm_stream) : cudaSuccess;
+    if (a != cudaErrorNotReady && b != cudaErrorNotReady) break;
+    if (limit >= 0 && pmap_now_ns() - start > limit) return 0;
+    struct timespec ts = {0, 100000};
+    nanosleep(&ts, NULL);
+  }
+  (void)cudaGetLastError();
+  return 1;
+}
+
 static void cuda_device_fini(pmap_device *dev) {
   cuda_device *cd = dev->be;
   if (!cd) return;
-  /* Drain the stream (bounded by the timeout) so nothing is freed under a running kernel. */
-  (void)cuda_wait(dev, "device_fini", 0);
+  /* Nothing is freed under a running kernel, and destroying never hangs: a device whose work
+   * does not finish (a kernel that an abort did not end) keeps its resources to the end of the
+   * process, and one line on stderr says so. */
+  int64_t limit = 0;
+  if (!drain(dev, cd, &limit)) {
+    fprintf(stderr,
+            "pmap: device %d (GPU %d): its GPU work did not finish within %.0f s of the "
+            "context's destruction; its memory, streams and handles are left to the process\n",
+            dev->index, cd->gpu, (double)limit * 1e-9);
+    return;
+  }
   device_release(cd);
 }
 
@@ -151,32 +186,26 @@ static void cuda_leave(pmap_device *dev, const int saved[2]) {
   (void)cudaGetLastError();
 }
 
-/* Stream-ordered allocations: unlike cudaMalloc/cudaFree they never wait for the whole GPU,
- * which could otherwise wait on another rank's collective when logical devices share a GPU. */
+/* Stream-ordered allocations (cuda_mem.c): unlike cudaMalloc/cudaFree they never wait for the
+ * whole GPU, which could otherwise wait on another rank's collective when logical devices share
+ * a GPU. */
 static pmap_status cuda_alloc(pmap_device *dev, size_t bytes, void **out) {
-  cuda_device *cd = dev->be;
-  void *p = NULL;
-  *out = NULL;
-  CUDA_CHECK(cd, cudaMallocAsync(&p, bytes ? bytes : 256, cd->stream));
-  cuda_alloc_counted(cd);
-  *out = p;
-  return PMAP_SUCCESS;
+  return cuda_mem_alloc(dev, dev->be, bytes, out);
 }
 
 static void cuda_free(pmap_device *dev, void *ptr) {
   cuda_device *cd = dev->be;
-  if (!ptr || !cd) return;
-  if (cudaFreeAsync(ptr, cd->stream) != cudaSuccess) (void)cudaGetLastError();
+  if (cd) cuda_mem_free(cd, ptr);
 }
 
-pmap_status cuda_work_reserve(cuda_device *cd, size_t count) {
+pmap_status cuda_work_reserve(pmap_device *dev, size_t count) {
+  cuda_device *cd = dev->be;
   if (count <= cd->work_cap) return PMAP_SUCCESS;
-  if (cd->work) CUDA_CHECK(cd, cudaFreeAsync(cd->work, cd->stream));
+  cuda_mem_free(cd, cd->work);
   cd->work = NULL;
   cd->work_cap = 0;
   void *p = NULL;
-  CUDA_CHECK(cd, cudaMallocAsync(&p, count * sizeof(float), cd->stream));
-  cuda_alloc_counted(cd);
+  PMAP_TRY(cuda_mem_alloc(dev, cd, count * sizeof(float), &p));
   cd->work = p;
   cd->work_cap = count;
   return PMAP_SUCCESS;
@@ -250,11 +279,10 @@ static pmap_status cuda_stage_input(pmap_device *dev, int slot, const void *host
   }
   if (bytes > s->cap) {
     size_t cap = (bytes + STAGE_ROUND - 1) / STAGE_ROUND * STAGE_ROUND;
-    if (s->dev) CUDA_CHECK(cd, cudaFreeAsync(s->dev, cd->stream));
+    cuda_mem_free(cd, s->dev);
     s->dev = NULL;
     s->cap = 0;
-    CUDA_CHECK(cd, cudaMallocAsync(&s->dev, cap, cd->stream));
-    cuda_alloc_counted(cd);
+    PMAP_TRY(cuda_mem_alloc(dev, cd, cap, &s->dev));
     s->cap = cap;
   }
   /* Stream order keeps the kernels that read the previous contents ahead of this copy. */

@@ -60,15 +60,29 @@ typedef struct cuda_ctx {
   size_t bucket_bytes;
   int graph_fail;
   uint64_t alloc_gen; /* allocations on any device (atomic builtins; cuda_device.alloc_gen) */
+  /* (n) NCCL collectives device i has issued (cuda_nccl_issued, graph launches): an allocation
+   * without memory pools on a shared GPU waits for its peers' counts (cuda_mem.c). */
+  _Atomic uint64_t *issued;
+  /* ncclConfig_t minCTAs and maxCTAs given to every rank where ranks share a GPU (0: NCCL's
+   * own choice, where none does); see cuda_nccl_cta_limits. */
+  int cta_min, cta_max;
+  /* Test hooks: PMAP_CUDA_WAIT_FAIL=D makes device D's blocking-sync waits fail as a machine
+   * that refuses them would (-1: none); PMAP_CUDA_NO_MEMPOOL=1 makes every device allocate as
+   * on a GPU without memory pools. */
+  int wait_fail;
+  int no_pool;
 } cuda_ctx;
 
 extern const pmap_fast_i pmap_cuda_fast;
 
+/* PMAP_CUDA_BUCKET_MB's text s (NULL or empty: the default, 25 MiB) as bytes: a number of MiB,
+ * whole or not, from 1 KiB to 4096 MiB; PMAP_ERR_INVALID_ARGUMENT naming the text otherwise. */
+pmap_status cuda_bucket_bytes_parse(const char *s, size_t *bytes);
 /* Reads the fast steps' switches from cfg and the environment into cc (cuda_graph.c). */
 pmap_status cuda_fast_switches(cuda_ctx *cc, const pmap_config *cfg);
 /* Creates and frees a device's part of the fast steps (second stream, events, pinned values);
  * create runs in device_init before any collective (page-locked allocation). */
-pmap_status cuda_fast_device_init(cuda_device *cd);
+pmap_status cuda_fast_device_init(pmap_device *dev, cuda_device *cd);
 void cuda_fast_device_release(cuda_device *cd);
 /* Counts an allocation of cd's context (a captured graph taken before it is stale). */
 static inline void cuda_alloc_counted(cuda_device *cd) {
@@ -76,6 +90,30 @@ static inline void cuda_alloc_counted(cuda_device *cd) {
 }
 
 extern const pmap_coll_i pmap_cuda_coll;
+
+/* Device memory (cuda_mem.c). init decides, when the device starts, whether cd allocates from
+ * a memory pool (cudaMallocAsync, stream-ordered) or, where the GPU has none, with cudaMalloc
+ * into blocks kept for reuse; alloc takes 256 bytes for 0 (dev may be NULL only before any
+ * collective); free is stream-ordered and accepts NULL; release returns every kept block to
+ * CUDA once the device's work is drained. */
+pmap_status cuda_mem_init(cuda_device *cd, const cuda_ctx *cc);
+pmap_status cuda_mem_alloc(pmap_device *dev, cuda_device *cd, size_t bytes, void **out);
+void cuda_mem_free(cuda_device *cd, void *ptr);
+void cuda_mem_release(cuda_device *cd);
+
+/* ncclConfig_t's minCTAs and maxCTAs for every rank of a communicator of which up to
+ * ranks_per_gpu ranks share one GPU of `sms` multiprocessors: each rank's collective kernel
+ * takes a multiprocessor per channel, and the kernels of every rank on the GPU must be resident
+ * at once (each waits for the others), so all of them together get at most half the GPU. Both
+ * 0 (NCCL's own choice) for ranks_per_gpu <= 1. */
+void cuda_nccl_cta_limits(int sms, int ranks_per_gpu, int *min_ctas, int *max_ctas);
+
+/* Whether CUDA loads kernels lazily in this process: 1 lazy, 0 eagerly, -1 unknown (a driver
+ * without cuModuleGetLoadingMode). Needs CUDA initialised. */
+int cuda_module_loading_lazy(void);
+/* Before this process's first CUDA call: where several logical devices may share a GPU
+ * (NCCL_MULTI_RANK_GPU_ENABLE set) and CUDA_MODULE_LOADING is unset, sets it to EAGER. Once. */
+void cuda_module_loading_prepare(void);
 
 /* The context half of the backend table (cuda_ctx.c): ctx_init validates the device list and
  * creates the communicators on the creating thread; ctx_fini destroys them after the workers

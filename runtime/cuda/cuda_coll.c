@@ -3,6 +3,7 @@
  * stream, not waited for), and the wait that every wait on a GPU goes through, so that a failed
  * device or a stuck collective ends in an error, never a hang or a silent garbage result. */
 #include <sched.h>
+#include <stdio.h>
 #include <time.h>
 
 #include "cuda_backend.h"
@@ -60,6 +61,9 @@ pmap_status cuda_nccl_issued(pmap_device *dev, ncclResult_t r, const char *text,
   cuda_device *cd = dev->be;
   cuda_ctx *cc = dev->ctx->be_ctx;
   pmap_status st = PMAP_SUCCESS;
+  /* Counted whatever the outcome: peers waiting on the count (cuda_mem.c) go on, and a failure
+   * reaches them through the abort. */
+  atomic_fetch_add(&cc->issued[dev->index], 1);
   if (r == ncclInProgress) {
     /* A non-blocking communicator still setting the call up (e.g. a first connection). */
     int64_t t = cuda_timeout_ns(dev->ctx);
@@ -181,6 +185,24 @@ static pmap_status wait_poll(pmap_device *dev, cuda_device *cd, const char *call
   }
 }
 
+/* A blocking-sync wait failed with e. A machine may refuse the sleep itself (a sandbox's
+ * driver interface) while the stream is fine: then the stream's own state, asked without
+ * sleeping, is unaffected, and this device polls from now on (one line on stderr says so).
+ * 1 when it fell back; 0 when the failure is the stream's. */
+static int wait_fallback(pmap_device *dev, cuda_device *cd, cudaError_t e) {
+  cudaError_t q = cudaStreamQuery(cd->stream);
+  if (q != cudaSuccess && q != cudaErrorNotReady) return 0;
+  (void)cudaGetLastError();
+  fprintf(stderr,
+          "pmap: device %d (GPU %d): a blocking-sync wait failed (%s: %s); this device's waits "
+          "poll from now on\n",
+          dev->index, cd->gpu, cudaGetErrorName(e), cudaGetErrorString(e));
+  (void)cudaEventDestroy(cd->done);
+  (void)cudaGetLastError();
+  cd->done = NULL;
+  return 1;
+}
+
 /* PMAP_CUDA_WAIT=block (the default): sleep on a blocking-sync event behind the stream's work;
  * the watchdog (cuda_ctx.c) aborts the communicators on a timeout or, when this wait covers a
  * collective, on another device's failure, which ends the collective and so the wait. */
@@ -192,9 +214,11 @@ static pmap_status wait_block(pmap_device *dev, cuda_device *cd, const char *cal
   if (e == cudaSuccess) {
     atomic_store(&cc->wait_coll[i], collective);
     atomic_store(&cc->wait_since[i], start);
-    e = cudaEventSynchronize(cd->done);
+    /* The test hook stands in for a machine that refuses the sleep. */
+    e = cc->wait_fail == i ? cudaErrorNotSupported : cudaEventSynchronize(cd->done);
     atomic_store(&cc->wait_since[i], 0);
   }
+  if (e != cudaSuccess && wait_fallback(dev, cd, e)) return wait_poll(dev, cd, call, collective);
   if (e != cudaSuccess) {
     pmap_status st = cuda_fail(cd, CUDA_LIB_RUNTIME, (int)e, call, __FILE__, __LINE__, __func__);
     return collective ? coll_failed(dev, st) : st;
@@ -209,8 +233,10 @@ pmap_status cuda_wait(pmap_device *dev, const char *call, int collective) {
   cuda_device *cd = dev->be;
   cuda_ctx *cc = dev->ctx->be_ctx;
   collective = collective || atomic_load(&cc->pending[dev->index]);
-  PMAP_TRY(cc->wait_mode == CUDA_WAIT_POLL || !cd->done ? wait_poll(dev, cd, call, collective)
-                                                        : wait_block(dev, cd, call, collective));
+  /* Once the communicators are aborted the watchdog no longer ends waits: poll, within the
+   * timeout. */
+  int poll = cc->wait_mode == CUDA_WAIT_POLL || !cd->done || atomic_load(&cc->dead);
+  PMAP_TRY(poll ? wait_poll(dev, cd, call, collective) : wait_block(dev, cd, call, collective));
   return collective ? collective_verdict(dev, call) : PMAP_SUCCESS;
 }
 

@@ -2,8 +2,10 @@
  * communicators over them (created with the context, so that failures show at start) and their
  * abort when a device fails or a collective outlives the context's timeout. */
 /* dladdr (which file the loaded NCCL came from) needs _GNU_SOURCE, which the build defines. */
+#include <cuda.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,12 +30,67 @@
 #define WATCHDOG_PERIOD_NS 20000000L
 #define WATCHDOG_STUCK_NS 100000000LL
 
+/* NCCL's upper bound on a communicator's channels, and the most this backend gives a rank that
+ * shares its GPU. */
+#define NCCL_MAX_CHANNELS 64
+#define SHARED_MAX_CTAS 32
+
 /* What the last pmap_cuda_device_count of this thread was told. */
 static _Thread_local cudaError_t count_error = cudaSuccess;
 static _Thread_local char count_reason[256];
 
+static int nccl_env_enabled(const char *name);
+
+/* CUDA loads a kernel's module at its first launch by default, and loading may wait for the
+ * whole GPU while it holds the context's lock. When logical devices share a GPU (and so its
+ * CUDA context) one device's first launch of a kernel can then wait for another device's
+ * collective kernel, which waits for the first device's collective, which cannot be launched:
+ * a deadlock. Loading every module when CUDA starts prevents it; the choice is read once, at
+ * the process's first CUDA call, so it is made before that. */
+static void loading_prepare_once(void) {
+  const char *mode = getenv("CUDA_MODULE_LOADING");
+  if ((!mode || !*mode) && nccl_env_enabled("NCCL_MULTI_RANK_GPU_ENABLE"))
+    (void)setenv("CUDA_MODULE_LOADING", "EAGER", 1);
+}
+
+void cuda_module_loading_prepare(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  (void)pthread_once(&once, loading_prepare_once);
+}
+
+int cuda_module_loading_lazy(void) {
+  CUresult (*get_mode)(CUmoduleLoadingMode *) = NULL;
+  enum cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  void *fn = NULL;
+#if CUDART_VERSION >= 12050
+  cudaError_t e = cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &fn, 11070,
+                                                   cudaEnableDefault, &found);
+#else
+  cudaError_t e = cudaGetDriverEntryPoint("cuModuleGetLoadingMode", &fn, cudaEnableDefault, &found);
+#endif
+  if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || !fn) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  memcpy(&get_mode, &fn, sizeof get_mode); /* a data pointer to a function's, as dlsym's */
+  CUmoduleLoadingMode mode = CU_MODULE_EAGER_LOADING;
+  if (get_mode(&mode) != CUDA_SUCCESS) return -1;
+  return mode == CU_MODULE_LAZY_LOADING;
+}
+
+void cuda_nccl_cta_limits(int sms, int ranks_per_gpu, int *min_ctas, int *max_ctas) {
+  *min_ctas = *max_ctas = 0;
+  if (ranks_per_gpu <= 1) return;
+  int most = sms / (2 * ranks_per_gpu);
+  if (most > SHARED_MAX_CTAS) most = SHARED_MAX_CTAS;
+  if (most > NCCL_MAX_CHANNELS) most = NCCL_MAX_CHANNELS;
+  *max_ctas = most >= 1 ? most : 1;
+  *min_ctas = 1;
+}
+
 int pmap_cuda_device_count(void) {
   int n = 0;
+  cuda_module_loading_prepare();
   count_error = cudaGetDeviceCount(&n);
   if (count_error != cudaSuccess) {
     /* No driver or no GPU: an error here, not a count of 0. Leave no error behind. */
@@ -144,6 +201,26 @@ static pmap_status check_shared_gpus(const int *gpus, int n, int version) {
   return PMAP_SUCCESS;
 }
 
+/* Logical devices sharing a GPU need every kernel loaded before any collective runs (see
+ * loading_prepare_once): refused where CUDA loads them lazily in this process. */
+static pmap_status check_loading(const int *gpus, int n) {
+  for (int i = 0; i < n; i++)
+    for (int j = i + 1; j < n; j++) {
+      if (gpus[i] != gpus[j]) continue;
+      if (cuda_module_loading_lazy() != 1) return PMAP_SUCCESS;
+      const char *mode = getenv("CUDA_MODULE_LOADING");
+      return PMAP_ERR(PMAP_ERR_UNAVAILABLE,
+                      "pmap_ctx_create: logical devices %d and %d share GPU %d, but CUDA loads "
+                      "kernels lazily in this process (CUDA_MODULE_LOADING is %s%.40s%s): a kernel "
+                      "loaded while another device's collective runs on that GPU can deadlock "
+                      "it. Set CUDA_MODULE_LOADING=EAGER before the process's first CUDA call "
+                      "(pmap sets it at its own first CUDA call when NCCL_MULTI_RANK_GPU_ENABLE "
+                      "is set and CUDA_MODULE_LOADING is not)",
+                      i, j, gpus[i], mode ? "\"" : "unset", mode ? mode : "", mode ? "\"" : "");
+    }
+  return PMAP_SUCCESS;
+}
+
 /* The NCCL loaded at run time must be the major.minor pmap was compiled against: anything else
  * means the loader found another NCCL first (e.g. the toolkit's beside a wheel's), and features
  * that differ by minor version (several ranks on one GPU, communicator options) would not be
@@ -211,6 +288,10 @@ static pmap_status read_switches(cuda_ctx *cc) {
                       mb);
   }
   cc->pinned_bytes = (size_t)v << 20;
+  long fail = -1;
+  PMAP_TRY(pmap_env_long("PMAP_CUDA_WAIT_FAIL", -1, PMAP_MAX_DEVICES - 1, -1, &fail));
+  cc->wait_fail = (int)fail;
+  PMAP_TRY(env_bool("PMAP_CUDA_NO_MEMPOOL", 0, &cc->no_pool));
   return PMAP_SUCCESS;
 }
 
@@ -292,6 +373,7 @@ static void ctx_free(cuda_ctx *cc) {
   free((void *)cc->wait_since);
   free((void *)cc->wait_coll);
   free((void *)cc->pending);
+  free((void *)cc->issued);
   pthread_mutex_destroy(&cc->abort_lock);
   free(cc);
 }
@@ -300,6 +382,22 @@ static void ctx_free(cuda_ctx *cc) {
 static void comms_abandon(cuda_ctx *cc) {
   for (int i = 0; i < cc->n; i++)
     if (cc->comms[i]) (void)ncclCommAbort(cc->comms[i]);
+}
+
+/* Where ranks share a GPU, the channels each rank may use (cuda_nccl_cta_limits), the same for
+ * every rank (NCCL's ranks must agree on their channels): from the most ranks on one GPU and the
+ * fewest multiprocessors among the GPUs. */
+static pmap_status shared_cta_limits(cuda_ctx *cc) {
+  int most = 1, sms = 0;
+  for (int i = 0; i < cc->n; i++) {
+    int same = 0, v = 0;
+    for (int j = 0; j < cc->n; j++) same += cc->gpus[j] == cc->gpus[i];
+    if (same > most) most = same;
+    CUDA_CHECK(NULL, cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, cc->gpus[i]));
+    if (!sms || v < sms) sms = v;
+  }
+  cuda_nccl_cta_limits(sms, most, &cc->cta_min, &cc->cta_max);
+  return PMAP_SUCCESS;
 }
 
 /* One non-blocking communicator rank per logical device (ncclCommInitAll has no options): the
@@ -325,6 +423,12 @@ static pmap_status comms_create(pmap_ctx *ctx, cuda_ctx *cc) {
 #endif
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 17, 0)
+  if (cc->cta_max > 0) {
+    config.minCTAs = cc->cta_min;
+    config.maxCTAs = cc->cta_max;
+  }
+#endif
   /* NCCL switches devices while it sets up each rank: keep the caller's current device. */
   int saved = -1;
   if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
@@ -368,6 +472,7 @@ static pmap_status comms_create(pmap_ctx *ctx, cuda_ctx *cc) {
 pmap_status cuda_ctx_init(pmap_ctx *ctx, const pmap_config *cfg) {
   int n = ctx->n, count = 0;
   pmap_status st = PMAP_SUCCESS;
+  cuda_module_loading_prepare();
   CUDA_CHECK(NULL, cudaGetDeviceCount(&count));
   cuda_ctx *cc = calloc(1, sizeof *cc);
   if (!cc) return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "CUDA backend: out of memory");
@@ -380,8 +485,9 @@ pmap_status cuda_ctx_init(pmap_ctx *ctx, const pmap_config *cfg) {
   cc->wait_since = calloc((size_t)n, sizeof *cc->wait_since);
   cc->wait_coll = calloc((size_t)n, sizeof *cc->wait_coll);
   cc->pending = calloc((size_t)n, sizeof *cc->pending);
+  cc->issued = calloc((size_t)n, sizeof *cc->issued);
   if (!cc->gpus || !cc->devs || !cc->comms || !cc->nccl_since || !cc->wait_since ||
-      !cc->wait_coll || !cc->pending) {
+      !cc->wait_coll || !cc->pending || !cc->issued) {
     st = PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "CUDA backend: out of memory for %d devices", n);
     goto fail;
   }
@@ -389,8 +495,10 @@ pmap_status cuda_ctx_init(pmap_ctx *ctx, const pmap_config *cfg) {
   NCCL_CHECK_GOTO(NULL, st, ncclGetVersion(&cc->nccl_version), fail);
   PMAP_TRY_GOTO(st, check_nccl_version(cc->nccl_version), fail);
   PMAP_TRY_GOTO(st, check_shared_gpus(cc->gpus, n, cc->nccl_version), fail);
+  PMAP_TRY_GOTO(st, check_loading(cc->gpus, n), fail);
   PMAP_TRY_GOTO(st, read_switches(cc), fail);
   PMAP_TRY_GOTO(st, cuda_fast_switches(cc, cfg), fail);
+  PMAP_TRY_GOTO(st, shared_cta_limits(cc), fail);
   PMAP_TRY_GOTO(st, comms_create(ctx, cc), fail);
   cc->comms_live = 1;
   cc->ctx = ctx;
@@ -408,6 +516,7 @@ pmap_status cuda_ctx_init(pmap_ctx *ctx, const pmap_config *cfg) {
     cd->gpu = cc->gpus[i];
     cd->comm = cc->comms[i];
     cd->alloc_gen = &cc->alloc_gen;
+    for (int j = 0; j < n; j++) cd->shared |= j != i && cc->gpus[j] == cc->gpus[i];
     ctx->dev[i].be = cd;
   }
   ctx->be_ctx = cc;

@@ -80,13 +80,19 @@ typedef struct cuda_device {
    * joined back by bucket_done. */
   cudaStream_t comm_stream;
   cudaEvent_t bucket_ready, bucket_done;
+  /* Memory (runtime/cuda/cuda_mem.c): stream-ordered allocations, or where the GPU has no
+   * memory pools (no_pool) plain ones kept in `blocks` for reuse until the device stops. */
+  int no_pool;
+  int shared;                /* another logical device of the context uses the same GPU */
+  struct cuda_block *blocks; /* (n_blocks) no_pool: every allocation, live or free */
+  size_t n_blocks, cap_blocks;
 } cuda_device;
 
 /* The backend state of a device of a CUDA context (dev->be). */
 cuda_device *cuda_device_of(pmap_device *dev);
 
-/* Grows cd->work to at least `count` floats (stream-ordered: it never waits for the GPU). */
-pmap_status cuda_work_reserve(cuda_device *cd, size_t count);
+/* Grows dev's workspace (cd->work) to at least `count` floats (stream-ordered). */
+pmap_status cuda_work_reserve(pmap_device *dev, size_t count);
 
 typedef enum cuda_lib { CUDA_LIB_RUNTIME = 0, CUDA_LIB_CUBLAS = 1, CUDA_LIB_NCCL = 2 } cuda_lib;
 

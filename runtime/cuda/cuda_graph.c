@@ -2,6 +2,7 @@
  * values that kernels read from device memory, the capture of a device's step into a CUDA graph
  * (thread-local capture of its stream, NCCL included) and its replay, and gradient buckets
  * all-reduced on a second stream while backward still runs. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,22 @@ static pmap_status fast_switch(int cfg, const char *field, const char *env, int 
   return PMAP_SUCCESS;
 }
 
+pmap_status cuda_bucket_bytes_parse(const char *s, size_t *bytes) {
+  *bytes = (size_t)BUCKET_MB_DEFAULT << 20;
+  if (!s || !*s) return PMAP_SUCCESS;
+  char *end = NULL;
+  errno = 0;
+  double mb = strtod(s, &end);
+  /* Whole bytes from 1 KiB (several buckets even for a model of a few MiB) to 4 GiB. */
+  if (end == s || *end || errno || !(mb >= 1.0 / 1024.0 && mb <= 4096.0))
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "pmap_ctx_create: environment variable PMAP_CUDA_BUCKET_MB=\"%s\" is not a "
+                    "number of MiB from 0.0009765625 (1 KiB) to 4096",
+                    s);
+  *bytes = (size_t)(mb * 1048576.0 + 0.5);
+  return PMAP_SUCCESS;
+}
+
 pmap_status cuda_fast_switches(cuda_ctx *cc, const pmap_config *cfg) {
   PMAP_TRY(fast_switch(cfg->cuda_graphs, "cuda_graphs", "PMAP_CUDA_GRAPHS", &cc->graphs));
   PMAP_TRY(fast_switch(cfg->cuda_overlap, "cuda_overlap", "PMAP_CUDA_OVERLAP", &cc->overlap));
@@ -39,22 +56,24 @@ pmap_status cuda_fast_switches(cuda_ctx *cc, const pmap_config *cfg) {
   if (mb < 0 || mb > 4096)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "pmap_ctx_create: cuda_bucket_mb %ld is outside [0, 4096] (0: default)", mb);
-  if (!mb) PMAP_TRY(pmap_env_long("PMAP_CUDA_BUCKET_MB", 1, 4096, BUCKET_MB_DEFAULT, &mb));
-  cc->bucket_bytes = (size_t)mb << 20;
+  if (mb)
+    cc->bucket_bytes = (size_t)mb << 20;
+  else
+    PMAP_TRY(cuda_bucket_bytes_parse(getenv("PMAP_CUDA_BUCKET_MB"), &cc->bucket_bytes));
   long fail = -1;
   PMAP_TRY(pmap_env_long("PMAP_CUDA_GRAPH_FAIL", -1, PMAP_MAX_DEVICES - 1, -1, &fail));
   cc->graph_fail = (int)fail;
   return PMAP_SUCCESS;
 }
 
-pmap_status cuda_fast_device_init(cuda_device *cd) {
+pmap_status cuda_fast_device_init(pmap_device *dev, cuda_device *cd) {
   pmap_status st = PMAP_SUCCESS;
   unsigned flags = cudaEventDisableTiming;
   CUDA_CHECK_GOTO(cd, st, cudaStreamCreateWithFlags(&cd->comm_stream, cudaStreamNonBlocking), fail);
   CUDA_CHECK_GOTO(cd, st, cudaEventCreateWithFlags(&cd->bucket_ready, flags), fail);
   CUDA_CHECK_GOTO(cd, st, cudaEventCreateWithFlags(&cd->bucket_done, flags), fail);
   void *v = NULL;
-  CUDA_CHECK_GOTO(cd, st, cudaMallocAsync(&v, sizeof(cuda_step_vals), cd->stream), fail);
+  PMAP_TRY_GOTO(st, cuda_mem_alloc(dev, cd, sizeof(cuda_step_vals), &v), fail);
   cd->vals = v;
   /* Pinned copies of the values: an optimization (pageable copies otherwise), so a refusal is
    * not a failure. Allocated here, before any collective (see host_buffers). */
@@ -72,7 +91,7 @@ fail:
 
 void cuda_fast_device_release(cuda_device *cd) {
   if (cd->comm_stream) (void)cudaStreamSynchronize(cd->comm_stream);
-  if (cd->vals && cd->stream) (void)cudaFreeAsync(cd->vals, cd->stream);
+  if (cd->vals && cd->stream) cuda_mem_free(cd, cd->vals);
   if (cd->stream) (void)cudaStreamSynchronize(cd->stream);
   for (int k = 0; k < 2; k++) {
     if (cd->vals_host[k]) (void)cudaFreeHost(cd->vals_host[k]);
@@ -193,7 +212,9 @@ static pmap_status fast_launch(pmap_device *dev, void *graph) {
                     "earlier failure or timeout; destroy the context and create a new one",
                     dev->index);
   CUDA_CHECK(cd, cudaGraphLaunch((cudaGraphExec_t)graph, cd->stream));
-  /* The graph holds the step's collectives: the next wait covers them. */
+  /* The graph holds the step's collectives: the next wait covers them. Every device launches
+   * its graph once per step, so the counts of issued collectives stay in step (cuda_mem.c). */
+  atomic_fetch_add(&cc->issued[dev->index], 1);
   atomic_store(&cc->pending[dev->index], 1);
   return cc->coll_wait ? cuda_wait(dev, "pmap_update (CUDA graph)", 1) : PMAP_SUCCESS;
 }

@@ -12,6 +12,8 @@
  * Called first by every test: the tolerances assume FP32 GEMMs, so TF32 is turned off here
  * (a -Dtf32=true build would have it on) unless PMAP_CUDA_TF32 asks for it explicitly. */
 static inline int gpu_count(void) {
+  /* Line by line into a log file too: a test killed at its time limit keeps what it printed. */
+  setvbuf(stdout, NULL, _IOLBF, 0);
   const char *tf32 = getenv("PMAP_CUDA_TF32");
   if (!tf32 || !*tf32) setenv("PMAP_CUDA_TF32", "0", 1);
   if (!pmap_backend_built(PMAP_BACKEND_CUDA)) {
@@ -54,6 +56,13 @@ static inline int gpu_test_devices(int dflt) {
     return -1;
   }
   return (int)v;
+}
+
+/* PMAP_GPU_TEST_QUICK=1: the shorter form of a multi-device test (bench/gpu-check.sh's run on 4
+ * logical devices after the full one on 2), which each test defines. */
+static inline int gpu_test_quick(void) {
+  const char *s = getenv("PMAP_GPU_TEST_QUICK");
+  return s && !strcmp(s, "1");
 }
 
 /* A CUDA context of n logical devices, device i on GPU i % gpus. Returns PMAP_ERR_UNAVAILABLE

@@ -1,19 +1,25 @@
 /* test_gpu_coll.c: the NCCL collectives on every GPU and on PMAP_GPU_TEST_DEVICES (default 4)
  * logical devices (exact sums; sizes 0, 1, odd, large; in place and not; wrong elements
- * counted), then a device failing and a collective timing out: an error everywhere, no hang, a
- * clean destroy. Skips (77) without GPU. */
+ * counted); then failures. Before the rendezvous (a device failing or late) the others stop
+ * there, before NCCL, and the context recovers, as tests/test_coll.c expects on the CPU; after
+ * it (a device stalling or failing instead of issuing its part) the communicators are aborted:
+ * an error everywhere, no hang, a clean destroy. PMAP_GPU_TEST_QUICK=1 leaves out the failures
+ * before the rendezvous. Skips (77) without GPU. */
 #include <time.h>
 
 #include "gpu_util.h"
+#include "runtime/backend.h"
 #include "runtime/error.h"
 
 static const size_t sizes[] = {0, 1, 17, 1000, 4097, (1u << 20) + 3};
 #define N_SIZES (sizeof sizes / sizeof sizes[0])
 
 typedef struct coll_arg {
-  long wrong[PMAP_MAX_DEVICES]; /* wrong elements seen by each device */
-  int fail_device;              /* failure tests: the device that fails or comes late */
-  double late_s;
+  long wrong[PMAP_MAX_DEVICES];      /* wrong elements seen by each device */
+  pmap_status got[PMAP_MAX_DEVICES]; /* failure tests: what each device returned */
+  int fail_device;                   /* failure tests: the device that fails or comes late */
+  int after;                         /* collectives it completes first */
+  double late_s;                     /* 0: it fails; else how long it stalls */
 } coll_arg;
 
 /* Small integers: every sum over up to 64 devices is exact in float. */
@@ -118,7 +124,7 @@ static pmap_status coll_job(pmap_device *dev, void *p) {
 }
 
 static void run_collectives(pmap_ctx *ctx, const char *label) {
-  coll_arg a = {{0}, -1, 0.0};
+  coll_arg a = {{0}, {0}, -1, 0, 0.0};
   int n = pmap_ctx_num_devices(ctx);
   CHECK_OK(pmap_run(ctx, coll_job, &a));
   long wrong = 0;
@@ -127,24 +133,110 @@ static void run_collectives(pmap_ctx *ctx, const char *label) {
   printf("collectives on %s: %d devices, %ld wrong elements\n", label, n, wrong);
 }
 
-/* Device fail_device fails (or, with late_s, arrives late) while the others are in a psum. */
-static pmap_status failing_job(pmap_device *dev, void *p) {
+/* ---- failures before the rendezvous: as tests/test_coll.c expects on the CPU ---- */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void sleep_s(double s) {
+  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+}
+
+/* Collectives of both sizes in turn (the second takes NCCL's larger protocol); device
+ * fail_device, after `after` of them, fails (late_s 0) or sleeps late_s first. */
+static pmap_status sequence_job(pmap_device *dev, void *p) {
   coll_arg *a = p;
-  size_t count = 1u << 20;
+  int d = pmap_axis_index(dev);
+  size_t count = (size_t)1 << 20;
   float *buf = NULL;
   PMAP_TRY(pmap_device_alloc(dev, count, &buf));
   pmap_status st = PMAP_SUCCESS;
-  if (pmap_axis_index(dev) == a->fail_device) {
-    if (a->late_s <= 0.0) {
-      pmap_device_free(dev, buf);
-      return pmap_error_set(PMAP_ERR_INVALID_ARGUMENT, "device %d fails on purpose",
-                            pmap_axis_index(dev));
+  for (int k = 0; k < 6 && !st; k++) {
+    if (d == a->fail_device && k == a->after) {
+      if (a->late_s <= 0.0) {
+        st = pmap_error_set(PMAP_ERR_INVALID_ARGUMENT, "device %d fails on purpose", d);
+        break;
+      }
+      sleep_s(a->late_s);
     }
-    struct timespec ts = {(time_t)a->late_s, (long)((a->late_s - (double)(time_t)a->late_s) * 1e9)};
-    nanosleep(&ts, NULL);
+    st = pmap_psum(dev, buf, buf, k % 2 ? count : 17);
   }
-  st = pmap_psum(dev, buf, buf, count);
   pmap_device_free(dev, buf);
+  a->got[d] = st;
+  return st;
+}
+
+/* A job of collectives works (after a failure the rendezvous stopped before NCCL, so the next
+ * job's collectives work). */
+static void check_works(pmap_ctx *ctx, const char *when) {
+  int before = test_failures;
+  coll_arg a = {{0}, {0}, -1, 0, 0.0};
+  CHECK_OK(pmap_run(ctx, sequence_job, &a));
+  CHECK(test_failures == before, "the context's collectives failed %s", when);
+}
+
+/* The contexts of the failure tests time out after this long: long enough for a first
+ * collective's connections to be set up, short enough to keep the test quick. */
+#define FAIL_TIMEOUT_S 2.0
+
+static void test_rendezvous_failures(int n, int gpus) {
+  pmap_ctx *ctx = NULL;
+  if (gpu_ctx(n, gpus, FAIL_TIMEOUT_S, &ctx) != PMAP_SUCCESS) return;
+  check_works(ctx, "on a new context"); /* every size's connections set up first */
+  /* A device failing before its first collective, and in the middle of a sequence. */
+  for (int after = 0; after <= 3; after += 3) {
+    coll_arg a = {{0}, {0}, n - 1, after, 0.0};
+    double t0 = now_s();
+    CHECK_FAILS(pmap_run(ctx, sequence_job, &a), PMAP_ERR_INVALID_ARGUMENT, "fails on purpose");
+    CHECK(now_s() - t0 < 10.0, "a failed job took %.1f s", now_s() - t0);
+    for (int d = 0; d < n - 1; d++)
+      CHECK(a.got[d] == PMAP_ERR_ABORTED, "device %d got %s while device %d failed", d,
+            pmap_status_string(a.got[d]), n - 1);
+    check_works(ctx, "after a failed device");
+  }
+  /* A device arriving after the timeout: the others give up at the rendezvous, before NCCL,
+   * and nobody hangs. */
+  coll_arg late = {{0}, {0}, n - 1, 1, 2.5 * FAIL_TIMEOUT_S};
+  double t0 = now_s();
+  CHECK_FAILS(pmap_run(ctx, sequence_job, &late), PMAP_ERR_TIMEOUT, "not every device arrived");
+  CHECK(now_s() - t0 < 10.0, "a timed-out job took %.1f s", now_s() - t0);
+  CHECK(late.got[n - 1] == PMAP_ERR_ABORTED || late.got[n - 1] == PMAP_ERR_TIMEOUT,
+        "the late device got %s", pmap_status_string(late.got[n - 1]));
+  check_works(ctx, "after a timeout");
+  pmap_ctx_destroy(ctx);
+  printf("failures before the rendezvous on %d devices: reported, recovered\n", n);
+}
+
+/* ---- failures after the rendezvous: the NCCL communicators are aborted ---- */
+
+/* Every device meets the others (the rendezvous every collective starts with), then all but
+ * fail_device issue an all-reduce on the backend and wait for it, while fail_device stalls
+ * until the context gives up on it (late_s > 0) or fails (late_s 0) instead of issuing its
+ * part: the others' collective kernels wait on the GPU for a peer that never comes. */
+static pmap_status stalled_job(pmap_device *dev, void *p) {
+  coll_arg *a = p;
+  int d = pmap_axis_index(dev);
+  size_t count = (size_t)1 << 20;
+  float *buf = NULL;
+  PMAP_TRY(pmap_device_alloc(dev, count, &buf));
+  pmap_status st = backend_meet(dev, "test: the rendezvous before a stall");
+  if (!st && d == a->fail_device) {
+    if (a->late_s <= 0.0) {
+      st = pmap_error_set(PMAP_ERR_INVALID_ARGUMENT, "device %d fails after the rendezvous", d);
+    } else {
+      double t0 = now_s();
+      while (!atomic_load(&dev->ctx->abort) && now_s() - t0 < a->late_s) sleep_s(0.001);
+    }
+  }
+  if (!st) st = dev->ctx->be->coll->all_reduce(dev, buf, buf, count, PMAP_RED_SUM);
+  if (!st) st = backend_sync(dev);
+  pmap_device_free(dev, buf);
+  a->got[d] = st;
   return st;
 }
 
@@ -157,35 +249,52 @@ static pmap_status psum_job(pmap_device *dev, void *p) {
   return st;
 }
 
-static void test_failure_paths(int n, int gpus) {
-  pmap_ctx *ctx = NULL;
-  /* A device failing before the collective: its error is reported, nobody hangs. */
-  if (gpu_ctx(n, gpus, 60.0, &ctx) != PMAP_SUCCESS) return;
-  coll_arg a = {{0}, n - 1, 0.0};
-  struct timespec ts0, ts1;
-  clock_gettime(CLOCK_MONOTONIC, &ts0);
-  CHECK_FAILS(pmap_run(ctx, failing_job, &a), PMAP_ERR_INVALID_ARGUMENT, "fails on purpose");
-  /* The communicators were aborted: later collectives fail at once, saying why. */
-  CHECK_FAILS(pmap_run(ctx, psum_job, NULL), PMAP_ERR_DEVICE, "destroy the context");
-  pmap_ctx_destroy(ctx);
-  clock_gettime(CLOCK_MONOTONIC, &ts1);
-  double s = (double)(ts1.tv_sec - ts0.tv_sec) + 1e-9 * (double)(ts1.tv_nsec - ts0.tv_nsec);
-  CHECK(s < 30.0, "failure, abort and destroy took %.1f s", s);
-
-  /* A device arriving after the timeout: the others time out, and it finds the communicators
-   * aborted; the context is destroyed cleanly. The others time out either in the stream wait
-   * ("did not complete within") or, where the collective still sets up connections with the
-   * late peer, inside NCCL under the watchdog ("stuck in NCCL"); both messages say this. */
-  if (gpu_ctx(n, gpus, 1.0, &ctx) != PMAP_SUCCESS) return;
-  coll_arg late = {{0}, n - 1, 3.0};
-  clock_gettime(CLOCK_MONOTONIC, &ts0);
-  CHECK_FAILS(pmap_run(ctx, failing_job, &late), PMAP_ERR_TIMEOUT,
-              "the NCCL communicators were aborted");
-  pmap_ctx_destroy(ctx);
-  clock_gettime(CLOCK_MONOTONIC, &ts1);
-  s = (double)(ts1.tv_sec - ts0.tv_sec) + 1e-9 * (double)(ts1.tv_nsec - ts0.tv_nsec);
-  CHECK(s < 30.0, "timeout, abort and destroy took %.1f s", s);
-  printf("failure and timeout on %d devices: reported, aborted, destroyed\n", n);
+static void test_nccl_aborts(int n, int gpus) {
+  for (int stall = 1; stall >= 0; stall--) {
+    pmap_ctx *ctx = NULL;
+    if (gpu_ctx(n, gpus, FAIL_TIMEOUT_S, &ctx) != PMAP_SUCCESS) return;
+    /* The connections of the stalled all-reduce's size set up first, so the others' kernels
+     * are running, not setting up, when they are aborted. */
+    check_works(ctx, "on a new context");
+    coll_arg a = {{0}, {0}, n - 1, 0, stall ? 10.0 : 0.0};
+    double t0 = now_s();
+    pmap_status st = pmap_run(ctx, stalled_job, &a);
+    double took = now_s() - t0;
+    if (stall) {
+      /* The others time out in their wait (or inside NCCL), the communicators are aborted, and
+       * the stalled device finds them aborted when it finally calls NCCL. */
+      CHECK(st == PMAP_ERR_TIMEOUT, "stall after the rendezvous: pmap_run -> %s (%s)",
+            pmap_status_string(st), pmap_last_error());
+      CHECK(strstr(pmap_last_error(), "the NCCL communicators were aborted") != NULL,
+            "stall after the rendezvous: message \"%s\"", pmap_last_error());
+      CHECK(a.got[n - 1] == PMAP_ERR_DEVICE || a.got[n - 1] == PMAP_ERR_ABORTED,
+            "the stalled device got %s", pmap_status_string(a.got[n - 1]));
+    } else {
+      /* The others' waits cover a collective a failed device will never join: the watchdog
+       * aborts the communicators under them. */
+      CHECK(st == PMAP_ERR_INVALID_ARGUMENT && strstr(pmap_last_error(), "after the rendezvous"),
+            "failure after the rendezvous: pmap_run -> %s (%s)", pmap_status_string(st),
+            pmap_last_error());
+      for (int d = 0; d < n - 1; d++)
+        CHECK(a.got[d] == PMAP_ERR_ABORTED, "device %d got %s while device %d failed", d,
+              pmap_status_string(a.got[d]), n - 1);
+    }
+    for (int d = 0; d < n - 1 && stall; d++)
+      CHECK(a.got[d] == PMAP_ERR_TIMEOUT || a.got[d] == PMAP_ERR_ABORTED,
+            "device %d got %s while device %d stalled", d, pmap_status_string(a.got[d]), n - 1);
+    CHECK(took < 20.0, "%s after the rendezvous took %.1f s", stall ? "a stall" : "a failure",
+          took);
+    /* The communicators are gone: later collectives fail at once, saying why. */
+    t0 = now_s();
+    CHECK_FAILS(pmap_run(ctx, psum_job, NULL), PMAP_ERR_DEVICE, "destroy the context");
+    CHECK(now_s() - t0 < 5.0, "a collective on aborted communicators took %.1f s", now_s() - t0);
+    pmap_ctx_destroy(ctx);
+    CHECK(now_s() - t0 < 30.0, "destroying the aborted context took %.1f s", now_s() - t0);
+  }
+  printf(
+      "a stall and a failure after the rendezvous on %d devices: NCCL aborted, reported, "
+      "destroyed\n",
+      n);
 }
 
 int main(void) {
@@ -214,9 +323,12 @@ int main(void) {
     pmap_ctx_destroy(ctx);
     if (shared >= 2 && (!many || getenv("PMAP_GPU_TEST_DEVICES"))) many = shared;
   }
-  if (many)
-    test_failure_paths(many, gpus);
-  else
+  /* Quick (PMAP_GPU_TEST_QUICK=1): the failures before the rendezvous are the host's logic,
+   * the same on any device count; only the NCCL aborts run again. */
+  if (many) {
+    if (!gpu_test_quick()) test_rendezvous_failures(many, gpus);
+    test_nccl_aborts(many, gpus);
+  } else
     printf("note: the failure tests need 2 devices\n");
   return test_exit("gpu_coll");
 }

@@ -8,11 +8,14 @@
  *   graphs and without;
  * - fallback: a capture forced to fail (PMAP_CUDA_GRAPH_FAIL) leaves every step working, with the
  *   plain step's results.
- * N: PMAP_GPU_TEST_DEVICES, else every GPU (4 on one GPU where NCCL allows it). Skips (77)
- * without a GPU. */
+ * N: PMAP_GPU_TEST_DEVICES, else every GPU (4 on one GPU where NCCL allows it);
+ * PMAP_GPU_TEST_QUICK=1 leaves out the fallback. Without a GPU it checks only that the GPU
+ * check's bucket size splits mlp-1024 into 4 buckets, then skips (77). */
 #include "gpu_util.h"
 #include "models/params.h"
 #include "models/step_fast.h"
+#include "pmap_examples.h"
+#include "runtime/cuda/cuda_backend.h"
 
 #define STEPS 16
 #define IN 48
@@ -176,15 +179,18 @@ static void test_variants(int n, int gpus) {
   compare("graphs vs plain", &graph, &plain, 1e-6);
   CHECK(graph.live, "graphs vs plain: the last steps did not replay a captured graph");
   CHECK(!plain.live, "the plain run replayed graphs");
-  /* The fallback: device n-1's graph fails to instantiate; every step still runs, plainly. */
+  /* The fallback: device n-1's graph fails to instantiate; every step still runs, plainly.
+   * Not in the quick form (PMAP_GPU_TEST_QUICK=1): it is the same logic on any device count. */
   run fallback = {0};
-  setenv("PMAP_CUDA_GRAPH_FAIL", n > 1 ? "1" : "0", 1);
-  if (fast_ctx(n, gpus, 1, 0, &ctx) == PMAP_SUCCESS) train(ctx, small, &fallback);
-  pmap_ctx_destroy(ctx);
-  ctx = NULL;
-  unsetenv("PMAP_CUDA_GRAPH_FAIL");
-  compare("failed capture vs plain", &fallback, &plain, 1e-6);
-  CHECK(!fallback.live, "a failed capture left graphs in use");
+  if (!gpu_test_quick()) {
+    setenv("PMAP_CUDA_GRAPH_FAIL", n > 1 ? "1" : "0", 1);
+    if (fast_ctx(n, gpus, 1, 0, &ctx) == PMAP_SUCCESS) train(ctx, small, &fallback);
+    pmap_ctx_destroy(ctx);
+    ctx = NULL;
+    unsetenv("PMAP_CUDA_GRAPH_FAIL");
+    compare("failed capture vs plain", &fallback, &plain, 1e-6);
+    CHECK(!fallback.live, "a failed capture left graphs in use");
+  }
   run_free(&plain);
   run_free(&graph);
   run_free(&fallback);
@@ -210,9 +216,41 @@ out:
   pmap_model_destroy(wide);
 }
 
+/* The buckets of a step as the backward hook issues them (models/step_fast.c): after layer i,
+ * the gradients from lo[i] up go out once they make bucket_bytes, and after layer 0 whatever
+ * is left. */
+static int bucket_count(const char *model, size_t bucket_bytes) {
+  pmap_model *m = NULL;
+  CHECK_OK(pmap_example_model(model, &m));
+  if (!m) return -1;
+  size_t *lo = calloc((size_t)m->n_layers, sizeof *lo), hi = m->n_params;
+  int count = 0;
+  step_fast_bucket_starts(m, lo);
+  for (int i = m->n_layers - 1; i >= 0 && lo; i--) {
+    if (lo[i] >= hi || (i > 0 && (hi - lo[i]) * sizeof(float) < bucket_bytes)) continue;
+    count++;
+    hi = lo[i];
+  }
+  free(lo);
+  pmap_model_destroy(m);
+  return count;
+}
+
+/* bench/gpu-check.sh overlaps mlp-1024's gradients in PMAP_CUDA_BUCKET_MB=0.03125: one bucket
+ * per dense layer, four, where the default 25 MiB makes one. */
+static void test_check_buckets(void) {
+  size_t small = 0, dflt = 0;
+  CHECK_OK(cuda_bucket_bytes_parse("0.03125", &small));
+  CHECK_OK(cuda_bucket_bytes_parse(NULL, &dflt));
+  int n_small = bucket_count("mlp-1024", small), n_dflt = bucket_count("mlp-1024", dflt);
+  CHECK(n_small == 4, "mlp-1024 in buckets of %zu bytes: %d buckets, want 4", small, n_small);
+  CHECK(n_dflt == 1, "mlp-1024 in buckets of %zu bytes: %d buckets, want 1", dflt, n_dflt);
+}
+
 int main(void) {
+  test_check_buckets();
   int gpus = gpu_count();
-  if (gpus == 0) return GPU_SKIP;
+  if (gpus == 0) return test_failures ? test_exit("gpu_fast") : GPU_SKIP;
   if (gpus < 0) return 1;
   int n = gpu_test_devices(gpus >= 2 ? gpus : 4);
   if (n < 0) return 1;

@@ -293,6 +293,33 @@ static void test_optimizers(env *e) {
   for (size_t k = 0; k < 4; k++) buf_free(e, all[k]);
 }
 
+/* The guard's and clipping's reductions: the L2 norm (one block and many, and n = 0, which
+ * must write 0), the in-place scale and axpy. */
+static void test_norm_scale_axpy(env *e) {
+  const size_t sizes[] = {0, 1, 255, 4097, 1000003};
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+    size_t n = sizes[i];
+    buf x = rnd(e, n, -3.0f, 3.0f), norm = poisoned(e, 1);
+    CHECK_OK(pmap_cpu_ops.norm2(e->dev, x.h, n, norm.h));
+    CHECK_OK(e->dev->ops->norm2(e->dev, x.d, n, norm.d));
+    char what[64];
+    snprintf(what, sizeof what, "norm2 of %zu", n);
+    compare(e, what, &norm, 1e-6);
+    buf_free(e, &x);
+    buf_free(e, &norm);
+  }
+  size_t n = 300007;
+  buf x = rnd(e, n, -1.0f, 1.0f), y = rnd(e, n, -1.0f, 1.0f);
+  CHECK_OK(pmap_cpu_ops.scale(e->dev, x.h, -0.37f, n));
+  CHECK_OK(e->dev->ops->scale(e->dev, x.d, -0.37f, n));
+  compare(e, "scale", &x, 0.0);
+  CHECK_OK(pmap_cpu_ops.axpy(e->dev, 1.75f, x.h, y.h, n));
+  CHECK_OK(e->dev->ops->axpy(e->dev, 1.75f, x.d, y.d, n));
+  compare(e, "axpy", &y, 1e-6); /* a fused multiply-add on the device */
+  buf_free(e, &x);
+  buf_free(e, &y);
+}
+
 /* The same GEMM twice gives the same bits (no atomics, no algorithm chosen per call). */
 static void test_gemm_repeatable(env *e) {
   int64_t m = 256, n = 512, k = 1024;
@@ -464,6 +491,7 @@ static pmap_status ops_job(pmap_device *dev, void *arg) {
   test_mse(e);
   test_xent(e);
   test_optimizers(e);
+  test_norm_scale_axpy(e);
   test_act(e);
   test_add(e);
   test_layernorm(e);
