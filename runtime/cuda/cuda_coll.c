@@ -32,10 +32,10 @@ pmap_status cuda_nccl_failed(pmap_device *dev, pmap_status st, const char *call)
                   "communicators were aborted: destroy the context",
                   call, dev->index, (double)cuda_timeout_ns(dev->ctx) * 1e-9);
   else if (why == CUDA_WATCHDOG_PEER_FAILED)
-    st = PMAP_ERR(PMAP_ERR_ABORTED,
-                  "%s on device %d abandoned: another device failed while this one waited in "
-                  "NCCL, so the NCCL communicators were aborted",
-                  call, dev->index);
+    st = pmap_abandoned(dev,
+                        "%s on device %d abandoned: another device failed while this one waited in "
+                        "NCCL, so the NCCL communicators were aborted",
+                        call, dev->index);
   return coll_failed(dev, st);
 }
 
@@ -72,10 +72,10 @@ pmap_status cuda_nccl_issued(pmap_device *dev, ncclResult_t r, const char *text,
       cuda_nccl_leave(dev);
       if (atomic_load(&cc->dead))
         return cuda_nccl_failed(dev,
-                                PMAP_ERR(PMAP_ERR_ABORTED,
-                                         "%s on device %d abandoned: the NCCL "
-                                         "communicators were aborted",
-                                         call, dev->index),
+                                pmap_abandoned(dev,
+                                               "%s on device %d abandoned: the NCCL "
+                                               "communicators were aborted",
+                                               call, dev->index),
                                 call);
       return coll_failed(dev, PMAP_ERR(PMAP_ERR_TIMEOUT,
                                        "%s on device %d: NCCL did not finish issuing %s within "
@@ -135,10 +135,10 @@ static pmap_status collective_verdict(pmap_device *dev, const char *call) {
                       "%s on device %d: a collective did not complete within %.3f s; the NCCL "
                       "communicators were aborted: destroy the context",
                       call, dev->index, (double)cuda_timeout_ns(dev->ctx) * 1e-9);
-    return PMAP_ERR(PMAP_ERR_ABORTED,
-                    "%s on device %d abandoned: the NCCL communicators were aborted after a "
-                    "failure on another device, so its collective's result is not valid",
-                    call, dev->index);
+    return pmap_abandoned(dev,
+                          "%s on device %d abandoned: the NCCL communicators were aborted after a "
+                          "failure on another device, so its collective's result is not valid",
+                          call, dev->index);
   }
   if (async_error(dev, cd, call, &st)) return coll_failed(dev, st);
   atomic_store(&cc->pending[dev->index], 0);
@@ -165,15 +165,17 @@ static pmap_status wait_poll(pmap_device *dev, cuda_device *cd, const char *call
     if (collective && it % ASYNC_POLL_EVERY == 0 && async_error(dev, cd, call, &st))
       return coll_failed(dev, st);
     if (collective && atomic_load(&cc->dead))
-      return PMAP_ERR(PMAP_ERR_ABORTED,
-                      "%s on device %d abandoned: the NCCL communicators were aborted after a "
-                      "failure on another device",
-                      call, dev->index);
+      return pmap_abandoned(
+          dev,
+          "%s on device %d abandoned: the NCCL communicators were aborted after a "
+          "failure on another device",
+          call, dev->index);
     if (collective && atomic_load_explicit(&ctx->abort, memory_order_acquire))
-      return coll_failed(dev, PMAP_ERR(PMAP_ERR_ABORTED,
-                                       "%s on device %d abandoned: another device failed, so the "
-                                       "NCCL communicators were aborted",
-                                       call, dev->index));
+      return coll_failed(dev,
+                         pmap_abandoned(dev,
+                                        "%s on device %d abandoned: another device failed, so the "
+                                        "NCCL communicators were aborted",
+                                        call, dev->index));
     int64_t waited = pmap_now_ns() - start;
     if (timeout >= 0 && waited > timeout) return timed_out(dev, call, timeout);
     if (waited < spin) {

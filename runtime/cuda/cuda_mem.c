@@ -46,10 +46,11 @@ static pmap_status wait_peers_issued(pmap_device *dev, cuda_device *cd) {
     if (k == dev->index || cc->gpus[k] != cd->gpu) continue;
     while (atomic_load(&cc->issued[k]) < mine) {
       if (atomic_load(&ctx->abort) || atomic_load(&cc->dead))
-        return PMAP_ERR(PMAP_ERR_ABORTED,
-                        "device %d: allocation abandoned: another device failed before issuing "
-                        "its collective",
-                        dev->index);
+        return pmap_abandoned(
+            dev,
+            "device %d: allocation abandoned: another device failed before issuing "
+            "its collective",
+            dev->index);
       if (timeout >= 0 && pmap_now_ns() - start > timeout)
         return PMAP_ERR(PMAP_ERR_TIMEOUT,
                         "device %d: allocation on GPU %d waited %.3f s for device %d to issue its "
