@@ -15,7 +15,6 @@
 
 #include "params.h"
 #include "runtime/backend.h"
-#include "runtime/dist/dist.h"
 #include "runtime/error.h"
 #include "runtime/fault.h"
 #include "step_fast.h"
@@ -414,7 +413,7 @@ static pmap_status numeric_error(const pmap_params *p) {
     if (isfinite(h[1 + g])) continue;
     if (ctx->dist)
       len += (size_t)snprintf(devs + len, sizeof devs - len, "%sdevice %d (process %d, host %s)",
-                              bad ? ", " : "", g, g / ctx->n, dist_host(ctx->dist, g / ctx->n));
+                              bad ? ", " : "", g, g / ctx->n, pmap_proc_host(ctx, g / ctx->n));
     else
       len += (size_t)snprintf(devs + len, sizeof devs - len, "%s%d", bad ? ", " : "", g);
     bad++;

@@ -9,7 +9,6 @@
 #include "crc32c.h"
 #include "params.h"
 #include "runtime/backend.h"
-#include "runtime/dist/dist.h"
 #include "runtime/error.h"
 
 #define VERIFY_CHUNK ((size_t)256 * 1024) /* bytes per device per download */
@@ -53,7 +52,7 @@ static int describe(const pmap_params *p, const uint32_t *sums, char *msg, size_
     int w =
         ctx->dist
             ? snprintf(msg + at, size - at, "%s%d (process %d, host %s: 0x%08x)", bad ? ", " : "",
-                       g, g / ctx->n, dist_host(ctx->dist, g / ctx->n), (unsigned)sums[g])
+                       g, g / ctx->n, pmap_proc_host(ctx, g / ctx->n), (unsigned)sums[g])
             : snprintf(msg + at, size - at, "%s%d (0x%08x)", bad ? ", " : "", g, (unsigned)sums[g]);
     if (w > 0) at = (size_t)w < size - at ? at + (size_t)w : size - 1;
     bad++;
@@ -94,7 +93,7 @@ static pmap_status verify(pmap_params *p) {
   char list[768], where[160] = "";
   int bad = st ? 0 : describe(p, sums, list, sizeof list);
   if (bad && p->ctx->dist)
-    snprintf(where, sizeof where, " (process 0, host %s)", dist_host(p->ctx->dist, 0));
+    snprintf(where, sizeof where, " (process 0, host %s)", pmap_proc_host(p->ctx, 0));
   if (bad)
     st = PMAP_ERR(PMAP_ERR_DEVICE,
                   "%s: %d of %d replicas differ from device 0's%s (checksum 0x%08x) after step "

@@ -219,6 +219,8 @@ pmap_status pmap_wait_status(pmap_device *dev, int wait_result, const char *call
 /* "device 3 (process 1 of 2, host b)" in a distributed context, "device 3" otherwise: how every
  * message names a device (global index), into buf; returns buf. */
 const char *pmap_dev_name(const pmap_device *dev, char *buf, size_t size);
+/* The host name process `proc` of a distributed context reported ("?" when unknown). */
+const char *pmap_proc_host(const pmap_ctx *ctx, int proc);
 /* "process 1 (host b)" into buf; returns buf. */
 const char *pmap_proc_name(const pmap_ctx *ctx, int proc, char *buf, size_t size);
 /* Outside jobs, on the calling thread (the context's lock held): `bytes` bytes of every process,

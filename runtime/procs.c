@@ -17,6 +17,8 @@ const char *pmap_dev_name(const pmap_device *dev, char *buf, size_t size) {
   return buf;
 }
 
+const char *pmap_proc_host(const pmap_ctx *ctx, int proc) { return dist_host(ctx->dist, proc); }
+
 const char *pmap_proc_name(const pmap_ctx *ctx, int proc, char *buf, size_t size) {
   snprintf(buf, size, "process %d (host %s)", proc, dist_host(ctx->dist, proc));
   return buf;

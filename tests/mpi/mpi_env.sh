@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034,SC2154
 # mpi_env.sh: what the mpi suite's scripts share (sourced): Open MPI's settings for this machine
 # and the helpers that run mpirun bounded and report. Needs $mpirun.
 # Open MPI as root, more processes than cores, and no network: shared memory between processes

@@ -12,6 +12,7 @@
 # Usage: test_launch.sh MPIRUN ($PMAP_TRAIN names pmap-train, $PMAP_LAUNCH pmap-launch).
 set -u
 mpirun=$1
+# shellcheck source-path=SCRIPTDIR source=mpi_env.sh
 source "$(dirname "$0")/mpi_env.sh"
 train=${PMAP_TRAIN:?PMAP_TRAIN names pmap-train}
 launch=${PMAP_LAUNCH:?PMAP_LAUNCH names pmap-launch}

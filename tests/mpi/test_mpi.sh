@@ -10,6 +10,7 @@ prog=$2
 shift 2
 parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(coll train fail)
+# shellcheck source-path=SCRIPTDIR source=mpi_env.sh
 source "$(dirname "$0")/mpi_env.sh"
 
 # run LIMIT_S NP ARGS...: mpirun, bounded; leaves the output in $out, returns mpirun's status.

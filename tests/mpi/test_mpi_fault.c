@@ -11,7 +11,10 @@
  *               at the first step on every process, nothing changed
  *   leave D, leaveopen D  process 1 fails alone at step 3 and returns from main, having
  *               destroyed its context (leave) or not (leaveopen): process 0 hears at once,
- *               naming process 1 (test_mpi.sh checks that the job ends within seconds)
+ *               naming process 1 (test_mpi_fault.sh checks that the job ends within seconds)
+ *   failjob D   a mapped function fails on process 1 alone (a collective called with NULL)
+ *               while process 0 waits in that collective: process 0 fails at once with process
+ *               1's message
  *   startinit   process 1 is 4 s late to start: process 0's pmap_ctx_create (timeout 1.5 s)
  *               returns PMAP_ERR_TIMEOUT from the wait for MPI_Init within 3 s
  *   startctx    process 1 creates its second context 4 s late: process 0's returns
@@ -278,6 +281,37 @@ static int mode_leave(int d, int destroy) {
   return test_exit("test_mpi_fault leave");
 }
 
+static pmap_status null_psum(pmap_device *dev, void *arg) {
+  (void)arg;
+  float buf[4] = {1, 2, 3, 4};
+  int bad = pmap_process_index(dev) == 1 && pmap_local_index(dev) == 0;
+  return pmap_psum(dev, bad ? NULL : buf, bad ? NULL : buf, 4);
+}
+
+static int mode_failjob(int d) {
+  pmap_ctx *ctx = NULL;
+  CHECK_OK(dist_ctx(d, 30.0, &ctx));
+  if (!ctx) return test_exit("test_mpi_fault failjob setup");
+  double t0 = now_s();
+  pmap_status st = pmap_run(ctx, null_psum, NULL);
+  double took = now_s() - t0;
+  CHECK(st == PMAP_ERR_INVALID_ARGUMENT, "%s: %s", pmap_status_string(st), pmap_last_error());
+  CHECK(strstr(pmap_last_error(), "send is NULL") != NULL, "message: %s", pmap_last_error());
+  if (RANK == 0) {
+    CHECK(strstr(pmap_last_error(), "process 1 (host") && strstr(pmap_last_error(), "gave up"),
+          "message does not name process 1: %s", pmap_last_error());
+    CHECK(took < 5.0, "heard after %.1f s (timeout 30 s)", took);
+    printf("process 0: failed after %.2f s: %s\n", took, pmap_last_error());
+    if (!test_failures) printf("OK failjob\n");
+  }
+  /* The context is broken now: a later collective fails at once. */
+  t0 = now_s();
+  CHECK(pmap_run(ctx, null_psum, NULL) != PMAP_SUCCESS && now_s() - t0 < 1.0,
+        "after the failure: %s", pmap_last_error());
+  pmap_ctx_destroy(ctx);
+  return test_exit("test_mpi_fault failjob");
+}
+
 static int mode_start(int late_init) {
   pmap_ctx *ctx = NULL;
   if (!late_init) {
@@ -381,6 +415,8 @@ int main(int argc, char **argv) {
     mode_row0(d);
   else if (!strcmp(mode, "verify"))
     mode_verify(d);
+  else if (!strcmp(mode, "failjob"))
+    return mode_failjob(d);
   else if (!strcmp(mode, "leave") || !strcmp(mode, "leaveopen"))
     return mode_leave(d, !strcmp(mode, "leave"));
   else if (!strcmp(mode, "stop") || !strcmp(mode, "die"))
