@@ -25,7 +25,7 @@ static void usage(FILE *f) {
           "                  [--warmup W] [--rounds R] [--backend auto|cpu|cuda] [--seed K]\n"
           "                  [--no-ref] [--no-numeric-guard] [--shard-optimizer]\n"
           "                  [--no-shard-optimizer] [--compare-shard] [--csv FILE]\n"
-          "                  [--dump DIR] [--json]\n"
+          "                  [--dump DIR] [--timeout S] [--json]\n"
           "  --model      example models, comma-separated; all: " ALL_MODELS
           "\n"
           "               (default mlp-1024)\n"
@@ -49,6 +49,8 @@ static void usage(FILE *f) {
           "  --csv FILE   also write the rows as CSV\n"
           "  --dump DIR   write each model's architecture, initial parameters and global batch\n"
           "               into DIR (for bench/jax_compare.py)\n"
+          "  --timeout    seconds a device may keep the others waiting in a collective before\n"
+          "               the run fails naming it (default $PMAP_TIMEOUT, else 300; inf: never)\n"
           "  --json       end with one line of JSON (\"rows\": one object per table row)\n"
           "Model FLOPs are counted as 6 x the forward multiply-adds per example (forward 2,\n"
           "backward 4). Exit status 1 when a correctness check fails.\n");
@@ -64,6 +66,7 @@ typedef struct opts {
   int64_t devs[CLI_MAX_LIST], batch, weak_batch, steps, warmup, rounds;
   int ndev, json, ref, modes[2], guard, shard, compare;
   uint64_t seed;
+  double timeout_s; /* pmap_config.timeout_s (0: the library's default) */
 } opts;
 
 /* One device count of one table: its context, training state, data, probes and times. */
@@ -150,6 +153,7 @@ static int setup_open(setup *s, const char *name, const pmap_model *model,
                       int shard, int64_t bd, int64_t warmup, int cap, bench_row *r) {
   pmap_config cfg = {.backend = backend,
                      .num_devices = devices,
+                     .timeout_s = o->timeout_s,
                      .numeric_guard = o->guard,
                      .shard_optimizer = shard};
   memset(s, 0, sizeof *s);
@@ -439,7 +443,7 @@ static int parse(int argc, char **argv, opts *o) {
                                       NULL};
   static const char *const value_opts[] = {
       "--model",  "--backend", "--devices", "--batch", "--weak-batch", "--scaling", "--steps",
-      "--warmup", "--rounds",  "--seed",    "--csv",   "--dump",       NULL};
+      "--warmup", "--rounds",  "--seed",    "--csv",   "--dump",       "--timeout", NULL};
   *o = (opts){.models = "mlp-1024",
               .backend = "auto",
               .devs = {1, 2, 4},
@@ -503,6 +507,8 @@ static int parse(int argc, char **argv, opts *o) {
       if (cli_int(prog, a, v, 1, 100, &o->rounds)) return -1;
     } else if (!strcmp(a, "--seed")) {
       if (cli_u64(prog, a, v, &o->seed)) return -1;
+    } else if (!strcmp(a, "--timeout")) {
+      if (cli_timeout(prog, a, v, &o->timeout_s)) return -1;
     }
   }
   return 0;

@@ -124,8 +124,10 @@ typedef struct pmap_config {
                             repeats allowed where NCCL allows them); NULL means 0..N-1.
                             Ignored on CPU. */
   double timeout_s;      /* a device waiting longer than this in a collective aborts the call on
-                            every device with PMAP_ERR_TIMEOUT; 0 means 300 s, < 0 or more than
-                            1e9 s (inf included) never; NaN is rejected */
+                            every device with PMAP_ERR_TIMEOUT; 0 means the environment variable
+                            PMAP_TIMEOUT (seconds > 0; inf or negative: never) when it is set,
+                            else 300 s; < 0 or more than 1e9 s (inf included) never; NaN is
+                            rejected (a bad PMAP_TIMEOUT too: PMAP_ERR_INVALID_ARGUMENT) */
   int numeric_guard;     /* PMAP_GUARD_ON (0, the default) or PMAP_GUARD_OFF: see pmap_update */
   int uneven_batches;    /* 0 (default): pmap_update and pmap_predict need a global batch that is
                             a multiple of N; 1: any batch of at least N rows, split into shards
@@ -136,7 +138,10 @@ typedef struct pmap_config {
                             and sets MPI_ERRORS_RETURN on its copy), NULL for MPI_COMM_WORLD. The
                             header stays free of mpi.h. If MPI is not initialised, pmap
                             initialises it (MPI_THREAD_MULTIPLE requested, MPI_THREAD_SERIALIZED
-                            at least) and finalises it at exit. Every process of the
+                            at least) on a thread of its own, and finalises it at exit only when
+                            no process can still be waiting for this one (after a failure across
+                            processes it does not, so that mpirun ends the job instead of
+                            waiting: docs/distributed.md, "Failures"). Every process of the
                             communicator must create its context with the same backend and the
                             same num_devices. */
   int shard_optimizer;   /* PMAP_SHARD_AUTO (0, the default), PMAP_SHARD_OFF or PMAP_SHARD_ON.
@@ -173,19 +178,25 @@ typedef struct pmap_ctx pmap_ctx;
  * PMAP_ERR_OUT_OF_MEMORY, PMAP_ERR_DEVICE.
  * Distributed (cfg->dist): a collective call of every process of the communicator, in the same
  * order; it also returns PMAP_ERR_INVALID_ARGUMENT when the processes differ in backend or
- * device count (the message names them), PMAP_ERR_UNAVAILABLE without MPI in this build (also
+ * device count (the message names them and their hosts), PMAP_ERR_UNAVAILABLE without MPI in this build (also
  * when an MPI launcher started the program with several processes and dist is
  * PMAP_DIST_AUTO), and
- * PMAP_ERR_TIMEOUT when not every process arrives within the timeout. After an inter-process
- * failure (timeout, dead process, MPI error) the context is broken: every later call fails at
- * once with that failure's message; destroy it and end the program. */
+ * PMAP_ERR_TIMEOUT naming the processes that did not arrive within the timeout (the whole
+ * creation is bounded by it, MPI's start included, where MPI cannot say which process is
+ * missing). The processes meet with one message each on tag 32717 of the communicator. After an
+ * inter-process failure (timeout, dead process, MPI error), or a failure of one process that the
+ * others do not share (a device or a mapped function failed on it), the context is broken: the
+ * other processes are told at once, and every later call fails at once with the failure's
+ * message naming the process; destroy the context and end the program (docs/distributed.md). */
 PMAP_API pmap_status pmap_ctx_create(const pmap_config *cfg, pmap_ctx **out);
 
 /* Stops the workers and frees the context. Accepts NULL (PMAP_SUCCESS). Every pmap_params created
  * on the context must be destroyed first: with params still alive, or when called from inside a
  * mapped function of this context, or from a process other than the one that created it (a
  * forked child), it returns PMAP_ERR_INVALID_ARGUMENT and changes nothing (the context stays
- * usable where it was created). */
+ * usable where it was created). Distributed: it tells the other processes that this one leaves
+ * (one still waiting for it in a collective fails at once, naming it) and waits, up to the
+ * timeout, for them to destroy theirs. */
 PMAP_API pmap_status pmap_ctx_destroy(pmap_ctx *ctx);
 
 /* Devices of this process (D). */
@@ -418,9 +429,10 @@ PMAP_API int64_t pmap_params_step(const pmap_params *params); /* optimizer steps
 
 /* One data-parallel training step. xs: (B, input shape...) f32; ys: (B, K) f32 for MSE, (B) or
  * (B, 1) i32 for softmax cross-entropy. In a distributed context each process passes its own
- * rows of the global batch, the same number (a multiple of D) in every process (checked when
- * the batch size changes: PMAP_ERR_INVALID_ARGUMENT on every process otherwise), and the D local
- * devices split them; the mean is then over every process's rows (each global device weighs its
+ * rows of the global batch, the same number (a multiple of D) in every process, at the same
+ * step, with the same optimizer settings (checked before every step in one exchange:
+ * PMAP_ERR_INVALID_ARGUMENT on every process otherwise, naming each process's value, nothing
+ * changed), and the D local devices split them; the mean is then over every process's rows (each global device weighs its
  * rows equally, which is the exact global mean) and *loss is the same on every process.
  * Device d takes rows [d B/N, (d+1) B/N) of both as a view
  * (no copy on CPU), computes forward, loss and backward on them, then one all-reduce averages
@@ -438,8 +450,10 @@ PMAP_API int64_t pmap_params_step(const pmap_params *params); /* optimizer steps
  * every replica checks the averaged loss and gradients and each device's own (one flag per
  * device travels in the same all-reduce) for non-finite values. If any is non-finite, every
  * replica skips the optimizer step alike (parameters, the layers' state such as batch norm's
- * running statistics, optimizer state and step count unchanged, *loss not written) and the call returns PMAP_ERR_NUMERIC naming the step and the devices
- * whose own loss or gradients were non-finite (a gradient whose L2 norm exceeds FLT_MAX counts
+ * running statistics, optimizer state and step count unchanged, *loss not written) and the call
+ * returns PMAP_ERR_NUMERIC naming the step and the devices whose own loss or gradients were
+ * non-finite (by global index; across processes with their process and host) (a gradient whose
+ * L2 norm exceeds FLT_MAX counts
  * as non-finite). NaN propagates through every op. With the guard off, non-finite values go
  * into the parameters. With opt.clip_norm > 0 the averaged gradient is scaled to that global L2
  * norm when it exceeds it (the norm is computed in the guard's pass; the scale is applied
@@ -514,7 +528,10 @@ PMAP_API pmap_status pmap_params_load_user(pmap_params *params, const char *path
  * is sharded, each device's part of the state being its own): each device computes a checksum of
  * its own replica, and the checksums are gathered and compared. PMAP_SUCCESS when they are all
  * equal; PMAP_ERR_DEVICE with a message naming the devices that differ from device 0 when not
- * (replicas must never drift: this is a check for hardware or memory faults). */
+ * (replicas must never drift: this is a check for hardware or memory faults). Distributed: a
+ * collective call of every process that compares every replica of every process (the processes
+ * exchange their checksums) and names devices by global index, process and host, alike on every
+ * process. */
 PMAP_API pmap_status pmap_params_verify(const pmap_params *params);
 
 /* Releases the activation memory, which is sized for the largest batch seen so far; the next
@@ -539,7 +556,9 @@ typedef struct pmap_grad_args {
   float scale;         /* the weight of these rows in the device's share: 1 unless the rows are
                           a micro-batch or the global batch is uneven */
   pmap_array xs, ys;   /* these rows of xs and ys (data: device memory; shape[0]: the rows) */
-  int64_t row0;        /* the global index of the first row (for per-example randomness) */
+  int64_t row0;        /* the index of the first row in the global batch (for per-example
+                          randomness); across processes process p's rows follow those of
+                          processes 0..p-1, so it does not depend on the layout */
   int64_t step;        /* the step this gradient is for: pmap_params_step() before it */
   size_t num_params;   /* P */
 } pmap_grad_args;
@@ -577,8 +596,12 @@ typedef pmap_status (*pmap_fn)(pmap_device *dev, void *arg);
  * abandon a collective is reported, not their PMAP_ERR_ABORTED; a function that returns
  * PMAP_ERR_ABORTED itself, while no other device has failed, is such a failure), with its
  * message (pmap_set_error; a device that fails without setting one is reported as such;
- * messages never carry over from an earlier job). A device failing before a collective never leaves the others waiting, and neither does
- * a device that returns without calling a collective the others wait in. Not re-entrant: fn
+ * messages never carry over from an earlier job). A device failing before a collective never
+ * leaves the others waiting, and neither does a device that returns without calling a
+ * collective the others wait in. Distributed: a failure on this process that the other
+ * processes do not share (anything but collectives that differ) breaks the context, and their
+ * waits for this process end at once with its message; messages name devices by global index,
+ * process and host. Not re-entrant: fn
  * calling any public function on the same context (pmap_run, pmap_update, pmap_params_read,
  * pmap_ctx_destroy, ...) gets PMAP_ERR_INVALID_ARGUMENT. */
 PMAP_API pmap_status pmap_run(pmap_ctx *ctx, pmap_fn fn, void *arg);
@@ -609,13 +632,15 @@ PMAP_API pmap_status pmap_device_download(pmap_device *dev, float *dst, const fl
  * bitwise the same result: the summation order is fixed; max propagates NaN. Each collective
  * first checks, at a rendezvous, that every device called the same collective with the same
  * count (and root); if not, it fails on every device with PMAP_ERR_INVALID_ARGUMENT and a
- * message naming what each device called. A collective has one verdict: it succeeds on every
+ * message naming what each device called (across processes the same check: call, count,
+ * operation, root as a global device, element type, with the same message on every process). A collective has one verdict: it succeeds on every
  * device or fails on every device, and when it returns (whatever it returns) no device reads or
  * writes this device's buffers any more, so they may be freed at once. In a distributed context
  * they run over every process's devices (N = P * D, indices and roots global): the devices of a
  * process combine over shared memory in device order, then the processes' partials are added
- * in process order, and a process that called another collective, stalled or died fails every
- * process (PMAP_ERR_INVALID_ARGUMENT or PMAP_ERR_TIMEOUT naming it) instead of hanging.
+ * in process order, and a process that called another collective, stalled, died or left fails
+ * every process (PMAP_ERR_INVALID_ARGUMENT, PMAP_ERR_TIMEOUT or PMAP_ERR_ABORTED naming it, its
+ * host and the collective's number) instead of hanging.
  *   psum/pmean/pmax: recv[i] = sum / mean / max over devices of send[i]   (count each)
  *   all_gather:      recv (N, count) = every device's send (count), in device order
  *   broadcast:       recv (count) = send (count) of device root

@@ -21,7 +21,7 @@ static float *r_w(pmap_params *p, pmap_device *dev) { return p->rep[dev->index].
 
 void params_layout(pmap_params *p) {
   const pmap_ctx *ctx = p->ctx;
-  size_t P = p->n_params, n = (size_t)ctx->n;
+  size_t P = p->n_params;
   p->ng = ctx->n * ctx->nproc;
   /* Not across processes (docs/distributed.md). AUTO: from SHARD_MIN_PARAMS parameters on, with
    * optimizer state to shard, and not when a CUDA fast path (graphs, overlap) is switched on:
@@ -37,7 +37,7 @@ void params_layout(pmap_params *p) {
   int want = ctx->shard == PMAP_SHARD_ON ||
              (ctx->shard == PMAP_SHARD_AUTO && P >= SHARD_MIN_PARAMS && p->opt_slots > 0 && !fast);
   p->shard = want && ctx->nproc == 1 && p->ng > 1;
-  p->reduced = P + 2 + (p->guard ? n : 0);
+  p->reduced = P + 2 + (p->guard ? (size_t)p->ng : 0); /* a guard flag per global device */
   size_t chunk = (p->reduced + (size_t)p->ng - 1) / (size_t)p->ng;
   p->chunk = (chunk + 15) / 16 * 16;
   size_t end = params_off_micro(p) + 1;

@@ -23,7 +23,7 @@ struct pmap_params {
   int64_t step;
   int micro_batches; /* >= 1: each device's rows are split into this many parts */
   replica *rep;      /* (N) */
-  /* A replica's gradient buffer (params_off_*): [gradients (P) | part | loss | guard flags (N) |
+  /* A replica's gradient buffer (params_off_*): [gradients (P) | part | loss | guard flags (G) |
    * parts (G) | micro-batch loss], then, sharded, the records of the exchange. The reduction
    * (all-reduce, or reduce-scatter when sharded) covers [0, reduced). G is the global device
    * count; [0, reduced) is split into G parts of `chunk` elements: device g's part is its shard
@@ -32,12 +32,12 @@ struct pmap_params {
   int guard;           /* the numeric guard is on (pmap_config.numeric_guard) */
   int shard;           /* the optimizer is sharded (pmap_config.shard_optimizer, G > 1) */
   int ng;              /* G */
-  size_t reduced;      /* P + 2 (+ N with the guard) */
+  size_t reduced;      /* P + 2 (+ G with the guard) */
   size_t chunk;        /* ceil(reduced / G) rounded up to 16 floats */
   size_t g_len;        /* floats of a replica's gradient buffer */
   size_t w_len;        /* floats of a replica's parameter buffer: P, or G * chunk when sharded */
   size_t state_len;    /* floats of each optimizer slot on a device: P, or chunk when sharded */
-  float *guard_host;   /* (N, params_host_len) each device's host copy of [loss | flags | parts],
+  float *guard_host;   /* (D, params_host_len) each device's host copy of [loss | flags | parts],
                         then, sharded, of the records */
   _Atomic int stepped; /* sharded: a device stepped its part this step (the gather may follow) */
   int torn;            /* sharded: the last step's all-gather of the parameters failed twice, so
@@ -50,8 +50,6 @@ struct pmap_params {
   int64_t batch;         /* global rows of the call */
   int64_t bd;            /* most rows any device takes */
   pmap_step_hyper hyper; /* this step's optimizer settings */
-  int64_t dist_bd;       /* across processes: the rows per device every process last agreed on */
-  float rows[2];         /* the exchange of that agreement: max and -min over the processes */
   int read_device;
   float *read_dst;
   float loss;
@@ -67,26 +65,26 @@ struct pmap_params {
 /* Floats of a replica's gradient buffer. */
 static inline size_t params_grad_len(const pmap_params *p) { return p->g_len; }
 /* Offsets into it. part: this device's part norm (sharded; 0 until the reduction); loss; the
- * guard flag of local device d at flags + d; parts: the G part norms; micro: scratch for a
+ * guard flag of global device g at flags + g; parts: the G part norms; micro: scratch for a
  * micro-batch's loss; records (sharded): G records of params_record_len floats, each a copy of
  * one device's [part | loss | flags]. */
 static inline size_t params_off_part(const pmap_params *p) { return p->n_params; }
 static inline size_t params_off_loss(const pmap_params *p) { return p->n_params + 1; }
 static inline size_t params_off_flags(const pmap_params *p) { return p->n_params + 2; }
 static inline size_t params_off_parts(const pmap_params *p) {
-  return p->n_params + 2 + (size_t)p->ctx->n;
+  return p->n_params + 2 + (size_t)p->ng;
 }
 static inline size_t params_off_micro(const pmap_params *p) {
   return params_off_parts(p) + (size_t)p->ng;
 }
-static inline size_t params_record_len(const pmap_params *p) { return (size_t)p->ctx->n + 2; }
+static inline size_t params_record_len(const pmap_params *p) { return (size_t)p->ng + 2; }
 static inline size_t params_off_records(const pmap_params *p) {
   size_t end = params_off_micro(p) + 1, padded = (size_t)p->ng * p->chunk;
   return end > padded ? end : padded;
 }
-/* Floats of a device's host tail: [loss | flags (N) | parts (G)], then the G records. */
+/* Floats of a device's host tail: [loss | flags (G) | parts (G)], then the G records. */
 static inline size_t params_host_len(const pmap_params *p) {
-  return (size_t)p->ctx->n + 1 + (size_t)p->ng + (size_t)p->ng * params_record_len(p);
+  return (size_t)p->ng + 1 + (size_t)p->ng + (size_t)p->ng * params_record_len(p);
 }
 /* The global index of local device d. */
 static inline int params_global(const pmap_params *p, int d) {

@@ -216,7 +216,7 @@ static pmap_status drift(pmap_device *dev, replica *r) {
  * devices all-gather [part | loss | flags]; each value of the loss and flags is taken from the
  * record of the device whose part held it averaged. */
 static pmap_status gather_tail(pmap_device *dev, pmap_params *p, replica *r, int norms, float *h) {
-  int n = dev->ctx->n, ng = p->ng;
+  int n = p->ng, ng = p->ng; /* flags: one per global device */
   float *parts = r->g + params_off_parts(p);
   if (!p->shard) {
     if (norms)
@@ -251,7 +251,7 @@ static pmap_status gather_tail(pmap_device *dev, pmap_params *p, replica *r, int
  * skips the step. */
 static pmap_status guard_and_clip(pmap_device *dev, pmap_params *p, replica *r, float *scale,
                                   int *skip) {
-  int n = dev->ctx->n, ng = p->ng;
+  int n = p->ng, ng = p->ng; /* flags: one per global device */
   float *h = p->guard_host + (size_t)dev->index * params_host_len(p);
   int norms = p->guard || p->opt.clip_norm > 0.0f;
   *scale = 1.0f;
@@ -289,8 +289,11 @@ static pmap_status piece_grads(pmap_device *dev, pmap_params *p, replica *r, int
   const void *x = NULL, *y = NULL;
   PMAP_TRY(shard(dev, p->xs, row0, rows, 0, &x));
   PMAP_TRY(shard(dev, p->ys, row0, rows, 1, &y));
+  /* The row's index in the global batch: across processes, this process's rows come after
+   * those of the processes before it (each passes p->batch). */
+  int64_t global_row0 = row0 + (int64_t)p->ctx->proc * p->batch;
   if (p->grad_fn) {
-    pmap_grad_args a = {dev, r->w, r->g, loss, weight, *p->xs, *p->ys, row0, p->step, P};
+    pmap_grad_args a = {dev, r->w, r->g, loss, weight, *p->xs, *p->ys, global_row0, p->step, P};
     a.xs.data = (void *)x;
     a.ys.data = (void *)y;
     a.xs.shape[0] = a.ys.shape[0] = rows;
@@ -302,7 +305,7 @@ static pmap_status piece_grads(pmap_device *dev, pmap_params *p, replica *r, int
     r->inference = 0;
     r->step = p->step;
     r->has_row0 = 1;
-    r->row0 = row0 + (int64_t)p->ctx->proc * p->batch;
+    r->row0 = global_row0;
     PMAP_TRY(model_forward(dev, m, r, x, rows));
     PMAP_TRY(model_loss(dev, m, r, y, rows, loss));
     if (weight != 1.0f)
@@ -348,11 +351,12 @@ static pmap_status update_job(pmap_device *dev, void *arg) {
   PMAP_TRY(ops->fill(dev, r->g, 0.0f, params_grad_len(p)));
   PMAP_TRY(device_grads(dev, p, r));
   if (dev->ctx->fault) PMAP_TRY(inject_before_reduce(dev, p, r));
-  /* The guard's flag of this device: the norm of its own gradients and loss, in its slot; the
-   * others' slots are 0, so after the mean a slot is non-finite exactly when its device's
-   * values were. */
+  /* The guard's flag of this device: the norm of its own gradients and loss, in the slot of its
+   * global index; the others' slots are 0, so after the mean a slot is non-finite exactly when
+   * its device's values were. */
   if (p->guard)
-    PMAP_TRY(ops->norm2(dev, r->g, params_off_flags(p), r->g + params_off_flags(p) + dev->index));
+    PMAP_TRY(ops->norm2(dev, r->g, params_off_flags(p),
+                        r->g + params_off_flags(p) + params_global(p, dev->index)));
   /* The one reduction of the step: gradients, the loss and the guard flags after them. */
   if (p->shard)
     PMAP_TRY(
@@ -392,60 +396,120 @@ static pmap_status update_job(pmap_device *dev, void *arg) {
 }
 
 /* The message of a step the numeric guard skipped, naming the devices whose own loss or
- * gradients were non-finite (device 0's copy of the flags; every device holds the same). */
+ * gradients were non-finite (device 0's copy of the flags, one per global device; every device
+ * holds the same) by their global index and, across processes, process and host. */
 static pmap_status numeric_error(const pmap_params *p) {
-  int n = p->ctx->n;
+  const pmap_ctx *ctx = p->ctx;
   const float *h = p->guard_host;
-  char devs[400];
+  char devs[600], seq[48] = "";
   size_t len = 0;
+  int bad = 0;
   devs[0] = '\0';
-  for (int d = 0; d < n && len < sizeof devs; d++)
-    if (!isfinite(h[1 + d]))
-      len += (size_t)snprintf(devs + len, sizeof devs - len, "%s%d", len ? ", " : "", d);
-  char what[480];
-  if (len) /* Across processes a flag slot is shared by local device d of every process. */
-    snprintf(what, sizeof what, "the local loss or gradients of %sdevice%s %s%s were non-finite",
-             p->ctx->nproc > 1 ? "local " : "", strchr(devs, ',') ? "s" : "", devs,
-             p->ctx->nproc > 1 ? " (of some process)" : "");
+  for (int g = 0; g < p->ng && len < sizeof devs; g++) {
+    if (isfinite(h[1 + g])) continue;
+    if (ctx->dist)
+      len += (size_t)snprintf(devs + len, sizeof devs - len, "%sdevice %d (process %d, host %s)",
+                              bad ? ", " : "", g, g / ctx->n, pmap_proc_host(ctx, g / ctx->n));
+    else
+      len += (size_t)snprintf(devs + len, sizeof devs - len, "%s%d", bad ? ", " : "", g);
+    bad++;
+  }
+  if (ctx->dist)
+    snprintf(seq, sizeof seq, " (collective #%llu)", (unsigned long long)ctx->dev[0].xseq);
+  char what[680];
+  if (bad)
+    snprintf(what, sizeof what, "the local loss or gradients of %s%s were non-finite",
+             ctx->dist ? "" : (bad > 1 ? "devices " : "device "), devs);
   else
     snprintf(what, sizeof what,
              "every device's own loss and gradients were finite, their average was not "
              "(overflow)");
   return PMAP_ERR(PMAP_ERR_NUMERIC,
-                  "pmap_update: step %lld: %s (averaged loss %g); the step was skipped on every "
+                  "pmap_update: step %lld%s: %s (averaged loss %g); the step was skipped on every "
                   "replica: parameters, optimizer state and step count are unchanged",
-                  (long long)p->step, what, (double)h[0]);
+                  (long long)p->step, seq, what, (double)h[0]);
 }
 
-/* Across processes the mean weighs every global device alike, which is the global mean only
- * when every process passes as many rows: one small exchange per step checks it.
- * The rows travel split in 24-bit halves (exact in float); the values live on the stack:
- * distributed contexts are CPU ones, whose devices read host memory. */
-static pmap_status dist_rows_job(pmap_device *dev, void *arg) {
-  pmap_params *p = arg;
-  float hi = (float)(p->batch >> 24), lo = (float)(p->batch & 0xffffff);
-  float v[4] = {hi, lo, -hi, -lo};
-  PMAP_TRY(backend_all_reduce(dev, "pmap_update's row check", v, v, 4, PMAP_RED_MAX));
-  if (dev->index == 0) {
-    p->rows[0] = v[0] * 16777216.0f + v[1]; /* approximate, for the message */
-    p->rows[1] = v[2] * 16777216.0f + v[3];
-    p->dist_bd = v[0] == -v[2] && v[1] == -v[3] ? p->batch : -1;
+/* What every process must pass alike to a step: as many rows (the mean weighs every global
+ * device alike, which is the global mean only then), the same step number and the same
+ * optimizer settings (replicas stepped differently would drift apart silently). */
+typedef struct step_record {
+  int64_t rows, step;
+  uint64_t opt; /* a hash of the optimizer's settings */
+  float lr;     /* the step's learning rate, for the message */
+  int32_t kind;
+} step_record;
+
+static uint64_t hash_bytes(uint64_t h, const void *v, size_t n) {
+  const unsigned char *b = v;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+/* Field by field, so that padding never counts. */
+static uint64_t opt_hash(const pmap_optimizer *o) {
+  uint64_t h = 1469598103934665603ull;
+  int32_t k = o->kind, nest = o->nesterov, sched = o->schedule;
+  const float f[] = {o->lr,  o->momentum,  o->beta1,        o->beta2,
+                     o->eps, o->clip_norm, o->weight_decay, o->final_lr};
+  const int64_t w[] = {o->warmup_steps, o->decay_steps};
+  h = hash_bytes(h, &k, sizeof k);
+  h = hash_bytes(h, &nest, sizeof nest);
+  h = hash_bytes(h, &sched, sizeof sched);
+  h = hash_bytes(h, f, sizeof f);
+  return hash_bytes(h, w, sizeof w);
+}
+
+/* The list "process 0 (host a): 8; process 1 (host b): 16" of one field of every record. */
+static void list_field(const pmap_ctx *ctx, const step_record *all, int field, char *buf,
+                       size_t size) {
+  size_t len = 0;
+  char name[128];
+  buf[0] = '\0';
+  for (int r = 0; r < ctx->nproc && len < size; r++) {
+    pmap_proc_name(ctx, r, name, sizeof name);
+    const step_record *x = &all[r];
+    if (field == 0)
+      len += (size_t)snprintf(buf + len, size - len, "%s%s: %lld", r ? "; " : "", name,
+                              (long long)x->rows);
+    else if (field == 1)
+      len += (size_t)snprintf(buf + len, size - len, "%s%s: step %lld", r ? "; " : "", name,
+                              (long long)x->step);
+    else
+      len += (size_t)snprintf(buf + len, size - len, "%s%s: optimizer %d, lr %g (settings %016llx)",
+                              r ? "; " : "", name, (int)x->kind, (double)x->lr,
+                              (unsigned long long)x->opt);
   }
-  return PMAP_SUCCESS;
 }
 
-/* Every step of a distributed context runs the exchange: whether to run it must not depend on
- * anything one process knows and another does not (its own last batch). */
-static pmap_status check_dist_rows(pmap_params *p) {
-  if (!p->ctx->dist) return PMAP_SUCCESS;
-  PMAP_TRY(pmap_ctx_dispatch(p->ctx, dist_rows_job, p));
-  if (p->dist_bd != p->batch)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                    "pmap_update: the processes pass different numbers of rows (%.0f to %.0f; "
-                    "this process %lld): each must pass the same number, so that the mean "
-                    "weighs every row alike (nothing was changed)",
-                    (double)-p->rows[1], (double)p->rows[0], (long long)p->batch);
-  return PMAP_SUCCESS;
+/* Every step of a distributed context runs the exchange, before any device works: whether to
+ * run it must not depend on anything one process knows and another does not. */
+static pmap_status check_processes(pmap_params *p) {
+  pmap_ctx *ctx = p->ctx;
+  if (!ctx->dist) return PMAP_SUCCESS;
+  step_record mine = {p->batch, p->step, opt_hash(&p->opt), 0.0f, (int32_t)p->opt.kind};
+  mine.lr = (float)pmap_optimizer_lr(&p->opt, p->step + 1);
+  const void *got = NULL;
+  PMAP_TRY(pmap_ctx_exchange(ctx, "pmap_update's step check", &mine, sizeof mine, &got));
+  const step_record *all = got;
+  int field = -1;
+  for (int r = 0; r < ctx->nproc && field < 0; r++)
+    field = all[r].rows != mine.rows   ? 0
+            : all[r].step != mine.step ? 1
+            : all[r].opt != mine.opt   ? 2
+                                       : -1;
+  if (field < 0) return PMAP_SUCCESS;
+  static const char *const what[] = {
+      "pass different numbers of rows (%s): each must pass the same number, so that the mean "
+      "weighs every row alike",
+      "are at different steps (%s): they resumed from different checkpoints or one skipped a "
+      "step",
+      "have different optimizer settings (%s): every replica must take the same step"};
+  char list[700], why[900];
+  list_field(ctx, all, field, list, sizeof list);
+  snprintf(why, sizeof why, what[field], list);
+  return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_update: the processes %s (nothing was changed)",
+                  why);
 }
 
 /* A sharded step failed after every device stepped its part (only its final all-gather can):
@@ -474,7 +538,7 @@ pmap_status pmap_update(pmap_params *p, const pmap_array *xs, const pmap_array *
     st = PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: the step count %lld cannot grow any further",
                   call, (long long)p->step);
   if (!st) st = params_mend(p, call);
-  if (!st) st = check_dist_rows(p);
+  if (!st) st = check_processes(p);
   if (!st) {
     int64_t t = p->step + 1;
     p->hyper = optimizer_hyper(&p->opt, t);

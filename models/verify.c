@@ -1,6 +1,7 @@
 /* verify.c: pmap_params_verify. Every device checksums its own replica (parameters and optimizer
  * state) through the backend's download into a bounded host buffer, so no device reads another's
- * memory and no full host copy is made; the caller compares the gathered checksums. */
+ * memory and no full host copy is made; the caller compares the gathered checksums, across
+ * processes those of every process (one small host exchange). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,14 +41,19 @@ static pmap_status verify_job(pmap_device *dev, void *arg) {
   return PMAP_SUCCESS;
 }
 
-/* The message naming the devices whose checksum differs from device 0's; 0 when none does. */
-static int describe(const pmap_params *p, char *msg, size_t size) {
-  int n = p->ctx->n, bad = 0;
+/* The message naming the global devices whose checksum (of sums, one per global device)
+ * differs from global device 0's; 0 when none does. */
+static int describe(const pmap_params *p, const uint32_t *sums, char *msg, size_t size) {
+  const pmap_ctx *ctx = p->ctx;
+  int bad = 0;
   size_t at = 0;
-  for (int d = 1; d < n; d++) {
-    if (p->verify_sums[d] == p->verify_sums[0]) continue;
-    int w = snprintf(msg + at, size - at, "%s%d (0x%08x)", bad ? ", " : "", d,
-                     (unsigned)p->verify_sums[d]);
+  for (int g = 1; g < p->ng; g++) {
+    if (sums[g] == sums[0]) continue;
+    int w =
+        ctx->dist
+            ? snprintf(msg + at, size - at, "%s%d (process %d, host %s: 0x%08x)", bad ? ", " : "",
+                       g, g / ctx->n, pmap_proc_host(ctx, g / ctx->n), (unsigned)sums[g])
+            : snprintf(msg + at, size - at, "%s%d (0x%08x)", bad ? ", " : "", g, (unsigned)sums[g]);
     if (w > 0) at = (size_t)w < size - at ? at + (size_t)w : size - 1;
     bad++;
   }
@@ -78,14 +84,22 @@ static pmap_status verify(pmap_params *p) {
   if (!p->verify_sums || !p->verify_buf)
     st = PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "%s: out of memory for %d download buffers", call, n);
   if (!st) st = pmap_ctx_dispatch(p->ctx, verify_job, p);
-  char list[768];
-  int bad = st ? 0 : describe(p, list, sizeof list);
+  /* Across processes every process's checksums: (P, D) in process order is the global order. */
+  const void *all = p->verify_sums;
+  if (!st)
+    st = pmap_ctx_exchange(p->ctx, "pmap_params_verify", p->verify_sums,
+                           (size_t)n * sizeof *p->verify_sums, &all);
+  const uint32_t *sums = all;
+  char list[768], where[160] = "";
+  int bad = st ? 0 : describe(p, sums, list, sizeof list);
+  if (bad && p->ctx->dist)
+    snprintf(where, sizeof where, " (process 0, host %s)", pmap_proc_host(p->ctx, 0));
   if (bad)
     st = PMAP_ERR(PMAP_ERR_DEVICE,
-                  "%s: %d of %d replicas differ from device 0's (checksum "
-                  "0x%08x) after step %lld: device%s %s",
-                  call, bad, n, (unsigned)p->verify_sums[0], (long long)p->step, bad > 1 ? "s" : "",
-                  list);
+                  "%s: %d of %d replicas differ from device 0's%s (checksum 0x%08x) after step "
+                  "%lld: device%s %s",
+                  call, bad, p->ng, where, (unsigned)sums[0], (long long)p->step,
+                  bad > 1 ? "s" : "", list);
   free(p->verify_sums);
   free(p->verify_buf);
   p->verify_sums = NULL;

@@ -7,6 +7,7 @@
 
 #include "error.h"
 #include "fault.h"
+#include "runtime/dist/dist.h"
 
 static int cpu_device_count(void) { return PMAP_MAX_DEVICES; }
 
@@ -157,8 +158,9 @@ static int same_desc(const coll_desc *a, const coll_desc *b) {
          a->root == b->root && a->seq == b->seq && a->job == b->job;
 }
 
-/* "device 0: pmap_psum(count 4); devices 1-3: pmap_barrier" into buf. */
-static void describe(const coll_desc *desc, int n, char *buf, size_t size) {
+/* "device 0: pmap_psum(count 4); devices 1-3: pmap_barrier" into buf; devices numbered from
+ * base (their global index across processes). */
+static void describe(const coll_desc *desc, int n, int base, char *buf, size_t size) {
   size_t len = 0;
   buf[0] = '\0';
   for (int i = 0; i < n && len < size;) {
@@ -175,12 +177,53 @@ static void describe(const coll_desc *desc, int n, char *buf, size_t size) {
     else
       snprintf(what, sizeof what, "%s(count %zu)", d->call, d->count);
     if (j - i == 1)
-      len += (size_t)snprintf(buf + len, size - len, "%sdevice %d: %s", i ? "; " : "", i, what);
+      len +=
+          (size_t)snprintf(buf + len, size - len, "%sdevice %d: %s", i ? "; " : "", base + i, what);
     else
-      len += (size_t)snprintf(buf + len, size - len, "%sdevices %d-%d: %s", i ? "; " : "", i, j - 1,
-                              what);
+      len += (size_t)snprintf(buf + len, size - len, "%sdevices %d-%d: %s", i ? "; " : "", base + i,
+                              base + j - 1, what);
     i = j;
   }
+}
+
+pmap_wait_policy pmap_patient_wait(const pmap_ctx *ctx) {
+  pmap_wait_policy w = ctx->wait;
+  if (w.timeout_ns >= 0) w.timeout_ns = 2 * w.timeout_ns + 1000000000;
+  return w;
+}
+
+/* Across processes, after the devices of this process met: local device 0 sends what they
+ * called (or, when they differ, the list of what each called) to the other processes and
+ * compares theirs, exactly as the devices of one process compare their records; the other
+ * devices wait for its verdict. A difference fails every device of every process with the
+ * same list; the sequence numbers still agree, so the processes stay in step. */
+static pmap_status rendezvous_processes(pmap_device *dev, const char *call, size_t count, int root,
+                                        const char *differ) {
+  pmap_ctx *ctx = dev->ctx;
+  char who[256], name[160];
+  if (dev->index != 0 && differ) {
+    pmap_ctx_abort(ctx);
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s on %s: the devices called different collectives (each must call the "
+                    "same ones, in the same order, with the same count and root): %s",
+                    call, pmap_dev_name(dev, name, sizeof name), differ);
+  }
+  if (dev->index == 0) {
+    snprintf(who, sizeof who, "%s on %s", call, pmap_dev_name(dev, name, sizeof name));
+    dist_call c = {call, count, root, DIST_F32};
+    if (differ) c = (dist_call){differ, 0, ctx->proc, DIST_DEVICES_DIFFER};
+    pmap_status st = dist_agree(ctx->dist, &c, who);
+    if (!st && differ) /* every process has a different record then: not reached */
+      st = PMAP_ERR(PMAP_ERR_INTERNAL, "%s: the devices differ but the processes agreed", who);
+    if (st) {
+      if (!dist_broken(ctx->dist)) atomic_store(&ctx->dist_agreed, 1);
+      pmap_ctx_abort(ctx);
+      return st;
+    }
+  }
+  if (ctx->n == 1) return PMAP_SUCCESS;
+  pmap_wait_policy w = pmap_patient_wait(ctx);
+  return pmap_wait_status(dev, sync_barrier_wait(&ctx->bar, &w), call);
 }
 
 /* Every collective, public or the runtime's own, starts here: every device records what it
@@ -189,21 +232,27 @@ static void describe(const coll_desc *desc, int n, char *buf, size_t size) {
  * buffers. Every barrier of ctx->bar outside a collective is one of these, so the barriers of
  * a collective only ever meet each other. The records are double-buffered by call parity (a
  * device can be one collective ahead of a slow reader, not two: the next rendezvous waits for
- * the reader) and carry the job and the call's number in it, so a stale one never matches. */
+ * the reader) and carry the job and the call's number in it, so a stale one never matches.
+ * Across processes the records of the processes are compared too (rendezvous_processes). */
 static pmap_status rendezvous(pmap_device *dev, const char *call, size_t count, int root) {
   pmap_ctx *ctx = dev->ctx;
   int n = ctx->n;
-  if (n == 1) return PMAP_SUCCESS;
-  uint32_t seq = dev->coll_seq++;
-  coll_desc *desc = ctx->desc + (size_t)(seq & 1u) * (size_t)n;
-  desc[dev->index] = (coll_desc){call, count, root, seq, ctx->job_gen};
-  pmap_status st = pmap_wait_status(dev, sync_barrier_wait(&ctx->bar, &ctx->wait), call);
-  if (st) return st;
+  /* Device 0 moves the count on only after every device of the process arrived below. */
+  if (ctx->dist) dev->xseq = dist_seq(ctx->dist) + 1;
+  if (n == 1 && !ctx->dist) return PMAP_SUCCESS;
   int same = 1;
-  for (int k = 1; k < n; k++) same &= same_desc(&desc[k], &desc[0]);
-  if (same) return PMAP_SUCCESS;
   char what[640];
-  describe(desc, n, what, sizeof what);
+  if (n > 1) {
+    uint32_t seq = dev->coll_seq++;
+    coll_desc *desc = ctx->desc + (size_t)(seq & 1u) * (size_t)n;
+    desc[dev->index] = (coll_desc){call, count, root, seq, ctx->job_gen};
+    pmap_status st = pmap_wait_status(dev, sync_barrier_wait(&ctx->bar, &ctx->wait), call);
+    if (st) return st;
+    for (int k = 1; k < n; k++) same &= same_desc(&desc[k], &desc[0]);
+    if (!same) describe(desc, n, ctx->dist ? ctx->proc * n : 0, what, sizeof what);
+  }
+  if (ctx->dist) return rendezvous_processes(dev, call, count, root, same ? NULL : what);
+  if (same) return PMAP_SUCCESS;
   pmap_ctx_abort(ctx);
   return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                   "%s on device %d: the devices called different collectives (each must call the "

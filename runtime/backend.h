@@ -91,6 +91,8 @@ struct pmap_device {
   char msg[1024];     /* its message when status != PMAP_SUCCESS */
   int initialised;    /* device_init ran on this device */
   uint32_t coll_seq;  /* public collectives called in the current job */
+  uint64_t xseq;      /* distributed: the number of the current collective's inter-process
+                         exchange, the same on every process (dist_seq + 1 at its rendezvous) */
 };
 
 struct pmap_ctx {
@@ -108,6 +110,8 @@ struct pmap_ctx {
   _Atomic int busy;        /* a job is running: pmap_run is not re-entrant */
   _Atomic int left;        /* devices whose function returned in the current job */
   _Atomic int left_device; /* the first of them */
+  _Atomic int dist_agreed; /* distributed: the current job failed in a way every process saw
+                              alike (collectives that differ), so the processes stay in step */
   /* Every public call on the context holds this (recursive) lock, so calls from several host
    * threads are serialised; a call from inside a mapped function is refused, not deadlocked. */
   pthread_mutex_t lock;
@@ -220,6 +224,24 @@ pmap_status pmap_abandoned(pmap_device *dev, const char *fmt, ...) PMAP_PRINTF_L
 
 /* Turns a barrier wait result into a status with a message naming the device and call. */
 pmap_status pmap_wait_status(pmap_device *dev, int wait_result, const char *call);
+
+/* The runtime's view of the processes (runtime/procs.c). */
+/* "device 3 (process 1 of 2, host b)" in a distributed context, "device 3" otherwise: how every
+ * message names a device (global index), into buf; returns buf. */
+const char *pmap_dev_name(const pmap_device *dev, char *buf, size_t size);
+/* The host name process `proc` of a distributed context reported ("?" when unknown). */
+const char *pmap_proc_host(const pmap_ctx *ctx, int proc);
+/* "process 1 (host b)" into buf; returns buf. */
+const char *pmap_proc_name(const pmap_ctx *ctx, int proc, char *buf, size_t size);
+/* Outside jobs, on the calling thread (the context's lock held): `bytes` bytes of every process,
+ * agreed first like a collective (`call` names it in messages); *all (P, bytes) in process
+ * order, owned by the context until its next exchange. One process: *all is mine. */
+pmap_status pmap_ctx_exchange(pmap_ctx *ctx, const char *call, const void *mine, size_t bytes,
+                              const void **all);
+/* The wait of a device while local device 0 exchanges with the other processes: longer than the
+ * context's timeout, since that exchange is bounded by it and names the process it waits for,
+ * which a local "device 0 did not arrive" would hide. */
+pmap_wait_policy pmap_patient_wait(const pmap_ctx *ctx);
 
 /* Takes the context's lock for public call `call`; PMAP_ERR_INVALID_ARGUMENT (lock not taken)
  * when the calling thread is running a mapped function of this context. */

@@ -25,15 +25,15 @@ void *pmap_device_blas(pmap_device *dev) {
 }
 
 pmap_status pmap_device_alloc(pmap_device *dev, size_t count, float **out) {
+  char name[160];
   if (!dev || !out)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_device_alloc: %s is NULL",
                     dev ? "out" : "dev");
   *out = NULL;
   if (count > PTRDIFF_MAX / sizeof(float))
     return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY,
-                    "pmap_device_alloc: %zu floats on device %d is more than the address space "
-                    "holds",
-                    count, dev->index);
+                    "pmap_device_alloc: %zu floats on %s is more than the address space holds",
+                    count, pmap_dev_name(dev, name, sizeof name));
   void *p = NULL;
   PMAP_TRY(backend_alloc(dev, count * sizeof(float), &p));
   *out = p;
@@ -46,13 +46,14 @@ void pmap_device_free(pmap_device *dev, float *ptr) {
 
 static pmap_status check_copy(const char *call, pmap_device *dev, const void *dst, const void *src,
                               size_t count) {
+  char name[160];
   if (!dev) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: dev is NULL", call);
   if (count > PTRDIFF_MAX / sizeof(float))
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: count %zu floats on device %d is too large",
-                    call, count, dev->index);
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: count %zu floats on %s is too large", call,
+                    count, pmap_dev_name(dev, name, sizeof name));
   if (count && (!dst || !src))
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL with count %zu on device %d", call,
-                    dst ? "src" : "dst", count, dev->index);
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL with count %zu on %s", call,
+                    dst ? "src" : "dst", count, pmap_dev_name(dev, name, sizeof name));
   return PMAP_SUCCESS;
 }
 
@@ -81,15 +82,17 @@ static int overlap(const float *a, size_t na, const float *b, size_t nb) {
 static pmap_status check_coll(const char *call, pmap_device *dev, const float *send,
                               const float *recv, size_t count, size_t recv_count,
                               const float *in_place) {
+  char name[160];
   if (!dev) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: dev is NULL", call);
   if (count && (!send || !recv))
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL with count %zu on device %d", call,
-                    send ? "recv" : "send", count, dev->index);
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL with count %zu on %s", call,
+                    send ? "recv" : "send", count, pmap_dev_name(dev, name, sizeof name));
   if (count && send != in_place && overlap(send, count, recv, recv_count))
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                    "%s: send and recv overlap on device %d without being in place (in place "
+                    "%s: send and recv overlap on %s without being in place (in place "
                     "means send == recv%s)",
-                    call, dev->index, in_place == recv ? "" : " + axis_index * count");
+                    call, pmap_dev_name(dev, name, sizeof name),
+                    in_place == recv ? "" : " + axis_index * count");
   return PMAP_SUCCESS;
 }
 

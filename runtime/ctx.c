@@ -43,6 +43,27 @@ pmap_status pmap_env_long(const char *name, long lo, long hi, long dflt, long *o
   return PMAP_SUCCESS;
 }
 
+/* The timeout of a context: cfg's when it is not 0, else the environment variable PMAP_TIMEOUT
+ * (seconds, > 0; negative or inf: never), else DEFAULT_TIMEOUT_S. */
+static pmap_status timeout_of(double cfg_s, double *out) {
+  *out = cfg_s;
+  if (cfg_s != 0.0) return PMAP_SUCCESS;
+  *out = DEFAULT_TIMEOUT_S;
+  const char *s = getenv("PMAP_TIMEOUT");
+  if (!s || !*s) return PMAP_SUCCESS;
+  char *end = NULL;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno == ERANGE && isinf(v)) errno = 0;
+  if (errno || end == s || *end || isnan(v) || v == 0.0)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "pmap_ctx_create: environment variable PMAP_TIMEOUT=\"%s\" is not a number of "
+                    "seconds > 0 (inf or a negative number: never time out)",
+                    s);
+  *out = v;
+  return PMAP_SUCCESS;
+}
+
 /* The context whose mapped function this thread is running, if any. With ctx->parent (the job
  * the dispatching thread was running when it started ctx's job) it forms the chain of jobs this
  * thread's work is nested in, across threads: a public call on any context of that chain would
@@ -118,19 +139,29 @@ pmap_status pmap_abandoned(pmap_device *dev, const char *fmt, ...) {
 
 pmap_status pmap_wait_status(pmap_device *dev, int r, const char *call) {
   pmap_ctx *ctx = dev->ctx;
+  if (r == PMAP_WAIT_OK) return PMAP_SUCCESS;
+  /* Across processes: the device by its global index, process and host, and the number of the
+   * collective, which is the same on every process (their messages can be matched). */
+  char name[160], seq[48] = "";
+  pmap_dev_name(dev, name, sizeof name);
+  if (ctx->dist) snprintf(seq, sizeof seq, " (collective #%llu)", (unsigned long long)dev->xseq);
   switch (r) {
-  case PMAP_WAIT_OK: return PMAP_SUCCESS;
   case PMAP_WAIT_ABORTED:
-    return pmap_abandoned(dev, "%s on device %d abandoned: another device failed", call,
-                          dev->index);
-  case PMAP_WAIT_LEFT:
+    return pmap_abandoned(dev, "%s on %s abandoned%s: another device failed", call, name, seq);
+  case PMAP_WAIT_LEFT: {
     pmap_ctx_abort(ctx);
+    int left = atomic_load(&ctx->left_device);
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                    "%s on device %d: device %d returned from the mapped function without "
+                    "%s on %s%s: device %d returned from the mapped function without "
                     "calling it (every device must call the same collectives in the same order)",
-                    call, dev->index, atomic_load(&ctx->left_device));
+                    call, name, seq, ctx->proc * ctx->n + left);
+  }
   }
   pmap_ctx_abort(ctx);
+  if (ctx->dist)
+    return PMAP_ERR(PMAP_ERR_TIMEOUT,
+                    "%s on %s%s: not every device of process %d arrived within %.3f s", call, name,
+                    seq, ctx->proc, (double)ctx->wait.timeout_ns * 1e-9);
   return PMAP_ERR(PMAP_ERR_TIMEOUT, "%s on device %d: not every device arrived within %.3f s", call,
                   dev->index, (double)ctx->wait.timeout_ns * 1e-9);
 }
@@ -167,6 +198,25 @@ pmap_status pmap_ctx_lock(pmap_ctx *ctx, const char *call) {
 
 void pmap_ctx_unlock(pmap_ctx *ctx) { pthread_mutex_unlock(&ctx->lock); }
 
+/* The message of a failed job: device `first`'s, which names the device unless it already
+ * starts by doing so. Across processes a failure the other processes do not share leaves them
+ * out of step: the transport is broken and the others are told at once (runtime/dist). */
+static void report_failure(pmap_ctx *ctx, int first, pmap_status st) {
+  char who[160], local[32];
+  const char *msg = ctx->dev[first].msg;
+  pmap_dev_name(&ctx->dev[first], who, sizeof who);
+  snprintf(local, sizeof local, "device %d", first);
+  size_t lw = strlen(who), ll = strlen(local);
+  if (strncmp(msg, who, lw) == 0 && (msg[lw] == ':' || msg[lw] == ' '))
+    pmap_error_set(st, "%s", msg);
+  else if (strncmp(msg, local, ll) == 0 && (msg[ll] == ':' || msg[ll] == ' '))
+    pmap_error_set(st, "%s%s", who, msg + ll); /* a local index becomes the global name */
+  else
+    pmap_error_set(st, "%s: %s", who, msg);
+  if (ctx->dist && !atomic_load(&ctx->dist_agreed))
+    dist_abandon(ctx->dist, st, pmap_error_message());
+}
+
 pmap_status pmap_ctx_dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg) {
   PMAP_TRY(check_process(ctx, "pmap_run"));
   int expected = 0;
@@ -177,6 +227,7 @@ pmap_status pmap_ctx_dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg) {
   atomic_store(&ctx->abort, 0);
   atomic_store(&ctx->left, 0);
   atomic_store(&ctx->left_device, -1);
+  atomic_store(&ctx->dist_agreed, 0);
   ctx->job_gen++;
   ctx->parent = job_ctx; /* read by this job's threads: written before the job starts */
   sync_barrier_reset(&ctx->bar);
@@ -215,15 +266,7 @@ pmap_status pmap_ctx_dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg) {
       st = s;
     }
   }
-  if (first >= 0) {
-    /* Name the device, unless its message already starts by doing so. */
-    char who[32];
-    snprintf(who, sizeof who, "device %d", first);
-    if (strncmp(ctx->dev[first].msg, who, strlen(who)) == 0)
-      pmap_error_set(st, "%s", ctx->dev[first].msg);
-    else
-      pmap_error_set(st, "%s: %s", who, ctx->dev[first].msg);
-  }
+  if (first >= 0) report_failure(ctx, first, st);
   atomic_store(&ctx->busy, 0);
   return st;
 }
@@ -323,6 +366,9 @@ pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   long spin_us = 0;
   st = pmap_env_long("PMAP_SPIN_US", 0, 10000000, 0, &spin_us);
   if (st) return st;
+  double timeout_s = 0.0;
+  st = timeout_of(cfg.timeout_s, &timeout_s);
+  if (st) return st;
 
   pmap_ctx *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "pmap_ctx_create: out of memory");
@@ -350,7 +396,6 @@ pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   ctx->wait.spin_ns = oversubscribed ? 2000 : 200000;
   ctx->wait.yield_ns = oversubscribed ? 200000 : 0;
   if (getenv("PMAP_SPIN_US")) ctx->wait.spin_ns = spin_us * 1000;
-  double timeout_s = cfg.timeout_s == 0.0 ? DEFAULT_TIMEOUT_S : cfg.timeout_s;
   /* Beyond MAX_TIMEOUT_S (inf included) the nanoseconds would not fit: no timeout. */
   ctx->wait.timeout_ns =
       timeout_s < 0 || timeout_s > MAX_TIMEOUT_S ? -1 : (int64_t)(timeout_s * 1e9);

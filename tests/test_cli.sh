@@ -230,6 +230,46 @@ expect_error 'is truncated' --resume "$tmp/short.ckpt"
 printf 'not a checkpoint, but long enough to hold a header' >"$tmp/junk.ckpt"
 expect_error 'is not a pmap checkpoint' --resume "$tmp/junk.ckpt"
 
+# --inspect: a checkpoint that loads in full into this run says its step (exit 0); a damaged one
+# or another run's is invalid (exit 1), with the reason, and the JSON line says so.
+if "$train" --model linear --inspect "$ck" --json >"$tmp/out" 2>"$tmp/err" &&
+  tail -n 1 "$tmp/out" | grep -q '"valid": true, "step": 20'; then ok; else
+  bad "--inspect of a good checkpoint: $(cat "$tmp/out" "$tmp/err")"
+fi
+"$train" --model linear --inspect "$tmp/short.ckpt" --json >"$tmp/out" 2>"$tmp/err"
+if [ $? -eq 1 ] && tail -n 1 "$tmp/out" | grep -q '"valid": false.*is truncated'; then ok; else
+  bad "--inspect of a truncated checkpoint: $(cat "$tmp/out" "$tmp/err")"
+fi
+expect_error 'this run differs in --seed' --model linear --seed 5 --inspect "$ck"
+
+# Timeouts: --timeout and PMAP_TIMEOUT are checked; a stalled device ends the step after them.
+expect_error '--timeout "0" is not a number of seconds > 0' --backend cpu --timeout 0
+expect_error '--timeout "-1"' --backend cpu --timeout -1
+expect_error '--timeout "soon"' --backend cpu --timeout soon
+expect_error '--timeout "nan"' --backend cpu --timeout nan
+PMAP_TIMEOUT=soon expect_error 'PMAP_TIMEOUT="soon"' --backend cpu
+PMAP_TIMEOUT=0 expect_error 'PMAP_TIMEOUT="0"' --backend cpu
+for how in flag env; do
+  t0=$SECONDS
+  if [ $how = flag ]; then
+    PMAP_FAULT=stall:device=1:step=2 "$train" --backend cpu --model mlp --devices 2 --steps 5 \
+      --timeout 1 >"$tmp/out" 2>"$tmp/err"
+  else
+    PMAP_TIMEOUT=1 PMAP_FAULT=stall:device=1:step=2 "$train" --backend cpu --model mlp \
+      --devices 2 --steps 5 >"$tmp/out" 2>"$tmp/err"
+  fi
+  rc=$?
+  if [ $rc -eq 1 ] && grep -q 'step 2: .*not every device arrived within 1.000 s' "$tmp/err" &&
+    [ $((SECONDS - t0)) -lt 20 ]; then ok; else
+    bad "a stalled device with the timeout by $how: status $rc after $((SECONDS - t0)) s: $(cat "$tmp/err")"
+  fi
+done
+"$train" --backend cpu --steps 3 --timeout inf >"$tmp/out" 2>"$tmp/err" && ok ||
+  bad "--timeout inf: $(cat "$tmp/err")"
+if "$train" --help | grep -q -- '--timeout' && "$train" --help | grep -q -- '--inspect'; then ok; else
+  bad "--help lacks --timeout or --inspect"
+fi
+
 # Real data from .npy files (written here without numpy): a separable 3-class problem with
 # f8 features and i8 labels, and float targets for MSE.
 python3 - "$tmp" <<'PY'

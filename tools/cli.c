@@ -66,6 +66,17 @@ int cli_float(const char *prog, const char *opt, const char *s, float *out) {
   return 0;
 }
 
+int cli_timeout(const char *prog, const char *opt, const char *s, double *out) {
+  char *end = NULL;
+  double v = strtod(s, &end);
+  if (end == s || *end || !(v > 0.0)) {
+    cli_error(prog, "%s \"%s\" is not a number of seconds > 0 (inf: never)", opt, s);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
 int cli_int_list(const char *prog, const char *opt, const char *s, int64_t lo, int64_t hi,
                  int64_t *out, int *count) {
   int n = 0;

@@ -19,6 +19,8 @@ int cli_has_flag(int argc, char **argv, const char *flag);
 int cli_int(const char *prog, const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out);
 int cli_float(const char *prog, const char *opt, const char *s, float *out);
 int cli_u64(const char *prog, const char *opt, const char *s, uint64_t *out);
+/* Seconds of a timeout: a number > 0, or inf (never); HUGE_VAL for inf. */
+int cli_timeout(const char *prog, const char *opt, const char *s, double *out);
 /* A comma-separated list of integers in [lo, hi], e.g. "1,2,4". */
 int cli_int_list(const char *prog, const char *opt, const char *s, int64_t lo, int64_t hi,
                  int64_t *out, int *count);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "train_args.h"
 #include "pmap.h"
 #include "pmap_examples.h"
 #include "train_data.h"
@@ -15,173 +16,6 @@
 #include "train_state.h"
 
 static const char *prog = "pmap-train";
-
-static void usage(FILE *f) {
-  fprintf(
-      f,
-      "usage: pmap-train [--model linear|mlp|convnet|mlp-1024|cifar-cnn|res-mlp|cifar-bn]\n"
-      "                  [--devices N]\n"
-      "                  [--backend auto|cpu|cuda] [--steps S] [--batch B] [--lr LR]\n"
-      "                  [--seed K] [--samples S] [--log-every E] [--plot FILE] [--json]\n"
-      "                  [--save FILE [--save-every K]] [--resume FILE] [--verify-every K]\n"
-      "                  [--clip-norm X] [--no-numeric-guard] [--micro-batches K]\n"
-      "                  [--shard-optimizer | --no-shard-optimizer]\n"
-      "                  [--data X.npy --labels Y.npy [--hidden 128,64] [--eval-fraction F]]\n"
-      "  --model      example model (default linear)\n"
-      "  --data       train on the features in X.npy (f4 or f8, (rows, features) or\n"
-      "               (rows, C, H, W)) instead of an example model: an MLP sized from the data\n"
-      "  --labels     Y.npy: integer labels (i4 or i8, (rows) or (rows, 1): softmax\n"
-      "               cross-entropy) or float targets (f4 or f8, (rows, K): MSE)\n"
-      "  --hidden     hidden widths of the MLP, ReLU after each (default 128,64)\n"
-      "  --eval-fraction  rows held out (after a shuffle from --seed) and evaluated at each\n"
-      "               progress line and at the end: loss, and accuracy for labels (default 0)\n"
-      "               With --data: Adam lr 0.001, batch 64 and 1000 steps unless given; each\n"
-      "               epoch takes the training rows in an order drawn from --seed and the\n"
-      "               epoch number, the same for any device count\n"
-      "  --micro-batches  split each device's rows into K pieces (gradient accumulation)\n"
-      "  --devices    device count, per process under mpirun (default: CPU:\n"
-      "               $PMAP_CPU_DEVICES or 4)\n"
-      "  --backend    auto picks CUDA where a GPU is usable, else the CPU (default auto)\n"
-      "  --steps      training steps in all, resumed ones included (default: the model's)\n"
-      "  --batch      GLOBAL batch, a multiple of the device count (under mpirun: of every\n"
-      "               process's devices; each process trains on its rows) (default: the model's)\n"
-      "  --lr         learning rate (default: the model's)\n"
-      "  --seed       seed of the parameters and the data (default 0)\n"
-      "  --samples    data set rows, rounded up to a multiple of the batch (default: the model's)\n"
-      "  --log-every  progress line every E steps, 0 for none (default steps/10)\n"
-      "  --plot       draw the loss curve into the PNG file FILE with gnuplot ($PMAP_GNUPLOT\n"
-      "               or gnuplot on the PATH); without gnuplot a note says so and training\n"
-      "               is unaffected\n"
-      "  --json       end with one line of JSON (also when the run fails: then with \"error\")\n"
-      "  --save       write a checkpoint to FILE at the end (atomically: a crash keeps the\n"
-      "               previous one)\n"
-      "  --save-every also every K steps (needs --save)\n"
-      "  --resume     continue the run saved in FILE up to --steps steps in all; --model,\n"
-      "               --seed, --batch and --samples must be those of the saved run; --lr,\n"
-      "               --devices, --backend and the rest may change\n"
-      "  --verify-every  check every K steps that all replicas are bitwise identical\n"
-      "  --clip-norm  scale the averaged gradient to global L2 norm <= X (default 0: off)\n"
-      "  --no-numeric-guard  let non-finite loss or gradients through (default: the step is\n"
-      "               skipped and pmap-train stops with exit status 1)\n"
-      "  --shard-optimizer     each device keeps the optimizer state of its 1/N of the\n"
-      "               parameters and steps only those (ZeRO-1; the same results)\n"
-      "  --no-shard-optimizer  every device keeps all of it (default: the library's,\n"
-      "               PMAP_SHARD_OPTIMIZER when set, else sharded from 65536 parameters)\n");
-}
-
-typedef struct opts {
-  const char *model, *backend, *plot, *save, *resume, *data, *labels;
-  int64_t devices, steps, batch, samples, log_every, save_every, verify_every, micro;
-  int64_t hidden[CLI_MAX_LIST];
-  int n_hidden, have_model;
-  double eval_fraction;
-  float lr, clip_norm;
-  int have_lr, json, no_guard, shard;
-  uint64_t seed;
-} opts;
-
-static int parse(int argc, char **argv, opts *o) {
-  static const char *const flags[] = {"--json", "--no-numeric-guard", "--shard-optimizer",
-                                      "--no-shard-optimizer", NULL};
-  static const char *const value_opts[] = {
-      "--model",     "--backend",       "--devices",   "--steps",         "--batch", "--samples",
-      "--log-every", "--seed",          "--lr",        "--plot",          "--save",  "--save-every",
-      "--resume",    "--verify-every",  "--clip-norm", "--micro-batches", "--data",  "--labels",
-      "--hidden",    "--eval-fraction", NULL};
-  *o = (opts){.model = "linear",
-              .backend = "auto",
-              .devices = PMAP_DEVICES_DEFAULT,
-              .steps = -1,
-              .batch = -1,
-              .samples = -1,
-              .log_every = -1,
-              .micro = 1,
-              .hidden = {128, 64},
-              .n_hidden = 2};
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v = NULL;
-    int kind = cli_next(prog, argc, argv, &i, flags, value_opts, &v);
-    if (kind == CLI_ERROR) return -1;
-    if (kind == CLI_HELP) {
-      usage(stdout);
-      exit(0);
-    }
-    if (!strcmp(a, "--json")) {
-      o->json = 1;
-    } else if (!strcmp(a, "--no-numeric-guard")) {
-      o->no_guard = 1;
-    } else if (!strcmp(a, "--shard-optimizer")) {
-      o->shard = PMAP_SHARD_ON;
-    } else if (!strcmp(a, "--no-shard-optimizer")) {
-      o->shard = PMAP_SHARD_OFF;
-    } else if (!strcmp(a, "--model")) {
-      o->model = v;
-      o->have_model = 1;
-    } else if (!strcmp(a, "--data")) {
-      o->data = v;
-    } else if (!strcmp(a, "--labels")) {
-      o->labels = v;
-    } else if (!strcmp(a, "--hidden")) {
-      if (cli_int_list(prog, a, v, 1, 1 << 20, o->hidden, &o->n_hidden)) return -1;
-    } else if (!strcmp(a, "--eval-fraction")) {
-      float f = 0.0f;
-      if (cli_float(prog, a, v, &f)) return -1;
-      if (!(f >= 0.0f && f < 1.0f)) {
-        return cli_error(prog, "--eval-fraction \"%s\" is outside [0, 1)", v);
-      }
-      o->eval_fraction = f;
-    } else if (!strcmp(a, "--micro-batches")) {
-      if (cli_int(prog, a, v, 1, 65536, &o->micro)) return -1;
-    } else if (!strcmp(a, "--backend")) {
-      o->backend = v;
-    } else if (!strcmp(a, "--plot")) {
-      o->plot = v;
-    } else if (!strcmp(a, "--save")) {
-      o->save = v;
-    } else if (!strcmp(a, "--resume")) {
-      o->resume = v;
-    } else if (!strcmp(a, "--devices")) {
-      if (cli_int(prog, a, v, 1, PMAP_MAX_DEVICES, &o->devices)) return -1;
-    } else if (!strcmp(a, "--steps")) {
-      if (cli_int(prog, a, v, 1, INT64_C(1) << 40, &o->steps)) return -1;
-    } else if (!strcmp(a, "--batch")) {
-      if (cli_int(prog, a, v, 1, INT64_C(1) << 24, &o->batch)) return -1;
-    } else if (!strcmp(a, "--samples")) {
-      if (cli_int(prog, a, v, 1, INT64_C(1) << 24, &o->samples)) return -1;
-    } else if (!strcmp(a, "--log-every")) {
-      if (cli_int(prog, a, v, 0, INT64_C(1) << 40, &o->log_every)) return -1;
-    } else if (!strcmp(a, "--save-every")) {
-      if (cli_int(prog, a, v, 1, INT64_C(1) << 40, &o->save_every)) return -1;
-    } else if (!strcmp(a, "--verify-every")) {
-      if (cli_int(prog, a, v, 1, INT64_C(1) << 40, &o->verify_every)) return -1;
-    } else if (!strcmp(a, "--seed")) {
-      if (cli_u64(prog, a, v, &o->seed)) return -1;
-    } else if (!strcmp(a, "--lr")) {
-      if (cli_float(prog, a, v, &o->lr)) return -1;
-      o->have_lr = 1;
-    } else if (!strcmp(a, "--clip-norm")) {
-      if (cli_float(prog, a, v, &o->clip_norm)) return -1;
-      if (!(o->clip_norm >= 0.0f) || !isfinite(o->clip_norm)) {
-        return cli_error(prog, "--clip-norm \"%s\" must be a finite number >= 0 (0: no clipping)",
-                         v);
-      }
-    }
-  }
-  if (!o->data != !o->labels) {
-    cli_error(prog, "--data and --labels go together");
-    return -1;
-  }
-  if (o->data && o->have_model) {
-    cli_error(prog, "--data trains an MLP sized from the data; it does not take --model");
-    return -1;
-  }
-  if (o->data) o->model = "npy";
-  if (o->save_every && !o->save) {
-    cli_error(prog, "--save-every needs --save FILE");
-    return -1;
-  }
-  return 0;
-}
 
 /* What the summary reports, filled in as the run goes; err is "" while it succeeds. */
 typedef struct result {
@@ -295,18 +129,19 @@ static int save(result *r, const opts *o, pmap_params *params, int64_t batches, 
   return 0;
 }
 
-/* Loads --resume into params after checking that the file's run is this run; sets *loss to the
- * loss of its last step. */
-static int resume(result *r, const opts *o, pmap_params *params, int64_t batches, float *loss) {
+/* Loads the checkpoint at path (named by option `flag` in messages) into params after checking
+ * that the file's run is this run; sets *loss to the loss of its last step. */
+static int load(result *r, const opts *o, const char *path, const char *flag_name,
+                pmap_params *params, int64_t batches, float *loss) {
   unsigned char buf[TRAIN_STATE_BYTES];
   size_t got = 0;
-  if (pmap_params_load_user(params, o->resume, buf, sizeof buf, &got))
-    return failf(r, "--resume: %s", pmap_last_error());
+  if (pmap_params_load_user(params, path, buf, sizeof buf, &got))
+    return failf(r, "%s: %s", flag_name, pmap_last_error());
   /* From here on params hold the file's state; every failure below ends the run. */
   train_state ts;
   char why[256];
   if (train_state_decode(buf, got, &ts, why, sizeof why))
-    return failf(r, "--resume: \"%s\": %s", o->resume, why);
+    return failf(r, "%s: \"%s\": %s", flag_name, path, why);
   const char *flag = strcmp(ts.model, o->model)         ? "--model"
                      : ts.seed != o->seed               ? "--seed"
                      : ts.batch != o->batch             ? "--batch"
@@ -314,38 +149,79 @@ static int resume(result *r, const opts *o, pmap_params *params, int64_t batches
                                                         : NULL;
   if (flag)
     return failf(r,
-                 "--resume: \"%s\" was saved by a run with --model %s --seed %llu --batch %lld "
+                 "%s: \"%s\" was saved by a run with --model %s --seed %llu --batch %lld "
                  "--samples %lld; this run differs in %s (give the saved run's values)",
-                 o->resume, ts.model, (unsigned long long)ts.seed, (long long)ts.batch,
+                 flag_name, path, ts.model, (unsigned long long)ts.seed, (long long)ts.batch,
                  (long long)ts.samples, flag);
   if (ts.next_step != pmap_params_step(params))
-    return failf(r, "--resume: \"%s\": its section says step %lld, its state step %lld", o->resume,
+    return failf(r, "%s: \"%s\": its section says step %lld, its state step %lld", flag_name, path,
                  (long long)ts.next_step, (long long)pmap_params_step(params));
   if (ts.next_step > o->steps)
     return failf(r,
-                 "--resume: \"%s\" is at step %lld, beyond --steps %lld (the total, resumed "
+                 "%s: \"%s\" is at step %lld, beyond --steps %lld (the total, resumed "
                  "steps included)",
-                 o->resume, (long long)ts.next_step, (long long)o->steps);
+                 flag_name, path, (long long)ts.next_step, (long long)o->steps);
   *loss = ts.last_loss;
   return 0;
 }
 
-/* Every replica's parameters equal device 0's: the end-of-run check. w0 receives device 0's. */
-static int replicas_identical(result *r, pmap_params *params, int first, int n, float *w0,
-                              float *wd, size_t P) {
+/* Every replica of every process equals global device 0's, parameters and optimizer state
+ * (pmap_params_verify, across processes too): the end-of-run check. w0 receives the parameters
+ * of this process's first device. */
+static int replicas_identical(result *r, pmap_params *params, int first, float *w0, size_t P,
+                              char *why, size_t why_size) {
+  pmap_status st = pmap_params_verify(params);
+  if (st && st != PMAP_ERR_DEVICE) return fail(r, "checking the replicas");
+  r->identical = st == PMAP_SUCCESS;
+  snprintf(why, why_size, "%s", st ? pmap_last_error() : "");
   if (pmap_params_read(params, first, w0, P)) return fail(r, "pmap_params_read");
-  int identical = 1;
-  for (int d = 1; d < n && identical; d++) {
-    if (pmap_params_read(params, first + d, wd, P)) return fail(r, "pmap_params_read");
-    identical = memcmp(w0, wd, P * sizeof *w0) == 0;
-  }
-  r->identical = identical;
   return 0;
+}
+
+/* --inspect: loads the checkpoint into this run's model on one CPU device of this process
+ * alone and says what it holds. Returns the exit status. */
+static int inspect(result *r, const opts *o, pmap_model *model, const pmap_optimizer *opt,
+                   int64_t batches) {
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 1, .dist = PMAP_DIST_NONE};
+  pmap_ctx *ctx = NULL;
+  pmap_params *params = NULL;
+  float loss = NAN;
+  int bad = 0;
+  if (pmap_ctx_create(&cfg, &ctx))
+    bad = fail(r, "--inspect: cannot create a context");
+  else if (pmap_params_create(ctx, model, opt, o->seed, &params))
+    bad = fail(r, "--inspect: cannot create the parameters");
+  else
+    bad = load(r, o, o->inspect, "--inspect", params, batches, &loss);
+  int64_t step = bad ? -1 : pmap_params_step(params);
+  if (!bad)
+    printf(
+        "checkpoint %s: step %lld of %lld, model %s, seed %llu, global batch %lld, last loss "
+        "%g\n",
+        o->inspect, (long long)step, (long long)o->steps, o->model, (unsigned long long)o->seed,
+        (long long)o->batch, (double)loss);
+  if (o->json) {
+    printf("{\"checkpoint\": ");
+    json_string(stdout, o->inspect);
+    printf(", \"valid\": %s, \"step\": %lld, \"steps\": %lld, \"model\": ", bad ? "false" : "true",
+           (long long)step, (long long)o->steps);
+    json_string(stdout, o->model);
+    printf(", \"last_loss\": ");
+    json_number(stdout, (double)loss);
+    if (bad) {
+      printf(", \"error\": ");
+      json_string(stdout, r->err);
+    }
+    printf("}\n");
+  }
+  pmap_params_destroy(params);
+  pmap_ctx_destroy(ctx);
+  return bad ? 1 : 0;
 }
 
 int main(int argc, char **argv) {
   opts o;
-  if (parse(argc, argv, &o)) {
+  if (train_parse(argc, argv, &o)) {
     /* --json promises a last line of JSON also when the arguments are wrong (it may not have
      * been parsed yet: look for it). What is not known is null. */
     if (cli_has_flag(argc, argv, "--json")) {
@@ -388,7 +264,7 @@ int main(int argc, char **argv) {
   pmap_model *model = NULL;
   pmap_params *params = NULL;
   pmap_array xs = {0}, ys = {0};
-  float *w0 = NULL, *wd = NULL, *curve = NULL;
+  float *w0 = NULL, *curve = NULL;
   int64_t *curve_step = NULL;
   size_t ncurve = 0;
   if (o.data) {
@@ -417,8 +293,22 @@ int main(int argc, char **argv) {
   int64_t rows = (o.samples + o.batch - 1) / o.batch * o.batch;
   int64_t batches = rows / o.batch;
 
+  if (o.inspect) {
+    int no_model = o.data ? train_data_model(&data, o.hidden, o.n_hidden, &model, why, sizeof why)
+                          : pmap_example_model(o.model, &model) != PMAP_SUCCESS;
+    if (no_model) {
+      failf(&r, "--inspect: cannot build the model: %s", o.data ? why : pmap_last_error());
+      code = 1;
+      if (o.json) print_json(&o, &r);
+    } else {
+      code = inspect(&r, &o, model, &info.opt, batches);
+    }
+    o.json = 0; /* inspect printed its own line */
+    goto out;
+  }
   pmap_config cfg = {.backend = backend,
                      .num_devices = (int)o.devices,
+                     .timeout_s = o.timeout_s,
                      .numeric_guard = o.no_guard ? PMAP_GUARD_OFF : PMAP_GUARD_ON,
                      .shard_optimizer = o.shard};
   if (pmap_ctx_create(&cfg, &ctx)) {
@@ -466,7 +356,7 @@ int main(int argc, char **argv) {
     goto out;
   }
   float loss = NAN;
-  if (o.resume && resume(&r, &o, params, batches, &loss)) goto out;
+  if (o.resume && load(&r, &o, o.resume, "--resume", params, batches, &loss)) goto out;
   int64_t start = pmap_params_step(params);
   r.start = start;
   r.loss = loss;
@@ -588,12 +478,11 @@ int main(int argc, char **argv) {
   /* Check, do not assume, that every replica holds the same parameters. */
   size_t P = pmap_params_count(params);
   w0 = malloc(P * sizeof *w0);
-  wd = malloc(P * sizeof *wd);
-  if (!w0 || !wd) {
+  if (!w0) {
     failf(&r, "out of memory");
     goto out;
   }
-  if (replicas_identical(&r, params, me * n, n, w0, wd, P)) goto out;
+  if (replicas_identical(&r, params, me * n, w0, P, why, sizeof why)) goto out;
   printf("final loss %.6f after %lld steps, %.0f samples/s, replicas identical: %s\n", (double)loss,
          (long long)o.steps, sps, r.identical ? "yes" : "NO");
   if (!strcmp(o.model, "linear")) {
@@ -615,13 +504,12 @@ int main(int argc, char **argv) {
   if (r.identical)
     code = 0;
   else
-    failf(&r, "replicas differ after training");
+    failf(&r, "replicas differ after training: %s", why);
 out:
   if (o.json) print_json(&o, &r);
   free(curve);
   free(curve_step);
   free(w0);
-  free(wd);
   pmap_example_data_free(&xs, &ys);
   train_data_free(&data);
   pmap_params_destroy(params);

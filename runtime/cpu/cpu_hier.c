@@ -3,7 +3,8 @@
  * (in device order) into the process's partial, local device 0 exchanges the partials with the
  * other processes through runtime/dist (combined there in process order), and every device copies
  * the result out. The order of every addition is fixed, so every global device gets bitwise the
- * same values.
+ * same values. What each process calls was compared at the rendezvous (runtime/backend.c), so
+ * only data moves here.
  *
  * The barriers are cpu_coll.c's, with its guarantee: a device touches other devices' buffers
  * only between a released barrier and its next arrival, and no collective returns while any
@@ -18,15 +19,6 @@
 #include "runtime/error.h"
 
 #define CHUNK_ALIGN 16
-
-/* While device 0 is in the inter-process step, the others wait longer than the context's
- * timeout: that step is bounded by the same timeout and its report names the process that is
- * missing, which a local "device 0 did not arrive" would hide. */
-static pmap_wait_policy patient(const pmap_ctx *ctx) {
-  pmap_wait_policy w = ctx->wait;
-  if (w.timeout_ns >= 0) w.timeout_ns = 2 * w.timeout_ns + 1000000000;
-  return w;
-}
 
 static pmap_status ensure_part(pmap_device *dev, size_t floats) {
   cpu_ctx *cc = dev->ctx->be_ctx;
@@ -64,15 +56,14 @@ pmap_status cpu_hier_all_reduce(pmap_device *dev, const float *send, float *recv
   if (hi > lo) cpu_reduce_range(cc->slots, n, cc->part, lo, hi, local);
   PMAP_TRY(cpu_arrive(&ps, 0));
   if (d == 0) {
-    pmap_status st =
-        dist_all_reduce(ctx->dist, cc->part, count, op == PMAP_RED_MAX ? DIST_MAX : DIST_SUM);
+    pmap_status st = dist_all_reduce(ctx->dist, cc->part, count, op == PMAP_RED_MAX);
     if (st) return dist_failed(dev, st);
     if (op == PMAP_RED_MEAN) {
       float g = (float)(n * ctx->nproc);
       for (size_t i = 0; i < count; i++) cc->part[i] /= g;
     }
   }
-  pmap_wait_policy w = patient(ctx);
+  pmap_wait_policy w = pmap_patient_wait(ctx);
   ps.wait = &w;
   PMAP_TRY(cpu_arrive(&ps, 0));
   ps.wait = NULL;
@@ -93,10 +84,10 @@ pmap_status cpu_hier_broadcast(pmap_device *dev, const float *send, float *recv,
     memcpy(cc->part, cc->slots[root % n], count * sizeof *recv);
   PMAP_TRY(cpu_arrive(&ps, 0));
   if (d == 0) {
-    pmap_status st = dist_broadcast(ctx->dist, cc->part, count, root_proc);
+    pmap_status st = dist_broadcast(ctx->dist, cc->part, count * sizeof *cc->part, root_proc);
     if (st) return dist_failed(dev, st);
   }
-  pmap_wait_policy w = patient(ctx);
+  pmap_wait_policy w = pmap_patient_wait(ctx);
   ps.wait = &w;
   PMAP_TRY(cpu_arrive(&ps, 0));
   ps.wait = NULL;
@@ -114,10 +105,13 @@ pmap_status cpu_hier_all_gather(pmap_device *dev, const float *send, float *recv
   if (count) memcpy(cc->part + (size_t)d * count, send, count * sizeof *send);
   PMAP_TRY(cpu_arrive(&ps, 0));
   if (d == 0) {
-    pmap_status st = dist_all_gather(ctx->dist, cc->part, count * (size_t)n, &cc->gathered);
+    const void *all = NULL;
+    pmap_status st =
+        dist_all_gather(ctx->dist, cc->part, count * (size_t)n * sizeof *cc->part, &all);
     if (st) return dist_failed(dev, st);
+    cc->gathered = all;
   }
-  pmap_wait_policy w = patient(ctx);
+  pmap_wait_policy w = pmap_patient_wait(ctx);
   ps.wait = &w;
   PMAP_TRY(cpu_arrive(&ps, 0));
   ps.wait = NULL;
@@ -125,15 +119,9 @@ pmap_status cpu_hier_all_gather(pmap_device *dev, const float *send, float *recv
   return cpu_arrive(&ps, 0);
 }
 
+/* Every process's device 0 received every other's record at the rendezvous: the processes have
+ * all arrived, so only the devices of this process meet here. */
 pmap_status cpu_hier_barrier(pmap_device *dev) {
-  pmap_ctx *ctx = dev->ctx;
   cpu_passage ps = {dev, "barrier", 0, NULL};
-  PMAP_TRY(cpu_arrive(&ps, 0));
-  if (dev->index == 0) {
-    pmap_status st = dist_barrier(ctx->dist);
-    if (st) return dist_failed(dev, st);
-  }
-  pmap_wait_policy w = patient(ctx);
-  ps.wait = &w;
   return cpu_arrive(&ps, 0);
 }

@@ -1,7 +1,8 @@
 /* dist.h: the inter-process transport under the collectives (P processes x D local devices).
- * Local device 0 of each process calls these for its process, after the local devices have
- * combined their values over shared memory; every wait is bounded by the context's timeout.
- * Built on MPI (dist_mpi.c) where configured; dist_none.c stands in without it. */
+ * Local device 0 of each process calls these for its process (or the calling thread, outside a
+ * job, for the host exchanges); every wait is bounded by the context's timeout and names the
+ * process it waits for. Built on MPI (dist_mpi*.c) where configured; dist_none.c stands in
+ * without it. */
 #ifndef PMAP_RUNTIME_DIST_H
 #define PMAP_RUNTIME_DIST_H
 
@@ -12,39 +13,75 @@
 
 typedef struct pmap_dist pmap_dist;
 
-/* The operations checked alike on every process before data moves. */
-typedef enum dist_op {
-  DIST_SUM = 0,
-  DIST_MAX = 1,
-  DIST_BROADCAST = 2,
-  DIST_ALL_GATHER = 3,
-  DIST_BARRIER = 4,
-} dist_op;
+/* The element type of an exchange: part of what the processes agree on. */
+typedef enum dist_dtype {
+  DIST_F32 = 0,
+  DIST_I64 = 1,
+  DIST_BYTES = 2,
+  DIST_DEVICES_DIFFER = 3, /* not an exchange: the process's own devices called different
+                              collectives (call: what each called), so every process fails */
+} dist_dtype;
+
+/* What a collective is, exactly as the devices of one process compare it at their rendezvous
+ * (runtime/backend.c): the call's name, its count (elements of dtype), its root (broadcast: the
+ * global root device; a reduction: its operation). */
+typedef struct dist_call {
+  const char *call;
+  size_t count;
+  int root;
+  dist_dtype dtype;
+} dist_call;
 
 /* Decides from cfg->dist (and, for PMAP_DIST_AUTO, the environment variable PMAP_DIST and the
  * launcher's variables) whether the context spans processes. *out is NULL for one process;
- * otherwise the transport is open, every process has checked that the others run the same
- * backend with the same local device count, and *rank / *size are set. timeout_ns < 0: never. */
+ * otherwise MPI is initialised (by pmap when nobody has), every process has met every other
+ * and checked that they run the same backend with the same local device count, and *rank /
+ * *size are set. The whole creation is bounded by timeout_ns (< 0: never): a process that does
+ * not arrive is a PMAP_ERR_TIMEOUT naming it (MPI_Init itself cannot say who is missing). */
 pmap_status dist_open(const pmap_config *cfg, pmap_backend kind, int local_devices,
                       int64_t timeout_ns, pmap_dist **out, int *rank, int *size);
-/* Closes the transport (accepts NULL). After a failed exchange nothing is released that the
- * transport may still write into. */
+/* Tells the other processes that this one leaves (their waits for it end at once, naming it),
+ * then closes the transport (accepts NULL). After a failed exchange nothing is released that
+ * MPI may still write into. */
 void dist_close(pmap_dist *d);
 
-/* buf (count): this process's partial values; on return the sum (in process order 0..P-1, so
- * every process gets bitwise the same) or the max (NaN propagates) over processes. */
-pmap_status dist_all_reduce(pmap_dist *d, float *buf, size_t count, dist_op op);
-/* buf (count) of process root to every process. */
-pmap_status dist_broadcast(pmap_dist *d, float *buf, size_t count, int root);
-/* send (count) of every process; *out points to (P, count) in process order, owned by the
+/* Every process sends what it is about to call and receives what the others are: a difference
+ * is PMAP_ERR_INVALID_ARGUMENT on every process with the same list of what each process's
+ * devices called; a process that does not arrive is PMAP_ERR_TIMEOUT naming it and its host; a
+ * process that left or gave up ends the wait at once with its reason. who names the caller in
+ * messages ("pmap_psum on device 2 (process 1 of 2, host b)"). On success every process has
+ * arrived (a barrier), and the data calls below may follow. */
+pmap_status dist_agree(pmap_dist *d, const dist_call *c, const char *who);
+
+/* The data of an agreed collective. buf (count): this process's partial values; on return the
+ * sum (in process order 0..P-1, so every process gets bitwise the same) or, with max, the max
+ * (NaN propagates) over processes. */
+pmap_status dist_all_reduce(pmap_dist *d, float *buf, size_t count, int max);
+/* bytes of process root to every process. */
+pmap_status dist_broadcast(pmap_dist *d, void *buf, size_t bytes, int root);
+/* send (bytes) of every process; *out points to (P, bytes) in process order, owned by the
  * transport and valid until its next call. */
-pmap_status dist_all_gather(pmap_dist *d, const float *send, size_t count, const float **out);
-pmap_status dist_barrier(pmap_dist *d);
+pmap_status dist_all_gather(pmap_dist *d, const void *send, size_t bytes, const void **out);
+
+/* Agreed and moved in one call, outside any job: */
+/* bytes of every process gathered as above (call names it). */
+pmap_status dist_exchange(pmap_dist *d, const char *call, const void *mine, size_t bytes,
+                          const void **all);
 /* bytes of process root to every process (the NCCL unique id, runtime/dist/dist_nccl.c). */
 pmap_status dist_broadcast_bytes(pmap_dist *d, void *buf, size_t bytes, int root);
 
-/* This process's index among the transport's processes. */
+/* This process's index among the transport's processes, and their count. */
 int dist_rank(const pmap_dist *d);
+int dist_size(const pmap_dist *d);
+/* The host name process r reported when the context was created ("?" when unknown). */
+const char *dist_host(const pmap_dist *d, int r);
+/* Exchanges agreed so far: the next one is number dist_seq() + 1 on every process. */
+uint64_t dist_seq(const pmap_dist *d);
+
+/* A failure of this process that the others do not share (a device failed, a local wait timed
+ * out): the processes are out of step, so the transport is broken as by a failed exchange and
+ * the other processes are told at once (their waits for this one end naming it, with msg). */
+void dist_abandon(pmap_dist *d, pmap_status s, const char *msg);
 
 /* Whether an exchange failed (timeout, a process gone, an MPI error): the processes are no
  * longer in step, so every later exchange fails at once with the first failure's message. */

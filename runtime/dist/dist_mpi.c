@@ -1,66 +1,23 @@
-/* dist_mpi.c: the inter-process transport on MPI. Every exchange first agrees on what it is: each
- * process sends its (sequence, operation, count, root) to every other and waits for theirs, so a
- * process that stalls, died or called something else is named instead of waited for; then the
- * data moves in one non-blocking MPI call. Every wait is MPI_Test against the context's deadline,
- * and errors are returned (MPI_ERRORS_RETURN on pmap's copy of the communicator). Sums add the
- * processes' values in process order, never in MPI_Allreduce's own order, so every process gets
- * bitwise the same result. */
+/* dist_mpi.c: the exchanges of the MPI transport. Every collective first agrees on what it is:
+ * each process sends its descriptor (sequence number, call, count, root, element type) to every
+ * other and waits for theirs, so a process that stalled, died, left or called something else is
+ * named instead of waited for. The data then moves point to point (each process's part to every
+ * other, or the root's to every other), so that in every state of an exchange the processes a
+ * wait is still waiting for are known and named. Every wait is MPI_Test against the deadline;
+ * errors are returned (MPI_ERRORS_RETURN on pmap's communicator). Sums add the processes' parts
+ * in process order, so every process gets bitwise the same result. */
 #include <limits.h>
-#include <mpi.h>
-#include <pthread.h>
 #include <sched.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "dist.h"
-#include "dist_env.h"
+#include "dist_mpi.h"
 #include "runtime/error.h"
 #include "runtime/sync.h"
 
-#define TAG_DESC 7011
-
-struct pmap_dist {
-  MPI_Comm comm; /* pmap's duplicate of the user's communicator */
-  int rank, size;
-  int64_t timeout_ns; /* < 0: never */
-  uint64_t seq;       /* exchanges so far */
-  pmap_status broken; /* the first failure that left the processes out of step */
-  char broken_msg[768];
-  int64_t desc_out[4]; /* (seq, op, count, root) sent to every process */
-  int64_t *desc_in;    /* (size, 4) received */
-  MPI_Request *reqs;   /* (2 size) receives then sends of the descriptors */
-  float *sbuf, *rbuf;  /* this process's values (scap), every process's (rcap) */
-  size_t scap, rcap;
-};
-
-/* MPI is process-wide: pmap initialises it when nobody has, and then finalises it at exit,
- * unless an exchange failed (MPI_Finalize would wait for the processes that are gone; exiting
- * without it makes the launcher end the whole job, which is what a failed job needs). */
-static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
-static int initialised_here;
-static atomic_int any_broken;
-
-static void finalize_at_exit(void) {
-  int fin = 0;
-  MPI_Finalized(&fin);
-  if (!fin && !atomic_load(&any_broken)) MPI_Finalize();
-}
-
-static const char *op_name(int64_t op) {
-  switch ((dist_op)op) {
-  case DIST_SUM: return "all-reduce (sum)";
-  case DIST_MAX: return "all-reduce (max)";
-  case DIST_BROADCAST: return "broadcast";
-  case DIST_ALL_GATHER: return "all-gather";
-  case DIST_BARRIER: return "barrier";
-  }
-  return "unknown collective";
-}
-
-static void mpi_text(int rc, char *buf, size_t size) {
+void dist_mpi_text(int rc, char *buf, size_t size) {
   char s[MPI_MAX_ERROR_STRING];
   int len = 0;
   if (MPI_Error_string(rc, s, &len) != MPI_SUCCESS) len = 0;
@@ -68,41 +25,99 @@ static void mpi_text(int rc, char *buf, size_t size) {
   snprintf(buf, size, "%s (MPI error %d)", len ? s : "unknown", rc);
 }
 
-/* Records a failure that leaves the processes out of step; every later exchange repeats it. */
-static pmap_status set_broken(pmap_dist *d, pmap_status s, const char *msg) {
+void dist_proc_name(const pmap_dist *d, int r, char *buf, size_t size) {
+  int D = d->local_devices, g = r * D;
+  if (D == 1)
+    snprintf(buf, size, "process %d (host %s, device %d)", r, dist_host(d, r), g);
+  else
+    snprintf(buf, size, "process %d (host %s, devices %d-%d)", r, dist_host(d, r), g, g + D - 1);
+}
+
+void dist_abandon(pmap_dist *d, pmap_status s, const char *msg) {
+  if (!d || d->broken) return;
   d->broken = s;
-  snprintf(d->broken_msg, sizeof d->broken_msg, "%s", msg);
-  atomic_store(&any_broken, 1);
+  size_t len = strlen(msg);
+  if (len >= sizeof d->broken_msg) len = sizeof d->broken_msg - 1;
+  memcpy(d->broken_msg, msg, len);
+  d->broken_msg[len] = '\0';
+  dist_send_notes(d, s, LEAVE_BROKEN, msg);
+}
+
+pmap_status dist_set_broken(pmap_dist *d, pmap_status s, const char *msg) {
+  dist_abandon(d, s, msg);
   return PMAP_ERR(s, "%s", msg);
 }
 
 static pmap_status check_broken(const pmap_dist *d) {
   if (!d->broken) return PMAP_SUCCESS;
   return PMAP_ERR(d->broken,
-                  "process %d: an earlier inter-process exchange failed, so the "
-                  "processes are out of step (destroy the context and end the job): %s",
+                  "process %d: an earlier inter-process exchange failed, so the processes are "
+                  "out of step (destroy the context and end the job): %s",
                   d->rank, d->broken_msg);
 }
 
-/* Tests reqs[0..n) until all are done (0), the deadline passes (1) or MPI fails (-1, *rc).
- * A non-blocking collective moves only inside MPI_Test, so the wait tests continuously, yielding
- * the core between tests (another process may be waiting for it), and only after 50 ms sleeps in
- * 20 us slices: a peer that slow is likely stalled, and a sleeping waiter costs nobody a core. */
-static int wait_reqs(const pmap_dist *d, int n, MPI_Request *reqs, int *rc) {
-  int64_t start = pmap_now_ns();
-  for (;;) {
-    int pending = 0;
-    for (int i = 0; i < n; i++) {
-      if (reqs[i] == MPI_REQUEST_NULL) continue;
-      int flag = 0;
-      *rc = MPI_Test(&reqs[i], &flag, MPI_STATUS_IGNORE);
-      if (*rc != MPI_SUCCESS) return -1;
-      pending += !flag;
+/* Whether process r's leave notice has arrived (a notice of another context is dropped and the
+ * receive posted again). */
+int dist_has_left(pmap_dist *d, int r) {
+  if (d->left[r]) return 1;
+  if (d->note_reqs[r] == MPI_REQUEST_NULL) return 0;
+  int flag = 0;
+  if (MPI_Test(&d->note_reqs[r], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || !flag) return 0;
+  if (d->notes[r].nonce == d->nonce) return d->left[r] = 1;
+  MPI_Irecv(&d->notes[r], (int)sizeof d->notes[r], MPI_BYTE, r, TAG_LEAVE, d->comm,
+            &d->note_reqs[r]);
+  return 0;
+}
+
+/* Tests every request once; the number still pending, or -1 when MPI failed (*rc). */
+static int test_all(int n, MPI_Request *reqs, int *rc) {
+  int pending = 0;
+  for (int i = 0; i < n; i++) {
+    if (reqs[i] == MPI_REQUEST_NULL) continue;
+    int flag = 0;
+    *rc = MPI_Test(&reqs[i], &flag, MPI_STATUS_IGNORE);
+    if (*rc != MPI_SUCCESS) return -1;
+    pending += !flag;
+  }
+  return pending;
+}
+
+/* A process whose notice arrived and that a request still waits for after one more test (its
+ * last messages precede its notice, so they are complete by then if they were sent), or -1. */
+static int gone_peer(pmap_dist *d, int n, MPI_Request *reqs, const int *peer, int *rc,
+                     int *failed) {
+  if (!d->note_reqs) return -1;
+  for (int i = 0; i < n; i++) {
+    if (reqs[i] == MPI_REQUEST_NULL || !dist_has_left(d, peer[i])) continue;
+    if (test_all(n, reqs, rc) < 0) {
+      *failed = 1;
+      return -1;
     }
-    if (!pending) return 0;
-    int64_t waited = pmap_now_ns() - start;
-    if (d->timeout_ns >= 0 && waited >= d->timeout_ns) return 1;
-    if (waited > 50000000) {
+    for (int j = 0; j < n; j++)
+      if (reqs[j] != MPI_REQUEST_NULL && peer[j] == peer[i]) return peer[i];
+  }
+  return -1;
+}
+
+/* A non-blocking exchange moves only inside MPI_Test, so the wait tests continuously, yielding
+ * the core between tests (another process may be waiting for it), and after 50 ms sleeps in
+ * 20 us slices: a peer that slow is likely stalled, and a sleeping waiter costs nobody a core. */
+int dist_wait(pmap_dist *d, int n, MPI_Request *reqs, const int *peer, int64_t deadline, int *rc,
+              int *who) {
+  int64_t start = pmap_now_ns();
+  for (int round = 0;; round++) {
+    int pending = test_all(n, reqs, rc);
+    if (pending < 0) return WAIT_MPI;
+    if (!pending) return WAIT_DONE;
+    if ((round & 15) == 15) {
+      int failed = 0;
+      *who = gone_peer(d, n, reqs, peer, rc, &failed);
+      if (failed) return WAIT_MPI;
+      if (*who >= 0) return WAIT_GONE;
+    }
+    int64_t now = pmap_now_ns();
+    if (deadline >= 0 && now >= deadline) return WAIT_LATE;
+    if (now - start > 50000000) {
       struct timespec ts = {0, 20000};
       nanosleep(&ts, NULL);
     } else {
@@ -111,141 +126,197 @@ static int wait_reqs(const pmap_dist *d, int n, MPI_Request *reqs, int *rc) {
   }
 }
 
-static pmap_status mpi_failed(pmap_dist *d, int rc, const char *what) {
-  char text[MPI_MAX_ERROR_STRING + 32], msg[768];
-  mpi_text(rc, text, sizeof text);
-  snprintf(msg, sizeof msg, "process %d: %s failed: %s", d->rank, what, text);
-  return set_broken(d, PMAP_ERR_DEVICE, msg);
+static int64_t deadline_of(const pmap_dist *d) {
+  return d->timeout_ns < 0 ? -1 : pmap_now_ns() + d->timeout_ns;
 }
 
-/* "1, 3" into buf: the processes whose descriptor did not arrive. */
-static void missing_ranks(const pmap_dist *d, char *buf, size_t size, int *count) {
+/* "process 1 (host b, devices 2-3), process 2 (...)": the processes whose request is pending. */
+static void pending_names(const pmap_dist *d, int n, const MPI_Request *reqs, const int *peer,
+                          char *buf, size_t size, int *count) {
   size_t len = 0;
   *count = 0;
   buf[0] = '\0';
-  for (int r = 0; r < d->size && len < size; r++)
-    if (r != d->rank && d->reqs[r] != MPI_REQUEST_NULL) {
-      len += (size_t)snprintf(buf + len, size - len, "%s%d", len ? ", " : "", r);
-      ++*count;
-    }
+  for (int r = 0; r < d->size && len < size; r++) {
+    int waits = 0;
+    for (int i = 0; i < n; i++) waits |= reqs[i] != MPI_REQUEST_NULL && peer[i] == r;
+    if (!waits) continue;
+    char name[160];
+    dist_proc_name(d, r, name, sizeof name);
+    len += (size_t)snprintf(buf + len, size - len, "%s%s", *count ? ", " : "", name);
+    ++*count;
+  }
 }
 
-static void describe_desc(const int64_t *desc, char *buf, size_t size) {
-  if (desc[1] == DIST_BARRIER)
-    snprintf(buf, size, "%s (#%lld)", op_name(desc[1]), (long long)desc[0]);
-  else if (desc[1] == DIST_BROADCAST)
-    snprintf(buf, size, "%s of %lld from process %lld (#%lld)", op_name(desc[1]),
-             (long long)desc[2], (long long)desc[3], (long long)desc[0]);
+/* The message of a wait that did not end well, recorded as the transport's failure. */
+static pmap_status wait_failed(pmap_dist *d, int w, int rc, int who, int n, const char *who_am_i,
+                               const char *stage) {
+  char msg[768], names[400];
+  unsigned long long seq = (unsigned long long)dist_seq(d);
+  if (w == WAIT_MPI) {
+    char text[MPI_MAX_ERROR_STRING + 32];
+    dist_mpi_text(rc, text, sizeof text);
+    snprintf(msg, sizeof msg, "%s: collective #%llu: MPI failed %s: %s", who_am_i, seq, stage,
+             text);
+    return dist_set_broken(d, PMAP_ERR_DEVICE, msg);
+  }
+  if (w == WAIT_GONE) {
+    const leave_note *note = &d->notes[who];
+    dist_proc_name(d, who, names, sizeof names);
+    const char *why = note->reason == LEAVE_CLOSED ? "destroyed its context"
+                      : note->reason == LEAVE_EXIT ? "ended with its context open"
+                                                   : "gave up";
+    snprintf(msg, sizeof msg, "%s: collective #%llu: %s %s after %lld collectives%s%.400s",
+             who_am_i, seq, names, why, (long long)note->seq,
+             note->reason == LEAVE_BROKEN ? ": " : "",
+             note->reason == LEAVE_BROKEN ? note->text : "");
+    pmap_status s =
+        note->reason == LEAVE_BROKEN && note->status ? (pmap_status)note->status : PMAP_ERR_ABORTED;
+    return dist_set_broken(d, s, msg);
+  }
+  int count = 0;
+  pending_names(d, n, d->reqs, d->peer, names, sizeof names, &count);
+  snprintf(msg, sizeof msg, "%s: collective #%llu: %s %s within %.3f s", who_am_i, seq,
+           count ? names : "(no process)", stage, (double)d->timeout_ns * 1e-9);
+  return dist_set_broken(d, PMAP_ERR_TIMEOUT, msg);
+}
+
+/* "pmap_broadcast(count 5, root 3)" into buf. */
+static void describe(const dist_desc *x, char *buf, size_t size) {
+  static const char *const types[] = {"", ", bytes", ", int64"};
+  const char *t = x->dtype == DIST_BYTES ? types[1] : x->dtype == DIST_I64 ? types[2] : types[0];
+  if (x->dtype == DIST_DEVICES_DIFFER)
+    snprintf(buf, size, "its own devices called different collectives (%s)", x->call);
+  else if (!strcmp(x->call, "pmap_barrier"))
+    snprintf(buf, size, "%s", x->call);
+  else if (!strcmp(x->call, "pmap_broadcast"))
+    snprintf(buf, size, "%s(count %lld, root %lld%s)", x->call, (long long)x->count,
+             (long long)x->root, t);
   else
-    snprintf(buf, size, "%s of %lld floats (#%lld)", op_name(desc[1]), (long long)desc[2],
-             (long long)desc[0]);
+    snprintf(buf, size, "%s(count %lld%s)", x->call, (long long)x->count, t);
 }
 
-/* Every process learns what every other one is about to do; a difference fails all of them. */
-static pmap_status agree(pmap_dist *d, dist_op op, size_t count, int root) {
-  PMAP_TRY(check_broken(d));
-  int64_t *out = d->desc_out;
-  out[0] = (int64_t)++d->seq;
-  out[1] = op;
-  out[2] = (int64_t)count;
-  out[3] = root;
-  int p = d->size, rc = MPI_SUCCESS;
-  for (int r = 0; r < p; r++) d->reqs[r] = d->reqs[p + r] = MPI_REQUEST_NULL;
-  memcpy(d->desc_in + 4 * (size_t)d->rank, out, sizeof d->desc_out);
-  for (int r = 0; r < p && rc == MPI_SUCCESS; r++)
-    if (r != d->rank)
-      rc = MPI_Irecv(d->desc_in + 4 * (size_t)r, 4, MPI_INT64_T, r, TAG_DESC, d->comm, &d->reqs[r]);
-  for (int r = 0; r < p && rc == MPI_SUCCESS; r++)
-    if (r != d->rank) rc = MPI_Isend(out, 4, MPI_INT64_T, r, TAG_DESC, d->comm, &d->reqs[p + r]);
-  if (rc != MPI_SUCCESS) return mpi_failed(d, rc, "posting the exchange's descriptors");
-  char what[160], msg[768];
-  describe_desc(out, what, sizeof what);
-  /* The receives first: a peer's descriptor is what says it arrived. */
-  int w = wait_reqs(d, p, d->reqs, &rc);
-  if (w == 0) w = wait_reqs(d, 2 * p, d->reqs, &rc);
-  if (w < 0) return mpi_failed(d, rc, what);
-  if (w > 0) {
-    char who[256];
-    int nmiss = 0;
-    missing_ranks(d, who, sizeof who, &nmiss);
-    snprintf(msg, sizeof msg,
-             "process %d of %d: inter-process %s: process%s %s did not arrive within %.3f s "
-             "(stalled, dead, or calling other collectives)",
-             d->rank, p, what, nmiss == 1 ? "" : "es", nmiss ? who : "(unknown)",
-             (double)d->timeout_ns * 1e-9);
-    return set_broken(d, PMAP_ERR_TIMEOUT, msg);
-  }
-  int same = 1;
-  for (int r = 0; r < p; r++)
-    same &= !memcmp(d->desc_in + 4 * (size_t)r, d->desc_in, sizeof d->desc_out);
-  if (same) return PMAP_SUCCESS;
+/* The list of what every process called, alike on every process. */
+static pmap_status mismatch(pmap_dist *d, const char *who_am_i) {
+  char msg[1024], what[200], name[160];
+  unsigned long long seq = (unsigned long long)dist_seq(d);
   size_t len = (size_t)snprintf(msg, sizeof msg,
-                                "process %d: the processes called different collectives (each "
-                                "must call the same ones, in the same order):",
-                                d->rank);
-  for (int r = 0; r < p && len < sizeof msg; r++) {
-    describe_desc(d->desc_in + 4 * (size_t)r, what, sizeof what);
-    len +=
-        (size_t)snprintf(msg + len, sizeof msg - len, "%s process %d: %s", r ? ";" : "", r, what);
+                                "%s: the devices called different collectives (each must call the "
+                                "same ones, in the same order, with the same count and root): ",
+                                who_am_i);
+  for (int r = 0; r < d->size && len < sizeof msg; r++) {
+    describe(&d->in[r], what, sizeof what);
+    if (d->in[r].seq != (int64_t)seq)
+      snprintf(what + strlen(what), sizeof what - strlen(what), " as collective #%lld",
+               (long long)d->in[r].seq);
+    dist_proc_name(d, r, name, sizeof name);
+    len += (size_t)snprintf(msg + len, sizeof msg - len, "%s%s: %s", r ? "; " : "", name, what);
   }
-  /* The sequence numbers differ when one process skipped a collective: out of step for good. */
-  for (int r = 0; r < p; r++)
-    if (d->desc_in[4 * (size_t)r] != d->desc_in[0])
-      return set_broken(d, PMAP_ERR_INVALID_ARGUMENT, msg);
+  /* Different sequence numbers: a process skipped a collective, out of step for good. */
+  for (int r = 0; r < d->size; r++)
+    if (d->in[r].seq != (int64_t)seq) return dist_set_broken(d, PMAP_ERR_INVALID_ARGUMENT, msg);
   return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s", msg);
 }
 
-static pmap_status grow(pmap_dist *d, float **buf, size_t *cap, size_t floats) {
-  if (floats <= *cap) return PMAP_SUCCESS;
-  float *b = realloc(*buf, floats * sizeof *b);
-  if (!b)
-    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY,
-                    "process %d: out of memory for %zu floats of an "
-                    "inter-process exchange",
-                    d->rank, floats);
-  *buf = b;
-  *cap = floats;
+pmap_status dist_agree(pmap_dist *d, const dist_call *c, const char *who) {
+  PMAP_TRY(check_broken(d));
+  uint64_t seq = atomic_fetch_add(&d->seq, 1) + 1;
+  dist_desc *m = &d->mine;
+  memset(m, 0, sizeof *m);
+  m->seq = (int64_t)seq;
+  m->count = (int64_t)c->count;
+  m->root = c->root;
+  m->dtype = c->dtype;
+  snprintf(m->call, sizeof m->call, "%s", c->call);
+  int p = d->size, rc = MPI_SUCCESS, n = 0;
+  d->in[d->rank] = *m;
+  for (int r = 0; r < p && rc == MPI_SUCCESS; r++)
+    if (r != d->rank) {
+      d->peer[n] = r;
+      rc = MPI_Irecv(&d->in[r], (int)sizeof *m, MPI_BYTE, r, TAG_DESC, d->comm, &d->reqs[n++]);
+    }
+  for (int r = 0; r < p && rc == MPI_SUCCESS; r++)
+    if (r != d->rank) {
+      d->peer[n] = r;
+      rc = MPI_Isend(m, (int)sizeof *m, MPI_BYTE, r, TAG_DESC, d->comm, &d->reqs[n++]);
+    }
+  if (rc != MPI_SUCCESS) return wait_failed(d, WAIT_MPI, rc, -1, n, who, "posting descriptors");
+  /* The receives first: a peer's descriptor is what says it arrived. */
+  int who_r = -1, recvs = p - 1;
+  int w = dist_wait(d, recvs, d->reqs, d->peer, deadline_of(d), &rc, &who_r);
+  if (w == WAIT_DONE) w = dist_wait(d, n, d->reqs, d->peer, deadline_of(d), &rc, &who_r);
+  if (w != WAIT_DONE)
+    return wait_failed(d, w, rc, who_r, n, who,
+                       "did not arrive (stalled, dead, or calling other collectives)");
+  for (int r = 0; r < p; r++)
+    if (memcmp(&d->in[r], m, sizeof *m)) return mismatch(d, who);
   return PMAP_SUCCESS;
 }
 
-/* Waits for one data request of an agreed exchange. */
-static pmap_status finish(pmap_dist *d, int rc, MPI_Request *req, dist_op op, size_t count) {
-  const char *what = op_name(op);
-  if (rc != MPI_SUCCESS) return mpi_failed(d, rc, what);
-  int w = wait_reqs(d, 1, req, &rc);
-  if (w < 0) return mpi_failed(d, rc, what);
-  if (w == 0) return PMAP_SUCCESS;
-  char msg[512];
-  snprintf(msg, sizeof msg,
-           "process %d of %d: inter-process %s of %zu floats (#%llu) did not complete within "
-           "%.3f s (every process arrived; one stalled or died during the transfer)",
-           d->rank, d->size, what, count, (unsigned long long)d->seq, (double)d->timeout_ns * 1e-9);
-  return set_broken(d, PMAP_ERR_TIMEOUT, msg);
+static pmap_status grow(pmap_dist *d, unsigned char **buf, size_t *cap, size_t bytes) {
+  if (bytes <= *cap) return PMAP_SUCCESS;
+  unsigned char *b = realloc(*buf, bytes);
+  if (!b)
+    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY,
+                    "process %d: out of memory for %zu bytes of an inter-process exchange", d->rank,
+                    bytes);
+  *buf = b;
+  *cap = bytes;
+  return PMAP_SUCCESS;
 }
 
-static pmap_status check_count(const pmap_dist *d, size_t count, size_t per) {
-  if (count <= (size_t)INT_MAX / per) return PMAP_SUCCESS;
+static pmap_status check_bytes(const pmap_dist *d, size_t bytes, size_t per) {
+  if (bytes <= (size_t)INT_MAX && bytes <= SIZE_MAX / per) return PMAP_SUCCESS;
   return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                  "process %d: %zu floats per process is more than one MPI call moves (%d)",
-                  d->rank, count, INT_MAX / (int)per);
+                  "process %d: %zu bytes per process is more than one MPI message moves (%d)",
+                  d->rank, bytes, INT_MAX);
 }
 
-pmap_status dist_all_reduce(pmap_dist *d, float *buf, size_t count, dist_op op) {
-  PMAP_TRY(agree(d, op, count, 0));
+/* Every process's bytes to every other: rbuf (P, bytes) in process order, this process's part
+ * from sbuf. */
+static pmap_status gather_parts(pmap_dist *d, size_t bytes, const char *who) {
+  int p = d->size, rc = MPI_SUCCESS, n = 0;
+  memcpy(d->rbuf + (size_t)d->rank * bytes, d->sbuf, bytes);
+  for (int r = 0; r < p && rc == MPI_SUCCESS; r++)
+    if (r != d->rank) {
+      d->peer[n] = r;
+      rc = MPI_Irecv(d->rbuf + (size_t)r * bytes, (int)bytes, MPI_BYTE, r, TAG_DATA, d->comm,
+                     &d->reqs[n++]);
+    }
+  for (int r = 0; r < p && rc == MPI_SUCCESS; r++)
+    if (r != d->rank) {
+      d->peer[n] = r;
+      rc = MPI_Isend(d->sbuf, (int)bytes, MPI_BYTE, r, TAG_DATA, d->comm, &d->reqs[n++]);
+    }
+  int who_r = -1, w = rc == MPI_SUCCESS ? WAIT_DONE : WAIT_MPI;
+  if (w == WAIT_DONE) w = dist_wait(d, n, d->reqs, d->peer, deadline_of(d), &rc, &who_r);
+  if (w == WAIT_DONE) return PMAP_SUCCESS;
+  return wait_failed(d, w, rc, who_r, n, who,
+                     "stalled or died during the transfer (its part, or its receipt of this "
+                     "process's part, did not complete)");
+}
+
+static const char *data_who(const pmap_dist *d, char *buf, size_t size) {
+  snprintf(buf, size, "process %d of %d (host %s): inter-process %s", d->rank, d->size,
+           dist_host(d, d->rank), d->mine.call);
+  return buf;
+}
+
+pmap_status dist_all_reduce(pmap_dist *d, float *buf, size_t count, int max) {
+  PMAP_TRY(check_broken(d));
   if (!count) return PMAP_SUCCESS;
-  PMAP_TRY(check_count(d, count, (size_t)d->size));
-  PMAP_TRY(grow(d, &d->sbuf, &d->scap, count));
-  PMAP_TRY(grow(d, &d->rbuf, &d->rcap, count * (size_t)d->size));
-  memcpy(d->sbuf, buf, count * sizeof *buf);
-  MPI_Request req = MPI_REQUEST_NULL;
-  int rc =
-      MPI_Iallgather(d->sbuf, (int)count, MPI_FLOAT, d->rbuf, (int)count, MPI_FLOAT, d->comm, &req);
-  PMAP_TRY(finish(d, rc, &req, op, count));
+  size_t bytes = count * sizeof *buf;
+  PMAP_TRY(check_bytes(d, bytes, (size_t)d->size));
+  PMAP_TRY(grow(d, &d->sbuf, &d->scap, bytes));
+  PMAP_TRY(grow(d, &d->rbuf, &d->rcap, bytes * (size_t)d->size));
+  memcpy(d->sbuf, buf, bytes);
+  char who[256];
+  PMAP_TRY(gather_parts(d, bytes, data_who(d, who, sizeof who)));
   /* Process order, element by element: the same additions on every process. */
-  memcpy(buf, d->rbuf, count * sizeof *buf);
+  const float *all = (const float *)d->rbuf;
+  memcpy(buf, all, bytes);
   for (int r = 1; r < d->size; r++) {
-    const float *s = d->rbuf + (size_t)r * count;
-    if (op == DIST_MAX)
+    const float *s = all + (size_t)r * count;
+    if (max)
       for (size_t i = 0; i < count; i++) buf[i] = s[i] > buf[i] || s[i] != s[i] ? s[i] : buf[i];
     else
       for (size_t i = 0; i < count; i++) buf[i] += s[i];
@@ -253,193 +324,74 @@ pmap_status dist_all_reduce(pmap_dist *d, float *buf, size_t count, dist_op op) 
   return PMAP_SUCCESS;
 }
 
-pmap_status dist_broadcast(pmap_dist *d, float *buf, size_t count, int root) {
-  PMAP_TRY(agree(d, DIST_BROADCAST, count, root));
-  if (!count) return PMAP_SUCCESS;
-  PMAP_TRY(check_count(d, count, 1));
-  PMAP_TRY(grow(d, &d->sbuf, &d->scap, count));
-  if (d->rank == root) memcpy(d->sbuf, buf, count * sizeof *buf);
-  MPI_Request req = MPI_REQUEST_NULL;
-  int rc = MPI_Ibcast(d->sbuf, (int)count, MPI_FLOAT, root, d->comm, &req);
-  PMAP_TRY(finish(d, rc, &req, DIST_BROADCAST, count));
-  if (d->rank != root) memcpy(buf, d->sbuf, count * sizeof *buf);
-  return PMAP_SUCCESS;
-}
-
-pmap_status dist_all_gather(pmap_dist *d, const float *send, size_t count, const float **out) {
+pmap_status dist_all_gather(pmap_dist *d, const void *send, size_t bytes, const void **out) {
   *out = NULL;
-  PMAP_TRY(agree(d, DIST_ALL_GATHER, count, 0));
-  if (!count) return PMAP_SUCCESS;
-  PMAP_TRY(check_count(d, count, (size_t)d->size));
-  PMAP_TRY(grow(d, &d->sbuf, &d->scap, count));
-  PMAP_TRY(grow(d, &d->rbuf, &d->rcap, count * (size_t)d->size));
-  memcpy(d->sbuf, send, count * sizeof *send);
-  MPI_Request req = MPI_REQUEST_NULL;
-  int rc =
-      MPI_Iallgather(d->sbuf, (int)count, MPI_FLOAT, d->rbuf, (int)count, MPI_FLOAT, d->comm, &req);
-  PMAP_TRY(finish(d, rc, &req, DIST_ALL_GATHER, count));
+  PMAP_TRY(check_broken(d));
+  if (!bytes) return PMAP_SUCCESS;
+  PMAP_TRY(check_bytes(d, bytes, (size_t)d->size));
+  PMAP_TRY(grow(d, &d->sbuf, &d->scap, bytes));
+  PMAP_TRY(grow(d, &d->rbuf, &d->rcap, bytes * (size_t)d->size));
+  memcpy(d->sbuf, send, bytes);
+  char who[256];
+  PMAP_TRY(gather_parts(d, bytes, data_who(d, who, sizeof who)));
   *out = d->rbuf;
   return PMAP_SUCCESS;
 }
 
-/* Every process has received every other's descriptor: all of them arrived. */
-pmap_status dist_barrier(pmap_dist *d) { return agree(d, DIST_BARRIER, 0, 0); }
-
-pmap_status dist_broadcast_bytes(pmap_dist *d, void *buf, size_t bytes, int root) {
-  PMAP_TRY(agree(d, DIST_BROADCAST, bytes, root));
+pmap_status dist_broadcast(pmap_dist *d, void *buf, size_t bytes, int root) {
+  PMAP_TRY(check_broken(d));
   if (!bytes) return PMAP_SUCCESS;
-  PMAP_TRY(check_count(d, bytes, 1));
-  PMAP_TRY(grow(d, &d->sbuf, &d->scap, (bytes + sizeof(float) - 1) / sizeof(float)));
-  if (d->rank == root) memcpy(d->sbuf, buf, bytes);
-  MPI_Request req = MPI_REQUEST_NULL;
-  int rc = MPI_Ibcast(d->sbuf, (int)bytes, MPI_BYTE, root, d->comm, &req);
-  PMAP_TRY(finish(d, rc, &req, DIST_BROADCAST, bytes));
+  PMAP_TRY(check_bytes(d, bytes, 1));
+  PMAP_TRY(grow(d, &d->sbuf, &d->scap, bytes));
+  int rc = MPI_SUCCESS, n = 0;
+  if (d->rank == root) {
+    memcpy(d->sbuf, buf, bytes);
+    for (int r = 0; r < d->size && rc == MPI_SUCCESS; r++)
+      if (r != root) {
+        d->peer[n] = r;
+        rc = MPI_Isend(d->sbuf, (int)bytes, MPI_BYTE, r, TAG_DATA, d->comm, &d->reqs[n++]);
+      }
+  } else {
+    d->peer[n] = root;
+    rc = MPI_Irecv(d->sbuf, (int)bytes, MPI_BYTE, root, TAG_DATA, d->comm, &d->reqs[n++]);
+  }
+  char who[256];
+  data_who(d, who, sizeof who);
+  int who_r = -1, w = rc == MPI_SUCCESS ? WAIT_DONE : WAIT_MPI;
+  if (w == WAIT_DONE) w = dist_wait(d, n, d->reqs, d->peer, deadline_of(d), &rc, &who_r);
+  if (w != WAIT_DONE)
+    return wait_failed(d, w, rc, who_r, n, who,
+                       "stalled or died during the broadcast (its part, or its receipt of this "
+                       "process's part, did not complete)");
   if (d->rank != root) memcpy(buf, d->sbuf, bytes);
   return PMAP_SUCCESS;
 }
 
+static const char *host_who(const pmap_dist *d, const char *call, char *buf, size_t size) {
+  snprintf(buf, size, "%s on process %d of %d (host %s)", call, d->rank, d->size,
+           dist_host(d, d->rank));
+  return buf;
+}
+
+pmap_status dist_exchange(pmap_dist *d, const char *call, const void *mine, size_t bytes,
+                          const void **all) {
+  char who[256];
+  dist_call c = {call, bytes, 0, DIST_BYTES};
+  PMAP_TRY(dist_agree(d, &c, host_who(d, call, who, sizeof who)));
+  return dist_all_gather(d, mine, bytes, all);
+}
+
+pmap_status dist_broadcast_bytes(pmap_dist *d, void *buf, size_t bytes, int root) {
+  char who[256];
+  dist_call c = {"broadcast of bytes", bytes, root, DIST_BYTES};
+  PMAP_TRY(dist_agree(d, &c, host_who(d, c.call, who, sizeof who)));
+  return dist_broadcast(d, buf, bytes, root);
+}
+
 int dist_broken(const pmap_dist *d) { return d && d->broken; }
 int dist_rank(const pmap_dist *d) { return d ? d->rank : 0; }
-
-/* MPI_Init_thread unless the program (or an earlier context) did; SERIALIZED at least, since
- * device 0's thread of each context does the exchanges and that is whichever thread calls. */
-static pmap_status ensure_init(void) {
-  pthread_mutex_lock(&init_lock);
-  int inited = 0, fin = 0, provided = 0, rc = MPI_SUCCESS;
-  pmap_status st = PMAP_SUCCESS;
-  MPI_Initialized(&inited);
-  MPI_Finalized(&fin);
-  if (fin) {
-    st = PMAP_ERR(PMAP_ERR_UNAVAILABLE, "pmap_ctx_create: MPI is already finalised");
-  } else if (!inited) {
-    rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
-    if (rc == MPI_SUCCESS) {
-      initialised_here = 1;
-      atexit(finalize_at_exit);
-    }
-  } else {
-    rc = MPI_Query_thread(&provided);
-  }
-  if (!st && rc != MPI_SUCCESS) {
-    char text[MPI_MAX_ERROR_STRING + 32];
-    mpi_text(rc, text, sizeof text);
-    st = PMAP_ERR(PMAP_ERR_UNAVAILABLE, "pmap_ctx_create: MPI initialisation failed: %s", text);
-  } else if (!st && provided < MPI_THREAD_SERIALIZED) {
-    st = PMAP_ERR(PMAP_ERR_UNAVAILABLE,
-                  "pmap_ctx_create: MPI runs at thread level %d; pmap needs "
-                  "MPI_THREAD_SERIALIZED (%d) or higher (use MPI_Init_thread)",
-                  provided, MPI_THREAD_SERIALIZED);
-  }
-  pthread_mutex_unlock(&init_lock);
-  return st;
-}
-
-/* Whether PMAP_DIST_AUTO means more than one process here. */
-static int auto_spans(void) {
-  if (dist_env_launch_size(NULL) > 1) return 1;
-  int inited = 0, fin = 0, size = 1;
-  MPI_Initialized(&inited);
-  MPI_Finalized(&fin);
-  if (inited && !fin) MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size > 1;
-}
-
-static void free_dist(pmap_dist *d) {
-  free(d->desc_in);
-  free(d->reqs);
-  free(d->sbuf);
-  free(d->rbuf);
-  free(d);
-}
-
-/* Every process checks that the others have its backend and local device count. */
-static pmap_status check_layout(pmap_dist *d, pmap_backend kind, int local_devices) {
-  int p = d->size, rc;
-  int64_t *all = calloc(2 * (size_t)p, sizeof *all);
-  if (!all) return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "pmap_ctx_create: out of memory");
-  int64_t *mine = d->desc_out;
-  mine[0] = local_devices;
-  mine[1] = kind;
-  MPI_Request req = MPI_REQUEST_NULL;
-  rc = MPI_Iallgather(mine, 2, MPI_INT64_T, all, 2, MPI_INT64_T, d->comm, &req);
-  pmap_status st = PMAP_SUCCESS;
-  if (rc == MPI_SUCCESS && wait_reqs(d, 1, &req, &rc) > 0) {
-    char msg[256];
-    snprintf(msg, sizeof msg,
-             "pmap_ctx_create: process %d of %d: not every process created its "
-             "context within %.3f s",
-             d->rank, p, (double)d->timeout_ns * 1e-9);
-    st = set_broken(d, PMAP_ERR_TIMEOUT, msg);
-    return st; /* `all` stays: MPI may still write into it */
-  }
-  if (rc != MPI_SUCCESS) st = mpi_failed(d, rc, "pmap_ctx_create: exchanging the device counts");
-  for (int r = 1; r < p && !st; r++)
-    if (all[2 * r] != all[0] || all[2 * r + 1] != all[1])
-      st = PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                    "pmap_ctx_create: process %d has %lld devices on backend %s, process 0 has "
-                    "%lld on %s: every process must create its context with the same backend "
-                    "and device count",
-                    r, (long long)all[2 * r], pmap_backend_name((pmap_backend)all[2 * r + 1]),
-                    (long long)all[0], pmap_backend_name((pmap_backend)all[1]));
-  if (!d->broken) free(all);
-  return st;
-}
-
-pmap_status dist_open(const pmap_config *cfg, pmap_backend kind, int local_devices,
-                      int64_t timeout_ns, pmap_dist **out, int *rank, int *size) {
-  *out = NULL;
-  *rank = 0;
-  *size = 1;
-  pmap_dist_mode mode;
-  PMAP_TRY(dist_env_mode(cfg, &mode));
-  if (mode == PMAP_DIST_NONE || (mode == PMAP_DIST_AUTO && !auto_spans())) return PMAP_SUCCESS;
-  PMAP_TRY(ensure_init());
-  MPI_Comm user = cfg->mpi_comm ? *(const MPI_Comm *)cfg->mpi_comm : MPI_COMM_WORLD;
-  pmap_dist *d = calloc(1, sizeof *d);
-  if (!d) return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "pmap_ctx_create: out of memory");
-  d->timeout_ns = timeout_ns;
-  d->comm = MPI_COMM_NULL;
-  MPI_Comm_rank(user, &d->rank);
-  /* Duplicating is collective; non-blocking so that a missing process is a timeout. */
-  MPI_Request req = MPI_REQUEST_NULL;
-  int rc = MPI_Comm_idup(user, &d->comm, &req);
-  if (rc == MPI_SUCCESS) {
-    int w = wait_reqs(d, 1, &req, &rc);
-    if (w > 0) {
-      char msg[256];
-      snprintf(msg, sizeof msg,
-               "pmap_ctx_create: process %d: not every process of the "
-               "communicator created its context within %.3f s",
-               d->rank, (double)timeout_ns * 1e-9);
-      return set_broken(d, PMAP_ERR_TIMEOUT, msg); /* d stays: MPI may still write into it */
-    }
-  }
-  if (rc != MPI_SUCCESS) {
-    pmap_status st = mpi_failed(d, rc, "pmap_ctx_create: MPI_Comm_idup");
-    return st;
-  }
-  MPI_Comm_set_errhandler(d->comm, MPI_ERRORS_RETURN);
-  MPI_Comm_rank(d->comm, &d->rank);
-  MPI_Comm_size(d->comm, &d->size);
-  d->desc_in = calloc(4 * (size_t)d->size, sizeof *d->desc_in);
-  d->reqs = calloc(2 * (size_t)d->size, sizeof *d->reqs);
-  pmap_status st = PMAP_SUCCESS;
-  if (!d->desc_in || !d->reqs)
-    st = PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "pmap_ctx_create: out of memory for %d processes",
-                  d->size);
-  if (!st) st = check_layout(d, kind, local_devices);
-  if (st) {
-    dist_close(d);
-    return st;
-  }
-  *out = d;
-  *rank = d->rank;
-  *size = d->size;
-  return PMAP_SUCCESS;
-}
-
-void dist_close(pmap_dist *d) {
-  if (!d || d->broken) return; /* requests may still be pending on its memory: keep it */
-  if (d->comm != MPI_COMM_NULL) MPI_Comm_free(&d->comm);
-  free_dist(d);
+int dist_size(const pmap_dist *d) { return d ? d->size : 1; }
+uint64_t dist_seq(const pmap_dist *d) { return d ? atomic_load(&d->seq) : 0; }
+const char *dist_host(const pmap_dist *d, int r) {
+  return d && d->hosts && r >= 0 && r < d->size && d->hosts[r][0] ? d->hosts[r] : "?";
 }

@@ -36,27 +36,47 @@ static pmap_status no_dist(void) {
   return PMAP_ERR(PMAP_ERR_INTERNAL, "inter-process exchange in a build without MPI");
 }
 
-pmap_status dist_all_reduce(pmap_dist *d, float *buf, size_t count, dist_op op) {
-  (void)d, (void)buf, (void)count, (void)op;
+pmap_status dist_agree(pmap_dist *d, const dist_call *c, const char *who) {
+  (void)d, (void)c, (void)who;
   return no_dist();
 }
-pmap_status dist_broadcast(pmap_dist *d, float *buf, size_t count, int root) {
-  (void)d, (void)buf, (void)count, (void)root;
+pmap_status dist_all_reduce(pmap_dist *d, float *buf, size_t count, int max) {
+  (void)d, (void)buf, (void)count, (void)max;
   return no_dist();
 }
-pmap_status dist_all_gather(pmap_dist *d, const float *send, size_t count, const float **out) {
-  (void)d, (void)send, (void)count, (void)out;
+pmap_status dist_broadcast(pmap_dist *d, void *buf, size_t bytes, int root) {
+  (void)d, (void)buf, (void)bytes, (void)root;
   return no_dist();
 }
-pmap_status dist_barrier(pmap_dist *d) {
-  (void)d;
+pmap_status dist_all_gather(pmap_dist *d, const void *send, size_t bytes, const void **out) {
+  (void)d, (void)send, (void)bytes;
+  *out = NULL;
+  return no_dist();
+}
+pmap_status dist_exchange(pmap_dist *d, const char *call, const void *mine, size_t bytes,
+                          const void **all) {
+  (void)d, (void)call, (void)mine, (void)bytes;
+  *all = NULL;
   return no_dist();
 }
 pmap_status dist_broadcast_bytes(pmap_dist *d, void *buf, size_t bytes, int root) {
   (void)d, (void)buf, (void)bytes, (void)root;
   return no_dist();
 }
+void dist_abandon(pmap_dist *d, pmap_status s, const char *msg) { (void)d, (void)s, (void)msg; }
 int dist_rank(const pmap_dist *d) {
+  (void)d;
+  return 0;
+}
+int dist_size(const pmap_dist *d) {
+  (void)d;
+  return 1;
+}
+const char *dist_host(const pmap_dist *d, int r) {
+  (void)d, (void)r;
+  return "?";
+}
+uint64_t dist_seq(const pmap_dist *d) {
   (void)d;
   return 0;
 }

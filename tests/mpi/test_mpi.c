@@ -7,9 +7,11 @@
  *              loss <= 1e-4); replicas bitwise identical in every process
  *   layout D   process 1 asks for D + 1 devices: every process fails naming the counts; then
  *              process 1 passes more rows than the others: every process refuses the step;
- *              NaN gradients on one device of process 1: every process skips the step
+ *              NaN gradients on one device of process 1: every process skips the step, naming
+ *              that device by its global index, process and host
  *   stall D    process 1 stalls before step 3: process 0 gets PMAP_ERR_TIMEOUT naming process
- *              1 and the collective within the timeout, and later calls fail at once
+ *              1, its host and the collective's number within the timeout, and later calls fail
+ *              at once
  *   die D      process 1 exits before step 3: the job ends, not hangs (mpirun ends it), or,
  *              where mpirun lets the others run on, process 0 reports process 1 as for stall
  * Exits 77 when pmap was built without MPI. */
@@ -364,6 +366,11 @@ static void mode_layout(int d) {
     x.shape[0] = y.shape[0] = d;
     CHECK_OK(pmap_update(params, &x, &y, NULL));
     CHECK_FAILS(pmap_update(params, &x, &y, NULL), PMAP_ERR_NUMERIC, "skipped on every replica");
+    /* The device is named by its global index, process and host (process 1's device 0). */
+    char who[64];
+    snprintf(who, sizeof who, "device %d (process 1, host", d);
+    CHECK(strstr(pmap_last_error(), who) != NULL, "the guard's message lacks \"%s\": %s", who,
+          pmap_last_error());
     CHECK(pmap_params_step(params) == 1, "a skipped step counted");
     CHECK_OK(pmap_update(params, &x, &y, NULL));
     size_t n = pmap_params_count(params);
@@ -409,10 +416,10 @@ static void mode_fail(int d, int die) {
     double took = now_s() - t0;
     if (RANK != 0) break;
     CHECK(st == PMAP_ERR_TIMEOUT, "step %d: %s: %s", s, pmap_status_string(st), pmap_last_error());
-    CHECK(strstr(pmap_last_error(), "process 1") != NULL, "message lacks the process: %s",
+    CHECK(strstr(pmap_last_error(), "process 1 (host") != NULL, "message lacks the process: %s",
           pmap_last_error());
-    CHECK(strstr(pmap_last_error(), "all-reduce") != NULL, "message lacks the collective: %s",
-          pmap_last_error());
+    CHECK(strstr(pmap_last_error(), "collective #") != NULL && strstr(pmap_last_error(), "host"),
+          "message lacks the collective's number or the host: %s", pmap_last_error());
     CHECK(took < 20.0, "the timeout took %.1f s", took);
     printf("process 0: step %d failed after %.2f s: %s\n", s, took, pmap_last_error());
     t0 = now_s();

@@ -10,17 +10,8 @@ prog=$2
 shift 2
 parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(coll train fail)
-command -v "$mpirun" >/dev/null 2>&1 || { echo "SKIP: no mpirun"; exit 77; }
-
-# Open MPI as root, more processes than cores, and no network: shared memory between processes
-# (and no cross-memory attach, which containers often forbid).
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl=self,vader
-export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_plm_rsh_agent=
-export PMAP_SPIN_US=${PMAP_SPIN_US:-50}
-fail=0
-out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+# shellcheck source-path=SCRIPTDIR source=mpi_env.sh
+source "$(dirname "$0")/mpi_env.sh"
 
 # run LIMIT_S NP ARGS...: mpirun, bounded; leaves the output in $out, returns mpirun's status.
 run() {

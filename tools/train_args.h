@@ -1,0 +1,29 @@
+/* train_args.h: pmap-train's options: what the command line says, and the reader that checks it
+ * (tools/train_args.c). */
+#ifndef PMAP_TOOLS_TRAIN_ARGS_H
+#define PMAP_TOOLS_TRAIN_ARGS_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "cli.h"
+
+typedef struct opts {
+  const char *model, *backend, *plot, *save, *resume, *data, *labels, *inspect;
+  int64_t devices, steps, batch, samples, log_every, save_every, verify_every, micro;
+  int64_t hidden[CLI_MAX_LIST];
+  int n_hidden, have_model;
+  double eval_fraction;
+  double timeout_s; /* pmap_config.timeout_s: 0 means the library's ($PMAP_TIMEOUT, else 300 s) */
+  float lr, clip_norm;
+  int have_lr, json, no_guard, shard;
+  uint64_t seed;
+} opts;
+
+/* pmap-train's --help text. */
+void train_usage(FILE *f);
+/* Reads argv into *o (defaults first); prints the help and exits 0 for --help. Returns 0, or
+ * -1 after printing why on stderr. */
+int train_parse(int argc, char **argv, opts *o);
+
+#endif
