@@ -10,7 +10,7 @@
 #include "models/params.h"
 #include "ops/cpu/cpu_ops.h"
 #include "runtime/backend.h"
-#include "runtime/error.h"
+#include "base/error.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* The GEMMs of a step                                                                        */

@@ -10,11 +10,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "atomic_file.h"
+#include "base/atomic_file.h"
 #include "crc32c.h"
 #include "params.h"
 #include "runtime/backend.h"
-#include "runtime/error.h"
+#include "base/error.h"
 
 #define CKPT_MAGIC "PMAPCKPT"
 #define CKPT_VERSION 1u

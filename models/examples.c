@@ -5,7 +5,7 @@
 
 #include "pmap_examples.h"
 #include "rng.h"
-#include "runtime/error.h"
+#include "base/error.h"
 
 #define NAMES "linear, mlp, convnet, mlp-1024, cifar-cnn, res-mlp, cifar-bn"
 #define TEACHER_SEED 0x7eac4e2ull

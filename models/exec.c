@@ -6,7 +6,7 @@
 
 #include "model.h"
 #include "runtime/backend.h"
-#include "runtime/error.h"
+#include "base/error.h"
 
 void replica_release(pmap_device *dev, replica *r) {
   backend_free(dev, r->arena);

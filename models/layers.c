@@ -8,7 +8,7 @@
 #include "ops/op_math.h"
 #include "rng.h"
 #include "runtime/backend.h"
-#include "runtime/error.h"
+#include "base/error.h"
 
 #define LAYERNORM_EPS 1e-6f /* flax.linen.LayerNorm's default */
 #define BATCHNORM_EPS 1e-5f /* flax.linen.BatchNorm's default */

@@ -6,7 +6,7 @@
 
 #include "model.h"
 #include "rng.h"
-#include "runtime/error.h"
+#include "base/error.h"
 
 #define MAX_PARAMS ((size_t)1 << 31) /* keeps every count an exact int64 product */
 

@@ -4,7 +4,7 @@
 #include <math.h>
 
 #include "params.h"
-#include "runtime/error.h"
+#include "base/error.h"
 
 pmap_optimizer pmap_sgd(float lr, float momentum) {
   pmap_optimizer o = {.kind = PMAP_OPT_SGD, .lr = lr, .momentum = momentum};

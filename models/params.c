@@ -8,7 +8,7 @@
 
 #include "params.h"
 #include "runtime/backend.h"
-#include "runtime/error.h"
+#include "base/error.h"
 #include "runtime/fault.h"
 #include "step_fast.h"
 

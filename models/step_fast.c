@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/error.h"
+#include "base/error.h"
 #include "step_fast.h"
 
 typedef enum fast_mode {

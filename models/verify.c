@@ -9,7 +9,7 @@
 #include "crc32c.h"
 #include "params.h"
 #include "runtime/backend.h"
-#include "runtime/error.h"
+#include "base/error.h"
 
 #define VERIFY_CHUNK ((size_t)256 * 1024) /* bytes per device per download */
 

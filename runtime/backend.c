@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "error.h"
+#include "base/error.h"
 #include "fault.h"
 #include "runtime/dist/dist.h"
 

@@ -208,9 +208,6 @@ pmap_status backend_barrier(pmap_device *dev, const char *call);
 pmap_status backend_reduce_scatter(pmap_device *dev, const char *call, float *buf, size_t chunk,
                                    pmap_redop op);
 
-/* The integer environment variable `name` in [lo, hi] into *out, dflt when unset or empty;
- * PMAP_ERR_INVALID_ARGUMENT naming it and its text otherwise (runtime/ctx.c). */
-pmap_status pmap_env_long(const char *name, long lo, long hi, long dflt, long *out);
 
 /* Runs fn on every device (internal form of pmap_run: errors are left in each device). */
 pmap_status pmap_ctx_dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg);

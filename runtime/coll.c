@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "backend.h"
-#include "error.h"
+#include "base/error.h"
 
 int pmap_axis_index(const pmap_device *dev) {
   return dev ? dev->ctx->proc * dev->ctx->n + dev->index : -1;

@@ -11,7 +11,8 @@
 #include <unistd.h>
 
 #include "backend.h"
-#include "error.h"
+#include "base/env.h"
+#include "base/error.h"
 #include "fault.h"
 #include "runtime/dist/dist.h"
 
@@ -27,41 +28,12 @@ static int online_cpus(void) {
   return n > 0 ? (int)n : 1;
 }
 
-pmap_status pmap_env_long(const char *name, long lo, long hi, long dflt, long *out) {
-  const char *s = getenv(name);
-  *out = dflt;
-  if (!s || !*s) return PMAP_SUCCESS;
-  char *end = NULL;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (errno || *end || v < lo || v > hi)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                    "pmap_ctx_create: environment variable %s=\"%s\" is not an integer in "
-                    "[%ld, %ld]",
-                    name, s, lo, hi);
-  *out = v;
-  return PMAP_SUCCESS;
-}
-
 /* The timeout of a context: cfg's when it is not 0, else the environment variable PMAP_TIMEOUT
  * (seconds, > 0; negative or inf: never), else DEFAULT_TIMEOUT_S. */
 static pmap_status timeout_of(double cfg_s, double *out) {
   *out = cfg_s;
   if (cfg_s != 0.0) return PMAP_SUCCESS;
-  *out = DEFAULT_TIMEOUT_S;
-  const char *s = getenv("PMAP_TIMEOUT");
-  if (!s || !*s) return PMAP_SUCCESS;
-  char *end = NULL;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (errno == ERANGE && isinf(v)) errno = 0;
-  if (errno || end == s || *end || isnan(v) || v == 0.0)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                    "pmap_ctx_create: environment variable PMAP_TIMEOUT=\"%s\" is not a number of "
-                    "seconds > 0 (inf or a negative number: never time out)",
-                    s);
-  *out = v;
-  return PMAP_SUCCESS;
+  return pmap_env_seconds("PMAP_TIMEOUT", DEFAULT_TIMEOUT_S, out);
 }
 
 /* The context whose mapped function this thread is running, if any. With ctx->parent (the job
@@ -343,12 +315,10 @@ pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
                     cfg.shard_optimizer);
   /* AUTO: the variable when set, else the size rule of params_layout (models/params.c). */
   int shard = cfg.shard_optimizer;
-  const char *shard_var = getenv("PMAP_SHARD_OPTIMIZER");
-  if (shard == PMAP_SHARD_AUTO && shard_var && *shard_var) {
-    long v = 0;
-    pmap_status se = pmap_env_long("PMAP_SHARD_OPTIMIZER", 0, 1, 0, &v);
-    if (se) return se;
-    shard = v ? PMAP_SHARD_ON : PMAP_SHARD_OFF;
+  if (shard == PMAP_SHARD_AUTO) {
+    int v = -1;
+    PMAP_TRY(pmap_env_flag("PMAP_SHARD_OPTIMIZER", -1, &v));
+    if (v >= 0) shard = v ? PMAP_SHARD_ON : PMAP_SHARD_OFF;
   }
   const backend_entry *entry = NULL;
   pmap_status st = choose_backend(&cfg, &entry);
@@ -395,7 +365,7 @@ pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   int oversubscribed = n > online_cpus();
   ctx->wait.spin_ns = oversubscribed ? 2000 : 200000;
   ctx->wait.yield_ns = oversubscribed ? 200000 : 0;
-  if (getenv("PMAP_SPIN_US")) ctx->wait.spin_ns = spin_us * 1000;
+  if (pmap_env_get("PMAP_SPIN_US")) ctx->wait.spin_ns = spin_us * 1000;
   /* Beyond MAX_TIMEOUT_S (inf included) the nanoseconds would not fit: no timeout. */
   ctx->wait.timeout_ns =
       timeout_s < 0 || timeout_s > MAX_TIMEOUT_S ? -1 : (int64_t)(timeout_s * 1e9);
@@ -415,7 +385,7 @@ pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
     goto fail;
   }
   ctx->lock_ready = 1;
-  PMAP_TRY_GOTO(st, pmap_fault_parse(getenv("PMAP_FAULT"), &ctx->fault), fail);
+  PMAP_TRY_GOTO(st, pmap_fault_parse(pmap_env_get("PMAP_FAULT"), &ctx->fault), fail);
   sync_barrier_init(&ctx->bar, (uint32_t)n);
   ctx->nproc = 1;
   PMAP_TRY_GOTO(st,

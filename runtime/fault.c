@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "base/error.h"
 
 struct pmap_fault {
   fault_kind kind;

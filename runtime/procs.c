@@ -4,7 +4,7 @@
 #include <stdio.h>
 
 #include "backend.h"
-#include "error.h"
+#include "base/error.h"
 #include "runtime/dist/dist.h"
 
 const char *pmap_dev_name(const pmap_device *dev, char *buf, size_t size) {

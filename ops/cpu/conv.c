@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "cpu_ops.h"
-#include "runtime/error.h"
+#include "base/error.h"
 
 /* col (c*kh*kw, oh*ow) from x (c, h, w); zero where the window hangs over the padding. */
 static void im2col(const pmap_conv_shape *s, const float *x, float *col) {

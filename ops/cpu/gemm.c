@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "runtime/error.h"
+#include "base/error.h"
 
 #if defined(PMAP_GEMM_DNNL)
 #include <dnnl.h>

@@ -16,8 +16,8 @@
 #include <unistd.h>
 
 #include "gemm.h"
-#include "models/atomic_file.h"
-#include "runtime/error.h"
+#include "base/atomic_file.h"
+#include "base/error.h"
 
 #define LINE_CAP 512  /* longer lines are not ours: skipped */
 #define KEEP_LINES 32 /* entries of other machines and builds kept on rewrite */

@@ -13,7 +13,7 @@
 #include <time.h>
 
 #include "gemm.h"
-#include "runtime/error.h"
+#include "base/error.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* The measurement                                                                            */

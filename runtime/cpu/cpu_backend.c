@@ -7,22 +7,15 @@
 
 #include "cpu_backend.h"
 #include "ops/cpu/gemm.h"
-#include "runtime/error.h"
+#include "base/env.h"
+#include "base/error.h"
 
 #define CPU_ALIGN 64
 #define CPU_DEFAULT_DEVICES 4
 
 pmap_status pmap_cpu_default_devices(int *out) {
-  const char *s = getenv("PMAP_CPU_DEVICES");
-  *out = CPU_DEFAULT_DEVICES;
-  if (!s || !*s) return PMAP_SUCCESS;
-  char *end = NULL;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (errno || *end || v < 1 || v > PMAP_MAX_DEVICES)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                    "environment variable PMAP_CPU_DEVICES=\"%s\" is not an integer in [1, %d]", s,
-                    PMAP_MAX_DEVICES);
+  long v = CPU_DEFAULT_DEVICES;
+  PMAP_TRY(pmap_env_long("PMAP_CPU_DEVICES", 1, PMAP_MAX_DEVICES, CPU_DEFAULT_DEVICES, &v));
   *out = (int)v;
   return PMAP_SUCCESS;
 }

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "cpu_backend.h"
-#include "runtime/error.h"
+#include "base/error.h"
 
 /* Chunk boundaries are multiples of 16 floats (a cache line), so no two devices write one line. */
 #define CHUNK_ALIGN 16

@@ -16,7 +16,7 @@
 
 #include "cpu_backend.h"
 #include "runtime/dist/dist.h"
-#include "runtime/error.h"
+#include "base/error.h"
 
 #define CHUNK_ALIGN 16
 

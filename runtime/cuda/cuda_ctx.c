@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/env.h"
 #include "cuda_backend.h"
 #if defined(PMAP_HAVE_MPI)
 #include "runtime/dist/dist_nccl.h"
@@ -243,55 +244,27 @@ static pmap_status check_nccl_version(int loaded) {
                   lv, file, bv);
 }
 
-/* PMAP_CUDA_TF32 etc.: "0" or "1", else default. */
-static pmap_status env_bool(const char *name, int dflt, int *out) {
-  const char *s = getenv(name);
-  *out = dflt;
-  if (!s || !*s) return PMAP_SUCCESS;
-  if (strcmp(s, "0") && strcmp(s, "1"))
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                    "pmap_ctx_create: environment variable %s=\"%s\" is neither 0 nor 1", name, s);
-  *out = s[0] == '1';
-  return PMAP_SUCCESS;
-}
-
 /* The run-time switches of the backend (docs/cuda.md): TF32 GEMMs (off unless configured with
  * -Dtf32=true), how threads wait for their streams, whether the host waits for every
  * collective, and the pinned staging buffers' size. */
 static pmap_status read_switches(cuda_ctx *cc) {
 #if defined(PMAP_CUDA_TF32_DEFAULT)
-  PMAP_TRY(env_bool("PMAP_CUDA_TF32", 1, &cc->tf32));
+  PMAP_TRY(pmap_env_flag("PMAP_CUDA_TF32", 1, &cc->tf32));
 #else
-  PMAP_TRY(env_bool("PMAP_CUDA_TF32", 0, &cc->tf32));
+  PMAP_TRY(pmap_env_flag("PMAP_CUDA_TF32", 0, &cc->tf32));
 #endif
-  PMAP_TRY(env_bool("PMAP_CUDA_COLL_WAIT", 0, &cc->coll_wait));
-  const char *w = getenv("PMAP_CUDA_WAIT");
-  cc->wait_mode = CUDA_WAIT_BLOCK;
-  if (w && *w && strcmp(w, "block")) {
-    if (strcmp(w, "poll"))
-      return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                      "pmap_ctx_create: environment variable PMAP_CUDA_WAIT=\"%s\" is neither "
-                      "block nor poll",
-                      w);
-    cc->wait_mode = CUDA_WAIT_POLL;
-  }
-  const char *mb = getenv("PMAP_CUDA_PINNED_MB");
+  PMAP_TRY(pmap_env_flag("PMAP_CUDA_COLL_WAIT", 0, &cc->coll_wait));
+  static const char *const waits[] = {"block", "poll", NULL};
+  int wait = CUDA_WAIT_BLOCK;
+  PMAP_TRY(pmap_env_choice("PMAP_CUDA_WAIT", waits, CUDA_WAIT_BLOCK, &wait));
+  cc->wait_mode = wait == 1 ? CUDA_WAIT_POLL : CUDA_WAIT_BLOCK;
   long v = CUDA_PINNED_MB_DEFAULT;
-  if (mb && *mb) {
-    char *end = NULL;
-    errno = 0;
-    v = strtol(mb, &end, 10);
-    if (errno || *end || v < 0 || v > 4096)
-      return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                      "pmap_ctx_create: environment variable PMAP_CUDA_PINNED_MB=\"%s\" is not "
-                      "an integer in [0, 4096]",
-                      mb);
-  }
+  PMAP_TRY(pmap_env_long("PMAP_CUDA_PINNED_MB", 0, 4096, CUDA_PINNED_MB_DEFAULT, &v));
   cc->pinned_bytes = (size_t)v << 20;
   long fail = -1;
   PMAP_TRY(pmap_env_long("PMAP_CUDA_WAIT_FAIL", -1, PMAP_MAX_DEVICES - 1, -1, &fail));
   cc->wait_fail = (int)fail;
-  PMAP_TRY(env_bool("PMAP_CUDA_NO_MEMPOOL", 0, &cc->no_pool));
+  PMAP_TRY(pmap_env_flag("PMAP_CUDA_NO_MEMPOOL", 0, &cc->no_pool));
   return PMAP_SUCCESS;
 }
 

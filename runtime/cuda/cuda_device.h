@@ -16,7 +16,7 @@ extern "C" {
 #endif
 
 #include "ops/ops.h"
-#include "runtime/error.h"
+#include "base/error.h"
 
 /* Blocks of the first pass of a loss reduction; its partial sums (doubles) sit in the scratch. */
 #define CUDA_REDUCE_BLOCKS 256

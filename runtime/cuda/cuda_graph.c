@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/env.h"
 #include "cuda_backend.h"
 #include "ops/cuda/cuda_ops.h"
 
@@ -24,13 +25,7 @@ static pmap_status fast_switch(int cfg, const char *field, const char *env, int 
     *out = cfg == 1;
     return PMAP_SUCCESS;
   }
-  const char *s = getenv(env);
-  if (!s || !*s) return PMAP_SUCCESS;
-  if (strcmp(s, "0") && strcmp(s, "1"))
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                    "pmap_ctx_create: environment variable %s=\"%s\" is neither 0 nor 1", env, s);
-  *out = s[0] == '1';
-  return PMAP_SUCCESS;
+  return pmap_env_flag(env, 0, out);
 }
 
 pmap_status cuda_bucket_bytes_parse(const char *s, size_t *bytes) {
@@ -59,7 +54,7 @@ pmap_status cuda_fast_switches(cuda_ctx *cc, const pmap_config *cfg) {
   if (mb)
     cc->bucket_bytes = (size_t)mb << 20;
   else
-    PMAP_TRY(cuda_bucket_bytes_parse(getenv("PMAP_CUDA_BUCKET_MB"), &cc->bucket_bytes));
+    PMAP_TRY(cuda_bucket_bytes_parse(pmap_env_get("PMAP_CUDA_BUCKET_MB"), &cc->bucket_bytes));
   long fail = -1;
   PMAP_TRY(pmap_env_long("PMAP_CUDA_GRAPH_FAIL", -1, PMAP_MAX_DEVICES - 1, -1, &fail));
   cc->graph_fail = (int)fail;

@@ -4,7 +4,8 @@
 #include <string.h>
 
 #include "dist_env.h"
-#include "runtime/error.h"
+#include "base/env.h"
+#include "base/error.h"
 
 long dist_env_launch_size(const char **var) {
   static const char *const names[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MPI_LOCALNRANKS"};
@@ -28,14 +29,9 @@ pmap_status dist_env_mode(const pmap_config *cfg, pmap_dist_mode *out) {
                     "pmap_ctx_create: dist %d is none of PMAP_DIST_AUTO (0), PMAP_DIST_NONE (1), "
                     "PMAP_DIST_MPI (2)",
                     (int)cfg->dist);
-  const char *e = getenv("PMAP_DIST");
-  if (!e || !*e || !strcmp(e, "auto")) return PMAP_SUCCESS;
-  if (!strcmp(e, "none"))
-    *out = PMAP_DIST_NONE;
-  else if (!strcmp(e, "mpi"))
-    *out = PMAP_DIST_MPI;
-  else
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                    "environment variable PMAP_DIST=\"%s\" is none of auto, none, mpi", e);
+  static const char *const modes[] = {"auto", "none", "mpi", NULL};
+  int m = 0;
+  PMAP_TRY(pmap_env_choice("PMAP_DIST", modes, 0, &m));
+  if (m) *out = m == 1 ? PMAP_DIST_NONE : PMAP_DIST_MPI;
   return PMAP_SUCCESS;
 }

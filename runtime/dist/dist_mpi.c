@@ -14,7 +14,7 @@
 #include <time.h>
 
 #include "dist_mpi.h"
-#include "runtime/error.h"
+#include "base/error.h"
 #include "runtime/sync.h"
 
 void dist_mpi_text(int rc, char *buf, size_t size) {

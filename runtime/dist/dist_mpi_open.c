@@ -16,7 +16,7 @@
 
 #include "dist_env.h"
 #include "dist_mpi.h"
-#include "runtime/error.h"
+#include "base/error.h"
 #include "runtime/sync.h"
 
 #define TAG_HELLO 32717 /* on the user's communicator, during pmap_ctx_create only */

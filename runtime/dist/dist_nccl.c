@@ -5,7 +5,7 @@
 #include <stdio.h>
 
 #include "dist_nccl.h"
-#include "runtime/error.h"
+#include "base/error.h"
 
 pmap_status dist_nccl_unique_id(pmap_dist *d, ncclUniqueId *id) {
   /* Every process takes part in the broadcast, even when process 0's ncclGetUniqueId failed:

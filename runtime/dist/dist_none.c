@@ -3,7 +3,7 @@
  * independent trainings. */
 #include "dist.h"
 #include "dist_env.h"
-#include "runtime/error.h"
+#include "base/error.h"
 
 pmap_status dist_open(const pmap_config *cfg, pmap_backend kind, int local_devices,
                       int64_t timeout_ns, pmap_dist **out, int *rank, int *size) {

@@ -9,7 +9,7 @@
 
 #include "gpu_util.h"
 #include "runtime/backend.h"
-#include "runtime/error.h"
+#include "base/error.h"
 
 static const size_t sizes[] = {0, 1, 17, 1000, 4097, (1u << 20) + 3};
 #define N_SIZES (sizeof sizes / sizeof sizes[0])

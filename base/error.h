@@ -1,8 +1,8 @@
 /* error.h: recording failures. Every internal failure goes through pmap_error_set (a new error
  * with a message) or PMAP_TRY (passes an error up, adding "-> at file:line" to its trail). The
  * message lives in a thread-local buffer that pmap_last_error() returns. */
-#ifndef PMAP_RUNTIME_ERROR_H
-#define PMAP_RUNTIME_ERROR_H
+#ifndef PMAP_BASE_ERROR_H
+#define PMAP_BASE_ERROR_H
 
 #include "pmap.h"
 

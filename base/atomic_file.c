@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runtime/error.h"
+#include "base/error.h"
 
 static pmap_status write_all(int fd, const unsigned char *buf, size_t n) {
   while (n) {

@@ -1,6 +1,6 @@
-/* atomic_file.h: replacing a file atomically and durably (models/atomic_file.c). */
-#ifndef PMAP_MODELS_ATOMIC_FILE_H
-#define PMAP_MODELS_ATOMIC_FILE_H
+/* atomic_file.h: replacing a file atomically and durably (base/atomic_file.c). */
+#ifndef PMAP_BASE_ATOMIC_FILE_H
+#define PMAP_BASE_ATOMIC_FILE_H
 
 #include <stddef.h>
 
