@@ -6,6 +6,10 @@
 
 #include "pmap.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #if defined(__GNUC__)
 #define PMAP_PRINTF(f, a) __attribute__((format(printf, f, a)))
 #else
@@ -41,4 +45,7 @@ const char *pmap_error_message(void);
     }                                                       \
   } while (0)
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -95,7 +95,8 @@ static pmap_status probe_alloc(pmap_device *dev, bench_probe *p) {
   PMAP_TRY(pmap_device_upload(dev, p->w[d], p->host, P));
   if (slots) {
     PMAP_TRY(pmap_device_alloc(dev, slots * p->params->state_len, &p->state[d]));
-    PMAP_TRY(dev->ops->fill(dev, p->state[d], 0.0f, slots * p->params->state_len));
+    const replica *rp = &p->params->rep[d];
+    PMAP_TRY(rp->ops->fill(rp->q, p->state[d], 0.0f, slots * p->params->state_len));
   }
   return PMAP_SUCCESS;
 }
@@ -111,6 +112,7 @@ static pmap_status probe_free(pmap_device *dev, bench_probe *p) {
 
 static pmap_status probe_gemms(pmap_device *dev, bench_probe *p) {
   int d = pmap_local_index(dev); /* per-process arrays */
+  const replica *rp = &p->params->rep[d];
   float sink = 0.0f;
   for (int r = 0; r < p->reps; r++) {
     PMAP_TRY(pmap_barrier(dev));
@@ -120,8 +122,9 @@ static pmap_status probe_gemms(pmap_device *dev, bench_probe *p) {
         const bench_gemm *g = &p->g[i];
         float *a = p->ops[d][3 * i], *b = p->ops[d][3 * i + 1], *c = p->ops[d][3 * i + 2];
         for (int64_t k = 0; k < g->repeat; k++)
-          PMAP_TRY(dev->ops->gemm(dev, g->ta, g->tb, g->m, g->n, g->k, 1.0f, a, g->ta ? g->m : g->k,
-                                  b, g->tb ? g->k : g->n, g->beta1 ? 1.0f : 0.0f, c, g->n));
+          PMAP_TRY(rp->ops->gemm(rp->q, g->ta, g->tb, g->m, g->n, g->k, 1.0f, a,
+                                 g->ta ? g->m : g->k, b, g->tb ? g->k : g->n,
+                                 g->beta1 ? 1.0f : 0.0f, c, g->n));
       }
     /* A download completes the device's queued work (CUDA); on CPU it is a 4-byte copy. */
     PMAP_TRY(pmap_device_download(dev, &sink, p->ops[d][3 * (p->ng - 1) + 2], 1));
@@ -168,8 +171,8 @@ static pmap_status probe_optimizer(pmap_device *dev, bench_probe *p) {
     PMAP_TRY(pmap_barrier(dev));
     double t0 = cli_now();
     if (len)
-      PMAP_TRY(optimizer_apply(dev, &pp->opt, &h, p->w[d] + lo, p->grad[d] + lo, p->state[d], len,
-                               len));
+      PMAP_TRY(optimizer_apply(&pp->rep[d], &pp->opt, &h, p->w[d] + lo, p->grad[d] + lo,
+                               p->state[d], len, len));
     PMAP_TRY(pmap_device_download(dev, &sink, p->w[d], 1));
     PMAP_TRY(pmap_barrier(dev));
     if (d == 0) p->t[(*p->nt)++] = cli_now() - t0;
@@ -221,7 +224,7 @@ int bench_probe_open(pmap_ctx *ctx, const bench_gemm *g, int n, const pmap_param
   for (size_t i = 0; i < largest; i++) /* small, varied, never denormal */
     p->host[i] = (float)((int)(i * 2654435761u % 2001u) - 1000) / 1000.0f;
   p->mode = PROBE_ALLOC;
-  if (pmap_run(ctx, probe_job, p)) {
+  if (params_dispatch((pmap_params *)p->params, probe_job, p)) {
     fprintf(stderr, "pmap-bench: cannot allocate the probe buffers: %s\n", pmap_last_error());
     bench_probe_close(p);
     return -1;
@@ -238,7 +241,7 @@ void bench_probe_close(bench_probe *p) {
   if (!p) return;
   if (p->ops && p->grad && p->w && p->state) {
     p->mode = PROBE_FREE;
-    pmap_run(p->ctx, probe_job, p);
+    params_dispatch((pmap_params *)p->params, probe_job, p);
   }
   free(p->ops);
   free(p->grad);
@@ -253,7 +256,7 @@ static int probe_run(bench_probe *p, int mode, int reps, double *t, int *nt) {
   p->reps = reps;
   p->t = t;
   p->nt = nt;
-  if (pmap_run(p->ctx, probe_job, p) == PMAP_SUCCESS) return 0;
+  if (params_dispatch((pmap_params *)p->params, probe_job, p) == PMAP_SUCCESS) return 0;
   fprintf(stderr, "pmap-bench: %s probe: %s\n",
           mode == PROBE_GEMMS       ? "GEMM"
           : mode == PROBE_OPTIMIZER ? "optimizer"

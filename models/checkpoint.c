@@ -328,7 +328,7 @@ static pmap_status save(const pmap_params *cp, const char *path, const void *use
   if (!*path) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: path is empty", call);
   pmap_params *p = (pmap_params *)cp; /* the job fields are scratch, not state */
   PMAP_TRY(host_state(p, call));
-  pmap_status st = pmap_ctx_dispatch(p->ctx, download_job, p);
+  pmap_status st = params_dispatch(p, download_job, p);
   wbuf b = {0};
   if (st == PMAP_SUCCESS) {
     encode(&b, p, user, user_bytes);
@@ -605,7 +605,7 @@ static pmap_status load(pmap_params *p, const char *path, void *user, size_t use
   size_t P = p->n_params, S = (size_t)p->opt_slots * P;
   decode_floats(p->ckpt_w, sec[SEC_PARAMS].data + 8, P);
   if (S) decode_floats(p->ckpt_opt, sec[SEC_STATE].data + 16, S);
-  st = pmap_ctx_dispatch(p->ctx, upload_job, p);
+  st = params_dispatch(p, upload_job, p);
   host_state_free(p);
   if (!st) {
     p->step = step;

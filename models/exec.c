@@ -95,38 +95,33 @@ pmap_status model_forward(pmap_device *dev, const pmap_model *m, replica *r, con
   return PMAP_SUCCESS;
 }
 
-pmap_status model_loss(pmap_device *dev, const pmap_model *m, replica *r, const void *y, int64_t bd,
-                       float *loss) {
+pmap_status model_loss(const pmap_model *m, replica *r, const void *y, int64_t bd, float *loss) {
   const layer *last = &m->layers[m->n_layers - 1];
   if (m->loss == PMAP_LOSS_MSE)
-    PMAP_TRY(dev->ops->mse(dev, r->out[m->n_layers - 1], y, (size_t)(bd * last->out_size),
-                           r->dact[m->n_layers - 1], loss));
+    PMAP_TRY(r->ops->mse(r->q, r->out[m->n_layers - 1], y, (size_t)(bd * last->out_size),
+                         r->dact[m->n_layers - 1], loss));
   else
-    PMAP_TRY(dev->ops->softmax_xent(dev, r->out[m->n_layers - 1], y, bd, last->out_size,
-                                    r->dact[m->n_layers - 1], loss));
+    PMAP_TRY(r->ops->softmax_xent(r->q, r->out[m->n_layers - 1], y, bd, last->out_size,
+                                  r->dact[m->n_layers - 1], loss));
   return PMAP_SUCCESS;
 }
 
 /* Copies every layer's state between w (at s_off) and pending (at st_off). */
-static pmap_status state_copy(pmap_device *dev, const pmap_model *m, replica *r, int commit) {
+static pmap_status state_copy(const pmap_model *m, replica *r, int commit) {
   if (!r->pending) return PMAP_SUCCESS;
   for (int i = 0; i < m->n_layers; i++) {
     const layer *l = &m->layers[i];
     if (!l->s_size) continue;
     float *w = r->w + l->s_off, *pend = r->pending + l->st_off;
-    PMAP_TRY(commit ? dev->ops->copy(dev, pend, w, l->s_size)
-                    : dev->ops->copy(dev, w, pend, l->s_size));
+    PMAP_TRY(commit ? r->ops->copy(r->q, pend, w, l->s_size)
+                    : r->ops->copy(r->q, w, pend, l->s_size));
   }
   return PMAP_SUCCESS;
 }
 
-pmap_status model_state_begin(pmap_device *dev, const pmap_model *m, replica *r) {
-  return state_copy(dev, m, r, 0);
-}
+pmap_status model_state_begin(const pmap_model *m, replica *r) { return state_copy(m, r, 0); }
 
-pmap_status model_state_commit(pmap_device *dev, const pmap_model *m, replica *r) {
-  return state_copy(dev, m, r, 1);
-}
+pmap_status model_state_commit(const pmap_model *m, replica *r) { return state_copy(m, r, 1); }
 
 pmap_status model_backward(pmap_device *dev, const pmap_model *m, replica *r, int64_t bd) {
   const float *dy = r->dact[m->n_layers - 1];

@@ -257,15 +257,17 @@ static float *bn_sums_of(const replica *r, const layer *l, int i) { return bn_bu
 
 /* Statistics in two passes, the second around the first's mean: a + (all-reduce) -> b (+
  * all-reduce); only the sums and the count travel, the shifts agree already. */
-static pmap_status bn_two_pass(pmap_device *dev, const layer *l, const float *in, int64_t bd,
-                               int reduce, float *a, float *b) {
-  const pmap_ops *ops = dev->ops;
+static pmap_status bn_two_pass(pmap_device *dev, replica *r, const layer *l, const float *in,
+                               int64_t bd, int reduce, float *a, float *b) {
+  const pmap_ops *ops = r->ops;
   int64_t c = l->channels;
   size_t sums = 2 * (size_t)c + 1;
-  PMAP_TRY(ops->bn_stats(dev, in, bd, c, l->inner, NULL, a));
-  if (reduce) PMAP_TRY(backend_all_reduce(dev, "batch norm's statistics", a, a, sums, PMAP_RED_SUM));
-  PMAP_TRY(ops->bn_stats(dev, in, bd, c, l->inner, a, b));
-  if (reduce) PMAP_TRY(backend_all_reduce(dev, "batch norm's statistics", b, b, sums, PMAP_RED_SUM));
+  PMAP_TRY(ops->bn_stats(r->q, in, bd, c, l->inner, NULL, a));
+  if (reduce)
+    PMAP_TRY(backend_all_reduce(dev, "batch norm's statistics", a, a, sums, PMAP_RED_SUM));
+  PMAP_TRY(ops->bn_stats(r->q, in, bd, c, l->inner, a, b));
+  if (reduce)
+    PMAP_TRY(backend_all_reduce(dev, "batch norm's statistics", b, b, sums, PMAP_RED_SUM));
   return PMAP_SUCCESS;
 }
 
@@ -274,22 +276,22 @@ static pmap_status bn_two_pass(pmap_device *dev, const layer *l, const float *in
  * keeps the same values. */
 static pmap_status batchnorm_forward(pmap_device *dev, const layer *l, replica *r, int i,
                                      const float *in, float *out, int64_t bd) {
-  const pmap_ops *ops = dev->ops;
+  const pmap_ops *ops = r->ops;
   int64_t c = l->channels;
   float *stats = bn_buf(r, l, i, 0), *first = bn_buf(r, l, i, 1), *global = stats;
   const float *gamma = r->w + l->w_off, *beta = r->w + l->b_off;
   if (r->inference)
-    return ops->bn_forward(dev, in, NULL, NULL, r->w + l->s_off, gamma, beta, bd, c, l->inner,
+    return ops->bn_forward(r->q, in, NULL, NULL, r->w + l->s_off, gamma, beta, bd, c, l->inner,
                            l->eps, l->momentum, 0, out);
   /* Training: the new running statistics go to the step's pending state, which the step
    * commits once its verdict is in (models/model.h replica.pending). */
   float *running = r->pending ? r->pending + l->st_off : NULL;
-  PMAP_TRY(bn_two_pass(dev, l, in, bd, l->cross_replica, first, stats));
+  PMAP_TRY(bn_two_pass(dev, r, l, in, bd, l->cross_replica, first, stats));
   if (!l->cross_replica) {
     global = bn_buf(r, l, i, 2);
-    PMAP_TRY(bn_two_pass(dev, l, in, bd, 1, first, global));
+    PMAP_TRY(bn_two_pass(dev, r, l, in, bd, 1, first, global));
   }
-  return ops->bn_forward(dev, in, stats, global, running, gamma, beta, bd, c, l->inner, l->eps,
+  return ops->bn_forward(r->q, in, stats, global, running, gamma, beta, bd, c, l->inner, l->eps,
                          l->momentum, 1, out);
 }
 
@@ -297,37 +299,38 @@ static pmap_status batchnorm_forward(pmap_device *dev, const layer *l, replica *
  * the sums over the same batch the statistics came from. */
 static pmap_status batchnorm_backward(pmap_device *dev, const layer *l, replica *r, int i,
                                       const float *dy, float *dx, int64_t bd) {
-  const pmap_ops *ops = dev->ops;
+  const pmap_ops *ops = r->ops;
   int64_t c = l->channels;
   float *stats = bn_buf(r, l, i, 0), *sums = bn_sums_of(r, l, i);
-  PMAP_TRY(ops->bn_backward_sums(dev, r->in[i], dy, stats, bd, c, l->inner, l->eps, sums));
-  PMAP_TRY(ops->add(dev, r->g + l->w_off, sums + c, r->g + l->w_off, (size_t)c));
-  PMAP_TRY(ops->add(dev, r->g + l->b_off, sums, r->g + l->b_off, (size_t)c));
+  PMAP_TRY(ops->bn_backward_sums(r->q, r->in[i], dy, stats, bd, c, l->inner, l->eps, sums));
+  PMAP_TRY(ops->add(r->q, r->g + l->w_off, sums + c, r->g + l->w_off, (size_t)c));
+  PMAP_TRY(ops->add(r->q, r->g + l->b_off, sums, r->g + l->b_off, (size_t)c));
   if (!dx) return PMAP_SUCCESS;
   if (l->cross_replica)
-    PMAP_TRY(backend_all_reduce(dev, "batch norm's backward", sums, sums, 2 * (size_t)c,
-                                PMAP_RED_SUM));
-  return ops->bn_backward_dx(dev, r->in[i], dy, stats, r->w + l->w_off, sums, bd, c, l->inner,
+    PMAP_TRY(
+        backend_all_reduce(dev, "batch norm's backward", sums, sums, 2 * (size_t)c, PMAP_RED_SUM));
+  return ops->bn_backward_dx(r->q, r->in[i], dy, stats, r->w + l->w_off, sums, bd, c, l->inner,
                              l->eps, dx);
 }
 
 pmap_status layer_forward(pmap_device *dev, const pmap_model *m, replica *r, int i, const float *in,
                           int64_t bd) {
-  const pmap_ops *ops = dev->ops;
+  const pmap_ops *ops = r->ops;
   const layer *l = &m->layers[i];
   float *out = r->act[i];
   size_t n = (size_t)(bd * l->out_size);
   switch (l->kind) {
   case LAYER_DENSE:
     /* out (bd, units) = in (bd, F) W (F, units) + b */
-    PMAP_TRY(ops->gemm(dev, 0, 0, bd, l->out_size, l->in_size, 1.0f, in, l->in_size,
+    PMAP_TRY(ops->gemm(r->q, 0, 0, bd, l->out_size, l->in_size, 1.0f, in, l->in_size,
                        r->w + l->w_off, l->out_size, 0.0f, out, l->out_size));
-    PMAP_TRY(ops->bias_forward(dev, out, r->w + l->b_off, bd, l->out_size, 1));
+    PMAP_TRY(ops->bias_forward(r->q, out, r->w + l->b_off, bd, l->out_size, 1));
     break;
-  case LAYER_RELU: PMAP_TRY(ops->relu_forward(dev, in, out, n)); break;
+  case LAYER_RELU: PMAP_TRY(ops->relu_forward(r->q, in, out, n)); break;
   case LAYER_CONV2D:
-    PMAP_TRY(ops->conv2d_forward(dev, &l->conv, bd, in, r->w + l->w_off, out, r->col));
-    PMAP_TRY(ops->bias_forward(dev, out, r->w + l->b_off, bd, l->conv.oc, l->conv.oh * l->conv.ow));
+    PMAP_TRY(ops->conv2d_forward(r->q, &l->conv, bd, in, r->w + l->w_off, out, r->col));
+    PMAP_TRY(
+        ops->bias_forward(r->q, out, r->w + l->b_off, bd, l->conv.oc, l->conv.oh * l->conv.ow));
     break;
   case LAYER_FLATTEN:
   case LAYER_RES_BEGIN:
@@ -335,24 +338,24 @@ pmap_status layer_forward(pmap_device *dev, const pmap_model *m, replica *r, int
     break;
   case LAYER_TANH:
   case LAYER_SIGMOID:
-  case LAYER_GELU: PMAP_TRY(ops->act_forward(dev, act_of(l->kind), in, out, n)); break;
+  case LAYER_GELU: PMAP_TRY(ops->act_forward(r->q, act_of(l->kind), in, out, n)); break;
   case LAYER_LAYERNORM:
-    PMAP_TRY(ops->layernorm_forward(dev, in, r->w + l->w_off, r->w + l->b_off, bd, l->in_size,
+    PMAP_TRY(ops->layernorm_forward(r->q, in, r->w + l->w_off, r->w + l->b_off, bd, l->in_size,
                                     l->eps, out, r->aux[i]));
     break;
   case LAYER_MAXPOOL2D:
   case LAYER_AVGPOOL2D:
-    PMAP_TRY(ops->pool2d_forward(dev, l->kind == LAYER_MAXPOOL2D, &l->pool, bd, in, out));
+    PMAP_TRY(ops->pool2d_forward(r->q, l->kind == LAYER_MAXPOOL2D, &l->pool, bd, in, out));
     break;
   case LAYER_DROPOUT:
     if (r->inference || l->rate == 0.0f)
       out = (float *)in;
     else
-      PMAP_TRY(ops->dropout_forward(dev, in, out, n, l->rate, dropout_key(r, i),
+      PMAP_TRY(ops->dropout_forward(r->q, in, out, n, l->rate, dropout_key(r, i),
                                     dropout_first(dev, r, l, bd)));
     break;
   case LAYER_BATCHNORM: PMAP_TRY(batchnorm_forward(dev, l, r, i, in, out, bd)); break;
-  case LAYER_RES_END: PMAP_TRY(ops->add(dev, in, r->out[l->skip], out, n)); break;
+  case LAYER_RES_END: PMAP_TRY(ops->add(r->q, in, r->out[l->skip], out, n)); break;
   }
   r->out[i] = out;
   return PMAP_SUCCESS;
@@ -360,27 +363,28 @@ pmap_status layer_forward(pmap_device *dev, const pmap_model *m, replica *r, int
 
 pmap_status layer_backward(pmap_device *dev, const pmap_model *m, replica *r, int i,
                            const float *dy, float *dx, const float **dx_out, int64_t bd) {
-  const pmap_ops *ops = dev->ops;
+  const pmap_ops *ops = r->ops;
   const layer *l = &m->layers[i];
   size_t n = (size_t)(bd * l->out_size);
   switch (l->kind) {
   case LAYER_DENSE:
     /* dW (F, units) += in^T (F, bd) dy (bd, units); db += sum_rows dy */
-    PMAP_TRY(ops->gemm(dev, 1, 0, l->in_size, l->out_size, bd, 1.0f, r->in[i], l->in_size, dy,
+    PMAP_TRY(ops->gemm(r->q, 1, 0, l->in_size, l->out_size, bd, 1.0f, r->in[i], l->in_size, dy,
                        l->out_size, 1.0f, r->g + l->w_off, l->out_size));
-    PMAP_TRY(ops->bias_backward(dev, dy, r->g + l->b_off, bd, l->out_size, 1));
+    PMAP_TRY(ops->bias_backward(r->q, dy, r->g + l->b_off, bd, l->out_size, 1));
     /* dx (bd, F) = dy (bd, units) W^T (units, F) */
     if (dx)
-      PMAP_TRY(ops->gemm(dev, 0, 1, bd, l->in_size, l->out_size, 1.0f, dy, l->out_size,
+      PMAP_TRY(ops->gemm(r->q, 0, 1, bd, l->in_size, l->out_size, 1.0f, dy, l->out_size,
                          r->w + l->w_off, l->out_size, 0.0f, dx, l->in_size));
     break;
   case LAYER_RELU:
-    if (dx) PMAP_TRY(ops->relu_backward(dev, r->out[i], dy, dx, n));
+    if (dx) PMAP_TRY(ops->relu_backward(r->q, r->out[i], dy, dx, n));
     break;
   case LAYER_CONV2D:
-    PMAP_TRY(ops->conv2d_backward(dev, &l->conv, bd, r->in[i], r->w + l->w_off, dy, dx,
+    PMAP_TRY(ops->conv2d_backward(r->q, &l->conv, bd, r->in[i], r->w + l->w_off, dy, dx,
                                   r->g + l->w_off, r->col, r->dcol));
-    PMAP_TRY(ops->bias_backward(dev, dy, r->g + l->b_off, bd, l->conv.oc, l->conv.oh * l->conv.ow));
+    PMAP_TRY(
+        ops->bias_backward(r->q, dy, r->g + l->b_off, bd, l->conv.oc, l->conv.oh * l->conv.ow));
     break;
   case LAYER_FLATTEN:
   case LAYER_RES_END:
@@ -389,22 +393,22 @@ pmap_status layer_backward(pmap_device *dev, const pmap_model *m, replica *r, in
     return PMAP_SUCCESS;
   case LAYER_RES_BEGIN:
     /* the gradient of f's input plus that of the skip path */
-    if (dx) PMAP_TRY(ops->add(dev, dy, r->dout[l->skip], dx, n));
+    if (dx) PMAP_TRY(ops->add(r->q, dy, r->dout[l->skip], dx, n));
     break;
   case LAYER_TANH:
   case LAYER_SIGMOID:
   case LAYER_GELU:
-    if (dx) PMAP_TRY(ops->act_backward(dev, act_of(l->kind), r->in[i], r->out[i], dy, dx, n));
+    if (dx) PMAP_TRY(ops->act_backward(r->q, act_of(l->kind), r->in[i], r->out[i], dy, dx, n));
     break;
   case LAYER_LAYERNORM:
-    PMAP_TRY(ops->layernorm_backward(dev, r->in[i], r->w + l->w_off, r->aux[i], dy, bd, l->in_size,
+    PMAP_TRY(ops->layernorm_backward(r->q, r->in[i], r->w + l->w_off, r->aux[i], dy, bd, l->in_size,
                                      dx, r->g + l->w_off, r->g + l->b_off));
     break;
   case LAYER_MAXPOOL2D:
   case LAYER_AVGPOOL2D:
     if (dx)
       PMAP_TRY(
-          ops->pool2d_backward(dev, l->kind == LAYER_MAXPOOL2D, &l->pool, bd, r->in[i], dy, dx));
+          ops->pool2d_backward(r->q, l->kind == LAYER_MAXPOOL2D, &l->pool, bd, r->in[i], dy, dx));
     break;
   case LAYER_DROPOUT:
     if (dx && l->rate == 0.0f) {
@@ -412,7 +416,7 @@ pmap_status layer_backward(pmap_device *dev, const pmap_model *m, replica *r, in
       return PMAP_SUCCESS;
     }
     if (dx)
-      PMAP_TRY(ops->dropout_backward(dev, dy, dx, n, l->rate, dropout_key(r, i),
+      PMAP_TRY(ops->dropout_backward(r->q, dy, dx, n, l->rate, dropout_key(r, i),
                                      dropout_first(dev, r, l, bd)));
     break;
   case LAYER_BATCHNORM: PMAP_TRY(batchnorm_backward(dev, l, r, i, dy, dx, bd)); break;

@@ -62,8 +62,8 @@ struct pmap_model {
   layer *layers;
   int n_layers, cap;
   pmap_loss loss;
-  size_t n_params; /* the flat vector: trained parameters and the layers' state */
-  size_t n_state;  /* floats of it that are state (layer.s_size summed) */
+  size_t n_params;             /* the flat vector: trained parameters and the layers' state */
+  size_t n_state;              /* floats of it that are state (layer.s_size summed) */
   int open[MODEL_MAX_NESTING]; /* the LAYER_RES_BEGIN of each open residual block */
   int n_open;
 };
@@ -98,6 +98,9 @@ int model_trained_spans(const pmap_model *m, model_span *spans);
  * loss, so one all-reduce averages both. */
 typedef struct replica replica;
 struct replica {
+  /* Where this replica's ops run: its device's op table and queue (made with the params). */
+  const pmap_ops *ops;
+  op_queue *q;
   float *w;   /* (P) */
   float *g;   /* (P + 1) */
   float *opt; /* (P) per optimizer slot: momentum; Adam m then v */
@@ -141,12 +144,11 @@ pmap_status model_forward(pmap_device *dev, const pmap_model *m, replica *r, con
                           int64_t bd);
 /* Loss of the last forward against y into *loss (device memory) and its gradient into
  * r->dact[L-1]. */
-pmap_status model_loss(pmap_device *dev, const pmap_model *m, replica *r, const void *y, int64_t bd,
-                       float *loss);
+pmap_status model_loss(const pmap_model *m, replica *r, const void *y, int64_t bd, float *loss);
 /* r->pending = the state in r->w (before a step's first forward pass); r->w's state =
  * r->pending (once the step is taken). No-ops for a model without state. */
-pmap_status model_state_begin(pmap_device *dev, const pmap_model *m, replica *r);
-pmap_status model_state_commit(pmap_device *dev, const pmap_model *m, replica *r);
+pmap_status model_state_begin(const pmap_model *m, replica *r);
+pmap_status model_state_commit(const pmap_model *m, replica *r);
 /* Backward after model_loss: parameter gradients accumulate into r->g. */
 pmap_status model_backward(pmap_device *dev, const pmap_model *m, replica *r, int64_t bd);
 

@@ -113,22 +113,21 @@ pmap_step_hyper optimizer_hyper(const pmap_optimizer *o, int64_t t) {
 }
 
 /* state: slot s of these n parameters at state + s * stride. */
-pmap_status optimizer_apply(pmap_device *dev, const pmap_optimizer *o, const pmap_step_hyper *h,
+pmap_status optimizer_apply(const replica *r, const pmap_optimizer *o, const pmap_step_hyper *h,
                             float *w, const float *g, float *state, size_t stride, size_t n) {
-  if (o->kind == PMAP_OPT_SGD) return dev->ops->sgd_step(dev, w, g, state, n, h);
-  return dev->ops->adam_step(dev, w, g, state, state + stride, n, h);
+  if (o->kind == PMAP_OPT_SGD) return r->ops->sgd_step(r->q, w, g, state, n, h);
+  return r->ops->adam_step(r->q, w, g, state, state + stride, n, h);
 }
 
-pmap_status optimizer_step_range(pmap_device *dev, pmap_params *p, replica *r, size_t lo,
-                                 size_t len, float scale) {
+pmap_status optimizer_step_range(pmap_params *p, replica *r, size_t lo, size_t len, float scale) {
   for (int k = 0; k < p->n_spans; k++) {
     size_t a = p->spans[k].off, b = a + p->spans[k].len;
     a = a > lo ? a : lo;
     b = b < lo + len ? b : lo + len;
     if (a >= b) continue;
-    if (scale != 1.0f) PMAP_TRY(dev->ops->scale(dev, r->g + a, scale, b - a));
+    if (scale != 1.0f) PMAP_TRY(r->ops->scale(r->q, r->g + a, scale, b - a));
     float *state = r->opt ? r->opt + (a - lo) : NULL;
-    PMAP_TRY(optimizer_apply(dev, &p->opt, &p->hyper, r->w + a, r->g + a, state, len, b - a));
+    PMAP_TRY(optimizer_apply(r, &p->opt, &p->hyper, r->w + a, r->g + a, state, len, b - a));
   }
   return PMAP_SUCCESS;
 }

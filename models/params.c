@@ -65,7 +65,7 @@ static pmap_status mend_job(pmap_device *dev, void *arg) {
 
 pmap_status params_mend(pmap_params *p, const char *call) {
   if (!p->torn) return PMAP_SUCCESS;
-  pmap_status st = pmap_ctx_dispatch(p->ctx, mend_job, p);
+  pmap_status st = params_dispatch(p, mend_job, p);
   if (!st) {
     p->torn = 0;
     return PMAP_SUCCESS;
@@ -78,6 +78,45 @@ pmap_status params_mend(pmap_params *p, const char *call) {
                         call, (long long)p->step, msg);
 }
 
+/* Device memory for an op queue's scratch: the device's allocator. */
+static pmap_status queue_alloc(void *owner, size_t bytes, void **out) {
+  return backend_alloc(owner, bytes, out);
+}
+static void queue_free(void *owner, void *ptr) { backend_free(owner, ptr); }
+
+/* The device's op queue, made on its own thread from its native handles. */
+static pmap_status queue_open(pmap_device *dev, pmap_params *p, replica *r) {
+  op_queue_init init = {.device = dev->index,
+                        .stream = pmap_device_stream(dev),
+                        .blas = pmap_device_blas(dev),
+                        .alloc = queue_alloc,
+                        .free = queue_free,
+                        .owner = dev};
+  r->ops = p->ob->ops;
+  return p->ob->queue_create(&init, &r->q);
+}
+
+typedef struct ops_job {
+  pmap_fn fn;
+  void *arg;
+  const op_backend *ob;
+} ops_job;
+
+/* Device 0 runs on the caller's thread: the op backend's enter and leave around its work. */
+static pmap_status ops_job_run(pmap_device *dev, void *arg) {
+  const ops_job *j = arg;
+  if (dev->index != 0 || !j->ob->enter) return j->fn(dev, j->arg);
+  int saved = j->ob->enter();
+  pmap_status st = j->fn(dev, j->arg);
+  j->ob->leave(saved);
+  return st;
+}
+
+pmap_status params_dispatch(pmap_params *p, pmap_fn fn, void *arg) {
+  ops_job j = {fn, arg, p->ob};
+  return pmap_ctx_dispatch(p->ctx, ops_job_run, &j);
+}
+
 /* Allocates the device's buffers; device 0 uploads the host parameters and a broadcast
  * replicates them, so every replica starts bitwise equal. */
 static pmap_status create_job(pmap_device *dev, void *arg) {
@@ -85,16 +124,17 @@ static pmap_status create_job(pmap_device *dev, void *arg) {
   replica *r = &p->rep[dev->index];
   size_t P = p->n_params;
   void *w = NULL, *g = NULL, *opt = NULL;
+  PMAP_TRY(queue_open(dev, p, r));
   PMAP_TRY(backend_alloc(dev, p->w_len * sizeof(float), &w));
   r->w = w;
-  if (p->w_len > P) PMAP_TRY(dev->ops->fill(dev, r->w + P, 0.0f, p->w_len - P));
+  if (p->w_len > P) PMAP_TRY(r->ops->fill(r->q, r->w + P, 0.0f, p->w_len - P));
   PMAP_TRY(backend_alloc(dev, params_grad_len(p) * sizeof(float), &g));
   r->g = g;
-  PMAP_TRY(dev->ops->fill(dev, r->g, 0.0f, params_grad_len(p)));
+  PMAP_TRY(r->ops->fill(r->q, r->g, 0.0f, params_grad_len(p)));
   if (p->opt_slots) {
     PMAP_TRY(backend_alloc(dev, (size_t)p->opt_slots * p->state_len * sizeof(float), &opt));
     r->opt = opt;
-    PMAP_TRY(dev->ops->fill(dev, r->opt, 0.0f, (size_t)p->opt_slots * p->state_len));
+    PMAP_TRY(r->ops->fill(r->q, r->opt, 0.0f, (size_t)p->opt_slots * p->state_len));
   }
   if (p->model->n_state) {
     void *pending = NULL;
@@ -110,6 +150,10 @@ static pmap_status destroy_job(pmap_device *dev, void *arg) {
   pmap_params *p = arg;
   replica *r = &p->rep[dev->index];
   replica_release(dev, r);
+  /* The queue only after its device's work is over: a device whose work does not end keeps it
+   * (as the backend keeps what such a device holds). */
+  if (r->q && backend_sync(dev) == PMAP_SUCCESS) p->ob->queue_destroy(r->q);
+  r->q = NULL;
   backend_free(dev, r->w);
   backend_free(dev, r->g);
   backend_free(dev, r->opt);
@@ -121,7 +165,7 @@ static pmap_status destroy_job(pmap_device *dev, void *arg) {
 /* Frees everything; p->ctx's lock is held or p was never handed out. */
 static void params_free(pmap_params *p) {
   step_fast_free(p);
-  if (p->rep) pmap_ctx_dispatch(p->ctx, destroy_job, p);
+  if (p->rep) params_dispatch(p, destroy_job, p);
   free(p->rep);
   free(p->guard_host);
   free(p->spans);
@@ -143,6 +187,7 @@ static pmap_status params_open(pmap_ctx *ctx, pmap_params *p, const pmap_optimiz
                                const float *host_w, const char *call) {
   pmap_status st = PMAP_ERR_OUT_OF_MEMORY;
   p->ctx = ctx;
+  PMAP_TRY(ops_backend(pmap_backend_name(pmap_ctx_backend(ctx)), call, &p->ob));
   p->opt = *opt;
   p->opt_slots = optimizer_slots(opt);
   p->micro_batches = 1;
@@ -154,7 +199,7 @@ static pmap_status params_open(pmap_ctx *ctx, pmap_params *p, const pmap_optimiz
   if (!p->rep || !p->guard_host || !p->spans) return PMAP_ERR(st, "%s: out of memory", call);
   p->n_spans = model_trained_spans(p->model, p->spans);
   p->host_w = host_w;
-  st = pmap_ctx_dispatch(ctx, create_job, p);
+  st = params_dispatch(p, create_job, p);
   p->host_w = NULL;
   return st;
 }
@@ -300,7 +345,7 @@ pmap_status pmap_params_read(const pmap_params *cp, int device, float *dst, size
   p->read_device = device - first;
   p->read_dst = dst;
   pmap_status st = params_mend(p, call);
-  if (!st) st = pmap_ctx_dispatch(p->ctx, read_job, p);
+  if (!st) st = params_dispatch(p, read_job, p);
   pmap_ctx_unlock(p->ctx);
   return st;
 }
@@ -321,7 +366,7 @@ pmap_status pmap_params_write(pmap_params *p, const float *src, size_t count) {
                     count, p->n_params);
   PMAP_TRY(pmap_ctx_lock(p->ctx, call));
   p->host_w = src;
-  pmap_status st = pmap_ctx_dispatch(p->ctx, write_job, p);
+  pmap_status st = params_dispatch(p, write_job, p);
   p->host_w = NULL;
   if (!st) p->torn = 0; /* every replica is whole again */
   pmap_ctx_unlock(p->ctx);
@@ -337,7 +382,7 @@ static pmap_status shrink_job(pmap_device *dev, void *arg) {
 pmap_status pmap_params_shrink(pmap_params *p) {
   if (!p) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_params_shrink: params is NULL");
   PMAP_TRY(pmap_ctx_lock(p->ctx, "pmap_params_shrink"));
-  pmap_status st = pmap_ctx_dispatch(p->ctx, shrink_job, p);
+  pmap_status st = params_dispatch(p, shrink_job, p);
   pmap_ctx_unlock(p->ctx);
   return st;
 }

@@ -11,6 +11,7 @@
 
 struct pmap_params {
   pmap_ctx *ctx;
+  const op_backend *ob; /* the ops of ctx's backend: each replica has a queue of them */
   pmap_model *model;    /* a copy of the user's; custom params: one of no layers */
   pmap_grad_fn grad_fn; /* custom params: the user's gradient function, else NULL */
   void *grad_user;
@@ -96,6 +97,9 @@ static inline void params_part(const pmap_params *p, int k, size_t *lo, size_t *
   *lo = a < P ? a : P;
   *len = a < P ? (P - a < p->chunk ? P - a : p->chunk) : 0;
 }
+/* Runs fn(dev, arg) on every device of p's context with p's op backend entered on the calling
+ * thread (device 0's): how every job on params runs. */
+pmap_status params_dispatch(pmap_params *p, pmap_fn fn, void *arg);
 /* Sets reduced, chunk and the buffer lengths from n_params, guard, shard and the context. */
 void params_layout(pmap_params *p);
 /* Sharded: the all-gather of the parameters (every device sends its own part), the last act of
@@ -119,12 +123,11 @@ static inline void params_device_rows(int64_t batch, int n, int d, int64_t *lo, 
 pmap_status optimizer_check(const pmap_optimizer *o, const char *call);
 int optimizer_slots(const pmap_optimizer *o);
 pmap_step_hyper optimizer_hyper(const pmap_optimizer *o, int64_t t);
-pmap_status optimizer_apply(pmap_device *dev, const pmap_optimizer *o, const pmap_step_hyper *h,
+pmap_status optimizer_apply(const replica *r, const pmap_optimizer *o, const pmap_step_hyper *h,
                             float *w, const float *g, float *state, size_t stride, size_t n);
 /* The step over the trained parameters among [lo, lo + len) of replica r, their gradients scaled
  * by `scale` first (1: not at all); r->opt holds the optimizer state of [lo, lo + len), slot s at
  * r->opt + s * len. The layers' state in the range is left alone. */
-pmap_status optimizer_step_range(pmap_device *dev, pmap_params *p, replica *r, size_t lo,
-                                 size_t len, float scale);
+pmap_status optimizer_step_range(pmap_params *p, replica *r, size_t lo, size_t len, float scale);
 
 #endif

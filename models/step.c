@@ -191,7 +191,7 @@ static pmap_status inject_before_reduce(pmap_device *dev, pmap_params *p, replic
   pmap_fault *f = dev->ctx->fault;
   int d = dev->index;
   if (pmap_fault_fires(f, FAULT_NAN, d, p->step))
-    PMAP_TRY(dev->ops->fill(dev, r->g, NAN, p->n_params));
+    PMAP_TRY(r->ops->fill(r->q, r->g, NAN, p->n_params));
   if (pmap_fault_fires(f, FAULT_COLLECTIVE, d, p->step))
     return PMAP_ERR(PMAP_ERR_DEVICE,
                     "device %d: the gradient all-reduce of step %lld failed (injected by "
@@ -223,14 +223,14 @@ static pmap_status gather_tail(pmap_device *dev, pmap_params *p, replica *r, int
       for (int k = 0; k < ng; k++) {
         size_t lo = 0, len = 0;
         params_part(p, k, &lo, &len);
-        PMAP_TRY(dev->ops->norm2(dev, r->g + lo, len, parts + k));
+        PMAP_TRY(r->ops->norm2(r->q, r->g + lo, len, parts + k));
       }
     return backend_download(dev, h, r->g + params_off_loss(p),
                             ((size_t)n + 1 + (size_t)ng) * sizeof *h);
   }
   size_t lo = 0, len = 0, rec = params_record_len(p);
   params_part(p, params_global(p, dev->index), &lo, &len);
-  if (norms) PMAP_TRY(dev->ops->norm2(dev, r->g + lo, len, r->g + params_off_part(p)));
+  if (norms) PMAP_TRY(r->ops->norm2(r->q, r->g + lo, len, r->g + params_off_part(p)));
   float *records = r->g + params_off_records(p);
   PMAP_TRY(backend_all_gather(dev, "pmap_update's exchange of norms", r->g + params_off_part(p),
                               records, rec));
@@ -307,13 +307,13 @@ static pmap_status piece_grads(pmap_device *dev, pmap_params *p, replica *r, int
     r->has_row0 = 1;
     r->row0 = global_row0;
     PMAP_TRY(model_forward(dev, m, r, x, rows));
-    PMAP_TRY(model_loss(dev, m, r, y, rows, loss));
+    PMAP_TRY(model_loss(m, r, y, rows, loss));
     if (weight != 1.0f)
       PMAP_TRY(
-          dev->ops->scale(dev, r->dact[L - 1], weight, (size_t)(rows * m->layers[L - 1].out_size)));
+          r->ops->scale(r->q, r->dact[L - 1], weight, (size_t)(rows * m->layers[L - 1].out_size)));
     PMAP_TRY(model_backward(dev, m, r, rows));
   }
-  if (!direct) PMAP_TRY(dev->ops->axpy(dev, weight, loss, r->g + params_off_loss(p), 1));
+  if (!direct) PMAP_TRY(r->ops->axpy(r->q, weight, loss, r->g + params_off_loss(p), 1));
   return PMAP_SUCCESS;
 }
 
@@ -331,7 +331,7 @@ static pmap_status device_grads(pmap_device *dev, pmap_params *p, replica *r) {
   int64_t k = p->micro_batches < limit ? p->micro_batches : limit;
   double share = p->ctx->uneven ? (double)rows * n / (double)p->batch : 1.0;
   if (!p->grad_fn) PMAP_TRY(replica_reserve(dev, p->model, r, (rows + k - 1) / k));
-  PMAP_TRY(model_state_begin(dev, p->model, r));
+  PMAP_TRY(model_state_begin(p->model, r));
   for (int64_t i = 0; i < k; i++) {
     int64_t a = rows * i / k, b = rows * (i + 1) / k;
     float weight = (float)(share * (double)(b - a) / (double)rows);
@@ -343,19 +343,19 @@ static pmap_status device_grads(pmap_device *dev, pmap_params *p, replica *r) {
 static pmap_status update_job(pmap_device *dev, void *arg) {
   pmap_params *p = arg;
   replica *r = &p->rep[dev->index];
-  const pmap_ops *ops = dev->ops;
+  const pmap_ops *ops = r->ops;
   size_t P = p->n_params;
   int fast = 0;
   PMAP_TRY(step_fast_update(dev, p, r, device_grads, &fast));
   if (fast) return PMAP_SUCCESS;
-  PMAP_TRY(ops->fill(dev, r->g, 0.0f, params_grad_len(p)));
+  PMAP_TRY(ops->fill(r->q, r->g, 0.0f, params_grad_len(p)));
   PMAP_TRY(device_grads(dev, p, r));
   if (dev->ctx->fault) PMAP_TRY(inject_before_reduce(dev, p, r));
   /* The guard's flag of this device: the norm of its own gradients and loss, in the slot of its
    * global index; the others' slots are 0, so after the mean a slot is non-finite exactly when
    * its device's values were. */
   if (p->guard)
-    PMAP_TRY(ops->norm2(dev, r->g, params_off_flags(p),
+    PMAP_TRY(ops->norm2(r->q, r->g, params_off_flags(p),
                         r->g + params_off_flags(p) + params_global(p, dev->index)));
   /* The one reduction of the step: gradients, the loss and the guard flags after them. */
   if (p->shard)
@@ -379,12 +379,12 @@ static pmap_status update_job(pmap_device *dev, void *arg) {
     if (dev->index == 0) p->loss = p->guard_host[0]; /* device 0's host tail: the averaged loss */
     /* The step is taken: the state its forward passes computed replaces the old (the same on
      * every device, so each commits its own copy of all of it). */
-    PMAP_TRY(model_state_commit(dev, p->model, r));
-    PMAP_TRY(optimizer_step_range(dev, p, r, lo, len, scale));
+    PMAP_TRY(model_state_commit(p->model, r));
+    PMAP_TRY(optimizer_step_range(p, r, lo, len, scale));
     PMAP_TRY(params_gather(dev, p, p->step));
   } else {
-    PMAP_TRY(model_state_commit(dev, p->model, r));
-    PMAP_TRY(optimizer_step_range(dev, p, r, 0, P, scale));
+    PMAP_TRY(model_state_commit(p->model, r));
+    PMAP_TRY(optimizer_step_range(p, r, 0, P, scale));
   }
   if (pmap_fault_fires(dev->ctx->fault, FAULT_DRIFT, dev->index, p->step)) PMAP_TRY(drift(dev, r));
   if (dev->index != 0) return backend_sync(dev);
@@ -547,7 +547,7 @@ pmap_status pmap_update(pmap_params *p, const pmap_array *xs, const pmap_array *
     p->numeric_bad = 0;
     atomic_store(&p->stepped, 0);
     step_fast_prepare(p, loss != NULL);
-    st = pmap_ctx_dispatch(p->ctx, update_job, p);
+    st = params_dispatch(p, update_job, p);
     int stepped = atomic_load(&p->stepped);
     if (st && stepped)
       st = finish_stepped(p, st, t);
@@ -608,7 +608,7 @@ pmap_status pmap_predict(pmap_params *p, const pmap_array *xs, pmap_array *out) 
   if (!st) {
     p->xs = xs;
     p->out = out;
-    st = pmap_ctx_dispatch(p->ctx, predict_job, p);
+    st = params_dispatch(p, predict_job, p);
   }
   pmap_ctx_unlock(p->ctx);
   return st;

@@ -65,7 +65,7 @@ void step_fast_bucket_starts(const pmap_model *m, size_t *lo) {
 static step_fast *fast_of(pmap_params *p) {
   if (p->fast) return p->fast;
   const pmap_fast_i *fi = backend_fast(p->ctx);
-  if (!fi) return NULL;
+  if (!fi || !p->ob->step_values || !p->ob->decide) return NULL;
   int graphs = 0, overlap = 0;
   size_t bucket_bytes = 0;
   fi->modes(p->ctx, &graphs, &overlap, &bucket_bytes);
@@ -148,8 +148,8 @@ static pmap_status issue_bucket(pmap_device *dev, pmap_params *p, replica *r, si
                                 const char *call) {
   if (p->guard) {
     float *tmp = r->g + params_off_parts(p); /* the norm's slot, written after the all-reduce */
-    PMAP_TRY(dev->ops->norm2(dev, r->g + lo, hi - lo, tmp));
-    PMAP_TRY(dev->ops->axpy(dev, 1.0f, tmp, r->g + params_off_flags(p) + dev->index, 1));
+    PMAP_TRY(r->ops->norm2(r->q, r->g + lo, hi - lo, tmp));
+    PMAP_TRY(r->ops->axpy(r->q, 1.0f, tmp, r->g + params_off_flags(p) + dev->index, 1));
   }
   return backend_bucket_reduce(dev, call, r->g + lo, hi - lo);
 }
@@ -177,8 +177,8 @@ static pmap_status buckets_finish(pmap_device *dev, pmap_params *p, replica *r) 
   fd->hi = 0;
   if (p->guard) {
     float *tmp = r->g + params_off_parts(p);
-    PMAP_TRY(dev->ops->norm2(dev, r->g + params_off_loss(p), 1, tmp));
-    PMAP_TRY(dev->ops->axpy(dev, 1.0f, tmp, r->g + params_off_flags(p) + dev->index, 1));
+    PMAP_TRY(r->ops->norm2(r->q, r->g + params_off_loss(p), 1, tmp));
+    PMAP_TRY(r->ops->axpy(r->q, 1.0f, tmp, r->g + params_off_flags(p) + dev->index, 1));
   }
   /* [part (0) | loss | flags]: the end of the plain step's reduction. */
   PMAP_TRY(backend_bucket_reduce(dev, "pmap_update's loss all-reduce", r->g + P, p->reduced - P));
@@ -189,10 +189,10 @@ static pmap_status buckets_finish(pmap_device *dev, pmap_params *p, replica *r) 
  * and clipping decided on the device. */
 static pmap_status step_body(pmap_device *dev, pmap_params *p, replica *r, step_grads_fn grads) {
   step_fast *f = p->fast;
-  const pmap_ops *ops = dev->ops;
+  const pmap_ops *ops = r->ops;
   int n = dev->ctx->n;
   size_t P = p->n_params;
-  PMAP_TRY(ops->fill(dev, r->g, 0.0f, params_grad_len(p)));
+  PMAP_TRY(ops->fill(r->q, r->g, 0.0f, params_grad_len(p)));
   if (f->buckets) {
     f->dev[dev->index].hi = P;
     r->layer_grads_done = bucket_hook;
@@ -206,21 +206,22 @@ static pmap_status step_body(pmap_device *dev, pmap_params *p, replica *r, step_
     PMAP_TRY(buckets_finish(dev, p, r));
   } else {
     if (p->guard)
-      PMAP_TRY(ops->norm2(dev, r->g, params_off_flags(p), r->g + params_off_flags(p) + dev->index));
-    PMAP_TRY(backend_all_reduce(dev, "pmap_update's all-reduce", r->g, r->g, p->reduced,
-                                PMAP_RED_MEAN));
+      PMAP_TRY(
+          ops->norm2(r->q, r->g, params_off_flags(p), r->g + params_off_flags(p) + dev->index));
+    PMAP_TRY(
+        backend_all_reduce(dev, "pmap_update's all-reduce", r->g, r->g, p->reduced, PMAP_RED_MEAN));
   }
   float clip = p->opt.clip_norm;
   if (p->guard || clip > 0.0f) {
     /* One norm over every gradient (the plain step sums it from the parts: the two may differ
      * in the last bit), in the slot after the flags: [loss | flags | norm] contiguous. */
-    PMAP_TRY(ops->norm2(dev, r->g, P, r->g + params_off_parts(p)));
-    PMAP_TRY(f->fi->guard_clip(dev, r->g, P, r->g + params_off_loss(p), n, p->guard, clip));
+    PMAP_TRY(ops->norm2(r->q, r->g, P, r->g + params_off_parts(p)));
+    PMAP_TRY(p->ob->decide(r->q, r->g, P, r->g + params_off_loss(p), n, p->guard, clip));
   }
   /* After the device's verdict: a skipped step commits no state and steps nothing (copy and
    * the optimizer kernels read it). */
-  PMAP_TRY(model_state_commit(dev, p->model, r));
-  return optimizer_step_range(dev, p, r, 0, P, 1.0f);
+  PMAP_TRY(model_state_commit(p->model, r));
+  return optimizer_step_range(p, r, 0, P, 1.0f);
 }
 
 /* Meets the other devices and says whether every one voted yes. */
@@ -310,7 +311,7 @@ pmap_status step_fast_update(pmap_device *dev, pmap_params *p, replica *r, step_
   step_fast *f = p->fast;
   *handled = f && f->mode != FAST_OFF;
   if (!*handled) return PMAP_SUCCESS;
-  PMAP_TRY(f->fi->step_values(dev, &p->hyper, p->step));
+  PMAP_TRY(p->ob->step_values(r->q, &p->hyper, p->step));
   pmap_status st = PMAP_SUCCESS;
   switch (f->mode) {
   case FAST_OFF: break;
@@ -321,7 +322,7 @@ pmap_status step_fast_update(pmap_device *dev, pmap_params *p, replica *r, step_
     if (!st) st = f->fi->launch(dev, f->dev[dev->index].graph);
     break;
   }
-  (void)f->fi->step_values(dev, NULL, 0);
+  (void)p->ob->step_values(r->q, NULL, 0);
   return st ? st : read_back(dev, p, r);
 }
 
@@ -338,7 +339,7 @@ void step_fast_free(pmap_params *p) {
   if (!f) return;
   int any = 0;
   for (int k = 0; k < p->ctx->n; k++) any |= f->dev[k].graph != NULL;
-  if (any) (void)pmap_ctx_dispatch(p->ctx, free_job, p);
+  if (any) (void)params_dispatch(p, free_job, p);
   free(f->lo);
   free(f->dev);
   free(f);

@@ -83,7 +83,7 @@ static pmap_status verify(pmap_params *p) {
   pmap_status st = PMAP_SUCCESS;
   if (!p->verify_sums || !p->verify_buf)
     st = PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "%s: out of memory for %d download buffers", call, n);
-  if (!st) st = pmap_ctx_dispatch(p->ctx, verify_job, p);
+  if (!st) st = params_dispatch(p, verify_job, p);
   /* Across processes every process's checksums: (P, D) in process order is the global order. */
   const void *all = p->verify_sums;
   if (!st)

@@ -1,10 +1,7 @@
-/* ops.h: the op table a backend provides (CPU in ops/cpu, CUDA in ops/cuda). Models call ops only
- * through this table, so they never see BLAS, CUDA or threads.
- *
- * Write contract: forward ops overwrite their outputs (=); backward ops overwrite activation
- * gradients (dx =) and ACCUMULATE parameter gradients (dw +=, db +=), so a caller zeroes the
- * gradient buffer once per step and gradient accumulation over micro-batches comes free.
- * All pointers are device memory of the device `dev` (host memory on CPU); all arrays row-major. */
+/* ops.h: the ops a model runs, declared once in op_list.h, and what a backend of them provides
+ * (ops/cpu, ops/cuda): a table of the ops, queues to run them on, and a few hooks. Models call
+ * ops only through this table, so they never see BLAS, CUDA or threads; ops know nothing of the
+ * runtime or of models (they include only pmap.h, base/ and op_math.h). */
 #ifndef PMAP_OPS_H
 #define PMAP_OPS_H
 
@@ -12,6 +9,10 @@
 #include <stdint.h>
 
 #include "pmap.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* Geometry of a 2-D convolution over NCHW examples. */
 typedef struct pmap_conv_shape {
@@ -41,124 +42,65 @@ typedef struct pmap_pool_shape {
 /* Element-wise activations beside relu (formulas in ops/op_math.h). */
 typedef enum pmap_act { PMAP_ACT_TANH = 0, PMAP_ACT_SIGMOID = 1, PMAP_ACT_GELU = 2 } pmap_act;
 
-typedef struct pmap_ops {
-  /* c (m, n) = alpha * op(a) op(b) + beta * c, op(a) (m, k), op(b) (k, n); trans_* transposes the
-   * stored matrix (a stored (k, m) when trans_a). beta == 0 ignores c's old contents. */
-  pmap_status (*gemm)(pmap_device *dev, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
-                      float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
-                      float beta, float *c, int64_t ldc);
-  /* x[i] = value for i < n. */
-  pmap_status (*fill)(pmap_device *dev, float *x, float value, size_t n);
-  /* y[i] = x[i] for i < n; x and y do not overlap. Inside a step whose numeric guard is decided
-   * on the device (a CUDA fast step) a copy queued after the verdict to skip the step changes
-   * nothing, as the optimizer's steps do (the non-trained state's commit). */
-  pmap_status (*copy)(pmap_device *dev, const float *x, float *y, size_t n);
-  /* y (outer, ch, inner) += b (ch) broadcast: dense uses inner 1, conv inner OH*OW. */
-  pmap_status (*bias_forward)(pmap_device *dev, float *y, const float *b, int64_t outer, int64_t ch,
-                              int64_t inner);
-  /* db (ch) += sum over outer and inner of dy (outer, ch, inner). */
-  pmap_status (*bias_backward)(pmap_device *dev, const float *dy, float *db, int64_t outer,
-                               int64_t ch, int64_t inner);
-  /* y (n) = max(x, 0); y may equal x. */
-  pmap_status (*relu_forward)(pmap_device *dev, const float *x, float *y, size_t n);
-  /* dx (n) = dy where y > 0, else 0; dx may equal dy. */
-  pmap_status (*relu_backward)(pmap_device *dev, const float *y, const float *dy, float *dx,
-                               size_t n);
-  /* y (bd, oc, oh, ow) = conv(x (bd, c, h, w), w (oc, c, kh, kw)), no bias.
-   * col: scratch of c*kh*kw*oh*ow floats. */
-  pmap_status (*conv2d_forward)(pmap_device *dev, const pmap_conv_shape *s, int64_t bd,
-                                const float *x, const float *w, float *y, float *col);
-  /* dw (oc, c, kh, kw) += ..., dx (bd, c, h, w) = ... (dx may be NULL: not needed).
-   * col: scratch as above; dcol: a second scratch of the same size. */
-  pmap_status (*conv2d_backward)(pmap_device *dev, const pmap_conv_shape *s, int64_t bd,
-                                 const float *x, const float *w, const float *dy, float *dx,
-                                 float *dw, float *col, float *dcol);
-  /* loss = 1/n sum (pred - t)^2 written to *loss (device memory), dpred (n) = 2/n (pred - t).
-   */
-  pmap_status (*mse)(pmap_device *dev, const float *pred, const float *t, size_t n, float *dpred,
-                     float *loss);
-  /* Mean over rows of softmax cross-entropy: logits (rows, k), labels (rows) in [0, k);
-   * dlogits (rows, k) = (softmax - onehot) / rows; *loss (device memory) = the mean. */
-  pmap_status (*softmax_xent)(pmap_device *dev, const float *logits, const int32_t *labels,
-                              int64_t rows, int64_t k, float *dlogits, float *loss);
-  /* w, g, v (n): SGD step (momentum, Nesterov, L2 weight decay: ops/op_math.h); v is read and
-   * written only when h->momentum != 0. */
-  pmap_status (*sgd_step)(pmap_device *dev, float *w, const float *g, float *v, size_t n,
-                          const pmap_step_hyper *h);
-  /* w, g, m, v (n): Adam step with bias corrections, and AdamW's decoupled weight decay. */
-  pmap_status (*adam_step)(pmap_device *dev, float *w, const float *g, float *m, float *v, size_t n,
-                           const pmap_step_hyper *h);
-  /* *norm (device memory) = sqrt(sum of x[i]^2) for i < n, summed in double in a fixed order:
-   * non-finite exactly when some x[i] is (or the norm exceeds FLT_MAX). The numeric guard and
-   * gradient clipping read it. */
-  pmap_status (*norm2)(pmap_device *dev, const float *x, size_t n, float *norm);
-  /* x[i] *= s for i < n (gradient clipping). */
-  pmap_status (*scale)(pmap_device *dev, float *x, float s, size_t n);
-  /* y[i] += alpha * x[i] for i < n (weighted sums of micro-batch losses). */
-  pmap_status (*axpy)(pmap_device *dev, float alpha, const float *x, float *y, size_t n);
+/* Where ops run: one device's queue of work, defined by each op backend (ops/cpu: nothing but the
+ * device's index; ops/cuda: its stream, BLAS handle and scratch). Made by op_backend.queue_create
+ * from what the caller (models) gets from the runtime, so ops and the runtime never meet. */
+typedef struct op_queue op_queue;
 
-  /* ---- layers beyond dense and conv ---- */
-  /* y (n) = act(x); y may equal x. */
-  pmap_status (*act_forward)(pmap_device *dev, pmap_act act, const float *x, float *y, size_t n);
-  /* dx (n) = act'(x) dy from the forward input x and output y; dx may equal dy. */
-  pmap_status (*act_backward)(pmap_device *dev, pmap_act act, const float *x, const float *y,
-                              const float *dy, float *dx, size_t n);
-  /* y (n) = a + b; y may equal a or b (residual connections). */
-  pmap_status (*add)(pmap_device *dev, const float *a, const float *b, float *y, size_t n);
-  /* Layer normalisation of each row of x (rows, f): y = (x - mean) rstd gamma + beta with
-   * rstd = 1 / sqrt(var + eps) (biased variance); stats (rows, 2) = mean, rstd for backward. */
-  pmap_status (*layernorm_forward)(pmap_device *dev, const float *x, const float *gamma,
-                                   const float *beta, int64_t rows, int64_t f, float eps, float *y,
-                                   float *stats);
-  /* dx (rows, f) = ... (dx may be NULL: not needed), dgamma (f) += sum over rows of dy xhat,
-   * dbeta (f) += sum of dy. */
-  pmap_status (*layernorm_backward)(pmap_device *dev, const float *x, const float *gamma,
-                                    const float *stats, const float *dy, int64_t rows, int64_t f,
-                                    float *dx, float *dgamma, float *dbeta);
-  /* y (bd, c, oh, ow) = max (is_max) or mean of each window of x (bd, c, h, w). */
-  pmap_status (*pool2d_forward)(pmap_device *dev, int is_max, const pmap_pool_shape *s, int64_t bd,
-                                const float *x, float *y);
-  /* dx (bd, c, h, w) = the gradient of the windows that hold each element (max: only to the
-   * first maximum of a window), gathered per element, so overlapping windows need no atomics. */
-  pmap_status (*pool2d_backward)(pmap_device *dev, int is_max, const pmap_pool_shape *s, int64_t bd,
-                                 const float *x, const float *dy, float *dx);
-  /* Inverted dropout: y[i] = x[i] keep(i) / (1 - rate), where keep is drawn from a counter-based
-   * hash of (key, first + i): the mask of an element depends on its global index only, not on
-   * the device holding it. y may equal x. */
-  pmap_status (*dropout_forward)(pmap_device *dev, const float *x, float *y, size_t n, float rate,
-                                 uint64_t key, uint64_t first);
-  /* dx[i] = dy[i] keep(i) / (1 - rate), the same mask; dx may equal dy. */
-  pmap_status (*dropout_backward)(pmap_device *dev, const float *dy, float *dx, size_t n,
-                                  float rate, uint64_t key, uint64_t first);
-  /* Batch norm statistics of x (outer, c, inner) per channel: stats (3c + 1) = sum (c) and sum
-   * of squares (c) of x - shift, count, then shift (c): the mean of prev (stats of the same
-   * layout from a first pass, not stats itself) or 0 when prev is NULL. Sums in double, in a fixed order. The
-   * caller may all-reduce the first 2c + 1 (the shifts are the same on every device when prev
-   * is): a first pass, its all-reduce, a second pass around its mean and that all-reduce give
-   * the variance without the cancellation of E[x^2] - E[x]^2. */
-  pmap_status (*bn_stats)(pmap_device *dev, const float *x, int64_t outer, int64_t c, int64_t inner,
-                          const float *prev, float *stats);
-  /* y = (x - mean) rstd gamma + beta per channel. training: mean and the biased variance from
-   * stats; then, when running (2c: mean, var) is not NULL, running = momentum running +
-   * (1 - momentum) of the moments in run_stats (layout of bn_stats), unless those are not
-   * finite (ops/op_math.h pmap_running_update). Inference (!training):
-   * mean and var from running. */
-  pmap_status (*bn_forward)(pmap_device *dev, const float *x, const float *stats,
-                            const float *run_stats, float *running, const float *gamma,
-                            const float *beta, int64_t outer, int64_t c, int64_t inner, float eps,
-                            float momentum, int training, float *y);
-  /* sums (2c) = per channel sum of dy, sum of dy xhat (xhat from x and stats); overwritten. */
-  pmap_status (*bn_backward_sums)(pmap_device *dev, const float *x, const float *dy,
-                                  const float *stats, int64_t outer, int64_t c, int64_t inner,
-                                  float eps, float *sums);
-  /* dx = gamma rstd (dy - sum_dy / count - xhat sum_dyxhat / count) from (possibly
-   * all-reduced) stats and sums; dx overwritten. */
-  pmap_status (*bn_backward_dx)(pmap_device *dev, const float *x, const float *dy,
-                                const float *stats, const float *gamma, const float *sums,
-                                int64_t outer, int64_t c, int64_t inner, float eps, float *dx);
+/* What a device's queue is made from. */
+typedef struct op_queue_init {
+  int device;   /* its index among the devices of the process, for messages */
+  void *stream; /* CUDA: the device's cudaStream_t; NULL on CPU */
+  void *blas;   /* CUDA: its cublasHandle_t, bound to the stream; NULL on CPU */
+  /* Device memory for the queue's own scratch, from the device's allocator (NULL on CPU). */
+  pmap_status (*alloc)(void *owner, size_t bytes, void **out);
+  void (*free)(void *owner, void *ptr);
+  void *owner;
+} op_queue_init;
+
+/* The op table: one member per op of op_list.h. */
+typedef struct pmap_ops {
+#define PMAP_OP(name, args) pmap_status(*name) args;
+#include "op_list.h"
+#undef PMAP_OP
 } pmap_ops;
 
-/* The CPU op table (always built); the oracle every other backend is tested against. */
+/* An op backend: the table and what its queues need. */
+typedef struct op_backend {
+  const char *name; /* the runtime backend it runs on: "cpu", "cuda" */
+  const pmap_ops *ops;
+  /* Makes device init->device's queue, on that device's own thread (the CPU pins its GEMM
+   * library to one thread there). */
+  pmap_status (*queue_create)(const op_queue_init *init, op_queue **out);
+  void (*queue_destroy)(op_queue *q); /* accepts NULL; after the device's queued work ended */
+  /* Around ops run on a thread that is not a device's own (device 0's work on the caller's
+   * thread): enter returns what leave restores (optional, both NULL). */
+  int (*enter)(void);
+  void (*leave)(int saved);
+  /* Whether the backend can run here, once, before the first queue (the CPU chooses its GEMM):
+   * an error naming `call` when it cannot (optional). */
+  pmap_status (*ready)(const char *call);
+  /* The CUDA fast steps (models/step_fast.c) (optional, both NULL where there are none).
+   * step_values: this step's optimizer settings and number into device memory in queue order;
+   * until a call with h NULL the optimizer, copy and dropout ops read them from there (so a
+   * captured step does not bake them in) and change nothing once decide skipped the step.
+   * decide: from the averaged [loss | flags (n) | norm] at tail, skip the step when check and a
+   * value is not finite, else scale g (P) by clip / norm when clip > 0 and the norm exceeds it. */
+  pmap_status (*step_values)(op_queue *q, const pmap_step_hyper *h, int64_t step);
+  pmap_status (*decide)(op_queue *q, float *g, size_t P, const float *tail, int n, int check,
+                        float clip);
+} op_backend;
+
+/* The op backend of the runtime backend `name` ("cpu"; "cuda" where it was built), ready to run
+ * (its ready hook passed once); PMAP_ERR_UNAVAILABLE naming it when there is none. */
+pmap_status ops_backend(const char *name, const char *call, const op_backend **out);
+
+/* The CPU op backend (always built); its table is the oracle every other backend is tested
+ * against. */
+extern const op_backend pmap_cpu_op_backend;
 extern const pmap_ops pmap_cpu_ops;
 
+#ifdef __cplusplus
+}
+#endif
 #endif

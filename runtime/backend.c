@@ -30,60 +30,17 @@ const backend_entry *backend_find(pmap_backend kind) {
   return NULL;
 }
 
-/* The first op of the table that is NULL, by name (every op is required); NULL when none. Each
- * member of pmap_ops (ops/ops.h) is listed here: a new op is one more line. */
-static const char *missing_op(const pmap_ops *o) {
-#define PMAP_OP_REQUIRED(name) \
-  if (!o->name) return #name;
-  PMAP_OP_REQUIRED(gemm)
-  PMAP_OP_REQUIRED(fill)
-  PMAP_OP_REQUIRED(bias_forward)
-  PMAP_OP_REQUIRED(copy)
-  PMAP_OP_REQUIRED(bias_backward)
-  PMAP_OP_REQUIRED(relu_forward)
-  PMAP_OP_REQUIRED(relu_backward)
-  PMAP_OP_REQUIRED(conv2d_forward)
-  PMAP_OP_REQUIRED(conv2d_backward)
-  PMAP_OP_REQUIRED(mse)
-  PMAP_OP_REQUIRED(softmax_xent)
-  PMAP_OP_REQUIRED(sgd_step)
-  PMAP_OP_REQUIRED(adam_step)
-  PMAP_OP_REQUIRED(norm2)
-  PMAP_OP_REQUIRED(scale)
-  PMAP_OP_REQUIRED(axpy)
-  PMAP_OP_REQUIRED(act_forward)
-  PMAP_OP_REQUIRED(act_backward)
-  PMAP_OP_REQUIRED(add)
-  PMAP_OP_REQUIRED(layernorm_forward)
-  PMAP_OP_REQUIRED(layernorm_backward)
-  PMAP_OP_REQUIRED(pool2d_forward)
-  PMAP_OP_REQUIRED(pool2d_backward)
-  PMAP_OP_REQUIRED(dropout_forward)
-  PMAP_OP_REQUIRED(dropout_backward)
-  PMAP_OP_REQUIRED(bn_stats)
-  PMAP_OP_REQUIRED(bn_forward)
-  PMAP_OP_REQUIRED(bn_backward_sums)
-  PMAP_OP_REQUIRED(bn_backward_dx)
-#undef PMAP_OP_REQUIRED
-  return NULL;
-}
-
 pmap_status backend_check(const pmap_backend_i *be) {
   const char *missing = !be->alloc              ? "alloc"
                         : !be->free             ? "free"
                         : !be->upload           ? "upload"
                         : !be->download         ? "download"
-                        : !be->ops              ? "ops"
                         : !be->coll             ? "coll"
                         : !be->coll->all_reduce ? "coll->all_reduce"
                         : !be->coll->broadcast  ? "coll->broadcast"
                         : !be->coll->all_gather ? "coll->all_gather"
                         : !be->coll->barrier    ? "coll->barrier"
                                                 : NULL;
-  if (!missing && be->ops) {
-    const char *op = missing_op(be->ops);
-    if (op) return PMAP_ERR(PMAP_ERR_INTERNAL, "backend %s: its op table has no %s", be->name, op);
-  }
   if (!missing) return PMAP_SUCCESS;
   return PMAP_ERR(PMAP_ERR_INTERNAL, "backend %s: its table has no %s", be->name, missing);
 }

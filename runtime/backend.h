@@ -7,7 +7,6 @@
 #include <pthread.h>
 #include <stddef.h>
 
-#include "ops/ops.h"
 #include "pmap.h"
 #include "sync.h"
 
@@ -64,7 +63,6 @@ typedef struct pmap_backend_i {
    * handle; NULL where the backend has none. */
   void *(*native)(pmap_device *dev, int what);
   const pmap_coll_i *coll;
-  const pmap_ops *ops;
   /* Graph capture and overlapped gradient buckets of pmap_update (optional: NULL where the
    * backend has neither, as on CPU; see pmap_fast_i at the end of this file). */
   const struct pmap_fast_i *fast;
@@ -82,7 +80,6 @@ typedef struct coll_desc {
 struct pmap_device {
   pmap_ctx *ctx;
   int index;
-  const pmap_ops *ops;
   void *be;           /* the backend's per-device state */
   pmap_status status; /* result of the current job on this device */
   int own_failure;    /* status is this device's own failure, not PMAP_ERR_ABORTED from a
@@ -208,6 +205,9 @@ pmap_status backend_barrier(pmap_device *dev, const char *call);
 pmap_status backend_reduce_scatter(pmap_device *dev, const char *call, float *buf, size_t chunk,
                                    pmap_redop op);
 
+/* pmap_ctx_create's runtime half: the devices, their workers and the processes (models/context.c
+ * binds the ops to them). */
+pmap_status runtime_ctx_create(const pmap_config *cfg, pmap_ctx **out);
 
 /* Runs fn on every device (internal form of pmap_run: errors are left in each device). */
 pmap_status pmap_ctx_dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg);
@@ -258,17 +258,6 @@ typedef struct pmap_fast_i {
   /* Bumped by every device allocation of the context: a captured step names the buffers it was
    * captured with, so one taken at another generation must be captured again. */
   uint64_t (*generation)(const pmap_ctx *ctx);
-  /* The values that change from step to step (optimizer settings after the schedule, the step
-   * number that keys dropout), written to device memory in stream order; until the call with
-   * h NULL, the device's optimizer, clipping and dropout kernels read them from there, so a
-   * captured step does not bake them in. */
-  pmap_status (*step_values)(pmap_device *dev, const pmap_step_hyper *h, int64_t step);
-  /* The numeric guard and clipping decided on the device from the averaged
-   * [loss | flags (n) | norm] at tail (device memory; n flags with the guard on): a non-finite
-   * value makes the optimizer kernels leave everything as it is; clip > 0 scales g (P) by
-   * clip / norm when the norm exceeds it. */
-  pmap_status (*guard_clip)(pmap_device *dev, float *g, size_t P, const float *tail, int n,
-                            int guard, float clip);
   /* Capture of the device's queued work: begin, then end with the result of the work queued in
    * between (body: its status); *graph is the instantiated graph, or NULL with the reason in
    * why (size whylen) when capture or instantiation failed (not an error: the step then runs

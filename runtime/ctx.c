@@ -288,7 +288,7 @@ static pmap_status choose_backend(const pmap_config *cfg, const backend_entry **
   return PMAP_SUCCESS;
 }
 
-pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
+pmap_status runtime_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   if (!out) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_ctx_create: out is NULL");
   pmap_config cfg = {.backend = PMAP_BACKEND_AUTO, .num_devices = PMAP_DEVICES_DEFAULT};
   if (cfg_in) cfg = *cfg_in;
@@ -357,7 +357,6 @@ pmap_status pmap_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   for (int i = 0; i < n; i++) {
     ctx->dev[i].ctx = ctx;
     ctx->dev[i].index = i;
-    ctx->dev[i].ops = be->ops;
   }
   /* Spin while every device has a core. Oversubscribed, a spinning waiter only takes the core
    * from the device it waits for: spin barely, then yield for a while (the device waited for is

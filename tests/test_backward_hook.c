@@ -44,7 +44,7 @@ static pmap_status backward_job(pmap_device *dev, void *arg) {
   size_t k = (size_t)m->layers[m->n_layers - 1].out_size;
   float *w = calloc(P, sizeof *w), *g = calloc(P + 8, sizeof *g), *x = malloc(in * sizeof *x);
   int32_t y[ROWS];
-  replica r = {.w = w, .g = g};
+  replica r = {.ops = &pmap_cpu_ops, .q = NULL, .w = w, .g = g}; /* CPU kernels need no queue */
   pmap_status st = PMAP_ERR_OUT_OF_MEMORY;
   if (!w || !g || !x) goto out;
   model_init_params(m, 7, w);
@@ -58,7 +58,7 @@ static pmap_status backward_job(pmap_device *dev, void *arg) {
   float loss = 0.0f;
   st = replica_reserve(dev, m, &r, ROWS);
   if (!st) st = model_forward(dev, m, &r, x, ROWS);
-  if (!st) st = model_loss(dev, m, &r, y, ROWS, &loss);
+  if (!st) st = model_loss(m, &r, y, ROWS, &loss);
   if (!st) st = model_backward(dev, m, &r, ROWS);
   if (!st) memcpy(j->g_final, g, P * sizeof *g);
   replica_release(dev, &r);
@@ -146,11 +146,11 @@ static pmap_status bn_label_job(pmap_device *dev, void *arg) {
   uint64_t seed = 5;
   test_fill(x, 3 * ROWS, &seed, -1.0f, 1.0f);
   model_init_params(m, 3, w);
-  replica r = {.w = w, .g = g};
+  replica r = {.ops = &pmap_cpu_ops, .q = NULL, .w = w, .g = g}; /* CPU kernels need no queue */
   if (P > 64) return PMAP_ERR_INTERNAL;
   pmap_status st = replica_reserve(dev, m, &r, ROWS);
   if (!st && (dev->index == 0 || j->backward)) st = model_forward(dev, m, &r, x, ROWS);
-  if (!st && j->backward) st = model_loss(dev, m, &r, y, ROWS, &loss);
+  if (!st && j->backward) st = model_loss(m, &r, y, ROWS, &loss);
   if (!st && dev->index == 0 && j->backward) st = model_backward(dev, m, &r, ROWS);
   if (!st && dev->index == 1) st = pmap_psum(dev, &one, &one, 1);
   replica_release(dev, &r);

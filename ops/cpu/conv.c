@@ -49,30 +49,30 @@ static void col2im(const pmap_conv_shape *s, const float *col, float *dx) {
       }
 }
 
-pmap_status cpu_conv2d_forward(pmap_device *dev, const pmap_conv_shape *s, int64_t bd,
-                               const float *x, const float *w, float *y, float *col) {
+pmap_status cpu_conv2d_forward(op_queue *q, const pmap_conv_shape *s, int64_t bd, const float *x,
+                               const float *w, float *y, float *col) {
   int64_t ckk = s->c * s->kh * s->kw, ohw = s->oh * s->ow;
   for (int64_t b = 0; b < bd; b++) {
     im2col(s, x + b * s->c * s->h * s->w, col);
     /* y_b (oc, ohw) = w (oc, ckk) col (ckk, ohw) */
-    PMAP_TRY(cpu_gemm(dev, 0, 0, s->oc, ohw, ckk, 1.0f, w, ckk, col, ohw, 0.0f, y + b * s->oc * ohw,
-                      ohw));
+    PMAP_TRY(
+        cpu_gemm(q, 0, 0, s->oc, ohw, ckk, 1.0f, w, ckk, col, ohw, 0.0f, y + b * s->oc * ohw, ohw));
   }
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_conv2d_backward(pmap_device *dev, const pmap_conv_shape *s, int64_t bd,
-                                const float *x, const float *w, const float *dy, float *dx,
-                                float *dw, float *col, float *dcol) {
+pmap_status cpu_conv2d_backward(op_queue *q, const pmap_conv_shape *s, int64_t bd, const float *x,
+                                const float *w, const float *dy, float *dx, float *dw, float *col,
+                                float *dcol) {
   int64_t ckk = s->c * s->kh * s->kw, ohw = s->oh * s->ow;
   for (int64_t b = 0; b < bd; b++) {
     const float *dyb = dy + b * s->oc * ohw;
     im2col(s, x + b * s->c * s->h * s->w, col);
     /* dw (oc, ckk) += dy_b (oc, ohw) col^T (ohw, ckk) */
-    PMAP_TRY(cpu_gemm(dev, 0, 1, s->oc, ckk, ohw, 1.0f, dyb, ohw, col, ohw, 1.0f, dw, ckk));
+    PMAP_TRY(cpu_gemm(q, 0, 1, s->oc, ckk, ohw, 1.0f, dyb, ohw, col, ohw, 1.0f, dw, ckk));
     if (dx) {
       /* dcol (ckk, ohw) = w^T (ckk, oc) dy_b (oc, ohw) */
-      PMAP_TRY(cpu_gemm(dev, 1, 0, ckk, ohw, s->oc, 1.0f, w, ckk, dyb, ohw, 0.0f, dcol, ohw));
+      PMAP_TRY(cpu_gemm(q, 1, 0, ckk, ohw, s->oc, 1.0f, w, ckk, dyb, ohw, 0.0f, dcol, ohw));
       col2im(s, dcol, dx + b * s->c * s->h * s->w);
     }
   }

@@ -6,8 +6,8 @@
 #include "cpu_ops.h"
 #include "ops/op_math.h"
 
-static pmap_status cpu_fill(pmap_device *dev, float *x, float value, size_t n) {
-  (void)dev;
+pmap_status cpu_fill(op_queue *q, float *x, float value, size_t n) {
+  (void)q;
   if (value == 0.0f) {
     if (n) memset(x, 0, n * sizeof *x);
   } else {
@@ -16,15 +16,15 @@ static pmap_status cpu_fill(pmap_device *dev, float *x, float value, size_t n) {
   return PMAP_SUCCESS;
 }
 
-static pmap_status cpu_copy(pmap_device *dev, const float *x, float *y, size_t n) {
-  (void)dev;
+pmap_status cpu_copy(op_queue *q, const float *x, float *y, size_t n) {
+  (void)q;
   if (n) memcpy(y, x, n * sizeof *y);
   return PMAP_SUCCESS;
 }
 
-static pmap_status cpu_bias_forward(pmap_device *dev, float *y, const float *b, int64_t outer,
-                                    int64_t ch, int64_t inner) {
-  (void)dev;
+pmap_status cpu_bias_forward(op_queue *q, float *y, const float *b, int64_t outer, int64_t ch,
+                             int64_t inner) {
+  (void)q;
   for (int64_t o = 0; o < outer; o++)
     for (int64_t c = 0; c < ch; c++) {
       float *row = y + (o * ch + c) * inner;
@@ -33,9 +33,9 @@ static pmap_status cpu_bias_forward(pmap_device *dev, float *y, const float *b, 
   return PMAP_SUCCESS;
 }
 
-static pmap_status cpu_bias_backward(pmap_device *dev, const float *dy, float *db, int64_t outer,
-                                     int64_t ch, int64_t inner) {
-  (void)dev;
+pmap_status cpu_bias_backward(op_queue *q, const float *dy, float *db, int64_t outer, int64_t ch,
+                              int64_t inner) {
+  (void)q;
   if (inner == 1) {
     for (int64_t o = 0; o < outer; o++)
       for (int64_t c = 0; c < ch; c++) db[c] += dy[o * ch + c];
@@ -51,22 +51,21 @@ static pmap_status cpu_bias_backward(pmap_device *dev, const float *dy, float *d
   return PMAP_SUCCESS;
 }
 
-static pmap_status cpu_relu_forward(pmap_device *dev, const float *x, float *y, size_t n) {
-  (void)dev;
+pmap_status cpu_relu_forward(op_queue *q, const float *x, float *y, size_t n) {
+  (void)q;
   for (size_t i = 0; i < n; i++) y[i] = pmap_relu(x[i]);
   return PMAP_SUCCESS;
 }
 
-static pmap_status cpu_relu_backward(pmap_device *dev, const float *y, const float *dy, float *dx,
-                                     size_t n) {
-  (void)dev;
+pmap_status cpu_relu_backward(op_queue *q, const float *y, const float *dy, float *dx, size_t n) {
+  (void)q;
   for (size_t i = 0; i < n; i++) dx[i] = pmap_relu_grad(y[i], dy[i]);
   return PMAP_SUCCESS;
 }
 
-static pmap_status cpu_mse(pmap_device *dev, const float *pred, const float *t, size_t n,
-                           float *dpred, float *loss) {
-  (void)dev;
+pmap_status cpu_mse(op_queue *q, const float *pred, const float *t, size_t n, float *dpred,
+                    float *loss) {
+  (void)q;
   double sum = 0.0;
   float scale = n ? 2.0f / (float)n : 0.0f;
   for (size_t i = 0; i < n; i++) {
@@ -77,9 +76,9 @@ static pmap_status cpu_mse(pmap_device *dev, const float *pred, const float *t, 
   return PMAP_SUCCESS;
 }
 
-static pmap_status cpu_softmax_xent(pmap_device *dev, const float *logits, const int32_t *labels,
-                                    int64_t rows, int64_t k, float *dlogits, float *loss) {
-  (void)dev;
+pmap_status cpu_softmax_xent(op_queue *q, const float *logits, const int32_t *labels, int64_t rows,
+                             int64_t k, float *dlogits, float *loss) {
+  (void)q;
   double sum = 0.0;
   float scale = rows ? 1.0f / (float)rows : 0.0f;
   for (int64_t r = 0; r < rows; r++)
@@ -88,9 +87,9 @@ static pmap_status cpu_softmax_xent(pmap_device *dev, const float *logits, const
   return PMAP_SUCCESS;
 }
 
-static pmap_status cpu_sgd_step(pmap_device *dev, float *w, const float *g, float *v, size_t n,
-                                const pmap_step_hyper *h) {
-  (void)dev;
+pmap_status cpu_sgd_step(op_queue *q, float *w, const float *g, float *v, size_t n,
+                         const pmap_step_hyper *h) {
+  (void)q;
   const float lr = h->lr, momentum = h->momentum, wd = h->weight_decay;
   if (momentum == 0.0f && wd == 0.0f) {
     for (size_t i = 0; i < n; i++) w[i] -= lr * g[i];
@@ -104,9 +103,9 @@ static pmap_status cpu_sgd_step(pmap_device *dev, float *w, const float *g, floa
   return PMAP_SUCCESS;
 }
 
-static pmap_status cpu_adam_step(pmap_device *dev, float *w, const float *g, float *m, float *v,
-                                 size_t n, const pmap_step_hyper *h) {
-  (void)dev;
+pmap_status cpu_adam_step(op_queue *q, float *w, const float *g, float *m, float *v, size_t n,
+                          const pmap_step_hyper *h) {
+  (void)q;
   for (size_t i = 0; i < n; i++)
     pmap_adam_update(&w[i], g[i], &m[i], &v[i], h->lr, h->beta1, h->beta2, h->eps, h->bc1, h->bc2,
                      h->weight_decay);
@@ -115,8 +114,8 @@ static pmap_status cpu_adam_step(pmap_device *dev, float *w, const float *g, flo
 
 /* Eight partial sums, added in a fixed order at the end: deterministic, and eight independent
  * chains instead of one, so the pass runs at memory speed rather than at one add's latency. */
-static pmap_status cpu_norm2(pmap_device *dev, const float *x, size_t n, float *norm) {
-  (void)dev;
+pmap_status cpu_norm2(op_queue *q, const float *x, size_t n, float *norm) {
+  (void)q;
   double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   size_t i = 0;
   for (; i + 8 <= n; i += 8)
@@ -127,46 +126,14 @@ static pmap_status cpu_norm2(pmap_device *dev, const float *x, size_t n, float *
   return PMAP_SUCCESS;
 }
 
-static pmap_status cpu_scale(pmap_device *dev, float *x, float s, size_t n) {
-  (void)dev;
+pmap_status cpu_scale(op_queue *q, float *x, float s, size_t n) {
+  (void)q;
   for (size_t i = 0; i < n; i++) x[i] *= s;
   return PMAP_SUCCESS;
 }
 
-static pmap_status cpu_axpy(pmap_device *dev, float alpha, const float *x, float *y, size_t n) {
-  (void)dev;
+pmap_status cpu_axpy(op_queue *q, float alpha, const float *x, float *y, size_t n) {
+  (void)q;
   for (size_t i = 0; i < n; i++) y[i] += alpha * x[i];
   return PMAP_SUCCESS;
 }
-
-const pmap_ops pmap_cpu_ops = {
-    .gemm = cpu_gemm,
-    .fill = cpu_fill,
-    .copy = cpu_copy,
-    .bias_forward = cpu_bias_forward,
-    .bias_backward = cpu_bias_backward,
-    .relu_forward = cpu_relu_forward,
-    .relu_backward = cpu_relu_backward,
-    .conv2d_forward = cpu_conv2d_forward,
-    .conv2d_backward = cpu_conv2d_backward,
-    .mse = cpu_mse,
-    .softmax_xent = cpu_softmax_xent,
-    .sgd_step = cpu_sgd_step,
-    .adam_step = cpu_adam_step,
-    .norm2 = cpu_norm2,
-    .scale = cpu_scale,
-    .axpy = cpu_axpy,
-    .act_forward = cpu_act_forward,
-    .act_backward = cpu_act_backward,
-    .add = cpu_add,
-    .layernorm_forward = cpu_layernorm_forward,
-    .layernorm_backward = cpu_layernorm_backward,
-    .pool2d_forward = cpu_pool2d_forward,
-    .pool2d_backward = cpu_pool2d_backward,
-    .dropout_forward = cpu_dropout_forward,
-    .dropout_backward = cpu_dropout_backward,
-    .bn_stats = cpu_bn_stats,
-    .bn_forward = cpu_bn_forward,
-    .bn_backward_sums = cpu_bn_backward_sums,
-    .bn_backward_dx = cpu_bn_backward_dx,
-};

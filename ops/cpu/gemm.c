@@ -184,10 +184,10 @@ pmap_status cpu_gemm_with(const cpu_gemm_provider *p, int ta, int tb, int64_t m,
   return p->run(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-pmap_status cpu_gemm(pmap_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
+pmap_status cpu_gemm(op_queue *q, int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
                      const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
                      int64_t ldc) {
-  (void)dev;
+  (void)q;
   if (m <= 0 || n <= 0) return PMAP_SUCCESS;
   if (k <= 0 || m * n * k <= CPU_GEMM_SMALL_MACS) {
     cpu_gemm_portable(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

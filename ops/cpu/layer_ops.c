@@ -6,29 +6,29 @@
 #include "cpu_ops.h"
 #include "ops/op_math.h"
 
-pmap_status cpu_act_forward(pmap_device *dev, pmap_act act, const float *x, float *y, size_t n) {
-  (void)dev;
+pmap_status cpu_act_forward(op_queue *q, pmap_act act, const float *x, float *y, size_t n) {
+  (void)q;
   for (size_t i = 0; i < n; i++) y[i] = pmap_act_apply((int)act, x[i]);
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_act_backward(pmap_device *dev, pmap_act act, const float *x, const float *y,
+pmap_status cpu_act_backward(op_queue *q, pmap_act act, const float *x, const float *y,
                              const float *dy, float *dx, size_t n) {
-  (void)dev;
+  (void)q;
   for (size_t i = 0; i < n; i++) dx[i] = pmap_act_grad((int)act, x[i], y[i], dy[i]);
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_add(pmap_device *dev, const float *a, const float *b, float *y, size_t n) {
-  (void)dev;
+pmap_status cpu_add(op_queue *q, const float *a, const float *b, float *y, size_t n) {
+  (void)q;
   for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_layernorm_forward(pmap_device *dev, const float *x, const float *gamma,
+pmap_status cpu_layernorm_forward(op_queue *q, const float *x, const float *gamma,
                                   const float *beta, int64_t rows, int64_t f, float eps, float *y,
                                   float *stats) {
-  (void)dev;
+  (void)q;
   for (int64_t r = 0; r < rows; r++) {
     const float *xr = x + r * f;
     double s = 0.0, ss = 0.0;
@@ -43,10 +43,10 @@ pmap_status cpu_layernorm_forward(pmap_device *dev, const float *x, const float 
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_layernorm_backward(pmap_device *dev, const float *x, const float *gamma,
+pmap_status cpu_layernorm_backward(op_queue *q, const float *x, const float *gamma,
                                    const float *stats, const float *dy, int64_t rows, int64_t f,
                                    float *dx, float *dgamma, float *dbeta) {
-  (void)dev;
+  (void)q;
   for (int64_t r = 0; dx && r < rows; r++) {
     const float *xr = x + r * f, *dyr = dy + r * f;
     float mean = stats[2 * r], rstd = stats[2 * r + 1];
@@ -72,9 +72,9 @@ pmap_status cpu_layernorm_backward(pmap_device *dev, const float *x, const float
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_pool2d_forward(pmap_device *dev, int is_max, const pmap_pool_shape *s, int64_t bd,
+pmap_status cpu_pool2d_forward(op_queue *q, int is_max, const pmap_pool_shape *s, int64_t bd,
                                const float *x, float *y) {
-  (void)dev;
+  (void)q;
   for (int64_t p = 0; p < bd * s->c; p++)
     for (int64_t oy = 0; oy < s->oh; oy++)
       for (int64_t ox = 0; ox < s->ow; ox++)
@@ -83,9 +83,9 @@ pmap_status cpu_pool2d_forward(pmap_device *dev, int is_max, const pmap_pool_sha
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_pool2d_backward(pmap_device *dev, int is_max, const pmap_pool_shape *s, int64_t bd,
+pmap_status cpu_pool2d_backward(op_queue *q, int is_max, const pmap_pool_shape *s, int64_t bd,
                                 const float *x, const float *dy, float *dx) {
-  (void)dev;
+  (void)q;
   for (int64_t p = 0; p < bd * s->c; p++)
     for (int64_t iy = 0; iy < s->h; iy++)
       for (int64_t ix = 0; ix < s->w; ix++)
@@ -95,31 +95,31 @@ pmap_status cpu_pool2d_backward(pmap_device *dev, int is_max, const pmap_pool_sh
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_dropout_forward(pmap_device *dev, const float *x, float *y, size_t n, float rate,
+pmap_status cpu_dropout_forward(op_queue *q, const float *x, float *y, size_t n, float rate,
                                 uint64_t key, uint64_t first) {
-  (void)dev;
+  (void)q;
   for (size_t i = 0; i < n; i++) y[i] = x[i] * pmap_dropout_factor(key, first + i, rate);
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_dropout_backward(pmap_device *dev, const float *dy, float *dx, size_t n, float rate,
+pmap_status cpu_dropout_backward(op_queue *q, const float *dy, float *dx, size_t n, float rate,
                                  uint64_t key, uint64_t first) {
-  (void)dev;
+  (void)q;
   for (size_t i = 0; i < n; i++) dx[i] = dy[i] * pmap_dropout_factor(key, first + i, rate);
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_bn_stats(pmap_device *dev, const float *x, int64_t outer, int64_t c, int64_t inner,
+pmap_status cpu_bn_stats(op_queue *q, const float *x, int64_t outer, int64_t c, int64_t inner,
                          const float *prev, float *stats) {
-  (void)dev;
+  (void)q;
   for (int64_t ch = 0; ch < c; ch++) {
     float shift = 0.0f, var;
     if (prev) pmap_bn_moments(prev, c, ch, &shift, &var);
     double s = 0.0, ss = 0.0;
     for (int64_t o = 0; o < outer; o++) {
-      const float *q = x + (o * c + ch) * inner;
+      const float *xc = x + (o * c + ch) * inner;
       for (int64_t i = 0; i < inner; i++) {
-        float d = q[i] - shift;
+        float d = xc[i] - shift;
         s += d, ss += (double)d * d;
       }
     }
@@ -131,11 +131,11 @@ pmap_status cpu_bn_stats(pmap_device *dev, const float *x, int64_t outer, int64_
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_bn_forward(pmap_device *dev, const float *x, const float *stats,
-                           const float *run_stats, float *running, const float *gamma,
-                           const float *beta, int64_t outer, int64_t c, int64_t inner, float eps,
-                           float momentum, int training, float *y) {
-  (void)dev;
+pmap_status cpu_bn_forward(op_queue *q, const float *x, const float *stats, const float *run_stats,
+                           float *running, const float *gamma, const float *beta, int64_t outer,
+                           int64_t c, int64_t inner, float eps, float momentum, int training,
+                           float *y) {
+  (void)q;
   for (int64_t ch = 0; ch < c; ch++) {
     float mean, var;
     if (training)
@@ -144,9 +144,9 @@ pmap_status cpu_bn_forward(pmap_device *dev, const float *x, const float *stats,
       mean = running[ch], var = running[c + ch];
     float rstd = pmap_rstd(var, eps);
     for (int64_t o = 0; o < outer; o++) {
-      const float *q = x + (o * c + ch) * inner;
+      const float *xc = x + (o * c + ch) * inner;
       float *yq = y + (o * c + ch) * inner;
-      for (int64_t i = 0; i < inner; i++) yq[i] = (q[i] - mean) * rstd * gamma[ch] + beta[ch];
+      for (int64_t i = 0; i < inner; i++) yq[i] = (xc[i] - mean) * rstd * gamma[ch] + beta[ch];
     }
   }
   if (training && running)
@@ -158,10 +158,9 @@ pmap_status cpu_bn_forward(pmap_device *dev, const float *x, const float *stats,
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_bn_backward_sums(pmap_device *dev, const float *x, const float *dy,
-                                 const float *stats, int64_t outer, int64_t c, int64_t inner,
-                                 float eps, float *sums) {
-  (void)dev;
+pmap_status cpu_bn_backward_sums(op_queue *q, const float *x, const float *dy, const float *stats,
+                                 int64_t outer, int64_t c, int64_t inner, float eps, float *sums) {
+  (void)q;
   for (int64_t ch = 0; ch < c; ch++) {
     float mean, var;
     pmap_bn_moments(stats, c, ch, &mean, &var);
@@ -178,10 +177,10 @@ pmap_status cpu_bn_backward_sums(pmap_device *dev, const float *x, const float *
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_bn_backward_dx(pmap_device *dev, const float *x, const float *dy,
-                               const float *stats, const float *gamma, const float *sums,
-                               int64_t outer, int64_t c, int64_t inner, float eps, float *dx) {
-  (void)dev;
+pmap_status cpu_bn_backward_dx(op_queue *q, const float *x, const float *dy, const float *stats,
+                               const float *gamma, const float *sums, int64_t outer, int64_t c,
+                               int64_t inner, float eps, float *dx) {
+  (void)q;
   float count = stats[2 * c];
   for (int64_t ch = 0; ch < c; ch++) {
     float mean, var;

@@ -22,26 +22,24 @@ static void act_backward_launch(cudaStream_t stream, int act, const float *x, co
   act_backward_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, stream>>>(act, x, y, dy, dx, n);
 }
 
-extern "C" pmap_status cuda_act_forward(pmap_device *dev, pmap_act act, const float *x, float *y,
+extern "C" pmap_status cuda_act_forward(op_queue *q, pmap_act act, const float *x, float *y,
                                         size_t n) {
-  cuda_device *cd = cuda_device_of(dev);
   if (n == 0) return PMAP_SUCCESS;
-  act_forward_launch(cd->stream, (int)act, x, y, n);
-  CUDA_CHECK_LAUNCH(cd, "act_forward_kernel");
+  act_forward_launch(q->stream, (int)act, x, y, n);
+  CUDA_CHECK_LAUNCH(q, "act_forward_kernel");
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_act_backward(pmap_device *dev, pmap_act act, const float *x,
-                                         const float *y, const float *dy, float *dx, size_t n) {
-  cuda_device *cd = cuda_device_of(dev);
+extern "C" pmap_status cuda_act_backward(op_queue *q, pmap_act act, const float *x, const float *y,
+                                         const float *dy, float *dx, size_t n) {
   if (n == 0) return PMAP_SUCCESS;
-  act_backward_launch(cd->stream, (int)act, x, y, dy, dx, n);
-  CUDA_CHECK_LAUNCH(cd, "act_backward_kernel");
+  act_backward_launch(q->stream, (int)act, x, y, dy, dx, n);
+  CUDA_CHECK_LAUNCH(q, "act_backward_kernel");
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_act_preload(cuda_device *cd) {
-  CUDA_PRELOAD(cd, act_forward_kernel);
-  CUDA_PRELOAD(cd, act_backward_kernel);
+extern "C" pmap_status cuda_act_preload(op_queue *q) {
+  CUDA_PRELOAD(q, act_forward_kernel);
+  CUDA_PRELOAD(q, act_backward_kernel);
   return PMAP_SUCCESS;
 }

@@ -25,16 +25,15 @@ static void adam_step_launch(cudaStream_t stream, float *w, const float *g, floa
   adam_step_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, stream>>>(w, g, m, v, n, *h, vals);
 }
 
-extern "C" pmap_status cuda_adam_step(pmap_device *dev, float *w, const float *g, float *m,
-                                      float *v, size_t n, const pmap_step_hyper *h) {
-  cuda_device *cd = cuda_device_of(dev);
+extern "C" pmap_status cuda_adam_step(op_queue *q, float *w, const float *g, float *m, float *v,
+                                      size_t n, const pmap_step_hyper *h) {
   if (n == 0) return PMAP_SUCCESS;
-  adam_step_launch(cd->stream, w, g, m, v, n, h, cuda_vals_of(cd));
-  CUDA_CHECK_LAUNCH(cd, "adam_step_kernel");
+  adam_step_launch(q->stream, w, g, m, v, n, h, cuda_vals_of(q));
+  CUDA_CHECK_LAUNCH(q, "adam_step_kernel");
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_adam_preload(cuda_device *cd) {
-  CUDA_PRELOAD(cd, adam_step_kernel);
+extern "C" pmap_status cuda_adam_preload(op_queue *q) {
+  CUDA_PRELOAD(q, adam_step_kernel);
   return PMAP_SUCCESS;
 }

@@ -9,16 +9,14 @@ static void add_launch(cudaStream_t stream, const float *a, const float *b, floa
   add_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, stream>>>(a, b, y, n);
 }
 
-extern "C" pmap_status cuda_add(pmap_device *dev, const float *a, const float *b, float *y,
-                                size_t n) {
-  cuda_device *cd = cuda_device_of(dev);
+extern "C" pmap_status cuda_add(op_queue *q, const float *a, const float *b, float *y, size_t n) {
   if (n == 0) return PMAP_SUCCESS;
-  add_launch(cd->stream, a, b, y, n);
-  CUDA_CHECK_LAUNCH(cd, "add_kernel");
+  add_launch(q->stream, a, b, y, n);
+  CUDA_CHECK_LAUNCH(q, "add_kernel");
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_add_preload(cuda_device *cd) {
-  CUDA_PRELOAD(cd, add_kernel);
+extern "C" pmap_status cuda_add_preload(op_queue *q) {
+  CUDA_PRELOAD(q, add_kernel);
   return PMAP_SUCCESS;
 }

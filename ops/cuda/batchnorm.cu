@@ -128,62 +128,58 @@ static void bn_dx_launch(cudaStream_t stream, const float *x, const float *dy, c
 }
 
 /* Channels are blocks: at most the grid's x extent. */
-static pmap_status check_channels(cuda_device *cd, int64_t c) {
+static pmap_status check_channels(op_queue *q, int64_t c) {
   if (c > INT32_MAX)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "device %d: batch norm over %lld channels",
-                    cd->index, (long long)c);
+                    q->where.index, (long long)c);
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_bn_stats(pmap_device *dev, const float *x, int64_t outer, int64_t c,
+extern "C" pmap_status cuda_bn_stats(op_queue *q, const float *x, int64_t outer, int64_t c,
                                      int64_t inner, const float *prev, float *stats) {
-  cuda_device *cd = cuda_device_of(dev);
   if (c <= 0) return PMAP_SUCCESS;
-  PMAP_TRY(check_channels(cd, c));
-  bn_stats_launch(cd->stream, x, outer, c, inner, prev, stats);
-  CUDA_CHECK_LAUNCH(cd, "bn_stats_kernel");
+  PMAP_TRY(check_channels(q, c));
+  bn_stats_launch(q->stream, x, outer, c, inner, prev, stats);
+  CUDA_CHECK_LAUNCH(q, "bn_stats_kernel");
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_bn_forward(pmap_device *dev, const float *x, const float *stats,
+extern "C" pmap_status cuda_bn_forward(op_queue *q, const float *x, const float *stats,
                                        const float *run_stats, float *running, const float *gamma,
                                        const float *beta, int64_t outer, int64_t c, int64_t inner,
                                        float eps, float momentum, int training, float *y) {
-  cuda_device *cd = cuda_device_of(dev);
   if (outer <= 0 || c <= 0 || inner <= 0) return PMAP_SUCCESS;
-  bn_forward_launch(cd->stream, x, stats, run_stats, running, gamma, beta, outer, c, inner, eps,
+  bn_forward_launch(q->stream, x, stats, run_stats, running, gamma, beta, outer, c, inner, eps,
                     momentum, training, y);
-  CUDA_CHECK_LAUNCH(cd, "bn_forward_kernel");
+  CUDA_CHECK_LAUNCH(q, "bn_forward_kernel");
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_bn_backward_sums(pmap_device *dev, const float *x, const float *dy,
+extern "C" pmap_status cuda_bn_backward_sums(op_queue *q, const float *x, const float *dy,
                                              const float *stats, int64_t outer, int64_t c,
                                              int64_t inner, float eps, float *sums) {
-  cuda_device *cd = cuda_device_of(dev);
   if (c <= 0) return PMAP_SUCCESS;
-  PMAP_TRY(check_channels(cd, c));
-  bn_sums_launch(cd->stream, x, dy, stats, outer, c, inner, eps, sums);
-  CUDA_CHECK_LAUNCH(cd, "bn_sums_kernel");
+  PMAP_TRY(check_channels(q, c));
+  bn_sums_launch(q->stream, x, dy, stats, outer, c, inner, eps, sums);
+  CUDA_CHECK_LAUNCH(q, "bn_sums_kernel");
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_bn_backward_dx(pmap_device *dev, const float *x, const float *dy,
+extern "C" pmap_status cuda_bn_backward_dx(op_queue *q, const float *x, const float *dy,
                                            const float *stats, const float *gamma,
                                            const float *sums, int64_t outer, int64_t c,
                                            int64_t inner, float eps, float *dx) {
-  cuda_device *cd = cuda_device_of(dev);
   if (outer <= 0 || c <= 0 || inner <= 0) return PMAP_SUCCESS;
-  bn_dx_launch(cd->stream, x, dy, stats, gamma, sums, outer, c, inner, eps, dx);
-  CUDA_CHECK_LAUNCH(cd, "bn_dx_kernel");
+  bn_dx_launch(q->stream, x, dy, stats, gamma, sums, outer, c, inner, eps, dx);
+  CUDA_CHECK_LAUNCH(q, "bn_dx_kernel");
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_batchnorm_preload(cuda_device *cd) {
-  CUDA_PRELOAD(cd, bn_stats_kernel);
-  CUDA_PRELOAD(cd, bn_forward_kernel);
-  CUDA_PRELOAD(cd, bn_running_kernel);
-  CUDA_PRELOAD(cd, bn_sums_kernel);
-  CUDA_PRELOAD(cd, bn_dx_kernel);
+extern "C" pmap_status cuda_batchnorm_preload(op_queue *q) {
+  CUDA_PRELOAD(q, bn_stats_kernel);
+  CUDA_PRELOAD(q, bn_forward_kernel);
+  CUDA_PRELOAD(q, bn_running_kernel);
+  CUDA_PRELOAD(q, bn_sums_kernel);
+  CUDA_PRELOAD(q, bn_dx_kernel);
   return PMAP_SUCCESS;
 }

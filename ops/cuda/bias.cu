@@ -53,30 +53,28 @@ static const char *bias_backward_launch(cudaStream_t stream, const float *dy, fl
   return "bias_backward_channel_kernel";
 }
 
-extern "C" pmap_status cuda_bias_forward(pmap_device *dev, float *y, const float *b, int64_t outer,
+extern "C" pmap_status cuda_bias_forward(op_queue *q, float *y, const float *b, int64_t outer,
                                          int64_t ch, int64_t inner) {
-  cuda_device *cd = cuda_device_of(dev);
   if (outer <= 0 || ch <= 0 || inner <= 0) return PMAP_SUCCESS;
-  bias_forward_launch(cd->stream, y, b, outer, ch, inner);
-  CUDA_CHECK_LAUNCH(cd, "bias_forward_kernel");
+  bias_forward_launch(q->stream, y, b, outer, ch, inner);
+  CUDA_CHECK_LAUNCH(q, "bias_forward_kernel");
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_bias_backward(pmap_device *dev, const float *dy, float *db,
-                                          int64_t outer, int64_t ch, int64_t inner) {
-  cuda_device *cd = cuda_device_of(dev);
+extern "C" pmap_status cuda_bias_backward(op_queue *q, const float *dy, float *db, int64_t outer,
+                                          int64_t ch, int64_t inner) {
   if (outer <= 0 || ch <= 0 || inner <= 0) return PMAP_SUCCESS;
   if (ch > INT32_MAX)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "device %d: bias_backward with %lld channels",
-                    cd->index, (long long)ch);
-  const char *kernel = bias_backward_launch(cd->stream, dy, db, outer, ch, inner);
-  CUDA_CHECK_GEN(cd, CUDA_LIB_RUNTIME, cudaSuccess, cudaGetLastError(), kernel, return cuda_chk_s_);
+                    q->where.index, (long long)ch);
+  const char *kernel = bias_backward_launch(q->stream, dy, db, outer, ch, inner);
+  CUDA_CHECK_GEN(q, CUDA_LIB_RUNTIME, cudaSuccess, cudaGetLastError(), kernel, return cuda_chk_s_);
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_bias_preload(cuda_device *cd) {
-  CUDA_PRELOAD(cd, bias_forward_kernel);
-  CUDA_PRELOAD(cd, bias_backward_column_kernel);
-  CUDA_PRELOAD(cd, bias_backward_channel_kernel);
+extern "C" pmap_status cuda_bias_preload(op_queue *q) {
+  CUDA_PRELOAD(q, bias_forward_kernel);
+  CUDA_PRELOAD(q, bias_backward_column_kernel);
+  CUDA_PRELOAD(q, bias_backward_channel_kernel);
   return PMAP_SUCCESS;
 }

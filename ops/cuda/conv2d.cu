@@ -93,71 +93,69 @@ static int64_t chunk_of(int64_t bd, size_t per_example) {
   return fit >= (size_t)bd ? bd : fit > 0 ? (int64_t)fit : 1;
 }
 
-extern "C" pmap_status cuda_conv2d_forward(pmap_device *dev, const pmap_conv_shape *s, int64_t bd,
+extern "C" pmap_status cuda_conv2d_forward(op_queue *q, const pmap_conv_shape *s, int64_t bd,
                                            const float *x, const float *w, float *y, float *col) {
   (void)col;
-  cuda_device *cd = cuda_device_of(dev);
   int64_t ckk = s->c * s->kh * s->kw, ohw = s->oh * s->ow, chw = s->c * s->h * s->w;
   if (bd <= 0) return PMAP_SUCCESS;
   int64_t chunk = chunk_of(bd, (size_t)((ckk + s->oc) * ohw));
-  PMAP_TRY(cuda_work_reserve(dev, (size_t)(chunk * (ckk + s->oc) * ohw)));
-  float *colp = cd->work, *yp = cd->work + chunk * ckk * ohw;
+  PMAP_TRY(cuda_work_reserve(q, (size_t)(chunk * (ckk + s->oc) * ohw)));
+  float *colp = q->work, *yp = q->work + chunk * ckk * ohw;
   for (int64_t b0 = 0; b0 < bd; b0 += chunk) {
     int64_t cb = bd - b0 < chunk ? bd - b0 : chunk;
     float *yb = y + b0 * s->oc * ohw;
     /* With one example or one output channel the two layouts coincide: no swap needed. */
     int direct = cb == 1 || s->oc == 1;
-    im2col_launch(cd->stream, s, x + b0 * chw, cb, colp);
-    CUDA_CHECK_LAUNCH(cd, "im2col_kernel");
+    im2col_launch(q->stream, s, x + b0 * chw, cb, colp);
+    CUDA_CHECK_LAUNCH(q, "im2col_kernel");
     /* (oc, cb*ohw) = w (oc, ckk) col (ckk, cb*ohw) */
-    PMAP_TRY(cuda_gemm(dev, 0, 0, s->oc, cb * ohw, ckk, 1.0f, w, ckk, colp, cb * ohw, 0.0f,
+    PMAP_TRY(cuda_gemm(q, 0, 0, s->oc, cb * ohw, ckk, 1.0f, w, ckk, colp, cb * ohw, 0.0f,
                        direct ? yb : yp, cb * ohw));
     if (!direct) {
-      swap_axes_launch(cd->stream, yp, yb, s->oc, cb, ohw);
-      CUDA_CHECK_LAUNCH(cd, "swap_axes_kernel");
+      swap_axes_launch(q->stream, yp, yb, s->oc, cb, ohw);
+      CUDA_CHECK_LAUNCH(q, "swap_axes_kernel");
     }
   }
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_conv2d_backward(pmap_device *dev, const pmap_conv_shape *s, int64_t bd,
+extern "C" pmap_status cuda_conv2d_backward(op_queue *q, const pmap_conv_shape *s, int64_t bd,
                                             const float *x, const float *w, const float *dy,
                                             float *dx, float *dw, float *col, float *dcol) {
   (void)col;
   (void)dcol;
-  cuda_device *cd = cuda_device_of(dev);
   int64_t ckk = s->c * s->kh * s->kw, ohw = s->oh * s->ow, chw = s->c * s->h * s->w;
   if (bd <= 0) return PMAP_SUCCESS;
   size_t per = (size_t)((ckk + s->oc + (dx ? ckk : 0)) * ohw);
   int64_t chunk = chunk_of(bd, per);
-  PMAP_TRY(cuda_work_reserve(dev, (size_t)chunk * per));
-  float *colp = cd->work;
+  PMAP_TRY(cuda_work_reserve(q, (size_t)chunk * per));
+  float *colp = q->work;
   float *dyp = colp + chunk * ckk * ohw;
   float *dcolp = dyp + chunk * s->oc * ohw;
   for (int64_t b0 = 0; b0 < bd; b0 += chunk) {
     int64_t cb = bd - b0 < chunk ? bd - b0 : chunk, cols = cb * ohw;
     const float *dyb = dy + b0 * s->oc * ohw, *dyc = dyb;
-    im2col_launch(cd->stream, s, x + b0 * chw, cb, colp);
-    CUDA_CHECK_LAUNCH(cd, "im2col_kernel");
+    im2col_launch(q->stream, s, x + b0 * chw, cb, colp);
+    CUDA_CHECK_LAUNCH(q, "im2col_kernel");
     if (cb > 1 && s->oc > 1) {
-      swap_axes_launch(cd->stream, dyb, dyp, cb, s->oc, ohw);
-      CUDA_CHECK_LAUNCH(cd, "swap_axes_kernel");
+      swap_axes_launch(q->stream, dyb, dyp, cb, s->oc, ohw);
+      CUDA_CHECK_LAUNCH(q, "swap_axes_kernel");
       dyc = dyp;
     }
     /* dw (oc, ckk) += dy (oc, cb*ohw) col^T (cb*ohw, ckk) */
-    PMAP_TRY(cuda_gemm(dev, 0, 1, s->oc, ckk, cols, 1.0f, dyc, cols, colp, cols, 1.0f, dw, ckk));
+    PMAP_TRY(cuda_gemm(q, 0, 1, s->oc, ckk, cols, 1.0f, dyc, cols, colp, cols, 1.0f, dw, ckk));
     if (!dx) continue;
     /* dcol (ckk, cb*ohw) = w^T (ckk, oc) dy (oc, cb*ohw) */
-    PMAP_TRY(cuda_gemm(dev, 1, 0, ckk, cols, s->oc, 1.0f, w, ckk, dyc, cols, 0.0f, dcolp, cols));
-    col2im_launch(cd->stream, s, dcolp, cb, dx + b0 * chw);
-    CUDA_CHECK_LAUNCH(cd, "col2im_kernel");
+    PMAP_TRY(cuda_gemm(q, 1, 0, ckk, cols, s->oc, 1.0f, w, ckk, dyc, cols, 0.0f, dcolp, cols));
+    col2im_launch(q->stream, s, dcolp, cb, dx + b0 * chw);
+    CUDA_CHECK_LAUNCH(q, "col2im_kernel");
   }
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_conv2d_preload(cuda_device *cd) {
-  CUDA_PRELOAD(cd, im2col_kernel);
-  CUDA_PRELOAD(cd, col2im_kernel);
-  CUDA_PRELOAD(cd, swap_axes_kernel);
+extern "C" pmap_status cuda_conv2d_preload(op_queue *q) {
+  CUDA_PRELOAD(q, im2col_kernel);
+  CUDA_PRELOAD(q, col2im_kernel);
+  CUDA_PRELOAD(q, swap_axes_kernel);
   return PMAP_SUCCESS;
 }

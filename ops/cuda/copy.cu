@@ -8,20 +8,19 @@ static __global__ void copy_kernel(const float *x, float *y, size_t n, const cud
   for (size_t i = cuda_thread_index(); i < n; i += cuda_grid_stride()) y[i] = x[i];
 }
 
-extern "C" pmap_status cuda_copy(pmap_device *dev, const float *x, float *y, size_t n) {
-  cuda_device *cd = cuda_device_of(dev);
+extern "C" pmap_status cuda_copy(op_queue *q, const float *x, float *y, size_t n) {
   if (n == 0) return PMAP_SUCCESS;
-  const cuda_step_vals *vals = cuda_vals_of(cd);
+  const cuda_step_vals *vals = cuda_vals_of(q);
   if (!vals) {
-    CUDA_CHECK(cd, cudaMemcpyAsync(y, x, n * sizeof *y, cudaMemcpyDeviceToDevice, cd->stream));
+    CUDA_CHECK(q, cudaMemcpyAsync(y, x, n * sizeof *y, cudaMemcpyDeviceToDevice, q->stream));
     return PMAP_SUCCESS;
   }
-  copy_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, cd->stream>>>(x, y, n, vals);
-  CUDA_CHECK_LAUNCH(cd, "copy_kernel");
+  copy_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, q->stream>>>(x, y, n, vals);
+  CUDA_CHECK_LAUNCH(q, "copy_kernel");
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_copy_preload(cuda_device *cd) {
-  CUDA_PRELOAD(cd, copy_kernel);
+extern "C" pmap_status cuda_copy_preload(op_queue *q) {
+  CUDA_PRELOAD(q, copy_kernel);
   return PMAP_SUCCESS;
 }

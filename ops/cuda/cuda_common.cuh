@@ -16,10 +16,10 @@
 
 /* Loads `kernel` now rather than at its first launch (CUDA loads modules lazily): see
  * cuda_ops_preload in cuda_ops.h. Returns the failure, e.g. no code for this GPU. */
-#define CUDA_PRELOAD(cd, kernel)                                                      \
+#define CUDA_PRELOAD(q, kernel)                                                      \
   do {                                                                                \
     cudaFuncAttributes preload_attr_;                                                 \
-    CUDA_CHECK_GEN(cd, CUDA_LIB_RUNTIME, cudaSuccess,                                 \
+    CUDA_CHECK_GEN(q, CUDA_LIB_RUNTIME, cudaSuccess,                                 \
                    cudaFuncGetAttributes(&preload_attr_, kernel), "loading " #kernel, \
                    return cuda_chk_s_);                                               \
   } while (0)

@@ -12,33 +12,31 @@ static __global__ void dropout_kernel(const float *x, float *y, size_t n, float 
     y[i] = x[i] * pmap_dropout_factor(key, first + i, rate);
 }
 
-static void dropout_launch(const cuda_device *cd, const float *x, float *y, size_t n, float rate,
+static void dropout_launch(const op_queue *q, const float *x, float *y, size_t n, float rate,
                            uint64_t key, uint64_t first) {
-  const cuda_step_vals *vals = cuda_vals_of(cd);
-  if (vals) key = pmap_dropout_salt(key, cd->vals_step);
-  dropout_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, cd->stream>>>(x, y, n, rate, key, first, vals);
+  const cuda_step_vals *vals = cuda_vals_of(q);
+  if (vals) key = pmap_dropout_salt(key, q->vals_step);
+  dropout_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, q->stream>>>(x, y, n, rate, key, first, vals);
 }
 
-extern "C" pmap_status cuda_dropout_forward(pmap_device *dev, const float *x, float *y, size_t n,
+extern "C" pmap_status cuda_dropout_forward(op_queue *q, const float *x, float *y, size_t n,
                                             float rate, uint64_t key, uint64_t first) {
-  cuda_device *cd = cuda_device_of(dev);
   if (n == 0) return PMAP_SUCCESS;
-  dropout_launch(cd, x, y, n, rate, key, first);
-  CUDA_CHECK_LAUNCH(cd, "dropout_kernel");
+  dropout_launch(q, x, y, n, rate, key, first);
+  CUDA_CHECK_LAUNCH(q, "dropout_kernel");
   return PMAP_SUCCESS;
 }
 
 /* The backward applies the same mask to dy. */
-extern "C" pmap_status cuda_dropout_backward(pmap_device *dev, const float *dy, float *dx, size_t n,
+extern "C" pmap_status cuda_dropout_backward(op_queue *q, const float *dy, float *dx, size_t n,
                                              float rate, uint64_t key, uint64_t first) {
-  cuda_device *cd = cuda_device_of(dev);
   if (n == 0) return PMAP_SUCCESS;
-  dropout_launch(cd, dy, dx, n, rate, key, first);
-  CUDA_CHECK_LAUNCH(cd, "dropout_kernel");
+  dropout_launch(q, dy, dx, n, rate, key, first);
+  CUDA_CHECK_LAUNCH(q, "dropout_kernel");
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_dropout_preload(cuda_device *cd) {
-  CUDA_PRELOAD(cd, dropout_kernel);
+extern "C" pmap_status cuda_dropout_preload(op_queue *q) {
+  CUDA_PRELOAD(q, dropout_kernel);
   return PMAP_SUCCESS;
 }

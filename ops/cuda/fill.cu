@@ -9,19 +9,18 @@ static void fill_launch(cudaStream_t stream, float *x, float value, size_t n) {
   fill_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, stream>>>(x, value, n);
 }
 
-extern "C" pmap_status cuda_fill(pmap_device *dev, float *x, float value, size_t n) {
-  cuda_device *cd = cuda_device_of(dev);
+extern "C" pmap_status cuda_fill(op_queue *q, float *x, float value, size_t n) {
   if (n == 0) return PMAP_SUCCESS;
   if (value == 0.0f) {
-    CUDA_CHECK(cd, cudaMemsetAsync(x, 0, n * sizeof *x, cd->stream));
+    CUDA_CHECK(q, cudaMemsetAsync(x, 0, n * sizeof *x, q->stream));
     return PMAP_SUCCESS;
   }
-  fill_launch(cd->stream, x, value, n);
-  CUDA_CHECK_LAUNCH(cd, "fill_kernel");
+  fill_launch(q->stream, x, value, n);
+  CUDA_CHECK_LAUNCH(q, "fill_kernel");
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_fill_preload(cuda_device *cd) {
-  CUDA_PRELOAD(cd, fill_kernel);
+extern "C" pmap_status cuda_fill_preload(op_queue *q) {
+  CUDA_PRELOAD(q, fill_kernel);
   return PMAP_SUCCESS;
 }

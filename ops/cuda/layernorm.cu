@@ -81,38 +81,36 @@ static void layernorm_backward_launch(cudaStream_t stream, const float *x, const
 }
 
 /* Rows are blocks: at most the grid's x extent. */
-static pmap_status check_rows(cuda_device *cd, int64_t rows) {
+static pmap_status check_rows(op_queue *q, int64_t rows) {
   if (rows > INT32_MAX)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "device %d: layernorm over %lld rows", cd->index,
-                    (long long)rows);
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "device %d: layernorm over %lld rows",
+                    q->where.index, (long long)rows);
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_layernorm_forward(pmap_device *dev, const float *x, const float *gamma,
+extern "C" pmap_status cuda_layernorm_forward(op_queue *q, const float *x, const float *gamma,
                                               const float *beta, int64_t rows, int64_t f, float eps,
                                               float *y, float *stats) {
-  cuda_device *cd = cuda_device_of(dev);
   if (rows <= 0 || f <= 0) return PMAP_SUCCESS;
-  PMAP_TRY(check_rows(cd, rows));
-  layernorm_forward_launch(cd->stream, x, gamma, beta, rows, f, eps, y, stats);
-  CUDA_CHECK_LAUNCH(cd, "layernorm_forward_kernel");
+  PMAP_TRY(check_rows(q, rows));
+  layernorm_forward_launch(q->stream, x, gamma, beta, rows, f, eps, y, stats);
+  CUDA_CHECK_LAUNCH(q, "layernorm_forward_kernel");
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_layernorm_backward(pmap_device *dev, const float *x, const float *gamma,
+extern "C" pmap_status cuda_layernorm_backward(op_queue *q, const float *x, const float *gamma,
                                                const float *stats, const float *dy, int64_t rows,
                                                int64_t f, float *dx, float *dgamma, float *dbeta) {
-  cuda_device *cd = cuda_device_of(dev);
   if (rows <= 0 || f <= 0) return PMAP_SUCCESS;
-  PMAP_TRY(check_rows(cd, rows));
-  layernorm_backward_launch(cd->stream, x, gamma, stats, dy, rows, f, dx, dgamma, dbeta);
-  CUDA_CHECK_LAUNCH(cd, "layernorm_backward kernels");
+  PMAP_TRY(check_rows(q, rows));
+  layernorm_backward_launch(q->stream, x, gamma, stats, dy, rows, f, dx, dgamma, dbeta);
+  CUDA_CHECK_LAUNCH(q, "layernorm_backward kernels");
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_layernorm_preload(cuda_device *cd) {
-  CUDA_PRELOAD(cd, layernorm_forward_kernel);
-  CUDA_PRELOAD(cd, layernorm_dx_kernel);
-  CUDA_PRELOAD(cd, layernorm_dparams_kernel);
+extern "C" pmap_status cuda_layernorm_preload(op_queue *q) {
+  CUDA_PRELOAD(q, layernorm_forward_kernel);
+  CUDA_PRELOAD(q, layernorm_dx_kernel);
+  CUDA_PRELOAD(q, layernorm_dparams_kernel);
   return PMAP_SUCCESS;
 }

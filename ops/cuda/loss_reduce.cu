@@ -14,14 +14,14 @@ static void loss_finalize_launch(cudaStream_t stream, const double *partial, uns
   loss_finalize_kernel<<<1, CUDA_REDUCE_BLOCKS, 0, stream>>>(partial, blocks, denom, loss);
 }
 
-extern "C" pmap_status cuda_loss_finalize(cuda_device *cd, const double *partial, unsigned blocks,
+extern "C" pmap_status cuda_loss_finalize(op_queue *q, const double *partial, unsigned blocks,
                                           double denom, float *loss) {
-  loss_finalize_launch(cd->stream, partial, blocks, denom, loss);
-  CUDA_CHECK_LAUNCH(cd, "loss_finalize_kernel");
+  loss_finalize_launch(q->stream, partial, blocks, denom, loss);
+  CUDA_CHECK_LAUNCH(q, "loss_finalize_kernel");
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_loss_reduce_preload(cuda_device *cd) {
-  CUDA_PRELOAD(cd, loss_finalize_kernel);
+extern "C" pmap_status cuda_loss_reduce_preload(op_queue *q) {
+  CUDA_PRELOAD(q, loss_finalize_kernel);
   return PMAP_SUCCESS;
 }

@@ -20,19 +20,18 @@ static void mse_launch(cudaStream_t stream, unsigned blocks, const float *pred, 
   mse_kernel<<<blocks, CUDA_BLOCK, 0, stream>>>(pred, t, n, scale, dpred, partial);
 }
 
-extern "C" pmap_status cuda_mse(pmap_device *dev, const float *pred, const float *t, size_t n,
+extern "C" pmap_status cuda_mse(op_queue *q, const float *pred, const float *t, size_t n,
                                 float *dpred, float *loss) {
-  cuda_device *cd = cuda_device_of(dev);
-  if (n == 0) return cuda_fill(dev, loss, 0.0f, 1);
+  if (n == 0) return cuda_fill(q, loss, 0.0f, 1);
   unsigned blocks = cuda_grid(n);
   if (blocks > CUDA_REDUCE_BLOCKS) blocks = CUDA_REDUCE_BLOCKS;
-  double *partial = (double *)cd->scratch;
-  mse_launch(cd->stream, blocks, pred, t, n, 2.0f / (float)n, dpred, partial);
-  CUDA_CHECK_LAUNCH(cd, "mse_kernel");
-  return cuda_loss_finalize(cd, partial, blocks, (double)n, loss);
+  double *partial = (double *)q->scratch;
+  mse_launch(q->stream, blocks, pred, t, n, 2.0f / (float)n, dpred, partial);
+  CUDA_CHECK_LAUNCH(q, "mse_kernel");
+  return cuda_loss_finalize(q, partial, blocks, (double)n, loss);
 }
 
-extern "C" pmap_status cuda_mse_preload(cuda_device *cd) {
-  CUDA_PRELOAD(cd, mse_kernel);
+extern "C" pmap_status cuda_mse_preload(op_queue *q) {
+  CUDA_PRELOAD(q, mse_kernel);
   return PMAP_SUCCESS;
 }

@@ -23,13 +23,12 @@ static void norm2_launch(cudaStream_t stream, unsigned blocks, const float *x, s
   norm2_finalize_kernel<<<1, CUDA_REDUCE_BLOCKS, 0, stream>>>(partial, blocks, norm);
 }
 
-extern "C" pmap_status cuda_norm2(pmap_device *dev, const float *x, size_t n, float *norm) {
-  cuda_device *cd = cuda_device_of(dev);
-  if (n == 0) return cuda_fill(dev, norm, 0.0f, 1);
+extern "C" pmap_status cuda_norm2(op_queue *q, const float *x, size_t n, float *norm) {
+  if (n == 0) return cuda_fill(q, norm, 0.0f, 1);
   unsigned blocks = cuda_grid(n);
   if (blocks > CUDA_REDUCE_BLOCKS) blocks = CUDA_REDUCE_BLOCKS;
-  norm2_launch(cd->stream, blocks, x, n, (double *)cd->scratch, norm);
-  CUDA_CHECK_LAUNCH(cd, "norm2_kernel");
+  norm2_launch(q->stream, blocks, x, n, (double *)q->scratch, norm);
+  CUDA_CHECK_LAUNCH(q, "norm2_kernel");
   return PMAP_SUCCESS;
 }
 
@@ -37,11 +36,10 @@ static __global__ void scale_kernel(float *x, float s, size_t n) {
   for (size_t i = cuda_thread_index(); i < n; i += cuda_grid_stride()) x[i] *= s;
 }
 
-extern "C" pmap_status cuda_scale(pmap_device *dev, float *x, float s, size_t n) {
-  cuda_device *cd = cuda_device_of(dev);
+extern "C" pmap_status cuda_scale(op_queue *q, float *x, float s, size_t n) {
   if (n == 0) return PMAP_SUCCESS;
-  scale_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, cd->stream>>>(x, s, n);
-  CUDA_CHECK_LAUNCH(cd, "scale_kernel");
+  scale_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, q->stream>>>(x, s, n);
+  CUDA_CHECK_LAUNCH(q, "scale_kernel");
   return PMAP_SUCCESS;
 }
 
@@ -49,19 +47,17 @@ static __global__ void axpy_kernel(float alpha, const float *x, float *y, size_t
   for (size_t i = cuda_thread_index(); i < n; i += cuda_grid_stride()) y[i] += alpha * x[i];
 }
 
-extern "C" pmap_status cuda_axpy(pmap_device *dev, float alpha, const float *x, float *y,
-                                 size_t n) {
-  cuda_device *cd = cuda_device_of(dev);
+extern "C" pmap_status cuda_axpy(op_queue *q, float alpha, const float *x, float *y, size_t n) {
   if (n == 0) return PMAP_SUCCESS;
-  axpy_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, cd->stream>>>(alpha, x, y, n);
-  CUDA_CHECK_LAUNCH(cd, "axpy_kernel");
+  axpy_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, q->stream>>>(alpha, x, y, n);
+  CUDA_CHECK_LAUNCH(q, "axpy_kernel");
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_norm2_preload(cuda_device *cd) {
-  CUDA_PRELOAD(cd, norm2_kernel);
-  CUDA_PRELOAD(cd, norm2_finalize_kernel);
-  CUDA_PRELOAD(cd, scale_kernel);
-  CUDA_PRELOAD(cd, axpy_kernel);
+extern "C" pmap_status cuda_norm2_preload(op_queue *q) {
+  CUDA_PRELOAD(q, norm2_kernel);
+  CUDA_PRELOAD(q, norm2_finalize_kernel);
+  CUDA_PRELOAD(q, scale_kernel);
+  CUDA_PRELOAD(q, axpy_kernel);
   return PMAP_SUCCESS;
 }

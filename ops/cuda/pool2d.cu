@@ -33,29 +33,27 @@ static void pool2d_backward_launch(cudaStream_t stream, int is_max, const pmap_p
   pool2d_backward_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, stream>>>(is_max, *s, x, dy, dx, n);
 }
 
-extern "C" pmap_status cuda_pool2d_forward(pmap_device *dev, int is_max, const pmap_pool_shape *s,
+extern "C" pmap_status cuda_pool2d_forward(op_queue *q, int is_max, const pmap_pool_shape *s,
                                            int64_t bd, const float *x, float *y) {
-  cuda_device *cd = cuda_device_of(dev);
   size_t n = (size_t)(bd * s->c * s->oh * s->ow);
   if (n == 0) return PMAP_SUCCESS;
-  pool2d_forward_launch(cd->stream, is_max, s, x, y, n);
-  CUDA_CHECK_LAUNCH(cd, "pool2d_forward_kernel");
+  pool2d_forward_launch(q->stream, is_max, s, x, y, n);
+  CUDA_CHECK_LAUNCH(q, "pool2d_forward_kernel");
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_pool2d_backward(pmap_device *dev, int is_max, const pmap_pool_shape *s,
+extern "C" pmap_status cuda_pool2d_backward(op_queue *q, int is_max, const pmap_pool_shape *s,
                                             int64_t bd, const float *x, const float *dy,
                                             float *dx) {
-  cuda_device *cd = cuda_device_of(dev);
   size_t n = (size_t)(bd * s->c * s->h * s->w);
   if (n == 0) return PMAP_SUCCESS;
-  pool2d_backward_launch(cd->stream, is_max, s, x, dy, dx, n);
-  CUDA_CHECK_LAUNCH(cd, "pool2d_backward_kernel");
+  pool2d_backward_launch(q->stream, is_max, s, x, dy, dx, n);
+  CUDA_CHECK_LAUNCH(q, "pool2d_backward_kernel");
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_pool2d_preload(cuda_device *cd) {
-  CUDA_PRELOAD(cd, pool2d_forward_kernel);
-  CUDA_PRELOAD(cd, pool2d_backward_kernel);
+extern "C" pmap_status cuda_pool2d_preload(op_queue *q) {
+  CUDA_PRELOAD(q, pool2d_forward_kernel);
+  CUDA_PRELOAD(q, pool2d_backward_kernel);
   return PMAP_SUCCESS;
 }

@@ -20,25 +20,23 @@ static void relu_backward_launch(cudaStream_t stream, const float *y, const floa
   relu_backward_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, stream>>>(y, dy, dx, n);
 }
 
-extern "C" pmap_status cuda_relu_forward(pmap_device *dev, const float *x, float *y, size_t n) {
-  cuda_device *cd = cuda_device_of(dev);
+extern "C" pmap_status cuda_relu_forward(op_queue *q, const float *x, float *y, size_t n) {
   if (n == 0) return PMAP_SUCCESS;
-  relu_forward_launch(cd->stream, x, y, n);
-  CUDA_CHECK_LAUNCH(cd, "relu_forward_kernel");
+  relu_forward_launch(q->stream, x, y, n);
+  CUDA_CHECK_LAUNCH(q, "relu_forward_kernel");
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_relu_backward(pmap_device *dev, const float *y, const float *dy,
-                                          float *dx, size_t n) {
-  cuda_device *cd = cuda_device_of(dev);
+extern "C" pmap_status cuda_relu_backward(op_queue *q, const float *y, const float *dy, float *dx,
+                                          size_t n) {
   if (n == 0) return PMAP_SUCCESS;
-  relu_backward_launch(cd->stream, y, dy, dx, n);
-  CUDA_CHECK_LAUNCH(cd, "relu_backward_kernel");
+  relu_backward_launch(q->stream, y, dy, dx, n);
+  CUDA_CHECK_LAUNCH(q, "relu_backward_kernel");
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_relu_preload(cuda_device *cd) {
-  CUDA_PRELOAD(cd, relu_forward_kernel);
-  CUDA_PRELOAD(cd, relu_backward_kernel);
+extern "C" pmap_status cuda_relu_preload(op_queue *q) {
+  CUDA_PRELOAD(q, relu_forward_kernel);
+  CUDA_PRELOAD(q, relu_backward_kernel);
   return PMAP_SUCCESS;
 }

@@ -23,16 +23,15 @@ static void sgd_step_launch(cudaStream_t stream, float *w, const float *g, float
   sgd_step_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, stream>>>(w, g, v, n, *h, vals);
 }
 
-extern "C" pmap_status cuda_sgd_step(pmap_device *dev, float *w, const float *g, float *v, size_t n,
+extern "C" pmap_status cuda_sgd_step(op_queue *q, float *w, const float *g, float *v, size_t n,
                                      const pmap_step_hyper *h) {
-  cuda_device *cd = cuda_device_of(dev);
   if (n == 0) return PMAP_SUCCESS;
-  sgd_step_launch(cd->stream, w, g, v, n, h, cuda_vals_of(cd));
-  CUDA_CHECK_LAUNCH(cd, "sgd_step_kernel");
+  sgd_step_launch(q->stream, w, g, v, n, h, cuda_vals_of(q));
+  CUDA_CHECK_LAUNCH(q, "sgd_step_kernel");
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_sgd_preload(cuda_device *cd) {
-  CUDA_PRELOAD(cd, sgd_step_kernel);
+extern "C" pmap_status cuda_sgd_preload(op_queue *q) {
+  CUDA_PRELOAD(q, sgd_step_kernel);
   return PMAP_SUCCESS;
 }

@@ -21,21 +21,19 @@ static void softmax_xent_launch(cudaStream_t stream, unsigned blocks, const floa
                                                          partial);
 }
 
-extern "C" pmap_status cuda_softmax_xent(pmap_device *dev, const float *logits,
-                                         const int32_t *labels, int64_t rows, int64_t k,
-                                         float *dlogits, float *loss) {
-  cuda_device *cd = cuda_device_of(dev);
-  if (rows <= 0 || k <= 0) return cuda_fill(dev, loss, 0.0f, 1);
+extern "C" pmap_status cuda_softmax_xent(op_queue *q, const float *logits, const int32_t *labels,
+                                         int64_t rows, int64_t k, float *dlogits, float *loss) {
+  if (rows <= 0 || k <= 0) return cuda_fill(q, loss, 0.0f, 1);
   unsigned blocks = cuda_grid((size_t)rows);
   if (blocks > CUDA_REDUCE_BLOCKS) blocks = CUDA_REDUCE_BLOCKS;
-  double *partial = (double *)cd->scratch;
-  softmax_xent_launch(cd->stream, blocks, logits, labels, rows, k, 1.0f / (float)rows, dlogits,
+  double *partial = (double *)q->scratch;
+  softmax_xent_launch(q->stream, blocks, logits, labels, rows, k, 1.0f / (float)rows, dlogits,
                       partial);
-  CUDA_CHECK_LAUNCH(cd, "softmax_xent_kernel");
-  return cuda_loss_finalize(cd, partial, blocks, (double)rows, loss);
+  CUDA_CHECK_LAUNCH(q, "softmax_xent_kernel");
+  return cuda_loss_finalize(q, partial, blocks, (double)rows, loss);
 }
 
-extern "C" pmap_status cuda_softmax_xent_preload(cuda_device *cd) {
-  CUDA_PRELOAD(cd, softmax_xent_kernel);
+extern "C" pmap_status cuda_softmax_xent_preload(op_queue *q) {
+  CUDA_PRELOAD(q, softmax_xent_kernel);
   return PMAP_SUCCESS;
 }

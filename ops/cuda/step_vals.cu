@@ -1,14 +1,17 @@
-/* step_vals.cu: the numeric guard and gradient clipping decided on the device for the fast
- * steps (runtime/cuda/cuda_graph.c): the same tests and the same scale as the host's in
- * models/step.c, written to the step's values (cuda_step_vals) where the scale and optimizer
- * kernels read them, so a captured step needs no host decision. */
+/* step_vals.cu: the values of a fast step (models/step_fast.c) on the device: this step's
+ * optimizer settings and number, written in stream order (cuda_step_values), and the numeric
+ * guard's and clipping's decision taken there (cuda_decide): the same tests and the same scale
+ * as the host's in models/step.c, written where the scale and optimizer kernels read them, so a
+ * captured step needs no host decision. */
+#include <string.h>
+
 #include "cuda_common.cuh"
 
 /* tail: [loss | flags (n) | norm] of the averaged gradient buffer. */
-static __global__ void guard_clip_kernel(const float *tail, int n, int guard, float clip,
-                                         cuda_step_vals *vals) {
+static __global__ void decide_kernel(const float *tail, int n, int check, float clip,
+                                     cuda_step_vals *vals) {
   int finite = 1;
-  if (guard)
+  if (check)
     for (int i = 0; i < n + 2; i++) finite &= isfinite(tail[i]) ? 1 : 0;
   float norm = tail[n + 1], scale = 1.0f;
   /* In double, as on the host: clip / norm may underflow float. */
@@ -23,19 +26,51 @@ static __global__ void scale_vals_kernel(float *x, size_t n, const cuda_step_val
   for (size_t i = cuda_thread_index(); i < n; i += cuda_grid_stride()) x[i] *= s;
 }
 
-extern "C" pmap_status cuda_guard_clip(cuda_device *cd, float *g, size_t P, const float *tail,
-                                       int n, int guard, float clip) {
-  guard_clip_kernel<<<1, 1, 0, cd->stream>>>(tail, n, guard, clip, cd->vals);
-  CUDA_CHECK_LAUNCH(cd, "guard_clip_kernel");
+extern "C" pmap_status cuda_decide(op_queue *q, float *g, size_t P, const float *tail, int n,
+                                   int check, float clip) {
+  if (!q->vals_on)
+    return PMAP_ERR(PMAP_ERR_INTERNAL, "device %d: a decision outside a fast step", q->where.index);
+  decide_kernel<<<1, 1, 0, q->stream>>>(tail, n, check, clip, q->vals);
+  CUDA_CHECK_LAUNCH(q, "decide_kernel");
   if (clip > 0.0f && P > 0) {
-    scale_vals_kernel<<<cuda_grid(P), CUDA_BLOCK, 0, cd->stream>>>(g, P, cd->vals);
-    CUDA_CHECK_LAUNCH(cd, "scale_vals_kernel");
+    scale_vals_kernel<<<cuda_grid(P), CUDA_BLOCK, 0, q->stream>>>(g, P, q->vals);
+    CUDA_CHECK_LAUNCH(q, "scale_vals_kernel");
   }
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_step_vals_preload(cuda_device *cd) {
-  CUDA_PRELOAD(cd, guard_clip_kernel);
-  CUDA_PRELOAD(cd, scale_vals_kernel);
+extern "C" pmap_status cuda_step_vals_preload(op_queue *q) {
+  CUDA_PRELOAD(q, decide_kernel);
+  CUDA_PRELOAD(q, scale_vals_kernel);
+  return PMAP_SUCCESS;
+}
+
+/* Copies v to q->vals in stream order: through one of two pinned buffers in turns when its last
+ * copy is done, else from pageable memory, which CUDA copies out before the call returns (no
+ * wait for the device here either way). */
+static pmap_status vals_upload(op_queue *q, const cuda_step_vals *v) {
+  int k = q->vals_next;
+  if (!q->vals_host[k] || !q->vals_ev[k] || cudaEventQuery(q->vals_ev[k]) != cudaSuccess) {
+    (void)cudaGetLastError(); /* a not-ready event is no error */
+    CUDA_CHECK(q, cudaMemcpyAsync(q->vals, v, sizeof *v, cudaMemcpyHostToDevice, q->stream));
+    return PMAP_SUCCESS;
+  }
+  q->vals_next ^= 1;
+  memcpy(q->vals_host[k], v, sizeof *v);
+  CUDA_CHECK(
+      q, cudaMemcpyAsync(q->vals, q->vals_host[k], sizeof *v, cudaMemcpyHostToDevice, q->stream));
+  CUDA_CHECK(q, cudaEventRecord(q->vals_ev[k], q->stream));
+  return PMAP_SUCCESS;
+}
+
+extern "C" pmap_status cuda_step_values(op_queue *q, const pmap_step_hyper *h, int64_t step) {
+  if (!h) {
+    q->vals_on = 0;
+    return PMAP_SUCCESS;
+  }
+  cuda_step_vals v = {*h, (uint64_t)step, 1.0f, 0};
+  PMAP_TRY(vals_upload(q, &v));
+  q->vals_step = (uint64_t)step;
+  q->vals_on = 1;
   return PMAP_SUCCESS;
 }

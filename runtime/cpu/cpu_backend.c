@@ -1,12 +1,12 @@
 /* cpu_backend.c: the CPU backend. A device is a worker thread; its memory is host memory, so an
- * input shard is read in place (no staging) and copies are memcpy. */
+ * input shard is read in place (no staging) and copies are memcpy. What the CPU ops need of a
+ * device's thread (the GEMM library pinned to one thread) is the CPU op backend's (ops/cpu). */
 #include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpu_backend.h"
-#include "ops/cpu/gemm.h"
 #include "base/env.h"
 #include "base/error.h"
 
@@ -22,9 +22,6 @@ pmap_status pmap_cpu_default_devices(int *out) {
 
 static pmap_status cpu_ctx_init(pmap_ctx *ctx, const pmap_config *cfg) {
   (void)cfg;
-  /* The GEMM provider is chosen here, before the workers start: they would disturb its
-   * measurement, and a bad PMAP_GEMM fails the context's creation. */
-  PMAP_TRY(cpu_gemm_ready("pmap_ctx_create"));
   cpu_ctx *cc = calloc(1, sizeof *cc);
   if (cc) cc->dev = aligned_alloc(CPU_ALIGN, sizeof(cpu_device) * (size_t)ctx->n);
   if (cc) cc->slots = calloc(2 * (size_t)ctx->n, sizeof *cc->slots);
@@ -47,23 +44,6 @@ static void cpu_ctx_fini(pmap_ctx *ctx) {
   free(cc->part);
   free(cc);
   ctx->be_ctx = NULL;
-}
-
-static pmap_status cpu_device_init(pmap_device *dev) {
-  (void)dev;
-  cpu_gemm_threads_set(1);
-  return PMAP_SUCCESS;
-}
-
-static pmap_status cpu_enter(pmap_device *dev, int saved[2]) {
-  (void)dev;
-  saved[0] = cpu_gemm_threads_set(1);
-  return PMAP_SUCCESS;
-}
-
-static void cpu_leave(pmap_device *dev, const int saved[2]) {
-  (void)dev;
-  cpu_gemm_threads_set(saved[0]);
 }
 
 /* Buffers start CPU_OFFSET bytes past a cache line. With 64-byte aligned operands and 4 KiB
@@ -108,10 +88,10 @@ const pmap_backend_i pmap_cpu_backend = {
     .name = "cpu",
     .ctx_init = cpu_ctx_init,
     .ctx_fini = cpu_ctx_fini,
-    .device_init = cpu_device_init,
+    .device_init = NULL,
     .device_fini = NULL,
-    .enter = cpu_enter,
-    .leave = cpu_leave,
+    .enter = NULL,
+    .leave = NULL,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .upload = cpu_copy,
@@ -119,5 +99,4 @@ const pmap_backend_i pmap_cpu_backend = {
     .stage = NULL,
     .sync = NULL,
     .coll = &pmap_cpu_coll,
-    .ops = &pmap_cpu_ops,
 };

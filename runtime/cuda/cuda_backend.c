@@ -8,7 +8,6 @@
 #include <time.h>
 
 #include "cuda_backend.h"
-#include "ops/cuda/cuda_ops.h"
 
 /* Staging buffers grow in steps of this, so that a slightly larger batch reuses them. */
 #define STAGE_ROUND ((size_t)1 << 16)
@@ -24,7 +23,6 @@ static void device_release(cuda_device *cd) {
     if (st->dev) cuda_mem_free(cd, st->dev);
     memset(st, 0, sizeof *st);
   }
-  if (cd->work) cuda_mem_free(cd, cd->work);
   if (cd->scratch) cuda_mem_free(cd, cd->scratch);
   cuda_fast_device_release(cd);
   if (cd->stream) (void)cudaStreamSynchronize(cd->stream);
@@ -43,8 +41,6 @@ static void device_release(cuda_device *cd) {
   if (cd->blas_ws) (void)cudaFree(cd->blas_ws);
   if (cd->stream) (void)cudaStreamDestroy(cd->stream);
   (void)cudaGetLastError();
-  cd->work = NULL;
-  cd->work_cap = 0;
   cd->scratch = cd->blas_ws = NULL;
   cd->blas = NULL;
   cd->stream = NULL;
@@ -64,7 +60,7 @@ static pmap_status startup_barrier(pmap_device *dev, cuda_device *cd) {
                     dev->index, (double)wait.timeout_ns * 1e-9);
   }
   PMAP_TRY(pmap_wait_status(dev, r, "startup barrier"));
-  float *one = (float *)((char *)cd->scratch + CUDA_REDUCE_BLOCKS * sizeof(double));
+  float *one = (float *)cd->scratch;
   CUDA_CHECK(cd, cudaMemsetAsync(one, 0, sizeof *one, cd->stream));
   PMAP_TRY(cuda_nccl_enter(dev, "startup barrier"));
   PMAP_TRY(cuda_nccl_issued(dev,
@@ -104,7 +100,7 @@ static pmap_status cuda_device_init(pmap_device *dev) {
   cuda_ctx *cc = dev->ctx->be_ctx;
   pmap_status st = PMAP_SUCCESS;
   /* Once per thread: a worker keeps its GPU for life; device 0's caller gets it in enter. */
-  CUDA_CHECK_GOTO(cd, st, cudaSetDevice(cd->gpu), fail);
+  CUDA_CHECK_GOTO(cd, st, cudaSetDevice(cd->where.gpu), fail);
   CUDA_CHECK_GOTO(cd, st, cudaStreamCreateWithFlags(&cd->stream, cudaStreamNonBlocking), fail);
   CUBLAS_CHECK_GOTO(cd, st, cublasCreate(&cd->blas), fail);
   CUBLAS_CHECK_GOTO(cd, st, cublasSetStream(cd->blas, cd->stream), fail);
@@ -119,8 +115,7 @@ static pmap_status cuda_device_init(pmap_device *dev) {
   PMAP_TRY_GOTO(st, cuda_mem_init(cd, cc), fail);
   PMAP_TRY_GOTO(st, cuda_mem_alloc(dev, cd, CUDA_SCRATCH_BYTES, &cd->scratch), fail);
   host_buffers(cd, cc);
-  PMAP_TRY_GOTO(st, cuda_fast_device_init(dev, cd), fail);
-  PMAP_TRY_GOTO(st, cuda_ops_preload(cd), fail);
+  PMAP_TRY_GOTO(st, cuda_fast_device_init(cd), fail);
   PMAP_TRY_GOTO(st, startup_barrier(dev, cd), fail);
   atomic_fetch_sub(&cc->starting, 1);
   return PMAP_SUCCESS;
@@ -159,7 +154,7 @@ static void cuda_device_fini(pmap_device *dev) {
     fprintf(stderr,
             "pmap: device %d (GPU %d): its GPU work did not finish within %.0f s of the "
             "context's destruction; its memory, streams and handles are left to the process\n",
-            dev->index, cd->gpu, (double)limit * 1e-9);
+            dev->index, cd->where.gpu, (double)limit * 1e-9);
     return;
   }
   device_release(cd);
@@ -175,13 +170,13 @@ static pmap_status cuda_enter(pmap_device *dev, int saved[2]) {
   if (cudaGetDevice(&cur) != cudaSuccess) cur = -1;
   (void)cudaGetLastError();
   saved[0] = cur;
-  if (cur != cd->gpu) CUDA_CHECK(cd, cudaSetDevice(cd->gpu));
+  if (cur != cd->where.gpu) CUDA_CHECK(cd, cudaSetDevice(cd->where.gpu));
   return PMAP_SUCCESS;
 }
 
 static void cuda_leave(pmap_device *dev, const int saved[2]) {
   cuda_device *cd = dev->be;
-  if (!cd || saved[0] < 0 || saved[0] == cd->gpu) return;
+  if (!cd || saved[0] < 0 || saved[0] == cd->where.gpu) return;
   (void)cudaSetDevice(saved[0]);
   (void)cudaGetLastError();
 }
@@ -196,19 +191,6 @@ static pmap_status cuda_alloc(pmap_device *dev, size_t bytes, void **out) {
 static void cuda_free(pmap_device *dev, void *ptr) {
   cuda_device *cd = dev->be;
   if (cd) cuda_mem_free(cd, ptr);
-}
-
-pmap_status cuda_work_reserve(pmap_device *dev, size_t count) {
-  cuda_device *cd = dev->be;
-  if (count <= cd->work_cap) return PMAP_SUCCESS;
-  cuda_mem_free(cd, cd->work);
-  cd->work = NULL;
-  cd->work_cap = 0;
-  void *p = NULL;
-  PMAP_TRY(cuda_mem_alloc(dev, cd, count * sizeof(float), &p));
-  cd->work = p;
-  cd->work_cap = count;
-  return PMAP_SUCCESS;
 }
 
 static pmap_status cuda_upload(pmap_device *dev, void *dst, const void *src, size_t bytes) {
@@ -319,6 +301,5 @@ const pmap_backend_i pmap_cuda_backend = {
     .sync = cuda_sync,
     .native = cuda_native,
     .coll = &pmap_cuda_coll,
-    .ops = &pmap_cuda_ops,
     .fast = &pmap_cuda_fast,
 };

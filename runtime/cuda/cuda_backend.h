@@ -82,7 +82,7 @@ pmap_status cuda_bucket_bytes_parse(const char *s, size_t *bytes);
 pmap_status cuda_fast_switches(cuda_ctx *cc, const pmap_config *cfg);
 /* Creates and frees a device's part of the fast steps (second stream, events, pinned values);
  * create runs in device_init before any collective (page-locked allocation). */
-pmap_status cuda_fast_device_init(pmap_device *dev, cuda_device *cd);
+pmap_status cuda_fast_device_init(cuda_device *cd);
 void cuda_fast_device_release(cuda_device *cd);
 /* Counts an allocation of cd's context (a captured graph taken before it is stale). */
 static inline void cuda_alloc_counted(cuda_device *cd) {

@@ -106,12 +106,12 @@ static int async_error(pmap_device *dev, cuda_device *cd, const char *call, pmap
   ncclResult_t r = ncclCommGetAsyncError(cd->comm, &async);
   cuda_nccl_leave(dev);
   if (r != ncclSuccess) {
-    *st = cuda_fail(cd, CUDA_LIB_NCCL, (int)r, "ncclCommGetAsyncError(comm, &async)", __FILE__,
-                    __LINE__, __func__);
+    *st = cuda_fail(&cd->where, CUDA_LIB_NCCL, (int)r, "ncclCommGetAsyncError(comm, &async)",
+                    __FILE__, __LINE__, __func__);
     return 1;
   }
   if (async == ncclSuccess || async == ncclInProgress) return 0;
-  *st = cuda_fail(cd, CUDA_LIB_NCCL, (int)async, call, __FILE__, __LINE__, __func__);
+  *st = cuda_fail(&cd->where, CUDA_LIB_NCCL, (int)async, call, __FILE__, __LINE__, __func__);
   return 1;
 }
 
@@ -120,7 +120,7 @@ static pmap_status timed_out(pmap_device *dev, const char *call, int64_t timeout
   return coll_failed(dev, PMAP_ERR(PMAP_ERR_TIMEOUT,
                                    "%s on device %d (GPU %d) did not complete within %.3f s; "
                                    "the NCCL communicators were aborted: destroy the context",
-                                   call, dev->index, cd->gpu, (double)timeout * 1e-9));
+                                   call, dev->index, cd->where.gpu, (double)timeout * 1e-9));
 }
 
 /* The stream finished, but a collective of it may have been cut short by an abort (its kernel
@@ -158,7 +158,7 @@ static pmap_status wait_poll(pmap_device *dev, cuda_device *cd, const char *call
     cudaError_t e = cudaStreamQuery(cd->stream);
     if (e == cudaSuccess) return PMAP_SUCCESS;
     if (e != cudaErrorNotReady) {
-      st = cuda_fail(cd, CUDA_LIB_RUNTIME, (int)e, call, __FILE__, __LINE__, __func__);
+      st = cuda_fail(&cd->where, CUDA_LIB_RUNTIME, (int)e, call, __FILE__, __LINE__, __func__);
       /* A collective of this device will not finish: the others must not wait for it. */
       return collective ? coll_failed(dev, st) : st;
     }
@@ -198,7 +198,7 @@ static int wait_fallback(pmap_device *dev, cuda_device *cd, cudaError_t e) {
   fprintf(stderr,
           "pmap: device %d (GPU %d): a blocking-sync wait failed (%s: %s); this device's waits "
           "poll from now on\n",
-          dev->index, cd->gpu, cudaGetErrorName(e), cudaGetErrorString(e));
+          dev->index, cd->where.gpu, cudaGetErrorName(e), cudaGetErrorString(e));
   (void)cudaEventDestroy(cd->done);
   (void)cudaGetLastError();
   cd->done = NULL;
@@ -222,7 +222,8 @@ static pmap_status wait_block(pmap_device *dev, cuda_device *cd, const char *cal
   }
   if (e != cudaSuccess && wait_fallback(dev, cd, e)) return wait_poll(dev, cd, call, collective);
   if (e != cudaSuccess) {
-    pmap_status st = cuda_fail(cd, CUDA_LIB_RUNTIME, (int)e, call, __FILE__, __LINE__, __func__);
+    pmap_status st =
+        cuda_fail(&cd->where, CUDA_LIB_RUNTIME, (int)e, call, __FILE__, __LINE__, __func__);
     return collective ? coll_failed(dev, st) : st;
   }
   if (timeout >= 0 && pmap_now_ns() - start > timeout &&
@@ -301,7 +302,7 @@ static pmap_status cuda_barrier(pmap_device *dev) {
   if (ctx->nproc <= 1) return PMAP_SUCCESS;
   /* Across processes: a one-float all-reduce over the global communicator, waited for. */
   cuda_device *cd = dev->be;
-  float *one = (float *)((char *)cd->scratch + CUDA_REDUCE_BLOCKS * sizeof(double));
+  float *one = (float *)cd->scratch;
   PMAP_TRY(cuda_all_reduce(dev, one, one, 1, PMAP_RED_SUM));
   return cuda_wait(dev, "barrier", 1);
 }

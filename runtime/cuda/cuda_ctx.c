@@ -485,8 +485,8 @@ pmap_status cuda_ctx_init(pmap_ctx *ctx, const pmap_config *cfg) {
   cc->watchdog_started = 1;
   for (int i = 0; i < n; i++) {
     cuda_device *cd = &cc->devs[i];
-    cd->index = i;
-    cd->gpu = cc->gpus[i];
+    cd->where.index = i;
+    cd->where.gpu = cc->gpus[i];
     cd->comm = cc->comms[i];
     cd->alloc_gen = &cc->alloc_gen;
     for (int j = 0; j < n; j++) cd->shared |= j != i && cc->gpus[j] == cc->gpus[i];

@@ -9,7 +9,6 @@
 
 #include "base/env.h"
 #include "cuda_backend.h"
-#include "ops/cuda/cuda_ops.h"
 
 /* Gradient bucket size unless PMAP_CUDA_BUCKET_MB or pmap_config.cuda_bucket_mb says otherwise
  * (PyTorch DDP's default). */
@@ -61,23 +60,12 @@ pmap_status cuda_fast_switches(cuda_ctx *cc, const pmap_config *cfg) {
   return PMAP_SUCCESS;
 }
 
-pmap_status cuda_fast_device_init(pmap_device *dev, cuda_device *cd) {
+pmap_status cuda_fast_device_init(cuda_device *cd) {
   pmap_status st = PMAP_SUCCESS;
   unsigned flags = cudaEventDisableTiming;
   CUDA_CHECK_GOTO(cd, st, cudaStreamCreateWithFlags(&cd->comm_stream, cudaStreamNonBlocking), fail);
   CUDA_CHECK_GOTO(cd, st, cudaEventCreateWithFlags(&cd->bucket_ready, flags), fail);
   CUDA_CHECK_GOTO(cd, st, cudaEventCreateWithFlags(&cd->bucket_done, flags), fail);
-  void *v = NULL;
-  PMAP_TRY_GOTO(st, cuda_mem_alloc(dev, cd, sizeof(cuda_step_vals), &v), fail);
-  cd->vals = v;
-  /* Pinned copies of the values: an optimization (pageable copies otherwise), so a refusal is
-   * not a failure. Allocated here, before any collective (see host_buffers). */
-  for (int k = 0; k < 2; k++) {
-    void *h = NULL;
-    if (cudaEventCreateWithFlags(&cd->vals_ev[k], flags) != cudaSuccess) cd->vals_ev[k] = NULL;
-    if (cudaMallocHost(&h, sizeof(cuda_step_vals)) != cudaSuccess) h = NULL;
-    cd->vals_host[k] = h;
-  }
   (void)cudaGetLastError();
   return PMAP_SUCCESS;
 fail:
@@ -86,20 +74,10 @@ fail:
 
 void cuda_fast_device_release(cuda_device *cd) {
   if (cd->comm_stream) (void)cudaStreamSynchronize(cd->comm_stream);
-  if (cd->vals && cd->stream) cuda_mem_free(cd, cd->vals);
-  if (cd->stream) (void)cudaStreamSynchronize(cd->stream);
-  for (int k = 0; k < 2; k++) {
-    if (cd->vals_host[k]) (void)cudaFreeHost(cd->vals_host[k]);
-    if (cd->vals_ev[k]) (void)cudaEventDestroy(cd->vals_ev[k]);
-    cd->vals_host[k] = NULL;
-    cd->vals_ev[k] = NULL;
-  }
   if (cd->bucket_ready) (void)cudaEventDestroy(cd->bucket_ready);
   if (cd->bucket_done) (void)cudaEventDestroy(cd->bucket_done);
   if (cd->comm_stream) (void)cudaStreamDestroy(cd->comm_stream);
   (void)cudaGetLastError();
-  cd->vals = NULL;
-  cd->vals_on = 0;
   cd->bucket_ready = cd->bucket_done = NULL;
   cd->comm_stream = NULL;
 }
@@ -114,49 +92,6 @@ static void fast_modes(const pmap_ctx *ctx, int *graphs, int *overlap, size_t *b
 static uint64_t fast_generation(const pmap_ctx *ctx) {
   cuda_ctx *cc = ctx->be_ctx;
   return __atomic_load_n(&cc->alloc_gen, __ATOMIC_SEQ_CST);
-}
-
-/* Copies v to cd->vals in stream order: through one of two pinned buffers in turns (one whose
- * last copy is still queued is waited for with the timed wait), else from pageable memory,
- * which CUDA copies out before the call returns. */
-static pmap_status vals_upload(pmap_device *dev, cuda_device *cd, const cuda_step_vals *v) {
-  int k = cd->vals_next;
-  if (!cd->vals_host[k] || !cd->vals_ev[k]) {
-    CUDA_CHECK(cd, cudaMemcpyAsync(cd->vals, v, sizeof *v, cudaMemcpyHostToDevice, cd->stream));
-    return PMAP_SUCCESS;
-  }
-  cd->vals_next ^= 1;
-  cudaError_t e = cudaEventQuery(cd->vals_ev[k]);
-  if (e == cudaErrorNotReady)
-    PMAP_TRY(cuda_wait(dev, "step values", 0));
-  else
-    CUDA_CHECK(cd, e);
-  memcpy(cd->vals_host[k], v, sizeof *v);
-  CUDA_CHECK(cd, cudaMemcpyAsync(cd->vals, cd->vals_host[k], sizeof *v, cudaMemcpyHostToDevice,
-                                 cd->stream));
-  CUDA_CHECK(cd, cudaEventRecord(cd->vals_ev[k], cd->stream));
-  return PMAP_SUCCESS;
-}
-
-static pmap_status fast_step_values(pmap_device *dev, const pmap_step_hyper *h, int64_t step) {
-  cuda_device *cd = dev->be;
-  if (!h) {
-    cd->vals_on = 0;
-    return PMAP_SUCCESS;
-  }
-  cuda_step_vals v = {.hyper = *h, .step = (uint64_t)step, .scale = 1.0f, .skip = 0};
-  PMAP_TRY(vals_upload(dev, cd, &v));
-  cd->vals_step = (uint64_t)step;
-  cd->vals_on = 1;
-  return PMAP_SUCCESS;
-}
-
-static pmap_status fast_guard_clip(pmap_device *dev, float *g, size_t P, const float *tail, int n,
-                                   int guard, float clip) {
-  cuda_device *cd = dev->be;
-  if (!cd->vals_on)
-    return PMAP_ERR(PMAP_ERR_INTERNAL, "device %d: guard_clip outside a fast step", dev->index);
-  return cuda_guard_clip(cd, g, P, tail, n, guard, clip);
 }
 
 static pmap_status fast_capture_begin(pmap_device *dev) {
@@ -247,8 +182,6 @@ static pmap_status fast_bucket_join(pmap_device *dev) {
 const pmap_fast_i pmap_cuda_fast = {
     .modes = fast_modes,
     .generation = fast_generation,
-    .step_values = fast_step_values,
-    .guard_clip = fast_guard_clip,
     .capture_begin = fast_capture_begin,
     .capture_end = fast_capture_end,
     .launch = fast_launch,

@@ -21,7 +21,7 @@ typedef struct cuda_block {
 
 pmap_status cuda_mem_init(cuda_device *cd, const cuda_ctx *cc) {
   int pools = 0;
-  if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, cd->gpu) != cudaSuccess)
+  if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, cd->where.gpu) != cudaSuccess)
     pools = 0;
   (void)cudaGetLastError();
   cd->no_pool = !pools || cc->no_pool;
@@ -43,7 +43,7 @@ static pmap_status wait_peers_issued(pmap_device *dev, cuda_device *cd) {
   uint64_t mine = atomic_load(&cc->issued[dev->index]);
   int64_t start = pmap_now_ns(), timeout = cuda_timeout_ns(ctx);
   for (int k = 0; k < cc->n; k++) {
-    if (k == dev->index || cc->gpus[k] != cd->gpu) continue;
+    if (k == dev->index || cc->gpus[k] != cd->where.gpu) continue;
     while (atomic_load(&cc->issued[k]) < mine) {
       if (atomic_load(&ctx->abort) || atomic_load(&cc->dead))
         return pmap_abandoned(
@@ -55,7 +55,7 @@ static pmap_status wait_peers_issued(pmap_device *dev, cuda_device *cd) {
         return PMAP_ERR(PMAP_ERR_TIMEOUT,
                         "device %d: allocation on GPU %d waited %.3f s for device %d to issue its "
                         "collective",
-                        dev->index, cd->gpu, (double)timeout * 1e-9, k);
+                        dev->index, cd->where.gpu, (double)timeout * 1e-9, k);
       struct timespec ts = {0, 20000};
       nanosleep(&ts, NULL);
     }
@@ -81,7 +81,8 @@ static pmap_status block_alloc(pmap_device *dev, cuda_device *cd, size_t bytes, 
   if (cd->n_blocks == cd->cap_blocks) {
     size_t cap = cd->cap_blocks ? 2 * cd->cap_blocks : 16;
     cuda_block *grown = realloc(cd->blocks, cap * sizeof *grown);
-    if (!grown) return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "device %d: out of host memory", cd->index);
+    if (!grown)
+      return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "device %d: out of host memory", cd->where.index);
     cd->blocks = grown;
     cd->cap_blocks = cap;
   }

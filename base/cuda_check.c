@@ -1,10 +1,10 @@
-/* cuda_error.c: the message of a failed CUDA, cuBLAS or NCCL call (see CUDA_CHECK_GEN in
- * cuda_device.h): which device and GPU, the call's text, and the library's own words. */
+/* cuda_check.c: the message of a failed CUDA, cuBLAS or NCCL call (see CUDA_CHECK_GEN in
+ * cuda_check.h): which device and GPU, the call's text, and the library's own words. */
 #include <stdio.h>
 
-#include "cuda_device.h"
+#include "cuda_check.h"
 
-pmap_status cuda_fail(const cuda_device *cd, cuda_lib lib, int code, const char *call,
+pmap_status cuda_fail(const cuda_where *cd, cuda_lib lib, int code, const char *call,
                       const char *file, int line, const char *func) {
   pmap_status st = PMAP_ERR_DEVICE;
   const char *name = "CUDA", *msg = NULL, *detail = NULL;

@@ -1,0 +1,48 @@
+/* cpu_queue.c: the CPU op backend: its table (one cpu_<op> per op of ops/op_list.h), its queues
+ * (which pin the GEMM library to one thread on each device's thread) and the choice of the GEMM
+ * provider before the first device runs. */
+#include <stdlib.h>
+
+#include "base/error.h"
+#include "cpu_ops.h"
+#include "gemm.h"
+
+struct op_queue {
+  int device;
+};
+
+const pmap_ops pmap_cpu_ops = {
+#define PMAP_OP(name, args) .name = cpu_##name,
+#include "ops/op_list.h"
+#undef PMAP_OP
+};
+
+static pmap_status cpu_queue_create(const op_queue_init *init, op_queue **out) {
+  op_queue *q = malloc(sizeof *q);
+  if (!q)
+    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "device %d: out of memory for its op queue",
+                    init->device);
+  q->device = init->device;
+  cpu_gemm_threads_set(1);
+  *out = q;
+  return PMAP_SUCCESS;
+}
+
+static void cpu_queue_destroy(op_queue *q) { free(q); }
+
+static int cpu_enter(void) { return cpu_gemm_threads_set(1); }
+static void cpu_leave(int saved) { cpu_gemm_threads_set(saved); }
+
+/* The GEMM provider is chosen before the devices run any op: they would disturb its
+ * measurement, and a bad PMAP_GEMM is an error before anything starts. */
+static pmap_status cpu_ready(const char *call) { return cpu_gemm_ready(call); }
+
+const op_backend pmap_cpu_op_backend = {
+    .name = "cpu",
+    .ops = &pmap_cpu_ops,
+    .queue_create = cpu_queue_create,
+    .queue_destroy = cpu_queue_destroy,
+    .enter = cpu_enter,
+    .leave = cpu_leave,
+    .ready = cpu_ready,
+};

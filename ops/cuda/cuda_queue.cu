@@ -1,0 +1,66 @@
+/* cuda_queue.cu: a device's CUDA op queue (cuda_queue.h): made on the device's thread from its
+ * stream and BLAS handle, with its scratch and the fast steps' values allocated through the
+ * device's allocator, and every kernel loaded at once (cuda_ops_preload). */
+#include <stdlib.h>
+
+#include "cuda_ops.h"
+
+extern "C" void cuda_queue_destroy(op_queue *q) {
+  if (!q) return; /* the caller waited for the queued work (op_backend.queue_destroy) */
+  if (q->work) q->init.free(q->init.owner, q->work);
+  if (q->scratch) q->init.free(q->init.owner, q->scratch);
+  if (q->vals) q->init.free(q->init.owner, q->vals);
+  for (int k = 0; k < 2; k++) {
+    if (q->vals_host[k]) (void)cudaFreeHost(q->vals_host[k]);
+    if (q->vals_ev[k]) (void)cudaEventDestroy(q->vals_ev[k]);
+  }
+  (void)cudaGetLastError();
+  free(q);
+}
+
+extern "C" pmap_status cuda_queue_create(const op_queue_init *init, op_queue **out) {
+  op_queue *q = (op_queue *)calloc(1, sizeof *q);
+  if (!q)
+    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "device %d: out of memory for its op queue",
+                    init->device);
+  q->where.index = init->device;
+  q->where.gpu = -1;
+  q->stream = (cudaStream_t)init->stream;
+  q->blas = (cublasHandle_t)init->blas;
+  q->init = *init;
+  pmap_status st = PMAP_SUCCESS;
+  void *p = NULL;
+  CUDA_CHECK_GOTO(q, st, cudaGetDevice(&q->where.gpu), fail);
+  PMAP_TRY_GOTO(st, init->alloc(init->owner, CUDA_SCRATCH_BYTES, &p), fail);
+  q->scratch = p;
+  PMAP_TRY_GOTO(st, init->alloc(init->owner, sizeof(cuda_step_vals), &p), fail);
+  q->vals = (cuda_step_vals *)p;
+  /* Pinned copies of the values: an optimization (pageable copies otherwise), so a refusal is
+   * not a failure. */
+  for (int k = 0; k < 2; k++) {
+    void *h = NULL;
+    if (cudaEventCreateWithFlags(&q->vals_ev[k], cudaEventDisableTiming) != cudaSuccess)
+      q->vals_ev[k] = NULL;
+    if (cudaMallocHost(&h, sizeof(cuda_step_vals)) != cudaSuccess) h = NULL;
+    q->vals_host[k] = (cuda_step_vals *)h;
+  }
+  (void)cudaGetLastError();
+  PMAP_TRY_GOTO(st, cuda_ops_preload(q), fail);
+  *out = q;
+  return PMAP_SUCCESS;
+fail:
+  cuda_queue_destroy(q);
+  return st;
+}
+
+extern "C" pmap_status cuda_work_reserve(op_queue *q, size_t count) {
+  if (count <= q->work_cap) return PMAP_SUCCESS;
+  if (q->work) q->init.free(q->init.owner, q->work);
+  q->work = NULL;
+  q->work_cap = 0;
+  void *p = NULL;
+  PMAP_TRY(q->init.alloc(q->init.owner, count * sizeof(float), &p));
+  q->work = (float *)p;
+  q->work_cap = count;
+  return PMAP_SUCCESS;
+}

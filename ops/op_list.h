@@ -1,0 +1,121 @@
+/* op_list.h: every op, once: its name, its arguments and its contract. Included with PMAP_OP
+ * defined to make what each use needs (no include guard): the op table's members (ops.h), each
+ * backend's declarations and table (ops/cpu/cpu_ops.h, ops/cuda/cuda_ops.h: <backend>_<name>,
+ * so a backend that lacks an op does not link) and the op harness's cases (tests/ops).
+ *
+ * Write contract: forward ops overwrite their outputs (=); backward ops overwrite activation
+ * gradients (dx =) and ACCUMULATE parameter gradients (dw +=, db +=), so a caller zeroes the
+ * gradient buffer once per step and gradient accumulation over micro-batches comes free. Every
+ * pointer is device memory of the queue's device (host memory on CPU); arrays are row-major.
+ * An op is queued on q and may run asynchronously (CUDA): a caller's next wait on the device
+ * completes it. */
+/* clang-format off */
+
+/* c (m, n) = alpha * op(a) op(b) + beta * c, op(a) (m, k), op(b) (k, n); trans_* transposes the
+ * stored matrix (a stored (k, m) when trans_a). beta == 0 ignores c's old contents. */
+PMAP_OP(gemm, (op_queue *q, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+               const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+               int64_t ldc))
+/* x[i] = value for i < n. */
+PMAP_OP(fill, (op_queue *q, float *x, float value, size_t n))
+/* y[i] = x[i] for i < n; x and y do not overlap. Inside a step whose numeric guard is decided
+ * on the device (a CUDA fast step) a copy queued after the verdict to skip the step changes
+ * nothing, as the optimizer's steps do (the non-trained state's commit). */
+PMAP_OP(copy, (op_queue *q, const float *x, float *y, size_t n))
+/* y (outer, ch, inner) += b (ch) broadcast: dense uses inner 1, conv inner OH*OW. */
+PMAP_OP(bias_forward, (op_queue *q, float *y, const float *b, int64_t outer, int64_t ch,
+                       int64_t inner))
+/* db (ch) += sum over outer and inner of dy (outer, ch, inner). */
+PMAP_OP(bias_backward, (op_queue *q, const float *dy, float *db, int64_t outer, int64_t ch,
+                        int64_t inner))
+/* y (n) = max(x, 0); y may equal x. */
+PMAP_OP(relu_forward, (op_queue *q, const float *x, float *y, size_t n))
+/* dx (n) = dy where y > 0, else 0; dx may equal dy. */
+PMAP_OP(relu_backward, (op_queue *q, const float *y, const float *dy, float *dx, size_t n))
+/* y (bd, oc, oh, ow) = conv(x (bd, c, h, w), w (oc, c, kh, kw)), no bias.
+ * col: scratch of c*kh*kw*oh*ow floats. */
+PMAP_OP(conv2d_forward, (op_queue *q, const pmap_conv_shape *s, int64_t bd, const float *x,
+                         const float *w, float *y, float *col))
+/* dw (oc, c, kh, kw) += ..., dx (bd, c, h, w) = ... (dx may be NULL: not needed).
+ * col: scratch as above; dcol: a second scratch of the same size. */
+PMAP_OP(conv2d_backward, (op_queue *q, const pmap_conv_shape *s, int64_t bd, const float *x,
+                          const float *w, const float *dy, float *dx, float *dw, float *col,
+                          float *dcol))
+/* loss = 1/n sum (pred - t)^2 written to *loss (device memory), dpred (n) = 2/n (pred - t). */
+PMAP_OP(mse, (op_queue *q, const float *pred, const float *t, size_t n, float *dpred, float *loss))
+/* Mean over rows of softmax cross-entropy: logits (rows, k), labels (rows) in [0, k);
+ * dlogits (rows, k) = (softmax - onehot) / rows; *loss (device memory) = the mean. */
+PMAP_OP(softmax_xent, (op_queue *q, const float *logits, const int32_t *labels, int64_t rows,
+                       int64_t k, float *dlogits, float *loss))
+/* w, g, v (n): SGD step (momentum, Nesterov, L2 weight decay: ops/op_math.h); v is read and
+ * written only when h->momentum != 0. */
+PMAP_OP(sgd_step, (op_queue *q, float *w, const float *g, float *v, size_t n,
+                   const pmap_step_hyper *h))
+/* w, g, m, v (n): Adam step with bias corrections, and AdamW's decoupled weight decay. */
+PMAP_OP(adam_step, (op_queue *q, float *w, const float *g, float *m, float *v, size_t n,
+                    const pmap_step_hyper *h))
+/* *norm (device memory) = sqrt(sum of x[i]^2) for i < n, summed in double in a fixed order:
+ * non-finite exactly when some x[i] is (or the norm exceeds FLT_MAX). The numeric guard and
+ * gradient clipping read it. */
+PMAP_OP(norm2, (op_queue *q, const float *x, size_t n, float *norm))
+/* x[i] *= s for i < n (gradient clipping). */
+PMAP_OP(scale, (op_queue *q, float *x, float s, size_t n))
+/* y[i] += alpha * x[i] for i < n (weighted sums of micro-batch losses). */
+PMAP_OP(axpy, (op_queue *q, float alpha, const float *x, float *y, size_t n))
+/* y (n) = act(x); y may equal x. */
+PMAP_OP(act_forward, (op_queue *q, pmap_act act, const float *x, float *y, size_t n))
+/* dx (n) = act'(x) dy from the forward input x and output y; dx may equal dy. */
+PMAP_OP(act_backward, (op_queue *q, pmap_act act, const float *x, const float *y, const float *dy,
+                       float *dx, size_t n))
+/* y (n) = a + b; y may equal a or b (residual connections). */
+PMAP_OP(add, (op_queue *q, const float *a, const float *b, float *y, size_t n))
+/* Layer normalisation of each row of x (rows, f): y = (x - mean) rstd gamma + beta with
+ * rstd = 1 / sqrt(var + eps) (biased variance); stats (rows, 2) = mean, rstd for backward. */
+PMAP_OP(layernorm_forward, (op_queue *q, const float *x, const float *gamma, const float *beta,
+                            int64_t rows, int64_t f, float eps, float *y, float *stats))
+/* dx (rows, f) = ... (dx may be NULL: not needed), dgamma (f) += sum over rows of dy xhat,
+ * dbeta (f) += sum of dy. */
+PMAP_OP(layernorm_backward, (op_queue *q, const float *x, const float *gamma, const float *stats,
+                             const float *dy, int64_t rows, int64_t f, float *dx, float *dgamma,
+                             float *dbeta))
+/* y (bd, c, oh, ow) = max (is_max) or mean of each window of x (bd, c, h, w). */
+PMAP_OP(pool2d_forward, (op_queue *q, int is_max, const pmap_pool_shape *s, int64_t bd,
+                         const float *x, float *y))
+/* dx (bd, c, h, w) = the gradient of the windows that hold each element (max: only to the
+ * first maximum of a window), gathered per element, so overlapping windows need no atomics. */
+PMAP_OP(pool2d_backward, (op_queue *q, int is_max, const pmap_pool_shape *s, int64_t bd,
+                          const float *x, const float *dy, float *dx))
+/* Inverted dropout: y[i] = x[i] keep(i) / (1 - rate), where keep is drawn from a counter-based
+ * hash of (key, first + i): the mask of an element depends on its global index only, not on
+ * the device holding it. y may equal x. */
+PMAP_OP(dropout_forward, (op_queue *q, const float *x, float *y, size_t n, float rate, uint64_t key,
+                          uint64_t first))
+/* dx[i] = dy[i] keep(i) / (1 - rate), the same mask; dx may equal dy. */
+PMAP_OP(dropout_backward, (op_queue *q, const float *dy, float *dx, size_t n, float rate,
+                           uint64_t key, uint64_t first))
+/* Batch norm statistics of x (outer, c, inner) per channel: stats (3c + 1) = sum (c) and sum
+ * of squares (c) of x - shift, count, then shift (c): the mean of prev (stats of the same
+ * layout from a first pass, not stats itself) or 0 when prev is NULL. Sums in double, in a
+ * fixed order. The
+ * caller may all-reduce the first 2c + 1 (the shifts are the same on every device when prev
+ * is): a first pass, its all-reduce, a second pass around its mean and that all-reduce give
+ * the variance without the cancellation of E[x^2] - E[x]^2. */
+PMAP_OP(bn_stats, (op_queue *q, const float *x, int64_t outer, int64_t c, int64_t inner,
+                   const float *prev, float *stats))
+/* y = (x - mean) rstd gamma + beta per channel. training: mean and the biased variance from
+ * stats; then, when running (2c: mean, var) is not NULL, running = momentum running +
+ * (1 - momentum) of the moments in run_stats (layout of bn_stats), unless those are not
+ * finite (ops/op_math.h pmap_running_update). Inference (!training):
+ * mean and var from running. */
+PMAP_OP(bn_forward, (op_queue *q, const float *x, const float *stats, const float *run_stats,
+                     float *running, const float *gamma, const float *beta, int64_t outer,
+                     int64_t c, int64_t inner, float eps, float momentum, int training, float *y))
+/* sums (2c) = per channel sum of dy, sum of dy xhat (xhat from x and stats); overwritten. */
+PMAP_OP(bn_backward_sums, (op_queue *q, const float *x, const float *dy, const float *stats,
+                           int64_t outer, int64_t c, int64_t inner, float eps, float *sums))
+/* dx = gamma rstd (dy - sum_dy / count - xhat sum_dyxhat / count) from (possibly
+ * all-reduced) stats and sums; dx overwritten. */
+PMAP_OP(bn_backward_dx, (op_queue *q, const float *x, const float *dy, const float *stats,
+                         const float *gamma, const float *sums, int64_t outer, int64_t c,
+                         int64_t inner, float eps, float *dx))
+/* clang-format on */
