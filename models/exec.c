@@ -43,8 +43,10 @@ int model_arena_floats(const pmap_model *m, int64_t bd, size_t *out) {
   return 0;
 }
 
-/* The per-layer pointer arrays of r (before its arena, as a device's allocations always went). */
-static pmap_status place_arrays(const pmap_model *m, replica *r) {
+/* The per-layer pointer arrays of r (device: its index for the message, -1 for none). A device
+ * allocates them before its arena: where the arena lands in the heap shows in step times (the
+ * CPU step of convnet took 0.6 or 0.8 ms with the two orders, all in its im2col). */
+static pmap_status place_arrays(const pmap_model *m, replica *r, int device) {
   size_t L = (size_t)m->n_layers;
   r->act = calloc(L, sizeof *r->act);
   r->dact = calloc(L, sizeof *r->dact);
@@ -54,7 +56,10 @@ static pmap_status place_arrays(const pmap_model *m, replica *r) {
   r->dout = calloc(L, sizeof *r->dout);
   if (r->act && r->dact && r->aux && r->in && r->out && r->dout) return PMAP_SUCCESS;
   replica_unplace(r);
-  return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "out of memory for %zu layer pointers", L);
+  if (device < 0)
+    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "out of memory for %zu layer pointers", L);
+  return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "device %d: out of memory for %zu layer pointers", device,
+                  L);
 }
 
 /* Each layer's output, output gradient and scratch, then the shared conv scratch, in arena. */
@@ -79,7 +84,7 @@ static void place_arena(const pmap_model *m, replica *r, float *arena, int64_t b
 }
 
 pmap_status replica_place(const pmap_model *m, replica *r, float *arena, int64_t bd) {
-  PMAP_TRY(place_arrays(m, r));
+  PMAP_TRY(place_arrays(m, r, -1));
   place_arena(m, r, arena, bd);
   return PMAP_SUCCESS;
 }
@@ -92,7 +97,7 @@ pmap_status replica_reserve(pmap_device *dev, const pmap_model *m, replica *r, i
     return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY,
                     "device %d: the activations of %lld examples take more than the address space",
                     dev->index, (long long)bd);
-  pmap_status st = place_arrays(m, r);
+  pmap_status st = place_arrays(m, r, dev->index);
   void *arena = NULL;
   if (!st) st = backend_alloc(dev, total * sizeof(float), &arena);
   if (st) {

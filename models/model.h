@@ -27,8 +27,9 @@ struct pmap_model {
 
 /* The current output shape: that of the last layer, or the input. */
 void model_current_shape(const pmap_model *m, int *rank, int64_t shape[3], int64_t *size);
-/* Appends l (its class, out fields, parameter, state and scratch sizes and settings set, as
- * layer_start begins it); fills in the input side and the offsets. PMAP_ERR_INVALID_ARGUMENT / PMAP_ERR_OUT_OF_MEMORY naming call. */
+/* Appends l (begun by layer_start; its class, output shape, parameter, state and scratch sizes
+ * and settings set); fills in the input side and the offsets. PMAP_ERR_INVALID_ARGUMENT /
+ * PMAP_ERR_OUT_OF_MEMORY naming call. */
 pmap_status model_push(pmap_model *m, layer l, const char *call);
 
 /* A deep copy (params keep their own); PMAP_ERR_INVALID_ARGUMENT while a residual block is
