@@ -34,7 +34,8 @@ typedef struct bench_gemm {
 #define BENCH_MAX_GEMMS 64
 
 /* The GEMMs of one forward + backward of `model` over bd examples on one device, in the order
- * and with the shapes and transposes of models/exec.c. Returns their count (<= max). */
+ * and with the shapes and transposes models/exec.c runs them (recorded from a run of it on a
+ * CPU device of its own). Returns their count (<= max), or -1 after printing why. */
 int bench_step_gemms(const pmap_model *model, int64_t bd, bench_gemm *out, int max);
 /* Floating-point operations of those GEMMs: 2 m n k each, times repeat. */
 double bench_gemm_flops(const bench_gemm *g, int n);
@@ -59,11 +60,12 @@ int bench_probe_allreduce(bench_probe *p, int reps, double *t, int *nt);
  * or sharded over the device's part); appends to t[*nt]. */
 int bench_probe_optimizer(bench_probe *p, int reps, double *t, int *nt);
 
-/* The hand-written single-device training loop over the CPU op table (no context, no workers,
- * no collectives): the runtime-free baseline of a 1-device pmap_update. */
+/* The hand-written single-device training loop: the models' own forward, loss, backward and
+ * optimizer (models/exec.c, models/optimizer.c) over a host replica on the CPU op table (no
+ * context, no workers, no collectives): the runtime-free baseline of a 1-device pmap_update. */
 typedef struct bench_loop bench_loop;
 
-/* 1 when the loop has code for every layer of model (dense, relu, conv2d, flatten); pmap-bench
+/* 1 when the loop can run model: no layer of it calls collectives (batch norm); pmap-bench
  * leaves the loop out for the others. */
 int bench_loop_supports(const pmap_model *model);
 /* Builds the loop for model with its optimizer, parameters drawn from seed as
@@ -101,11 +103,11 @@ typedef struct bench_row {
   bench_stats allreduce; /* the step's collectives alone (the pmean, or sharded all three) */
   bench_stats opt;       /* the step's optimizer alone, every device at once */
   double opt_share, coll_share; /* opt.med / step.med, allreduce.med / step.med */
-  int sharded;           /* the optimizer sharded (pmap_config.shard_optimizer) */
-  size_t state_bytes;    /* optimizer state per device (pmap_params_optimizer_bytes) */
-  float loss0, loss;     /* loss of step 0 (the initial parameters) and the final loss */
-  int identical;         /* every replica bitwise equal after the run */
-  double loss_rel_diff;  /* |loss - first row's loss| / |first row's|, strong scaling only */
+  int sharded;                  /* the optimizer sharded (pmap_config.shard_optimizer) */
+  size_t state_bytes;           /* optimizer state per device (pmap_params_optimizer_bytes) */
+  float loss0, loss;            /* loss of step 0 (the initial parameters) and the final loss */
+  int identical;                /* every replica bitwise equal after the run */
+  double loss_rel_diff;         /* |loss - first row's loss| / |first row's|, strong scaling only */
 } bench_row;
 
 typedef struct bench_result {

@@ -20,49 +20,11 @@ static int write_raw(const char *dir, const char *model, const char *ext, const 
   return ok ? 0 : -1;
 }
 
+/* Each layer as its class describes it (models/layer.h describe): {"kind": ..., settings}. */
 static void json_layers(FILE *f, const pmap_model *m) {
   for (int i = 0; i < m->n_layers; i++) {
-    const layer *l = &m->layers[i];
     fprintf(f, "%s", i ? ", " : "");
-    switch (l->kind) {
-    case LAYER_DENSE:
-      fprintf(f, "{\"kind\": \"dense\", \"in\": %lld, \"out\": %lld}", (long long)l->in_size,
-              (long long)l->out_size);
-      break;
-    case LAYER_RELU: fprintf(f, "{\"kind\": \"relu\"}"); break;
-    case LAYER_FLATTEN: fprintf(f, "{\"kind\": \"flatten\"}"); break;
-    case LAYER_CONV2D:
-      fprintf(f,
-              "{\"kind\": \"conv2d\", \"c\": %lld, \"oc\": %lld, \"kh\": %d, \"kw\": %d, "
-              "\"stride\": %d, \"pad\": %d}",
-              (long long)l->conv.c, (long long)l->conv.oc, l->conv.kh, l->conv.kw, l->conv.stride,
-              l->conv.pad);
-      break;
-    case LAYER_TANH: fprintf(f, "{\"kind\": \"tanh\"}"); break;
-    case LAYER_SIGMOID: fprintf(f, "{\"kind\": \"sigmoid\"}"); break;
-    case LAYER_GELU: fprintf(f, "{\"kind\": \"gelu\"}"); break;
-    case LAYER_LAYERNORM:
-      fprintf(f, "{\"kind\": \"layernorm\", \"size\": %lld, \"eps\": %.9g}", (long long)l->in_size,
-              (double)l->eps);
-      break;
-    case LAYER_MAXPOOL2D:
-    case LAYER_AVGPOOL2D:
-      fprintf(f, "{\"kind\": \"%s\", \"kh\": %d, \"kw\": %d, \"stride\": %d, \"global\": %d}",
-              l->kind == LAYER_MAXPOOL2D ? "maxpool2d" : "avgpool2d", l->pool.kh, l->pool.kw,
-              l->pool.stride, l->out_rank == 1);
-      break;
-    case LAYER_DROPOUT:
-      fprintf(f, "{\"kind\": \"dropout\", \"rate\": %.9g}", (double)l->rate);
-      break;
-    case LAYER_BATCHNORM:
-      fprintf(f,
-              "{\"kind\": \"batchnorm\", \"channels\": %lld, \"eps\": %.9g, \"momentum\": "
-              "%.9g, \"cross_replica\": %d}",
-              (long long)l->channels, (double)l->eps, (double)l->momentum, l->cross_replica);
-      break;
-    case LAYER_RES_BEGIN: fprintf(f, "{\"kind\": \"res_begin\"}"); break;
-    case LAYER_RES_END: fprintf(f, "{\"kind\": \"res_end\", \"begin\": %d}", l->skip); break;
-    }
+    layer_describe(&m->layers[i], f);
   }
 }
 

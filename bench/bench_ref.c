@@ -1,6 +1,7 @@
 /* bench_ref.c: the reference measurements of pmap-bench: the GEMMs of one step alone (the raw
  * GEMM rate at the model's shapes), the gradient all-reduce alone, and a hand-written
- * single-device training loop over the CPU op table, which is pmap_update without the runtime. */
+ * single-device training loop over the models' own forward and backward on the CPU op table,
+ * which is pmap_update without the runtime. Neither repeats a layer: both run models/exec.c. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,29 +22,94 @@ static int push_gemm(bench_gemm *out, int n, int max, int ta, int tb, int beta1,
   return n + 1;
 }
 
+/* bench_step_gemms runs one forward, loss and backward of the model (models/exec.c itself) over
+ * the CPU op table with its GEMM-shaped ops wrapped to note each GEMM they run: dense's through
+ * gemm, conv2d's as the CPU kernel lowers them (ops/cpu/conv.c: one GEMM per example). The run
+ * takes place on the one device of a context of its own, so layers with collectives run too;
+ * the recorder is this file's, one recording at a time. */
+static struct {
+  bench_gemm *out;
+  int n, max;
+} recorded;
+
+static pmap_status rec_gemm(op_queue *q, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                            float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                            float beta, float *c, int64_t ldc) {
+  recorded.n = push_gemm(recorded.out, recorded.n, recorded.max, ta, tb, beta != 0.0f, m, n, k, 1);
+  return pmap_cpu_ops.gemm(q, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+/* y_b (oc, ohw) = w (oc, ckk) col_b (ckk, ohw) per example. */
+static pmap_status rec_conv_forward(op_queue *q, const pmap_conv_shape *s, int64_t bd,
+                                    const float *x, const float *w, float *y, float *col) {
+  recorded.n = push_gemm(recorded.out, recorded.n, recorded.max, 0, 0, 0, s->oc, s->oh * s->ow,
+                         s->c * s->kh * s->kw, bd);
+  return pmap_cpu_ops.conv2d_forward(q, s, bd, x, w, y, col);
+}
+
+/* dw (oc, ckk) += dy_b (oc, ohw) col_b^T; dcol_b (ckk, ohw) = w^T dy_b when dx is needed. */
+static pmap_status rec_conv_backward(op_queue *q, const pmap_conv_shape *s, int64_t bd,
+                                     const float *x, const float *w, const float *dy, float *dx,
+                                     float *dw, float *col, float *dcol) {
+  int64_t ckk = s->c * s->kh * s->kw, ohw = s->oh * s->ow;
+  recorded.n = push_gemm(recorded.out, recorded.n, recorded.max, 0, 1, 1, s->oc, ckk, ohw, bd);
+  if (dx)
+    recorded.n = push_gemm(recorded.out, recorded.n, recorded.max, 1, 0, 0, ckk, ohw, s->oc, bd);
+  return pmap_cpu_ops.conv2d_backward(q, s, bd, x, w, dy, dx, dw, col, dcol);
+}
+
+typedef struct record_arg {
+  const pmap_model *m;
+  int64_t bd;
+} record_arg;
+
+/* One step's forward, loss and backward over bd examples of zeros (labels 0), parameters as
+ * pmap_params_create draws them; the optimizer step has no GEMM. */
+static pmap_status record_job(pmap_device *dev, void *arg) {
+  const record_arg *a = arg;
+  const pmap_model *m = a->m;
+  size_t P = m->n_params, out = (size_t)m->layers[m->n_layers - 1].out_size;
+  pmap_ops ops = pmap_cpu_ops;
+  ops.gemm = rec_gemm;
+  ops.conv2d_forward = rec_conv_forward;
+  ops.conv2d_backward = rec_conv_backward;
+  replica r = {.ops = &ops, .q = NULL, .has_row0 = 1}; /* CPU kernels need no queue */
+  float *w = calloc(P ? P : 1, sizeof *w), *g = calloc(P + 1, sizeof *g);
+  float *x = calloc((size_t)(a->bd * m->in_size) + 1, sizeof *x);
+  float *y = calloc((size_t)a->bd * out + 1, sizeof *y); /* 0.0f and label 0 alike */
+  pmap_status st = PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "out of memory recording the GEMMs");
+  if (w && g && x && y) {
+    model_init_params(m, 1, w);
+    r.w = w;
+    r.g = g;
+    st = replica_reserve(dev, m, &r, a->bd);
+    if (!st) st = model_forward(dev, m, &r, x, a->bd);
+    if (!st) st = model_loss(m, &r, y, a->bd, g + P);
+    if (!st) st = model_backward(dev, m, &r, a->bd);
+    replica_release(dev, &r);
+  }
+  free(w);
+  free(g);
+  free(x);
+  free(y);
+  return st;
+}
+
 int bench_step_gemms(const pmap_model *model, int64_t bd, bench_gemm *out, int max) {
-  int n = 0;
-  for (int i = 0; i < model->n_layers; i++) { /* forward */
-    const layer *l = &model->layers[i];
-    const pmap_conv_shape *s = &l->conv;
-    if (l->kind == LAYER_DENSE)
-      n = push_gemm(out, n, max, 0, 0, 0, bd, l->out_size, l->in_size, 1);
-    else if (l->kind == LAYER_CONV2D)
-      n = push_gemm(out, n, max, 0, 0, 0, s->oc, s->oh * s->ow, s->c * s->kh * s->kw, bd);
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 1, .dist = PMAP_DIST_NONE};
+  pmap_ctx *ctx = NULL;
+  record_arg arg = {model, bd};
+  recorded.out = out;
+  recorded.n = 0;
+  recorded.max = max;
+  pmap_status st = model->n_layers ? pmap_ctx_create(&cfg, &ctx) : PMAP_SUCCESS;
+  if (!st && ctx) st = pmap_run(ctx, record_job, &arg);
+  pmap_ctx_destroy(ctx);
+  if (st) {
+    fprintf(stderr, "pmap-bench: cannot list the GEMMs of a step: %s\n", pmap_last_error());
+    return -1;
   }
-  for (int i = model->n_layers - 1; i >= 0; i--) { /* backward: the first layer needs no dx */
-    const layer *l = &model->layers[i];
-    const pmap_conv_shape *s = &l->conv;
-    int64_t ckk = s->c * s->kh * s->kw, ohw = s->oh * s->ow;
-    if (l->kind == LAYER_DENSE) {
-      n = push_gemm(out, n, max, 1, 0, 1, l->in_size, l->out_size, bd, 1);
-      if (i > 0) n = push_gemm(out, n, max, 0, 1, 0, bd, l->in_size, l->out_size, 1);
-    } else if (l->kind == LAYER_CONV2D) {
-      n = push_gemm(out, n, max, 0, 1, 1, s->oc, ckk, ohw, bd);
-      if (i > 0) n = push_gemm(out, n, max, 1, 0, 0, ckk, ohw, s->oc, bd);
-    }
-  }
-  return n < max ? n : max;
+  return recorded.n < max ? recorded.n : max;
 }
 
 double bench_gemm_flops(const bench_gemm *g, int n) {
@@ -278,21 +344,23 @@ int bench_probe_optimizer(bench_probe *p, int reps, double *t, int *nt) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* The hand-written single-device loop                                                        */
+/* The hand-written loop                                                                       */
 
+/* A host replica of the model over the CPU op table, stepped on the calling thread by the
+ * models' own forward, loss and backward (models/exec.c) and optimizer (models/optimizer.c):
+ * pmap_update on one device without the runtime (no context, no worker, no collective). */
 struct bench_loop {
   const pmap_model *m;
   pmap_optimizer opt;
   int64_t bd;
-  const float *x;         /* (bd, input...) */
-  const void *y;          /* (bd, K) f32 or (bd) i32 */
-  float *w, *g, *s1, *s2; /* (P), (P + 1: the loss last), optimizer slots (P) each */
-  float **act, **dact;    /* (n_layers) outputs and output gradients */
-  const float **in, **out;
-  float *col, *dcol;
+  const float *x; /* (bd, input...) */
+  const void *y;  /* (bd, K) f32 or (bd) i32 */
+  replica r;      /* w (P), g (P + 1: the loss last), opt (slots x P), pending, the arena */
+  model_span *spans;
+  int n_spans;
   int64_t t;
   int saved_threads; /* the GEMM library's thread count on this thread before the loop */
-  void *block[6];
+  void *block[5];
 };
 
 /* Host memory placed as the CPU backend places device memory (16 bytes past a cache line), so
@@ -305,62 +373,34 @@ static float *loop_alloc(bench_loop *l, int slot, size_t floats) {
   return raw ? (float *)(raw + 16) : NULL;
 }
 
-int bench_loop_supports(const pmap_model *m) {
-  for (int i = 0; i < m->n_layers; i++) {
-    switch (m->layers[i].kind) {
-    case LAYER_DENSE:
-    case LAYER_RELU:
-    case LAYER_CONV2D:
-    case LAYER_FLATTEN: break;
-    /* The normalisations need the runtime's collectives (batch norm) or exec's scratch; the
-     * loop stays the plain baseline of the original four kinds. */
-    case LAYER_TANH:
-    case LAYER_SIGMOID:
-    case LAYER_GELU:
-    case LAYER_LAYERNORM:
-    case LAYER_MAXPOOL2D:
-    case LAYER_AVGPOOL2D:
-    case LAYER_DROPOUT:
-    case LAYER_BATCHNORM:
-    case LAYER_RES_BEGIN:
-    case LAYER_RES_END: return 0;
-    }
-  }
-  return 1;
-}
+/* Layers with collectives need the runtime: the loop is the runtime-free baseline. */
+int bench_loop_supports(const pmap_model *m) { return !model_has_collectives(m); }
 
 int bench_loop_open(const pmap_model *m, const pmap_optimizer *opt, uint64_t seed,
                     const pmap_array *xs, const pmap_array *ys, bench_loop **out) {
   bench_loop *l = calloc(1, sizeof *l);
   *out = NULL;
   if (!l) goto oom;
-  size_t P = m->n_params, L = (size_t)m->n_layers, acts = 0, col = model_col_size(m);
+  size_t P = m->n_params, arena = 0;
   l->m = m;
   l->opt = *opt;
   l->bd = xs->shape[0];
   l->x = xs->data;
   l->y = ys->data;
-  for (size_t i = 0; i < L; i++) acts += (size_t)(m->layers[i].out_size * l->bd);
-  l->act = calloc(L, sizeof *l->act);
-  l->dact = calloc(L, sizeof *l->dact);
-  l->in = calloc(L, sizeof *l->in);
-  l->out = calloc(L, sizeof *l->out);
-  l->w = loop_alloc(l, 0, P);
-  l->g = loop_alloc(l, 1, P + 1);
-  l->s1 = loop_alloc(l, 2, P);
-  l->s2 = loop_alloc(l, 3, P);
-  float *a = loop_alloc(l, 4, 2 * acts), *c = loop_alloc(l, 5, 2 * col + 1);
-  if (!l->act || !l->dact || !l->in || !l->out || !l->w || !l->g || !l->s1 || !l->s2 || !a || !c)
-    goto oom;
-  for (size_t i = 0; i < L; i++) {
-    size_t per = (size_t)(m->layers[i].out_size * l->bd);
-    l->act[i] = a;
-    l->dact[i] = a + per;
-    a += 2 * per;
-  }
-  l->col = c;
-  l->dcol = c + col;
-  model_init_params(m, seed, l->w);
+  if (model_arena_floats(m, l->bd, &arena)) goto oom;
+  l->spans = calloc((size_t)m->n_layers + 1, sizeof *l->spans);
+  replica *r = &l->r;
+  r->ops = &pmap_cpu_ops;
+  r->q = NULL; /* CPU kernels need no queue */
+  r->w = loop_alloc(l, 0, P);
+  r->g = loop_alloc(l, 1, P + 1);
+  r->opt = loop_alloc(l, 2, (size_t)optimizer_slots(opt) * P);
+  r->pending = loop_alloc(l, 3, m->n_state);
+  float *a = loop_alloc(l, 4, arena);
+  if (!l->spans || !r->w || !r->g || !r->opt || !r->pending || !a) goto oom;
+  if (replica_place(m, r, a, l->bd)) goto oom;
+  l->n_spans = model_trained_spans(m, l->spans);
+  model_init_params(m, seed, r->w);
   /* This thread runs the GEMM library single-threaded from now on, as every device thread does
    * (device 0 of a context runs on this thread too and sets the same). */
   l->saved_threads = cpu_gemm_threads_set(1);
@@ -375,121 +415,38 @@ oom:
 void bench_loop_close(bench_loop *l) {
   if (!l) return;
   if (l->saved_threads) cpu_gemm_threads_set(l->saved_threads);
-  for (int i = 0; i < 6; i++) free(l->block[i]);
-  free(l->act);
-  free(l->dact);
-  free(l->in);
-  free(l->out);
+  replica_unplace(&l->r);
+  for (int i = 0; i < 5; i++) free(l->block[i]);
+  free(l->spans);
   free(l);
 }
 
-/* The same calls in the same order as models/exec.c and update_job in models/params.c. */
+/* update_job of models/step.c on one device: zero the gradients, forward, loss and backward
+ * over the whole batch, then the optimizer over the trained spans and the state's commit. */
 static pmap_status loop_step(bench_loop *l, float *loss, double *t_opt) {
-  const pmap_ops *o = &pmap_cpu_ops;
   const pmap_model *m = l->m;
+  replica *r = &l->r;
   size_t P = m->n_params;
-  int64_t bd = l->bd;
-  int L = m->n_layers;
-  PMAP_TRY(o->fill(NULL, l->g, 0.0f, P + 1));
-  const float *in = l->x;
-  for (int i = 0; i < L; i++) {
-    const layer *ly = &m->layers[i];
-    float *y = l->act[i];
-    l->in[i] = in;
-    switch (ly->kind) {
-    case LAYER_DENSE:
-      PMAP_TRY(o->gemm(NULL, 0, 0, bd, ly->out_size, ly->in_size, 1.0f, in, ly->in_size,
-                       l->w + ly->w_off, ly->out_size, 0.0f, y, ly->out_size));
-      PMAP_TRY(o->bias_forward(NULL, y, l->w + ly->b_off, bd, ly->out_size, 1));
-      break;
-    case LAYER_RELU: PMAP_TRY(o->relu_forward(NULL, in, y, (size_t)(bd * ly->out_size))); break;
-    case LAYER_CONV2D:
-      PMAP_TRY(o->conv2d_forward(NULL, &ly->conv, bd, in, l->w + ly->w_off, y, l->col));
-      PMAP_TRY(
-          o->bias_forward(NULL, y, l->w + ly->b_off, bd, ly->conv.oc, ly->conv.oh * ly->conv.ow));
-      break;
-    case LAYER_FLATTEN: y = (float *)in; break;
-    case LAYER_TANH:
-    case LAYER_SIGMOID:
-    case LAYER_GELU:
-    case LAYER_LAYERNORM:
-    case LAYER_MAXPOOL2D:
-    case LAYER_AVGPOOL2D:
-    case LAYER_DROPOUT:
-    case LAYER_BATCHNORM:
-    case LAYER_RES_BEGIN:
-    case LAYER_RES_END:
-      /* bench_loop_supports says no for models with these */
-      return PMAP_ERR(PMAP_ERR_INTERNAL, "hand-written loop: layer %d has no loop code", i);
-    }
-    l->out[i] = y;
-    in = y;
-  }
-  const layer *last = &m->layers[L - 1];
-  if (m->loss == PMAP_LOSS_MSE)
-    PMAP_TRY(
-        o->mse(NULL, l->out[L - 1], l->y, (size_t)(bd * last->out_size), l->dact[L - 1], l->g + P));
-  else
-    PMAP_TRY(
-        o->softmax_xent(NULL, l->out[L - 1], l->y, bd, last->out_size, l->dact[L - 1], l->g + P));
-  const float *dy = l->dact[L - 1];
-  for (int i = L - 1; i >= 0; i--) {
-    const layer *ly = &m->layers[i];
-    float *dx = i > 0 ? l->dact[i - 1] : NULL;
-    switch (ly->kind) {
-    case LAYER_DENSE:
-      PMAP_TRY(o->gemm(NULL, 1, 0, ly->in_size, ly->out_size, bd, 1.0f, l->in[i], ly->in_size, dy,
-                       ly->out_size, 1.0f, l->g + ly->w_off, ly->out_size));
-      PMAP_TRY(o->bias_backward(NULL, dy, l->g + ly->b_off, bd, ly->out_size, 1));
-      if (dx)
-        PMAP_TRY(o->gemm(NULL, 0, 1, bd, ly->in_size, ly->out_size, 1.0f, dy, ly->out_size,
-                         l->w + ly->w_off, ly->out_size, 0.0f, dx, ly->in_size));
-      break;
-    case LAYER_RELU:
-      if (dx) PMAP_TRY(o->relu_backward(NULL, l->out[i], dy, dx, (size_t)(bd * ly->out_size)));
-      break;
-    case LAYER_CONV2D:
-      PMAP_TRY(o->conv2d_backward(NULL, &ly->conv, bd, l->in[i], l->w + ly->w_off, dy, dx,
-                                  l->g + ly->w_off, l->col, l->dcol));
-      PMAP_TRY(
-          o->bias_backward(NULL, dy, l->g + ly->b_off, bd, ly->conv.oc, ly->conv.oh * ly->conv.ow));
-      break;
-    case LAYER_FLATTEN: dx = (float *)dy; break;
-    case LAYER_TANH:
-    case LAYER_SIGMOID:
-    case LAYER_GELU:
-    case LAYER_LAYERNORM:
-    case LAYER_MAXPOOL2D:
-    case LAYER_AVGPOOL2D:
-    case LAYER_DROPOUT:
-    case LAYER_BATCHNORM:
-    case LAYER_RES_BEGIN:
-    case LAYER_RES_END:
-      /* bench_loop_supports says no for models with these */
-      return PMAP_ERR(PMAP_ERR_INTERNAL, "hand-written loop: layer %d has no loop code", i);
-    }
-    if (!dx) break;
-    dy = dx;
-  }
+  PMAP_TRY(r->ops->fill(r->q, r->g, 0.0f, P + 1));
+  /* The step about to be taken keys dropout's masks, from the batch's first row. */
+  r->inference = 0;
+  r->step = l->t;
+  r->has_row0 = 1;
+  r->row0 = 0;
+  PMAP_TRY(model_state_begin(m, r));
+  PMAP_TRY(model_forward(NULL, m, r, l->x, l->bd));
+  PMAP_TRY(model_loss(m, r, l->y, l->bd, r->g + P));
+  PMAP_TRY(model_backward(NULL, m, r, l->bd));
+  PMAP_TRY(model_state_commit(m, r));
   double t0 = t_opt ? cli_now() : 0.0;
   l->t++;
-  const pmap_optimizer *op = &l->opt;
-  pmap_step_hyper h = {.lr = op->lr,
-                       .momentum = op->momentum,
-                       .nesterov = op->nesterov,
-                       .weight_decay = op->weight_decay,
-                       .beta1 = op->beta1,
-                       .beta2 = op->beta2,
-                       .eps = op->eps};
-  if (op->kind == PMAP_OPT_SGD) {
-    PMAP_TRY(o->sgd_step(NULL, l->w, l->g, l->s1, P, &h));
-  } else {
-    h.bc1 = (float)(1.0 - pow((double)op->beta1, (double)l->t));
-    h.bc2 = (float)(1.0 - pow((double)op->beta2, (double)l->t));
-    PMAP_TRY(o->adam_step(NULL, l->w, l->g, l->s1, l->s2, P, &h));
+  pmap_step_hyper h = optimizer_hyper(&l->opt, l->t);
+  for (int k = 0; k < l->n_spans; k++) {
+    size_t a = l->spans[k].off, n = l->spans[k].len;
+    PMAP_TRY(optimizer_apply(r, &l->opt, &h, r->w + a, r->g + a, r->opt + a, P, n));
   }
   if (t_opt) *t_opt = cli_now() - t0;
-  *loss = l->g[P];
+  *loss = r->g[P];
   return PMAP_SUCCESS;
 }
 

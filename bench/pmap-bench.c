@@ -189,6 +189,7 @@ static int setup_open(setup *s, const char *name, const pmap_model *model,
   if (o->ref) {
     bench_gemm g[BENCH_MAX_GEMMS];
     int ng = bench_step_gemms(model, bd, g, BENCH_MAX_GEMMS);
+    if (ng < 0) return -1;
     s->gemm_flops = bench_gemm_flops(g, ng) * devices;
     if (bench_probe_open(s->ctx, g, ng, s->params, &s->probe)) return -1;
   }
@@ -373,9 +374,10 @@ static int bench_model(const char *name, const opts *o, pmap_backend backend, co
       if (!code) *bname = pmap_backend_name(pmap_ctx_backend(su[mode][i].ctx));
     }
   }
-  /* The hand-written loop runs the CPU op table, so only beside the CPU backend, and only for
-   * the layers it has code for. */
-  if (!code && o->ref && !strcmp(*bname, "cpu") && bench_loop_supports(model)) {
+  /* The hand-written loop runs the CPU op table, so only beside the CPU backend; only for
+   * models without collectives (it has no runtime), and not for a gradient function's (it would
+   * run the builder twin, not the function). */
+  if (!code && o->ref && !strcmp(*bname, "cpu") && !is_custom(name) && bench_loop_supports(model)) {
     th = malloc(sizeof *th * (size_t)cap);
     topt = malloc(sizeof *topt * (size_t)cap);
     if (!th || !topt)

@@ -327,8 +327,10 @@ PMAP_API pmap_status pmap_model_add_dropout(pmap_model *model, float rate);
  *          numeric guard never see them. A training step moves them towards the global batch's
  *          moments, running = 0.9 running + 0.1 batch (with either setting of cross_replica,
  *          so every replica holds the same values), and only once the step is taken: a step
- *          that fails or is skipped leaves them as they were. pmap_predict normalises with
- *          them. */
+ *          that fails or is skipped leaves them as they were. A batch whose moments are not
+ *          finite or overflow float (the global batch's, on any device count) leaves them as
+ *          they were and makes the step's loss not finite, so the numeric guard skips it.
+ *          pmap_predict normalises with them. */
 PMAP_API pmap_status pmap_model_add_batchnorm(pmap_model *model, int cross_replica);
 /* Residual blocks: the layers added between begin and end form f, and the block computes
  * y = x + f(x); f must keep the shape (end returns PMAP_ERR_INVALID_ARGUMENT otherwise, and

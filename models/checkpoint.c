@@ -109,55 +109,6 @@ static float load_f32(const unsigned char *s) {
   return f;
 }
 
-/* The file's numbers for layer kinds, fixed by the format rather than by the enum's order. */
-static uint32_t layer_code(layer_kind k) {
-  switch (k) {
-  case LAYER_DENSE: return 1;
-  case LAYER_RELU: return 2;
-  case LAYER_CONV2D: return 3;
-  case LAYER_FLATTEN: return 4;
-  case LAYER_TANH: return 5;
-  case LAYER_SIGMOID: return 6;
-  case LAYER_GELU: return 7;
-  case LAYER_LAYERNORM: return 8;
-  case LAYER_MAXPOOL2D: return 9;
-  case LAYER_AVGPOOL2D: return 10;
-  case LAYER_DROPOUT: return 11;
-  case LAYER_BATCHNORM: return 12;
-  case LAYER_RES_BEGIN: return 13;
-  case LAYER_RES_END: return 14;
-  }
-  return 0;
-}
-
-/* A layer's four geometry words: conv kernel, stride and pad; pool kernel and stride; dropout's
- * rate (its bits); batch norm's cross_replica; a residual block's other end. Batch norm's state
- * (running mean and variance, 2C after beta) follows from its code and C. */
-static void layer_geometry(const layer *l, uint32_t g[4]) {
-  memset(g, 0, 4 * sizeof *g);
-  switch (l->kind) {
-  case LAYER_CONV2D:
-    g[0] = (uint32_t)l->conv.kh, g[1] = (uint32_t)l->conv.kw;
-    g[2] = (uint32_t)l->conv.stride, g[3] = (uint32_t)l->conv.pad;
-    break;
-  case LAYER_MAXPOOL2D:
-  case LAYER_AVGPOOL2D:
-    g[0] = (uint32_t)l->pool.kh, g[1] = (uint32_t)l->pool.kw, g[2] = (uint32_t)l->pool.stride;
-    break;
-  case LAYER_DROPOUT: memcpy(&g[0], &l->rate, sizeof g[0]); break;
-  case LAYER_BATCHNORM: g[0] = (uint32_t)l->cross_replica; break;
-  case LAYER_RES_BEGIN:
-  case LAYER_RES_END: g[0] = (uint32_t)l->skip; break;
-  case LAYER_DENSE:
-  case LAYER_RELU:
-  case LAYER_FLATTEN:
-  case LAYER_TANH:
-  case LAYER_SIGMOID:
-  case LAYER_GELU:
-  case LAYER_LAYERNORM: break;
-  }
-}
-
 /* The model description: everything that fixes the parameter layout and the loss. */
 static void put_model(wbuf *b, const pmap_model *m) {
   put_u32(b, (uint32_t)m->in_rank);
@@ -168,7 +119,11 @@ static void put_model(wbuf *b, const pmap_model *m) {
   put_u64(b, (uint64_t)m->n_params);
   for (int i = 0; i < m->n_layers; i++) {
     const layer *l = &m->layers[i];
-    put_u32(b, layer_code(l->kind));
+    /* The layer's code and its four geometry words come from its class (models/layers/): conv
+     * kernel, stride and pad; pool kernel and stride; dropout's rate (its bits); batch norm's
+     * cross_replica (its state, 2C after beta, follows from the code and C); a residual
+     * block's other end. */
+    put_u32(b, l->cls->code);
     put_u32(b, (uint32_t)l->out_rank);
     for (int k = 0; k < 3; k++) put_u64(b, (uint64_t)(k < l->out_rank ? l->out_shape[k] : 0));
     put_u64(b, (uint64_t)l->w_size);

@@ -8,10 +8,7 @@
 #include "runtime/backend.h"
 #include "base/error.h"
 
-void replica_release(pmap_device *dev, replica *r) {
-  backend_free(dev, r->arena);
-  r->arena = NULL;
-  r->rows = 0;
+void replica_unplace(replica *r) {
   free(r->act);
   free(r->dact);
   free(r->aux);
@@ -20,6 +17,13 @@ void replica_release(pmap_device *dev, replica *r) {
   free(r->dout);
   r->act = r->dact = r->aux = NULL;
   r->in = r->out = r->dout = NULL;
+  r->arena = NULL;
+  r->rows = 0;
+}
+
+void replica_release(pmap_device *dev, replica *r) {
+  backend_free(dev, r->arena);
+  replica_unplace(r);
 }
 
 int model_arena_floats(const pmap_model *m, int64_t bd, size_t *out) {
@@ -39,33 +43,29 @@ int model_arena_floats(const pmap_model *m, int64_t bd, size_t *out) {
   return 0;
 }
 
-pmap_status replica_reserve(pmap_device *dev, const pmap_model *m, replica *r, int64_t bd) {
-  if (bd <= r->rows) return PMAP_SUCCESS;
-  replica_release(dev, r);
-  int L = m->n_layers;
-  size_t total = 0;
-  if (model_arena_floats(m, bd, &total) || total > PTRDIFF_MAX / sizeof(float))
-    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY,
-                    "device %d: the activations of %lld examples take more than the address space",
-                    dev->index, (long long)bd);
-  r->act = calloc((size_t)L, sizeof *r->act);
-  r->dact = calloc((size_t)L, sizeof *r->dact);
-  r->aux = calloc((size_t)L, sizeof *r->aux);
-  r->in = calloc((size_t)L, sizeof *r->in);
-  r->out = calloc((size_t)L, sizeof *r->out);
-  r->dout = calloc((size_t)L, sizeof *r->dout);
-  void *arena = NULL;
-  pmap_status st = PMAP_ERR_OUT_OF_MEMORY;
-  if (r->act && r->dact && r->aux && r->in && r->out && r->dout)
-    st = backend_alloc(dev, total * sizeof(float), &arena);
-  else
-    pmap_error_set(st, "device %d: out of memory for %d layer pointers", dev->index, L);
-  if (st) {
-    replica_release(dev, r);
-    return st;
-  }
+/* The per-layer pointer arrays of r (device: its index for the message, -1 for none). A device
+ * allocates them before its arena: where the arena lands in the heap shows in step times (the
+ * CPU step of convnet took 0.6 or 0.8 ms with the two orders, all in its im2col). */
+static pmap_status place_arrays(const pmap_model *m, replica *r, int device) {
+  size_t L = (size_t)m->n_layers;
+  r->act = calloc(L, sizeof *r->act);
+  r->dact = calloc(L, sizeof *r->dact);
+  r->aux = calloc(L, sizeof *r->aux);
+  r->in = calloc(L, sizeof *r->in);
+  r->out = calloc(L, sizeof *r->out);
+  r->dout = calloc(L, sizeof *r->dout);
+  if (r->act && r->dact && r->aux && r->in && r->out && r->dout) return PMAP_SUCCESS;
+  replica_unplace(r);
+  if (device < 0)
+    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "out of memory for %zu layer pointers", L);
+  return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "device %d: out of memory for %zu layer pointers", device,
+                  L);
+}
+
+/* Each layer's output, output gradient and scratch, then the shared conv scratch, in arena. */
+static void place_arena(const pmap_model *m, replica *r, float *arena, int64_t bd) {
   float *p = arena;
-  for (int i = 0; i < L; i++) {
+  for (int i = 0; i < m->n_layers; i++) {
     const layer *l = &m->layers[i];
     size_t per = (size_t)l->out_size * (size_t)bd;
     if (!layer_is_view(l)) {
@@ -81,6 +81,30 @@ pmap_status replica_reserve(pmap_device *dev, const pmap_model *m, replica *r, i
   r->dcol = p + model_col_size(m);
   r->arena = arena;
   r->rows = bd;
+}
+
+pmap_status replica_place(const pmap_model *m, replica *r, float *arena, int64_t bd) {
+  PMAP_TRY(place_arrays(m, r, -1));
+  place_arena(m, r, arena, bd);
+  return PMAP_SUCCESS;
+}
+
+pmap_status replica_reserve(pmap_device *dev, const pmap_model *m, replica *r, int64_t bd) {
+  if (bd <= r->rows) return PMAP_SUCCESS;
+  replica_release(dev, r);
+  size_t total = 0;
+  if (model_arena_floats(m, bd, &total) || total > PTRDIFF_MAX / sizeof(float))
+    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY,
+                    "device %d: the activations of %lld examples take more than the address space",
+                    dev->index, (long long)bd);
+  pmap_status st = place_arrays(m, r, dev->index);
+  void *arena = NULL;
+  if (!st) st = backend_alloc(dev, total * sizeof(float), &arena);
+  if (st) {
+    replica_unplace(r);
+    return st;
+  }
+  place_arena(m, r, arena, bd);
   return PMAP_SUCCESS;
 }
 

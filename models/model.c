@@ -1,6 +1,6 @@
-/* model.c: the sequential model builder: layers, their shapes, the flat parameter layout and
- * the initial parameters. */
-#include <math.h>
+/* model.c: the sequential model, whatever its layers: creation, copies, the shape so far, the
+ * flat parameter layout (model_push), the trained spans and the initial parameters. The kinds
+ * of layer and their builders are in models/layers/. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -105,74 +105,6 @@ static pmap_status check_model(const pmap_model *m, const char *call) {
   return PMAP_SUCCESS;
 }
 
-pmap_status pmap_model_add_dense(pmap_model *m, int64_t units) {
-  const char *call = "pmap_model_add_dense";
-  PMAP_TRY(check_model(m, call));
-  int rank;
-  int64_t shape[3], size;
-  model_current_shape(m, &rank, shape, &size);
-  if (rank != 1)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                    "%s: input of rank %d (%lld x %lld x %lld); add a flatten layer first", call,
-                    rank, (long long)shape[0], (long long)shape[1], (long long)shape[2]);
-  if (units <= 0 || units > (1 << 24))
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: units %lld is outside 1..%d", call,
-                    (long long)units, 1 << 24);
-  layer l = {.kind = LAYER_DENSE, .out_rank = 1, .out_shape = {units}, .out_size = units};
-  l.w_size = (size_t)(size * units);
-  l.b_size = (size_t)units;
-  l.fan_in = size;
-  return model_push(m, l, call);
-}
-
-pmap_status pmap_model_add_relu(pmap_model *m) {
-  const char *call = "pmap_model_add_relu";
-  PMAP_TRY(check_model(m, call));
-  layer l = {.kind = LAYER_RELU};
-  model_current_shape(m, &l.out_rank, l.out_shape, &l.out_size);
-  return model_push(m, l, call);
-}
-
-pmap_status pmap_model_add_flatten(pmap_model *m) {
-  const char *call = "pmap_model_add_flatten";
-  PMAP_TRY(check_model(m, call));
-  layer l = {.kind = LAYER_FLATTEN, .out_rank = 1};
-  int rank;
-  int64_t shape[3];
-  model_current_shape(m, &rank, shape, &l.out_size);
-  l.out_shape[0] = l.out_size;
-  return model_push(m, l, call);
-}
-
-pmap_status pmap_model_add_conv2d(pmap_model *m, int64_t oc, int kh, int kw, int stride, int pad) {
-  const char *call = "pmap_model_add_conv2d";
-  PMAP_TRY(check_model(m, call));
-  int rank;
-  int64_t s[3], size;
-  model_current_shape(m, &rank, s, &size);
-  if (rank != 3)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: input of rank %d; conv2d needs (C, H, W)", call,
-                    rank);
-  if (oc <= 0 || oc > (1 << 16) || kh <= 0 || kw <= 0 || stride <= 0 || pad < 0 || kh > 64 ||
-      kw > 64 || pad > 64)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                    "%s: out_channels %lld, kernel %dx%d, stride %d, pad %d: need out_channels "
-                    "1..65536, kernel 1..64, stride >= 1, pad 0..64",
-                    call, (long long)oc, kh, kw, stride, pad);
-  int64_t oh = (s[1] + 2 * pad - kh) / stride + 1, ow = (s[2] + 2 * pad - kw) / stride + 1;
-  if (s[1] + 2 * pad < kh || s[2] + 2 * pad < kw)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                    "%s: kernel %dx%d does not fit input %lldx%lld with pad %d", call, kh, kw,
-                    (long long)s[1], (long long)s[2], pad);
-  layer l = {.kind = LAYER_CONV2D, .out_rank = 3, .out_shape = {oc, oh, ow}};
-  l.out_size = oc * oh * ow;
-  l.conv = (pmap_conv_shape){s[0], s[1], s[2], oc, oh, ow, kh, kw, stride, pad};
-  l.fan_in = s[0] * kh * kw;
-  l.w_size = (size_t)(oc * l.fan_in);
-  l.b_size = (size_t)oc;
-  return model_push(m, l, call);
-}
-
 pmap_status pmap_model_set_loss(pmap_model *m, pmap_loss loss) {
   PMAP_TRY(check_model(m, "pmap_model_set_loss"));
   if (loss != PMAP_LOSS_MSE && loss != PMAP_LOSS_SOFTMAX_XENT)
@@ -196,23 +128,21 @@ void pmap_model_output_shape(const pmap_model *m, int *rank, int64_t shape[PMAP_
 
 double pmap_model_forward_macs(const pmap_model *m) {
   double macs = 0.0;
-  for (int i = 0; m && i < m->n_layers; i++) {
-    const layer *l = &m->layers[i];
-    if (l->kind == LAYER_DENSE) macs += (double)l->w_size;
-    if (l->kind == LAYER_CONV2D) macs += (double)l->w_size * (double)(l->conv.oh * l->conv.ow);
-  }
+  for (int i = 0; m && i < m->n_layers; i++) macs += layer_macs(&m->layers[i]);
   return macs;
 }
 
 size_t model_col_size(const pmap_model *m) {
   size_t best = 0;
-  for (int i = 0; i < m->n_layers; i++) {
-    const layer *l = &m->layers[i];
-    if (l->kind != LAYER_CONV2D) continue;
-    size_t s = (size_t)(l->fan_in * l->conv.oh * l->conv.ow);
-    best = s > best ? s : best;
-  }
+  for (int i = 0; i < m->n_layers; i++)
+    best = m->layers[i].col_size > best ? m->layers[i].col_size : best;
   return best;
+}
+
+int model_has_collectives(const pmap_model *m) {
+  for (int i = 0; i < m->n_layers; i++)
+    if (m->layers[i].cls->collectives) return 1;
+  return 0;
 }
 
 int model_trained_spans(const pmap_model *m, model_span *spans) {
@@ -233,5 +163,6 @@ int model_trained_spans(const pmap_model *m, model_span *spans) {
 
 void model_init_params(const pmap_model *m, uint64_t seed, float *w) {
   pmap_rng rng = pmap_rng_seed(seed);
-  for (int i = 0; i < m->n_layers; i++) layer_init(m, i, &rng, w);
+  for (int i = 0; i < m->n_layers; i++)
+    layer_init(&m->layers[i], i + 1 < m->n_layers ? &m->layers[i + 1] : NULL, &rng, w);
 }

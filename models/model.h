@@ -1,57 +1,14 @@
-/* model.h: the inside of a sequential model (layers with their shapes and their place in the flat
- * parameter vector) and of one device's replica of the training state. */
+/* model.h: the inside of a sequential model (its layers, models/layer.h, in order, with their
+ * place in the flat parameter vector) and of one device's replica of the training state. */
 #ifndef PMAP_MODELS_MODEL_H
 #define PMAP_MODELS_MODEL_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "layer.h"
 #include "ops/ops.h"
 #include "pmap.h"
-
-/* Every kind is handled by a switch without default in models/layers.c (shape, initialiser,
- * forward, backward), so the compiler names each place a new kind must be handled. */
-typedef enum layer_kind {
-  LAYER_DENSE,
-  LAYER_RELU,
-  LAYER_CONV2D,
-  LAYER_FLATTEN,
-  LAYER_TANH,
-  LAYER_SIGMOID,
-  LAYER_GELU,
-  LAYER_LAYERNORM,
-  LAYER_MAXPOOL2D,
-  LAYER_AVGPOOL2D, /* also the global average pool (output rank 1) */
-  LAYER_DROPOUT,
-  LAYER_BATCHNORM,
-  LAYER_RES_BEGIN, /* a view; its output gradient also receives that of its LAYER_RES_END */
-  LAYER_RES_END    /* y = x + the output of layer `skip` (its LAYER_RES_BEGIN) */
-} layer_kind;
-
-typedef struct layer {
-  layer_kind kind;
-  int in_rank, out_rank;
-  int64_t in_shape[3], out_shape[3]; /* one example */
-  int64_t in_size, out_size;         /* elements of one example */
-  size_t w_off, w_size;              /* weights (norms: the scale gamma) in the parameter vector */
-  size_t b_off, b_size;              /* bias (norms: the shift beta) */
-  size_t s_off, s_size;              /* state that is not trained, after the bias: batch norm's
-                                        running mean (C) then running var (C). The optimizer,
-                                        weight decay, clipping and the guard never see it; a
-                                        training step writes its new value to the replica's
-                                        pending state, committed once the step's verdict is in */
-  size_t st_off;                     /* its place in the model's pending state (model.n_state) */
-  int64_t fan_in;
-  pmap_conv_shape conv;    /* LAYER_CONV2D */
-  pmap_pool_shape pool;    /* LAYER_MAXPOOL2D, LAYER_AVGPOOL2D */
-  int64_t channels, inner; /* LAYER_BATCHNORM: C and H*W (1 for rank-1 input) */
-  float eps, momentum;     /* LAYER_LAYERNORM, LAYER_BATCHNORM */
-  float rate;              /* LAYER_DROPOUT */
-  int cross_replica;       /* LAYER_BATCHNORM: statistics over the global batch */
-  int skip;                /* LAYER_RES_END: the index of its LAYER_RES_BEGIN; and back */
-  /* Scratch in the activation arena: aux_rows floats per example plus aux_fixed floats. */
-  size_t aux_rows, aux_fixed;
-} layer;
 
 #define MODEL_MAX_NESTING 16 /* residual blocks open at once */
 
@@ -64,25 +21,28 @@ struct pmap_model {
   pmap_loss loss;
   size_t n_params;             /* the flat vector: trained parameters and the layers' state */
   size_t n_state;              /* floats of it that are state (layer.s_size summed) */
-  int open[MODEL_MAX_NESTING]; /* the LAYER_RES_BEGIN of each open residual block */
+  int open[MODEL_MAX_NESTING]; /* the start layer of each open residual block */
   int n_open;
 };
 
 /* The current output shape: that of the last layer, or the input. */
 void model_current_shape(const pmap_model *m, int *rank, int64_t shape[3], int64_t *size);
-/* Appends l (its kind, out fields and parameter sizes set); fills in the input side and the
- * parameter offsets. PMAP_ERR_INVALID_ARGUMENT / PMAP_ERR_OUT_OF_MEMORY naming call. */
+/* Appends l (begun by layer_start; its class, output shape, parameter, state and scratch sizes
+ * and settings set); fills in the input side and the offsets. PMAP_ERR_INVALID_ARGUMENT /
+ * PMAP_ERR_OUT_OF_MEMORY naming call. */
 pmap_status model_push(pmap_model *m, layer l, const char *call);
 
 /* A deep copy (params keep their own); PMAP_ERR_INVALID_ARGUMENT while a residual block is
  * open. */
 pmap_status model_clone(const pmap_model *m, pmap_model **out);
-/* 1 when the model's forward and backward call collectives (batch norm: every device must run
- * the same number of forward and backward passes per step, even over zero rows). */
+/* 1 when the model's forward and backward call collectives (a layer class with collectives set,
+ * e.g. batch norm: every device must run the same number of forward and backward passes per
+ * step, even over zero rows). */
 int model_has_collectives(const pmap_model *m);
-/* Largest conv column scratch of the model, in floats (0 without conv layers). */
+/* The largest layer.col_size of the model, in floats (0 without conv layers). */
 size_t model_col_size(const pmap_model *m);
-/* Fills w (n_params) with the initial parameters drawn from seed (layer_init per layer). */
+/* Fills w (n_params) with the initial parameters drawn from seed (layer_init per layer, in
+ * order, from one random stream). */
 void model_init_params(const pmap_model *m, uint64_t seed, float *w);
 
 /* A range [off, off + len) of the flat parameter vector. */
@@ -139,7 +99,15 @@ int model_arena_floats(const pmap_model *m, int64_t bd, size_t *out);
 /* Sizes the arena for bd rows (allocates only when bd exceeds what it holds). */
 pmap_status replica_reserve(pmap_device *dev, const pmap_model *m, replica *r, int64_t bd);
 void replica_release(pmap_device *dev, replica *r);
-/* Forward over bd examples x (bd, input...): fills r->in, r->out; the output is r->out[L-1]. */
+/* A replica on memory of the caller's (a host replica over the CPU op table, e.g. pmap-bench's
+ * single-device loop): points r's per-layer buffers into arena (model_arena_floats(m, bd)
+ * floats) for up to bd rows; replica_unplace frees the pointer arrays (not the arena).
+ * PMAP_ERR_OUT_OF_MEMORY. */
+pmap_status replica_place(const pmap_model *m, replica *r, float *arena, int64_t bd);
+void replica_unplace(replica *r);
+/* Forward over bd examples x (bd, input...): fills r->in, r->out; the output is r->out[L-1].
+ * dev may be NULL for a host replica alone, with has_row0 set; a layer that needs collectives
+ * then fails with PMAP_ERR_INVALID_ARGUMENT. */
 pmap_status model_forward(pmap_device *dev, const pmap_model *m, replica *r, const float *x,
                           int64_t bd);
 /* Loss of the last forward against y into *loss (device memory) and its gradient into
@@ -152,14 +120,8 @@ pmap_status model_state_commit(const pmap_model *m, replica *r);
 /* Backward after model_loss: parameter gradients accumulate into r->g. */
 pmap_status model_backward(pmap_device *dev, const pmap_model *m, replica *r, int64_t bd);
 
-/* models/layers.c: the per-kind parts of a layer. */
-/* 1 for a layer whose output is a view of its input (no activation buffer of its own). */
-int layer_is_view(const layer *l);
-struct pmap_rng;
-/* Layer i's parameters and state in w: dense and conv draw from rng, norms start at scale 1,
- * shift 0, running mean 0 and running var 1. */
-void layer_init(const pmap_model *m, int i, struct pmap_rng *rng, float *w);
-/* Layer i's forward over bd examples from in into r->out[i] (r->act[i] or a view of in). */
+/* Layer i's forward over bd examples from in (its class's forward): sets r->out[i] (r->act[i]
+ * or a view of in). */
 pmap_status layer_forward(pmap_device *dev, const pmap_model *m, replica *r, int i, const float *in,
                           int64_t bd);
 /* Layer i's backward from dy (its output gradient) into dx (NULL: not needed, the model's

@@ -103,10 +103,11 @@ PMAP_OP(dropout_backward, (op_queue *q, const float *dy, float *dx, size_t n, fl
 PMAP_OP(bn_stats, (op_queue *q, const float *x, int64_t outer, int64_t c, int64_t inner,
                    const float *prev, float *stats))
 /* y = (x - mean) rstd gamma + beta per channel. training: mean and the biased variance from
- * stats; then, when running (2c: mean, var) is not NULL, running = momentum running +
- * (1 - momentum) of the moments in run_stats (layout of bn_stats), unless those are not
- * finite (ops/op_math.h pmap_running_update). Inference (!training):
- * mean and var from running. */
+ * stats (ops/op_math.h pmap_bn_train_moments: y is NaN where those, or the moments in run_stats
+ * (layout of bn_stats; may be NULL), are not finite or overflowed float); then, when running
+ * (2c: mean, var) is not NULL, running = momentum running + (1 - momentum) of the moments in
+ * run_stats, unless those are not finite (pmap_running_update). Inference (!training): mean and
+ * var from running. */
 PMAP_OP(bn_forward, (op_queue *q, const float *x, const float *stats, const float *run_stats,
                      float *running, const float *gamma, const float *beta, int64_t outer,
                      int64_t c, int64_t inner, float eps, float momentum, int training, float *y))

@@ -135,12 +135,17 @@ PMAP_HD static inline float pmap_dropout_factor(uint64_t key, uint64_t index, fl
 }
 
 /* Moments from (sum, sum of squares, count) of x - shift: mean and biased variance (clamped at
- * 0). Summing around a shift near the mean keeps sumsq/count - m^2 from cancelling. */
+ * 0 against rounding). Summing around a shift near the mean keeps sumsq/count - m^2 from
+ * cancelling. Sums that are not finite or overflowed float (the sums travel between devices as
+ * floats, so a batch whose squares pass FLT_MAX overflows on any device count) give a NaN
+ * variance, never a clamped 0 or an infinite one (whose 1/sqrt is a finite 0): the
+ * normalisation, the loss and the running statistics all see a batch whose moments do not fit.
+ * The mean is that of sum alone (a first pass's only use is the second pass's shift). */
 PMAP_HD static inline void pmap_moments(float sum, float sumsq, float count, float shift,
                                         float *mean, float *var) {
   float m = sum / count, v = sumsq / count - m * m;
   *mean = shift + m;
-  *var = v > 0.0f ? v : 0.0f;
+  *var = v - v != 0.0f ? v - v : v > 0.0f ? v : 0.0f; /* v - v: 0, or NaN for inf and NaN */
 }
 /* The same from sums held in double (layer norm's rows): the subtraction happens in double. */
 PMAP_HD static inline void pmap_moments_d(double sum, double sumsq, double count, float *mean,
@@ -156,6 +161,19 @@ PMAP_HD static inline void pmap_bn_moments(const float *stats, int64_t c, int64_
   pmap_moments(stats[ch], stats[c + ch], stats[2 * c], stats[2 * c + 1 + ch], mean, var);
 }
 PMAP_HD static inline float pmap_rstd(float var, float eps) { return 1.0f / sqrtf(var + eps); }
+/* The moments a training step normalises channel ch with: those of stats, with a NaN variance
+ * when the moments of run_stats (the global batch's, which move the running statistics; NULL:
+ * none) are not finite. Per-device statistics (batch norm without cross_replica) can fit while
+ * the global batch's overflow: the step's loss is then not finite on any device count, as on
+ * one device, and the numeric guard skips it. Finite moments come out bitwise as stats's. */
+PMAP_HD static inline void pmap_bn_train_moments(const float *stats, const float *run_stats,
+                                                 int64_t c, int64_t ch, float *mean, float *var) {
+  pmap_bn_moments(stats, c, ch, mean, var);
+  if (!run_stats) return;
+  float gm, gv;
+  pmap_bn_moments(run_stats, c, ch, &gm, &gv);
+  *var += (gm - gm) + (gv - gv); /* + 0, or NaN */
+}
 
 /* Running statistics: r = momentum r + (1 - momentum) batch, for one channel. Non-finite batch
  * moments (a batch the numeric guard will skip) leave them as they were: every replica sees the

@@ -1,7 +1,8 @@
 /* test_checkpoint.c: pmap_params_save / pmap_params_load: round trips on 1, 2 and 3 devices,
  * byte-identical saves, and every kind of bad file (a bit flip anywhere, a truncation at every
  * length, another version, magic, model or optimizer, a user buffer too small, NULLs, unwritable
- * paths) rejected with its own message and the training state left bitwise unchanged. */
+ * paths) rejected with its own message and the training state left bitwise unchanged; every kind
+ * of layer recorded with the format's code and geometry. */
 #include <sys/stat.h>
 
 #include "ckpt_util.h"
@@ -331,6 +332,83 @@ static void bad_arguments(void) {
   state_close(&s);
 }
 
+/* The model section's record of every kind of layer: its code and four geometry words are the
+ * file format's (docs/reliability.md), whatever the code that writes them; old checkpoints and
+ * the fuzz corpus hold these numbers. */
+static void layer_records(void) {
+  static const uint32_t want[][6] = {
+      /* code, output rank, geometry */
+      {3, 3, 3, 3, 1, 1},            /* conv2d 4, 3x3, stride 1, pad 1 */
+      {12, 3, 0, 0, 0, 0},           /* batch norm per device */
+      {2, 3, 0, 0, 0, 0},            /* relu */
+      {9, 3, 2, 2, 1, 0},            /* max pool 2x2 stride 1 */
+      {13, 3, 7, 0, 0, 0},           /* residual start: its end */
+      {3, 3, 3, 3, 1, 1},            /* conv2d */
+      {5, 3, 0, 0, 0, 0},            /* tanh */
+      {14, 3, 4, 0, 0, 0},           /* residual end: its start */
+      {10, 3, 2, 2, 2, 0},           /* average pool 2x2 stride 2 */
+      {12, 3, 1, 0, 0, 0},           /* batch norm across devices */
+      {10, 1, 4, 4, 1, 0},           /* global average pool */
+      {4, 1, 0, 0, 0, 0},            /* flatten */
+      {1, 1, 0, 0, 0, 0},            /* dense 12 */
+      {6, 1, 0, 0, 0, 0},            /* sigmoid */
+      {11, 1, 0x3e800000u, 0, 0, 0}, /* dropout 0.25 (its bits) */
+      {8, 1, 0, 0, 0, 0},            /* layer norm */
+      {7, 1, 0, 0, 0, 0},            /* gelu */
+      {1, 1, 0, 0, 0, 0},            /* dense 5 */
+  };
+  enum { L = sizeof want / sizeof want[0] };
+  int64_t in[3] = {3, 9, 9};
+  pmap_model *m = NULL;
+  CHECK_OK(pmap_model_create(3, in, &m));
+  CHECK_OK(pmap_model_add_conv2d(m, 4, 3, 3, 1, 1));
+  CHECK_OK(pmap_model_add_batchnorm(m, 0));
+  CHECK_OK(pmap_model_add_relu(m));
+  CHECK_OK(pmap_model_add_maxpool2d(m, 2, 2, 1));
+  CHECK_OK(pmap_model_begin_residual(m));
+  CHECK_OK(pmap_model_add_conv2d(m, 4, 3, 3, 1, 1));
+  CHECK_OK(pmap_model_add_tanh(m));
+  CHECK_OK(pmap_model_end_residual(m));
+  CHECK_OK(pmap_model_add_avgpool2d(m, 2, 2, 2));
+  CHECK_OK(pmap_model_add_batchnorm(m, 1));
+  CHECK_OK(pmap_model_add_global_avgpool(m));
+  CHECK_OK(pmap_model_add_flatten(m));
+  CHECK_OK(pmap_model_add_dense(m, 12));
+  CHECK_OK(pmap_model_add_sigmoid(m));
+  CHECK_OK(pmap_model_add_dropout(m, 0.25f));
+  CHECK_OK(pmap_model_add_layernorm(m));
+  CHECK_OK(pmap_model_add_gelu(m));
+  CHECK_OK(pmap_model_add_dense(m, 5));
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 1};
+  pmap_ctx *ctx = NULL;
+  pmap_params *p = NULL;
+  pmap_optimizer sgd = pmap_sgd(0.1f, 0.0f);
+  CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+  if (ctx && m) CHECK_OK(pmap_params_create(ctx, m, &sgd, 3, &p));
+  if (p) CHECK_OK(pmap_params_save(p, scratch));
+  size_t n = 0, at[5];
+  unsigned char *f = p ? file_read(scratch, &n) : NULL;
+  CHECK(f && sections(f, n, at) == 0, "layer records: cannot walk the saved file");
+  if (f && sections(f, n, at) == 0) {
+    const unsigned char *model = f + at[0] + 16;
+    CHECK(rd32(model + 32) == L, "layer records: %u layers, want %d", rd32(model + 32), (int)L);
+    for (int i = 0; i < L && rd32(model + 32) == L; i++) {
+      const unsigned char *r = model + 48 + 64 * (size_t)i;
+      uint32_t got[6] = {rd32(r),      rd32(r + 4),  rd32(r + 48),
+                         rd32(r + 52), rd32(r + 56), rd32(r + 60)};
+      CHECK(!memcmp(got, want[i], sizeof got),
+            "layer %d: code %u, rank %u, geometry %#x %#x %#x %#x; the format says %u, %u, %#x "
+            "%#x %#x %#x",
+            i, got[0], got[1], got[2], got[3], got[4], got[5], want[i][0], want[i][1], want[i][2],
+            want[i][3], want[i][4], want[i][5]);
+    }
+  }
+  free(f);
+  pmap_params_destroy(p);
+  pmap_model_destroy(m);
+  CHECK_OK(pmap_ctx_destroy(ctx));
+}
+
 int main(void) {
   const char *t = getenv("TMPDIR");
   snprintf(dir, sizeof dir, "%s/pmap-ckpt-XXXXXX", t && *t ? t : "/tmp");
@@ -347,6 +425,7 @@ int main(void) {
     round_trip("convnet", n, 6, 36);
   }
   round_trip("linear", 2, 64, 128);
+  layer_records();
   corruptions();
   mismatches();
   bad_arguments();

@@ -3,7 +3,8 @@
  * alloc, with micro-batches and with a sharded optimizer, on batch norm across replicas or per
  * device, over features or channels) changes no replica at all, and retrying it gives bitwise
  * the run that never saw the bad batch; weight decay (SGD's L2, AdamW's decoupled) and clipping
- * leave the state alone; a step that is taken moves it once. CPU backend. */
+ * leave the state alone; a step that is taken moves it once; a batch whose moments overflow float
+ * gets the verdict of 1 device on every device count. CPU backend. */
 #include "testutil.h"
 
 enum { ROWS = 12 }; /* rows of a step's global batch */
@@ -258,6 +259,98 @@ static void check_decay(const pmap_optimizer *opt, int n, int shard, const char 
   CHECK_OK(pmap_ctx_destroy(ctx));
 }
 
+/* A batch whose moments overflow float: one value of 1e30 (OVER_ONE), or per-device shards
+ * that each fit while the global batch does not (OVER_GLOBAL: +2e19 on rows 0..3, -2e19 on rows
+ * 4..7, so 2 or 4 devices each see a variance of 0 and the global one is 4e38); OVER_NONE: a
+ * large value whose moments still fit (1e19). In (2) -> batch norm -> dense (1): gamma 0..1, beta
+ * 2..3, running mean 4..5, running var 6..7; feature 1 carries the large values. */
+typedef enum overflow { OVER_ONE, OVER_GLOBAL, OVER_NONE } overflow;
+static const char *const overflow_name[] = {"one value 1e30", "shards fit, the batch does not",
+                                            "1e19, fits"};
+
+/* One step on n devices; *loss, the status and the parameters after it (w, 11 floats). */
+static pmap_status overflow_step(overflow o, int cross, int n, int guard, float *loss, float *w0,
+                                 float *w) {
+  enum { B = 8 };
+  float x[B * 2], y[B];
+  for (int i = 0; i < B; i++) {
+    x[2 * i] = 0.1f * (float)i, x[2 * i + 1] = 0.2f * (float)i - 0.5f, y[i] = 0.05f * (float)i;
+    if (o == OVER_GLOBAL) x[2 * i + 1] = i < B / 2 ? 2e19f : -2e19f;
+  }
+  if (o != OVER_GLOBAL) x[2 * (B - 1) + 1] = o == OVER_ONE ? 1e30f : 1e19f;
+  int64_t in[1] = {2}, xs_[2] = {B, 2}, ys_[2] = {B, 1};
+  pmap_array xs = pmap_array_f32(x, 2, xs_), ys = pmap_array_f32(y, 2, ys_);
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU,
+                     .num_devices = n,
+                     .numeric_guard = guard ? PMAP_GUARD_ON : PMAP_GUARD_OFF};
+  pmap_ctx *ctx = NULL;
+  pmap_model *m = NULL;
+  pmap_params *p = NULL;
+  pmap_optimizer sgd = pmap_sgd(0.01f, 0.0f);
+  pmap_status st = PMAP_ERR_INTERNAL;
+  CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+  CHECK_OK(pmap_model_create(1, in, &m));
+  CHECK_OK(pmap_model_add_batchnorm(m, cross));
+  CHECK_OK(pmap_model_add_dense(m, 1));
+  if (ctx && m) CHECK_OK(pmap_params_create(ctx, m, &sgd, 0, &p));
+  if (p && pmap_params_count(p) == 11) {
+    CHECK_OK(pmap_params_read(p, 0, w0, 11));
+    st = pmap_update(p, &xs, &ys, loss);
+    CHECK_OK(pmap_params_read(p, n - 1, w, 11));
+  }
+  pmap_params_destroy(p);
+  pmap_model_destroy(m);
+  CHECK_OK(pmap_ctx_destroy(ctx));
+  return st;
+}
+
+/* N devices reach the verdict of 1 device. With the guard: a batch whose moments overflow is
+ * skipped (PMAP_ERR_NUMERIC, nothing changed) on 1, 2 and 4 devices alike; without it the step
+ * is taken with a loss that is not finite and the overflowing feature's running statistics
+ * stay as they were, while the other feature's move alike on every device count. A batch
+ * whose moments fit is taken everywhere. */
+static void check_overflow(overflow o, int cross, int guard) {
+  float loss1 = 0.0f, w1[11] = {0};
+  for (int n = 1; n <= 4; n *= 2) {
+    char what[200];
+    snprintf(what, sizeof what, "batch norm%s, %s, %d devices, guard %s",
+             cross ? " across devices" : " per device", overflow_name[o], n, guard ? "on" : "off");
+    float loss = 1234.0f, w0[11] = {0}, w[11] = {0};
+    pmap_status st = overflow_step(o, cross, n, guard, &loss, w0, w);
+    if (o == OVER_NONE) {
+      CHECK(st == PMAP_SUCCESS && isfinite(loss), "%s: status %s, loss %g (%s)", what,
+            pmap_status_string(st), (double)loss, pmap_last_error());
+      CHECK(w[5] != w0[5] && isfinite(w[7]), "%s: running mean %g var %g", what, (double)w[5],
+            (double)w[7]);
+    } else if (guard) {
+      CHECK(st == PMAP_ERR_NUMERIC, "%s: status %s, loss %g; want the step skipped", what,
+            pmap_status_string(st), (double)loss);
+      test_same_bits(what, w, w0, 11);
+    } else {
+      CHECK(st == PMAP_SUCCESS && !isfinite(loss),
+            "%s: status %s, loss %g; want a non-finite "
+            "loss",
+            what, pmap_status_string(st), (double)loss);
+      CHECK(w[5] == w0[5] && w[7] == w0[7], "%s: running mean %g, var %g moved from %g, %g", what,
+            (double)w[5], (double)w[7], (double)w0[5], (double)w0[7]);
+      CHECK(w[4] != w0[4] && w[6] != w0[6], "%s: feature 0's running statistics did not move",
+            what);
+    }
+    if (n == 1) {
+      loss1 = loss;
+      memcpy(w1, w, sizeof w);
+      continue;
+    }
+    /* The other device counts: the same running statistics as 1 device (summation order). */
+    for (int j = 4; j < 8; j++)
+      CHECK(w[j] == w1[j] || fabsf(w[j] - w1[j]) <= 1e-5f * fabsf(w1[j]),
+            "%s: running statistic %d is %.9g, on 1 device %.9g", what, j - 4, (double)w[j],
+            (double)w1[j]);
+    CHECK(isfinite(loss) == isfinite(loss1), "%s: loss %g, on 1 device %g", what, (double)loss,
+          (double)loss1);
+  }
+}
+
 int main(void) {
   pmap_optimizer sgd = pmap_sgd(0.05f, 0.9f), adamw = pmap_adamw(0.01f, 0.1f);
   sgd.weight_decay = 0.01f;
@@ -285,5 +378,12 @@ int main(void) {
       check_decay(&adamw_wd, n, shard, "AdamW, weight decay 0.5");
       check_decay(&clipped, n, shard, "AdamW, weight decay, clipping");
     }
+  for (int cross = 0; cross <= 1; cross++) {
+    for (int guard = 0; guard <= 1; guard++) {
+      check_overflow(OVER_ONE, cross, guard);
+      check_overflow(OVER_GLOBAL, cross, guard);
+    }
+    check_overflow(OVER_NONE, cross, 1);
+  }
   return test_exit("test_state");
 }

@@ -139,7 +139,7 @@ pmap_status cpu_bn_forward(op_queue *q, const float *x, const float *stats, cons
   for (int64_t ch = 0; ch < c; ch++) {
     float mean, var;
     if (training)
-      pmap_bn_moments(stats, c, ch, &mean, &var);
+      pmap_bn_train_moments(stats, run_stats, c, ch, &mean, &var);
     else
       mean = running[ch], var = running[c + ch];
     float rstd = pmap_rstd(var, eps);

@@ -28,25 +28,26 @@ static __global__ void bn_stats_kernel(const float *x, int64_t outer, int64_t c,
   }
 }
 
-/* Mean and variance of channel ch: from stats in training, from running in inference. */
-static __device__ void bn_channel(const float *stats, const float *running, int64_t c, int64_t ch,
-                                  int training, float *mean, float *var) {
+/* Mean and variance of channel ch: from stats (and run_stats's verdict) in training, from
+ * running in inference. */
+static __device__ void bn_channel(const float *stats, const float *run_stats, const float *running,
+                                  int64_t c, int64_t ch, int training, float *mean, float *var) {
   if (training) {
-    pmap_bn_moments(stats, c, ch, mean, var);
+    pmap_bn_train_moments(stats, run_stats, c, ch, mean, var);
   } else {
     *mean = running[ch];
     *var = running[c + ch];
   }
 }
 
-static __global__ void bn_forward_kernel(const float *x, const float *stats, const float *running,
-                                         const float *gamma, const float *beta, int64_t c,
-                                         int64_t inner, float eps, int training, float *y,
-                                         size_t n) {
+static __global__ void bn_forward_kernel(const float *x, const float *stats, const float *run_stats,
+                                         const float *running, const float *gamma,
+                                         const float *beta, int64_t c, int64_t inner, float eps,
+                                         int training, float *y, size_t n) {
   for (size_t i = cuda_thread_index(); i < n; i += cuda_grid_stride()) {
     int64_t ch = (int64_t)(i / (size_t)inner % (size_t)c);
     float mean, var;
-    bn_channel(stats, running, c, ch, training, &mean, &var);
+    bn_channel(stats, run_stats, running, c, ch, training, &mean, &var);
     y[i] = (x[i] - mean) * pmap_rstd(var, eps) * gamma[ch] + beta[ch];
   }
 }
@@ -106,8 +107,8 @@ static void bn_forward_launch(cudaStream_t stream, const float *x, const float *
                               const float *beta, int64_t outer, int64_t c, int64_t inner, float eps,
                               float momentum, int training, float *y) {
   size_t n = (size_t)(outer * c * inner);
-  bn_forward_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, stream>>>(x, stats, running, gamma, beta, c,
-                                                             inner, eps, training, y, n);
+  bn_forward_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, stream>>>(x, stats, run_stats, running, gamma,
+                                                             beta, c, inner, eps, training, y, n);
   /* After the normalisation on the same stream: inference reads running, training updates it. */
   if (training && running)
     bn_running_kernel<<<cuda_grid((size_t)c), CUDA_BLOCK, 0, stream>>>(run_stats, running, c,

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# test_bench.sh: pmap-bench's reference measurements on a few steps of the CPU backend: the
+# hand-written 1-device loop (the models' own forward and backward without the runtime) runs for
+# the models without collectives and ends bitwise at pmap's 1-device loss, is left out for batch
+# norm across devices, the step's GEMMs are listed for every model, and --dump writes its files.
+set -u
+bench=${1:?usage: test_bench.sh path/to/pmap-bench}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+bad() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+
+models=linear,convnet,res-mlp,cifar-bn
+if ! "$bench" --model "$models" --devices 1,2 --scaling strong --batch 16 --steps 4 --warmup 1 \
+  --rounds 2 --backend cpu --dump "$tmp/dump" --json >"$tmp/out" 2>"$tmp/err"; then
+  bad "pmap-bench exited non-zero: $(tail -5 "$tmp/err")"
+fi
+json=$(tail -n 1 "$tmp/out")
+# One object per model: "model": NAME, ..., "hand_loop": {...} or none, ... "failed": false.
+for m in linear convnet res-mlp; do
+  obj=$(printf '%s' "$json" | grep -o "{\"model\": \"$m\", \"params\"[^]]*" | head -n 1)
+  case $obj in
+  *'"hand_loop": {'*'"loss_rel_diff": 0}'*) ;;
+  *) bad "$m: no hand-written loop ending at pmap's 1-device loss bitwise: $obj" ;;
+  esac
+done
+obj=$(printf '%s' "$json" | grep -o '{"model": "cifar-bn", "params"[^]]*' | head -n 1)
+case $obj in
+*hand_loop*) bad "cifar-bn (batch norm across devices) ran the hand-written loop: $obj" ;;
+'') bad "cifar-bn: no result" ;;
+esac
+# The GEMM column of every row (the step's GEMMs, listed from a run of the step).
+if printf '%s' "$json" | grep -q '"gemm_ms": null'; then bad "a row without its GEMMs: $json"; fi
+for m in linear convnet res-mlp cifar-bn; do
+  for ext in json params.f32 x.f32 y.bin; do
+    [ -s "$tmp/dump/$m.$ext" ] || bad "--dump wrote no $m.$ext"
+  done
+done
+grep -q '"kind": "batchnorm", "channels": 16, "eps": 9.99999975e-06, "momentum": 0.899999976, "cross_replica": 1' \
+  "$tmp/dump/cifar-bn.json" || bad "cifar-bn.json: $(cat "$tmp/dump/cifar-bn.json")"
+grep -q '{"kind": "res_end", "begin": 1}' "$tmp/dump/res-mlp.json" ||
+  bad "res-mlp.json: $(cat "$tmp/dump/res-mlp.json")"
+if [ "$fails" -ne 0 ]; then
+  echo "test_bench: $fails failed" >&2
+  exit 1
+fi
+echo "test_bench: ok"

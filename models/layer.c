@@ -1,0 +1,66 @@
+/* layer.c: the generic side of a layer: its class's members called with their defaults (the one
+ * place an optional member is defaulted), and what the builders of models/layers/ share. */
+#include <math.h>
+#include <string.h>
+
+#include "model.h"
+#include "rng.h"
+#include "base/error.h"
+
+int layer_is_view(const layer *l) { return l->cls->is_view; }
+
+void layer_init(const layer *l, const layer *next, pmap_rng *rng, float *w) {
+  double gain = next && next->cls->init_gain > 0.0 ? next->cls->init_gain : 1.0;
+  if (l->cls->init) l->cls->init(l, gain, rng, w);
+}
+
+void layer_geometry(const layer *l, uint32_t g[4]) {
+  memset(g, 0, 4 * sizeof *g);
+  if (l->cls->geometry) l->cls->geometry(l, g);
+}
+
+double layer_macs(const layer *l) { return l->cls->macs ? l->cls->macs(l) : 0.0; }
+
+void layer_describe(const layer *l, FILE *f) {
+  fprintf(f, "{\"kind\": \"%s\"", l->cls->name);
+  if (l->cls->describe) l->cls->describe(l, f);
+  fprintf(f, "}");
+}
+
+pmap_status layer_forward(pmap_device *dev, const pmap_model *m, replica *r, int i, const float *in,
+                          int64_t bd) {
+  const layer *l = &m->layers[i];
+  const float *out = r->act[i];
+  PMAP_TRY(l->cls->forward(dev, l, r, i, in, r->act[i], &out, bd));
+  r->out[i] = out;
+  return PMAP_SUCCESS;
+}
+
+pmap_status layer_backward(pmap_device *dev, const pmap_model *m, replica *r, int i,
+                           const float *dy, float *dx, const float **dx_out, int64_t bd) {
+  const layer *l = &m->layers[i];
+  *dx_out = dx;
+  return l->cls->backward(dev, l, r, i, dy, dx, dx_out, bd);
+}
+
+pmap_status layer_start(pmap_model *m, const layer_class *cls, const char *call, layer *l) {
+  if (!m) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: model is NULL", call);
+  memset(l, 0, sizeof *l);
+  l->cls = cls;
+  model_current_shape(m, &l->in_rank, l->in_shape, &l->in_size);
+  l->out_rank = l->in_rank;
+  memcpy(l->out_shape, l->in_shape, sizeof l->out_shape);
+  l->out_size = l->in_size;
+  return PMAP_SUCCESS;
+}
+
+void layer_init_fan_in(const layer *l, int64_t fan_in, double gain, pmap_rng *rng, float *w) {
+  double std = sqrt(gain / (double)fan_in);
+  for (size_t j = 0; j < l->w_size; j++) w[l->w_off + j] = (float)(std * pmap_rng_normal(rng));
+  memset(w + l->b_off, 0, l->b_size * sizeof *w);
+}
+
+void layer_init_affine(const layer *l, float *w) {
+  for (size_t j = 0; j < l->w_size; j++) w[l->w_off + j] = 1.0f;
+  memset(w + l->b_off, 0, l->b_size * sizeof *w);
+}

@@ -1,0 +1,106 @@
+/* layer.h: what every layer is (its shapes, its place in the flat parameter vector, its scratch)
+ * and its class: the table of what its kind does. Each kind is one file under models/layers/
+ * that defines its class and its public builder; no other file names a kind, so adding one
+ * touches no shared struct, enum or switch (docs/models.md, "How a layer is put together"). */
+#ifndef PMAP_MODELS_LAYER_H
+#define PMAP_MODELS_LAYER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "pmap.h"
+
+typedef struct layer layer;
+typedef struct layer_class layer_class;
+typedef struct replica replica; /* models/model.h */
+struct pmap_rng;
+
+/* Room for a kind's own settings (conv geometry, dropout's rate, ...) inside every layer. */
+#define LAYER_SETTINGS_BYTES 96
+
+struct layer {
+  const layer_class *cls;
+  int in_rank, out_rank;
+  int64_t in_shape[3], out_shape[3]; /* one example; unused axes 0 */
+  int64_t in_size, out_size;         /* elements of one example */
+  size_t w_off, w_size;              /* weights (norms: the scale gamma) in the parameter vector */
+  size_t b_off, b_size;              /* bias (norms: the shift beta) */
+  size_t s_off, s_size;              /* state that is not trained, after the bias: batch norm's
+                                        running mean (C) then running var (C). The optimizer,
+                                        weight decay, clipping and the guard never see it; a
+                                        training step writes its new value to the replica's
+                                        pending state, committed once the step's verdict is in */
+  size_t st_off;                     /* its place in the model's pending state (model.n_state) */
+  /* Scratch in the activation arena: aux_rows floats per example plus aux_fixed floats of its
+   * own (replica.aux[i]), and col_size floats in each of the two buffers all layers share
+   * (replica.col, replica.dcol: conv's columns). */
+  size_t aux_rows, aux_fixed, col_size;
+  /* The kind's settings: a struct of its own file's, read with LAYER_SETTINGS. */
+  _Alignas(max_align_t) unsigned char settings[LAYER_SETTINGS_BYTES];
+};
+
+/* A layer file's settings type T: LAYER_SETTINGS_FIT(T) checks at compile time that it fits the
+ * area; LAYER_SETTINGS(T, l) is l's settings as a T (const or not as l is). */
+#define LAYER_SETTINGS_FIT(T)                                                               \
+  _Static_assert(sizeof(T) <= LAYER_SETTINGS_BYTES && _Alignof(T) <= _Alignof(max_align_t), \
+                 #T " does not fit layer.settings")
+#define LAYER_SETTINGS(T, l) ((T *)(void *)(l)->settings)
+#define LAYER_SETTINGS_CONST(T, l) ((const T *)(const void *)(l)->settings)
+
+/* What a kind does. Members marked (optional) may be NULL or 0; layer.c supplies the default in
+ * each case, and the rest of the models call them only through layer.c. Write contract as the
+ * ops' (ops/op_list.h): outputs and input gradients overwritten, parameter gradients (r->g)
+ * accumulated. */
+struct layer_class {
+  const char *name; /* as pmap-bench --dump names it: "dense", "conv2d", ... */
+  /* Its number in checkpoints (docs/reliability.md): fixed by the file format, never reused. */
+  uint32_t code;
+  int is_view;     /* 1: its output is its input (no activation buffer of its own) */
+  int collectives; /* 1: forward or backward call collectives, so every device must run as
+                      many passes per step (models/model.h model_has_collectives) */
+  /* (optional, 0: 1) The gain the layer before it draws its weights with, std = sqrt(gain /
+   * fan_in): 2 behind a ReLU (He), 1 elsewhere (LeCun). */
+  double init_gain;
+  /* Forward over bd examples of in (r->in[i]) into y (r->act[i]; NULL for a view). A layer
+   * whose output is (this time) its input sets *out = in instead; *out starts as y. dev: NULL
+   * for a host replica alone (no collectives then). */
+  pmap_status (*forward)(pmap_device *dev, const layer *l, replica *r, int i, const float *in,
+                         float *y, const float **out, int64_t bd);
+  /* Backward from dy (the gradient of r->out[i]) into dx (NULL: the model's input, none needed),
+   * adding its parameter gradients into r->g. A layer that passes dy on unchanged sets *dx_out
+   * = dy instead (only when dx is not NULL); *dx_out starts as dx. */
+  pmap_status (*backward)(pmap_device *dev, const layer *l, replica *r, int i, const float *dy,
+                          float *dx, const float **dx_out, int64_t bd);
+  /* (optional, NULL: nothing to set) Its parameters and state in w (the flat vector at w_off,
+   * b_off, s_off), drawn from rng; gain: the next layer's init_gain. */
+  void (*init)(const layer *l, double gain, struct pmap_rng *rng, float *w);
+  /* (optional, NULL: all 0) The four geometry words of its checkpoint record. */
+  void (*geometry)(const layer *l, uint32_t g[4]);
+  /* (optional, NULL: 0) Multiply-adds of its forward pass over one example (the GEMM-shaped
+   * work; element-wise layers count none). */
+  double (*macs)(const layer *l);
+  /* (optional, NULL: none) Its settings as JSON members after its "kind", each with a leading
+   * ", " (pmap-bench --dump, read by bench/jax_compare.py). */
+  void (*describe)(const layer *l, FILE *f);
+};
+
+/* layer.c: the class's members with their defaults, and what the builders share. */
+int layer_is_view(const layer *l);
+/* l's parameters and state in w; next: the layer after it (NULL for the last). */
+void layer_init(const layer *l, const layer *next, struct pmap_rng *rng, float *w);
+void layer_geometry(const layer *l, uint32_t g[4]);
+double layer_macs(const layer *l);
+/* {"kind": "<name>", <its settings>} */
+void layer_describe(const layer *l, FILE *f);
+
+/* Starts *l as a layer of class cls on m's current output, with its output shape the same as
+ * its input's (the builder changes what differs, then model_push). PMAP_ERR_INVALID_ARGUMENT
+ * naming call when m is NULL. */
+pmap_status layer_start(pmap_model *m, const layer_class *cls, const char *call, layer *l);
+/* Weights ~ N(0, gain / fan_in) from rng, bias 0 (dense, conv2d). */
+void layer_init_fan_in(const layer *l, int64_t fan_in, double gain, struct pmap_rng *rng, float *w);
+/* Scale 1, shift 0 (the norms). */
+void layer_init_affine(const layer *l, float *w);
+
+#endif

@@ -1,0 +1,94 @@
+/* conv2d.c: 2-D convolution over NCHW examples with a bias per output channel, (C, H, W) ->
+ * (OC, OH, OW): its builder, shape rule, parameters, initialiser, forward, backward and
+ * checkpoint record (kernel, stride, padding). */
+#include "models/model.h"
+#include "base/error.h"
+
+typedef struct conv_settings {
+  pmap_conv_shape conv;
+} conv_settings;
+LAYER_SETTINGS_FIT(conv_settings);
+
+static const pmap_conv_shape *shape_of(const layer *l) {
+  return &LAYER_SETTINGS_CONST(conv_settings, l)->conv;
+}
+
+static int64_t fan_in(const pmap_conv_shape *s) { return s->c * s->kh * s->kw; }
+
+static pmap_status forward(pmap_device *dev, const layer *l, replica *r, int i, const float *in,
+                           float *y, const float **out, int64_t bd) {
+  (void)dev, (void)i, (void)out;
+  const pmap_conv_shape *s = shape_of(l);
+  PMAP_TRY(r->ops->conv2d_forward(r->q, s, bd, in, r->w + l->w_off, y, r->col));
+  return r->ops->bias_forward(r->q, y, r->w + l->b_off, bd, s->oc, s->oh * s->ow);
+}
+
+static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i, const float *dy,
+                            float *dx, const float **dx_out, int64_t bd) {
+  (void)dev, (void)dx_out;
+  const pmap_conv_shape *s = shape_of(l);
+  PMAP_TRY(r->ops->conv2d_backward(r->q, s, bd, r->in[i], r->w + l->w_off, dy, dx, r->g + l->w_off,
+                                   r->col, r->dcol));
+  return r->ops->bias_backward(r->q, dy, r->g + l->b_off, bd, s->oc, s->oh * s->ow);
+}
+
+static void init(const layer *l, double gain, struct pmap_rng *rng, float *w) {
+  layer_init_fan_in(l, fan_in(shape_of(l)), gain, rng, w);
+}
+
+static void geometry(const layer *l, uint32_t g[4]) {
+  const pmap_conv_shape *s = shape_of(l);
+  g[0] = (uint32_t)s->kh, g[1] = (uint32_t)s->kw, g[2] = (uint32_t)s->stride;
+  g[3] = (uint32_t)s->pad;
+}
+
+static double macs(const layer *l) {
+  const pmap_conv_shape *s = shape_of(l);
+  return (double)l->w_size * (double)(s->oh * s->ow);
+}
+
+static void describe(const layer *l, FILE *f) {
+  const pmap_conv_shape *s = shape_of(l);
+  fprintf(f, ", \"c\": %lld, \"oc\": %lld, \"kh\": %d, \"kw\": %d, \"stride\": %d, \"pad\": %d",
+          (long long)s->c, (long long)s->oc, s->kh, s->kw, s->stride, s->pad);
+}
+
+static const layer_class conv2d_class = {
+    .name = "conv2d",
+    .code = 3,
+    .forward = forward,
+    .backward = backward,
+    .init = init,
+    .geometry = geometry,
+    .macs = macs,
+    .describe = describe,
+};
+
+pmap_status pmap_model_add_conv2d(pmap_model *m, int64_t oc, int kh, int kw, int stride, int pad) {
+  const char *call = "pmap_model_add_conv2d";
+  layer l;
+  PMAP_TRY(layer_start(m, &conv2d_class, call, &l));
+  const int64_t *s = l.in_shape;
+  if (l.in_rank != 3)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: input of rank %d; conv2d needs (C, H, W)", call,
+                    l.in_rank);
+  if (oc <= 0 || oc > (1 << 16) || kh <= 0 || kw <= 0 || stride <= 0 || pad < 0 || kh > 64 ||
+      kw > 64 || pad > 64)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: out_channels %lld, kernel %dx%d, stride %d, pad %d: need out_channels "
+                    "1..65536, kernel 1..64, stride >= 1, pad 0..64",
+                    call, (long long)oc, kh, kw, stride, pad);
+  int64_t oh = (s[1] + 2 * pad - kh) / stride + 1, ow = (s[2] + 2 * pad - kw) / stride + 1;
+  if (s[1] + 2 * pad < kh || s[2] + 2 * pad < kw)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: kernel %dx%d does not fit input %lldx%lld with pad %d", call, kh, kw,
+                    (long long)s[1], (long long)s[2], pad);
+  pmap_conv_shape c = {s[0], s[1], s[2], oc, oh, ow, kh, kw, stride, pad};
+  LAYER_SETTINGS(conv_settings, &l)->conv = c;
+  l.out_shape[0] = oc, l.out_shape[1] = oh, l.out_shape[2] = ow;
+  l.out_size = oc * oh * ow;
+  l.w_size = (size_t)(oc * fan_in(&c));
+  l.b_size = (size_t)oc;
+  l.col_size = (size_t)(fan_in(&c) * oh * ow);
+  return model_push(m, l, call);
+}

@@ -1,0 +1,67 @@
+/* dense.c: the fully connected layer, y (bd, units) = x (bd, F) W (F, units) + b: its builder,
+ * shape rule, parameters, initialiser, forward, backward and checkpoint record. */
+#include "models/model.h"
+#include "base/error.h"
+
+static pmap_status forward(pmap_device *dev, const layer *l, replica *r, int i, const float *in,
+                           float *y, const float **out, int64_t bd) {
+  (void)dev, (void)i, (void)out;
+  const pmap_ops *ops = r->ops;
+  PMAP_TRY(ops->gemm(r->q, 0, 0, bd, l->out_size, l->in_size, 1.0f, in, l->in_size, r->w + l->w_off,
+                     l->out_size, 0.0f, y, l->out_size));
+  return ops->bias_forward(r->q, y, r->w + l->b_off, bd, l->out_size, 1);
+}
+
+static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i, const float *dy,
+                            float *dx, const float **dx_out, int64_t bd) {
+  (void)dev, (void)dx_out;
+  const pmap_ops *ops = r->ops;
+  /* dW (F, units) += in^T (F, bd) dy (bd, units); db += sum_rows dy */
+  PMAP_TRY(ops->gemm(r->q, 1, 0, l->in_size, l->out_size, bd, 1.0f, r->in[i], l->in_size, dy,
+                     l->out_size, 1.0f, r->g + l->w_off, l->out_size));
+  PMAP_TRY(ops->bias_backward(r->q, dy, r->g + l->b_off, bd, l->out_size, 1));
+  /* dx (bd, F) = dy (bd, units) W^T (units, F) */
+  if (!dx) return PMAP_SUCCESS;
+  return ops->gemm(r->q, 0, 1, bd, l->in_size, l->out_size, 1.0f, dy, l->out_size, r->w + l->w_off,
+                   l->out_size, 0.0f, dx, l->in_size);
+}
+
+static void init(const layer *l, double gain, struct pmap_rng *rng, float *w) {
+  layer_init_fan_in(l, l->in_size, gain, rng, w);
+}
+
+static double macs(const layer *l) { return (double)l->w_size; }
+
+static void describe(const layer *l, FILE *f) {
+  fprintf(f, ", \"in\": %lld, \"out\": %lld", (long long)l->in_size, (long long)l->out_size);
+}
+
+static const layer_class dense_class = {
+    .name = "dense",
+    .code = 1,
+    .forward = forward,
+    .backward = backward,
+    .init = init,
+    .macs = macs,
+    .describe = describe,
+};
+
+pmap_status pmap_model_add_dense(pmap_model *m, int64_t units) {
+  const char *call = "pmap_model_add_dense";
+  layer l;
+  PMAP_TRY(layer_start(m, &dense_class, call, &l));
+  if (l.in_rank != 1)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: input of rank %d (%lld x %lld x %lld); add a flatten layer first", call,
+                    l.in_rank, (long long)l.in_shape[0], (long long)l.in_shape[1],
+                    (long long)l.in_shape[2]);
+  if (units <= 0 || units > (1 << 24))
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: units %lld is outside 1..%d", call,
+                    (long long)units, 1 << 24);
+  l.out_rank = 1;
+  l.out_shape[0] = l.out_size = units;
+  l.out_shape[1] = l.out_shape[2] = 0;
+  l.w_size = (size_t)(l.in_size * units);
+  l.b_size = (size_t)units;
+  return model_push(m, l, call);
+}

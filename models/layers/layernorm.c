@@ -1,0 +1,56 @@
+/* layernorm.c: layer normalisation of each example over its S elements, y = (x - mean) rstd
+ * gamma + beta (biased variance), with gamma and beta (S) and per-row mean and rstd kept in
+ * scratch from forward to backward. */
+#include "models/model.h"
+#include "base/error.h"
+
+#define LAYERNORM_EPS 1e-6f /* flax.linen.LayerNorm's default */
+
+typedef struct layernorm_settings {
+  float eps;
+} layernorm_settings;
+LAYER_SETTINGS_FIT(layernorm_settings);
+
+static float eps_of(const layer *l) { return LAYER_SETTINGS_CONST(layernorm_settings, l)->eps; }
+
+static pmap_status forward(pmap_device *dev, const layer *l, replica *r, int i, const float *in,
+                           float *y, const float **out, int64_t bd) {
+  (void)dev, (void)out;
+  return r->ops->layernorm_forward(r->q, in, r->w + l->w_off, r->w + l->b_off, bd, l->in_size,
+                                   eps_of(l), y, r->aux[i]);
+}
+
+static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i, const float *dy,
+                            float *dx, const float **dx_out, int64_t bd) {
+  (void)dev, (void)dx_out;
+  return r->ops->layernorm_backward(r->q, r->in[i], r->w + l->w_off, r->aux[i], dy, bd, l->in_size,
+                                    dx, r->g + l->w_off, r->g + l->b_off);
+}
+
+static void init(const layer *l, double gain, struct pmap_rng *rng, float *w) {
+  (void)gain, (void)rng;
+  layer_init_affine(l, w);
+}
+
+static void describe(const layer *l, FILE *f) {
+  fprintf(f, ", \"size\": %lld, \"eps\": %.9g", (long long)l->in_size, (double)eps_of(l));
+}
+
+static const layer_class layernorm_class = {
+    .name = "layernorm",
+    .code = 8,
+    .forward = forward,
+    .backward = backward,
+    .init = init,
+    .describe = describe,
+};
+
+pmap_status pmap_model_add_layernorm(pmap_model *m) {
+  const char *call = "pmap_model_add_layernorm";
+  layer l;
+  PMAP_TRY(layer_start(m, &layernorm_class, call, &l));
+  l.w_size = l.b_size = (size_t)l.out_size;
+  LAYER_SETTINGS(layernorm_settings, &l)->eps = LAYERNORM_EPS;
+  l.aux_rows = 2; /* mean, rstd */
+  return model_push(m, l, call);
+}
