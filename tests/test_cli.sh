@@ -218,7 +218,7 @@ expect_error '--clip-norm "-1" must be a finite number >= 0' --clip-norm -1
 expect_error '--clip-norm "nan" must be a finite number >= 0' --clip-norm nan
 expect_error '--clip-norm "inf"' --clip-norm inf
 expect_error 'option --resume needs a value' --resume
-expect_error '--resume: pmap_params_load: cannot open' --resume "$tmp/none.ckpt"
+expect_error '--resume: pmap_params_load_user: cannot open' --resume "$tmp/none.ckpt"
 expect_error 'this run differs in --batch' --model linear --batch 64 --resume "$ck"
 expect_error 'this run differs in --seed' --model linear --seed 5 --resume "$ck"
 expect_error 'this run differs in --samples' --model linear --samples 256 --resume "$ck"
