@@ -180,7 +180,7 @@ static pmap_status rendezvous_processes(pmap_device *dev, const char *call, size
   }
   if (ctx->n == 1) return PMAP_SUCCESS;
   pmap_wait_policy w = pmap_patient_wait(ctx);
-  return pmap_wait_status(dev, sync_barrier_wait(&ctx->bar, &w), call);
+  return pmap_wait_status(dev, pmap_barrier_arrive(dev, &w, NULL), call);
 }
 
 /* Every collective, public or the runtime's own, starts here: every device records what it
@@ -203,7 +203,7 @@ static pmap_status rendezvous(pmap_device *dev, const char *call, size_t count, 
     uint32_t seq = dev->coll_seq++;
     coll_desc *desc = ctx->desc + (size_t)(seq & 1u) * (size_t)n;
     desc[dev->index] = (coll_desc){call, count, root, seq, ctx->job_gen};
-    pmap_status st = pmap_wait_status(dev, sync_barrier_wait(&ctx->bar, &ctx->wait), call);
+    pmap_status st = pmap_wait_status(dev, pmap_barrier_arrive(dev, &ctx->wait, NULL), call);
     if (st) return st;
     for (int k = 1; k < n; k++) same &= same_desc(&desc[k], &desc[0]);
     if (!same) describe(desc, n, ctx->dist ? ctx->proc * n : 0, what, sizeof what);

@@ -88,7 +88,13 @@ struct pmap_device {
   char msg[1024];     /* its message when status != PMAP_SUCCESS */
   int initialised;    /* device_init ran on this device */
   uint32_t coll_seq;  /* public collectives called in the current job */
-  uint64_t xseq;      /* distributed: the number of the current collective's inter-process
+  /* Barriers of ctx->bar this device arrived at in the current job (pmap_barrier_arrive): every
+   * device passes the same barriers in the same order, so a device that timed out names those
+   * with fewer arrivals as the ones that did not arrive. */
+  _Atomic uint32_t arrivals;
+  int names_others; /* msg is about other devices (those that did not arrive), so the job's
+                       report does not name this device as the failing one */
+  uint64_t xseq;    /* distributed: the number of the current collective's inter-process
                          exchange, the same on every process (dist_seq + 1 at its rendezvous) */
 };
 
@@ -113,6 +119,8 @@ struct pmap_ctx {
    * threads are serialised; a call from inside a mapped function is refused, not deadlocked. */
   pthread_mutex_t lock;
   int lock_ready;
+  int lock_depth;   /* nesting of the lock by its holder */
+  const char *call; /* the public call holding the lock (outermost), for the messages of jobs */
   _Atomic int live_params; /* pmap_params alive on the context */
   /* Workers: thread i serves device i for i >= 1. */
   pthread_t *threads;
@@ -219,7 +227,13 @@ void pmap_ctx_abort(pmap_ctx *ctx);
  * because another device failed: the job then reports that other device's failure. */
 pmap_status pmap_abandoned(pmap_device *dev, const char *fmt, ...) PMAP_PRINTF_LIKE(2, 3);
 
-/* Turns a barrier wait result into a status with a message naming the device and call. */
+/* Arrives at the context's barrier (sync_barrier_wait_touch on ctx->bar, counted in the
+ * device's arrivals): every barrier of a job goes through here or skips the count on every
+ * device alike. */
+int pmap_barrier_arrive(pmap_device *dev, const pmap_wait_policy *w, _Atomic int *touch);
+
+/* Turns a barrier wait result into a status with a message naming the device and call (a
+ * timeout: the devices that did not arrive). */
 pmap_status pmap_wait_status(pmap_device *dev, int wait_result, const char *call);
 
 /* The runtime's view of the processes (runtime/procs.c). */

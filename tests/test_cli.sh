@@ -259,7 +259,7 @@ for how in flag env; do
       --devices 2 --steps 5 >"$tmp/out" 2>"$tmp/err"
   fi
   rc=$?
-  if [ $rc -eq 1 ] && grep -q 'step 2: .*not every device arrived within 1.000 s' "$tmp/err" &&
+  if [ $rc -eq 1 ] && grep -q 'step 2: pmap_update: .*: device 1 did not arrive within 1.000 s' "$tmp/err" &&
     [ $((SECONDS - t0)) -lt 20 ]; then ok; else
     bad "a stalled device with the timeout by $how: status $rc after $((SECONDS - t0)) s: $(cat "$tmp/err")"
   fi

@@ -199,7 +199,9 @@ static void mode_verify(int d) {
   pmap_params *params = NULL;
   pmap_model *m = NULL;
   pmap_array xs = {0}, ys = {0};
-  if (RANK == 1) setenv("PMAP_FAULT", "drift:device=0:step=1", 1);
+  char fault[64]; /* process 1's device 0, by its global index */
+  snprintf(fault, sizeof fault, "drift:device=%d:step=1", d);
+  if (RANK == 1) setenv("PMAP_FAULT", fault, 1);
   CHECK_OK(dist_ctx(d, 20.0, &ctx));
   unsetenv("PMAP_FAULT");
   if (ctx) CHECK_OK(mlp_params(ctx, 0.001f, &params, &m));
