@@ -121,6 +121,8 @@ struct pmap_ctx {
   int lock_ready;
   int lock_depth;   /* nesting of the lock by its holder */
   const char *call; /* the public call holding the lock (outermost), for the messages of jobs */
+  int meets;        /* distributed: the current job is a mapped function (pmap_run) whose end the
+                       processes meet at (runtime/procs.c) */
   _Atomic int live_params; /* pmap_params alive on the context */
   /* Workers: thread i serves device i for i >= 1. */
   pthread_t *threads;
@@ -253,6 +255,17 @@ pmap_status pmap_ctx_exchange(pmap_ctx *ctx, const char *call, const void *mine,
  * context's timeout, since that exchange is bounded by it and names the process it waits for,
  * which a local "device 0 did not arrive" would hide. */
 pmap_wait_policy pmap_patient_wait(const pmap_ctx *ctx);
+
+/* Distributed, outside jobs: the settings of the context that change what a step exchanges
+ * (numeric_guard, uneven_batches) are the same on every process, else
+ * PMAP_ERR_INVALID_ARGUMENT naming the setting and each process's value. */
+pmap_status procs_check_settings(pmap_ctx *ctx);
+/* Distributed, after the job of a mapped function (pmap_run) ended with st (own: the failure is
+ * this process's own, not a collective abandoned because another process failed; its message
+ * is the thread's): the processes meet, so that a process whose devices returned while another
+ * waits in a collective, and a failure of one process, fail every process's pmap_run alike
+ * and leave them in step (runtime/dist dist_end_job). Returns the job's verdict. */
+pmap_status procs_end_job(pmap_ctx *ctx, pmap_status st, int own, uint64_t seq0);
 
 /* Takes the context's lock for public call `call`; PMAP_ERR_INVALID_ARGUMENT (lock not taken)
  * when the calling thread is running a mapped function of this context. */

@@ -457,6 +457,7 @@ static pmap_status ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
     goto fail;
   }
   PMAP_TRY_GOTO(st, pmap_fault_bind(ctx->fault, n, ctx->proc, ctx->nproc), fail);
+  PMAP_TRY_GOTO(st, procs_check_settings(ctx), fail);
 
   PMAP_TRY_GOTO(st, backend_ctx_init(ctx, &cfg), fail);
   for (int i = 1; i < n; i++) {
@@ -559,7 +560,12 @@ pmap_status pmap_run(pmap_ctx *ctx, pmap_fn fn, void *arg) {
   if (!ctx || !fn)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_run: %s is NULL", ctx ? "fn" : "ctx");
   PMAP_TRY(pmap_ctx_lock(ctx, "pmap_run"));
-  pmap_status st = pmap_ctx_dispatch(ctx, fn, arg);
+  int own = 0;
+  uint64_t seq0 = dist_seq(ctx->dist);
+  ctx->meets = ctx->dist != NULL;
+  pmap_status st = dispatch(ctx, fn, arg, &own);
+  ctx->meets = 0;
+  if (ctx->dist) st = procs_end_job(ctx, st, own, seq0);
   pmap_ctx_unlock(ctx);
   return st;
 }

@@ -2,7 +2,8 @@
 # test_mpi_fault.sh: the mpi suite's parts about processes that disagree, fail or are late.
 #   agree     test_mpi_fault mismatch, row0 and verify at 2 x 2 and 3 x 1
 #   exit      a process that fails alone ends the job within seconds (context destroyed or
-#             not, or a mapped function that fails on it alone); a process late to start is a timeout at pmap_ctx_create within seconds, and
+#             not); a mapped function that fails on it alone fails every process at once; a
+#             process late to start is a timeout at pmap_ctx_create within seconds, and
 #             the job ends; a process that stops or dies after sending its part is named
 #   toolfail  pmap-train: --timeout and PMAP_TIMEOUT end a stalled job naming the process; an
 #             unwritable --save on process 0 ends the job within seconds; a replica perturbed on
@@ -42,7 +43,7 @@ for part in "$@"; do
     done
     bounded 60 -np 2 "$prog" failjob 2
     grep -q '^OK failjob' "$out" && [ $took -lt 10 ]
-    verdict $? "a mapped function failing on process 1 alone: process 0 hears at once"
+    verdict $? "a mapped function failing on process 1 alone: process 0 hears at once, usable"
     grep '^process 0:' "$out" | cut -c1-300 | sed 's/^/    /'
     # Late at the start (timeout 1.5 s, 4 s late): a timeout, and the job ends.
     for mode in startinit startctx; do
