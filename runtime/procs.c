@@ -79,7 +79,7 @@ pmap_status procs_end_job(pmap_ctx *ctx, pmap_status st, int own, uint64_t seq0)
   out.own = own;
   if (st) snprintf(out.text, sizeof out.text, "%s", pmap_error_message());
   char who[200];
-  snprintf(who, sizeof who, "pmap_run on process %d of %d (host %s)", ctx->proc, ctx->nproc,
+  snprintf(who, sizeof who, "pmap_run: process %d of %d (host %s)", ctx->proc, ctx->nproc,
            pmap_proc_host(ctx, ctx->proc));
   pmap_status met = dist_end_job(ctx->dist, &out, who);
   /* A meeting that failed broke the transport; the job's own failure says more. */
