@@ -485,14 +485,14 @@ fail : {
 /* Every message of a failed creation starts with the call, those of the environment's values
  * and of the devices' start included. */
 pmap_status runtime_ctx_create(const pmap_config *cfg, pmap_ctx **out) {
-  static const char call[] = "pmap_ctx_create";
-  if (!out) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: out is NULL", call);
+  static const char call[] = "pmap_ctx_create: ";
+  if (!out) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%sout is NULL", call);
   pmap_status st = ctx_create(cfg, out);
   const char *msg = pmap_error_message();
   if (st && strncmp(msg, call, sizeof call - 1) != 0) {
     char text[1024];
     snprintf(text, sizeof text, "%s", msg);
-    pmap_error_set(st, "%s: %s", call, text);
+    pmap_error_set(st, "%s%s", call, text);
   }
   return st;
 }
