@@ -128,10 +128,10 @@ typedef struct pmap_config {
   double timeout_s;      /* a device waiting longer than this in a collective aborts the call on
                             every device with PMAP_ERR_TIMEOUT naming the devices (across
                             processes: the processes) that did not arrive; 0 means the
-                            environment variable
-                            PMAP_TIMEOUT (seconds > 0; inf or negative: never) when it is set,
-                            else 300 s; < 0 or more than 1e9 s (inf included) never; NaN is
-                            rejected (a bad PMAP_TIMEOUT too: PMAP_ERR_INVALID_ARGUMENT) */
+                            environment variable PMAP_TIMEOUT (seconds > 0; inf or negative:
+                            never) when it is set, else 300 s; < 0 or more than 1e9 s (inf
+                            included) never; NaN is rejected (a bad PMAP_TIMEOUT too:
+                            PMAP_ERR_INVALID_ARGUMENT) */
   int numeric_guard;     /* PMAP_GUARD_ON (0, the default) or PMAP_GUARD_OFF: see pmap_update */
   int uneven_batches;    /* 0 (default): pmap_update and pmap_predict need a global batch that is
                             a multiple of N; 1: any batch of at least N rows, split into shards
@@ -474,11 +474,12 @@ PMAP_API int64_t pmap_params_step(const pmap_params *params); /* optimizer steps
  * Returns PMAP_ERR_INVALID_ARGUMENT (NULL, B not divisible by N or zero, wrong rank, dtype or
  * extent, label out of range, a shape whose size overflows; called from inside a mapped
  * function; the step count already at 2^63 - 2, the most pmap_params_load takes, so every
- * checkpoint a run saves loads) with the parameters untouched; PMAP_ERR_OUT_OF_MEMORY (also when the activations of
- * the batch would not fit the address space); PMAP_ERR_NUMERIC (above: nothing changed);
- * PMAP_ERR_DEVICE, PMAP_ERR_TIMEOUT, PMAP_ERR_ABORTED (a device or a collective failed: on the
- * CPU backend the step is then not applied on any replica, as every failure happens before the
- * optimizer; on CUDA the replicas' state is undefined after a timeout). One exception, with a
+ * checkpoint a run saves loads) with the parameters untouched; PMAP_ERR_OUT_OF_MEMORY (also
+ * when the activations of the batch would not fit the address space); PMAP_ERR_NUMERIC (above:
+ * nothing changed); PMAP_ERR_DEVICE, PMAP_ERR_TIMEOUT, PMAP_ERR_ABORTED (a device or a
+ * collective failed: on the CPU backend the step is then not applied on any replica, as every
+ * failure happens before the optimizer; on CUDA the replicas' state is undefined after a
+ * timeout). One exception, with a
  * sharded optimizer: when the all-gather of the parameters after the optimizer fails twice, the
  * step was taken (pmap_params_step() counts it, *loss is written, the message says "step S was
  * taken") and the next call on params completes the all-gather before anything else; compare
