@@ -80,8 +80,10 @@ PMAP_API const char *pmap_version(void);
 PMAP_API const char *pmap_status_string(pmap_status s);
 
 /* The detailed message of the last failure of a pmap call on the calling thread, e.g.
- * "pmap_update: global batch 30 is not divisible by 4 devices". Valid until the next failing
- * pmap call on this thread; "" when there was none. Never NULL. */
+ * "pmap_update: global batch 30 is not divisible by 4 devices". It starts with the public call
+ * that failed; a failure on a device adds the device: "pmap_update: device 2: <its message>".
+ * Valid until the next failing pmap call on this thread (a call that succeeds leaves it as it
+ * was); "" when there was none. Never NULL. */
 PMAP_API const char *pmap_last_error(void);
 
 /* Sets the calling thread's last-error message to the printf-style text and returns status
@@ -124,15 +126,19 @@ typedef struct pmap_config {
                             repeats allowed where NCCL allows them); NULL means 0..N-1.
                             Ignored on CPU. */
   double timeout_s;      /* a device waiting longer than this in a collective aborts the call on
-                            every device with PMAP_ERR_TIMEOUT; 0 means the environment variable
-                            PMAP_TIMEOUT (seconds > 0; inf or negative: never) when it is set,
-                            else 300 s; < 0 or more than 1e9 s (inf included) never; NaN is
-                            rejected (a bad PMAP_TIMEOUT too: PMAP_ERR_INVALID_ARGUMENT) */
+                            every device with PMAP_ERR_TIMEOUT naming the devices (across
+                            processes: the processes) that did not arrive; 0 means the
+                            environment variable PMAP_TIMEOUT (seconds > 0; inf or negative:
+                            never) when it is set, else 300 s; < 0 or more than 1e9 s (inf
+                            included) never; NaN is rejected (a bad PMAP_TIMEOUT too:
+                            PMAP_ERR_INVALID_ARGUMENT) */
   int numeric_guard;     /* PMAP_GUARD_ON (0, the default) or PMAP_GUARD_OFF: see pmap_update */
   int uneven_batches;    /* 0 (default): pmap_update and pmap_predict need a global batch that is
                             a multiple of N; 1: any batch of at least N rows, split into shards
                             that differ by at most one row, each device weighted by its rows so
-                            that the loss and gradient are the exact mean over the batch */
+                            that the loss and gradient are the exact mean over the batch.
+                            Distributed: numeric_guard and uneven_batches change what every step
+                            exchanges, so they must be the same on every process */
   pmap_dist_mode dist;   /* see pmap_dist_mode; 0 is PMAP_DIST_AUTO */
   void *mpi_comm;        /* distributed: a pointer to the MPI_Comm to span (pmap duplicates it
                             and sets MPI_ERRORS_RETURN on its copy), NULL for MPI_COMM_WORLD. The
@@ -175,19 +181,23 @@ typedef struct pmap_ctx pmap_ctx;
  * cfg may be NULL for all defaults (auto backend, default device count). On success *out owns the context; destroy it with
  * pmap_ctx_destroy. Returns PMAP_ERR_INVALID_ARGUMENT (out NULL, device count outside
  * 1..PMAP_MAX_DEVICES other than PMAP_DEVICES_DEFAULT, unknown backend), PMAP_ERR_UNAVAILABLE (backend not built or no device),
- * PMAP_ERR_OUT_OF_MEMORY, PMAP_ERR_DEVICE.
+ * PMAP_ERR_OUT_OF_MEMORY, PMAP_ERR_DEVICE; a bad environment variable (PMAP_TIMEOUT,
+ * PMAP_CPU_DEVICES, PMAP_FAULT, ...) is PMAP_ERR_INVALID_ARGUMENT naming it, and every message
+ * starts with "pmap_ctx_create: ".
  * Distributed (cfg->dist): a collective call of every process of the communicator, in the same
- * order; it also returns PMAP_ERR_INVALID_ARGUMENT when the processes differ in backend or
- * device count (the message names them and their hosts), PMAP_ERR_UNAVAILABLE without MPI in this build (also
+ * order; it also returns PMAP_ERR_INVALID_ARGUMENT when the processes differ in backend, device
+ * count, numeric_guard or uneven_batches (the message names the setting, the processes and
+ * their hosts), PMAP_ERR_UNAVAILABLE without MPI in this build (also
  * when an MPI launcher started the program with several processes and dist is
  * PMAP_DIST_AUTO), and
  * PMAP_ERR_TIMEOUT naming the processes that did not arrive within the timeout (the whole
  * creation is bounded by it, MPI's start included, where MPI cannot say which process is
  * missing). The processes meet with one message each on tag 32717 of the communicator. After an
  * inter-process failure (timeout, dead process, MPI error), or a failure of one process that the
- * others do not share (a device or a mapped function failed on it), the context is broken: the
- * other processes are told at once, and every later call fails at once with the failure's
- * message naming the process; destroy the context and end the program (docs/distributed.md). */
+ * others do not share outside pmap_run (a device failed in its pmap_update, say), the context
+ * is broken: the other processes are told at once, and every later call fails at once with the
+ * failure's message naming the process; destroy the context and end the program
+ * (docs/distributed.md). A failing pmap_run leaves it usable (see there). */
 PMAP_API pmap_status pmap_ctx_create(const pmap_config *cfg, pmap_ctx **out);
 
 /* Stops the workers and frees the context. Accepts NULL (PMAP_SUCCESS). Every pmap_params created
@@ -324,12 +334,15 @@ PMAP_API pmap_status pmap_model_add_dropout(pmap_model *model, float rate);
  *          (initialised 1, 0, 0, 1). The running statistics sit in the parameter vector so that
  *          pmap_params_read, checkpoints and pmap_params_verify carry them, but they are
  *          state that is not trained: the optimizer (weight decay included), clipping and the
- *          numeric guard never see them. A training step moves them towards the global batch's
- *          moments, running = 0.9 running + 0.1 batch (with either setting of cross_replica,
- *          so every replica holds the same values), and only once the step is taken: a step
- *          that fails or is skipped leaves them as they were. A batch whose moments are not
- *          finite or overflow float (the global batch's, on any device count) leaves them as
- *          they were and makes the step's loss not finite, so the numeric guard skips it.
+ *          numeric guard never see them. Each forward pass of a training step moves them
+ *          towards the moments of the rows it takes on every device together, running =
+ *          0.9 running + 0.1 batch (with either setting of cross_replica, so every replica
+ *          holds the same values): once a step, or k times with k micro-batches
+ *          (pmap_params_set_micro_batches), once for each micro-batch's rows. They change only
+ *          once the step is taken: a step that fails or is skipped leaves them as they were. A
+ *          batch whose moments are not finite or overflow float (the global batch's, on any
+ *          device count) leaves them as they were and makes the step's loss not finite, so the
+ *          numeric guard skips it.
  *          pmap_predict normalises with them. */
 PMAP_API pmap_status pmap_model_add_batchnorm(pmap_model *model, int cross_replica);
 /* Residual blocks: the layers added between begin and end form f, and the block computes
@@ -389,7 +402,7 @@ typedef struct pmap_optimizer {
   float weight_decay; /* >= 0: SGD's L2 term, AdamW's decoupled decay; Adam: must be 0 */
   int nesterov;       /* SGD with momentum > 0: 1 for Nesterov's momentum */
   pmap_schedule schedule; /* the learning-rate schedule (default constant) */
-  int64_t warmup_steps;   /* >= 0 */
+  int64_t warmup_steps;   /* >= 0, whatever the schedule */
   int64_t decay_steps;    /* > 0 for the decaying schedules */
   float final_lr;         /* the floor the decay ends at: in [0, lr] */
 } pmap_optimizer;
@@ -463,11 +476,13 @@ PMAP_API int64_t pmap_params_step(const pmap_params *params); /* optimizer steps
  *
  * Returns PMAP_ERR_INVALID_ARGUMENT (NULL, B not divisible by N or zero, wrong rank, dtype or
  * extent, label out of range, a shape whose size overflows; called from inside a mapped
- * function) with the parameters untouched; PMAP_ERR_OUT_OF_MEMORY (also when the activations of
- * the batch would not fit the address space); PMAP_ERR_NUMERIC (above: nothing changed);
- * PMAP_ERR_DEVICE, PMAP_ERR_TIMEOUT, PMAP_ERR_ABORTED (a device or a collective failed: on the
- * CPU backend the step is then not applied on any replica, as every failure happens before the
- * optimizer; on CUDA the replicas' state is undefined after a timeout). One exception, with a
+ * function; the step count already at 2^63 - 2, the most pmap_params_load takes, so every
+ * checkpoint a run saves loads) with the parameters untouched; PMAP_ERR_OUT_OF_MEMORY (also
+ * when the activations of the batch would not fit the address space); PMAP_ERR_NUMERIC (above:
+ * nothing changed); PMAP_ERR_DEVICE, PMAP_ERR_TIMEOUT, PMAP_ERR_ABORTED (a device or a
+ * collective failed: on the CPU backend the step is then not applied on any replica, as every
+ * failure happens before the optimizer; on CUDA the replicas' state is undefined after a
+ * timeout). One exception, with a
  * sharded optimizer: when the all-gather of the parameters after the optimizer fails twice, the
  * step was taken (pmap_params_step() counts it, *loss is written, the message says "step S was
  * taken") and the next call on params completes the all-gather before anything else; compare
@@ -597,13 +612,19 @@ typedef pmap_status (*pmap_fn)(pmap_device *dev, void *arg);
  * call did; otherwise the first failing device's status (a failure that made other devices
  * abandon a collective is reported, not their PMAP_ERR_ABORTED; a function that returns
  * PMAP_ERR_ABORTED itself, while no other device has failed, is such a failure), with its
- * message (pmap_set_error; a device that fails without setting one is reported as such;
- * messages never carry over from an earlier job). A device failing before a collective never
- * leaves the others waiting, and neither does a device that returns without calling a
- * collective the others wait in. Distributed: a failure on this process that the other
- * processes do not share (anything but collectives that differ) breaks the context, and their
- * waits for this process end at once with its message; messages name devices by global index,
- * process and host. Not re-entrant: fn
+ * message, "pmap_run: device 2: <its message>" (pmap_set_error; a device that fails without
+ * setting one is reported as such; messages never carry over from an earlier job). A device
+ * failing before a collective never leaves the others waiting, and neither does a device that
+ * returns without calling a collective the others wait in.
+ * Distributed: the processes meet when their devices have returned (a small exchange; its wait
+ * is bounded by the timeout like a collective's), so the verdict is every process's: a process
+ * whose devices return while another's wait in a collective (its call then fails, naming the
+ * process that returned), a failure on one process, or the same invalid call on every process,
+ * fails pmap_run on every process with the same status and message (the first process's own
+ * failure, else the first failure), and the context stays usable; collectives of one pmap_run
+ * never pair with another's. A process that called something else than pmap_run (pmap_update,
+ * say) fails that call. Messages name devices by global index, process and host. Not
+ * re-entrant: fn
  * calling any public function on the same context (pmap_run, pmap_update, pmap_params_read,
  * pmap_ctx_destroy, ...) gets PMAP_ERR_INVALID_ARGUMENT. */
 PMAP_API pmap_status pmap_run(pmap_ctx *ctx, pmap_fn fn, void *arg);
@@ -629,7 +650,9 @@ PMAP_API pmap_status pmap_device_download(pmap_device *dev, float *dst, const fl
                                           size_t count);
 
 /* Collectives, called by every device of the mapped function in the same order with the same
- * count (in elements, not bytes). In place is recv == send (all_gather: send == recv +
+ * count (in elements, not bytes; count x 4 bytes, and N x count x 4 for all_gather's recv, must
+ * fit an object: at most PTRDIFF_MAX, else PMAP_ERR_INVALID_ARGUMENT naming the count, before
+ * any device waits for another). In place is recv == send (all_gather: send == recv +
  * axis_index * count, as in NCCL); otherwise the buffers must not overlap. Every device receives
  * bitwise the same result: the summation order is fixed; max propagates NaN. Each collective
  * first checks, at a rendezvous, that every device called the same collective with the same
@@ -640,16 +663,18 @@ PMAP_API pmap_status pmap_device_download(pmap_device *dev, float *dst, const fl
  * writes this device's buffers any more, so they may be freed at once. In a distributed context
  * they run over every process's devices (N = P * D, indices and roots global): the devices of a
  * process combine over shared memory in device order, then the processes' partials are added
- * in process order, and a process that called another collective, stalled, died or left fails
- * every process (PMAP_ERR_INVALID_ARGUMENT, PMAP_ERR_TIMEOUT or PMAP_ERR_ABORTED naming it, its
- * host and the collective's number) instead of hanging.
+ * in process order, and a process that called another collective, returned from its mapped
+ * function without calling this one, stalled, died or left fails every process
+ * (PMAP_ERR_INVALID_ARGUMENT, PMAP_ERR_TIMEOUT or PMAP_ERR_ABORTED naming it, its host and the
+ * collective's number) instead of hanging. A device that does not arrive within the timeout is
+ * named: "pmap_psum: device 3 did not arrive within 1.000 s".
  *   psum/pmean/pmax: recv[i] = sum / mean / max over devices of send[i]   (count each)
  *   all_gather:      recv (N, count) = every device's send (count), in device order
  *   broadcast:       recv (count) = send (count) of device root
  *   barrier:         returns once every device has entered it
- * Return PMAP_ERR_INVALID_ARGUMENT (NULL with count > 0, root outside [0, N), buffers that
- * overlap other than in place, collectives that differ across devices, a device that left the
- * function), PMAP_ERR_TIMEOUT,
+ * Return PMAP_ERR_INVALID_ARGUMENT (NULL with count > 0, root outside [0, N), a count whose
+ * bytes do not fit, buffers that overlap other than in place, collectives that differ across
+ * devices, a device that left the function), PMAP_ERR_TIMEOUT,
  * PMAP_ERR_ABORTED (another device failed), PMAP_ERR_DEVICE. */
 PMAP_API pmap_status pmap_psum(pmap_device *dev, const float *send, float *recv, size_t count);
 PMAP_API pmap_status pmap_pmean(pmap_device *dev, const float *send, float *recv, size_t count);

@@ -273,8 +273,7 @@ static void host_state_free(pmap_params *p) {
 }
 
 static pmap_status save(const pmap_params *cp, const char *path, const void *user,
-                        size_t user_bytes) {
-  const char *call = "pmap_params_save";
+                        size_t user_bytes, const char *call) {
   if (!cp || !path || (!user && user_bytes))
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL", call,
                     !cp     ? "params"
@@ -301,19 +300,24 @@ static pmap_status save(const pmap_params *cp, const char *path, const void *use
 
 /* Under the context's lock, as every public call: two saves, or a save and a step, from two
  * threads run one after the other. */
-pmap_status pmap_params_save_user(const pmap_params *cp, const char *path, const void *user,
-                                  size_t user_bytes) {
-  if (!cp) return save(cp, path, user, user_bytes);
+static pmap_status save_locked(const pmap_params *cp, const char *path, const void *user,
+                               size_t user_bytes, const char *call) {
+  if (!cp) return save(cp, path, user, user_bytes, call);
   pmap_params *p = (pmap_params *)cp;
-  PMAP_TRY(pmap_ctx_lock(p->ctx, "pmap_params_save"));
-  pmap_status st = params_mend(p, "pmap_params_save");
-  if (!st) st = save(cp, path, user, user_bytes);
+  PMAP_TRY(pmap_ctx_lock(p->ctx, call));
+  pmap_status st = params_mend(p, call);
+  if (!st) st = save(cp, path, user, user_bytes, call);
   pmap_ctx_unlock(p->ctx);
   return st;
 }
 
+pmap_status pmap_params_save_user(const pmap_params *p, const char *path, const void *user,
+                                  size_t user_bytes) {
+  return save_locked(p, path, user, user_bytes, "pmap_params_save_user");
+}
+
 pmap_status pmap_params_save(const pmap_params *p, const char *path) {
-  return pmap_params_save_user(p, path, NULL, 0);
+  return save_locked(p, path, NULL, 0, "pmap_params_save");
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -504,11 +508,10 @@ static pmap_status check_state_sections(const pmap_params *p, const section *sec
                     call, path, opt_name(kind, slots), slots, opt_name(want_kind, want_slots),
                     want_slots);
   uint64_t st = load_u64(o->data + 32);
-  /* The next update counts st + 1, which must fit. */
-  if (st >= (uint64_t)INT64_MAX)
+  if (st > (uint64_t)PARAMS_STEP_MAX)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                    "%s: \"%s\": step %llu is out of range (a step count is below 2^63 - 1)", call,
-                    path, (unsigned long long)st);
+                    "%s: \"%s\": step %llu is out of range (a step count is at most 2^63 - 2)",
+                    call, path, (unsigned long long)st);
   *step = (int64_t)st;
   size_t P = p->n_params, S = (size_t)p->opt_slots * P;
   const section *w = &sec[SEC_PARAMS], *s = &sec[SEC_STATE];
@@ -533,7 +536,7 @@ static void decode_floats(float *dst, const unsigned char *src, size_t n) {
 
 static pmap_status load(pmap_params *p, const char *path, void *user, size_t user_cap,
                         size_t *user_bytes, int want_user) {
-  const char *call = "pmap_params_load";
+  const char *call = want_user ? "pmap_params_load_user" : "pmap_params_load";
   if (!p || !path || (want_user && !user && user_cap))
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL", call,
                     !p      ? "params"
@@ -575,7 +578,7 @@ static pmap_status load(pmap_params *p, const char *path, void *user, size_t use
 static pmap_status load_locked(pmap_params *p, const char *path, void *user, size_t user_cap,
                                size_t *user_bytes, int want_user) {
   if (!p) return load(p, path, user, user_cap, user_bytes, want_user);
-  PMAP_TRY(pmap_ctx_lock(p->ctx, "pmap_params_load"));
+  PMAP_TRY(pmap_ctx_lock(p->ctx, want_user ? "pmap_params_load_user" : "pmap_params_load"));
   pmap_status st = load(p, path, user, user_cap, user_bytes, want_user);
   if (!st) p->torn = 0;
   pmap_ctx_unlock(p->ctx);

@@ -37,6 +37,9 @@ double pmap_optimizer_lr(const pmap_optimizer *o, int64_t t) {
 }
 
 static pmap_status check_schedule(const pmap_optimizer *o, const char *call) {
+  if (o->warmup_steps < 0)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: warmup_steps %lld must be >= 0", call,
+                    (long long)o->warmup_steps);
   switch (o->schedule) {
   case PMAP_SCHEDULE_CONSTANT: return PMAP_SUCCESS;
   case PMAP_SCHEDULE_WARMUP_COSINE:

@@ -9,6 +9,10 @@
 #include "model.h"
 #include "runtime/backend.h"
 
+/* The highest step count: pmap_update refuses a step past it and pmap_params_load a file holding
+ * more, so every checkpoint a run saves loads, and the count + 1 of a step never overflows. */
+#define PARAMS_STEP_MAX (INT64_MAX - 1)
+
 struct pmap_params {
   pmap_ctx *ctx;
   const op_backend *ob; /* the ops of ctx's backend: each replica has a queue of them */

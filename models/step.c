@@ -534,8 +534,10 @@ pmap_status pmap_update(pmap_params *p, const pmap_array *xs, const pmap_array *
   if (!ys) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: ys is NULL", call);
   PMAP_TRY(pmap_ctx_lock(p->ctx, call));
   pmap_status st = check_batch(p, xs, ys, call);
-  if (!st && p->step == INT64_MAX) /* pmap_params_load refuses such a count; kept as a guard */
-    st = PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: the step count %lld cannot grow any further",
+  if (!st && p->step >= PARAMS_STEP_MAX)
+    st = PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                  "%s: the step count %lld is the highest a checkpoint holds (2^63 - 2); it "
+                  "cannot grow any further (nothing was changed)",
                   call, (long long)p->step);
   if (!st) st = params_mend(p, call);
   if (!st) st = check_processes(p);

@@ -167,8 +167,8 @@ static pmap_status rendezvous_processes(pmap_device *dev, const char *call, size
   }
   if (dev->index == 0) {
     snprintf(who, sizeof who, "%s on %s", call, pmap_dev_name(dev, name, sizeof name));
-    dist_call c = {call, count, root, DIST_F32};
-    if (differ) c = (dist_call){differ, 0, ctx->proc, DIST_DEVICES_DIFFER};
+    dist_call c = {call, count, root, DIST_F32, 0, ctx->meets};
+    if (differ) c = (dist_call){differ, 0, ctx->proc, DIST_DEVICES_DIFFER, 0, ctx->meets};
     pmap_status st = dist_agree(ctx->dist, &c, who);
     if (!st && differ) /* every process has a different record then: not reached */
       st = PMAP_ERR(PMAP_ERR_INTERNAL, "%s: the devices differ but the processes agreed", who);
@@ -180,7 +180,7 @@ static pmap_status rendezvous_processes(pmap_device *dev, const char *call, size
   }
   if (ctx->n == 1) return PMAP_SUCCESS;
   pmap_wait_policy w = pmap_patient_wait(ctx);
-  return pmap_wait_status(dev, sync_barrier_wait(&ctx->bar, &w), call);
+  return pmap_wait_status(dev, pmap_barrier_arrive(dev, &w, NULL), call);
 }
 
 /* Every collective, public or the runtime's own, starts here: every device records what it
@@ -197,13 +197,20 @@ static pmap_status rendezvous(pmap_device *dev, const char *call, size_t count, 
   /* Device 0 moves the count on only after every device of the process arrived below. */
   if (ctx->dist) dev->xseq = dist_seq(ctx->dist) + 1;
   if (n == 1 && !ctx->dist) return PMAP_SUCCESS;
+  /* Once the job failed here, a collective the function still calls is not exchanged: the other
+   * processes meet this process's next exchange at the job's end (runtime/procs.c). */
+  if (ctx->dist && atomic_load(&ctx->abort)) {
+    char name[160];
+    return pmap_abandoned(dev, "%s on %s abandoned: the mapped function already failed", call,
+                          pmap_dev_name(dev, name, sizeof name));
+  }
   int same = 1;
   char what[640];
   if (n > 1) {
     uint32_t seq = dev->coll_seq++;
     coll_desc *desc = ctx->desc + (size_t)(seq & 1u) * (size_t)n;
     desc[dev->index] = (coll_desc){call, count, root, seq, ctx->job_gen};
-    pmap_status st = pmap_wait_status(dev, sync_barrier_wait(&ctx->bar, &ctx->wait), call);
+    pmap_status st = pmap_wait_status(dev, pmap_barrier_arrive(dev, &ctx->wait, NULL), call);
     if (st) return st;
     for (int k = 1; k < n; k++) same &= same_desc(&desc[k], &desc[0]);
     if (!same) describe(desc, n, ctx->dist ? ctx->proc * n : 0, what, sizeof what);

@@ -88,7 +88,13 @@ struct pmap_device {
   char msg[1024];     /* its message when status != PMAP_SUCCESS */
   int initialised;    /* device_init ran on this device */
   uint32_t coll_seq;  /* public collectives called in the current job */
-  uint64_t xseq;      /* distributed: the number of the current collective's inter-process
+  /* Barriers of ctx->bar this device arrived at in the current job (pmap_barrier_arrive): every
+   * device passes the same barriers in the same order, so a device that timed out names those
+   * with fewer arrivals as the ones that did not arrive. */
+  _Atomic uint32_t arrivals;
+  int names_others; /* msg is about other devices (those that did not arrive), so the job's
+                       report does not name this device as the failing one */
+  uint64_t xseq;    /* distributed: the number of the current collective's inter-process
                          exchange, the same on every process (dist_seq + 1 at its rendezvous) */
 };
 
@@ -113,6 +119,10 @@ struct pmap_ctx {
    * threads are serialised; a call from inside a mapped function is refused, not deadlocked. */
   pthread_mutex_t lock;
   int lock_ready;
+  int lock_depth;   /* nesting of the lock by its holder */
+  const char *call; /* the public call holding the lock (outermost), for the messages of jobs */
+  int meets;        /* distributed: the current job is a mapped function (pmap_run) whose end the
+                       processes meet at (runtime/procs.c) */
   _Atomic int live_params; /* pmap_params alive on the context */
   /* Workers: thread i serves device i for i >= 1. */
   pthread_t *threads;
@@ -219,7 +229,13 @@ void pmap_ctx_abort(pmap_ctx *ctx);
  * because another device failed: the job then reports that other device's failure. */
 pmap_status pmap_abandoned(pmap_device *dev, const char *fmt, ...) PMAP_PRINTF_LIKE(2, 3);
 
-/* Turns a barrier wait result into a status with a message naming the device and call. */
+/* Arrives at the context's barrier (sync_barrier_wait_touch on ctx->bar, counted in the
+ * device's arrivals): every barrier of a job goes through here or skips the count on every
+ * device alike. */
+int pmap_barrier_arrive(pmap_device *dev, const pmap_wait_policy *w, _Atomic int *touch);
+
+/* Turns a barrier wait result into a status with a message naming the device and call (a
+ * timeout: the devices that did not arrive). */
 pmap_status pmap_wait_status(pmap_device *dev, int wait_result, const char *call);
 
 /* The runtime's view of the processes (runtime/procs.c). */
@@ -239,6 +255,17 @@ pmap_status pmap_ctx_exchange(pmap_ctx *ctx, const char *call, const void *mine,
  * context's timeout, since that exchange is bounded by it and names the process it waits for,
  * which a local "device 0 did not arrive" would hide. */
 pmap_wait_policy pmap_patient_wait(const pmap_ctx *ctx);
+
+/* Distributed, outside jobs: the settings of the context that change what a step exchanges
+ * (numeric_guard, uneven_batches) are the same on every process, else
+ * PMAP_ERR_INVALID_ARGUMENT naming the setting and each process's value. */
+pmap_status procs_check_settings(pmap_ctx *ctx);
+/* Distributed, after the job of a mapped function (pmap_run) ended with st (own: the failure is
+ * this process's own, not a collective abandoned because another process failed; its message
+ * is the thread's): the processes meet, so that a process whose devices returned while another
+ * waits in a collective, and a failure of one process, fail every process's pmap_run alike
+ * and leave them in step (runtime/dist dist_end_job). Returns the job's verdict. */
+pmap_status procs_end_job(pmap_ctx *ctx, pmap_status st, int own, uint64_t seq0);
 
 /* Takes the context's lock for public call `call`; PMAP_ERR_INVALID_ARGUMENT (lock not taken)
  * when the calling thread is running a mapped function of this context. */

@@ -77,13 +77,32 @@ static int overlap(const float *a, size_t na, const float *b, size_t nb) {
   return a0 < b1 && b0 < a1;
 }
 
+/* Whether `count` floats, `times` times over (all_gather's recv holds one count per device),
+ * fit an object: the bytes of a count past PTRDIFF_MAX would wrap. */
+static pmap_status check_count(const char *call, pmap_device *dev, size_t count, size_t times) {
+  if (count <= PTRDIFF_MAX / sizeof(float) / times) return PMAP_SUCCESS;
+  char name[160];
+  if (times > 1)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: count %zu on %s: recv (%zu x %zu floats) would take more bytes than an "
+                    "object can hold (at most %td)",
+                    call, count, pmap_dev_name(dev, name, sizeof name), times, count,
+                    (ptrdiff_t)PTRDIFF_MAX);
+  return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                  "%s: count %zu on %s: that many floats take more bytes than an object can hold "
+                  "(at most %td)",
+                  call, count, pmap_dev_name(dev, name, sizeof name), (ptrdiff_t)PTRDIFF_MAX);
+}
+
 /* send (count) and recv (recv_count) must be non-NULL, and either the in-place layout (send ==
- * in_place) or apart: a partial overlap would be read and written at once. */
+ * in_place) or apart: a partial overlap would be read and written at once. The counts are
+ * checked first (check_count), so the byte ranges compared here do not wrap. */
 static pmap_status check_coll(const char *call, pmap_device *dev, const float *send,
                               const float *recv, size_t count, size_t recv_count,
                               const float *in_place) {
   char name[160];
   if (!dev) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: dev is NULL", call);
+  PMAP_TRY(check_count(call, dev, count, 1));
   if (count && (!send || !recv))
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL with count %zu on %s", call,
                     send ? "recv" : "send", count, pmap_dev_name(dev, name, sizeof name));
@@ -121,9 +140,12 @@ pmap_status pmap_pmax(pmap_device *dev, const float *send, float *recv, size_t c
 }
 
 pmap_status pmap_all_gather(pmap_device *dev, const float *send, float *recv, size_t count) {
-  pmap_status st = check_coll("pmap_all_gather", dev, send, recv, count,
-                              dev ? count * (size_t)pmap_axis_size(dev) : 0,
-                              dev && recv ? recv + count * (size_t)pmap_axis_index(dev) : NULL);
+  const char *call = "pmap_all_gather";
+  if (!dev) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: dev is NULL", call);
+  size_t n = (size_t)pmap_axis_size(dev);
+  PMAP_TRY(check_count(call, dev, count, n));
+  pmap_status st = check_coll(call, dev, send, recv, count, count * n,
+                              recv ? recv + count * (size_t)pmap_axis_index(dev) : NULL);
   if (st) return st;
   PMAP_TRY(backend_all_gather(dev, "pmap_all_gather", send, recv, count));
   return finish(dev);

@@ -49,6 +49,7 @@ static void run_job(pmap_ctx *ctx, pmap_device *dev) {
   dev->own_failure = 0;
   dev->abandoned = 0;
   dev->coll_seq = 0;
+  dev->names_others = 0;
   pmap_ctx *outer = job_ctx;
   job_ctx = ctx;
   dev->status = ctx->fn(dev, ctx->arg);
@@ -109,6 +110,32 @@ pmap_status pmap_abandoned(pmap_device *dev, const char *fmt, ...) {
   return pmap_error_set(PMAP_ERR_ABORTED, "%s", msg);
 }
 
+int pmap_barrier_arrive(pmap_device *dev, const pmap_wait_policy *w, _Atomic int *touch) {
+  atomic_fetch_add_explicit(&dev->arrivals, 1, memory_order_acq_rel);
+  return sync_barrier_wait_touch(&dev->ctx->bar, w, touch);
+}
+
+/* "device 3" or "devices 2, 3" (global indices; across processes with the process and host):
+ * the devices of this process that have not arrived at the barrier dev waits at. Empty when
+ * every device has (one arrived just after the timeout). */
+static void missing_devices(const pmap_device *dev, char *buf, size_t size) {
+  pmap_ctx *ctx = dev->ctx;
+  uint32_t mine = atomic_load(&dev->arrivals);
+  int count = 0, base = ctx->proc * ctx->n;
+  size_t len = 0;
+  char list[512] = "";
+  for (int i = 0; i < ctx->n && len < sizeof list; i++)
+    if (atomic_load(&ctx->dev[i].arrivals) < mine)
+      len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", count++ ? ", " : "", base + i);
+  buf[0] = '\0';
+  if (!count) return;
+  if (ctx->dist)
+    snprintf(buf, size, "device%s %s (process %d of %d, host %s)", count > 1 ? "s" : "", list,
+             ctx->proc, ctx->nproc, pmap_proc_host(ctx, ctx->proc));
+  else
+    snprintf(buf, size, "device%s %s", count > 1 ? "s" : "", list);
+}
+
 pmap_status pmap_wait_status(pmap_device *dev, int r, const char *call) {
   pmap_ctx *ctx = dev->ctx;
   if (r == PMAP_WAIT_OK) return PMAP_SUCCESS;
@@ -129,13 +156,17 @@ pmap_status pmap_wait_status(pmap_device *dev, int r, const char *call) {
                     call, name, seq, ctx->proc * ctx->n + left);
   }
   }
+  /* A timeout: the message names the devices that did not arrive, the same whichever waiting
+   * device gave up first, and the job reports it as theirs. */
   pmap_ctx_abort(ctx);
-  if (ctx->dist)
-    return PMAP_ERR(PMAP_ERR_TIMEOUT,
-                    "%s on %s%s: not every device of process %d arrived within %.3f s", call, name,
-                    seq, ctx->proc, (double)ctx->wait.timeout_ns * 1e-9);
-  return PMAP_ERR(PMAP_ERR_TIMEOUT, "%s on device %d: not every device arrived within %.3f s", call,
-                  dev->index, (double)ctx->wait.timeout_ns * 1e-9);
+  char missing[640];
+  missing_devices(dev, missing, sizeof missing);
+  double s = (double)ctx->wait.timeout_ns * 1e-9;
+  if (!missing[0])
+    return PMAP_ERR(PMAP_ERR_TIMEOUT, "%s on %s%s: not every device arrived within %.3f s", call,
+                    name, seq, s);
+  dev->names_others = 1;
+  return PMAP_ERR(PMAP_ERR_TIMEOUT, "%s%s: %s did not arrive within %.3f s", call, seq, missing, s);
 }
 
 int pmap_ctx_in_job(const pmap_ctx *ctx) {
@@ -165,41 +196,57 @@ pmap_status pmap_ctx_lock(pmap_ctx *ctx, const char *call) {
                     "re-entrant (the call would wait for itself); call it outside pmap_run",
                     call);
   pthread_mutex_lock(&ctx->lock);
+  if (ctx->lock_depth++ == 0) ctx->call = call;
   return PMAP_SUCCESS;
 }
 
-void pmap_ctx_unlock(pmap_ctx *ctx) { pthread_mutex_unlock(&ctx->lock); }
+void pmap_ctx_unlock(pmap_ctx *ctx) {
+  if (--ctx->lock_depth == 0) ctx->call = NULL;
+  pthread_mutex_unlock(&ctx->lock);
+}
 
-/* The message of a failed job: device `first`'s, which names the device unless it already
- * starts by doing so. Across processes a failure the other processes do not share leaves them
- * out of step: the transport is broken and the others are told at once (runtime/dist). */
+/* The message of a failed job, "<call>: <device>: <its message>": the public call that ran the
+ * job, then device `first`, unless its message already starts with the device (a local index
+ * becomes the global name) or is about other devices (a timeout naming those that did not
+ * arrive), then device `first`'s message. */
 static void report_failure(pmap_ctx *ctx, int first, pmap_status st) {
-  char who[160], local[32];
+  char who[160], local[32], call[64] = "";
   const char *msg = ctx->dev[first].msg;
+  if (ctx->call) {
+    size_t lc = strlen(ctx->call);
+    if (strncmp(msg, ctx->call, lc) == 0 && msg[lc] == ':' && msg[lc + 1] == ' ') msg += lc + 2;
+    snprintf(call, sizeof call, "%s: ", ctx->call);
+  }
   pmap_dev_name(&ctx->dev[first], who, sizeof who);
   snprintf(local, sizeof local, "device %d", first);
   size_t lw = strlen(who), ll = strlen(local);
-  if (strncmp(msg, who, lw) == 0 && (msg[lw] == ':' || msg[lw] == ' '))
-    pmap_error_set(st, "%s", msg);
+  if (ctx->dev[first].names_others ||
+      (strncmp(msg, who, lw) == 0 && (msg[lw] == ':' || msg[lw] == ' ')))
+    pmap_error_set(st, "%s%s", call, msg);
   else if (strncmp(msg, local, ll) == 0 && (msg[ll] == ':' || msg[ll] == ' '))
-    pmap_error_set(st, "%s%s", who, msg + ll); /* a local index becomes the global name */
+    pmap_error_set(st, "%s%s%s", call, who, msg + ll);
   else
-    pmap_error_set(st, "%s: %s", who, msg);
-  if (ctx->dist && !atomic_load(&ctx->dist_agreed))
-    dist_abandon(ctx->dist, st, pmap_error_message());
+    pmap_error_set(st, "%s%s: %s", call, who, msg);
 }
 
-pmap_status pmap_ctx_dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg) {
-  PMAP_TRY(check_process(ctx, "pmap_run"));
+/* Runs one job; on failure the thread's message is the job's report and *own says whether the
+ * reported failure is this process's own. A job that succeeds leaves the thread's last error as
+ * it was (it is a failing call's until the next failing call). */
+static pmap_status dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg, int *own) {
+  *own = 0;
+  PMAP_TRY(check_process(ctx, ctx->call ? ctx->call : "pmap_run"));
   int expected = 0;
   if (!atomic_compare_exchange_strong(&ctx->busy, &expected, 1))
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "a job is already running on this context (pmap_run is not re-entrant)");
+  char last[1024];
+  snprintf(last, sizeof last, "%s", pmap_error_message());
   /* Every worker is idle: reset the per-job state. */
   atomic_store(&ctx->abort, 0);
   atomic_store(&ctx->left, 0);
   atomic_store(&ctx->left_device, -1);
   atomic_store(&ctx->dist_agreed, 0);
+  for (int i = 0; i < ctx->n; i++) atomic_store(&ctx->dev[i].arrivals, 0);
   ctx->job_gen++;
   ctx->parent = job_ctx; /* read by this job's threads: written before the job starts */
   sync_barrier_reset(&ctx->bar);
@@ -238,8 +285,23 @@ pmap_status pmap_ctx_dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg) {
       st = s;
     }
   }
-  if (first >= 0) report_failure(ctx, first, st);
+  if (first >= 0) {
+    report_failure(ctx, first, st);
+    *own = ctx->dev[first].own_failure;
+  } else {
+    pmap_error_copy(last);
+  }
   atomic_store(&ctx->busy, 0);
+  return st;
+}
+
+/* Across processes a failure of a job that the other processes do not share leaves them out of
+ * step: the transport is broken and the others are told at once (runtime/dist). */
+pmap_status pmap_ctx_dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg) {
+  int own = 0;
+  pmap_status st = dispatch(ctx, fn, arg, &own);
+  if (st && ctx->dist && !atomic_load(&ctx->dist_agreed))
+    dist_abandon(ctx->dist, st, pmap_error_message());
   return st;
 }
 
@@ -288,8 +350,7 @@ static pmap_status choose_backend(const pmap_config *cfg, const backend_entry **
   return PMAP_SUCCESS;
 }
 
-pmap_status runtime_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
-  if (!out) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_ctx_create: out is NULL");
+static pmap_status ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   pmap_config cfg = {.backend = PMAP_BACKEND_AUTO, .num_devices = PMAP_DEVICES_DEFAULT};
   if (cfg_in) cfg = *cfg_in;
   if ((cfg.num_devices < 1 || cfg.num_devices > PMAP_MAX_DEVICES) &&
@@ -395,6 +456,8 @@ pmap_status runtime_ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
                   "pmap_ctx_create: %d processes x %d devices is too many", ctx->nproc, n);
     goto fail;
   }
+  PMAP_TRY_GOTO(st, pmap_fault_bind(ctx->fault, n, ctx->proc, ctx->nproc), fail);
+  PMAP_TRY_GOTO(st, procs_check_settings(ctx), fail);
 
   PMAP_TRY_GOTO(st, backend_ctx_init(ctx, &cfg), fail);
   for (int i = 1; i < n; i++) {
@@ -417,6 +480,21 @@ fail : {
   pmap_error_set(st, "%s", msg);
   return st;
 }
+}
+
+/* Every message of a failed creation starts with the call, those of the environment's values
+ * and of the devices' start included. */
+pmap_status runtime_ctx_create(const pmap_config *cfg, pmap_ctx **out) {
+  static const char call[] = "pmap_ctx_create: ";
+  if (!out) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%sout is NULL", call);
+  pmap_status st = ctx_create(cfg, out);
+  const char *msg = pmap_error_message();
+  if (st && strncmp(msg, call, sizeof call - 1) != 0) {
+    char text[1024];
+    snprintf(text, sizeof text, "%s", msg);
+    pmap_error_set(st, "%s%s", call, text);
+  }
+  return st;
 }
 
 pmap_status pmap_ctx_destroy(pmap_ctx *ctx) {
@@ -482,7 +560,12 @@ pmap_status pmap_run(pmap_ctx *ctx, pmap_fn fn, void *arg) {
   if (!ctx || !fn)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_run: %s is NULL", ctx ? "fn" : "ctx");
   PMAP_TRY(pmap_ctx_lock(ctx, "pmap_run"));
-  pmap_status st = pmap_ctx_dispatch(ctx, fn, arg);
+  int own = 0;
+  uint64_t seq0 = dist_seq(ctx->dist);
+  ctx->meets = ctx->dist != NULL;
+  pmap_status st = dispatch(ctx, fn, arg, &own);
+  ctx->meets = 0;
+  if (ctx->dist) st = procs_end_job(ctx, st, own, seq0);
   pmap_ctx_unlock(ctx);
   return st;
 }

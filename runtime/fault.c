@@ -10,7 +10,8 @@
 
 struct pmap_fault {
   fault_kind kind;
-  int device;
+  int device;           /* global, as parsed */
+  int local;            /* the local index of device in this process, -1: another process's */
   int64_t step;         /* -1: the first step that reaches the hook */
   int64_t after;        /* alloc: how many allocations of the device succeed first */
   _Atomic int64_t seen; /* alloc: allocations counted so far */
@@ -35,7 +36,7 @@ static int parse_int(const char *s, size_t len, int64_t lo, int64_t hi, int64_t 
 pmap_status pmap_fault_parse(const char *spec, pmap_fault **out) {
   *out = NULL;
   if (!spec || !*spec) return PMAP_SUCCESS;
-  pmap_fault f = {.kind = FAULT_ALLOC, .device = 0, .step = -1, .after = 0};
+  pmap_fault f = {.kind = FAULT_ALLOC, .device = 0, .local = 0, .step = -1, .after = 0};
   size_t len = strcspn(spec, ":");
   int k = -1;
   for (int i = 0; i < (int)(sizeof kind_names / sizeof *kind_names); i++)
@@ -64,10 +65,12 @@ pmap_status pmap_fault_parse(const char *spec, pmap_fault **out) {
   }
   if (!ok || *p)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                    "PMAP_FAULT=\"%s\" is not kind[:device=K][:step=S][:after=A] with kind alloc, "
+                    "environment variable PMAP_FAULT=\"%s\" is not "
+                    "kind[:device=K][:step=S][:after=A] with kind alloc, "
                     "collective, stall, nan, drift or gather",
                     spec);
   f.kind = (fault_kind)k;
+  f.local = f.device;
   pmap_fault *h = malloc(sizeof *h);
   if (!h) return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "PMAP_FAULT: out of memory");
   *h = f;
@@ -79,8 +82,20 @@ pmap_status pmap_fault_parse(const char *spec, pmap_fault **out) {
 
 void pmap_fault_free(pmap_fault *f) { free(f); }
 
+pmap_status pmap_fault_bind(pmap_fault *f, int n, int proc, int nproc) {
+  if (!f) return PMAP_SUCCESS;
+  if (f->device >= n * nproc)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "environment variable PMAP_FAULT names device %d, but the context has %d "
+                    "device%s (0..%d%s): the fault would never fire",
+                    f->device, n * nproc, n * nproc > 1 ? "s" : "", n * nproc - 1,
+                    nproc > 1 ? ", global indices over every process" : "");
+  f->local = f->device / n == proc ? f->device % n : -1;
+  return PMAP_SUCCESS;
+}
+
 int pmap_fault_fires(pmap_fault *f, fault_kind kind, int device, int64_t step) {
-  if (!f || f->kind != kind || f->device != device) return 0;
+  if (!f || f->kind != kind || f->local != device) return 0;
   if (kind == FAULT_ALLOC && atomic_fetch_add(&f->seen, 1) != f->after) return 0;
   if (kind != FAULT_ALLOC && f->step >= 0 && f->step != step) return 0;
   if (kind == FAULT_GATHER) return atomic_fetch_add(&f->seen, 1) <= f->after;

@@ -8,7 +8,9 @@
  *   gather      device K's all-gather of the parameters (sharded optimizer) in step S fails
  *               (device error), and so do the next A attempts to complete it (default 0)
  * Each fault but gather fires once. device defaults to 0 and step to the first step that reaches the hook.
- * Without PMAP_FAULT the hooks cost one NULL test. */
+ * K is a global device index, as every device index: across processes process p holds devices
+ * p * D .. p * D + D - 1, and only that process's device fires. Without PMAP_FAULT the hooks
+ * cost one NULL test. */
 #ifndef PMAP_RUNTIME_FAULT_H
 #define PMAP_RUNTIME_FAULT_H
 
@@ -30,6 +32,10 @@ typedef struct pmap_fault pmap_fault;
 /* Parses spec (NULL or "" : no fault, *out NULL); PMAP_ERR_INVALID_ARGUMENT naming the text. */
 pmap_status pmap_fault_parse(const char *spec, pmap_fault **out);
 void pmap_fault_free(pmap_fault *f); /* accepts NULL */
+/* Binds f (may be NULL) to this process of a context of nproc processes of n devices: K must be
+ * a global device index below nproc * n (PMAP_ERR_INVALID_ARGUMENT naming it otherwise); the
+ * hooks then take the local index, and a K of another process never fires here. */
+pmap_status pmap_fault_bind(pmap_fault *f, int n, int proc, int nproc);
 /* Whether fault `kind` fires now on device `device` at update step `step` (-1: not a step hook,
  * e.g. an allocation). Fires at most once. f may be NULL. */
 int pmap_fault_fires(pmap_fault *f, fault_kind kind, int device, int64_t step);

@@ -218,7 +218,7 @@ expect_error '--clip-norm "-1" must be a finite number >= 0' --clip-norm -1
 expect_error '--clip-norm "nan" must be a finite number >= 0' --clip-norm nan
 expect_error '--clip-norm "inf"' --clip-norm inf
 expect_error 'option --resume needs a value' --resume
-expect_error '--resume: pmap_params_load: cannot open' --resume "$tmp/none.ckpt"
+expect_error '--resume: pmap_params_load_user: cannot open' --resume "$tmp/none.ckpt"
 expect_error 'this run differs in --batch' --model linear --batch 64 --resume "$ck"
 expect_error 'this run differs in --seed' --model linear --seed 5 --resume "$ck"
 expect_error 'this run differs in --samples' --model linear --samples 256 --resume "$ck"
@@ -259,7 +259,7 @@ for how in flag env; do
       --devices 2 --steps 5 >"$tmp/out" 2>"$tmp/err"
   fi
   rc=$?
-  if [ $rc -eq 1 ] && grep -q 'step 2: .*not every device arrived within 1.000 s' "$tmp/err" &&
+  if [ $rc -eq 1 ] && grep -q 'step 2: pmap_update: .*: device 1 did not arrive within 1.000 s' "$tmp/err" &&
     [ $((SECONDS - t0)) -lt 20 ]; then ok; else
     bad "a stalled device with the timeout by $how: status $rc after $((SECONDS - t0)) s: $(cat "$tmp/err")"
   fi

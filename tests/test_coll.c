@@ -337,10 +337,19 @@ static void run_failure(pmap_ctx *ctx, int bad_device, int after_calls, int kind
   snprintf(name, sizeof name, "device %d:", bad_device);
   const char *msg = pmap_last_error();
   if (kind == FAIL_SLEEP) {
-    /* Whichever device gave up waiting first is the one reported. */
+    /* The message names the sleeping device, whichever waiting device gave up first, and
+     * no waiting device. */
     CHECK(st == PMAP_ERR_TIMEOUT, "N %d, device %d sleeps after %d calls: pmap_run -> %s (%s)", n,
           bad_device, after_calls, pmap_status_string(st), msg);
-    CHECK(strstr(msg, "not every device arrived") != NULL, "timeout message \"%s\"", msg);
+    char late[80];
+    snprintf(late, sizeof late, ": device %d did not arrive within", bad_device);
+    CHECK(strncmp(msg, "pmap_run: pmap_", 15) == 0 && strstr(msg, late) != NULL,
+          "timeout message \"%s\" does not name device %d alone", msg, bad_device);
+    for (int d = 0; d < n; d++) {
+      snprintf(name, sizeof name, "device %d", d);
+      CHECK(d == bad_device || !strstr(msg, name), "timeout message \"%s\" names waiting %s", msg,
+            name);
+    }
     CHECK(took < 10.0, "a timed-out job took %.2f s", took);
     CHECK(c.got[bad_device] == PMAP_ERR_ABORTED || c.got[bad_device] == PMAP_ERR_TIMEOUT,
           "the sleeping device got %s", pmap_status_string(c.got[bad_device]));

@@ -178,6 +178,8 @@ static void test_own_errors(void) {
     for (int rep = 0; p && rep < 20; rep++) {
       CHECK_FAILS(pmap_update(p, &xs, &ys, NULL), kinds[k],
                   "device 2: my_loss: label 7 out of range on row 4");
+      CHECK(!strncmp(pmap_last_error(), "pmap_update: device 2: my_loss", 30),
+            "the message does not start with the call and the device: %s", pmap_last_error());
       CHECK(strstr(pmap_last_error(), "without calling") == NULL,
             "reported as a device that left: %s", pmap_last_error());
     }

@@ -1,6 +1,8 @@
 /* test_errors.c: bad input at the API boundary gets a specific status and a message naming the
  * values, and changes nothing: parameters (compared bitwise) and the step counter stay as they
  * were, and a good step afterwards still works. */
+#include <unistd.h>
+
 #include "pmap_examples.h"
 #include "testutil.h"
 
@@ -167,6 +169,78 @@ static void bad_setup(void) {
   pmap_ctx_destroy(NULL);
 }
 
+/* pmap_last_error() keeps a failure's message until the next failing call on the thread: none
+ * of these successful calls (each a job on the devices, a host exchange or none) clears or
+ * changes it. */
+static pmap_status psum_fn(pmap_device *dev, void *arg) {
+  (void)arg;
+  float v = 1.0f;
+  return pmap_psum(dev, &v, &v, 1);
+}
+
+static void last_error_kept(void) {
+  char path[64], want[1024];
+  snprintf(path, sizeof path, "/tmp/pmap_test_errors_%ld.ckpt", (long)getpid());
+  float x[8] = {0}, y[8] = {0}, out[8], w[64], loss = 0.0f;
+  int64_t s3[2] = {3, 1}, s8[2] = {8, 1};
+  pmap_array bad = pmap_array_f32(x, 2, s3), xs = pmap_array_f32(x, 2, s8),
+             ys = pmap_array_f32(y, 2, s8), o = pmap_array_f32(out, 2, s8);
+  CHECK_FAILS(pmap_update(lin, &bad, &bad, NULL), PMAP_ERR_INVALID_ARGUMENT, "global batch 3");
+  snprintf(want, sizeof want, "%s", pmap_last_error());
+  size_t n = pmap_params_count(lin);
+  char user[16] = "user", back[16];
+  size_t got = 0;
+  pmap_ctx *c = NULL;
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 2};
+  pmap_model *m = NULL;
+  pmap_params *p = NULL;
+  pmap_optimizer sgd = pmap_sgd(0.1f, 0.0f);
+  pmap_backend b;
+  for (int round = 0; round < 3; round++) {
+    const char *what[] = {"read",       "write",  "verify",    "update",    "predict", "run",
+                          "save",       "load",   "save_user", "load_user", "shrink",  "micro",
+                          "ctx_create", "params", "model",     "parse"};
+    for (int k = 0; k < (int)(sizeof what / sizeof *what); k++) {
+      switch (k) {
+      case 0: CHECK_OK(pmap_params_read(lin, 3, w, n)); break;
+      case 1: CHECK_OK(pmap_params_write(lin, w, n)); break;
+      case 2: CHECK_OK(pmap_params_verify(lin)); break;
+      case 3: CHECK_OK(pmap_update(lin, &xs, &ys, &loss)); break;
+      case 4: CHECK_OK(pmap_predict(lin, &xs, &o)); break;
+      case 5: CHECK_OK(pmap_run(ctx, psum_fn, NULL)); break;
+      case 6: CHECK_OK(pmap_params_save(lin, path)); break;
+      case 7: CHECK_OK(pmap_params_load(lin, path)); break;
+      case 8: CHECK_OK(pmap_params_save_user(lin, path, user, sizeof user)); break;
+      case 9: CHECK_OK(pmap_params_load_user(lin, path, back, sizeof back, &got)); break;
+      case 10: CHECK_OK(pmap_params_shrink(lin)); break;
+      case 11: CHECK_OK(pmap_params_set_micro_batches(lin, 1 + round % 2)); break;
+      case 12:
+        CHECK_OK(pmap_ctx_create(&cfg, &c));
+        CHECK_OK(pmap_ctx_destroy(c));
+        break;
+      case 13:
+        CHECK_OK(pmap_example_model("linear", &m));
+        CHECK_OK(pmap_params_create(ctx, m, &sgd, 2, &p));
+        pmap_params_destroy(p);
+        pmap_model_destroy(m);
+        break;
+      case 14:
+        CHECK_OK(pmap_model_create(1, s8 + 1, &m));
+        CHECK_OK(pmap_model_add_dense(m, 2));
+        pmap_model_destroy(m);
+        break;
+      case 15: CHECK_OK(pmap_backend_parse("cpu", &b)); break;
+      }
+      CHECK(!strcmp(pmap_last_error(), want),
+            "round %d: a successful %s changed the last error from \"%s\" to \"%s\"", round,
+            what[k], want, pmap_last_error());
+    }
+  }
+  remove(path);
+  /* The next failing call replaces it. */
+  CHECK_FAILS(pmap_params_read(lin, 9, w, n), PMAP_ERR_INVALID_ARGUMENT, "device 9");
+}
+
 int main(void) {
   pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 4};
   pmap_model *m = NULL;
@@ -185,6 +259,7 @@ int main(void) {
   snapshot(conv, before_conv);
   bad_updates();
   bad_setup();
+  last_error_kept();
   free(before_lin);
   free(before_conv);
   pmap_params_destroy(conv);

@@ -225,6 +225,8 @@ static void test_fault_alloc(void) {
   if (run_open(&r, "convnet", 2, 0.0, PMAP_GUARD_ON, NULL, "alloc:device=1:after=3")) return;
   float *before = replica(&r, 1);
   CHECK_FAILS(step(&r, 0, NULL), PMAP_ERR_OUT_OF_MEMORY, "injected");
+  CHECK(!strncmp(pmap_last_error(), "pmap_update: device 1: ", 23),
+        "the message does not start with the call and the device: %s", pmap_last_error());
   if (before) check_replicas(&r, before, "after a failed allocation");
   CHECK_OK(step(&r, 0, NULL));
   free(before);
@@ -293,6 +295,12 @@ static void test_fault_drift(void) {
   CHECK_FAILS(pmap_ctx_create(NULL, &ctx), PMAP_ERR_INVALID_ARGUMENT, "melt");
   setenv("PMAP_FAULT", "nan:device=1:step=x", 1);
   CHECK_FAILS(pmap_ctx_create(NULL, &ctx), PMAP_ERR_INVALID_ARGUMENT, "step=x");
+  /* A device the context does not have: the fault would never fire. */
+  setenv("PMAP_FAULT", "nan:device=7:step=1", 1);
+  pmap_config two = {.backend = PMAP_BACKEND_CPU, .num_devices = 2};
+  CHECK_FAILS(pmap_ctx_create(&two, &ctx), PMAP_ERR_INVALID_ARGUMENT,
+              "pmap_ctx_create: environment variable PMAP_FAULT names device 7");
+  CHECK(ctx == NULL, "a failed create returned a context");
   unsetenv("PMAP_FAULT");
 }
 

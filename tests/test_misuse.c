@@ -1,8 +1,8 @@
 /* test_misuse.c: the runtime under misuse, each case a regression of a crash or a corruption:
  * freeing buffers right after a timed-out collective, two host threads on one context,
  * mismatched collectives, a device leaving early, stale messages, lifetime errors, extreme
- * timeouts, the one-verdict rule of a barrier at its deadline, and a forked child using its
- * parent's context. CPU backend. */
+ * timeouts, the one-verdict rule of a barrier at its deadline, collective counts whose bytes
+ * overflow, and a forked child using its parent's context. CPU backend. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -453,6 +453,46 @@ static void test_device_alloc_overflow(void) {
   pmap_ctx_destroy(ctx);
 }
 
+/* Collective counts whose bytes do not fit an object (count x 4, and N x count x 4 for
+ * all_gather's recv): refused on every device before any rendezvous, naming the count, on 1
+ * device as on several; the buffers are tiny, so a count that got through would crash. */
+typedef struct count_job {
+  int which;
+  size_t count;
+} count_job;
+
+static pmap_status huge_count_fn(pmap_device *dev, void *arg) {
+  const count_job *j = arg;
+  float s[16] = {0}, r[64] = {0};
+  switch (j->which) {
+  case 0: return pmap_psum(dev, s, r, j->count);
+  case 1: return pmap_pmean(dev, s, s, j->count);
+  case 2: return pmap_pmax(dev, s, r, j->count);
+  case 3: return pmap_all_gather(dev, s, r, j->count);
+  default: return pmap_broadcast(dev, s, r, j->count, 0);
+  }
+}
+
+static void test_collective_overflow(void) {
+  for (int n = 1; n <= 2; n++) {
+    pmap_ctx *ctx = make_ctx(n, 5.0);
+    if (!ctx) return;
+    const size_t gather2 = (size_t)PTRDIFF_MAX / 4 / 2 + 1; /* fits once, not twice */
+    const count_job jobs[] = {{0, (size_t)1 << 62},  {0, SIZE_MAX},        {1, (size_t)1 << 62},
+                              {2, SIZE_MAX / 4 + 1}, {3, (size_t)1 << 62}, {4, (size_t)1 << 62},
+                              {3, gather2}};
+    for (size_t k = 0; k < sizeof jobs / sizeof *jobs; k++) {
+      if (jobs[k].count == gather2 && n == 1) continue; /* fits on one device: a real size */
+      char want[64];
+      snprintf(want, sizeof want, "count %zu on device 0", jobs[k].count);
+      CHECK_FAILS(pmap_run(ctx, huge_count_fn, (void *)&jobs[k]), PMAP_ERR_INVALID_ARGUMENT, want);
+    }
+    count_job ok = {0, 4};
+    CHECK_OK(pmap_run(ctx, huge_count_fn, &ok));
+    pmap_ctx_destroy(ctx);
+  }
+}
+
 /* Contexts nested across threads: A's device 1 (a worker thread) runs a job on B, whose device 0
  * calls pmap_run on A: refused, not a deadlock, on every device of B. */
 static pmap_ctx *nest_a, *nest_b;
@@ -594,5 +634,6 @@ int main(void) {
   test_one_verdict();
   test_overflow();
   test_device_alloc_overflow();
+  test_collective_overflow();
   return test_exit("misuse");
 }

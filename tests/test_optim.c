@@ -138,6 +138,12 @@ static void test_validation(void) {
   o.decay_steps = 10;
   o.final_lr = 0.5f;
   CHECK_FAILS(pmap_params_create(ctx, m, &o, 1, &p), PMAP_ERR_INVALID_ARGUMENT, "final lr 0.5");
+  o = pmap_sgd(0.1f, 0.0f); /* a negative warm-up, whatever the schedule */
+  o.warmup_steps = -1;
+  CHECK_FAILS(pmap_params_create(ctx, m, &o, 1, &p), PMAP_ERR_INVALID_ARGUMENT, "warmup_steps -1");
+  o.schedule = PMAP_SCHEDULE_WARMUP_LINEAR;
+  o.decay_steps = 10;
+  CHECK_FAILS(pmap_params_create(ctx, m, &o, 1, &p), PMAP_ERR_INVALID_ARGUMENT, "warmup_steps -1");
   o = pmap_sgd(0.1f, 0.0f);
   o.weight_decay = -1.0f;
   CHECK_FAILS(pmap_params_create(ctx, m, &o, 1, &p), PMAP_ERR_INVALID_ARGUMENT, "weight_decay -1");

@@ -242,7 +242,7 @@ static void test_create(void) {
   for (size_t k = 0; k < sizeof bad_env / sizeof bad_env[0]; k++) {
     setenv("PMAP_CPU_DEVICES", bad_env[k], 1);
     check_create_fails(PMAP_BACKEND_CPU, PMAP_DEVICES_DEFAULT, PMAP_ERR_INVALID_ARGUMENT,
-                       "PMAP_CPU_DEVICES");
+                       "pmap_ctx_create: environment variable PMAP_CPU_DEVICES");
   }
   /* An explicit count ignores the variable, even a malformed one. */
   pmap_ctx *ctx = make_ctx(2);

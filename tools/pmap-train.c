@@ -425,7 +425,7 @@ int main(int argc, char **argv) {
       goto out;
     }
     if (st) {
-      failf(&r, "step %lld: pmap_update: %s", (long long)s, pmap_last_error());
+      failf(&r, "step %lld: %s", (long long)s, pmap_last_error());
       goto out;
     }
     busy += cli_now() - t0;

@@ -207,7 +207,7 @@ int train_data_eval(train_data *d, pmap_params *params, int devices, double *los
     int64_t oshape[2] = {padded, k};
     o = pmap_array_f32(out, 2, oshape);
     if (pmap_predict(params, &xs, &o)) {
-      rc = fail(msg, size, "pmap_predict: %s", pmap_last_error());
+      rc = fail(msg, size, "%s", pmap_last_error());
       break;
     }
     for (int64_t r = 0; r < n; r++) {

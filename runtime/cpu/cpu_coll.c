@@ -22,7 +22,7 @@ pmap_status cpu_arrive(cpu_passage *ps, int touch_next) {
   if (ps->counted) atomic_fetch_sub_explicit(&cc->touching, 1, memory_order_acq_rel);
   ps->counted = 0;
   const pmap_wait_policy *w = ps->wait ? ps->wait : &ctx->wait;
-  int r = sync_barrier_wait_touch(&ctx->bar, w, touch_next ? &cc->touching : NULL);
+  int r = pmap_barrier_arrive(ps->dev, w, touch_next ? &cc->touching : NULL);
   if (r == PMAP_WAIT_OK) {
     ps->counted = touch_next;
     return PMAP_SUCCESS;

@@ -20,6 +20,8 @@ typedef enum dist_dtype {
   DIST_BYTES = 2,
   DIST_DEVICES_DIFFER = 3, /* not an exchange: the process's own devices called different
                               collectives (call: what each called), so every process fails */
+  DIST_JOB_END = 4,        /* not an exchange: the devices of the process returned from a mapped
+                              function (dist_end_job) */
 } dist_dtype;
 
 /* What a collective is, exactly as the devices of one process compare it at their rendezvous
@@ -30,6 +32,9 @@ typedef struct dist_call {
   size_t count;
   int root;
   dist_dtype dtype;
+  /* Not compared, for the processes that meet another's end of a mapped function: */
+  int failed; /* DIST_JOB_END: the mapped function failed on this process */
+  int meets;  /* the call is inside a mapped function whose end this process will meet at */
 } dist_call;
 
 /* Decides from cfg->dist (and, for PMAP_DIST_AUTO, the environment variable PMAP_DIST and the
@@ -49,9 +54,32 @@ void dist_close(pmap_dist *d);
  * is PMAP_ERR_INVALID_ARGUMENT on every process with the same list of what each process's
  * devices called; a process that does not arrive is PMAP_ERR_TIMEOUT naming it and its host; a
  * process that left or gave up ends the wait at once with its reason. who names the caller in
- * messages ("pmap_psum on device 2 (process 1 of 2, host b)"). On success every process has
- * arrived (a barrier), and the data calls below may follow. */
+ * messages ("pmap_psum on device 2 (process 1 of 2, host b)"). A process whose devices returned
+ * from their mapped function instead (dist_end_job) is PMAP_ERR_INVALID_ARGUMENT naming it
+ * ("returned from its mapped function without calling this"), or PMAP_ERR_ABORTED when its
+ * function failed there (its pmap_run reports that failure on every process). Every failure
+ * but a difference in the collectives' numbers leaves the processes in step. On success every
+ * process has arrived (a barrier), and the data calls below may follow. */
 pmap_status dist_agree(pmap_dist *d, const dist_call *c, const char *who);
+
+/* What a mapped function came to on one process, as dist_end_job carries it. */
+typedef struct dist_outcome {
+  int64_t status; /* pmap_status: PMAP_SUCCESS, or its failure */
+  int64_t own;    /* the failure is the process's own, not an abandoned collective */
+  char text[1008];
+} dist_outcome;
+
+/* The end of a mapped function (pmap_run) on this process: the processes meet, so that none
+ * returns while another still waits for it in a collective of the function. While another
+ * process is still in the function (its collective meets this end and fails), this process's
+ * outcome becomes a failure naming what that process called, and the meeting repeats until
+ * every process has ended (a process met in a call that is not a mapped function's returns
+ * from it, so the meeting ends there, failed). Once all have ended, a failure anywhere is every
+ * process's: *io becomes the same outcome on every process (the first process's own failure,
+ * else the first failure). Returns a status other than PMAP_SUCCESS only when the meeting
+ * itself failed (a process did not arrive, left, or the processes are out of step: the
+ * transport is then broken). */
+pmap_status dist_end_job(pmap_dist *d, dist_outcome *io, const char *who);
 
 /* The data of an agreed collective. buf (count): this process's partial values; on return the
  * sum (in process order 0..P-1, so every process gets bitwise the same) or, with max, the max
@@ -77,6 +105,11 @@ int dist_size(const pmap_dist *d);
 const char *dist_host(const pmap_dist *d, int r);
 /* Exchanges agreed so far: the next one is number dist_seq() + 1 on every process. */
 uint64_t dist_seq(const pmap_dist *d);
+
+/* The number of the last exchange this process failed, in step, against processes none of which
+ * was in a mapped function or at its end (0: none): those processes returned from their calls,
+ * so nobody meets the end of this process's mapped function if that exchange was its last. */
+uint64_t dist_alone_seq(const pmap_dist *d);
 
 /* A failure of this process that the others do not share (a device failed, a local wait timed
  * out): the processes are out of step, so the transport is broken as by a failed exchange and

@@ -186,6 +186,8 @@ static void describe(const dist_desc *x, char *buf, size_t size) {
   const char *t = x->dtype == DIST_BYTES ? types[1] : x->dtype == DIST_I64 ? types[2] : types[0];
   if (x->dtype == DIST_DEVICES_DIFFER)
     snprintf(buf, size, "its own devices called different collectives (%s)", x->call);
+  else if (x->dtype == DIST_JOB_END)
+    snprintf(buf, size, "returned from its mapped function%s", x->failed ? " (failed)" : "");
   else if (!strcmp(x->call, "pmap_barrier"))
     snprintf(buf, size, "%s", x->call);
   else if (!strcmp(x->call, "pmap_broadcast"))
@@ -217,7 +219,16 @@ static pmap_status mismatch(pmap_dist *d, const char *who_am_i) {
   return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s", msg);
 }
 
-pmap_status dist_agree(pmap_dist *d, const dist_call *c, const char *who) {
+/* Two descriptors of one exchange: failed and meets are what the process is in, not what it
+ * calls. */
+static int same_desc(const dist_desc *a, const dist_desc *b) {
+  return a->seq == b->seq && a->count == b->count && a->root == b->root && a->dtype == b->dtype &&
+         !memcmp(a->call, b->call, sizeof a->call);
+}
+
+/* This process's descriptor to every other and theirs into d->in: the exchange is agreed once
+ * they are all the same. */
+static pmap_status exchange_desc(pmap_dist *d, const dist_call *c, const char *who) {
   PMAP_TRY(check_broken(d));
   uint64_t seq = atomic_fetch_add(&d->seq, 1) + 1;
   dist_desc *m = &d->mine;
@@ -226,6 +237,8 @@ pmap_status dist_agree(pmap_dist *d, const dist_call *c, const char *who) {
   m->count = (int64_t)c->count;
   m->root = c->root;
   m->dtype = c->dtype;
+  m->failed = c->failed;
+  m->meets = c->meets;
   snprintf(m->call, sizeof m->call, "%s", c->call);
   int p = d->size, rc = MPI_SUCCESS, n = 0;
   d->in[d->rank] = *m;
@@ -247,8 +260,105 @@ pmap_status dist_agree(pmap_dist *d, const dist_call *c, const char *who) {
   if (w != WAIT_DONE)
     return wait_failed(d, w, rc, who_r, n, who,
                        "did not arrive (stalled, dead, or calling other collectives)");
-  for (int r = 0; r < p; r++)
-    if (memcmp(&d->in[r], m, sizeof *m)) return mismatch(d, who);
+  return PMAP_SUCCESS;
+}
+
+/* "process 1 (host b, device 1), process 2 (...)": the processes whose descriptor is the end of
+ * a mapped function (failed ones only, when failed); returns how many. */
+static int ended_names(const pmap_dist *d, int failed, char *buf, size_t size) {
+  size_t len = 0;
+  int count = 0;
+  buf[0] = '\0';
+  for (int r = 0; r < d->size && len < size; r++) {
+    if (d->in[r].dtype != DIST_JOB_END || (failed && !d->in[r].failed)) continue;
+    char name[160];
+    dist_proc_name(d, r, name, sizeof name);
+    len += (size_t)snprintf(buf + len, size - len, "%s%s", count++ ? ", " : "", name);
+  }
+  return count;
+}
+
+/* This process's exchange met the end of another process's mapped function: that process will
+ * not call it. The numbers agree, so the processes stay in step. */
+static pmap_status met_an_end(pmap_dist *d, const char *who) {
+  char names[400];
+  unsigned long long seq = (unsigned long long)dist_seq(d);
+  int count = ended_names(d, 1, names, sizeof names);
+  if (count)
+    return PMAP_ERR(PMAP_ERR_ABORTED,
+                    "%s: collective #%llu abandoned: %s returned from %s mapped function after "
+                    "a failure instead of calling it",
+                    who, seq, names, count > 1 ? "their" : "its");
+  count = ended_names(d, 0, names, sizeof names);
+  return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                  "%s: collective #%llu: %s returned from %s mapped function without calling it "
+                  "(every device must call the same collectives, and every process make the same "
+                  "pmap calls, in the same order)",
+                  who, seq, names, count > 1 ? "their" : "its");
+}
+
+pmap_status dist_agree(pmap_dist *d, const dist_call *c, const char *who) {
+  PMAP_TRY(exchange_desc(d, c, who));
+  int same = 1, in_step = 1, ended = 0;
+  for (int r = 0; r < d->size; r++) {
+    same &= same_desc(&d->in[r], &d->mine);
+    in_step &= d->in[r].seq == d->mine.seq;
+    ended |= d->in[r].dtype == DIST_JOB_END;
+  }
+  if (same) return PMAP_SUCCESS;
+  if (in_step && ended) return met_an_end(d, who);
+  int others = 0;
+  for (int r = 0; r < d->size; r++) others |= r != d->rank && d->in[r].meets;
+  if (in_step && !others) d->alone_seq = (uint64_t)d->mine.seq;
+  return mismatch(d, who);
+}
+
+/* The outcome every process reports: the first own failure, else the first failure. */
+static void choose_outcome(const pmap_dist *d, const dist_outcome *all, dist_outcome *io) {
+  int pick = -1;
+  for (int r = 0; r < d->size; r++)
+    if (all[r].status && (pick < 0 || (all[r].own && !all[pick].own))) pick = r;
+  if (pick >= 0) *io = all[pick];
+}
+
+pmap_status dist_end_job(pmap_dist *d, dist_outcome *io, const char *who) {
+  for (;;) {
+    dist_call c = {"the end of a mapped function", 0, 0, DIST_JOB_END, io->status != 0, 0};
+    PMAP_TRY(exchange_desc(d, &c, who));
+    int in_step = 1, all_end = 1, meets = 0, other = -1;
+    for (int r = 0; r < d->size; r++) {
+      in_step &= d->in[r].seq == d->mine.seq;
+      if (d->in[r].dtype == DIST_JOB_END) continue;
+      all_end = 0;
+      meets |= d->in[r].meets != 0;
+      if (other < 0) other = r;
+    }
+    if (!in_step) return mismatch(d, who);
+    if (all_end) break;
+    /* A process still calls something: its call fails on meeting this end. Unless this
+     * process's function failed already, that is a failure of its own. */
+    if (!io->status) {
+      char what[200], name[160];
+      describe(&d->in[other], what, sizeof what);
+      dist_proc_name(d, other, name, sizeof name);
+      io->status = PMAP_ERR_INVALID_ARGUMENT;
+      io->own = 1;
+      snprintf(io->text, sizeof io->text,
+               "%s: collective #%llu: %s called %s, but the devices of this process returned "
+               "from the mapped function without calling it (every device must call the same "
+               "collectives, and every process make the same pmap calls, in the same order)",
+               who, (unsigned long long)d->mine.seq, name, what);
+    }
+    /* A process in a mapped function comes to its end next: meet it there. */
+    if (!meets) return PMAP_SUCCESS;
+  }
+  int failed = 0;
+  for (int r = 0; r < d->size; r++) failed |= d->in[r].failed != 0;
+  if (!failed) return PMAP_SUCCESS;
+  /* Every process knows from the descriptors that one failed: they all gather the outcomes. */
+  const void *all = NULL;
+  PMAP_TRY(dist_all_gather(d, io, sizeof *io, &all));
+  choose_outcome(d, all, io);
   return PMAP_SUCCESS;
 }
 
@@ -376,19 +486,20 @@ static const char *host_who(const pmap_dist *d, const char *call, char *buf, siz
 pmap_status dist_exchange(pmap_dist *d, const char *call, const void *mine, size_t bytes,
                           const void **all) {
   char who[256];
-  dist_call c = {call, bytes, 0, DIST_BYTES};
+  dist_call c = {call, bytes, 0, DIST_BYTES, 0, 0};
   PMAP_TRY(dist_agree(d, &c, host_who(d, call, who, sizeof who)));
   return dist_all_gather(d, mine, bytes, all);
 }
 
 pmap_status dist_broadcast_bytes(pmap_dist *d, void *buf, size_t bytes, int root) {
   char who[256];
-  dist_call c = {"broadcast of bytes", bytes, root, DIST_BYTES};
+  dist_call c = {"broadcast of bytes", bytes, root, DIST_BYTES, 0, 0};
   PMAP_TRY(dist_agree(d, &c, host_who(d, c.call, who, sizeof who)));
   return dist_broadcast(d, buf, bytes, root);
 }
 
 int dist_broken(const pmap_dist *d) { return d && d->broken; }
+uint64_t dist_alone_seq(const pmap_dist *d) { return d ? d->alone_seq : 0; }
 int dist_rank(const pmap_dist *d) { return d ? d->rank : 0; }
 int dist_size(const pmap_dist *d) { return d ? d->size : 1; }
 uint64_t dist_seq(const pmap_dist *d) { return d ? atomic_load(&d->seq) : 0; }

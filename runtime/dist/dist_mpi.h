@@ -15,9 +15,11 @@
 /* Tags on pmap's duplicate of the communicator. */
 enum { TAG_DESC = 1, TAG_DATA = 2, TAG_LEAVE = 3 };
 
-/* What a process is about to call (dist_call), as it travels: 128 bytes, compared bytewise. */
+/* What a process is about to call (dist_call), as it travels: 144 bytes, compared field by
+ * field but for failed and meets. */
 typedef struct dist_desc {
   int64_t seq, count, root, dtype;
+  int64_t failed, meets;
   char call[DIST_CALL_LEN]; /* zero-padded */
 } dist_desc;
 
@@ -41,6 +43,7 @@ struct pmap_dist {
   int rank, size, local_devices;
   int64_t timeout_ns;   /* < 0: never */
   _Atomic uint64_t seq; /* exchanges agreed so far */
+  uint64_t alone_seq;   /* dist_alone_seq */
   uint64_t nonce;       /* process 0's, the same on every process */
   pmap_status broken;   /* the first failure that left the processes out of step */
   char broken_msg[768];

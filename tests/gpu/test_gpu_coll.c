@@ -203,7 +203,9 @@ static void test_rendezvous_failures(int n, int gpus) {
    * and nobody hangs. */
   coll_arg late = {{0}, {0}, n - 1, 1, 2.5 * FAIL_TIMEOUT_S};
   double t0 = now_s();
-  CHECK_FAILS(pmap_run(ctx, sequence_job, &late), PMAP_ERR_TIMEOUT, "not every device arrived");
+  char late_msg[48]; /* the late device is named, not a device that waited */
+  snprintf(late_msg, sizeof late_msg, "device %d did not arrive within", n - 1);
+  CHECK_FAILS(pmap_run(ctx, sequence_job, &late), PMAP_ERR_TIMEOUT, late_msg);
   CHECK(now_s() - t0 < 10.0, "a timed-out job took %.1f s", now_s() - t0);
   CHECK(late.got[n - 1] == PMAP_ERR_ABORTED || late.got[n - 1] == PMAP_ERR_TIMEOUT,
         "the late device got %s", pmap_status_string(late.got[n - 1]));

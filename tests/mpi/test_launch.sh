@@ -24,7 +24,7 @@ trap 'rm -rf "$tmp" "$out"' EXIT
 cat >"$tmp/wrap.sh" <<'EOF'
 #!/bin/sh
 if [ "${PMAP_LAUNCH_ATTEMPT:-0}" = 0 ] && [ "${OMPI_COMM_WORLD_RANK:-0}" = 1 ]; then
-  export PMAP_FAULT=stall:device=0:step=35
+  export PMAP_FAULT=stall:device=2:step=35
   me=$$
   (
     while [ ! -f "$KILL_AFTER" ]; do sleep 0.05; done

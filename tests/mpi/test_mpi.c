@@ -357,7 +357,9 @@ static void mode_layout(int d) {
   ctx = NULL;
 
   /* The numeric guard: NaN gradients on one device of process 1 skip the step everywhere. */
-  if (RANK == 1) setenv("PMAP_FAULT", "nan:device=0:step=1", 1);
+  char fault[64]; /* process 1's device 0, by its global index */
+  snprintf(fault, sizeof fault, "nan:device=%d:step=1", d);
+  if (RANK == 1) setenv("PMAP_FAULT", fault, 1);
   CHECK_OK(dist_ctx(d, 30.0, &ctx));
   unsetenv("PMAP_FAULT");
   if (ctx) CHECK_OK(pmap_params_create(ctx, m, &info.opt, 1, &params));

@@ -3,7 +3,13 @@
  *   mismatch D  collectives that differ across processes (psum against pmean, broadcast roots
  *               that are two devices of one process, pmax against psum, two devices of one
  *               process that differ): every process refuses at once with the same list, and
- *               the context stays usable
+ *               the context stays usable; a process (or one device) that returns without the
+ *               psum the others wait in, and an invalid call every process makes alike (a root
+ *               out of range, a count whose bytes overflow): every process's pmap_run fails
+ *               with the same message and the next runs pair with each other; process 0's
+ *               pmap_update against the others' pmap_run: both fail, and they are in step
+ *               after; process 1 with another numeric_guard or uneven_batches: every
+ *               pmap_ctx_create refuses naming the setting
  *   row0 D      a gradient function's row0 is the global index of its first row (micro-batches
  *               too), and a loss weighted by it trains as on one device
  *   verify D    a replica perturbed on process 1 is found by pmap_params_verify on every process
@@ -14,7 +20,7 @@
  *               naming process 1 (test_mpi_fault.sh checks that the job ends within seconds)
  *   failjob D   a mapped function fails on process 1 alone (a collective called with NULL)
  *               while process 0 waits in that collective: process 0 fails at once with process
- *               1's message
+ *               1's message, and the context stays usable
  *   startinit   process 1 is 4 s late to start: process 0's pmap_ctx_create (timeout 1.5 s)
  *               returns PMAP_ERR_TIMEOUT from the wait for MPI_Init within 3 s
  *   startctx    process 1 creates its second context 4 s late: process 0's returns
@@ -56,7 +62,9 @@ static int env_int(const char *a, const char *b) {
 /* ------------------------------------------------------------------------------------------ */
 /* Collectives that differ                                                                    */
 
-enum { MM_MEAN, MM_ROOT, MM_MAX, MM_LOCAL, MM_SUM };
+enum { MM_MEAN, MM_ROOT, MM_MAX, MM_LOCAL, MM_SUM, MM_SKIP, MM_SKIP_ONE, MM_BAD_ROOT, MM_HUGE };
+
+static int mm_round; /* bumped by every MM_SUM run: a psum paired with another run's is wrong */
 
 static pmap_status mm_fn(pmap_device *dev, void *arg) {
   int kind = *(const int *)arg, p = pmap_process_index(dev), g = pmap_axis_index(dev);
@@ -67,9 +75,17 @@ static pmap_status mm_fn(pmap_device *dev, void *arg) {
   case MM_ROOT: return pmap_broadcast(dev, buf, buf + 4, 4, p == 0 ? 0 : 1);
   case MM_MAX: return p == 0 ? pmap_pmax(dev, buf, buf, 4) : pmap_psum(dev, buf, buf, 4);
   case MM_LOCAL: return g == G - 1 ? pmap_pmean(dev, buf, buf, 4) : pmap_psum(dev, buf, buf, 4);
+  /* The last process's devices return without the psum the others wait in (or only its last
+   * device does): every process fails, none pairs this psum with a later run's. */
+  case MM_SKIP: return p == P - 1 ? PMAP_SUCCESS : pmap_psum(dev, buf, buf, 4);
+  case MM_SKIP_ONE: return g == G - 1 ? PMAP_SUCCESS : pmap_psum(dev, buf, buf, 4);
+  /* The same invalid call on every device of every process. */
+  case MM_BAD_ROOT: return pmap_broadcast(dev, buf, buf + 4, 4, G);
+  case MM_HUGE: return pmap_psum(dev, buf, buf + 4, (size_t)1 << 62);
   }
+  buf[0] = (float)(mm_round * 1000 + g + 1);
   pmap_status st = pmap_psum(dev, buf, buf, 1);
-  if (!st && buf[0] != (float)(G * (G + 1) / 2)) return PMAP_ERR_INTERNAL;
+  if (!st && buf[0] != (float)(mm_round * 1000 * G + G * (G + 1) / 2)) return PMAP_ERR_INTERNAL;
   return st;
 }
 
@@ -124,10 +140,100 @@ static void mode_mismatch(int d) {
     CHECK(took < 5.0, "case %d: refused after %.1f s (timeout 20 s)", kind, took);
     if (RANK == 0) printf("process 0: refused in %.2f s: %s\n", took, msg);
     /* Still in step: a mismatch is refused before any data moves. */
+    mm_round++;
     CHECK_OK(pmap_run(ctx, mm_fn, &usable));
     same_everywhere(ctx, msg, "called different collectives", d);
   }
+  /* A process (or one device) that returns without the collective the others wait in, and a
+   * call that every process gets wrong alike: every process fails its pmap_run with the same
+   * message, and the next runs pair with each other, not with a collective of another run. */
+  static const struct {
+    int kind;
+    const char *a;
+  } shared[] = {{MM_SKIP, "returned from its mapped function without calling it"},
+                {MM_SKIP_ONE, "mapped function without calling it"},
+                {MM_BAD_ROOT, "is outside [0, "},
+                {MM_HUGE, "count 4611686018427387904 on device"}};
+  for (size_t i = 0; i < sizeof shared / sizeof shared[0]; i++) {
+    int kind = shared[i].kind, usable = MM_SUM;
+    double t0 = now_s();
+    pmap_status st = pmap_run(ctx, mm_fn, &kind);
+    double took = now_s() - t0;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", pmap_last_error());
+    CHECK(st == PMAP_ERR_INVALID_ARGUMENT && strstr(msg, shared[i].a) &&
+              !strncmp(msg, "pmap_run: device", 16),
+          "case %d: %s: %s", kind, pmap_status_string(st), msg);
+    CHECK(took < 5.0, "case %d: failed after %.1f s (timeout 20 s)", kind, took);
+    if (RANK == 0) printf("process 0: failed in %.2f s: %s\n", took, msg);
+    for (int k = 0; k < 2; k++) {
+      mm_round++;
+      CHECK_OK(pmap_run(ctx, mm_fn, &usable));
+    }
+    same_everywhere(ctx, msg, "pmap_run", d);
+  }
   CHECK_OK(pmap_ctx_destroy(ctx));
+}
+
+/* A gradient function of one parameter: loss w * mean(x). */
+static pmap_status one_grad(const pmap_grad_args *a, void *user) {
+  (void)user;
+  *a->loss = a->params[0];
+  a->grads[0] += a->scale;
+  return PMAP_SUCCESS;
+}
+
+static pmap_status noop_fn(pmap_device *dev, void *arg) {
+  (void)dev, (void)arg;
+  return PMAP_SUCCESS;
+}
+
+/* Process 0 calls pmap_update while the others run a mapped function without collectives:
+ * both calls fail on their processes, nothing is stepped, and the processes are in step for
+ * the calls that follow. */
+static void mode_skew(int d) {
+  pmap_ctx *ctx = NULL;
+  pmap_params *p = NULL;
+  CHECK_OK(dist_ctx(d, 20.0, &ctx));
+  float w0 = 1.0f, x[16] = {0}, y[16] = {0};
+  pmap_optimizer sgd = pmap_sgd(0.5f, 0.0f);
+  if (ctx) CHECK_OK(pmap_params_create_custom(ctx, 1, &w0, one_grad, NULL, &sgd, &p));
+  if (!p) return;
+  int64_t shape[2] = {d, 1};
+  pmap_array xs = pmap_array_f32(x, 2, shape), ys = pmap_array_f32(y, 2, shape);
+  pmap_status st = RANK == 0 ? pmap_update(p, &xs, &ys, NULL) : pmap_run(ctx, noop_fn, NULL);
+  CHECK(st == PMAP_ERR_INVALID_ARGUMENT && strstr(pmap_last_error(), "mapped function without"),
+        "%s: %s: %s", RANK == 0 ? "pmap_update" : "pmap_run", pmap_status_string(st),
+        pmap_last_error());
+  CHECK(pmap_params_step(p) == 0, "a refused step counted");
+  if (RANK == 0) printf("process 0: %s\n", pmap_last_error());
+  int usable = MM_SUM;
+  mm_round++;
+  CHECK_OK(pmap_run(ctx, mm_fn, &usable));
+  CHECK_OK(pmap_update(p, &xs, &ys, NULL));
+  float w = 0.0f;
+  CHECK_OK(pmap_params_read(p, RANK * d, &w, 1));
+  CHECK(w == 0.5f && pmap_params_step(p) == 1, "after one step: w %g, step %lld", (double)w,
+        (long long)pmap_params_step(p));
+  pmap_params_destroy(p);
+  CHECK_OK(pmap_ctx_destroy(ctx));
+}
+
+/* Process 1 creates its context with another setting that changes what a step exchanges: every
+ * process's pmap_ctx_create refuses, naming the setting and the processes. */
+static void mode_settings(int d) {
+  for (int which = 0; which < 2; which++) {
+    pmap_config cfg = {
+        .backend = PMAP_BACKEND_CPU, .num_devices = d, .timeout_s = 20.0, .dist = PMAP_DIST_MPI};
+    if (RANK == 1 && which == 0) cfg.numeric_guard = PMAP_GUARD_OFF;
+    if (RANK == 1 && which == 1) cfg.uneven_batches = 1;
+    pmap_ctx *ctx = NULL;
+    const char *name = which ? "uneven_batches" : "numeric_guard";
+    CHECK_FAILS(pmap_ctx_create(&cfg, &ctx), PMAP_ERR_INVALID_ARGUMENT, name);
+    CHECK(strstr(pmap_last_error(), "process 1 (host") != NULL, "message: %s", pmap_last_error());
+    CHECK(ctx == NULL, "a refused context was returned");
+    if (RANK == 0) printf("process 0: %s\n", pmap_last_error());
+  }
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -199,7 +305,9 @@ static void mode_verify(int d) {
   pmap_params *params = NULL;
   pmap_model *m = NULL;
   pmap_array xs = {0}, ys = {0};
-  if (RANK == 1) setenv("PMAP_FAULT", "drift:device=0:step=1", 1);
+  char fault[64]; /* process 1's device 0, by its global index */
+  snprintf(fault, sizeof fault, "drift:device=%d:step=1", d);
+  if (RANK == 1) setenv("PMAP_FAULT", fault, 1);
   CHECK_OK(dist_ctx(d, 20.0, &ctx));
   unsetenv("PMAP_FAULT");
   if (ctx) CHECK_OK(mlp_params(ctx, 0.001f, &params, &m));
@@ -292,22 +400,24 @@ static int mode_failjob(int d) {
   pmap_ctx *ctx = NULL;
   CHECK_OK(dist_ctx(d, 30.0, &ctx));
   if (!ctx) return test_exit("test_mpi_fault failjob setup");
-  double t0 = now_s();
-  pmap_status st = pmap_run(ctx, null_psum, NULL);
-  double took = now_s() - t0;
-  CHECK(st == PMAP_ERR_INVALID_ARGUMENT, "%s: %s", pmap_status_string(st), pmap_last_error());
-  CHECK(strstr(pmap_last_error(), "send is NULL") != NULL, "message: %s", pmap_last_error());
-  if (RANK == 0) {
-    CHECK(strstr(pmap_last_error(), "process 1 (host") && strstr(pmap_last_error(), "gave up"),
-          "message does not name process 1: %s", pmap_last_error());
+  for (int rep = 0; rep < 2; rep++) {
+    double t0 = now_s();
+    pmap_status st = pmap_run(ctx, null_psum, NULL);
+    double took = now_s() - t0;
+    const char *msg = pmap_last_error();
+    char who[64];
+    snprintf(who, sizeof who, "pmap_run: device %d (process 1 of", d); /* process 1's device 0 */
+    CHECK(st == PMAP_ERR_INVALID_ARGUMENT, "%s: %s", pmap_status_string(st), msg);
+    CHECK(strstr(msg, "send is NULL") && !strncmp(msg, who, strlen(who)),
+          "message is not process 1's: %s", msg);
     CHECK(took < 5.0, "heard after %.1f s (timeout 30 s)", took);
-    printf("process 0: failed after %.2f s: %s\n", took, pmap_last_error());
-    if (!test_failures) printf("OK failjob\n");
+    if (RANK == 0) printf("process 0: failed after %.2f s: %s\n", took, msg);
   }
-  /* The context is broken now: a later collective fails at once. */
-  t0 = now_s();
-  CHECK(pmap_run(ctx, null_psum, NULL) != PMAP_SUCCESS && now_s() - t0 < 1.0,
-        "after the failure: %s", pmap_last_error());
+  /* Every process failed the same run alike: the context is in step and usable. */
+  int usable = MM_SUM;
+  mm_round++;
+  CHECK_OK(pmap_run(ctx, mm_fn, &usable));
+  if (RANK == 0 && !test_failures) printf("OK failjob\n");
   pmap_ctx_destroy(ctx);
   return test_exit("test_mpi_fault failjob");
 }
@@ -409,19 +519,21 @@ int main(int argc, char **argv) {
     return 77;
   }
   pmap_ctx_destroy(probe);
-  if (!strcmp(mode, "mismatch"))
+  if (!strcmp(mode, "mismatch")) {
     mode_mismatch(d);
-  else if (!strcmp(mode, "row0"))
+    mode_skew(d);
+    mode_settings(d);
+  } else if (!strcmp(mode, "row0")) {
     mode_row0(d);
-  else if (!strcmp(mode, "verify"))
+  } else if (!strcmp(mode, "verify")) {
     mode_verify(d);
-  else if (!strcmp(mode, "failjob"))
+  } else if (!strcmp(mode, "failjob")) {
     return mode_failjob(d);
-  else if (!strcmp(mode, "leave") || !strcmp(mode, "leaveopen"))
+  } else if (!strcmp(mode, "leave") || !strcmp(mode, "leaveopen")) {
     return mode_leave(d, !strcmp(mode, "leave"));
-  else if (!strcmp(mode, "stop") || !strcmp(mode, "die"))
+  } else if (!strcmp(mode, "stop") || !strcmp(mode, "die")) {
     return mode_after_send(!strcmp(mode, "die"));
-  else {
+  } else {
     fprintf(stderr, "unknown mode %s\n", mode);
     return 2;
   }

@@ -2,7 +2,8 @@
 # test_mpi_fault.sh: the mpi suite's parts about processes that disagree, fail or are late.
 #   agree     test_mpi_fault mismatch, row0 and verify at 2 x 2 and 3 x 1
 #   exit      a process that fails alone ends the job within seconds (context destroyed or
-#             not, or a mapped function that fails on it alone); a process late to start is a timeout at pmap_ctx_create within seconds, and
+#             not); a mapped function that fails on it alone fails every process at once; a
+#             process late to start is a timeout at pmap_ctx_create within seconds, and
 #             the job ends; a process that stops or dies after sending its part is named
 #   toolfail  pmap-train: --timeout and PMAP_TIMEOUT end a stalled job naming the process; an
 #             unwritable --save on process 0 ends the job within seconds; a replica perturbed on
@@ -42,7 +43,7 @@ for part in "$@"; do
     done
     bounded 60 -np 2 "$prog" failjob 2
     grep -q '^OK failjob' "$out" && [ $took -lt 10 ]
-    verdict $? "a mapped function failing on process 1 alone: process 0 hears at once"
+    verdict $? "a mapped function failing on process 1 alone: process 0 hears at once, usable"
     grep '^process 0:' "$out" | cut -c1-300 | sed 's/^/    /'
     # Late at the start (timeout 1.5 s, 4 s late): a timeout, and the job ends.
     for mode in startinit startctx; do
@@ -65,14 +66,14 @@ for part in "$@"; do
     args=(--backend cpu --model mlp --devices 1 --steps 400 --log-every 0)
     # Process 1 stalls at step 5: --timeout 2 (or PMAP_TIMEOUT=2) ends the job naming it.
     bounded 60 -np 1 "$train" "${args[@]}" --timeout 2 : \
-      -np 1 -x PMAP_FAULT=stall:device=0:step=5 "$train" "${args[@]}" --timeout 2
+      -np 1 -x PMAP_FAULT=stall:device=1:step=5 "$train" "${args[@]}" --timeout 2
     rc=$?
     [ $rc -ne 0 ] && [ $took -lt 20 ] && grep -q 'process 1 (host.*did not arrive' "$out" &&
       grep -q 'collective #' "$out"
     verdict $? "pmap-train --timeout 2 names the stalled process"
     grep 'did not arrive' "$out" | head -n 1 | cut -c1-300 | sed 's/^/    /'
     PMAP_TIMEOUT=2 bounded 60 -np 1 -x PMAP_TIMEOUT "$train" "${args[@]}" : \
-      -np 1 -x PMAP_TIMEOUT -x PMAP_FAULT=stall:device=0:step=5 "$train" "${args[@]}"
+      -np 1 -x PMAP_TIMEOUT -x PMAP_FAULT=stall:device=1:step=5 "$train" "${args[@]}"
     rc=$?
     [ $rc -ne 0 ] && [ $took -lt 20 ] && grep -q 'process 1 (host.*did not arrive' "$out"
     verdict $? "PMAP_TIMEOUT=2 names the stalled process"
@@ -84,13 +85,13 @@ for part in "$@"; do
     verdict $? "an unwritable --save on process 0 ends the job"
     # A replica perturbed on process 1: the final check and --verify-every see it.
     bounded 60 -np 1 "$train" "${args[@]}" --steps 20 --json : \
-      -np 1 -x PMAP_FAULT=drift:device=0:step=3 "$train" "${args[@]}" --steps 20 --json
+      -np 1 -x PMAP_FAULT=drift:device=1:step=3 "$train" "${args[@]}" --steps 20 --json
     rc=$?
     [ $rc -ne 0 ] && grep -q '"replicas_identical": false' "$out" &&
       grep -q 'device 1 (process 1, host' "$out"
     verdict $? "the final replica check spans the processes"
     bounded 60 -np 1 "$train" "${args[@]}" --steps 20 --verify-every 1 : \
-      -np 1 -x PMAP_FAULT=drift:device=0:step=3 "$train" "${args[@]}" --steps 20 --verify-every 1
+      -np 1 -x PMAP_FAULT=drift:device=1:step=3 "$train" "${args[@]}" --steps 20 --verify-every 1
     rc=$?
     [ $rc -ne 0 ] && grep -q 'step 3: --verify-every: .*device 1 (process 1, host' "$out"
     verdict $? "--verify-every spans the processes"
