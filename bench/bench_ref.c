@@ -206,14 +206,14 @@ static pmap_status probe_allreduce(pmap_device *dev, bench_probe *p) {
   int d = pmap_local_index(dev); /* per-process arrays */
   const pmap_params *pp = p->params;
   float sink = 0.0f, *g = p->grad[d];
-  size_t rec = params_record_len(pp), at = (size_t)params_global(pp, d);
+  size_t rec = pp->gl.record_len, at = (size_t)params_global(pp, d);
   for (int r = 0; r < p->reps; r++) {
     PMAP_TRY(pmap_barrier(dev));
     double t0 = cli_now();
     if (pp->shard) {
-      PMAP_TRY(backend_reduce_scatter(dev, "probe", g, pp->chunk, PMAP_RED_MEAN));
+      PMAP_TRY(backend_reduce_scatter(dev, "probe", g, pp->gl.chunk, PMAP_RED_MEAN));
       PMAP_TRY(backend_all_gather(dev, "probe", g + at * rec, g, rec));
-      PMAP_TRY(backend_all_gather(dev, "probe", g + at * pp->chunk, g, pp->chunk));
+      PMAP_TRY(backend_all_gather(dev, "probe", g + at * pp->gl.chunk, g, pp->gl.chunk));
     } else {
       PMAP_TRY(pmap_pmean(dev, g, g, p->count));
     }
@@ -263,7 +263,7 @@ int bench_probe_open(pmap_ctx *ctx, const bench_gemm *g, int n, const pmap_param
   int nd = pmap_ctx_num_devices(ctx);
   bench_probe *p = calloc(1, sizeof *p);
   /* The reduction's count, or sharded its padded buffer and the records after it. */
-  size_t count = params->shard ? params->g_len : params->reduced;
+  size_t count = params->shard ? params->gl.len : params->gl.reduced;
   size_t largest = count;
   *out = NULL;
   if (!p) goto oom;

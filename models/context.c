@@ -6,7 +6,7 @@
 
 #include "base/error.h"
 #include "ops/ops.h"
-#include "runtime/backend.h"
+#include "runtime/runtime.h"
 
 pmap_status pmap_ctx_create(const pmap_config *cfg, pmap_ctx **out) {
   if (!out) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_ctx_create: out is NULL");

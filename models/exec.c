@@ -5,7 +5,7 @@
 #include <stdlib.h>
 
 #include "model.h"
-#include "runtime/backend.h"
+#include "runtime/runtime.h"
 #include "base/error.h"
 
 void replica_unplace(replica *r) {
@@ -96,8 +96,8 @@ pmap_status replica_reserve(pmap_device *dev, const pmap_model *m, replica *r, i
   if (model_arena_floats(m, bd, &total) || total > PTRDIFF_MAX / sizeof(float))
     return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY,
                     "device %d: the activations of %lld examples take more than the address space",
-                    dev->index, (long long)bd);
-  pmap_status st = place_arrays(m, r, dev->index);
+                    dev ? pmap_local_index(dev) : 0, (long long)bd);
+  pmap_status st = place_arrays(m, r, dev ? pmap_local_index(dev) : 0);
   void *arena = NULL;
   if (!st) st = backend_alloc(dev, total * sizeof(float), &arena);
   if (st) {

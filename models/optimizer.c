@@ -122,7 +122,8 @@ pmap_status optimizer_apply(const replica *r, const pmap_optimizer *o, const pma
   return r->ops->adam_step(r->q, w, g, state, state + stride, n, h);
 }
 
-pmap_status optimizer_step_range(pmap_params *p, replica *r, size_t lo, size_t len, float scale) {
+pmap_status optimizer_step_range(const pmap_params *p, replica *r, const pmap_step_hyper *h,
+                                 size_t lo, size_t len, float scale) {
   for (int k = 0; k < p->n_spans; k++) {
     size_t a = p->spans[k].off, b = a + p->spans[k].len;
     a = a > lo ? a : lo;
@@ -130,7 +131,7 @@ pmap_status optimizer_step_range(pmap_params *p, replica *r, size_t lo, size_t l
     if (a >= b) continue;
     if (scale != 1.0f) PMAP_TRY(r->ops->scale(r->q, r->g + a, scale, b - a));
     float *state = r->opt ? r->opt + (a - lo) : NULL;
-    PMAP_TRY(optimizer_apply(r, &p->opt, &p->hyper, r->w + a, r->g + a, state, len, b - a));
+    PMAP_TRY(optimizer_apply(r, &p->opt, h, r->w + a, r->g + a, state, len, b - a));
   }
   return PMAP_SUCCESS;
 }

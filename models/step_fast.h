@@ -1,22 +1,22 @@
 /* step_fast.h: the fast paths of pmap_update (models/step_fast.c) over a backend's optional
- * pmap_fast_i: the whole step captured into a graph and replayed, and gradient buckets
+ * fast primitives (runtime/runtime.h): the whole step captured into a graph and replayed, and gradient buckets
  * all-reduced while backward still runs. step.c calls these; nothing here exists on CPU. */
 #ifndef PMAP_MODELS_STEP_FAST_H
 #define PMAP_MODELS_STEP_FAST_H
 
-#include "params.h"
+#include "step.h"
 
 /* A device's gradients of the current call (step.c's device_grads). */
-typedef pmap_status (*step_grads_fn)(pmap_device *dev, pmap_params *p, replica *r);
+typedef pmap_status (*step_grads_fn)(pmap_device *dev, step_call *c, replica *r);
 
 /* On the calling thread before the step's dispatch, after the batch was checked: decides, the
  * same for every device, whether this step runs plainly, eagerly with the fast path's device
- * decisions, captured or replayed. want_loss: the caller asked for the loss (else no device
+ * decisions, captured or replayed (c->want_loss: the caller asked for the loss; else no device
  * waits for the step when the numeric guard is off). */
-void step_fast_prepare(pmap_params *p, int want_loss);
+void step_fast_prepare(step_call *c);
 /* In update_job on every device: runs the step the fast way and sets *handled, or leaves
  * *handled 0 for the plain step. */
-pmap_status step_fast_update(pmap_device *dev, pmap_params *p, replica *r, step_grads_fn grads,
+pmap_status step_fast_update(pmap_device *dev, step_call *c, replica *r, step_grads_fn grads,
                              int *handled);
 /* Frees the captured graphs on every device and the state (p->ctx's lock held). */
 void step_fast_free(pmap_params *p);

@@ -256,7 +256,38 @@ pmap_status backend_barrier(pmap_device *dev, const char *call) {
   return dev->ctx->be->coll->barrier(dev);
 }
 
-const pmap_fast_i *backend_fast(const pmap_ctx *ctx) { return ctx->be->fast; }
+void runtime_fast_modes(const pmap_ctx *ctx, int *graphs, int *overlap, size_t *bucket_bytes) {
+  *graphs = *overlap = 0;
+  *bucket_bytes = 0;
+  if (ctx->be->fast) ctx->be->fast->modes(ctx, graphs, overlap, bucket_bytes);
+}
+
+uint64_t runtime_generation(const pmap_ctx *ctx) {
+  return ctx->be->fast ? ctx->be->fast->generation(ctx) : 0;
+}
+
+pmap_status runtime_capture_begin(pmap_device *dev) {
+  if (!dev->ctx->be->fast)
+    return PMAP_ERR(PMAP_ERR_UNAVAILABLE, "device %d: the %s backend captures no graphs",
+                    dev->index, dev->ctx->be->name);
+  return dev->ctx->be->fast->capture_begin(dev);
+}
+
+void runtime_capture_end(pmap_device *dev, pmap_status body, void **graph, char *why,
+                         size_t whylen) {
+  *graph = NULL;
+  if (dev->ctx->be->fast) dev->ctx->be->fast->capture_end(dev, body, graph, why, whylen);
+}
+
+pmap_status runtime_launch(pmap_device *dev, void *graph) {
+  return dev->ctx->be->fast->launch(dev, graph);
+}
+
+void runtime_graph_free(pmap_device *dev, void *graph) {
+  if (graph && dev->ctx->be->fast) dev->ctx->be->fast->graph_free(dev, graph);
+}
+
+pmap_status backend_bucket_join(pmap_device *dev) { return dev->ctx->be->fast->bucket_join(dev); }
 
 pmap_status backend_bucket_reduce(pmap_device *dev, const char *call, float *buf, size_t count) {
   PMAP_TRY(rendezvous(dev, call, count, (int)PMAP_RED_MEAN));

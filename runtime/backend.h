@@ -1,6 +1,7 @@
 /* backend.h: the interface every backend implements (a table of function pointers, one per
  * backend folder: runtime/cpu, runtime/cuda), and the context and device structs the runtime
- * builds around it. Backends never know about models. */
+ * builds around it: for the runtime and its backends only. Everything above the runtime uses it
+ * through runtime.h's functions. Backends never know about models. */
 #ifndef PMAP_RUNTIME_BACKEND_H
 #define PMAP_RUNTIME_BACKEND_H
 
@@ -8,9 +9,8 @@
 #include <stddef.h>
 
 #include "pmap.h"
+#include "runtime.h"
 #include "sync.h"
-
-typedef enum pmap_redop { PMAP_RED_SUM = 0, PMAP_RED_MEAN = 1, PMAP_RED_MAX = 2 } pmap_redop;
 
 /* Collectives over the devices of one context. Called by every device, in the same order, with
  * the same count (elements). recv == send is in place. Every device gets bitwise the same result.
@@ -187,41 +187,6 @@ void backend_device_fini(pmap_device *dev);
 pmap_status backend_enter(pmap_device *dev, int saved[2]);
 void backend_leave(pmap_device *dev, const int saved[2]);
 
-/* The wrappers over a backend's table (runtime/backend.c): models and the public collectives
- * call these, never dev->ctx->be directly. backend_alloc: device memory (fault hook: alloc);
- * upload may run asynchronously until the next sync or download; download is complete on
- * return; sync waits for the device's queued work (a no-op where the backend has none);
- * backend_stage: a device-readable copy of host input for slot 0 (inputs) or 1 (labels),
- * valid until the next stage of the slot (the host pointer itself where devices read host
- * memory). */
-pmap_status backend_alloc(pmap_device *dev, size_t bytes, void **out);
-void backend_free(pmap_device *dev, void *ptr); /* accepts NULL */
-pmap_status backend_upload(pmap_device *dev, void *dst, const void *src, size_t bytes);
-pmap_status backend_download(pmap_device *dev, void *dst, const void *src, size_t bytes);
-pmap_status backend_sync(pmap_device *dev);
-pmap_status backend_stage(pmap_device *dev, int slot, const void *host, size_t bytes,
-                          const void **out);
-/* The backend's collectives (pmap_coll_i), after a rendezvous that checks every device called
- * the same one (call names it in messages, e.g. "pmap_psum" or "pmap_update's all-reduce"); the
- * argument checks of the public collectives are runtime/coll.c's. */
-pmap_status backend_all_reduce(pmap_device *dev, const char *call, const float *send, float *recv,
-                               size_t count, pmap_redop op);
-pmap_status backend_broadcast(pmap_device *dev, const char *call, const float *send, float *recv,
-                              size_t count, int root);
-pmap_status backend_all_gather(pmap_device *dev, const char *call, const float *send, float *recv,
-                               size_t count);
-pmap_status backend_barrier(pmap_device *dev, const char *call);
-/* pmap_coll_i.reduce_scatter (chunk elements per device), or the all-reduce standing in. */
-pmap_status backend_reduce_scatter(pmap_device *dev, const char *call, float *buf, size_t chunk,
-                                   pmap_redop op);
-
-/* pmap_ctx_create's runtime half: the devices, their workers and the processes (models/context.c
- * binds the ops to them). */
-pmap_status runtime_ctx_create(const pmap_config *cfg, pmap_ctx **out);
-
-/* Runs fn on every device (internal form of pmap_run: errors are left in each device). */
-pmap_status pmap_ctx_dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg);
-
 /* Marks the current job failed on every device and wakes every waiter. */
 void pmap_ctx_abort(pmap_ctx *ctx);
 
@@ -238,19 +203,6 @@ int pmap_barrier_arrive(pmap_device *dev, const pmap_wait_policy *w, _Atomic int
  * timeout: the devices that did not arrive). */
 pmap_status pmap_wait_status(pmap_device *dev, int wait_result, const char *call);
 
-/* The runtime's view of the processes (runtime/procs.c). */
-/* "device 3 (process 1 of 2, host b)" in a distributed context, "device 3" otherwise: how every
- * message names a device (global index), into buf; returns buf. */
-const char *pmap_dev_name(const pmap_device *dev, char *buf, size_t size);
-/* The host name process `proc` of a distributed context reported ("?" when unknown). */
-const char *pmap_proc_host(const pmap_ctx *ctx, int proc);
-/* "process 1 (host b)" into buf; returns buf. */
-const char *pmap_proc_name(const pmap_ctx *ctx, int proc, char *buf, size_t size);
-/* Outside jobs, on the calling thread (the context's lock held): `bytes` bytes of every process,
- * agreed first like a collective (`call` names it in messages); *all (P, bytes) in process
- * order, owned by the context until its next exchange. One process: *all is mine. */
-pmap_status pmap_ctx_exchange(pmap_ctx *ctx, const char *call, const void *mine, size_t bytes,
-                              const void **all);
 /* The wait of a device while local device 0 exchanges with the other processes: longer than the
  * context's timeout, since that exchange is bounded by it and names the process it waits for,
  * which a local "device 0 did not arrive" would hide. */
@@ -266,16 +218,6 @@ pmap_status procs_check_settings(pmap_ctx *ctx);
  * waits in a collective, and a failure of one process, fail every process's pmap_run alike
  * and leave them in step (runtime/dist dist_end_job). Returns the job's verdict. */
 pmap_status procs_end_job(pmap_ctx *ctx, pmap_status st, int own, uint64_t seq0);
-
-/* Takes the context's lock for public call `call`; PMAP_ERR_INVALID_ARGUMENT (lock not taken)
- * when the calling thread is running a mapped function of this context. */
-pmap_status pmap_ctx_lock(pmap_ctx *ctx, const char *call);
-void pmap_ctx_unlock(pmap_ctx *ctx);
-/* Whether the calling thread's work is nested in a job of ctx (then its lock is not to be taken). */
-int pmap_ctx_in_job(const pmap_ctx *ctx);
-/* Whether the calling process is not the one that created ctx (a forked child): then nothing
- * may wait for ctx's lock or threads. */
-int pmap_ctx_foreign(const pmap_ctx *ctx);
 
 /* The step's fast paths (models/step_fast.c), implemented by the CUDA backend
  * (runtime/cuda/cuda_graph.c). Every member is required when the table is there. */
@@ -300,13 +242,5 @@ typedef struct pmap_fast_i {
   pmap_status (*bucket_reduce)(pmap_device *dev, float *buf, size_t count);
   pmap_status (*bucket_join)(pmap_device *dev);
 } pmap_fast_i;
-
-/* Wrappers (runtime/backend.c): backend_fast is the table or NULL; backend_bucket_reduce meets
- * the other devices at the rendezvous first, as every collective does. */
-const pmap_fast_i *backend_fast(const pmap_ctx *ctx);
-pmap_status backend_bucket_reduce(pmap_device *dev, const char *call, float *buf, size_t count);
-/* Meets the other devices on the host only (the rendezvous of a collective without the
- * collective): nothing is queued on the device, so a capture in progress is not disturbed. */
-pmap_status backend_meet(pmap_device *dev, const char *call);
 
 #endif

@@ -529,6 +529,22 @@ pmap_status pmap_ctx_destroy(pmap_ctx *ctx) {
 }
 
 int pmap_ctx_num_devices(const pmap_ctx *ctx) { return ctx ? ctx->n : 0; }
+
+pmap_ctx *runtime_ctx_of(const pmap_device *dev) { return dev->ctx; }
+int runtime_global_devices(const pmap_ctx *ctx) { return ctx->n * ctx->nproc; }
+int runtime_uneven(const pmap_ctx *ctx) { return ctx->uneven; }
+int runtime_guard(const pmap_ctx *ctx) { return ctx->numeric_guard == PMAP_GUARD_ON; }
+int runtime_shard(const pmap_ctx *ctx) { return ctx->shard; }
+int runtime_distributed(const pmap_ctx *ctx) { return ctx->dist != NULL; }
+int64_t runtime_timeout_ns(const pmap_ctx *ctx) { return ctx->wait.timeout_ns; }
+int runtime_aborting(const pmap_ctx *ctx) { return atomic_load(&ctx->abort) != 0; }
+void runtime_params_live(pmap_ctx *ctx, int delta) { atomic_fetch_add(&ctx->live_params, delta); }
+uint64_t runtime_coll_seq(const pmap_ctx *ctx) { return ctx->dev[0].xseq; }
+int runtime_faults(const pmap_ctx *ctx) { return ctx->fault != NULL; }
+
+int runtime_fault(pmap_device *dev, fault_kind kind, int64_t step) {
+  return pmap_fault_fires(dev->ctx->fault, kind, dev->index, step);
+}
 int pmap_ctx_num_processes(const pmap_ctx *ctx) { return ctx ? ctx->nproc : 0; }
 int pmap_ctx_process_index(const pmap_ctx *ctx) { return ctx ? ctx->proc : -1; }
 pmap_backend pmap_ctx_backend(const pmap_ctx *ctx) { return ctx ? ctx->kind : PMAP_BACKEND_CPU; }

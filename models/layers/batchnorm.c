@@ -5,7 +5,7 @@
  * batch's. Scratch: three statistics buffers of 3C + 1 floats (ops bn_stats) and the backward
  * sums (2C). */
 #include "models/model.h"
-#include "runtime/backend.h"
+#include "runtime/runtime.h"
 #include "base/error.h"
 
 #define BATCHNORM_EPS 1e-5f /* flax.linen.BatchNorm's default */

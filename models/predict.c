@@ -1,0 +1,67 @@
+/* predict.c: pmap_predict, the sharded forward pass: each device runs its rows through the model
+ * in inference mode (batch norm's running statistics, dropout the identity) in pieces of at most
+ * the micro-batch size, and writes its outputs at their rows of out. */
+#include <stdio.h>
+
+#include "base/error.h"
+#include "runtime/runtime.h"
+#include "step.h"
+
+typedef struct predict_call {
+  pmap_params *p;
+  const pmap_array *xs;
+  pmap_array *out;
+  int64_t batch;
+} predict_call;
+
+static pmap_status predict_job(pmap_device *dev, void *arg) {
+  const predict_call *c = arg;
+  pmap_params *p = c->p;
+  const pmap_model *m = p->model;
+  int d = pmap_local_index(dev);
+  replica *r = &p->rep[d];
+  int64_t lo = 0, rows = 0;
+  batch_device_rows(c->batch, p->n, d, &lo, &rows);
+  size_t k = (size_t)m->layers[m->n_layers - 1].out_size;
+  int64_t piece = (rows + p->micro_batches - 1) / p->micro_batches;
+  PMAP_TRY(replica_reserve(dev, m, r, piece));
+  r->inference = 1; /* batch norm: running statistics; dropout: the identity */
+  for (int64_t a = 0; a < rows; a += piece) {
+    int64_t len = rows - a < piece ? rows - a : piece;
+    const void *x = NULL;
+    PMAP_TRY(batch_stage(dev, c->xs, lo + a, len, 0, &x));
+    PMAP_TRY(model_forward(dev, m, r, x, len));
+    float *dst = (float *)c->out->data + (size_t)(lo + a) * k;
+    PMAP_TRY(backend_download(dev, dst, r->out[m->n_layers - 1], (size_t)len * k * sizeof(float)));
+  }
+  return PMAP_SUCCESS;
+}
+
+pmap_status pmap_predict(pmap_params *p, const pmap_array *xs, pmap_array *out) {
+  const char *call = "pmap_predict";
+  if (!p || !out || !out->data)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL", call,
+                    !p     ? "params"
+                    : !out ? "out"
+                           : "out->data");
+  if (p->grad_fn)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: params made by pmap_params_create_custom have no forward pass the "
+                    "runtime knows; compute predictions with your own pmap_run",
+                    call);
+  PMAP_TRY(pmap_ctx_lock(p->ctx, call));
+  predict_call c = {p, xs, out, 0};
+  pmap_status st = batch_check(p, xs, NULL, call, &c.batch);
+  if (!st) st = params_mend(p, call);
+  const layer *last = &p->model->layers[p->model->n_layers - 1];
+  char sh[160];
+  if (!st && (out->dtype != PMAP_F32 || out->rank != 1 + last->out_rank ||
+              out->shape[0] != xs->shape[0] || batch_numel_from(out, 1) != last->out_size))
+    st = PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: out must be f32 (%lld, %lld); got %s %s", call,
+                  (long long)xs->shape[0], (long long)last->out_size, batch_dtype_name(out->dtype),
+                  out->rank >= 1 && out->rank <= PMAP_MAX_RANK ? batch_shape_str(out, sh, sizeof sh)
+                                                               : "of a bad rank");
+  if (!st) st = params_dispatch(p, predict_job, &c);
+  pmap_ctx_unlock(p->ctx);
+  return st;
+}
