@@ -164,8 +164,12 @@ void opcase_conv2d_backward(hx *h) {
     a.wd = hx_to_double(h, a.w->init, nw);
     a.rd = hx_to_double(h, a.dy->init, ny);
     a.yd = hx_doubles(h, ny);
-    hx_fd(h, "dw (+=)", conv_loss, &a, (double *)a.wd, nw, a.dw->got, a.dw->init, 1e-3, tol);
-    hx_fd(h, "dx", conv_loss, &a, (double *)a.xd, nx, a.dx->got, NULL, 1e-3, tol);
+    /* Held to the rms of their sums (see case_dense.c's gemm), which may cancel far below. */
+    double dw_scale = sqrt((double)(a.bd * a.s.oh * a.s.ow)) / 3.0;
+    hx_fd_scale(h, "dw (+=)", conv_loss, &a, (double *)a.wd, nw, a.dw->got, a.dw->init, 1e-3, tol,
+                dw_scale);
+    hx_fd_scale(h, "dx", conv_loss, &a, (double *)a.xd, nx, a.dx->got, NULL, 1e-3, tol,
+                a.dx->scale_cpu);
     /* dx NULL (a first layer): dw alone, still accumulated, by the same amount. */
     double *gain = hx_doubles(h, nw);
     for (size_t i = 0; i < nw; i++) gain[i] = (double)a.dw->got[i] - a.dw->init[i];
@@ -175,7 +179,7 @@ void opcase_conv2d_backward(hx *h) {
     b.dw->tol_cpu = h->tol_gemm;
     HX_RUN(h, call_conv_backward, &b, b.x, b.w, b.dy, b.dw, b.col, b.dcol);
     hx_gain_scale(h, "dw (+=) with dx NULL", b.dw->got, b.dw->init, gain, nw, 1e-5,
-                  hx_base_scale(a.dw->init, nw, 1e-5)); /* gain has a.dw's rounding */
+                  fmax(dw_scale, hx_base_scale(a.dw->init, nw, 1e-5))); /* and a.dw's rounding */
   }
 }
 

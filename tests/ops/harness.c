@@ -22,6 +22,9 @@ static const struct hx_case {
 
 /* A failing case prints at most this many failures (all are counted). */
 #define HX_PRINT_MAX 12
+/* Floats of guard before and after every buffer on the device (256 bytes: the alignment of the
+ * buffer itself stays that of the allocation); a write outside the buffer changes them. */
+#define HX_GUARD 64
 
 static void *xalloc(size_t bytes) {
   void *p = calloc(1, bytes ? bytes : 1);
@@ -143,7 +146,16 @@ hx_buf *hx_new(hx *h, hx_role role, size_t n, const char *name) {
   b->got = xalloc(n * sizeof(float));
   b->again = xalloc(n * sizeof(float));
   b->cpu = xalloc(n * sizeof(float));
-  pmap_status st = pmap_device_alloc(h->dev, n ? n : 1, &b->dev);
+  /* A quiet NaN with a payload of the buffer's own: a NaN read from another buffer's guard
+   * and written here still shows. */
+  static uint32_t made;
+  b->guard = 0x7fc00001u | ((++made * 2654435761u) & 0x3ffffeu);
+  float guard[HX_GUARD];
+  for (int i = 0; i < HX_GUARD; i++) memcpy(&guard[i], &b->guard, sizeof guard[i]);
+  pmap_status st = pmap_device_alloc(h->dev, n + 2 * HX_GUARD, &b->base);
+  if (st == PMAP_SUCCESS) st = pmap_device_upload(h->dev, b->base, guard, HX_GUARD);
+  b->dev = b->base ? b->base + HX_GUARD : NULL;
+  if (st == PMAP_SUCCESS) st = pmap_device_upload(h->dev, b->dev + n, guard, HX_GUARD);
   if (st != PMAP_SUCCESS) {
     fprintf(stderr, "test_ops: [%s] %zu floats of device memory: %s\n", h->backend, n,
             pmap_last_error());
@@ -188,7 +200,7 @@ void hx_release(hx *h) {
   while (h->bufs) {
     hx_buf *b = h->bufs;
     h->bufs = b->next;
-    pmap_device_free(h->dev, b->dev);
+    pmap_device_free(h->dev, b->base);
     free(b->init), free(b->got), free(b->again), free(b->cpu), free(b);
   }
   while (h->scratch) {
@@ -346,6 +358,23 @@ static int copy_ok(hx *h, pmap_status st, const char *what, const hx_buf *b) {
   return 0;
 }
 
+/* Every buffer's guards still hold their bits: nothing was written outside a buffer. */
+static int guards_kept(hx *h, hx_buf *const *bufs) {
+  float g[HX_GUARD];
+  for (hx_buf *const *b = bufs; *b; b++)
+    for (int side = 0; side < 2; side++) {
+      hx_buf *x = *b;
+      const float *at = side ? x->dev + x->n : x->base;
+      if (!copy_ok(h, pmap_device_download(h->dev, g, at, HX_GUARD), "download of a guard", x))
+        return 0;
+      int i = 0;
+      while (i < HX_GUARD && memcmp(&g[i], &x->guard, sizeof g[i]) == 0) i++;
+      HX_CHECK(h, i == HX_GUARD, "%s: written %s its %zu elements (%g at %d of the guard)", x->name,
+               side ? "after" : "before", x->n, i < HX_GUARD ? (double)g[i] : 0.0, i);
+    }
+  return 1;
+}
+
 /* One call of fn on the backend from the buffers' starting values; results into got or again. */
 static int run_once(hx *h, hx_call fn, void *arg, hx_buf *const *bufs, int pass) {
   for (hx_buf *const *b = bufs; *b; b++) {
@@ -366,7 +395,7 @@ static int run_once(hx *h, hx_call fn, void *arg, hx_buf *const *bufs, int pass)
     if (x->role == HX_SCRATCH || (x->role == HX_IN && !pass)) continue;
     if (!copy_ok(h, pmap_device_download(h->dev, dst, x->dev, x->n), "download", x)) return 0;
   }
-  return 1;
+  return guards_kept(h, bufs);
 }
 
 void hx_run(hx *h, hx_call fn, void *arg, hx_buf *const *bufs) {

@@ -48,7 +48,9 @@ typedef struct hx_buf {
   float *got;       /* (n) host: the backend's result (HX_OUT, HX_INOUT) after hx_run */
   float *again;     /* (n) host: the second run's, which must equal got bit for bit */
   float *cpu;       /* (n) host: the CPU kernels' result on the same data (another backend) */
-  float *dev;       /* the backend's memory (at least one element) */
+  float *dev;       /* the backend's memory, between two guards that must keep their bits */
+  float *base;      /* what was allocated: (HX_GUARD, n, HX_GUARD) */
+  uint32_t guard;   /* the guards' bits: a NaN of the buffer's own (none an op would make) */
   void *p;          /* during a call: dev on the backend, cpu for the oracle (HX_F, HX_I) */
   double tol_cpu;   /* relative tolerance of got against cpu; 0: the same bits (default 1e-6) */
   double scale_cpu; /* ... relative to at least this scale (see hx_close_scale; default 0) */
