@@ -3,10 +3,10 @@
 # for one H200 with 16 cores and one call of at most 10 minutes. It builds what it runs, then
 # runs a plan of steps ordered by value, each under its own time limit: (a) the build, (b) one
 # device: every CUDA op (the op harness, tests/ops: float64, finite differences and the CPU
-# kernels), every example model against the CPU; (c) 2 logical
-# devices: collectives, training against the CPU, the sharded optimizer, graphs and overlap,
-# the fallbacks; (d) 4 logical devices, shorter; (e) performance: the mlp-1024 step (plain,
-# graph, overlap), the seed model's host time, the all-reduce table; (f) JAX on the same GPU.
+# kernels), every example model against the CPU; (c) 2 logical devices: collectives, training
+# against the CPU, the sharded optimizer, graphs and overlap, the fallbacks; (d) 4 logical
+# devices, shorter; (e) performance: the mlp-1024 step (plain, graph, overlap), the seed model's
+# host time, the all-reduce table; (f) JAX on the same GPU.
 #
 #   bench/gpu-check.sh [OUTDIR] [--nccl DIR] [--dry-run]
 #
