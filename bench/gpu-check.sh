@@ -2,10 +2,11 @@
 # gpu-check.sh: the one-shot check of pmap on a machine with an NVIDIA GPU and no network, sized
 # for one H200 with 16 cores and one call of at most 10 minutes. It builds what it runs, then
 # runs a plan of steps ordered by value, each under its own time limit: (a) the build, (b) one
-# device: every CUDA op against the CPU, every example model against the CPU; (c) 2 logical
-# devices: collectives, training against the CPU, the sharded optimizer, graphs and overlap,
-# the fallbacks; (d) 4 logical devices, shorter; (e) performance: the mlp-1024 step (plain,
-# graph, overlap), the seed model's host time, the all-reduce table; (f) JAX on the same GPU.
+# device: every CUDA op (the op harness, tests/ops: float64, finite differences and the CPU
+# kernels), every example model against the CPU; (c) 2 logical devices: collectives, training
+# against the CPU, the sharded optimizer, graphs and overlap, the fallbacks; (d) 4 logical
+# devices, shorter; (e) performance: the mlp-1024 step (plain, graph, overlap), the seed model's
+# host time, the all-reduce table; (f) JAX on the same GPU.
 #
 #   bench/gpu-check.sh [OUTDIR] [--nccl DIR] [--dry-run]
 #
@@ -338,7 +339,7 @@ BUILD=${GPU_CHECK_BUILD_DIR:-$(mktemp -d /tmp/pmap-gpu-check.XXXXXX)}
 SETUP=("${MESON[@]}" setup "$BUILD" "$SRC" -Dcuda=enabled -Dmpi=disabled -Dbuildtype=release)
 SETUP+=("-Dnccl_root=$NCCL_ROOT") # also when empty: a reused build folder forgets an old one
 [ -f "$BUILD/build.ninja" ] && SETUP+=(--reconfigure)
-TARGETS=(tests/gpu/gpu_probe tests/gpu/test_gpu_ops tests/gpu/test_gpu_coll tests/gpu/test_gpu_pmap
+TARGETS=(tests/gpu/gpu_probe tests/ops/test_ops tests/gpu/test_gpu_coll tests/gpu/test_gpu_pmap
   tests/gpu/test_gpu_fast tests/gpu/test_gpu_fallback bench/pmap-step bench/pmap-allreduce
   bench/pmap-bench)
 CONFIGURED=0 BUILT=0
@@ -388,6 +389,7 @@ opts_known() { # SOURCE ARG...: every -x/--xx argument appears as "-x" in SOURCE
 # The steps on the GPU. Tests run as programs (not through meson test: its start and rebuild
 # check cost seconds per step), with the suite's environment.
 
+OPS_ARGS=(--backend cuda)
 STEP1024=(--backend cuda --model mlp-1024 --devices 1,2 --variants plain,graph,overlap --steps 30
   --warmup 5 --json)
 STEPMLP=(--backend cuda --model mlp --devices 1,4 --variants plain,graph --steps 200 --warmup 10
@@ -402,11 +404,16 @@ BUCKET=0.03125
 if ((DRY)); then
   check options "the options the steps pass are parsed by the programs" bash -c "
     $(declare -f opts_known); SRC='$SRC'
+    opts_known '$SRC/tests/ops/test_ops.c' ${OPS_ARGS[*]} &&
     opts_known '$SRC/bench/pmap-step.c' ${STEP1024[*]} ${STEPMLP[*]} &&
     opts_known '$SRC/bench/pmap-allreduce.c' ${ALLRED[*]} &&
     grep -qF -- '--precision' '$SRC/bench/jax_compare.py'"
   ((BUILT)) && check targets "every program a step runs was built" \
     bash -c 'for t in "${@:2}"; do [ -x "$1/$t" ] || { echo "no $1/$t"; exit 1; }; done' _ "$BUILD" "${TARGETS[@]}"
+  # The op harness takes the step's arguments: it runs (0) or finds no GPU here (77, a skip).
+  ((BUILT)) && check op-harness "the op harness accepts ${OPS_ARGS[*]} (passes, or skips without a GPU)" \
+    bash -c '"$@"; rc=$?; echo "exit status $rc"; [ $rc = 0 ] || [ $rc = 77 ]' _ \
+    "$BUILD/tests/ops/test_ops" "${OPS_ARGS[@]}" --op fill
 fi
 
 WAIT_NOTE=""
@@ -422,7 +429,9 @@ if ((DRY || (BUILT && HAVE_GPU))); then
     NOTES+=("The default waits (blocking-sync CUDA events) hung here: every step after the probe ran with PMAP_CUDA_WAIT=poll.")
   fi
   ((DRY)) || write_environment
-  run_step gpu-ops-1 "${ONE_ENV[@]}" "$T/test_gpu_ops"
+  # The op harness's CUDA half: every op of ops/op_list.h on the GPU (exit 77, a failure here,
+  # where it finds no usable GPU after the probe did).
+  run_step gpu-ops-1 "${ONE_ENV[@]}" "$BUILD/tests/ops/test_ops" "${OPS_ARGS[@]}"
   run_step gpu-pmap-1 "${ONE_ENV[@]}" PMAP_GPU_TEST_DEVICES=1 "$T/test_gpu_pmap"
   # (c) 2 and (d) 4 logical devices (on one GPU where there is one). First the least that
   # proves NCCL with two ranks, with NCCL's report of its configuration (the channel limits as

@@ -1,0 +1,193 @@
+/* harness.h: the op harness (tests/ops), in the spirit of ggml's test-backend-ops: every op of
+ * ops/op_list.h, on every op backend of the build, against a float64 reference, gradients also
+ * against central finite differences of the float64 forward, and on a backend other than the
+ * CPU also against the CPU kernels (the oracle) on the same random data.
+ *
+ * A new op is covered by declaring it in ops/op_list.h and writing its case, one function
+ *   void opcase_<op>(hx *h)
+ * in one of the case files (tests/ops/case_*.c): the table of cases is made from op_list.h, so
+ * an op without a case does not link. A case draws shapes from h's random state (odd sizes, 0
+ * and 1 where the op allows them), makes buffers with fresh random values, runs the op through
+ * hx_run and compares what came back. hx_run checks the write contract on its own: outputs
+ * start as NaN (an element left unwritten shows), inputs must come back bit for bit, the op runs
+ * twice and must give the same bits, and on a non-CPU backend every output must agree with the
+ * CPU kernels'. Parameter gradients (+=) are HX_INOUT buffers that start from random values:
+ * the case compares what they gained. */
+#ifndef PMAP_OPS_HARNESS_H
+#define PMAP_OPS_HARNESS_H
+
+#include <inttypes.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ops/ops.h"
+
+/* Relative tolerances against float64: an fp32 forward, and fp32 gradients against finite
+ * differences of the float64 forward. GEMM-based ops use hx.tol_gemm (TF32 is looser). */
+#define HX_TOL_FWD 1e-5
+#define HX_TOL_GRAD 1e-4
+
+/* What a buffer is to one run of an op. */
+typedef enum hx_role {
+  HX_IN,      /* read: starts from init and must come back with the same bits */
+  HX_OUT,     /* overwritten (=): starts as NaN; every element must be written */
+  HX_INOUT,   /* starts from init (accumulated gradients, optimizer state, in place, a partly
+                 poisoned array); the case compares got */
+  HX_SCRATCH, /* the op's scratch: starts as NaN, never compared */
+} hx_role;
+
+typedef struct hx_buf {
+  const char *name; /* in messages */
+  hx_role role;
+  size_t n;         /* elements (floats, or int32 labels: is_int) */
+  int is_int;       /* int32 elements: init holds them (only HX_IN) */
+  float *init;      /* (n) host: what the run starts from (HX_IN, HX_INOUT: the case fills it) */
+  float *got;       /* (n) host: the backend's result (HX_OUT, HX_INOUT) after hx_run */
+  float *again;     /* (n) host: the second run's, which must equal got bit for bit */
+  float *cpu;       /* (n) host: the CPU kernels' result on the same data (another backend) */
+  float *dev;       /* the backend's memory, between two guards that must keep their bits */
+  float *base;      /* what was allocated: (HX_GUARD, n, HX_GUARD) */
+  uint32_t guard;   /* the guards' bits: a NaN of the buffer's own (none an op would make) */
+  void *p;          /* during a call: dev on the backend, cpu for the oracle (HX_F, HX_I) */
+  double tol_cpu;   /* relative tolerance of got against cpu; 0: the same bits (default 1e-6) */
+  double scale_cpu; /* ... relative to at least this scale (see hx_close_scale; default 0) */
+  int keep_nan;     /* HX_OUT: NaN may come back (a NaN input propagates); the case checks */
+  struct hx_buf *next;
+} hx_buf;
+
+/* The pointer an op gets for b in the current call. */
+#define HX_F(b) ((float *)(b)->p)
+#define HX_I(b) ((const int32_t *)(b)->p)
+
+/* One backend's run of the cases. */
+typedef struct hx {
+  const char *backend; /* "cpu", "cuda" */
+  int oracle;          /* the backend's kernels are the CPU oracle's: no comparison with itself */
+  int large;           /* also the large sizes (a GPU's multi-block and per-channel paths) */
+  int quick;           /* fewer random shapes and finite-difference samples */
+  double tol_gemm;     /* GEMM-based ops against float64 (FP32 sums in another order; TF32) */
+  size_t fd_samples;   /* finite differences at most at this many entries of an array */
+  const pmap_ops *ops; /* the backend's table, run on q of dev */
+  op_queue *q;
+  pmap_device *dev;
+  uint64_t rng;   /* this case's random state: the same shapes on every backend */
+  const char *op; /* the case running */
+  char trial[200];
+  hx_buf *bufs;  /* the case's buffers, freed by hx_release */
+  void *scratch; /* host arrays of the case, freed by hx_release */
+  int checks, failures;
+} hx;
+
+/* Every op's case. */
+#define PMAP_OP(name, args) void opcase_##name(hx *h);
+#include "ops/op_list.h"
+#undef PMAP_OP
+
+/* ---- shapes and random values (h->rng) ---- */
+
+/* Names the shapes of what follows in messages (printf format). */
+void hx_trial(hx *h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+uint64_t hx_u64(hx *h);
+int64_t hx_int(hx *h, int64_t lo, int64_t hi); /* uniform in [lo, hi] */
+float hx_uniform(hx *h, float lo, float hi);   /* uniform in [lo, hi) */
+/* How many random shapes a case draws where it would draw `full`: fewer with --quick. */
+int hx_rounds(const hx *h, int full);
+/* x (n) uniform in [lo, hi); fill_away: magnitudes in [lo, hi) with random signs (off zero and
+ * off the kinks of relu-like functions). */
+void hx_fill(hx *h, float *x, size_t n, float lo, float hi);
+/* The element counts of an element-wise case, trial i < hx_vec_trials: 0, 1, 7, 1000, on a
+ * large backend 100003 (many blocks), then random odd ones. */
+int hx_vec_trials(hx *h);
+size_t hx_vec_size(hx *h, int i);
+void hx_fill_away(hx *h, float *x, size_t n, float lo, float hi);
+
+/* ---- buffers (freed by hx_release) ---- */
+
+hx_buf *hx_new(hx *h, hx_role role, size_t n, const char *name);      /* init zeroed: fill it */
+hx_buf *hx_in(hx *h, size_t n, float lo, float hi, const char *name); /* uniform */
+hx_buf *hx_in_away(hx *h, size_t n, float lo, float hi, const char *name); /* off zero */
+hx_buf *hx_out(hx *h, size_t n, const char *name);
+hx_buf *hx_inout(hx *h, size_t n, float lo, float hi, const char *name); /* uniform start */
+hx_buf *hx_scratch(hx *h, size_t n, const char *name);
+hx_buf *hx_labels(hx *h, size_t rows, int64_t k, const char *name); /* in [0, k) */
+/* Host arrays of the case, zeroed. */
+double *hx_doubles(hx *h, size_t n);
+float *hx_floats(hx *h, size_t n);
+double *hx_to_double(hx *h, const float *x, size_t n);
+/* Frees every buffer and host array of the case. */
+void hx_release(hx *h);
+
+/* ---- running an op ---- */
+
+/* One call of the ops under test: o and q are the backend's, or the CPU table and NULL for the
+ * oracle; buffers are reached through HX_F / HX_I. */
+typedef pmap_status (*hx_call)(const pmap_ops *o, op_queue *q, void *arg);
+/* Runs fn on the backend with the buffers (NULL-terminated list) as their roles say, twice
+ * (same bits), checks inputs unchanged and outputs written, then on another backend runs it on
+ * the CPU kernels and compares every output with the buffer's tol_cpu. */
+void hx_run(hx *h, hx_call fn, void *arg, hx_buf *const *bufs);
+#define HX_RUN(h, fn, arg, ...) hx_run((h), (fn), (arg), (hx_buf *const[]){__VA_ARGS__, NULL})
+/* Inside an hx_call: returns a failing op's status. */
+#define HX_TRY(call)                                 \
+  do {                                               \
+    pmap_status hx_try_s_ = (call);                  \
+    if (hx_try_s_ != PMAP_SUCCESS) return hx_try_s_; \
+  } while (0)
+
+/* ---- checks (each counts one check; a failure names the backend, the case and the trial) ---- */
+
+/* Relative error ||got - want|| / ||want|| <= tol, after a separate check that got is finite
+ * exactly where want is (NaN for NaN, the same infinity); a failure prints the first element
+ * off by more than tol (relative to max(|want[i]|, rms(want))) and the worst, both values. */
+int hx_close(hx *h, const char *what, const float *got, const double *want, size_t n, double tol);
+int hx_close_f(hx *h, const char *what, const float *got, const float *want, size_t n, double tol);
+/* got[i] - base[i] (the gain of an accumulated buffer) against want, relative to at least a
+ * few ulps of base (what rounding base + gain can keep of a gain far smaller than base). */
+int hx_gain(hx *h, const char *what, const float *got, const float *base, const double *want,
+            size_t n, double tol);
+/* The same relative to max(||want||, scale sqrt(n)): values that cancel to far below their
+ * terms' scale (an optimizer's weights and steps) are held to the accuracy of that scale. */
+int hx_close_scale(hx *h, const char *what, const float *got, const double *want, size_t n,
+                   double tol, double scale);
+int hx_gain_scale(hx *h, const char *what, const float *got, const float *base, const double *want,
+                  size_t n, double tol, double scale);
+/* The scale of a few ulps of base (n) at tolerance tol: what hx_gain holds a gain to at least
+ * (a gain taken from another accumulated buffer carries that one's rounding too). */
+double hx_base_scale(const float *base, size_t n, double tol);
+/* The same bits (NaN payloads aside). */
+int hx_same(hx *h, const char *what, const float *got, const float *want, size_t n);
+void hx_check(hx *h, int ok, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+#define HX_CHECK(h, cond, ...) hx_check((h), (cond) ? 1 : 0, __VA_ARGS__)
+
+/* A scalar loss of the double arrays in ctx, evaluated after element i of the array being
+ * differentiated moved: it may leave out every term that does not depend on that element. */
+typedef double (*hx_loss)(const void *ctx, size_t i);
+/* Central differences (f(x + step e_i) - f(x - step e_i)) / 2 step at every entry of x (at
+ * h->fd_samples random entries of a larger x) against the op's gradient: got, or got - base
+ * where base is not NULL (an accumulated gradient and what it started from; as hx_gain). */
+void hx_fd(hx *h, const char *what, hx_loss f, const void *ctx, double *x, size_t n,
+           const float *got, const float *base, double step, double tol);
+/* The same relative to max(||fd||, scale sqrt(n)) (see hx_close_scale). */
+void hx_fd_scale(hx *h, const char *what, hx_loss f, const void *ctx, double *x, size_t n,
+                 const float *got, const float *base, double step, double tol, double scale);
+
+/* ---- running the cases (harness.c) ---- */
+
+typedef struct hx_opts {
+  const char *only; /* comma-separated ops to run; NULL: all */
+  uint64_t seed;
+  int quick, verbose;
+  int as_device; /* the CPU run as another backend is: large sizes, compared with the oracle */
+} hx_opts;
+
+/* Runs the cases on backend `name` ("cpu", "cuda"): 1 every check passed, 0 some failed, -1 not
+ * run (the backend is not built or has no usable device here; says why on stdout). *checks and
+ * *failures (may be NULL) add this backend's counts. */
+int hx_backend_run(const char *name, const hx_opts *o, int *checks, int *failures);
+/* Whether `only` names ops of op_list.h alone (says which it does not). */
+int hx_only_valid(const char *only);
+
+#endif

@@ -1,0 +1,28 @@
+/* test_gemm.c: unit test of the CPU GEMM providers: every provider of the build, forced in turn,
+ * runs the op harness's GEMM-based cases on the CPU (gemm with every transpose, alpha, beta and
+ * padding, k == 0, as a dense layer against finite differences; conv2d forward and backward)
+ * against their float64 references; forcing a provider that is not built is refused. Which
+ * provider a process picks (PMAP_GEMM, the measured choice and its cache) is
+ * tests/test_gemm_choice.c's. */
+#include "ops/cpu/gemm.h"
+#include "ops/harness.h"
+#include "testutil.h"
+
+int main(void) {
+  int n = 0;
+  const cpu_gemm_provider *list = cpu_gemm_list(&n);
+  hx_opts o = {.only = "gemm,conv2d_forward,conv2d_backward", .seed = 7};
+  for (int i = 0; i < n; i++) {
+    CHECK_OK(cpu_gemm_force(list[i].name));
+    CHECK(strcmp(pmap_gemm_provider(), list[i].name) == 0, "forcing %s: %s in use", list[i].name,
+          pmap_gemm_provider());
+    int checks = 0, failures = 0;
+    int r = hx_backend_run("cpu", &o, &checks, &failures);
+    CHECK(r == 1 && checks > 1000, "gemm provider %s: %d of %d checks failed", list[i].name,
+          failures, checks);
+    printf("gemm provider %s: %s\n", list[i].name, r == 1 ? "ok" : "FAILED");
+  }
+  CHECK_FAILS(cpu_gemm_force("bogus"), PMAP_ERR_INVALID_ARGUMENT, "bogus");
+  CHECK(n >= 1, "no CPU GEMM provider listed");
+  return test_exit("gemm");
+}
