@@ -5,7 +5,9 @@
  *   auto             PMAP_BACKEND_AUTO gives a CPU context and leaves pmap_last_error() alone;
  *   cuda NEEDLE...   a CUDA context is refused with PMAP_ERR_UNAVAILABLE and every NEEDLE in
  *                    the message;
- *   mpi NEEDLE...    the same for a context across processes (dist PMAP_DIST_MPI).
+ *   mpi NEEDLE...    the same for a context across processes (dist PMAP_DIST_MPI);
+ *   launched NEEDLE...  the same for a CPU context with dist PMAP_DIST_AUTO (the test sets a
+ *                    launcher's variables).
  * Exits non-zero on any mismatch. */
 #include <stdio.h>
 #include <string.h>
@@ -69,7 +71,7 @@ static void refused(pmap_config cfg, int argc, char **argv) {
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: plugin_probe cpu|auto|cuda|mpi [ARG...]\n");
+    fprintf(stderr, "usage: plugin_probe cpu|auto|cuda|mpi|launched [ARG...]\n");
     return 2;
   }
   const char *mode = argv[1];
@@ -82,6 +84,8 @@ int main(int argc, char **argv) {
   } else if (!strcmp(mode, "mpi")) {
     refused((pmap_config){.backend = PMAP_BACKEND_CPU, .num_devices = 1, .dist = PMAP_DIST_MPI},
             argc - 2, argv + 2);
+  } else if (!strcmp(mode, "launched")) {
+    refused((pmap_config){.backend = PMAP_BACKEND_CPU, .num_devices = 1}, argc - 2, argv + 2);
   } else {
     fprintf(stderr, "plugin_probe: unknown mode %s\n", mode);
     return 2;

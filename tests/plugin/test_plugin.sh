@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # test_plugin.sh: libpmap.so without its plugins. It needs none of CUDA, cuBLAS, NCCL or MPI to
 # load (its NEEDED entries), and with the plugins hidden, broken, foreign or empty a CPU program
-# runs with none of them in the process, AUTO falls back to the CPU, and a CUDA context is refused
-# naming the plugin file and the loader's reason.
-# Usage: test_plugin.sh BUILD_ROOT PROBE CUDA_BUILT FOREIGN_PLUGIN EMPTY_PLUGIN INSTALL_LIBDIR
+# runs with none of them in the process, AUTO falls back to the CPU, and a CUDA context or one
+# across processes is refused naming the plugin file and the loader's reason.
+# Usage: test_plugin.sh BUILD_ROOT PROBE CUDA_BUILT MPI_BUILT FOREIGN_PLUGIN EMPTY_PLUGIN
+#        INSTALL_LIBDIR
 set -u
-root=${1:?usage: test_plugin.sh BUILD_ROOT PROBE CUDA_BUILT FOREIGN_PLUGIN EMPTY_PLUGIN INSTALL_LIBDIR}
-probe=$2 cuda=$3 foreign=$4 empty=$5 libdir=$6
+root=${1:?usage: test_plugin.sh BUILD_ROOT PROBE CUDA_BUILT MPI_BUILT FOREIGN EMPTY LIBDIR}
+probe=$2 cuda=$3 mpi=$4 foreign=$5 empty=$6 libdir=$7
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fails=0
@@ -24,11 +25,11 @@ run() {
     echo "ok: $name: $(tail -n 2 "$tmp/out" | tr '\n' ' ')"
   fi
 }
-heavy=(libcudart libcublas libnccl libcuda.so)
+heavy=(libcudart libcublas libnccl libcuda.so libmpi libopen-pal)
 
 # 1. What the loader needs for libpmap.so itself.
 needed=$(readelf -d "$root/libpmap.so" | grep NEEDED)
-if printf '%s\n' "$needed" | grep -E "cuda|cublas|nccl"; then
+if printf '%s\n' "$needed" | grep -E "cuda|cublas|nccl|mpi|open-pal|open-rte"; then
   bad "libpmap.so needs CUDA, NCCL or MPI to load: $needed"
 else
   echo "ok: libpmap.so NEEDED: $(printf '%s' "$needed" | grep -o '\[.*\]' | tr '\n' ' ')"
@@ -61,8 +62,20 @@ else
   run "cuda in a build without it" "${alone[@]}" -- cuda "this build has no cuda backend"
 fi
 
+if [ "$mpi" = 1 ]; then
+  run "mpi with libpmap.so alone" "${alone[@]}" PMAP_PLUGIN_DIR="$tmp/none" -- mpi \
+    "pmap_ctx_create: dist mpi needs the plugin libpmap-mpi.so" "$tmp/none/libpmap-mpi.so" \
+    "No such file or directory"
+  run "an MPI launch with libpmap.so alone" "${alone[@]}" PMAP_PLUGIN_DIR="$tmp/none" \
+    OMPI_COMM_WORLD_SIZE=2 -- launched "across the 2 processes an MPI launcher started" \
+    "OMPI_COMM_WORLD_SIZE" "PMAP_DIST=none" "needs the plugin libpmap-mpi.so"
+else
+  run "mpi in a build without it" "${alone[@]}" -- mpi "this build has no MPI"
+fi
+
 # 4. Broken plugins: not a shared object, from another build, without an entry point.
 echo "not a shared object" >"$tmp/broken/libpmap-cuda.so"
+echo "not a shared object" >"$tmp/broken/libpmap-mpi.so"
 cp "$foreign" "$tmp/foreign/libpmap-cuda.so"
 cp "$empty" "$tmp/empty/libpmap-cuda.so"
 for kind in broken foreign empty; do
@@ -78,12 +91,23 @@ if [ "$cuda" = 1 ]; then
     "needs the plugin libpmap-cuda.so" "built for another libpmap" "0123456789abcdef"
   run "cuda, plugin without entry point" PMAP_PLUGIN_DIR="$tmp/empty" -- cuda \
     "needs the plugin libpmap-cuda.so" "has no pmap_cuda_backend_entry" "undefined symbol"
-  # The plugin of the build exports its two entry points and nothing else.
+  # The plugins of the build export their entry points and nothing else.
   exports=$(nm -D --defined-only "$root/libpmap-cuda.so" | awk '{print $3}' | sort | tr '\n' ' ')
   if [ "$exports" != "pmap_cuda_backend_entry pmap_cuda_ops_entry " ]; then
     bad "libpmap-cuda.so exports: $exports"
   else
     echo "ok: libpmap-cuda.so exports $exports"
+  fi
+fi
+if [ "$mpi" = 1 ]; then
+  run "mpi, broken plugin" PMAP_PLUGIN_DIR="$tmp/broken" -- mpi \
+    "pmap_ctx_create: dist mpi needs the plugin libpmap-mpi.so" "$tmp/broken/libpmap-mpi.so" \
+    "does not load" "file too short"
+  exports=$(nm -D --defined-only "$root/libpmap-mpi.so" | awk '{print $3}' | sort | tr '\n' ' ')
+  if [ "$exports" != "pmap_mpi_dist_entry " ]; then
+    bad "libpmap-mpi.so exports: $exports"
+  else
+    echo "ok: libpmap-mpi.so exports $exports"
   fi
 fi
 
