@@ -1,6 +1,7 @@
 /* backend.h: the interface every backend implements (a table of function pointers, one per
- * backend folder: runtime/cpu, runtime/cuda), and the context and device structs the runtime
- * builds around it. Backends never know about models. */
+ * backend folder: runtime/cpu, runtime/cuda), the context and device structs the runtime builds
+ * around it, and for a backend in a plugin (runtime/cuda: libpmap-cuda.so, base/plugin.h) what
+ * its entry point receives and gives. Backends never know about models. */
 #ifndef PMAP_RUNTIME_BACKEND_H
 #define PMAP_RUNTIME_BACKEND_H
 
