@@ -53,10 +53,15 @@ pmap_status pmap_set_error(pmap_status status, const char *fmt, ...) {
   return status;
 }
 
+pmap_status pmap_error_setv(pmap_status s, const char *fmt, va_list ap) {
+  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  return s;
+}
+
 pmap_status pmap_error_set(pmap_status s, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  pmap_error_setv(s, fmt, ap);
   va_end(ap);
   return s;
 }

@@ -4,6 +4,8 @@
 #ifndef PMAP_BASE_ERROR_H
 #define PMAP_BASE_ERROR_H
 
+#include <stdarg.h>
+
 #include "pmap.h"
 
 #ifdef __cplusplus
@@ -18,6 +20,8 @@ extern "C" {
 
 /* Records status s with a printf-style message on this thread; returns s. */
 pmap_status pmap_error_set(pmap_status s, const char *fmt, ...) PMAP_PRINTF(2, 3);
+/* pmap_error_set over a va_list (for the plugins' forwarders, base/plugin.h). */
+pmap_status pmap_error_setv(pmap_status s, const char *fmt, va_list ap) PMAP_PRINTF(2, 0);
 /* Appends " -> at file:line (func)" to this thread's message; returns s. */
 pmap_status pmap_error_trail(pmap_status s, const char *file, int line, const char *func);
 /* Clears this thread's message. */

@@ -10,6 +10,19 @@
 #include "cli.h"
 #include "pmap.h"
 
+/* pmap-bench's options (bench_args.c). */
+#define BENCH_ALL_MODELS "linear,mlp,convnet,mlp-1024,cifar-cnn,res-mlp,cifar-bn,tanh-custom"
+typedef struct bench_opts {
+  const char *models, *backend, *csv, *dump;
+  int64_t devs[CLI_MAX_LIST], batch, weak_batch, steps, warmup, rounds;
+  int ndev, json, ref, modes[2], guard, shard, compare;
+  uint64_t seed;
+  double timeout_s; /* pmap_config.timeout_s (0: the library's default) */
+} bench_opts;
+/* Reads argv into *o (defaults first) with pmap-bench's option table: 0; 1 after printing the
+ * help for --help; -1 after printing why (tools/cli.h). */
+int bench_parse(int argc, char **argv, bench_opts *o);
+
 /* Median and spread of a set of times, in milliseconds. */
 typedef struct bench_stats {
   double med, p10, p90, mean;

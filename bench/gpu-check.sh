@@ -339,9 +339,11 @@ BUILD=${GPU_CHECK_BUILD_DIR:-$(mktemp -d /tmp/pmap-gpu-check.XXXXXX)}
 SETUP=("${MESON[@]}" setup "$BUILD" "$SRC" -Dcuda=enabled -Dmpi=disabled -Dbuildtype=release)
 SETUP+=("-Dnccl_root=$NCCL_ROOT") # also when empty: a reused build folder forgets an old one
 [ -f "$BUILD/build.ninja" ] && SETUP+=(--reconfigure)
-TARGETS=(tests/gpu/gpu_probe tests/ops/test_ops tests/gpu/test_gpu_coll tests/gpu/test_gpu_pmap
-  tests/gpu/test_gpu_fast tests/gpu/test_gpu_fallback bench/pmap-step bench/pmap-allreduce
-  bench/pmap-bench)
+TARGETS=(libpmap-cuda.so tests/gpu/gpu_probe tests/ops/test_ops tests/gpu/test_gpu_coll
+  tests/gpu/test_gpu_pmap tests/gpu/test_gpu_fast tests/gpu/test_gpu_fallback bench/pmap-step
+  bench/pmap-allreduce bench/pmap-bench)
+# The CUDA plugin of this build, for the programs linked with the static library.
+export PMAP_PLUGIN_DIR=$BUILD
 CONFIGURED=0 BUILT=0
 if [ ${#MESON[@]} -eq 0 ] || [ -z "$NVCC" ]; then
   record configure fail 0 "missing tools: nvcc '${NVCC:-}', meson '${MESON_VERSION:-}'"
@@ -368,13 +370,13 @@ elif ((HAVE_GPU)); then
 fi
 T=$BUILD/tests/gpu B=$BUILD/bench
 
-nccl_loaded() { # the built library loads the chosen NCCL by its own run path
+nccl_loaded() { # the built CUDA plugin loads the chosen NCCL by its own run path
   local lib
-  lib=$(env -u LD_LIBRARY_PATH ldd "$BUILD/libpmap.so" | awk '/libnccl/ {print $3; exit}')
-  echo "libpmap.so loads $lib; chosen: $NCCL_LIB"
+  lib=$(env -u LD_LIBRARY_PATH ldd "$BUILD/libpmap-cuda.so" | awk '/libnccl/ {print $3; exit}')
+  echo "libpmap-cuda.so loads $lib; chosen: $NCCL_LIB"
   [ -n "$lib" ] && [ "$(readlink -f "$lib")" = "$(readlink -f "$NCCL_LIB")" ]
 }
-((BUILT)) && check nccl-loaded "libpmap.so loads $NCCL_LIB by its run path" nccl_loaded
+((BUILT)) && check nccl-loaded "libpmap-cuda.so loads $NCCL_LIB by its run path" nccl_loaded
 opts_known() { # SOURCE ARG...: every -x/--xx argument appears as "-x" in SOURCE (or cli.c)
   local src=$1 a
   shift

@@ -16,49 +16,6 @@ static const char *prog = "pmap-allreduce";
 typedef enum redop { OP_SUM, OP_MEAN, OP_MAX, OP_COUNT } redop;
 static const char *const op_name[OP_COUNT] = {"sum", "mean", "max"};
 
-static void usage(FILE *f) {
-  fprintf(f,
-          "usage: pmap-allreduce [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-d DEVICES[,...]]\n"
-          "                      [-n ITERS] [-w WARMUP] [-o sum|mean|max|all] [-c 0|1]\n"
-          "                      [--backend auto|cpu|cuda] [--copy-bytes BYTES] [--csv FILE]\n"
-          "                      [--json]\n"
-          "  -b, -e, -f   sizes in bytes from MINBYTES to MAXBYTES, times FACTOR each step\n"
-          "               (default 8, 128M, 2; K, M and G suffixes are powers of 1024)\n"
-          "  -d           device counts (default 2), one table each\n"
-          "  -n, -w       timed and warm-up iterations per size (default 20, 5)\n"
-          "  -o           reduction: pmap_psum, pmap_pmean, pmap_pmax, or all three (default sum)\n"
-          "  -c           check every value of a separate run against the exact result\n"
-          "               (default 1)\n"
-          "  --copy-bytes single-thread memcpy measured for scale (default 16M)\n"
-          "time is the median per call in microseconds; algbw = bytes / time; busbw = algbw *\n"
-          "2(n-1)/n, the bandwidth each device's link needs in a ring. Exit status 1 on any\n"
-          "wrong value.\n");
-}
-
-/* Bytes with an optional K, M or G suffix (powers of 1024). */
-static int parse_bytes(const char *opt, const char *s, int64_t *out) {
-  char *end = NULL;
-  double v = strtod(s, &end);
-  double mult = 1.0;
-  if (end && *end && !end[1]) {
-    if (*end == 'K' || *end == 'k')
-      mult = 1024.0;
-    else if (*end == 'M' || *end == 'm')
-      mult = 1048576.0;
-    else if (*end == 'G' || *end == 'g')
-      mult = 1073741824.0;
-    else
-      end = NULL;
-    if (end) end++;
-  }
-  if (!end || end == s || *end || !(v >= 4.0 / mult) || v * mult > 4294967296.0) {
-    fprintf(stderr, "%s: %s \"%s\" is not a size in bytes from 4 to 4G\n", prog, opt, s);
-    return -1;
-  }
-  *out = (int64_t)(v * mult);
-  return 0;
-}
-
 /* Device d's input: small integers, so that every sum over up to 64 devices is exact. */
 static float pattern(int d, size_t i) {
   return (float)((int)((i * 37u + (size_t)d * 101u) % 61u) - 30);
@@ -196,57 +153,103 @@ typedef struct opts {
   const char *backend, *csv;
 } opts;
 
+/* The options (tools/cli.h), read into *o after its defaults: 0, 1 after --help, -1 on an
+ * error (printed). */
 static int parse(int argc, char **argv, opts *o) {
-  static const char *const flags[] = {"--json", NULL};
-  static const char *const value_opts[] = {"-b", "-e", "-f",        "-d",           "-n",    "-w",
-                                           "-o", "-c", "--backend", "--copy-bytes", "--csv", NULL};
-  *o = (opts){8, 128 << 20, 2, 20, 5, 1, 16 << 20, {2}, 1, 0, {1, 0, 0}, "auto", NULL};
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v = NULL;
-    int kind = cli_next(prog, argc, argv, &i, flags, value_opts, &v);
-    if (kind == CLI_ERROR) return -1;
-    if (kind == CLI_HELP) {
-      usage(stdout);
-      exit(0);
-    }
-    if (!strcmp(a, "--json")) {
-      o->json = 1;
-    } else if (!strcmp(a, "-b")) {
-      if (parse_bytes(a, v, &o->minb)) return -1;
-    } else if (!strcmp(a, "-e")) {
-      if (parse_bytes(a, v, &o->maxb)) return -1;
-    } else if (!strcmp(a, "--copy-bytes")) {
-      if (parse_bytes(a, v, &o->copy_bytes)) return -1;
-    } else if (!strcmp(a, "-f")) {
-      if (cli_int(prog, a, v, 2, 1024, &o->factor)) return -1;
-    } else if (!strcmp(a, "-d")) {
-      if (cli_int_list(prog, a, v, 1, PMAP_MAX_DEVICES, o->devs, &o->ndev)) return -1;
-    } else if (!strcmp(a, "-n")) {
-      if (cli_int(prog, a, v, 1, 100000, &o->iters)) return -1;
-    } else if (!strcmp(a, "-w")) {
-      if (cli_int(prog, a, v, 0, 100000, &o->warmup)) return -1;
-    } else if (!strcmp(a, "-c")) {
-      if (cli_int(prog, a, v, 0, 1, &o->check)) return -1;
-    } else if (!strcmp(a, "-o")) {
-      int all = !strcmp(v, "all"), found = all;
-      for (int k = 0; k < OP_COUNT; k++) {
-        o->ops[k] = all || !strcmp(v, op_name[k]);
-        found |= o->ops[k];
-      }
-      if (!found) {
-        fprintf(stderr, "%s: -o \"%s\" is not sum, mean, max or all\n", prog, v);
-        return -1;
-      }
-    } else if (!strcmp(a, "--backend")) {
-      o->backend = v;
-    } else if (!strcmp(a, "--csv")) {
-      o->csv = v;
-    }
-  }
-  if (o->maxb < o->minb) {
-    fprintf(stderr, "%s: -e %lld is below -b %lld\n", prog, (long long)o->maxb, (long long)o->minb);
-    return -1;
-  }
+  static const char *const ops[] = {"sum", "mean", "max", "all", NULL};
+  int op = OP_SUM;
+  *o = (opts){8, 128 << 20, 2, 20, 5, 1, 16 << 20, {2}, 1, 0, {0, 0, 0}, "auto", NULL};
+  const int64_t four_g = INT64_C(1) << 32;
+  const cli_option table[] = {
+      {.name = "-b",
+       .kind = CLI_BYTES,
+       .dest = &o->minb,
+       .lo = 4,
+       .hi = four_g,
+       .arg = "MINBYTES",
+       .help = "the smallest size (default 8; K, M and G suffixes are powers of 1024)"},
+      {.name = "-e",
+       .kind = CLI_BYTES,
+       .dest = &o->maxb,
+       .lo = 4,
+       .hi = four_g,
+       .arg = "MAXBYTES",
+       .help = "the largest size (default 128M)"},
+      {.name = "-f",
+       .kind = CLI_INT,
+       .dest = &o->factor,
+       .lo = 2,
+       .hi = 1024,
+       .arg = "FACTOR",
+       .help = "sizes from MINBYTES to MAXBYTES, times FACTOR each step (default 2)"},
+      {.name = "-d",
+       .kind = CLI_LIST,
+       .dest = o->devs,
+       .count = &o->ndev,
+       .lo = 1,
+       .hi = PMAP_MAX_DEVICES,
+       .arg = "DEVICES[,...]",
+       .help = "device counts (default 2), one table each"},
+      {.name = "-n",
+       .kind = CLI_INT,
+       .dest = &o->iters,
+       .lo = 1,
+       .hi = 100000,
+       .arg = "ITERS",
+       .help = "timed iterations per size (default 20)"},
+      {.name = "-w",
+       .kind = CLI_INT,
+       .dest = &o->warmup,
+       .lo = 0,
+       .hi = 100000,
+       .arg = "WARMUP",
+       .help = "warm-up iterations per size (default 5)"},
+      {.name = "-o",
+       .kind = CLI_CHOICE,
+       .dest = &op,
+       .choices = ops,
+       .help = "reduction: pmap_psum, pmap_pmean, pmap_pmax, or all three (default sum)"},
+      {.name = "-c",
+       .kind = CLI_INT,
+       .dest = &o->check,
+       .lo = 0,
+       .hi = 1,
+       .arg = "0|1",
+       .help = "check every value of a separate run against the exact result (default 1)"},
+      {.name = "--backend",
+       .kind = CLI_STRING,
+       .dest = &o->backend,
+       .arg = "auto|cpu|cuda",
+       .help = "the backend (default auto)"},
+      {.name = "--copy-bytes",
+       .kind = CLI_BYTES,
+       .dest = &o->copy_bytes,
+       .lo = 4,
+       .hi = four_g,
+       .arg = "BYTES",
+       .help = "single-thread memcpy measured for scale (default 16M)"},
+      {.name = "--csv",
+       .kind = CLI_STRING,
+       .dest = &o->csv,
+       .arg = "FILE",
+       .help = "also write the rows as CSV"},
+      {.name = "--json",
+       .kind = CLI_FLAG,
+       .dest = &o->json,
+       .flag = 1,
+       .help = "end with one line of JSON"},
+  };
+  const cli_spec spec = {
+      prog, table, (int)(sizeof table / sizeof table[0]),
+      "All-reduce bandwidth of pmap's collectives in the layout of nccl-tests' all_reduce_perf.",
+      "time is the median per call in microseconds; algbw = bytes / time; busbw = algbw * "
+      "2(n-1)/n, the bandwidth each device's link needs in a ring. Exit status 1 on any wrong "
+      "value."};
+  int r = cli_parse(&spec, argc, argv);
+  if (r) return r;
+  for (int k = 0; k < OP_COUNT; k++) o->ops[k] = op == OP_COUNT || op == k;
+  if (o->maxb < o->minb)
+    return cli_error(prog, "-e %lld is below -b %lld", (long long)o->maxb, (long long)o->minb);
   return 0;
 }
 
@@ -376,7 +379,8 @@ out:
 int main(int argc, char **argv) {
   opts o;
   pmap_backend backend;
-  if (parse(argc, argv, &o)) return 1;
+  int parsed = parse(argc, argv, &o);
+  if (parsed) return parsed < 0;
   if (pmap_backend_parse(o.backend, &backend)) {
     fprintf(stderr, "%s: --backend: %s\n", prog, pmap_last_error());
     return 1;

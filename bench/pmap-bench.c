@@ -14,60 +14,13 @@
 
 static const char *prog = "pmap-bench";
 
-#define ALL_MODELS "linear,mlp,convnet,mlp-1024,cifar-cnn,res-mlp,cifar-bn,tanh-custom"
 /* Difference allowed between final losses that differ only in summation order (see rel_diff). */
 #define LOSS_TOL 1e-3
-
-static void usage(FILE *f) {
-  fprintf(f,
-          "usage: pmap-bench [--model NAME[,NAME...]|all] [--devices 1,2,4] [--batch B]\n"
-          "                  [--weak-batch BD] [--scaling strong|weak|both] [--steps S]\n"
-          "                  [--warmup W] [--rounds R] [--backend auto|cpu|cuda] [--seed K]\n"
-          "                  [--no-ref] [--no-numeric-guard] [--shard-optimizer]\n"
-          "                  [--no-shard-optimizer] [--compare-shard] [--csv FILE]\n"
-          "                  [--dump DIR] [--timeout S] [--json]\n"
-          "  --model      example models, comma-separated; all: " ALL_MODELS
-          "\n"
-          "               (default mlp-1024)\n"
-          "  --devices    device counts; speedup and efficiency are against the first\n"
-          "  --batch      strong scaling: the global batch (default: each model's)\n"
-          "  --weak-batch weak scaling: the batch per device (default: batch / first count)\n"
-          "  --scaling    which tables (default both)\n"
-          "  --steps      timed steps per count (default 20 for mlp-1024 and cifar-cnn, else\n"
-          "               500), in R interleaved rounds (default 5) after W warm-up steps\n"
-          "               (default 3, else 50); step 0 is timed apart\n"
-          "  --no-ref     skip the reference measurements (GEMMs alone, all-reduce alone,\n"
-          "               the hand-written loop)\n"
-          "  --no-numeric-guard  time steps without the numeric guard (pmap_config)\n"
-          "  --shard-optimizer     shard the optimizer over the devices (ZeRO-1: each device\n"
-          "               steps and keeps the state of its 1/N of the parameters)\n"
-          "  --no-shard-optimizer  replicate the optimizer on every device\n"
-          "               (default: PMAP_SHARD_OPTIMIZER when set, else sharded from 65536\n"
-          "               parameters on)\n"
-          "  --compare-shard  a replicated and a sharded row for every device count above 1,\n"
-          "               measured in the same interleaved rounds\n"
-          "  --csv FILE   also write the rows as CSV\n"
-          "  --dump DIR   write each model's architecture, initial parameters and global batch\n"
-          "               into DIR (for bench/jax_compare.py)\n"
-          "  --timeout    seconds a device may keep the others waiting in a collective before\n"
-          "               the run fails naming it (default $PMAP_TIMEOUT, else 300; inf: never)\n"
-          "  --json       end with one line of JSON (\"rows\": one object per table row)\n"
-          "Model FLOPs are counted as 6 x the forward multiply-adds per example (forward 2,\n"
-          "backward 4). Exit status 1 when a correctness check fails.\n");
-}
 
 static int fail(const char *what) {
   fprintf(stderr, "%s: %s: %s\n", prog, what, pmap_last_error());
   return -1;
 }
-
-typedef struct opts {
-  const char *models, *backend, *csv, *dump;
-  int64_t devs[CLI_MAX_LIST], batch, weak_batch, steps, warmup, rounds;
-  int ndev, json, ref, modes[2], guard, shard, compare;
-  uint64_t seed;
-  double timeout_s; /* pmap_config.timeout_s (0: the library's default) */
-} opts;
 
 /* One device count of one table: its context, training state, data, probes and times. */
 typedef struct setup {
@@ -149,7 +102,7 @@ static pmap_status params_make(pmap_ctx *ctx, const char *name, const pmap_model
 }
 
 static int setup_open(setup *s, const char *name, const pmap_model *model,
-                      const pmap_optimizer *opt, const opts *o, pmap_backend backend, int devices,
+                      const pmap_optimizer *opt, const bench_opts *o, pmap_backend backend, int devices,
                       int shard, int64_t bd, int64_t warmup, int cap, bench_row *r) {
   pmap_config cfg = {.backend = backend,
                      .num_devices = devices,
@@ -294,7 +247,7 @@ static void finish_table(bench_result *res, int mode, setup *su, double flops_pe
 }
 
 /* All tables of one model, measured together in interleaved rounds. */
-static int bench_model(const char *name, const opts *o, pmap_backend backend, const char **bname,
+static int bench_model(const char *name, const bench_opts *o, pmap_backend backend, const char **bname,
                        bench_result *res) {
   pmap_example_info info;
   pmap_model *model = NULL;
@@ -435,91 +388,11 @@ static int bench_model(const char *name, const opts *o, pmap_backend backend, co
   return code;
 }
 
-static int parse(int argc, char **argv, opts *o) {
-  static const char *const flags[] = {"--json",
-                                      "--no-ref",
-                                      "--no-numeric-guard",
-                                      "--shard-optimizer",
-                                      "--no-shard-optimizer",
-                                      "--compare-shard",
-                                      NULL};
-  static const char *const value_opts[] = {
-      "--model",  "--backend", "--devices", "--batch", "--weak-batch", "--scaling", "--steps",
-      "--warmup", "--rounds",  "--seed",    "--csv",   "--dump",       "--timeout", NULL};
-  *o = (opts){.models = "mlp-1024",
-              .backend = "auto",
-              .devs = {1, 2, 4},
-              .batch = -1,
-              .weak_batch = -1,
-              .steps = -1,
-              .warmup = -1,
-              .rounds = 5,
-              .ndev = 3,
-              .ref = 1,
-              .modes = {1, 1},
-              .guard = PMAP_GUARD_ON,
-              .shard = PMAP_SHARD_AUTO};
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v = NULL;
-    int kind = cli_next(prog, argc, argv, &i, flags, value_opts, &v);
-    if (kind == CLI_ERROR) return -1;
-    if (kind == CLI_HELP) {
-      usage(stdout);
-      exit(0);
-    }
-    if (!strcmp(a, "--json")) {
-      o->json = 1;
-    } else if (!strcmp(a, "--no-ref")) {
-      o->ref = 0;
-    } else if (!strcmp(a, "--no-numeric-guard")) {
-      o->guard = PMAP_GUARD_OFF;
-    } else if (!strcmp(a, "--shard-optimizer")) {
-      o->shard = PMAP_SHARD_ON;
-    } else if (!strcmp(a, "--no-shard-optimizer")) {
-      o->shard = PMAP_SHARD_OFF;
-    } else if (!strcmp(a, "--compare-shard")) {
-      o->compare = 1;
-    } else if (!strcmp(a, "--model")) {
-      o->models = strcmp(v, "all") ? v : ALL_MODELS;
-    } else if (!strcmp(a, "--backend")) {
-      o->backend = v;
-    } else if (!strcmp(a, "--csv")) {
-      o->csv = v;
-    } else if (!strcmp(a, "--dump")) {
-      o->dump = v;
-    } else if (!strcmp(a, "--scaling")) {
-      int strong = !strcmp(v, "strong"), weak = !strcmp(v, "weak"), both = !strcmp(v, "both");
-      if (!strong && !weak && !both) {
-        fprintf(stderr, "%s: --scaling \"%s\" is not strong, weak or both\n", prog, v);
-        return -1;
-      }
-      o->modes[BENCH_STRONG] = !weak;
-      o->modes[BENCH_WEAK] = !strong;
-    } else if (!strcmp(a, "--devices")) {
-      if (cli_int_list(prog, a, v, 1, PMAP_MAX_DEVICES, o->devs, &o->ndev)) return -1;
-    } else if (!strcmp(a, "--batch")) {
-      if (cli_int(prog, a, v, 1, INT64_C(1) << 24, &o->batch)) return -1;
-    } else if (!strcmp(a, "--weak-batch")) {
-      if (cli_int(prog, a, v, 1, INT64_C(1) << 24, &o->weak_batch)) return -1;
-    } else if (!strcmp(a, "--steps")) {
-      if (cli_int(prog, a, v, 1, 1000000, &o->steps)) return -1;
-    } else if (!strcmp(a, "--warmup")) {
-      if (cli_int(prog, a, v, 0, 1000000, &o->warmup)) return -1;
-    } else if (!strcmp(a, "--rounds")) {
-      if (cli_int(prog, a, v, 1, 100, &o->rounds)) return -1;
-    } else if (!strcmp(a, "--seed")) {
-      if (cli_u64(prog, a, v, &o->seed)) return -1;
-    } else if (!strcmp(a, "--timeout")) {
-      if (cli_timeout(prog, a, v, &o->timeout_s)) return -1;
-    }
-  }
-  return 0;
-}
-
 int main(int argc, char **argv) {
-  opts o;
+  bench_opts o;
   pmap_backend backend;
-  if (parse(argc, argv, &o)) return 1;
+  int parsed = bench_parse(argc, argv, &o);
+  if (parsed) return parsed < 0;
   if (pmap_backend_parse(o.backend, &backend)) {
     fail("--backend");
     return 1;

@@ -72,16 +72,6 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-static int usage(int rc) {
-  fprintf(rc ? stderr : stdout,
-          "usage: " PROG
-          " [--backend cuda|cpu|auto] [--model NAME] [--devices 1,2,4] [--batch B]\n"
-          "       [--steps N] [--warmup W]\n"
-          "       [--variants plain,graph,overlap,graph+overlap,sharded]\n"
-          "       [--bucket-mb MB] [--numeric-guard] [--loss] [--json]\n");
-  return rc;
-}
-
 /* One variant on n devices: w_out (P) receives device 0's parameters after every step. */
 static int run_variant(const opts *o, const variant *v, int n, const pmap_array *xs,
                        const pmap_array *ys, float *w_out, size_t P, result *r) {
@@ -148,67 +138,132 @@ static void agreement(const float *w, const float *base, size_t P, result *r) {
   r->rel_l2 = sqrt(num) / (den > 0.0 ? sqrt(den) : 1.0);
 }
 
+/* --backend's names, in the order of pmap_backend's values they stand for. */
+static const char *const backend_names[] = {"auto", "cpu", "cuda", NULL};
+
+static int backend_check(const char *prog, const cli_option *o, const char *v) {
+  (void)o;
+  for (int k = 0; backend_names[k]; k++)
+    if (!strcmp(v, backend_names[k])) return 0;
+  return cli_error(prog, "--backend %s: cuda, cpu or auto", v);
+}
+
+/* Each name of the comma-separated list is a variant's. */
+static int variants_check(const char *prog, const cli_option *o, const char *v) {
+  (void)o;
+  for (const char *t = v; *t;) {
+    size_t len = strcspn(t, ",");
+    int k = 0;
+    while (k < N_VARIANTS && (strlen(all_variants[k].name) != len ||
+                              strncmp(t, all_variants[k].name, len)))
+      k++;
+    if (len && k == N_VARIANTS)
+      return cli_error(prog,
+                       "--variants: unknown %.*s (plain, graph, overlap, graph+overlap, sharded)",
+                       (int)len, t);
+    t += len + (t[len] == ',');
+  }
+  return 0;
+}
+
+/* The options (tools/cli.h), read into *o after its defaults: 0, 1 after --help, -1 on an
+ * error (printed). */
 static int parse(int argc, char **argv, opts *o) {
-  static const char *const flags[] = {"--json", "--numeric-guard", "--loss", NULL};
-  static const char *const values[] = {"--backend",  "--model",     "--devices",
-                                       "--batch",    "--steps",     "--warmup",
-                                       "--variants", "--bucket-mb", NULL};
-  *o = (opts){.backend = PMAP_BACKEND_CUDA,
-              .model = "mlp",
-              .devices = {1, 2, 4},
-              .n_devices = 3,
-              .steps = 50,
-              .warmup = 5,
-              .use = {1, 1, 1, 1, 1}};
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *val = NULL;
-    int kind = cli_next(PROG, argc, argv, &i, flags, values, &val);
-    if (kind == CLI_HELP) return usage(0), 1;
-    if (kind == CLI_ERROR) return -1;
-    if (!strcmp(a, "--json")) {
-      o->json = 1;
-    } else if (!strcmp(a, "--numeric-guard")) {
-      o->guard = 1;
-    } else if (!strcmp(a, "--loss")) {
-      o->loss = 1;
-    } else if (!strcmp(a, "--backend")) {
-      if (!strcmp(val, "cuda"))
-        o->backend = PMAP_BACKEND_CUDA;
-      else if (!strcmp(val, "cpu"))
-        o->backend = PMAP_BACKEND_CPU;
-      else if (!strcmp(val, "auto"))
-        o->backend = PMAP_BACKEND_AUTO;
-      else
-        return fprintf(stderr, PROG ": --backend %s: cuda, cpu or auto\n", val), -1;
-    } else if (!strcmp(a, "--model")) {
-      o->model = val;
-    } else if (!strcmp(a, "--devices")) {
-      if (cli_int_list(PROG, a, val, 1, PMAP_MAX_DEVICES, o->devices, &o->n_devices)) return -1;
-    } else if (!strcmp(a, "--batch")) {
-      if (cli_int(PROG, a, val, 1, INT32_MAX, &o->batch)) return -1;
-    } else if (!strcmp(a, "--steps")) {
-      if (cli_int(PROG, a, val, 1, MAX_STEPS, &o->steps)) return -1;
-    } else if (!strcmp(a, "--warmup")) {
-      if (cli_int(PROG, a, val, 0, MAX_STEPS, &o->warmup)) return -1;
-    } else if (!strcmp(a, "--bucket-mb")) {
-      if (cli_int(PROG, a, val, 1, 4096, &o->bucket_mb)) return -1;
-    } else if (!strcmp(a, "--variants")) {
-      memset(o->use, 0, sizeof o->use);
-      char buf[128];
-      snprintf(buf, sizeof buf, "%s", val);
-      for (char *t = strtok(buf, ","); t; t = strtok(NULL, ",")) {
-        int k = 0;
-        while (k < N_VARIANTS && strcmp(t, all_variants[k].name)) k++;
-        if (k == N_VARIANTS)
-          return fprintf(stderr,
-                         PROG
-                         ": --variants: unknown %s (plain, graph, overlap, "
-                         "graph+overlap, sharded)\n",
-                         t),
-                 -1;
-        o->use[k] = 1;
-      }
+  const char *backend = "cuda", *variants = NULL;
+  *o = (opts){.model = "mlp", .devices = {1, 2, 4}, .n_devices = 3, .steps = 50, .warmup = 5};
+  const cli_option table[] = {
+      {.name = "--backend",
+       .kind = CLI_STRING,
+       .dest = &backend,
+       .arg = "cuda|cpu|auto",
+       .help = "the backend (default cuda)",
+       .check = backend_check},
+      {.name = "--model",
+       .kind = CLI_STRING,
+       .dest = &o->model,
+       .arg = "NAME",
+       .help = "example model (default mlp)"},
+      {.name = "--devices",
+       .kind = CLI_LIST,
+       .dest = o->devices,
+       .count = &o->n_devices,
+       .lo = 1,
+       .hi = PMAP_MAX_DEVICES,
+       .arg = "1,2,4",
+       .help = "device counts, one table row per variant each (default 1,2,4)"},
+      {.name = "--batch",
+       .kind = CLI_INT,
+       .dest = &o->batch,
+       .lo = 1,
+       .hi = INT32_MAX,
+       .arg = "B",
+       .help = "global batch (default: the model's)"},
+      {.name = "--steps",
+       .kind = CLI_INT,
+       .dest = &o->steps,
+       .lo = 1,
+       .hi = MAX_STEPS,
+       .arg = "N",
+       .help = "timed steps per variant (default 50)"},
+      {.name = "--warmup",
+       .kind = CLI_INT,
+       .dest = &o->warmup,
+       .lo = 0,
+       .hi = MAX_STEPS,
+       .arg = "W",
+       .help = "steps before the timed ones (default 5)"},
+      {.name = "--variants",
+       .kind = CLI_STRING,
+       .dest = &variants,
+       .arg = "plain,graph,overlap,graph+overlap,sharded",
+       .help = "the variants to time (default all); plain always runs, as the reference of the "
+               "agreement",
+       .check = variants_check},
+      {.name = "--bucket-mb",
+       .kind = CLI_INT,
+       .dest = &o->bucket_mb,
+       .lo = 1,
+       .hi = 4096,
+       .arg = "MB",
+       .help = "gradient bucket size of the overlap variants (default: the library's, "
+               "PMAP_CUDA_BUCKET_MB or 25)"},
+      {.name = "--numeric-guard",
+       .kind = CLI_FLAG,
+       .dest = &o->guard,
+       .flag = 1,
+       .help = "keep the numeric guard on (default off; then each step waits for its read-back)"},
+      {.name = "--loss",
+       .kind = CLI_FLAG,
+       .dest = &o->loss,
+       .flag = 1,
+       .help = "read the loss back after every step (default not)"},
+      {.name = "--json",
+       .kind = CLI_FLAG,
+       .dest = &o->json,
+       .flag = 1,
+       .help = "end with one line of JSON: {\"rows\": [...]}"},
+  };
+  const cli_spec spec = {
+      PROG, table, (int)(sizeof table / sizeof table[0]),
+      "The ways one CUDA step can run, against each other on each device count: plain, the "
+      "whole step as a replayed CUDA graph, the gradient all-reduce overlapped with backward in "
+      "buckets, both, and the sharded optimizer; step time, host and CPU time per step, and the "
+      "agreement of the parameters with the plain run's.",
+      NULL};
+  int r = cli_parse(&spec, argc, argv);
+  if (r) return r;
+  for (int k = 0; backend_names[k]; k++)
+    if (!strcmp(backend, backend_names[k])) o->backend = (pmap_backend)k;
+  for (int k = 0; k < N_VARIANTS; k++) {
+    const char *t = variants;
+    size_t len = strlen(all_variants[k].name);
+    int named = !variants;
+    while (t && *t && !named) {
+      size_t n = strcspn(t, ",");
+      named = n == len && !strncmp(t, all_variants[k].name, len);
+      t += n + (t[n] == ',');
     }
+    o->use[k] = named;
   }
   o->use[0] = 1; /* the reference of the agreement */
   return 0;
@@ -217,7 +272,7 @@ static int parse(int argc, char **argv, opts *o) {
 int main(int argc, char **argv) {
   opts o;
   int pr = parse(argc, argv, &o);
-  if (pr) return pr > 0 ? 0 : 1;
+  if (pr) return pr < 0;
   pmap_example_info info;
   pmap_model *m = NULL;
   if (pmap_example_info_get(o.model, &info) || pmap_example_model(o.model, &m)) {

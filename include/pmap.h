@@ -63,7 +63,8 @@ typedef enum pmap_status {
   PMAP_SUCCESS = 0,
   PMAP_ERR_INVALID_ARGUMENT = 1, /* bad input at the API boundary: NULL, shape, count, range */
   PMAP_ERR_OUT_OF_MEMORY = 2,    /* host or device allocation failed */
-  PMAP_ERR_UNAVAILABLE = 3,      /* backend not built in, or no such device on this machine */
+  PMAP_ERR_UNAVAILABLE = 3,      /* backend not built in, its plugin does not load, or no such
+                                    device on this machine */
   PMAP_ERR_DEVICE = 4,           /* a device, driver, BLAS or collective library call failed */
   PMAP_ERR_TIMEOUT = 5,          /* a collective did not complete within the context timeout */
   PMAP_ERR_ABORTED = 6,          /* another device failed, so this device's call was abandoned */
@@ -97,7 +98,8 @@ PMAP_API pmap_status pmap_set_error(pmap_status status, const char *fmt, ...)
 /* Context: the device mesh and one worker thread per device                                  */
 
 typedef enum pmap_backend {
-  PMAP_BACKEND_AUTO = 0, /* CUDA where a GPU is present and the CUDA backend was built, else CPU */
+  PMAP_BACKEND_AUTO = 0, /* CUDA where a GPU is present, the CUDA backend was built and its
+                            plugin (libpmap-cuda.so) loads, else CPU */
   PMAP_BACKEND_CPU = 1,  /* host memory; each device is a worker thread ("virtual device") */
   PMAP_BACKEND_CUDA = 2  /* one GPU per device, cuBLAS and NCCL */
 } pmap_backend;
@@ -180,7 +182,9 @@ typedef struct pmap_ctx pmap_ctx;
  * device (device 0's work runs on the calling thread, devices 1..N-1 on persistent workers).
  * cfg may be NULL for all defaults (auto backend, default device count). On success *out owns the context; destroy it with
  * pmap_ctx_destroy. Returns PMAP_ERR_INVALID_ARGUMENT (out NULL, device count outside
- * 1..PMAP_MAX_DEVICES other than PMAP_DEVICES_DEFAULT, unknown backend), PMAP_ERR_UNAVAILABLE (backend not built or no device),
+ * 1..PMAP_MAX_DEVICES other than PMAP_DEVICES_DEFAULT, unknown backend), PMAP_ERR_UNAVAILABLE
+ * (backend not built, no device, or the plugin it needs, libpmap-cuda.so or libpmap-mpi.so, is
+ * missing or does not load: the message names the file and the loader's reason),
  * PMAP_ERR_OUT_OF_MEMORY, PMAP_ERR_DEVICE; a bad environment variable (PMAP_TIMEOUT,
  * PMAP_CPU_DEVICES, PMAP_FAULT, ...) is PMAP_ERR_INVALID_ARGUMENT naming it, and every message
  * starts with "pmap_ctx_create: ".
@@ -222,7 +226,10 @@ PMAP_API pmap_backend pmap_ctx_backend(const pmap_ctx *ctx); /* never PMAP_BACKE
 PMAP_API const char *pmap_backend_name(pmap_backend b);
 /* Parses "auto", "cpu" or "cuda" into *out; PMAP_ERR_INVALID_ARGUMENT naming the string else. */
 PMAP_API pmap_status pmap_backend_parse(const char *name, pmap_backend *out);
-/* Whether this build contains the backend (CPU always; CUDA when configured with it). */
+/* Whether this build contains the backend (CPU always; CUDA when configured with it). CUDA lives
+ * in a plugin beside the library, libpmap-cuda.so, opened by the first context that needs it
+ * (docs/cuda.md says where it is looked for; PMAP_PLUGIN_DIR names the folder): a build that has
+ * it may still refuse a context when the plugin does not load, and pmap_ctx_create says why. */
 PMAP_API int pmap_backend_built(pmap_backend b);
 /* The CPU GEMM in use: "onednn", "cblas" or "portable". A build holds every provider found at
  * configure time (-Dgemm=auto) or one (-Dgemm=NAME); among several, the library chooses once

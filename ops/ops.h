@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/plugin.h"
 #include "pmap.h"
 
 #ifdef __cplusplus
@@ -91,9 +92,19 @@ typedef struct op_backend {
                         float clip);
 } op_backend;
 
-/* The op backend of the runtime backend `name` ("cpu"; "cuda" where it was built), ready to run
- * (its ready hook passed once); PMAP_ERR_UNAVAILABLE naming it when there is none. */
+/* The op backend of the runtime backend `name` ("cpu"; "cuda" where it was built, from the CUDA
+ * plugin), ready to run (its ready hook passed once); PMAP_ERR_UNAVAILABLE naming it when there
+ * is none or its plugin does not load. */
 pmap_status ops_backend(const char *name, const char *call, const op_backend **out);
+
+/* An op backend plugin's entry point (base/plugin.h): returns op_plugin_abi() as the plugin was
+ * built, and only when that equals abi (the same build) binds base and sets *out. */
+typedef uint64_t (*op_plugin_entry)(uint64_t abi, const pmap_base_i *base, const op_backend **out);
+static inline uint64_t op_plugin_abi(void) {
+  const size_t sizes[] = {sizeof(pmap_base_i), sizeof(op_backend), sizeof(pmap_ops),
+                          sizeof(op_queue_init), sizeof(pmap_step_hyper)};
+  return pmap_plugin_abi(sizes, (int)(sizeof sizes / sizeof sizes[0]));
+}
 
 /* The CPU op backend (always built); its table is the oracle every other backend is tested
  * against. */

@@ -1,7 +1,9 @@
-/* backend.c: the list of backends, and the only code outside the backends that calls a backend's
+/* backend.c: the list of backends (the CUDA backend's table comes from its plugin, opened the
+ * first time a context wants it), and the only code outside the backends that calls a backend's
  * table. Optional members are handled here, once, and the allocation fault hook lives here. */
 #include "backend.h"
 
+#include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -11,13 +13,34 @@
 
 static int cpu_device_count(void) { return PMAP_MAX_DEVICES; }
 
+#if defined(PMAP_HAVE_CUDA)
+/* A GPU needs NVIDIA's driver library: where it is missing, AUTO need not load the CUDA plugin
+ * (CUDA, cuBLAS and NCCL) to learn that there is no GPU. It stays loaded: the plugin would load
+ * it anyway. */
+static int cuda_driver_here(void) {
+  return dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL | RTLD_NODELETE) != NULL;
+}
+#endif
+
 static const backend_entry backends[] = {
 #if defined(PMAP_HAVE_CUDA)
-    {PMAP_BACKEND_CUDA, &pmap_cuda_backend, pmap_cuda_device_count, NULL, "CUDA",
-     pmap_cuda_unavailable_reason},
+    {PMAP_BACKEND_CUDA, "CUDA", {NULL, NULL, NULL}, PMAP_PLUGIN_CUDA, "pmap_cuda_backend_entry",
+     NULL, cuda_driver_here},
 #endif
-    {PMAP_BACKEND_CPU, &pmap_cpu_backend, cpu_device_count, pmap_cpu_default_devices, "CPU", NULL},
+    {PMAP_BACKEND_CPU, "CPU", {&pmap_cpu_backend, cpu_device_count, NULL}, NULL, NULL,
+     pmap_cpu_default_devices, NULL},
 };
+
+/* What a backend plugin calls of the core (backend_core_i). */
+static const backend_core_i plugin_core = {
+    &pmap_base_table, pmap_now_ns,     sync_barrier_wait, pmap_wait_status,
+    pmap_ctx_abort,   pmap_abandonedv, dist_rank,         dist_broadcast_bytes,
+};
+
+/* The implementations the plugins gave, by index into backends[]; set once under the lock. */
+static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
+static backend_impl loaded[sizeof backends / sizeof backends[0]];
+static _Atomic int is_loaded[sizeof backends / sizeof backends[0]];
 
 const backend_entry *backend_list(int *count) {
   *count = (int)(sizeof backends / sizeof backends[0]);
@@ -28,6 +51,44 @@ const backend_entry *backend_find(pmap_backend kind) {
   for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++)
     if (backends[i].kind == kind) return &backends[i];
   return NULL;
+}
+
+/* Opens e's plugin and calls its entry point into loaded[i]. */
+static pmap_status load_plugin(const backend_entry *e, size_t i, const char *what) {
+  void *sym = NULL;
+  PMAP_TRY(pmap_plugin_symbol(e->plugin, e->entry, 0, what, &sym));
+  backend_plugin_entry entry;
+  memcpy(&entry, &sym, sizeof entry); /* dlsym's data pointer to a function's */
+  backend_impl impl = {NULL, NULL, NULL};
+  uint64_t theirs = entry(backend_plugin_abi(), &plugin_core, &impl);
+  if (theirs != backend_plugin_abi())
+    return PMAP_ERR(PMAP_ERR_UNAVAILABLE,
+                    "%s needs the plugin %s, whose copy here was built for another libpmap "
+                    "(interface %016llx, this library %016llx): install the plugin of the same "
+                    "build beside libpmap",
+                    what, e->plugin, (unsigned long long)theirs,
+                    (unsigned long long)backend_plugin_abi());
+  if (!impl.table || !impl.device_count)
+    return PMAP_ERR(PMAP_ERR_INTERNAL, "%s: the plugin %s gave no backend", what, e->plugin);
+  loaded[i] = impl;
+  return PMAP_SUCCESS;
+}
+
+pmap_status backend_load(const backend_entry *e, const char *what, const backend_impl **out) {
+  if (!e->plugin) {
+    *out = &e->impl;
+    return PMAP_SUCCESS;
+  }
+  size_t i = (size_t)(e - backends);
+  if (!atomic_load(&is_loaded[i])) {
+    pthread_mutex_lock(&load_lock);
+    pmap_status st = atomic_load(&is_loaded[i]) ? PMAP_SUCCESS : load_plugin(e, i, what);
+    if (!st) atomic_store(&is_loaded[i], 1);
+    pthread_mutex_unlock(&load_lock);
+    if (st) return st;
+  }
+  *out = &loaded[i];
+  return PMAP_SUCCESS;
 }
 
 pmap_status backend_check(const pmap_backend_i *be) {

@@ -1,13 +1,16 @@
 /* backend.h: the interface every backend implements (a table of function pointers, one per
- * backend folder: runtime/cpu, runtime/cuda), and the context and device structs the runtime
- * builds around it: for the runtime and its backends only. Everything above the runtime uses it
- * through runtime.h's functions. Backends never know about models. */
+ * backend folder: runtime/cpu, runtime/cuda), the context and device structs the runtime builds
+ * around it, and for a backend in a plugin (runtime/cuda: libpmap-cuda.so, base/plugin.h) what
+ * its entry point receives and gives: for the runtime and its backends only. Everything above
+ * the runtime uses it through runtime.h's functions. Backends never know about models. */
 #ifndef PMAP_RUNTIME_BACKEND_H
 #define PMAP_RUNTIME_BACKEND_H
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <stddef.h>
 
+#include "base/plugin.h"
 #include "pmap.h"
 #include "runtime.h"
 #include "sync.h"
@@ -150,32 +153,63 @@ struct pmap_ctx {
 extern const pmap_backend_i pmap_cpu_backend;
 /* The CPU backend's default device count: PMAP_CPU_DEVICES, else 4 (runtime/cpu). */
 pmap_status pmap_cpu_default_devices(int *out);
-#if defined(PMAP_HAVE_CUDA)
-extern const pmap_backend_i pmap_cuda_backend;
-/* Number of usable CUDA devices, 0 where there are none (no driver, no GPU). */
-int pmap_cuda_device_count(void);
-/* Why the last pmap_cuda_device_count on this thread found none, in CUDA's words (e.g. the
- * driver is older than the runtime, or there is no device). */
-const char *pmap_cuda_unavailable_reason(void);
-#endif
 
-/* One entry of the list of backends built in (runtime/backend.c), in the order
+/* A backend's implementation: built in (the CPU), or what its plugin's entry point gives. */
+typedef struct backend_impl {
+  const pmap_backend_i *table;
+  int (*device_count)(void); /* usable devices here; 0: not usable */
+  /* Why device_count() found none, in the platform's words (optional). */
+  const char *(*unavailable_reason)(void);
+} backend_impl;
+
+/* One entry of the list of backends of this build (runtime/backend.c), in the order
  * PMAP_BACKEND_AUTO tries them. A new backend is one folder and one entry. */
 typedef struct backend_entry {
   pmap_backend kind;
-  const pmap_backend_i *table;
-  int (*device_count)(void); /* usable devices here; 0: not usable */
+  const char *label;  /* "CPU", "CUDA": for messages */
+  backend_impl impl;  /* a backend built into libpmap; empty for a plugin */
+  const char *plugin; /* the plugin file that holds it (base/plugin.h), NULL when built in */
+  const char *entry;  /* the name of the plugin's backend_plugin_entry */
   /* The count PMAP_DEVICES_DEFAULT stands for (optional: NULL means device_count()). */
   pmap_status (*default_devices)(int *out);
-  const char *label; /* "CPU", "CUDA": for messages */
-  /* Why device_count() found none, in the platform's words (optional). */
-  const char *(*unavailable_reason)(void);
+  /* Looks for a device before opening the plugin, for PMAP_BACKEND_AUTO: 0 when there can be
+   * none here, so that AUTO does not load the plugin for nothing (optional). */
+  int (*may_have_devices)(void);
 } backend_entry;
+
+/* What the runtime hands a backend plugin: the core functions the backend's code calls, which
+ * the plugin forwards to under their own names (runtime/cuda/cuda_plugin.c). */
+typedef struct backend_core_i {
+  const pmap_base_i *base;
+  int64_t (*now_ns)(void);
+  int (*barrier_wait)(sync_barrier *b, const pmap_wait_policy *p);
+  pmap_status (*wait_status)(pmap_device *dev, int wait_result, const char *call);
+  void (*ctx_abort)(pmap_ctx *ctx);
+  pmap_status (*abandonedv)(pmap_device *dev, const char *fmt, va_list ap);
+  /* The NCCL bootstrap across processes (runtime/dist/dist_nccl.c). */
+  int (*dist_rank)(const struct pmap_dist *d);
+  pmap_status (*dist_broadcast_bytes)(struct pmap_dist *d, void *buf, size_t bytes, int root);
+} backend_core_i;
+
+/* A backend plugin's entry point: returns backend_plugin_abi() as the plugin was built, and only
+ * when that equals abi (the same build) binds core and fills *out. */
+typedef uint64_t (*backend_plugin_entry)(uint64_t abi, const backend_core_i *core,
+                                         backend_impl *out);
+static inline uint64_t backend_plugin_abi(void) {
+  const size_t sizes[] = {sizeof(pmap_base_i),    sizeof(backend_core_i), sizeof(backend_impl),
+                          sizeof(pmap_backend_i), sizeof(pmap_coll_i),    sizeof(pmap_ctx),
+                          sizeof(pmap_device),    sizeof(sync_barrier),   sizeof(pmap_config)};
+  return pmap_plugin_abi(sizes, (int)(sizeof sizes / sizeof sizes[0]));
+}
 
 /* The backends built in, *count of them. */
 const backend_entry *backend_list(int *count);
 /* The entry of kind, NULL when this build lacks it. */
 const backend_entry *backend_find(pmap_backend kind);
+/* The implementation of e, opening its plugin the first time; PMAP_ERR_UNAVAILABLE naming the
+ * plugin file and the loader's reason when it cannot be had (what: "pmap_ctx_create: backend
+ * cuda", for the message). */
+pmap_status backend_load(const backend_entry *e, const char *what, const backend_impl **out);
 /* PMAP_ERR_INTERNAL naming the first required member of be that is NULL. */
 pmap_status backend_check(const pmap_backend_i *be);
 
@@ -193,6 +227,7 @@ void pmap_ctx_abort(pmap_ctx *ctx);
 /* PMAP_ERR_ABORTED with the printf-style message, for a device that abandons a collective
  * because another device failed: the job then reports that other device's failure. */
 pmap_status pmap_abandoned(pmap_device *dev, const char *fmt, ...) PMAP_PRINTF_LIKE(2, 3);
+pmap_status pmap_abandonedv(pmap_device *dev, const char *fmt, va_list ap) PMAP_PRINTF_LIKE(2, 0);
 
 /* Arrives at the context's barrier (sync_barrier_wait_touch on ctx->bar, counted in the
  * device's arrivals): every barrier of a job goes through here or skips the count on every

@@ -100,14 +100,19 @@ void pmap_ctx_abort(pmap_ctx *ctx) {
   pmap_event_poke(&ctx->bar.ev);
 }
 
-pmap_status pmap_abandoned(pmap_device *dev, const char *fmt, ...) {
+pmap_status pmap_abandonedv(pmap_device *dev, const char *fmt, va_list ap) {
   char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
   dev->abandoned = 1;
   return pmap_error_set(PMAP_ERR_ABORTED, "%s", msg);
+}
+
+pmap_status pmap_abandoned(pmap_device *dev, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  pmap_status st = pmap_abandonedv(dev, fmt, ap);
+  va_end(ap);
+  return st;
 }
 
 int pmap_barrier_arrive(pmap_device *dev, const pmap_wait_policy *w, _Atomic int *touch) {
@@ -319,16 +324,26 @@ static pmap_status fini_job(pmap_device *dev, void *arg) {
   return PMAP_SUCCESS;
 }
 
-/* The backend of cfg->backend from the list: AUTO takes the first with a usable device. */
-static pmap_status choose_backend(const pmap_config *cfg, const backend_entry **out) {
+/* The backend of cfg->backend from the list, its plugin opened: AUTO takes the first with a
+ * usable device, passing over a plugin that does not load (its message is not left behind). */
+static pmap_status choose_backend(const pmap_config *cfg, const backend_entry **out,
+                                  const backend_impl **impl) {
   int count = 0;
   const backend_entry *list = backend_list(&count);
   if (cfg->backend == PMAP_BACKEND_AUTO) {
-    for (int i = 0; i < count; i++)
-      if (list[i].device_count() > 0) {
+    char last[1024];
+    snprintf(last, sizeof last, "%s", pmap_error_message());
+    for (int i = 0; i < count; i++) {
+      if (list[i].may_have_devices && !list[i].may_have_devices()) continue;
+      if (backend_load(&list[i], "pmap_ctx_create", impl)) {
+        pmap_error_copy(last);
+        continue;
+      }
+      if ((*impl)->device_count() > 0) {
         *out = &list[i];
         return PMAP_SUCCESS;
       }
+    }
     return PMAP_ERR(PMAP_ERR_UNAVAILABLE, "pmap_ctx_create: no backend has a usable device");
   }
   const char *name = pmap_backend_name(cfg->backend);
@@ -341,11 +356,14 @@ static pmap_status choose_backend(const pmap_config *cfg, const backend_entry **
                     "pmap_ctx_create: backend %s requested but this build has no %s backend "
                     "(configure with -D%s=enabled on a machine with what it needs)",
                     name, name, name);
-  if (e->device_count() <= 0)
+  char what[64];
+  snprintf(what, sizeof what, "pmap_ctx_create: backend %s", name);
+  PMAP_TRY(backend_load(e, what, impl));
+  if ((*impl)->device_count() <= 0)
     return PMAP_ERR(PMAP_ERR_UNAVAILABLE,
                     "pmap_ctx_create: backend %s requested but no %s device is usable here%s%s",
-                    name, e->label, e->unavailable_reason ? ": " : "",
-                    e->unavailable_reason ? e->unavailable_reason() : "");
+                    name, e->label, (*impl)->unavailable_reason ? ": " : "",
+                    (*impl)->unavailable_reason ? (*impl)->unavailable_reason() : "");
   *out = e;
   return PMAP_SUCCESS;
 }
@@ -382,16 +400,17 @@ static pmap_status ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
     if (v >= 0) shard = v ? PMAP_SHARD_ON : PMAP_SHARD_OFF;
   }
   const backend_entry *entry = NULL;
-  pmap_status st = choose_backend(&cfg, &entry);
+  const backend_impl *impl = NULL;
+  pmap_status st = choose_backend(&cfg, &entry, &impl);
   if (st) return st;
   pmap_backend kind = entry->kind;
-  const pmap_backend_i *be = entry->table;
+  const pmap_backend_i *be = impl->table;
   PMAP_TRY(backend_check(be));
   if (cfg.num_devices == PMAP_DEVICES_DEFAULT) {
     if (entry->default_devices)
       PMAP_TRY(entry->default_devices(&cfg.num_devices));
     else
-      cfg.num_devices = entry->device_count();
+      cfg.num_devices = impl->device_count();
     if (cfg.num_devices > PMAP_MAX_DEVICES) cfg.num_devices = PMAP_MAX_DEVICES;
   }
   long spin_us = 0;

@@ -27,6 +27,17 @@ if [ -n "$extra" ]; then
   exit 1
 fi
 echo "check-install: $(nm -D --defined-only "$lib" | wc -l) exported symbols, all pmap_*; soname $(readelf -d "$lib" | grep -o 'soname: \[.*\]')"
+# The plugins (those this build has) beside it export their entry points alone.
+for plugin in "$(dirname "$lib")"/libpmap-*.so; do
+  [ -e "$plugin" ] || continue
+  extra=$(nm -D --defined-only "$plugin" | awk '{print $3}' | grep -v '^pmap_.*_entry$' || true)
+  if [ -n "$extra" ]; then
+    echo "check-install: $plugin exports more than its entry points:"
+    echo "$extra"
+    exit 1
+  fi
+  echo "check-install: $(basename "$plugin") exports only its entry points"
+done
 for tool in pmap-train pmap-bench pmap-allreduce; do
   [ -x "$prefix/bin/$tool" ] || { echo "check-install: $tool not installed"; exit 1; }
 done

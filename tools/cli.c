@@ -1,13 +1,16 @@
-/* cli.c: strict argument parsing for the command-line programs. */
+/* cli.c: the option reader of cli.h: strict values, one message per kind of mistake, and the
+ * --help text made from the same table. */
 #include "cli.h"
 
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#define HELP_WIDTH 100 /* columns of the --help text */
+#define HELP_COLUMN 26 /* where an option's help starts, at most */
 
 static char last_error[1024];
 
@@ -28,105 +31,263 @@ int cli_has_flag(int argc, char **argv, const char *flag) {
   return 0;
 }
 
-int cli_int(const char *prog, const char *opt, const char *s, int64_t lo, int64_t hi,
-            int64_t *out) {
+double cli_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- values ---- */
+
+static int read_int(const char *prog, const cli_option *o, const char *s) {
   char *end = NULL;
   errno = 0;
   long long v = strtoll(s, &end, 10);
-  if (errno || end == s || *end || v < lo || v > hi) {
-    cli_error(prog, "%s \"%s\" is not an integer in [%lld, %lld]", opt, s, (long long)lo,
-              (long long)hi);
-    return -1;
-  }
-  *out = v;
+  if (errno || end == s || *end || v < o->lo || v > o->hi)
+    return cli_error(prog, "%s \"%s\" is not an integer in [%lld, %lld]", o->name, s,
+                     (long long)o->lo, (long long)o->hi);
+  *(int64_t *)o->dest = v;
   return 0;
 }
 
-int cli_u64(const char *prog, const char *opt, const char *s, uint64_t *out) {
+static int read_u64(const char *prog, const cli_option *o, const char *s) {
   char *end = NULL;
   errno = 0;
   unsigned long long v = strtoull(s, &end, 10);
-  if (errno || end == s || *end || *s == '-') {
-    cli_error(prog, "%s \"%s\" is not a non-negative integer", opt, s);
-    return -1;
-  }
-  *out = v;
+  if (errno || end == s || *end || *s == '-')
+    return cli_error(prog, "%s \"%s\" is not a non-negative integer", o->name, s);
+  *(uint64_t *)o->dest = v;
   return 0;
 }
 
-int cli_float(const char *prog, const char *opt, const char *s, float *out) {
+static int read_float(const char *prog, const cli_option *o, const char *s) {
   char *end = NULL;
   errno = 0;
   float v = strtof(s, &end);
-  if (errno || end == s || *end) {
-    cli_error(prog, "%s \"%s\" is not a number", opt, s);
-    return -1;
-  }
-  *out = v;
+  if (errno || end == s || *end) return cli_error(prog, "%s \"%s\" is not a number", o->name, s);
+  *(float *)o->dest = v;
   return 0;
 }
 
-int cli_timeout(const char *prog, const char *opt, const char *s, double *out) {
+static int read_seconds(const char *prog, const cli_option *o, const char *s) {
   char *end = NULL;
   double v = strtod(s, &end);
-  if (end == s || *end || !(v > 0.0)) {
-    cli_error(prog, "%s \"%s\" is not a number of seconds > 0 (inf: never)", opt, s);
-    return -1;
-  }
-  *out = v;
+  if (end == s || *end || !(v > 0.0))
+    return cli_error(prog, "%s \"%s\" is not a number of seconds > 0 (inf: never)", o->name, s);
+  *(double *)o->dest = v;
   return 0;
 }
 
-int cli_int_list(const char *prog, const char *opt, const char *s, int64_t lo, int64_t hi,
-                 int64_t *out, int *count) {
+static int read_list(const char *prog, const cli_option *o, const char *s) {
+  int64_t *out = o->dest;
   int n = 0;
   const char *p = s;
   for (;;) {
     char *end = NULL;
     errno = 0;
     long long v = strtoll(p, &end, 10);
-    if (errno || end == p || (*end && *end != ',') || v < lo || v > hi || n == CLI_MAX_LIST) {
-      cli_error(prog, "%s \"%s\" is not a list of at most %d integers in [%lld, %lld]", opt, s,
-                CLI_MAX_LIST, (long long)lo, (long long)hi);
-      return -1;
-    }
+    if (errno || end == p || (*end && *end != ',') || v < o->lo || v > o->hi || n == CLI_MAX_LIST)
+      return cli_error(prog, "%s \"%s\" is not a list of at most %d integers in [%lld, %lld]",
+                       o->name, s, CLI_MAX_LIST, (long long)o->lo, (long long)o->hi);
     out[n++] = v;
     if (!*end) break;
     p = end + 1;
   }
-  *count = n;
+  *o->count = n;
   return 0;
 }
 
-const char *cli_value(const char *prog, int argc, char **argv, int *i) {
-  if (*i + 1 >= argc) {
-    cli_error(prog, "option %s needs a value", argv[*i]);
-    return NULL;
-  }
-  return argv[++*i];
+/* "a, b or c" of the choices into buf. */
+static void choice_list(const char *const *c, const char *last_sep, char *buf, size_t size) {
+  size_t len = 0;
+  buf[0] = '\0';
+  for (int i = 0; c[i] && len < size; i++)
+    len += (size_t)snprintf(buf + len, size - len, "%s%s", i == 0 ? "" : c[i + 1] ? ", " : last_sep,
+                            c[i]);
 }
 
-int cli_is_option(const char *a, const char *const *names) {
-  for (; *names; names++)
-    if (!strcmp(a, *names)) return 1;
+static int read_choice(const char *prog, const cli_option *o, const char *s) {
+  for (int i = 0; o->choices[i]; i++)
+    if (!strcmp(s, o->choices[i])) {
+      *(int *)o->dest = i;
+      return 0;
+    }
+  char names[256];
+  choice_list(o->choices, " or ", names, sizeof names);
+  return cli_error(prog, "%s \"%s\" is not %s", o->name, s, names);
+}
+
+/* "4G", "128M", "8" for bytes. */
+static void size_text(int64_t v, char *buf, size_t size) {
+  static const char units[] = "GMK";
+  for (int u = 0; u < 3; u++) {
+    int64_t m = INT64_C(1) << (10 * (3 - u));
+    if (v && v % m == 0) {
+      snprintf(buf, size, "%lld%c", (long long)(v / m), units[u]);
+      return;
+    }
+  }
+  snprintf(buf, size, "%lld", (long long)v);
+}
+
+static int read_bytes(const char *prog, const cli_option *o, const char *s) {
+  char *end = NULL;
+  double v = strtod(s, &end), mult = 1.0;
+  if (end && *end && !end[1]) {
+    if (*end == 'K' || *end == 'k')
+      mult = 1024.0;
+    else if (*end == 'M' || *end == 'm')
+      mult = 1048576.0;
+    else if (*end == 'G' || *end == 'g')
+      mult = 1073741824.0;
+    else
+      end = NULL;
+    if (end) end++;
+  }
+  if (!end || end == s || *end || !(v * mult >= (double)o->lo) || v * mult > (double)o->hi) {
+    char lo[32], hi[32];
+    size_text(o->lo, lo, sizeof lo);
+    size_text(o->hi, hi, sizeof hi);
+    return cli_error(prog, "%s \"%s\" is not a size in bytes from %s to %s", o->name, s, lo, hi);
+  }
+  *(int64_t *)o->dest = (int64_t)(v * mult);
   return 0;
 }
 
-int cli_next(const char *prog, int argc, char **argv, int *i, const char *const *flags,
-             const char *const *value_opts, const char **value) {
-  const char *a = argv[*i];
-  if (!strcmp(a, "--help") || !strcmp(a, "-h")) return CLI_HELP;
-  if (cli_is_option(a, flags)) return CLI_FLAG;
-  if (!cli_is_option(a, value_opts)) {
-    cli_error(prog, "unknown option %s (see --help)", a);
-    return CLI_ERROR;
+static int read_value(const char *prog, const cli_option *o, const char *s) {
+  switch (o->kind) {
+  case CLI_FLAG: return 0;
+  case CLI_INT: return read_int(prog, o, s);
+  case CLI_U64: return read_u64(prog, o, s);
+  case CLI_FLOAT: return read_float(prog, o, s);
+  case CLI_SECONDS: return read_seconds(prog, o, s);
+  case CLI_STRING: *(const char **)o->dest = s; return 0;
+  case CLI_LIST: return read_list(prog, o, s);
+  case CLI_CHOICE: return read_choice(prog, o, s);
+  case CLI_BYTES: return read_bytes(prog, o, s);
   }
-  *value = cli_value(prog, argc, argv, i);
-  return *value ? CLI_VALUE : CLI_ERROR;
+  return cli_error(prog, "%s: unknown kind of option %d", o->name, (int)o->kind);
 }
 
-double cli_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+int cli_parse(const cli_spec *spec, int argc, char **argv) {
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      cli_help(spec, stdout);
+      return 1;
+    }
+    const cli_option *o = NULL;
+    for (int k = 0; k < spec->count && !o; k++)
+      if (!strcmp(a, spec->options[k].name)) o = &spec->options[k];
+    if (!o) return cli_error(spec->prog, "unknown option %s (see --help)", a);
+    if (o->given) *o->given = 1;
+    if (o->kind == CLI_FLAG) {
+      *(int *)o->dest = o->flag;
+    } else {
+      if (i + 1 >= argc) return cli_error(spec->prog, "option %s needs a value", a);
+      if (read_value(spec->prog, o, argv[++i])) return -1;
+    }
+    if (o->check && o->check(spec->prog, o, o->kind == CLI_FLAG ? NULL : argv[i])) return -1;
+  }
+  return 0;
+}
+
+/* ---- help ---- */
+
+/* "--model NAME", "--backend auto|cpu|cuda", "--json" into buf. */
+static void label(const cli_option *o, char *buf, size_t size) {
+  size_t len = (size_t)snprintf(buf, size, "%s", o->name);
+  if (o->kind == CLI_FLAG || len >= size) return;
+  if (o->arg || o->kind != CLI_CHOICE) {
+    snprintf(buf + len, size - len, " %s", o->arg ? o->arg : "VALUE");
+    return;
+  }
+  for (int i = 0; o->choices[i] && len < size; i++)
+    len += (size_t)snprintf(buf + len, size - len, "%s%s", i ? "|" : " ", o->choices[i]);
+}
+
+/* Prints text word by word from column `at` (the cursor is there), wrapping to HELP_WIDTH with
+ * continuation lines indented to `indent`; a newline in text starts a new line. */
+static void wrap(FILE *f, const char *text, int at, int indent) {
+  int col = at;
+  for (const char *p = text; *p;) {
+    if (*p == '\n') {
+      fprintf(f, "\n%*s", indent, "");
+      col = indent;
+      p++;
+      continue;
+    }
+    if (*p == ' ') {
+      p++;
+      continue;
+    }
+    int len = (int)strcspn(p, " \n");
+    if (col > indent && col + 1 + len > HELP_WIDTH) {
+      fprintf(f, "\n%*s", indent, "");
+      col = indent;
+    } else if (col > indent) {
+      fputc(' ', f);
+      col++;
+    }
+    fprintf(f, "%.*s", len, p);
+    col += len;
+    p += len;
+  }
+}
+
+void cli_help(const cli_spec *spec, FILE *f) {
+  char buf[160], words[4096];
+  size_t len = 0;
+  words[0] = '\0';
+  for (int k = 0; k < spec->count && len < sizeof words; k++) {
+    label(&spec->options[k], buf, sizeof buf);
+    /* Non-breaking inside an option: its brackets and value stay on one line. */
+    for (char *c = buf; *c; c++)
+      if (*c == ' ') *c = '\x1f';
+    len += (size_t)snprintf(words + len, sizeof words - len, "%s[%s]", k ? " " : "", buf);
+  }
+  int head = fprintf(f, "usage: %s ", spec->prog);
+  char *p = words;
+  int col = head;
+  /* The synopsis, wrapped with its lines indented under the first option. */
+  while (*p) {
+    int n = (int)strcspn(p, " ");
+    if (col > head && col + 1 + n > HELP_WIDTH) {
+      fprintf(f, "\n%*s", head, "");
+      col = head;
+    } else if (col > head) {
+      fputc(' ', f);
+      col++;
+    }
+    for (int i = 0; i < n; i++) fputc(p[i] == '\x1f' ? ' ' : p[i], f);
+    col += n;
+    p += n;
+    if (*p) p++;
+  }
+  fputc('\n', f);
+  if (spec->about) {
+    wrap(f, spec->about, 0, 0);
+    fputc('\n', f);
+  }
+  int column = 0;
+  for (int k = 0; k < spec->count; k++) {
+    label(&spec->options[k], buf, sizeof buf);
+    int w = 2 + (int)strlen(buf) + 2;
+    if (w > column && w <= HELP_COLUMN) column = w;
+  }
+  for (int k = 0; k < spec->count; k++) {
+    label(&spec->options[k], buf, sizeof buf);
+    int at = fprintf(f, "  %s", buf);
+    if (at + 2 > column) {
+      fprintf(f, "\n%*s", column, "");
+    } else {
+      fprintf(f, "%*s", column - at, "");
+    }
+    wrap(f, spec->options[k].help ? spec->options[k].help : "", column, column);
+    fputc('\n', f);
+  }
+  if (spec->notes) {
+    wrap(f, spec->notes, 0, 0);
+    fputc('\n', f);
+  }
 }

@@ -1,40 +1,73 @@
-/* cli.h: argument parsing shared by the command-line programs: strict numbers and lists, and
- * the one way they report errors (a message on stderr, exit status 1). */
+/* cli.h: the one reader of command-line options of pmap's programs (pmap-train, pmap-bench,
+ * pmap-allreduce, pmap-step). Each program describes its options in a table (name, kind, range,
+ * where the value goes, help); cli_parse reads argv against it strictly and cli_help prints the
+ * --help text made from it. Every error is "<prog>: <message>" on stderr, exit status 1. */
 #ifndef PMAP_TOOLS_CLI_H
 #define PMAP_TOOLS_CLI_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #define CLI_MAX_LIST 16
 
+/* What an option takes, and where it puts it (cli_option.dest). */
+typedef enum cli_kind {
+  CLI_FLAG,    /* no value: int = .flag */
+  CLI_INT,     /* int64_t, a decimal integer in [lo, hi] */
+  CLI_U64,     /* uint64_t, a non-negative decimal integer */
+  CLI_FLOAT,   /* float, any number strtof reads (nan and inf included: .check limits it) */
+  CLI_SECONDS, /* double, seconds > 0; inf: never */
+  CLI_STRING,  /* const char *, the value as given */
+  CLI_LIST,    /* int64_t[CLI_MAX_LIST], comma-separated integers in [lo, hi]; *count of them */
+  CLI_CHOICE,  /* int, the index of the value among .choices */
+  CLI_BYTES,   /* int64_t, bytes in [lo, hi]: a number with an optional K, M or G suffix
+                  (powers of 1024), e.g. 8, 1.5M, 4G */
+} cli_kind;
+
+typedef struct cli_option cli_option;
+struct cli_option {
+  const char *name; /* "--steps", "-b" */
+  cli_kind kind;
+  void *dest;        /* where the value goes, of the kind's type */
+  const char *arg;   /* the value's name in the help ("N", "FILE"); CLI_CHOICE: NULL shows
+                        the choices (a|b|c) */
+  const char *help;  /* what it does, its default; wrapped to 100 columns */
+  int64_t lo, hi;    /* CLI_INT, CLI_LIST, CLI_BYTES: the range */
+  int *count;        /* CLI_LIST: how many integers were given */
+  const char *const *choices; /* CLI_CHOICE: the names, NULL-terminated */
+  int flag;          /* CLI_FLAG: the value dest takes */
+  int *given;        /* set to 1 when the option is given (optional) */
+  /* A check or conversion of the program's own after the kind's (optional): 0, or -1 after
+   * cli_error. For values whose rule is not a range, e.g. a float in [0, 1). */
+  int (*check)(const char *prog, const cli_option *o, const char *value);
+};
+
+/* A program's options and the text of its --help around them. */
+typedef struct cli_spec {
+  const char *prog;
+  const cli_option *options;
+  int count;
+  const char *about; /* printed after the usage line (optional) */
+  const char *notes; /* printed after the options (optional) */
+} cli_spec;
+
+/* Reads argv[1..argc) against spec's table, in order: each option's value converted and checked
+ * into its dest. Returns 0; 1 after printing the help on stdout for --help or -h; -1 at the
+ * first error ("unknown option --x (see --help)", "option --steps needs a value", or the
+ * value's), printed by cli_error. A value is always the next argument, even one that starts
+ * with "-". */
+int cli_parse(const cli_spec *spec, int argc, char **argv);
+/* The --help text: "usage: <prog> [--opt ARG] ...", about, one entry per option, notes. */
+void cli_help(const cli_spec *spec, FILE *f);
+
 /* Prints "<prog>: <message>" on stderr, keeps the message for cli_last_error, returns -1. Every
- * parse error of these functions goes through it. */
+ * error of cli_parse goes through it, and so should a program's own checks of its options. */
 int cli_error(const char *prog, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The message of the last cli_error ("" before any). */
 const char *cli_last_error(void);
 /* Whether flag is one of argv[1..argc): to know, before parsing succeeds, that it was given. */
 int cli_has_flag(int argc, char **argv, const char *flag);
 
-/* Each returns 0 on success, else prints "<prog>: <what>" on stderr and returns -1. */
-int cli_int(const char *prog, const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out);
-int cli_float(const char *prog, const char *opt, const char *s, float *out);
-int cli_u64(const char *prog, const char *opt, const char *s, uint64_t *out);
-/* Seconds of a timeout: a number > 0, or inf (never); HUGE_VAL for inf. */
-int cli_timeout(const char *prog, const char *opt, const char *s, double *out);
-/* A comma-separated list of integers in [lo, hi], e.g. "1,2,4". */
-int cli_int_list(const char *prog, const char *opt, const char *s, int64_t lo, int64_t hi,
-                 int64_t *out, int *count);
-/* The value of option argv[*i] (advancing *i), or NULL with a message when it is missing. */
-const char *cli_value(const char *prog, int argc, char **argv, int *i);
-/* Whether a is one of the NULL-terminated names. */
-int cli_is_option(const char *a, const char *const *names);
-
-enum { CLI_ERROR = -1, CLI_FLAG = 0, CLI_VALUE = 1, CLI_HELP = 2 };
-/* Classifies argv[*i]: CLI_HELP for --help or -h; CLI_FLAG when it is one of flags; CLI_VALUE
- * when it is one of value_opts, with *value its value (*i advanced past it); else CLI_ERROR
- * after printing why (an unknown option or a missing value). Both lists end with NULL. */
-int cli_next(const char *prog, int argc, char **argv, int *i, const char *const *flags,
-             const char *const *value_opts, const char **value);
 double cli_now(void); /* seconds, monotonic */
 
 #endif

@@ -13,17 +13,15 @@ typedef struct opts {
   int64_t devices, steps, batch, samples, log_every, save_every, verify_every, micro;
   int64_t hidden[CLI_MAX_LIST];
   int n_hidden, have_model;
-  double eval_fraction;
+  float eval_fraction;
   double timeout_s; /* pmap_config.timeout_s: 0 means the library's ($PMAP_TIMEOUT, else 300 s) */
   float lr, clip_norm;
   int have_lr, json, no_guard, shard;
   uint64_t seed;
 } opts;
 
-/* pmap-train's --help text. */
-void train_usage(FILE *f);
-/* Reads argv into *o (defaults first); prints the help and exits 0 for --help. Returns 0, or
- * -1 after printing why on stderr. */
+/* Reads argv into *o (defaults first) with the option table of train_args.c; prints the help
+ * and exits 0 for --help. Returns 0, or -1 after printing why on stderr (cli_last_error). */
 int train_parse(int argc, char **argv, opts *o);
 
 #endif

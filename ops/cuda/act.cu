@@ -37,9 +37,3 @@ extern "C" pmap_status cuda_act_backward(op_queue *q, pmap_act act, const float 
   CUDA_CHECK_LAUNCH(q, "act_backward_kernel");
   return PMAP_SUCCESS;
 }
-
-extern "C" pmap_status cuda_act_preload(op_queue *q) {
-  CUDA_PRELOAD(q, act_forward_kernel);
-  CUDA_PRELOAD(q, act_backward_kernel);
-  return PMAP_SUCCESS;
-}

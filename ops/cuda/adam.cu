@@ -32,8 +32,3 @@ extern "C" pmap_status cuda_adam_step(op_queue *q, float *w, const float *g, flo
   CUDA_CHECK_LAUNCH(q, "adam_step_kernel");
   return PMAP_SUCCESS;
 }
-
-extern "C" pmap_status cuda_adam_preload(op_queue *q) {
-  CUDA_PRELOAD(q, adam_step_kernel);
-  return PMAP_SUCCESS;
-}

@@ -15,8 +15,3 @@ extern "C" pmap_status cuda_add(op_queue *q, const float *a, const float *b, flo
   CUDA_CHECK_LAUNCH(q, "add_kernel");
   return PMAP_SUCCESS;
 }
-
-extern "C" pmap_status cuda_add_preload(op_queue *q) {
-  CUDA_PRELOAD(q, add_kernel);
-  return PMAP_SUCCESS;
-}

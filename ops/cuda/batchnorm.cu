@@ -175,12 +175,3 @@ extern "C" pmap_status cuda_bn_backward_dx(op_queue *q, const float *x, const fl
   CUDA_CHECK_LAUNCH(q, "bn_dx_kernel");
   return PMAP_SUCCESS;
 }
-
-extern "C" pmap_status cuda_batchnorm_preload(op_queue *q) {
-  CUDA_PRELOAD(q, bn_stats_kernel);
-  CUDA_PRELOAD(q, bn_forward_kernel);
-  CUDA_PRELOAD(q, bn_running_kernel);
-  CUDA_PRELOAD(q, bn_sums_kernel);
-  CUDA_PRELOAD(q, bn_dx_kernel);
-  return PMAP_SUCCESS;
-}

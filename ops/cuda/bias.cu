@@ -71,10 +71,3 @@ extern "C" pmap_status cuda_bias_backward(op_queue *q, const float *dy, float *d
   CUDA_CHECK_GEN(q, CUDA_LIB_RUNTIME, cudaSuccess, cudaGetLastError(), kernel, return cuda_chk_s_);
   return PMAP_SUCCESS;
 }
-
-extern "C" pmap_status cuda_bias_preload(op_queue *q) {
-  CUDA_PRELOAD(q, bias_forward_kernel);
-  CUDA_PRELOAD(q, bias_backward_column_kernel);
-  CUDA_PRELOAD(q, bias_backward_channel_kernel);
-  return PMAP_SUCCESS;
-}

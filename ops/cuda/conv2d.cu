@@ -152,10 +152,3 @@ extern "C" pmap_status cuda_conv2d_backward(op_queue *q, const pmap_conv_shape *
   }
   return PMAP_SUCCESS;
 }
-
-extern "C" pmap_status cuda_conv2d_preload(op_queue *q) {
-  CUDA_PRELOAD(q, im2col_kernel);
-  CUDA_PRELOAD(q, col2im_kernel);
-  CUDA_PRELOAD(q, swap_axes_kernel);
-  return PMAP_SUCCESS;
-}

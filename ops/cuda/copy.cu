@@ -19,8 +19,3 @@ extern "C" pmap_status cuda_copy(op_queue *q, const float *x, float *y, size_t n
   CUDA_CHECK_LAUNCH(q, "copy_kernel");
   return PMAP_SUCCESS;
 }
-
-extern "C" pmap_status cuda_copy_preload(op_queue *q) {
-  CUDA_PRELOAD(q, copy_kernel);
-  return PMAP_SUCCESS;
-}

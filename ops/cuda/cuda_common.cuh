@@ -14,16 +14,6 @@
 /* Grids are capped; kernels loop with a grid stride past it. */
 #define CUDA_MAX_GRID 65535u
 
-/* Loads `kernel` now rather than at its first launch (CUDA loads modules lazily): see
- * cuda_ops_preload in cuda_ops.h. Returns the failure, e.g. no code for this GPU. */
-#define CUDA_PRELOAD(q, kernel)                                                      \
-  do {                                                                                \
-    cudaFuncAttributes preload_attr_;                                                 \
-    CUDA_CHECK_GEN(q, CUDA_LIB_RUNTIME, cudaSuccess,                                 \
-                   cudaFuncGetAttributes(&preload_attr_, kernel), "loading " #kernel, \
-                   return cuda_chk_s_);                                               \
-  } while (0)
-
 /* Blocks of CUDA_BLOCK threads for n elements (0 for none: skip the launch). */
 static inline unsigned cuda_grid(size_t n) {
   size_t g = (n + CUDA_BLOCK - 1) / CUDA_BLOCK;

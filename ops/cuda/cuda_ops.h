@@ -33,31 +33,6 @@ static inline const cuda_step_vals *cuda_vals_of(const op_queue *q) {
   return q->vals_on ? q->vals : NULL;
 }
 
-/* Loads every kernel of ops/cuda on q's GPU (the current device) now. CUDA loads a module at
- * the first launch of one of its kernels, and that may synchronize the whole GPU: on a GPU
- * shared by several logical devices, a first launch of, say, the optimizer's kernel behind a
- * queued all-reduce could then wait for another device's all-reduce kernel, which spins until
- * this device's joins. A queue's creation calls it, before the queue runs anything. */
-pmap_status cuda_ops_preload(op_queue *q);
-pmap_status cuda_act_preload(op_queue *q);
-pmap_status cuda_adam_preload(op_queue *q);
-pmap_status cuda_add_preload(op_queue *q);
-pmap_status cuda_batchnorm_preload(op_queue *q);
-pmap_status cuda_bias_preload(op_queue *q);
-pmap_status cuda_conv2d_preload(op_queue *q);
-pmap_status cuda_copy_preload(op_queue *q);
-pmap_status cuda_dropout_preload(op_queue *q);
-pmap_status cuda_fill_preload(op_queue *q);
-pmap_status cuda_layernorm_preload(op_queue *q);
-pmap_status cuda_loss_reduce_preload(op_queue *q);
-pmap_status cuda_mse_preload(op_queue *q);
-pmap_status cuda_norm2_preload(op_queue *q);
-pmap_status cuda_pool2d_preload(op_queue *q);
-pmap_status cuda_relu_preload(op_queue *q);
-pmap_status cuda_sgd_preload(op_queue *q);
-pmap_status cuda_softmax_xent_preload(op_queue *q);
-pmap_status cuda_step_vals_preload(op_queue *q);
-
 /* Second pass of the loss reductions: *loss (device) = (float)(sum of partial (blocks) / denom),
  * summed in a fixed order so the loss is deterministic. blocks <= CUDA_REDUCE_BLOCKS. */
 pmap_status cuda_loss_finalize(op_queue *q, const double *partial, unsigned blocks, double denom,

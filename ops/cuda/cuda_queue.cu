@@ -1,9 +1,14 @@
 /* cuda_queue.cu: a device's CUDA op queue (cuda_queue.h): made on the device's thread from its
  * stream and BLAS handle, with its scratch and the fast steps' values allocated through the
- * device's allocator, and every kernel loaded at once (cuda_ops_preload). */
+ * device's allocator, after a check that the GPU can run pmap's kernels. */
 #include <stdlib.h>
 
 #include "cuda_ops.h"
+
+/* Never launched. Every .cu file of ops/cuda is compiled for the same GPUs, so whether this
+ * kernel has code for the device answers for all of them. (Where logical devices share a GPU,
+ * the backend has every module loaded when CUDA starts: runtime/cuda/cuda_ctx.c.) */
+static __global__ void queue_probe_kernel() {}
 
 extern "C" void cuda_queue_destroy(op_queue *q) {
   if (!q) return; /* the caller waited for the queued work (op_backend.queue_destroy) */
@@ -45,7 +50,9 @@ extern "C" pmap_status cuda_queue_create(const op_queue_init *init, op_queue **o
     q->vals_host[k] = (cuda_step_vals *)h;
   }
   (void)cudaGetLastError();
-  PMAP_TRY_GOTO(st, cuda_ops_preload(q), fail);
+  /* A GPU without code for the kernels fails here, with CUDA's message, not at the first op. */
+  cudaFuncAttributes attr;
+  CUDA_CHECK_GOTO(q, st, cudaFuncGetAttributes(&attr, queue_probe_kernel), fail);
   *out = q;
   return PMAP_SUCCESS;
 fail:

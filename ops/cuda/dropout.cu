@@ -35,8 +35,3 @@ extern "C" pmap_status cuda_dropout_backward(op_queue *q, const float *dy, float
   CUDA_CHECK_LAUNCH(q, "dropout_kernel");
   return PMAP_SUCCESS;
 }
-
-extern "C" pmap_status cuda_dropout_preload(op_queue *q) {
-  CUDA_PRELOAD(q, dropout_kernel);
-  return PMAP_SUCCESS;
-}

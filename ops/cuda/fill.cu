@@ -19,8 +19,3 @@ extern "C" pmap_status cuda_fill(op_queue *q, float *x, float value, size_t n) {
   CUDA_CHECK_LAUNCH(q, "fill_kernel");
   return PMAP_SUCCESS;
 }
-
-extern "C" pmap_status cuda_fill_preload(op_queue *q) {
-  CUDA_PRELOAD(q, fill_kernel);
-  return PMAP_SUCCESS;
-}

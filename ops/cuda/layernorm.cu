@@ -107,10 +107,3 @@ extern "C" pmap_status cuda_layernorm_backward(op_queue *q, const float *x, cons
   CUDA_CHECK_LAUNCH(q, "layernorm_backward kernels");
   return PMAP_SUCCESS;
 }
-
-extern "C" pmap_status cuda_layernorm_preload(op_queue *q) {
-  CUDA_PRELOAD(q, layernorm_forward_kernel);
-  CUDA_PRELOAD(q, layernorm_dx_kernel);
-  CUDA_PRELOAD(q, layernorm_dparams_kernel);
-  return PMAP_SUCCESS;
-}

@@ -20,8 +20,3 @@ extern "C" pmap_status cuda_loss_finalize(op_queue *q, const double *partial, un
   CUDA_CHECK_LAUNCH(q, "loss_finalize_kernel");
   return PMAP_SUCCESS;
 }
-
-extern "C" pmap_status cuda_loss_reduce_preload(op_queue *q) {
-  CUDA_PRELOAD(q, loss_finalize_kernel);
-  return PMAP_SUCCESS;
-}

@@ -30,8 +30,3 @@ extern "C" pmap_status cuda_mse(op_queue *q, const float *pred, const float *t, 
   CUDA_CHECK_LAUNCH(q, "mse_kernel");
   return cuda_loss_finalize(q, partial, blocks, (double)n, loss);
 }
-
-extern "C" pmap_status cuda_mse_preload(op_queue *q) {
-  CUDA_PRELOAD(q, mse_kernel);
-  return PMAP_SUCCESS;
-}

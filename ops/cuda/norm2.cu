@@ -53,11 +53,3 @@ extern "C" pmap_status cuda_axpy(op_queue *q, float alpha, const float *x, float
   CUDA_CHECK_LAUNCH(q, "axpy_kernel");
   return PMAP_SUCCESS;
 }
-
-extern "C" pmap_status cuda_norm2_preload(op_queue *q) {
-  CUDA_PRELOAD(q, norm2_kernel);
-  CUDA_PRELOAD(q, norm2_finalize_kernel);
-  CUDA_PRELOAD(q, scale_kernel);
-  CUDA_PRELOAD(q, axpy_kernel);
-  return PMAP_SUCCESS;
-}

@@ -51,9 +51,3 @@ extern "C" pmap_status cuda_pool2d_backward(op_queue *q, int is_max, const pmap_
   CUDA_CHECK_LAUNCH(q, "pool2d_backward_kernel");
   return PMAP_SUCCESS;
 }
-
-extern "C" pmap_status cuda_pool2d_preload(op_queue *q) {
-  CUDA_PRELOAD(q, pool2d_forward_kernel);
-  CUDA_PRELOAD(q, pool2d_backward_kernel);
-  return PMAP_SUCCESS;
-}

@@ -34,9 +34,3 @@ extern "C" pmap_status cuda_relu_backward(op_queue *q, const float *y, const flo
   CUDA_CHECK_LAUNCH(q, "relu_backward_kernel");
   return PMAP_SUCCESS;
 }
-
-extern "C" pmap_status cuda_relu_preload(op_queue *q) {
-  CUDA_PRELOAD(q, relu_forward_kernel);
-  CUDA_PRELOAD(q, relu_backward_kernel);
-  return PMAP_SUCCESS;
-}

@@ -30,8 +30,3 @@ extern "C" pmap_status cuda_sgd_step(op_queue *q, float *w, const float *g, floa
   CUDA_CHECK_LAUNCH(q, "sgd_step_kernel");
   return PMAP_SUCCESS;
 }
-
-extern "C" pmap_status cuda_sgd_preload(op_queue *q) {
-  CUDA_PRELOAD(q, sgd_step_kernel);
-  return PMAP_SUCCESS;
-}

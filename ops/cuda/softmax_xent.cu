@@ -32,8 +32,3 @@ extern "C" pmap_status cuda_softmax_xent(op_queue *q, const float *logits, const
   CUDA_CHECK_LAUNCH(q, "softmax_xent_kernel");
   return cuda_loss_finalize(q, partial, blocks, (double)rows, loss);
 }
-
-extern "C" pmap_status cuda_softmax_xent_preload(op_queue *q) {
-  CUDA_PRELOAD(q, softmax_xent_kernel);
-  return PMAP_SUCCESS;
-}

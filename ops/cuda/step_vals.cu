@@ -39,12 +39,6 @@ extern "C" pmap_status cuda_decide(op_queue *q, float *g, size_t P, const float 
   return PMAP_SUCCESS;
 }
 
-extern "C" pmap_status cuda_step_vals_preload(op_queue *q) {
-  CUDA_PRELOAD(q, decide_kernel);
-  CUDA_PRELOAD(q, scale_vals_kernel);
-  return PMAP_SUCCESS;
-}
-
 /* Copies v to q->vals in stream order: through one of two pinned buffers in turns when its last
  * copy is done, else from pageable memory, which CUDA copies out before the call returns (no
  * wait for the device here either way). */

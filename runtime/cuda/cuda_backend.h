@@ -10,6 +10,14 @@
 #include "cuda_device.h"
 #include "runtime/backend.h"
 
+/* The backend (runtime/backend.h), as the plugin's entry point gives it (cuda_plugin.c). */
+extern const pmap_backend_i pmap_cuda_backend;
+/* Number of usable CUDA devices, 0 where there are none (no driver, no GPU). */
+int pmap_cuda_device_count(void);
+/* Why the last pmap_cuda_device_count on this thread found none, in CUDA's words (e.g. the
+ * driver is older than the runtime, or there is no device). */
+const char *pmap_cuda_unavailable_reason(void);
+
 enum { CUDA_WATCHDOG_IDLE = 0, CUDA_WATCHDOG_TIMEOUT = 1, CUDA_WATCHDOG_PEER_FAILED = 2 };
 
 /* How a thread waits for its stream (PMAP_CUDA_WAIT): `block` sleeps in cudaEventSynchronize on

@@ -1,14 +1,16 @@
 /* dist.h: the inter-process transport under the collectives (P processes x D local devices).
  * Local device 0 of each process calls these for its process (or the calling thread, outside a
  * job, for the host exchanges); every wait is bounded by the context's timeout and names the
- * process it waits for. Built on MPI (dist_mpi*.c) where configured; dist_none.c stands in
- * without it. */
+ * process it waits for. The runtime's dist.c implements them: one process by itself, or, once a
+ * context spans processes, the MPI transport of the MPI plugin (libpmap-mpi.so: dist_mpi*.c,
+ * which implement the same functions inside it, given to dist.c as a pmap_dist_i). */
 #ifndef PMAP_RUNTIME_DIST_H
 #define PMAP_RUNTIME_DIST_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/plugin.h"
 #include "pmap.h"
 
 typedef struct pmap_dist pmap_dist;
@@ -119,5 +121,45 @@ void dist_abandon(pmap_dist *d, pmap_status s, const char *msg);
 /* Whether an exchange failed (timeout, a process gone, an MPI error): the processes are no
  * longer in step, so every later exchange fails at once with the first failure's message. */
 int dist_broken(const pmap_dist *d);
+
+/* The MPI transport as its plugin gives it: the functions above, for a d it opened. */
+typedef struct pmap_dist_i {
+  pmap_status (*open)(const pmap_config *cfg, pmap_backend kind, int local_devices,
+                      int64_t timeout_ns, pmap_dist **out, int *rank, int *size);
+  void (*close)(pmap_dist *d);
+  pmap_status (*agree)(pmap_dist *d, const dist_call *c, const char *who);
+  pmap_status (*end_job)(pmap_dist *d, dist_outcome *io, const char *who);
+  pmap_status (*all_reduce)(pmap_dist *d, float *buf, size_t count, int max);
+  pmap_status (*broadcast)(pmap_dist *d, void *buf, size_t bytes, int root);
+  pmap_status (*all_gather)(pmap_dist *d, const void *send, size_t bytes, const void **out);
+  pmap_status (*exchange)(pmap_dist *d, const char *call, const void *mine, size_t bytes,
+                          const void **all);
+  pmap_status (*broadcast_bytes)(pmap_dist *d, void *buf, size_t bytes, int root);
+  int (*rank)(const pmap_dist *d);
+  int (*size)(const pmap_dist *d);
+  const char *(*host)(const pmap_dist *d, int r);
+  uint64_t (*seq)(const pmap_dist *d);
+  uint64_t (*alone_seq)(const pmap_dist *d);
+  void (*abandon)(pmap_dist *d, pmap_status s, const char *msg);
+  int (*broken)(const pmap_dist *d);
+} pmap_dist_i;
+
+/* What the runtime hands the MPI plugin: the core functions its code calls, which it forwards
+ * to under their own names (runtime/dist/dist_plugin.c). */
+typedef struct dist_core_i {
+  const pmap_base_i *base;
+  int64_t (*now_ns)(void);
+  const char *(*backend_name)(pmap_backend b);
+} dist_core_i;
+
+/* The MPI plugin's entry point: returns dist_plugin_abi() as the plugin was built, and only when
+ * that equals abi (the same build) binds core and sets *out. */
+typedef uint64_t (*dist_plugin_entry)(uint64_t abi, const dist_core_i *core,
+                                      const pmap_dist_i **out);
+static inline uint64_t dist_plugin_abi(void) {
+  const size_t sizes[] = {sizeof(pmap_base_i), sizeof(dist_core_i),  sizeof(pmap_dist_i),
+                          sizeof(dist_call),   sizeof(dist_outcome), sizeof(pmap_config)};
+  return pmap_plugin_abi(sizes, (int)(sizeof sizes / sizeof sizes[0]));
+}
 
 #endif

@@ -1,5 +1,5 @@
 /* dist_env.c: whether a context spans processes, from pmap_config.dist, the PMAP_DIST variable
- * and the launcher's environment; shared by the MPI transport and its stand-in. */
+ * and the launcher's environment; shared by the runtime (dist.c) and the MPI plugin. */
 #include <stdlib.h>
 #include <string.h>
 

@@ -1,4 +1,5 @@
-/* dist_env.h: the choice between one process and many (runtime/dist/dist_env.c). */
+/* dist_env.h: the choice between one process and many (runtime/dist/dist_env.c, compiled into
+ * libpmap for dist.c and into the MPI plugin for its transport). */
 #ifndef PMAP_RUNTIME_DIST_ENV_H
 #define PMAP_RUNTIME_DIST_ENV_H
 

@@ -1,4 +1,5 @@
-/* dist_mpi.h: the inside of the MPI transport, shared by its two files: dist_mpi_open.c (MPI's
+/* dist_mpi.h: the inside of the MPI transport (in the MPI plugin, libpmap-mpi.so, whose door is
+ * dist_plugin.c), shared by its two files: dist_mpi_open.c (MPI's
  * start, the meeting of the processes at creation, leave notices, closing and the exit handler)
  * and dist_mpi.c (the exchanges). */
 #ifndef PMAP_RUNTIME_DIST_MPI_H
