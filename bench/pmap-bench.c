@@ -102,8 +102,8 @@ static pmap_status params_make(pmap_ctx *ctx, const char *name, const pmap_model
 }
 
 static int setup_open(setup *s, const char *name, const pmap_model *model,
-                      const pmap_optimizer *opt, const bench_opts *o, pmap_backend backend, int devices,
-                      int shard, int64_t bd, int64_t warmup, int cap, bench_row *r) {
+                      const pmap_optimizer *opt, const bench_opts *o, pmap_backend backend,
+                      int devices, int shard, int64_t bd, int64_t warmup, int cap, bench_row *r) {
   pmap_config cfg = {.backend = backend,
                      .num_devices = devices,
                      .timeout_s = o->timeout_s,
@@ -247,8 +247,8 @@ static void finish_table(bench_result *res, int mode, setup *su, double flops_pe
 }
 
 /* All tables of one model, measured together in interleaved rounds. */
-static int bench_model(const char *name, const bench_opts *o, pmap_backend backend, const char **bname,
-                       bench_result *res) {
+static int bench_model(const char *name, const bench_opts *o, pmap_backend backend,
+                       const char **bname, bench_result *res) {
   pmap_example_info info;
   pmap_model *model = NULL;
   if (model_info(name, &info)) return fail("--model");

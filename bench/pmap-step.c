@@ -154,8 +154,8 @@ static int variants_check(const char *prog, const cli_option *o, const char *v) 
   for (const char *t = v; *t;) {
     size_t len = strcspn(t, ",");
     int k = 0;
-    while (k < N_VARIANTS && (strlen(all_variants[k].name) != len ||
-                              strncmp(t, all_variants[k].name, len)))
+    while (k < N_VARIANTS &&
+           (strlen(all_variants[k].name) != len || strncmp(t, all_variants[k].name, len)))
       k++;
     if (len && k == N_VARIANTS)
       return cli_error(prog,

@@ -24,11 +24,21 @@ static int cuda_driver_here(void) {
 
 static const backend_entry backends[] = {
 #if defined(PMAP_HAVE_CUDA)
-    {PMAP_BACKEND_CUDA, "CUDA", {NULL, NULL, NULL}, PMAP_PLUGIN_CUDA, "pmap_cuda_backend_entry",
-     NULL, cuda_driver_here},
+    {PMAP_BACKEND_CUDA,
+     "CUDA",
+     {NULL, NULL, NULL},
+     PMAP_PLUGIN_CUDA,
+     "pmap_cuda_backend_entry",
+     NULL,
+     cuda_driver_here},
 #endif
-    {PMAP_BACKEND_CPU, "CPU", {&pmap_cpu_backend, cpu_device_count, NULL}, NULL, NULL,
-     pmap_cpu_default_devices, NULL},
+    {PMAP_BACKEND_CPU,
+     "CPU",
+     {&pmap_cpu_backend, cpu_device_count, NULL},
+     NULL,
+     NULL,
+     pmap_cpu_default_devices,
+     NULL},
 };
 
 /* What a backend plugin calls of the core (backend_core_i). */

@@ -102,7 +102,10 @@ static void choice_list(const char *const *c, const char *last_sep, char *buf, s
   size_t len = 0;
   buf[0] = '\0';
   for (int i = 0; c[i] && len < size; i++)
-    len += (size_t)snprintf(buf + len, size - len, "%s%s", i == 0 ? "" : c[i + 1] ? ", " : last_sep,
+    len += (size_t)snprintf(buf + len, size - len, "%s%s",
+                            i == 0     ? ""
+                            : c[i + 1] ? ", "
+                                       : last_sep,
                             c[i]);
 }
 

@@ -28,15 +28,15 @@ typedef struct cli_option cli_option;
 struct cli_option {
   const char *name; /* "--steps", "-b" */
   cli_kind kind;
-  void *dest;        /* where the value goes, of the kind's type */
-  const char *arg;   /* the value's name in the help ("N", "FILE"); CLI_CHOICE: NULL shows
+  void *dest;                 /* where the value goes, of the kind's type */
+  const char *arg;            /* the value's name in the help ("N", "FILE"); CLI_CHOICE: NULL shows
                         the choices (a|b|c) */
-  const char *help;  /* what it does, its default; wrapped to 100 columns */
-  int64_t lo, hi;    /* CLI_INT, CLI_LIST, CLI_BYTES: the range */
-  int *count;        /* CLI_LIST: how many integers were given */
+  const char *help;           /* what it does, its default; wrapped to 100 columns */
+  int64_t lo, hi;             /* CLI_INT, CLI_LIST, CLI_BYTES: the range */
+  int *count;                 /* CLI_LIST: how many integers were given */
   const char *const *choices; /* CLI_CHOICE: the names, NULL-terminated */
-  int flag;          /* CLI_FLAG: the value dest takes */
-  int *given;        /* set to 1 when the option is given (optional) */
+  int flag;                   /* CLI_FLAG: the value dest takes */
+  int *given;                 /* set to 1 when the option is given (optional) */
   /* A check or conversion of the program's own after the kind's (optional): 0, or -1 after
    * cli_error. For values whose rule is not a range, e.g. a float in [0, 1). */
   int (*check)(const char *prog, const cli_option *o, const char *value);

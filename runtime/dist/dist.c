@@ -143,9 +143,7 @@ void dist_abandon(pmap_dist *d, pmap_status s, const char *msg) {
 }
 int dist_rank(const pmap_dist *d) { return d ? atomic_load(&mpi)->rank(d) : 0; }
 int dist_size(const pmap_dist *d) { return d ? atomic_load(&mpi)->size(d) : 1; }
-const char *dist_host(const pmap_dist *d, int r) {
-  return d ? atomic_load(&mpi)->host(d, r) : "?";
-}
+const char *dist_host(const pmap_dist *d, int r) { return d ? atomic_load(&mpi)->host(d, r) : "?"; }
 uint64_t dist_seq(const pmap_dist *d) { return d ? atomic_load(&mpi)->seq(d) : 0; }
 uint64_t dist_alone_seq(const pmap_dist *d) { return d ? atomic_load(&mpi)->alone_seq(d) : 0; }
 int dist_broken(const pmap_dist *d) { return d ? atomic_load(&mpi)->broken(d) : 0; }

@@ -8,9 +8,9 @@
 #include "runtime/sync.h"
 
 static const pmap_dist_i transport = {
-    dist_open,     dist_close,     dist_agree,          dist_end_job, dist_all_reduce,
-    dist_broadcast, dist_all_gather, dist_exchange,     dist_broadcast_bytes, dist_rank,
-    dist_size,     dist_host,      dist_seq,            dist_alone_seq, dist_abandon,
+    dist_open,      dist_close,      dist_agree,    dist_end_job,         dist_all_reduce,
+    dist_broadcast, dist_all_gather, dist_exchange, dist_broadcast_bytes, dist_rank,
+    dist_size,      dist_host,       dist_seq,      dist_alone_seq,       dist_abandon,
     dist_broken,
 };
 

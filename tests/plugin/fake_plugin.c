@@ -6,10 +6,10 @@
 #define FOREIGN_ABI UINT64_C(0x0123456789abcdef)
 
 __attribute__((visibility("default"))) uint64_t pmap_cuda_backend_entry(uint64_t abi,
-                                                                         const void *core,
-                                                                         void *out);
-__attribute__((visibility("default"))) uint64_t pmap_cuda_ops_entry(uint64_t abi,
-                                                                     const void *base, void *out);
+                                                                        const void *core,
+                                                                        void *out);
+__attribute__((visibility("default"))) uint64_t pmap_cuda_ops_entry(uint64_t abi, const void *base,
+                                                                    void *out);
 
 uint64_t pmap_cuda_backend_entry(uint64_t abi, const void *core, void *out) {
   (void)abi, (void)core, (void)out;
