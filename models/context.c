@@ -1,11 +1,12 @@
 /* context.c: pmap_ctx_create: the runtime's devices (runtime/ctx.c), then the op backend of
  * their kind made ready to run on them (ops/ops.c: the CPU chooses its GEMM here, while the
  * devices are idle, and a bad PMAP_GEMM fails the creation), so that every params made on the
- * context can run its ops. */
+ * context can run its ops; and models_dispatch, how every job of the models runs on the devices. */
 #include <stdio.h>
 
+#include "context.h"
+
 #include "base/error.h"
-#include "ops/ops.h"
 #include "runtime/runtime.h"
 
 pmap_status pmap_ctx_create(const pmap_config *cfg, pmap_ctx **out) {
@@ -22,4 +23,25 @@ pmap_status pmap_ctx_create(const pmap_config *cfg, pmap_ctx **out) {
   }
   *out = ctx;
   return PMAP_SUCCESS;
+}
+
+typedef struct ops_job {
+  pmap_fn fn;
+  void *arg;
+  const op_backend *ob;
+} ops_job;
+
+/* Device 0 runs on the caller's thread: the op backend's enter and leave around its work. */
+static pmap_status ops_job_run(pmap_device *dev, void *arg) {
+  const ops_job *j = arg;
+  if (pmap_local_index(dev) != 0 || !j->ob->enter) return j->fn(dev, j->arg);
+  int saved = j->ob->enter();
+  pmap_status st = j->fn(dev, j->arg);
+  j->ob->leave(saved);
+  return st;
+}
+
+pmap_status models_dispatch(pmap_ctx *ctx, const op_backend *ob, pmap_fn fn, void *arg) {
+  ops_job j = {fn, arg, ob};
+  return pmap_ctx_dispatch(ctx, ops_job_run, &j);
 }

@@ -43,6 +43,19 @@ pmap_status layer_backward(pmap_device *dev, const pmap_model *m, replica *r, in
   return l->cls->backward(dev, l, r, i, dy, dx, dx_out, bd);
 }
 
+void model_current_shape(const pmap_model *m, int *rank, int64_t shape[3], int64_t *size) {
+  if (m->n_layers == 0) {
+    *rank = m->in_rank;
+    memcpy(shape, m->in_shape, sizeof m->in_shape);
+    *size = m->in_size;
+  } else {
+    const layer *l = &m->layers[m->n_layers - 1];
+    *rank = l->out_rank;
+    memcpy(shape, l->out_shape, sizeof l->out_shape);
+    *size = l->out_size;
+  }
+}
+
 pmap_status layer_start(pmap_model *m, const layer_class *cls, const char *call, layer *l) {
   if (!m) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: model is NULL", call);
   memset(l, 0, sizeof *l);

@@ -65,19 +65,6 @@ pmap_status model_clone(const pmap_model *m, pmap_model **out) {
   return PMAP_SUCCESS;
 }
 
-void model_current_shape(const pmap_model *m, int *rank, int64_t shape[3], int64_t *size) {
-  if (m->n_layers == 0) {
-    *rank = m->in_rank;
-    memcpy(shape, m->in_shape, sizeof m->in_shape);
-    *size = m->in_size;
-  } else {
-    const layer *l = &m->layers[m->n_layers - 1];
-    *rank = l->out_rank;
-    memcpy(shape, l->out_shape, sizeof l->out_shape);
-    *size = l->out_size;
-  }
-}
-
 pmap_status model_push(pmap_model *m, layer l, const char *call) {
   model_current_shape(m, &l.in_rank, l.in_shape, &l.in_size);
   if (m->n_params + l.w_size + l.b_size + l.s_size > MAX_PARAMS)

@@ -25,7 +25,7 @@ struct pmap_model {
   int n_open;
 };
 
-/* The current output shape: that of the last layer, or the input. */
+/* The current output shape: that of the last layer, or the input (models/layer.c). */
 void model_current_shape(const pmap_model *m, int *rank, int64_t shape[3], int64_t *size);
 /* Appends l (begun by layer_start; its class, output shape, parameter, state and scratch sizes
  * and settings set); fills in the input side and the offsets. PMAP_ERR_INVALID_ARGUMENT /

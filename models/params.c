@@ -1,6 +1,6 @@
 /* params.c: the replicated training state: its layout, creating it (built-in models and your own
  * gradient function) with an op queue per replica, destroying it, and the dispatch of every job
- * on it. Reading and writing replicas is params_access.c's, the step step.c's, the optimizer
+ * on it (models/context.c). Reading and writing replicas is params_access.c's, the step step.c's, the optimizer
  * optimizer.c's. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,27 +97,6 @@ static pmap_status queue_open(pmap_device *dev, pmap_params *p, replica *r) {
                         .owner = dev};
   r->ops = p->ob->ops;
   return p->ob->queue_create(&init, &r->q);
-}
-
-typedef struct ops_job {
-  pmap_fn fn;
-  void *arg;
-  const op_backend *ob;
-} ops_job;
-
-/* Device 0 runs on the caller's thread: the op backend's enter and leave around its work. */
-static pmap_status ops_job_run(pmap_device *dev, void *arg) {
-  const ops_job *j = arg;
-  if (pmap_local_index(dev) != 0 || !j->ob->enter) return j->fn(dev, j->arg);
-  int saved = j->ob->enter();
-  pmap_status st = j->fn(dev, j->arg);
-  j->ob->leave(saved);
-  return st;
-}
-
-pmap_status params_dispatch(pmap_params *p, pmap_fn fn, void *arg) {
-  ops_job j = {fn, arg, p->ob};
-  return pmap_ctx_dispatch(p->ctx, ops_job_run, &j);
 }
 
 /* A create's job: the params and the initial parameters (host memory). */

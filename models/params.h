@@ -7,6 +7,7 @@
 
 #include <stdatomic.h>
 
+#include "context.h"
 #include "model.h"
 #include "ops/ops.h"
 #include "runtime/runtime.h"
@@ -74,7 +75,9 @@ static inline void params_part(const pmap_params *p, int k, size_t *lo, size_t *
 }
 /* Runs fn(dev, arg) on every device of p's context with p's op backend entered on the calling
  * thread (device 0's): how every job on params runs. */
-pmap_status params_dispatch(pmap_params *p, pmap_fn fn, void *arg);
+static inline pmap_status params_dispatch(pmap_params *p, pmap_fn fn, void *arg) {
+  return models_dispatch(p->ctx, p->ob, fn, arg);
+}
 /* Sets reduced, chunk and the buffer lengths from n_params, guard, shard and the context. */
 void params_layout(pmap_params *p);
 /* Sharded: the all-gather of the parameters (every device sends its own part), the last act of

@@ -1,7 +1,7 @@
 /* gemm.c: the CPU GEMM providers: oneDNN's dnnl_sgemm and a CBLAS where the build found them,
- * and the portable blocked loop, always (gemm.h); cpu_gemm calls the one in use (chosen per
- * machine at run time, gemm_choice.c). Tiny shapes always take the loop (library call overhead
- * dominates there). */
+ * and the portable blocked loop, always (gemm.h). The op cpu_gemm (gemm_choice.c) calls the one
+ * chosen for the machine; tiny shapes always take the loop (library call overhead dominates
+ * there). */
 #include "gemm.h"
 
 #include <pthread.h>
@@ -182,27 +182,4 @@ pmap_status cpu_gemm_with(const cpu_gemm_provider *p, int ta, int tb, int64_t m,
     return PMAP_SUCCESS;
   }
   return p->run(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-
-pmap_status cpu_gemm(op_queue *q, int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
-                     const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
-                     int64_t ldc) {
-  (void)q;
-  if (m <= 0 || n <= 0) return PMAP_SUCCESS;
-  if (k <= 0 || m * n * k <= CPU_GEMM_SMALL_MACS) {
-    cpu_gemm_portable(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    return PMAP_SUCCESS;
-  }
-  const cpu_gemm_provider *p = cpu_gemm_active();
-  if (!p) return cpu_gemm_ready("cpu gemm");
-  return p->run(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-
-int cpu_gemm_threads_set(int n) {
-  const cpu_gemm_provider *p = cpu_gemm_active();
-  if (!p || !p->threads_set) return n;
-  int old = p->threads_set(n);
-  /* A count of the whole process cannot be given back by one device thread while the others
-   * still run GEMMs: it stays at n. */
-  return p->threads_process_wide && p->threads_process_wide() ? n : old;
 }

@@ -1,8 +1,8 @@
 /* gemm_choice.c: which CPU GEMM provider runs, chosen once per process at the first need (the
  * first CPU context, or the first library-sized GEMM of code that runs the CPU ops without one):
  * the one PMAP_GEMM names, the only one built, this machine's cached choice (gemm_cache.c), or
- * the fastest in a short measurement at the GEMMs of the example models' steps. One provider
- * serves every shape: see README.md, "CPU GEMM", for why. */
+ * the fastest in a short measurement at the GEMMs of the example models' steps; and the op
+ * cpu_gemm, which runs through it. One provider serves every shape: docs/cpu-gemm.md says why. */
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -332,4 +332,27 @@ const char *pmap_gemm_provider(void) {
 const char *pmap_gemm_reason(void) {
   cpu_gemm_active();
   return atomic_load(&why);
+}
+
+pmap_status cpu_gemm(op_queue *q, int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
+                     const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                     int64_t ldc) {
+  (void)q;
+  if (m <= 0 || n <= 0) return PMAP_SUCCESS;
+  if (k <= 0 || m * n * k <= CPU_GEMM_SMALL_MACS) {
+    cpu_gemm_portable(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return PMAP_SUCCESS;
+  }
+  const cpu_gemm_provider *p = cpu_gemm_active();
+  if (!p) return cpu_gemm_ready("cpu gemm");
+  return p->run(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+int cpu_gemm_threads_set(int n) {
+  const cpu_gemm_provider *p = cpu_gemm_active();
+  if (!p || !p->threads_set) return n;
+  int old = p->threads_set(n);
+  /* A count of the whole process cannot be given back by one device thread while the others
+   * still run GEMMs: it stays at n. */
+  return p->threads_process_wide && p->threads_process_wide() ? n : old;
 }

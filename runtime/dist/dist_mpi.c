@@ -8,6 +8,7 @@
  * in process order, so every process gets bitwise the same result. */
 #include <limits.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,29 @@ void dist_mpi_text(int rc, char *buf, size_t size) {
   if (MPI_Error_string(rc, s, &len) != MPI_SUCCESS) len = 0;
   s[len] = '\0';
   snprintf(buf, size, "%s (MPI error %d)", len ? s : "unknown", rc);
+}
+
+/* Whether an exchange of this process failed: the exit handler then leaves MPI unfinalised. */
+static _Atomic int any_broken;
+
+void dist_broken_mark(void) { atomic_store(&any_broken, 1); }
+
+int dist_broken_any(void) { return atomic_load(&any_broken); }
+
+void dist_send_notes(pmap_dist *d, pmap_status s, int reason, const char *text) {
+  if (s) dist_broken_mark();
+  if (d->note_sent || !d->note_sends) return;
+  d->note_sent = 1;
+  leave_note *n = &d->note_out;
+  memset(n, 0, sizeof *n);
+  n->nonce = d->nonce;
+  n->status = s;
+  n->reason = reason;
+  n->seq = (int64_t)atomic_load(&d->seq);
+  snprintf(n->text, sizeof n->text, "%s", text);
+  for (int r = 0; r < d->size; r++)
+    if (r != d->rank)
+      MPI_Isend(n, (int)sizeof *n, MPI_BYTE, r, TAG_LEAVE, d->comm, &d->note_sends[r]);
 }
 
 void dist_proc_name(const pmap_dist *d, int r, char *buf, size_t size) {

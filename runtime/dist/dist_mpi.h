@@ -82,6 +82,10 @@ void dist_mpi_text(int rc, char *buf, size_t size);
 /* Records a failure that leaves the processes out of step (every later exchange repeats it),
  * tells the other processes (a LEAVE_BROKEN notice carrying msg), and returns s with msg. */
 pmap_status dist_set_broken(pmap_dist *d, pmap_status s, const char *msg);
+/* An exchange of this process failed (marked) / whether one did: MPI is then left unfinalised at
+ * exit (dist_mpi_open.c). */
+void dist_broken_mark(void);
+int dist_broken_any(void);
 /* Sends this process's leave notice to every other process, once. */
 void dist_send_notes(pmap_dist *d, pmap_status s, int reason, const char *text);
 

@@ -41,26 +41,9 @@ static struct {
   pthread_t thread;
 } start = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, START_NONE, 0, 0, 0, 0};
 
-/* The open transports, for the exit handler; any_broken: an exchange of this process failed. */
+/* The open transports, for the exit handler. */
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static pmap_dist *open_list;
-static _Atomic int any_broken;
-
-void dist_send_notes(pmap_dist *d, pmap_status s, int reason, const char *text) {
-  if (s) atomic_store(&any_broken, 1);
-  if (d->note_sent || !d->note_sends) return;
-  d->note_sent = 1;
-  leave_note *n = &d->note_out;
-  memset(n, 0, sizeof *n);
-  n->nonce = d->nonce;
-  n->status = s;
-  n->reason = reason;
-  n->seq = (int64_t)atomic_load(&d->seq);
-  snprintf(n->text, sizeof n->text, "%s", text);
-  for (int r = 0; r < d->size; r++)
-    if (r != d->rank)
-      MPI_Isend(n, (int)sizeof *n, MPI_BYTE, r, TAG_LEAVE, d->comm, &d->note_sends[r]);
-}
 
 /* Whether every other process of d has sent its leave notice, waiting until the deadline. */
 static int all_left(pmap_dist *d, int64_t deadline) {
@@ -81,7 +64,7 @@ static int all_left(pmap_dist *d, int64_t deadline) {
 static void at_exit(void) {
   pthread_mutex_lock(&reg_lock);
   for (pmap_dist *d = open_list; d; d = d->next) dist_send_notes(d, PMAP_SUCCESS, LEAVE_EXIT, "");
-  int clean = !atomic_load(&any_broken);
+  int clean = !dist_broken_any();
   for (pmap_dist *d = open_list; d && clean; d = d->next)
     clean = !d->broken && all_left(d, d->timeout_ns < 0 ? -1 : pmap_now_ns() + d->timeout_ns);
   pthread_mutex_unlock(&reg_lock);
@@ -137,7 +120,7 @@ static pmap_status ensure_init(int64_t deadline, double timeout_s) {
   while (atomic_load(&start.state) == START_RUNNING) {
     if (deadline >= 0 && pmap_now_ns() >= deadline) {
       long launched = dist_env_launch_size(NULL);
-      atomic_store(&any_broken, 1);
+      dist_broken_mark();
       return PMAP_ERR(PMAP_ERR_TIMEOUT,
                       "pmap_ctx_create: MPI_Init_thread did not return within %.3f s: not every "
                       "one of the %ld processes the launcher started has started MPI (MPI "
@@ -234,7 +217,7 @@ static pmap_status meet(pmap_dist *d, MPI_Comm user, pmap_backend kind, int64_t 
   if (w == WAIT_MPI) {
     char text[MPI_MAX_ERROR_STRING + 32];
     dist_mpi_text(rc, text, sizeof text);
-    atomic_store(&any_broken, 1);
+    dist_broken_mark();
     return PMAP_ERR(PMAP_ERR_DEVICE, "pmap_ctx_create: process %d: MPI failed: %s", d->rank, text);
   }
   if (w == WAIT_LATE) {
@@ -245,7 +228,7 @@ static pmap_status meet(pmap_dist *d, MPI_Comm user, pmap_backend kind, int64_t 
       if (d->reqs[i] != MPI_REQUEST_NULL)
         len += (size_t)snprintf(names + len, sizeof names - len, "%s%d", count++ ? ", " : "",
                                 d->peer[i]);
-    atomic_store(&any_broken, 1);
+    dist_broken_mark();
     return PMAP_ERR(PMAP_ERR_TIMEOUT,
                     "pmap_ctx_create: process %d of %d (host %s): process%s %s did not create "
                     "%s context within %.3f s (not started, stalled or failed before it, or "
@@ -281,7 +264,7 @@ static pmap_status own_comm(pmap_dist *d, MPI_Comm user, int64_t deadline) {
   if (w != WAIT_DONE) {
     char text[MPI_MAX_ERROR_STRING + 32] = "";
     if (w == WAIT_MPI) dist_mpi_text(rc, text, sizeof text);
-    atomic_store(&any_broken, 1);
+    dist_broken_mark();
     return PMAP_ERR(w == WAIT_MPI ? PMAP_ERR_DEVICE : PMAP_ERR_TIMEOUT,
                     "pmap_ctx_create: process %d: every process arrived but duplicating the "
                     "communicator %s%s (another process gave up?)",
@@ -324,7 +307,7 @@ pmap_status dist_open(const pmap_config *cfg, pmap_backend kind, int local_devic
   if (!st) st = own_comm(d, user, deadline);
   if (st) {
     /* After a timeout MPI may still write into d: keep it. */
-    if (!atomic_load(&any_broken)) free_dist(d);
+    if (!dist_broken_any()) free_dist(d);
     return st;
   }
   pthread_mutex_lock(&reg_lock);
