@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "gemm.h"
+#include "base/env.h"
 #include "base/error.h"
 
 /* ------------------------------------------------------------------------------------------ */
@@ -228,7 +229,7 @@ static void built_names(char *out, size_t cap) {
 
 /* Reads PMAP_GEMM (*p: the provider it forces, NULL for auto) and PMAP_GEMM_CACHE. */
 static pmap_status read_env(const cpu_gemm_provider **p, int *use_cache) {
-  const char *name = getenv("PMAP_GEMM"), *cache = getenv("PMAP_GEMM_CACHE");
+  const char *name = pmap_env_get("PMAP_GEMM"), *cache = pmap_env_get("PMAP_GEMM_CACHE");
   char built[128];
   built_names(built, sizeof built);
   *p = NULL;

@@ -156,7 +156,7 @@ static pmap_status parse_ids(const char *s, int n, int *gpus) {
 /* The GPU of each logical device: cfg->device_ids, else $PMAP_CUDA_DEVICE_IDS, else 0..n-1;
  * each must exist on this machine. */
 static pmap_status choose_gpus(const pmap_config *cfg, int n, int count, int *gpus) {
-  const char *env = getenv("PMAP_CUDA_DEVICE_IDS");
+  const char *env = pmap_env_get("PMAP_CUDA_DEVICE_IDS");
   const char *source = "device_ids";
   if (cfg->device_ids) {
     memcpy(gpus, cfg->device_ids, (size_t)n * sizeof *gpus);
