@@ -129,6 +129,7 @@ void cuda_module_loading_prepare(void);
 pmap_status cuda_ctx_init(pmap_ctx *ctx, const pmap_config *cfg);
 void cuda_ctx_fini(pmap_ctx *ctx);
 
+/* cuda_nccl.c: what every NCCL call goes through. */
 /* Marks the communicators dead and aborts every one of them, once; callable from any thread
  * any number of times. Kernels of collectives still in flight on any GPU end. */
 void cuda_comms_abort(cuda_ctx *cc);
@@ -146,6 +147,7 @@ pmap_status cuda_nccl_failed(pmap_device *dev, pmap_status st, const char *call)
 /* The timeout in force for waits and NCCL calls of ctx (ns, < 0 never): the context's, raised to
  * CUDA_STARTUP_TIMEOUT_NS while a device is still starting. */
 int64_t cuda_timeout_ns(pmap_ctx *ctx);
+int64_t cuda_timeout_of(cuda_ctx *cc);
 
 /* Waits until everything queued on dev's stream is done (the one host wait of a step), giving
  * up on a CUDA error, an asynchronous NCCL error, the context's timeout (PMAP_ERR_TIMEOUT) and,

@@ -10,9 +10,7 @@
 
 /* Poll the async NCCL error every this many polls of the stream (it takes a call into NCCL). */
 #define ASYNC_POLL_EVERY 16
-/* A non-blocking NCCL call still in progress is asked this many times before the polls sleep. */
-#define SETTLE_SPINS 64
-/* After the spin phase, sleep this long between polls. */
+/* Sleep this long between the polls of a stream after its spin phase. */
 #define POLL_SLEEP_NS 20000L
 
 /* Records failure st of an NCCL operation: the operation can no longer complete on every rank,
@@ -37,24 +35,6 @@ pmap_status cuda_nccl_failed(pmap_device *dev, pmap_status st, const char *call)
                         "NCCL, so the NCCL communicators were aborted",
                         call, dev->index);
   return coll_failed(dev, st);
-}
-
-ncclResult_t cuda_nccl_settle(cuda_ctx *cc, ncclComm_t comm, int64_t deadline_ns) {
-  for (unsigned it = 0;; it++) {
-    /* Look before each call: an aborter frees the communicator once this thread has left. */
-    if (atomic_load(&cc->dead)) return ncclInProgress;
-    ncclResult_t state = ncclInProgress;
-    ncclResult_t r = ncclCommGetAsyncError(comm, &state);
-    if (r != ncclSuccess) return r;
-    if (state != ncclInProgress) return state;
-    if (deadline_ns >= 0 && pmap_now_ns() > deadline_ns) return ncclInProgress;
-    if (it < SETTLE_SPINS) {
-      sched_yield();
-    } else {
-      struct timespec ts = {0, POLL_SLEEP_NS};
-      nanosleep(&ts, NULL);
-    }
-  }
 }
 
 pmap_status cuda_nccl_issued(pmap_device *dev, ncclResult_t r, const char *text, const char *call) {

@@ -24,8 +24,6 @@
 #define CUDA_PINNED_MB_DEFAULT 4
 /* How long a communicator may take to finalize before it is aborted instead. */
 #define FINALIZE_TIMEOUT_NS (10LL * 1000000000LL)
-/* How long an abort waits for a thread to leave an NCCL call before aborting under it. */
-#define ABORT_GRACE_NS 200000000LL
 /* The watchdog looks this often, and judges a thread stuck in an NCCL call after this long
  * while another device has failed (a healthy call returns in microseconds). */
 #define WATCHDOG_PERIOD_NS 20000000L
@@ -268,15 +266,6 @@ static pmap_status read_switches(cuda_ctx *cc) {
   return PMAP_SUCCESS;
 }
 
-static int64_t timeout_of(cuda_ctx *cc) {
-  int64_t t = cc->ctx->wait.timeout_ns;
-  if (atomic_load(&cc->starting) > 0 && t >= 0 && t < CUDA_STARTUP_TIMEOUT_NS)
-    t = CUDA_STARTUP_TIMEOUT_NS;
-  return t;
-}
-
-int64_t cuda_timeout_ns(pmap_ctx *ctx) { return timeout_of(ctx->be_ctx); }
-
 /* Aborts the communicators when a thread has sat inside an NCCL call, or in a wait that covers a
  * collective, for long while another device failed; or inside either for longer than the
  * context's timeout. Aborting ends the collective kernels, which ends the waits. */
@@ -287,7 +276,7 @@ static void *watchdog_main(void *p) {
     struct timespec ts = {0, WATCHDOG_PERIOD_NS};
     nanosleep(&ts, NULL);
     if (atomic_load(&cc->dead)) continue;
-    int64_t now = pmap_now_ns(), timeout = timeout_of(cc);
+    int64_t now = pmap_now_ns(), timeout = cuda_timeout_of(cc);
     int failed = atomic_load(&ctx->abort) != 0;
     for (int i = 0; i < cc->n; i++) {
       int64_t since = atomic_load(&cc->nccl_since[i]);
@@ -510,41 +499,4 @@ void cuda_ctx_fini(pmap_ctx *ctx) {
   for (int i = 0; i < ctx->n; i++) ctx->dev[i].be = NULL;
   ctx->be_ctx = NULL;
   ctx_free(cc);
-}
-
-void cuda_comms_abort(cuda_ctx *cc) {
-  pthread_mutex_lock(&cc->abort_lock);
-  atomic_store(&cc->dead, 1);
-  if (cc->comms_live) {
-    /* A thread that entered an NCCL call before it saw `dead` is let out first; one blocked
-     * inside (a peer that never came) is aborted under, which is what unblocks it. */
-    int64_t deadline = pmap_now_ns() + ABORT_GRACE_NS;
-    for (int i = 0; i < cc->n; i++)
-      while (atomic_load(&cc->nccl_since[i]) && pmap_now_ns() < deadline) sched_yield();
-    int saved = -1;
-    if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
-    for (int i = 0; i < cc->n; i++) (void)ncclCommAbort(cc->comms[i]);
-    if (saved >= 0) (void)cudaSetDevice(saved);
-    (void)cudaGetLastError();
-    cc->comms_live = 0;
-  }
-  pthread_mutex_unlock(&cc->abort_lock);
-}
-
-pmap_status cuda_nccl_enter(pmap_device *dev, const char *call) {
-  cuda_ctx *cc = dev->ctx->be_ctx;
-  /* Announce first, then look: an aborter sets `dead` first, then looks, so one of the two
-   * always sees the other (both sequentially consistent). */
-  atomic_store(&cc->nccl_since[dev->index], pmap_now_ns());
-  if (!atomic_load(&cc->dead)) return PMAP_SUCCESS;
-  atomic_store(&cc->nccl_since[dev->index], 0);
-  return PMAP_ERR(PMAP_ERR_DEVICE,
-                  "%s on device %d: the NCCL communicators were aborted after an earlier failure "
-                  "or timeout; destroy the context and create a new one",
-                  call, dev->index);
-}
-
-void cuda_nccl_leave(pmap_device *dev) {
-  cuda_ctx *cc = dev->ctx->be_ctx;
-  atomic_store(&cc->nccl_since[dev->index], 0);
 }
