@@ -113,6 +113,16 @@ static pmap_status search(const char *file, int global, const char *what, void *
                   n ? tried : "no folder to look in");
 }
 
+pmap_status pmap_plugin_abi_check(const char *what, const char *file, uint64_t theirs,
+                                  uint64_t ours) {
+  if (theirs == ours) return PMAP_SUCCESS;
+  return PMAP_ERR(PMAP_ERR_UNAVAILABLE,
+                  "%s needs the plugin %s, whose copy here was built for another libpmap "
+                  "(interface %016llx, this library %016llx): install the plugin of the same "
+                  "build beside libpmap",
+                  what, file, (unsigned long long)theirs, (unsigned long long)ours);
+}
+
 pmap_status pmap_plugin_symbol(const char *file, const char *symbol, int global, const char *what,
                                void **out) {
   *out = NULL;

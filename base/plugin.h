@@ -66,6 +66,11 @@ extern const pmap_base_i pmap_base_table;
  * tried with the loader's reason (dlerror). Plugins are never closed. Thread-safe. */
 pmap_status pmap_plugin_symbol(const char *file, const char *symbol, int global, const char *what,
                                void **out);
+/* A plugin's entry point answered interface `theirs` where this library has `ours`: PMAP_SUCCESS
+ * when they are equal, else PMAP_ERR_UNAVAILABLE naming the plugin file and both numbers (it was
+ * built for another libpmap). */
+pmap_status pmap_plugin_abi_check(const char *what, const char *file, uint64_t theirs,
+                                  uint64_t ours);
 /* Whether plugin `file` is already open in this process. */
 int pmap_plugin_is_open(const char *file);
 

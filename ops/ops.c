@@ -46,16 +46,10 @@ static pmap_status load(size_t i, const char *call, const op_backend **out) {
       memcpy(&entry, &sym, sizeof entry); /* dlsym's data pointer to a function's */
       const op_backend *ob = NULL;
       uint64_t theirs = entry(op_plugin_abi(), &pmap_base_table, &ob);
-      if (theirs != op_plugin_abi())
-        st = PMAP_ERR(PMAP_ERR_UNAVAILABLE,
-                      "%s needs the plugin %s, whose copy here was built for another libpmap "
-                      "(interface %016llx, this library %016llx): install the plugin of the same "
-                      "build beside libpmap",
-                      what, e->plugin, (unsigned long long)theirs,
-                      (unsigned long long)op_plugin_abi());
-      else if (!ob)
+      st = pmap_plugin_abi_check(what, e->plugin, theirs, op_plugin_abi());
+      if (!st && !ob)
         st = PMAP_ERR(PMAP_ERR_INTERNAL, "%s: the plugin %s gave no ops", what, e->plugin);
-      else
+      else if (!st)
         atomic_store(&loaded[i], ob);
     }
   }

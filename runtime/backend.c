@@ -71,13 +71,7 @@ static pmap_status load_plugin(const backend_entry *e, size_t i, const char *wha
   memcpy(&entry, &sym, sizeof entry); /* dlsym's data pointer to a function's */
   backend_impl impl = {NULL, NULL, NULL};
   uint64_t theirs = entry(backend_plugin_abi(), &plugin_core, &impl);
-  if (theirs != backend_plugin_abi())
-    return PMAP_ERR(PMAP_ERR_UNAVAILABLE,
-                    "%s needs the plugin %s, whose copy here was built for another libpmap "
-                    "(interface %016llx, this library %016llx): install the plugin of the same "
-                    "build beside libpmap",
-                    what, e->plugin, (unsigned long long)theirs,
-                    (unsigned long long)backend_plugin_abi());
+  PMAP_TRY(pmap_plugin_abi_check(what, e->plugin, theirs, backend_plugin_abi()));
   if (!impl.table || !impl.device_count)
     return PMAP_ERR(PMAP_ERR_INTERNAL, "%s: the plugin %s gave no backend", what, e->plugin);
   loaded[i] = impl;

@@ -35,17 +35,11 @@ static pmap_status open_mpi(const char *what, const pmap_dist_i **out) {
       memcpy(&entry, &sym, sizeof entry); /* dlsym's data pointer to a function's */
       const pmap_dist_i *t = NULL;
       uint64_t theirs = entry(dist_plugin_abi(), &plugin_core, &t);
-      if (theirs != dist_plugin_abi())
-        st = PMAP_ERR(PMAP_ERR_UNAVAILABLE,
-                      "%s needs the plugin %s, whose copy here was built for another libpmap "
-                      "(interface %016llx, this library %016llx): install the plugin of the same "
-                      "build beside libpmap",
-                      what, PMAP_PLUGIN_MPI, (unsigned long long)theirs,
-                      (unsigned long long)dist_plugin_abi());
-      else if (!t)
+      st = pmap_plugin_abi_check(what, PMAP_PLUGIN_MPI, theirs, dist_plugin_abi());
+      if (!st && !t)
         st = PMAP_ERR(PMAP_ERR_INTERNAL, "%s: the plugin %s gave no transport", what,
                       PMAP_PLUGIN_MPI);
-      else
+      else if (!st)
         atomic_store(&mpi, t);
     }
   }
