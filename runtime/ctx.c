@@ -50,6 +50,7 @@ static void run_job(pmap_ctx *ctx, pmap_device *dev) {
   dev->abandoned = 0;
   dev->coll_seq = 0;
   dev->names_others = 0;
+  dev->mark_ns = pmap_now_ns();
   pmap_ctx *outer = job_ctx;
   job_ctx = ctx;
   dev->status = ctx->fn(dev, ctx->arg);
@@ -489,6 +490,7 @@ static pmap_status ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
     ctx->started = i;
   }
   PMAP_TRY_GOTO(st, pmap_ctx_dispatch(ctx, init_job, NULL), fail);
+  PMAP_TRY_GOTO(st, runtime_trace_env(ctx), fail);
   *out = ctx;
   return PMAP_SUCCESS;
 fail : {
@@ -529,6 +531,7 @@ pmap_status pmap_ctx_destroy(pmap_ctx *ctx) {
                       live);
     }
   }
+  runtime_trace_close(ctx);
   if (ctx->dev && ctx->started == ctx->n - 1) pmap_ctx_dispatch(ctx, fini_job, NULL);
   ctx->stop = 1;
   pmap_event_signal(&ctx->job);
