@@ -285,6 +285,22 @@ static void *cuda_native(pmap_device *dev, int what) {
   return what == 0 ? (void *)cd->stream : what == 1 ? (void *)cd->blas : NULL;
 }
 
+/* The GPU's free memory (cudaMemGetInfo on the device's GPU, from any thread: the calling
+ * thread's current device is put back). What pmap holds is not counted here (SIZE_MAX). */
+static pmap_status cuda_memory(pmap_device *dev, size_t *in_use, size_t *free_bytes) {
+  cuda_device *cd = dev->be;
+  *in_use = *free_bytes = SIZE_MAX;
+  int cur = -1;
+  CUDA_CHECK(cd, cudaGetDevice(&cur));
+  if (cur != cd->where.gpu) CUDA_CHECK(cd, cudaSetDevice(cd->where.gpu));
+  size_t avail = 0, total = 0;
+  cudaError_t e = cudaMemGetInfo(&avail, &total);
+  if (cur != cd->where.gpu) (void)cudaSetDevice(cur);
+  CUDA_CHECK(cd, e);
+  *free_bytes = avail;
+  return PMAP_SUCCESS;
+}
+
 const pmap_backend_i pmap_cuda_backend = {
     .name = "cuda",
     .ctx_init = cuda_ctx_init,
@@ -302,4 +318,5 @@ const pmap_backend_i pmap_cuda_backend = {
     .native = cuda_native,
     .coll = &pmap_cuda_coll,
     .fast = &pmap_cuda_fast,
+    .memory = cuda_memory,
 };
