@@ -114,6 +114,9 @@ void watch_progress_break(watch_progress *w) {
 /* One predict of a dense 1024 -> 1024 layer over 1024 rows per device: 2 * 1024^3 FLOPs each. */
 double watch_gemm_rate(pmap_ctx *ctx) {
   enum { K = 1024 };
+  /* Its calls are collective across processes, and whether a process measures depends on its
+   * own terminal and timing: one process alone. */
+  if (pmap_ctx_num_processes(ctx) > 1) return 0.0;
   int n = pmap_ctx_num_devices(ctx);
   int64_t rows = (int64_t)K * n, in_shape[1] = {K};
   pmap_model *m = NULL;

@@ -36,7 +36,8 @@ void watch_progress_break(watch_progress *w);
 double watch_mfu(const watch_progress *w, double samples_per_s);
 
 /* Measures the GEMM rate of the context's devices together (FLOP/s): a forward pass of one
- * 1024 x 1024 dense layer over 1024 rows per device (pmap_predict). 0 when it cannot. */
+ * 1024 x 1024 dense layer over 1024 rows per device (pmap_predict). 0 when it cannot, and across
+ * processes (where MFU is not reported). */
 double watch_gemm_rate(pmap_ctx *ctx);
 
 /* The devices' waits at the collectives, and the one that held the others back most. */
