@@ -718,8 +718,8 @@ PMAP_API pmap_status pmap_trace_start(pmap_ctx *ctx, const char *path, const cha
  * PMAP_ERR_UNAVAILABLE when the file cannot be written (the recording ends all the same). */
 PMAP_API pmap_status pmap_trace_stop(pmap_ctx *ctx);
 
-/* What the collectives cost each device of this process, summed over every collective it met
- * since the context was created (pmap_update's all-reduce is one per step): */
+/* What the collectives cost each device, summed over every collective it met since the context
+ * was created (pmap_update's all-reduce is one per step): */
 typedef struct pmap_device_waits {
   int device;          /* global index */
   int64_t collectives; /* collectives met */
@@ -727,13 +727,15 @@ typedef struct pmap_device_waits {
                           collective, to arriving at the next (its forward and backward) */
   double wait_s;       /* waiting at the collectives for the other devices (across processes:
                           for the other processes too) to arrive */
-  double held_s;       /* the waiting of the other devices of this process at the collectives
-                          this device arrived at last: the time it held them back */
+  double held_s;       /* the waiting of the other devices of its process at the collectives
+                          it arrived at last: the time it held them back */
 } pmap_device_waits;
-/* Fills out[0..count) (count: pmap_ctx_num_devices) for the devices of this process. The device
- * with the largest held_s is the straggler; across processes, the process whose devices wait
- * least (wait_s) is the one the others wait for. PMAP_ERR_INVALID_ARGUMENT for ctx or out NULL
- * or another count. */
+/* Fills out[0..count) for every device, by global index (count: pmap_ctx_num_devices times
+ * pmap_ctx_num_processes). Among the devices of a process, the one with the largest held_s is
+ * the straggler; across processes, the process whose devices wait least (wait_s) is the one the
+ * others wait for. Distributed: a collective call of every process (the records are exchanged).
+ * PMAP_ERR_INVALID_ARGUMENT for ctx or out NULL or another count; across processes the failures
+ * of an exchange (PMAP_ERR_TIMEOUT naming the process that did not call it, ...). */
 PMAP_API pmap_status pmap_ctx_waits(pmap_ctx *ctx, pmap_device_waits *out, int count);
 
 /* The device memory a training step of pmap_update at a global batch needs on each device of

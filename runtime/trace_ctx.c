@@ -139,21 +139,34 @@ pmap_status pmap_ctx_waits(pmap_ctx *ctx, pmap_device_waits *out, int count) {
   const char *call = "pmap_ctx_waits";
   if (!ctx || !out)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL", call, !ctx ? "ctx" : "out");
-  if (count != ctx->n)
+  int n = ctx->n, total = ctx->n * ctx->nproc;
+  if (count != total)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                    "%s: count %d is not the context's %d devices (of this process)", call, count,
-                    ctx->n);
-  PMAP_TRY(pmap_ctx_lock(ctx, call));
-  for (int i = 0; i < ctx->n; i++) {
-    const dev_waits *w = &ctx->dev[i].waits;
-    out[i] = (pmap_device_waits){.device = ctx->proc * ctx->n + i,
-                                 .collectives = w->collectives,
-                                 .busy_s = (double)w->busy_ns / 1e9,
-                                 .wait_s = (double)w->wait_ns / 1e9,
-                                 .held_s = (double)w->held_ns / 1e9};
+                    "%s: count %d is not the context's %d devices (of every process)", call, count,
+                    total);
+  dev_waits *mine = calloc((size_t)n, sizeof *mine);
+  if (!mine) return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "%s: out of memory", call);
+  pmap_status st = pmap_ctx_lock(ctx, call);
+  if (st) {
+    free(mine);
+    return st;
+  }
+  for (int i = 0; i < n; i++) mine[i] = ctx->dev[i].waits;
+  /* Every process's records, in process order (one process: its own). */
+  const void *all = NULL;
+  st = pmap_ctx_exchange(ctx, call, mine, (size_t)n * sizeof *mine, &all);
+  if (!st) {
+    const dev_waits *w = all;
+    for (int g = 0; g < total; g++)
+      out[g] = (pmap_device_waits){.device = g,
+                                   .collectives = w[g].collectives,
+                                   .busy_s = (double)w[g].busy_ns / 1e9,
+                                   .wait_s = (double)w[g].wait_ns / 1e9,
+                                   .held_s = (double)w[g].held_ns / 1e9};
   }
   pmap_ctx_unlock(ctx);
-  return PMAP_SUCCESS;
+  free(mine);
+  return st;
 }
 
 void runtime_device_memory(pmap_device *dev, size_t *in_use, size_t *free_bytes) {

@@ -145,9 +145,23 @@ double watch_gemm_rate(pmap_ctx *ctx) {
 }
 
 int watch_waits_read(pmap_ctx *ctx, watch_waits *w) {
-  int n = pmap_ctx_num_devices(ctx);
-  *w = (watch_waits){.n = n, .worst = -1, .dev = calloc((size_t)n, sizeof *w->dev)};
+  int local = pmap_ctx_num_devices(ctx), procs = pmap_ctx_num_processes(ctx), n = local * procs;
+  *w = (watch_waits){.n = n,
+                     .worst = -1,
+                     .procs = procs,
+                     .slow_proc = -1,
+                     .dev = calloc((size_t)n, sizeof *w->dev)};
   if (!w->dev || pmap_ctx_waits(ctx, w->dev, n)) return -1;
+  /* Across processes: the process whose devices waited least is the one the others waited for. */
+  double least = INFINITY;
+  for (int p = 0; procs > 1 && p < procs; p++) {
+    double sum = 0;
+    for (int i = 0; i < local; i++) sum += w->dev[p * local + i].wait_s;
+    if (sum < least) {
+      least = sum;
+      w->slow_proc = p;
+    }
+  }
   for (int i = 0; i < n; i++) {
     if (w->dev[i].held_s > w->held_s) {
       w->held_s = w->dev[i].held_s;
@@ -170,6 +184,11 @@ void watch_waits_print(const watch_waits *w) {
         "collective, %lld collectives)\n",
         w->dev[w->worst].device, w->held_s, w->steps ? 1e3 * w->held_s / (double)w->steps : 0.0,
         (long long)w->steps);
+  if (w->slow_proc >= 0)
+    printf(
+        "slowest process: %d (its devices waited least in the collectives: the others waited "
+        "for it)\n",
+        w->slow_proc);
 }
 
 void watch_waits_json(FILE *f, const watch_waits *w) {
@@ -191,6 +210,7 @@ void watch_waits_json(FILE *f, const watch_waits *w) {
     fprintf(f, "null");
   fprintf(f, ", \"straggler_held_s\": ");
   json_number(f, w->held_s);
+  if (w->slow_proc >= 0) fprintf(f, ", \"slowest_process\": %d", w->slow_proc);
   fprintf(f, "}");
 }
 

@@ -40,9 +40,11 @@ double watch_mfu(const watch_progress *w, double samples_per_s);
  * processes (where MFU is not reported). */
 double watch_gemm_rate(pmap_ctx *ctx);
 
-/* The devices' waits at the collectives, and the one that held the others back most. */
+/* The devices' waits at the collectives (every process's: a collective call), and the one that
+ * held the others back most. */
 typedef struct watch_waits {
-  int n, worst;           /* worst: local index of the straggler, -1 when no device waited */
+  int n, worst;           /* n: every process's devices; worst: the straggler's index, -1: none */
+  int procs, slow_proc;   /* across processes: the one whose devices waited least (-1: one) */
   double held_s;          /* its held_s: the others' waiting it caused */
   int64_t steps;          /* collectives met (per device) */
   pmap_device_waits *dev; /* (n) */
