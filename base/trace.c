@@ -36,7 +36,8 @@ struct trace_rec {
   track_buf *tracks;
 };
 
-#define WINDOW_MAX 1000000
+/* Steps a window may hold: its slots are allocated up front for every track. */
+#define WINDOW_MAX 10000
 
 pmap_status trace_window_parse(const char *spec, const char *what, trace_window *w) {
   *w = (trace_window){10, 0, 0};

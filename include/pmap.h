@@ -702,15 +702,16 @@ PMAP_API pmap_status pmap_barrier(pmap_device *dev);
  * collectives with their bytes and, inside each, "wait <collective>": the time the device waited
  * for the others at its rendezvous), "optimizer", host staging ("stage inputs"); the caller's
  * holds "pmap_update" and "checkpoint save". steps says which steps are kept (a step is the
- * optimizer step it takes, 1 the first): NULL or "" the last 10, "K" the last K (1..1000000),
- * "A..B" steps A to B (at most 1000000 steps); the recording never holds more than that window
+ * optimizer step it takes, 1 the first): NULL or "" the last 10, "K" the last K (1..10000),
+ * "A..B" steps A to B (at most 10000 steps); the recording never holds more than that window
  * (and at most 65536 spans per track and step). The file is written at once (empty, so that a
  * path that cannot be written fails here), and again by pmap_trace_stop or pmap_ctx_destroy.
  * Across processes each process writes its own file, "<path without .json>.p<process>.json".
  * The environment variable PMAP_TRACE=FILE (with PMAP_TRACE_STEPS=K or A..B) starts a recording
  * in every pmap_ctx_create. Off, nothing is recorded and a step pays one test of a NULL pointer
- * per span it would record. On CUDA the spans are host times: when the work was queued and when
- * the device's queue was waited for (docs/tracing.md).
+ * per span it would record. On CUDA the layers, the loss and the optimizer are timed on the
+ * device (CUDA events on its stream, read when its job ends and placed on the host's clock); the
+ * waits, collectives and staging are host times (docs/tracing.md).
  * Returns PMAP_ERR_INVALID_ARGUMENT (ctx or path NULL, path empty, a bad steps, a recording
  * already on), PMAP_ERR_UNAVAILABLE (the file cannot be written: the system's reason). */
 PMAP_API pmap_status pmap_trace_start(pmap_ctx *ctx, const char *path, const char *steps);

@@ -115,11 +115,9 @@ pmap_status model_forward(pmap_device *dev, const pmap_model *m, replica *r, con
   trace_rec *tr = dev ? runtime_trace(runtime_ctx_of(dev)) : NULL;
   for (int i = 0; i < m->n_layers; i++) {
     r->in[i] = in;
-    int64_t t0 = tr ? pmap_now_ns() : 0;
+    runtime_span sp = tr ? runtime_span_begin(dev) : (runtime_span){0, -1};
     PMAP_TRY(layer_forward(dev, m, r, i, in, bd));
-    if (tr)
-      trace_span(tr, pmap_local_index(dev), "forward", m->layers[i].cls->name, i, "layer", t0,
-                 pmap_now_ns(), -1);
+    if (tr) runtime_span_end(dev, sp, "forward", m->layers[i].cls->name, i, "layer", -1);
     in = r->out[i];
   }
   return PMAP_SUCCESS;
@@ -160,11 +158,9 @@ pmap_status model_backward(pmap_device *dev, const pmap_model *m, replica *r, in
     float *dx = i > 0 ? r->dact[i - 1] : NULL; /* the input needs no gradient */
     const float *next = NULL;
     r->dout[i] = dy;
-    int64_t t0 = tr ? pmap_now_ns() : 0;
+    runtime_span sp = tr ? runtime_span_begin(dev) : (runtime_span){0, -1};
     PMAP_TRY(layer_backward(dev, m, r, i, dy, dx, &next, bd));
-    if (tr)
-      trace_span(tr, pmap_local_index(dev), "backward", m->layers[i].cls->name, i, "layer", t0,
-                 pmap_now_ns(), -1);
+    if (tr) runtime_span_end(dev, sp, "backward", m->layers[i].cls->name, i, "layer", -1);
     if (r->layer_grads_done) PMAP_TRY(r->layer_grads_done(dev, r, i, r->layer_grads_user));
     if (!next) break;
     dy = next;

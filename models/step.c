@@ -56,9 +56,9 @@ static pmap_status piece_grads(pmap_device *dev, step_call *c, replica *r, int64
     r->row0 = global_row0;
     PMAP_TRY(model_forward(dev, m, r, x, rows));
     trace_rec *tr = runtime_trace(p->ctx);
-    int64_t t0 = tr ? pmap_now_ns() : 0;
+    runtime_span sp = tr ? runtime_span_begin(dev) : (runtime_span){0, -1};
     PMAP_TRY(model_loss(m, r, y, rows, loss));
-    if (tr) trace_span(tr, pmap_local_index(dev), "loss", NULL, -1, "layer", t0, pmap_now_ns(), -1);
+    if (tr) runtime_span_end(dev, sp, "loss", NULL, -1, "layer", -1);
     if (weight != 1.0f)
       PMAP_TRY(
           r->ops->scale(r->q, r->dact[L - 1], weight, (size_t)(rows * m->layers[L - 1].out_size)));
@@ -184,11 +184,10 @@ static pmap_status guard_flag(pmap_device *dev, const pmap_params *p, replica *r
 static pmap_status traced_optimizer(pmap_device *dev, pmap_params *p, replica *r,
                                     const step_call *c, size_t lo, size_t len, float scale) {
   trace_rec *tr = runtime_trace(p->ctx);
-  int64_t t0 = tr ? pmap_now_ns() : 0;
+  runtime_span sp = tr ? runtime_span_begin(dev) : (runtime_span){0, -1};
   PMAP_TRY(optimizer_step_range(p, r, &c->hyper, lo, len, scale));
   if (tr)
-    trace_span(tr, pmap_local_index(dev), "optimizer", NULL, -1, "optimizer", t0, pmap_now_ns(),
-               (int64_t)(len * sizeof(float)));
+    runtime_span_end(dev, sp, "optimizer", NULL, -1, "optimizer", (int64_t)(len * sizeof(float)));
   return PMAP_SUCCESS;
 }
 

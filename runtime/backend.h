@@ -72,6 +72,14 @@ typedef struct pmap_backend_i {
   /* The device's memory (optional): *in_use the bytes this backend's allocator holds for the
    * device, *free_bytes what the device has free (SIZE_MAX when it is not known). */
   pmap_status (*memory)(pmap_device *dev, size_t *in_use, size_t *free_bytes);
+  /* Spans timed on the device's queue, for the trace (optional: NULL, spans are host times).
+   * mark records a point on the device's queue after the work queued so far and returns its
+   * number in the job (0, 1, ...), or -1 when it cannot (then the span is timed on the host);
+   * mark_times waits for the queue and gives the `count` marks of the job their times on the
+   * host's clock (pmap_now_ns), then forgets them (ns NULL: forgets them without waiting, after
+   * a failed job). Both on the device's thread. */
+  int (*mark)(pmap_device *dev);
+  pmap_status (*mark_times)(pmap_device *dev, int64_t *ns, int count);
 } pmap_backend_i;
 
 /* What a device called at a collective's rendezvous (runtime/coll.c). */
@@ -113,6 +121,10 @@ struct pmap_device {
                          exchange, the same on every process (dist_seq + 1 at its rendezvous) */
   int64_t mark_ns;  /* the start of its job, or the end of its last collective */
   dev_waits waits;  /* written by the device's own thread (held_ns: by local device 0's) */
+  /* Spans of this job timed by marks on the device's queue, given their times at its end
+   * (runtime/trace_ctx.c); marks: the backend's marks made in the job. */
+  struct queued_span *queued;
+  int n_queued, cap_queued, marks;
 };
 
 struct pmap_ctx {

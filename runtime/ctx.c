@@ -71,6 +71,9 @@ static void run_job(pmap_ctx *ctx, pmap_device *dev) {
         dev->status != PMAP_ERR_ABORTED || (!dev->abandoned && !atomic_load(&ctx->abort));
     if (dev->own_failure) pmap_ctx_abort(ctx);
   }
+  /* The spans timed on the device's queue: only after a job that succeeded (a failed one may
+   * have left its queue stuck), and after its message was kept. */
+  if (dev->marks) runtime_trace_flush(dev, dev->status == PMAP_SUCCESS);
   /* A device that returned can no longer meet the others at a collective. */
   int expected = -1;
   atomic_compare_exchange_strong(&ctx->left_device, &expected, dev->index);
@@ -545,6 +548,7 @@ pmap_status pmap_ctx_destroy(pmap_ctx *ctx) {
   pmap_fault_free(ctx->fault);
   free(ctx->desc);
   free(ctx->threads);
+  for (int i = 0; ctx->dev && i < ctx->n; i++) free(ctx->dev[i].queued);
   free(ctx->dev);
   free(ctx);
   return PMAP_SUCCESS;

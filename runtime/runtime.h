@@ -73,6 +73,20 @@ pmap_status pmap_ctx_exchange(pmap_ctx *ctx, const char *call, const void *mine,
  * device's, track runtime_trace_caller(ctx) the caller's (outside jobs, the lock held). */
 struct trace_rec *runtime_trace(const pmap_ctx *ctx);
 int runtime_trace_caller(const pmap_ctx *ctx);
+/* A span of a device's own work (a layer, the optimizer), with the recording on: begin before
+ * queueing the work, end after. Where the backend marks its queue (CUDA), the span is the time
+ * the device spent on it, placed on the host's clock when the job ends (runtime_trace_flush);
+ * elsewhere it is the host's time around the call. */
+typedef struct runtime_span {
+  int64_t host;
+  int mark;
+} runtime_span;
+runtime_span runtime_span_begin(pmap_device *dev);
+void runtime_span_end(pmap_device *dev, runtime_span begin, const char *name, const char *detail,
+                      int index, const char *cat, int64_t bytes);
+/* At the end of a device's job: the spans timed on its queue into the recording (keep 0: a
+ * failed job, they are dropped). */
+void runtime_trace_flush(pmap_device *dev, int keep);
 /* At the end of pmap_ctx_create: PMAP_TRACE (the file) and PMAP_TRACE_STEPS (the window). */
 pmap_status runtime_trace_env(pmap_ctx *ctx);
 /* At pmap_ctx_destroy: writes the recording still on, then frees it. */

@@ -135,6 +135,62 @@ void runtime_trace_close(pmap_ctx *ctx) {
   trace_free(ctx);
 }
 
+/* A span waiting for its marks' times. */
+typedef struct queued_span {
+  const char *name, *detail, *cat;
+  int index, m0, m1;
+  int64_t bytes;
+} queued_span;
+
+runtime_span runtime_span_begin(pmap_device *dev) {
+  runtime_span s = {pmap_now_ns(), -1};
+  if (dev->ctx->be->mark && (s.mark = dev->ctx->be->mark(dev)) >= 0) dev->marks = s.mark + 1;
+  return s;
+}
+
+void runtime_span_end(pmap_device *dev, runtime_span b, const char *name, const char *detail,
+                      int index, const char *cat, int64_t bytes) {
+  trace_rec *t = dev->ctx->trace;
+  int m1 = b.mark >= 0 ? dev->ctx->be->mark(dev) : -1;
+  if (m1 >= 0) dev->marks = m1 + 1;
+  if (m1 >= 0 && dev->n_queued == dev->cap_queued) {
+    int cap = dev->cap_queued ? 2 * dev->cap_queued : 64;
+    queued_span *q = realloc(dev->queued, (size_t)cap * sizeof *q);
+    if (q) {
+      dev->queued = q;
+      dev->cap_queued = cap;
+    }
+  }
+  if (m1 < 0 || dev->n_queued == dev->cap_queued) { /* timed on the host */
+    trace_span(t, dev->index, name, detail, index, cat, b.host, pmap_now_ns(), bytes);
+    return;
+  }
+  dev->queued[dev->n_queued++] = (queued_span){name, detail, cat, index, b.mark, m1, bytes};
+}
+
+void runtime_trace_flush(pmap_device *dev, int keep) {
+  pmap_ctx *ctx = dev->ctx;
+  int n = keep ? dev->marks : 0;
+  int64_t *ns = n > 0 ? calloc((size_t)n, sizeof *ns) : NULL;
+  if (n > 0 && ctx->be->mark_times) {
+    pmap_status st = PMAP_ERR_OUT_OF_MEMORY;
+    if (ns)
+      st = ctx->be->mark_times(dev, ns, n);
+    else
+      ctx->be->mark_times(dev, NULL, 0);
+    if (st) pmap_error_clear(); /* the spans are lost, the job's result is not the trace's */
+    for (int i = 0; !st && ctx->trace && i < dev->n_queued; i++) {
+      const queued_span *q = &dev->queued[i];
+      trace_span(ctx->trace, dev->index, q->name, q->detail, q->index, q->cat, ns[q->m0], ns[q->m1],
+                 q->bytes);
+    }
+  } else if (dev->marks && ctx->be->mark_times)
+    ctx->be->mark_times(dev, NULL, 0); /* forgotten without waiting */
+  free(ns);
+  dev->n_queued = 0;
+  dev->marks = 0;
+}
+
 pmap_status pmap_ctx_waits(pmap_ctx *ctx, pmap_device_waits *out, int count) {
   const char *call = "pmap_ctx_waits";
   if (!ctx || !out)

@@ -13,10 +13,15 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 bad() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
 run() { "$train" --backend "$backend" "$@" >"$tmp/out" 2>"$tmp/err"; }
-# Another backend than the CPU: skip (77) where it cannot run here (no GPU, no plugin).
-if [ "$backend" != cpu ] && ! run --model linear --devices 1 --steps 1; then
-  echo "test_trace: backend $backend unavailable here: $(cat "$tmp/err")"
-  exit 77
+# Another backend than the CPU: skip (77) where it cannot run here (no GPU, no plugin). Its
+# layers are timed on the device's queue and placed on the host's clock when the step ends, to
+# within an event's completion latency: nesting is checked to 200 us.
+if [ "$backend" != cpu ]; then
+  if ! run --model linear --devices 1 --steps 1; then
+    echo "test_trace: backend $backend unavailable here: $(cat "$tmp/err")"
+    exit 77
+  fi
+  export CHECK_TRACE_EPS_US=200
 fi
 
 # The last 3 of 8 steps on 4 devices; replicated, then sharded (reduce-scatter and gathers).
