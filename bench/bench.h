@@ -13,7 +13,7 @@
 /* pmap-bench's options (bench_args.c). */
 #define BENCH_ALL_MODELS "linear,mlp,convnet,mlp-1024,cifar-cnn,res-mlp,cifar-bn,tanh-custom"
 typedef struct bench_opts {
-  const char *models, *backend, *csv, *dump;
+  const char *models, *backend, *csv, *dump, *trace;
   int64_t devs[CLI_MAX_LIST], batch, weak_batch, steps, warmup, rounds;
   int ndev, json, ref, modes[2], guard, shard, compare;
   uint64_t seed;

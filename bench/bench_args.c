@@ -125,6 +125,12 @@ int bench_parse(int argc, char **argv, bench_opts *o) {
        .arg = "DIR",
        .help = "write each model's architecture, initial parameters and global batch into DIR "
                "(for bench/jax_compare.py)"},
+      {.name = "--trace",
+       .kind = CLI_STRING,
+       .dest = &o->trace,
+       .arg = "FILE",
+       .help = "record a timeline of each row's last 10 timed steps (and its probes) into "
+               "FILE.<model>-<N>d[-sharded].json, Chrome trace-event JSON (docs/tracing.md)"},
       {.name = "--timeout",
        .kind = CLI_SECONDS,
        .dest = &o->timeout_s,

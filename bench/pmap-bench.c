@@ -32,9 +32,11 @@ typedef struct setup {
   int nt, ntg, nta, nto;
   double gemm_flops; /* of one step on all devices */
   bench_row *row;
+  int tracing; /* --trace: a recording is on */
 } setup;
 
 static void setup_close(setup *s) {
+  if (s->tracing && pmap_trace_stop(s->ctx)) fail("--trace");
   bench_probe_close(s->probe);
   free(s->t);
   free(s->tg);
@@ -139,6 +141,15 @@ static int setup_open(setup *s, const char *name, const pmap_model *model,
   r->step0_ms = 1e3 * (cli_now() - t0);
   for (int64_t i = 0; i < warmup; i++)
     if (step(s, &r->loss)) return -1;
+  if (o->trace) { /* the timed steps, each row into a file of its own */
+    char path[4096];
+    size_t len = strlen(o->trace);
+    int cut = len >= 5 && !strcmp(o->trace + len - 5, ".json") ? (int)len - 5 : (int)len;
+    snprintf(path, sizeof path, "%.*s.%s-%dd%s.json", cut, o->trace, name, r->devices,
+             r->sharded ? "-sharded" : "");
+    if (pmap_trace_start(s->ctx, path, NULL)) return fail("--trace");
+    s->tracing = 1;
+  }
   if (o->ref) {
     bench_gemm g[BENCH_MAX_GEMMS];
     int ng = bench_step_gemms(model, bd, g, BENCH_MAX_GEMMS);

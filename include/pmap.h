@@ -692,6 +692,77 @@ PMAP_API pmap_status pmap_broadcast(pmap_device *dev, const float *send, float *
                                     int root);
 PMAP_API pmap_status pmap_barrier(pmap_device *dev);
 
+/* ------------------------------------------------------------------------------------------ */
+/* Seeing a run: a timeline of every step, the waits at the collectives, the memory plan      */
+
+/* Starts recording a timeline of ctx into path, a Chrome trace-event JSON file (open it in
+ * https://ui.perfetto.dev or chrome://tracing): one track per device (named by global index
+ * and, across processes, process and host) and one for the calling thread. Each device's track
+ * holds its steps ("step", nested: "forward <layer> <i>", "loss", "backward <layer> <i>", the
+ * collectives with their bytes and, inside each, "wait <collective>": the time the device waited
+ * for the others at its rendezvous), "optimizer", host staging ("stage inputs"); the caller's
+ * holds "pmap_update" and "checkpoint save". steps says which steps are kept (a step is the
+ * optimizer step it takes, 1 the first): NULL or "" the last 10, "K" the last K (1..10000),
+ * "A..B" steps A to B (at most 10000 steps); the recording never holds more than that window
+ * (and at most 65536 spans per track and step). The file is written at once (empty, so that a
+ * path that cannot be written fails here), and again by pmap_trace_stop or pmap_ctx_destroy.
+ * Across processes each process writes its own file, "<path without .json>.p<process>.json".
+ * The environment variable PMAP_TRACE=FILE (with PMAP_TRACE_STEPS=K or A..B) starts a recording
+ * in every pmap_ctx_create. Off, nothing is recorded and a step pays one test of a NULL pointer
+ * per span it would record. On CUDA the layers, the loss and the optimizer are timed on the
+ * device (CUDA events on its stream, read when its job ends and placed on the host's clock); the
+ * waits, collectives and staging are host times (docs/tracing.md).
+ * Returns PMAP_ERR_INVALID_ARGUMENT (ctx or path NULL, path empty, a bad steps, a recording
+ * already on), PMAP_ERR_UNAVAILABLE (the file cannot be written: the system's reason). */
+PMAP_API pmap_status pmap_trace_start(pmap_ctx *ctx, const char *path, const char *steps);
+/* Writes the recording to its file and ends it. PMAP_ERR_INVALID_ARGUMENT when none is on;
+ * PMAP_ERR_UNAVAILABLE when the file cannot be written (the recording ends all the same). */
+PMAP_API pmap_status pmap_trace_stop(pmap_ctx *ctx);
+
+/* What the collectives cost each device, summed over every collective it met since the context
+ * was created (pmap_update's all-reduce is one per step): */
+typedef struct pmap_device_waits {
+  int device;          /* global index */
+  int64_t collectives; /* collectives met */
+  double busy_s;       /* computing: from the start of its job, or the end of its previous
+                          collective, to arriving at the next (its forward and backward) */
+  double wait_s;       /* waiting at the collectives for the other devices (across processes:
+                          for the other processes too) to arrive */
+  double held_s;       /* the waiting of the other devices of its process at the collectives
+                          it arrived at last: the time it held them back */
+} pmap_device_waits;
+/* Fills out[0..count) for every device, by global index (count: pmap_ctx_num_devices times
+ * pmap_ctx_num_processes). Among the devices of a process, the one with the largest held_s is
+ * the straggler; across processes, the process whose devices wait least (wait_s) is the one the
+ * others wait for. Distributed: a collective call of every process (the records are exchanged).
+ * PMAP_ERR_INVALID_ARGUMENT for ctx or out NULL or another count; across processes the failures
+ * of an exchange (PMAP_ERR_TIMEOUT naming the process that did not call it, ...). */
+PMAP_API pmap_status pmap_ctx_waits(pmap_ctx *ctx, pmap_device_waits *out, int count);
+
+/* The device memory a training step of pmap_update at a global batch needs on each device of
+ * this process (the most any one device needs), in bytes: */
+typedef struct pmap_memory_plan {
+  size_t params;      /* the trained parameters (padded to equal parts when sharded) */
+  size_t grads;       /* gradients, with the loss and guard values reduced alongside */
+  size_t optimizer;   /* optimizer state: the device's part when sharded */
+  size_t state;       /* non-trained state (batch norm's statistics), and the pending copy a
+                         step computes before committing it */
+  size_t activations; /* activations and their gradients at the rows of one micro-batch */
+  size_t staging;     /* device buffers the backend stages the batch's rows into (0 on CPU) */
+  size_t total;       /* the sum */
+  int optimizer_sharded;
+  size_t device_free; /* memory free on device 0 now (CUDA: cudaMemGetInfo); SIZE_MAX where the
+                         backend does not know (CPU) */
+} pmap_memory_plan;
+/* Fills *out for pmap_update at global batch `batch` (this process's rows under several
+ * processes, as pmap_update takes them), with the params' micro-batches. On CPU the total is
+ * exactly what the backend allocates for the params once a step at that batch ran; on CUDA
+ * the op queues' scratch, cuBLAS's workspace and the captured graphs of the fast paths come on
+ * top. Params of pmap_params_create_custom have no activations pmap knows (0). Returns
+ * PMAP_ERR_INVALID_ARGUMENT (params or out NULL, batch < 1 or too large to plan). */
+PMAP_API pmap_status pmap_params_memory(const pmap_params *params, int64_t batch,
+                                        pmap_memory_plan *out);
+
 #ifdef __cplusplus
 }
 #endif

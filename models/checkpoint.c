@@ -6,6 +6,7 @@
 
 #include "base/atomic_file.h"
 #include "base/error.h"
+#include "base/trace.h"
 #include "checkpoint.h"
 #include "runtime/runtime.h"
 
@@ -106,7 +107,12 @@ static pmap_status save_locked(const pmap_params *cp, const char *path, const vo
   pmap_params *p = (pmap_params *)cp;
   PMAP_TRY(pmap_ctx_lock(p->ctx, call));
   pmap_status st = params_mend(p, call);
+  trace_rec *tr = runtime_trace(p->ctx);
+  int64_t t0 = tr ? pmap_now_ns() : 0;
   if (!st) st = save(cp, path, user, user_bytes, call);
+  if (tr)
+    trace_span(tr, runtime_trace_caller(p->ctx), "checkpoint save", NULL, -1, "checkpoint", t0,
+               pmap_now_ns(), -1);
   pmap_ctx_unlock(p->ctx);
   return st;
 }

@@ -7,6 +7,7 @@
 #include "model.h"
 #include "runtime/runtime.h"
 #include "base/error.h"
+#include "base/trace.h"
 
 void replica_unplace(replica *r) {
   free(r->act);
@@ -111,9 +112,12 @@ pmap_status replica_reserve(pmap_device *dev, const pmap_model *m, replica *r, i
 pmap_status model_forward(pmap_device *dev, const pmap_model *m, replica *r, const float *x,
                           int64_t bd) {
   const float *in = x;
+  trace_rec *tr = dev ? runtime_trace(runtime_ctx_of(dev)) : NULL;
   for (int i = 0; i < m->n_layers; i++) {
     r->in[i] = in;
+    runtime_span sp = tr ? runtime_span_begin(dev) : (runtime_span){0, -1};
     PMAP_TRY(layer_forward(dev, m, r, i, in, bd));
+    if (tr) runtime_span_end(dev, sp, "forward", m->layers[i].cls->name, i, "layer", -1);
     in = r->out[i];
   }
   return PMAP_SUCCESS;
@@ -149,11 +153,14 @@ pmap_status model_state_commit(const pmap_model *m, replica *r) { return state_c
 
 pmap_status model_backward(pmap_device *dev, const pmap_model *m, replica *r, int64_t bd) {
   const float *dy = r->dact[m->n_layers - 1];
+  trace_rec *tr = dev ? runtime_trace(runtime_ctx_of(dev)) : NULL;
   for (int i = m->n_layers - 1; i >= 0; i--) {
     float *dx = i > 0 ? r->dact[i - 1] : NULL; /* the input needs no gradient */
     const float *next = NULL;
     r->dout[i] = dy;
+    runtime_span sp = tr ? runtime_span_begin(dev) : (runtime_span){0, -1};
     PMAP_TRY(layer_backward(dev, m, r, i, dy, dx, &next, bd));
+    if (tr) runtime_span_end(dev, sp, "backward", m->layers[i].cls->name, i, "layer", -1);
     if (r->layer_grads_done) PMAP_TRY(r->layer_grads_done(dev, r, i, r->layer_grads_user));
     if (!next) break;
     dy = next;

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "base/error.h"
+#include "base/trace.h"
 #include "runtime/runtime.h"
 #include "step.h"
 #include "step_fast.h"
@@ -54,7 +55,10 @@ static pmap_status piece_grads(pmap_device *dev, step_call *c, replica *r, int64
     r->has_row0 = 1;
     r->row0 = global_row0;
     PMAP_TRY(model_forward(dev, m, r, x, rows));
+    trace_rec *tr = runtime_trace(p->ctx);
+    runtime_span sp = tr ? runtime_span_begin(dev) : (runtime_span){0, -1};
     PMAP_TRY(model_loss(m, r, y, rows, loss));
+    if (tr) runtime_span_end(dev, sp, "loss", NULL, -1, "layer", -1);
     if (weight != 1.0f)
       PMAP_TRY(
           r->ops->scale(r->q, r->dact[L - 1], weight, (size_t)(rows * m->layers[L - 1].out_size)));
@@ -176,6 +180,17 @@ static pmap_status guard_flag(pmap_device *dev, const pmap_params *p, replica *r
   return r->ops->norm2(r->q, r->g, gl->flags, r->g + gl->flags + pmap_axis_index(dev));
 }
 
+/* The optimizer over [lo, lo + len), a span of the device's track. */
+static pmap_status traced_optimizer(pmap_device *dev, pmap_params *p, replica *r,
+                                    const step_call *c, size_t lo, size_t len, float scale) {
+  trace_rec *tr = runtime_trace(p->ctx);
+  runtime_span sp = tr ? runtime_span_begin(dev) : (runtime_span){0, -1};
+  PMAP_TRY(optimizer_step_range(p, r, &c->hyper, lo, len, scale));
+  if (tr)
+    runtime_span_end(dev, sp, "optimizer", NULL, -1, "optimizer", (int64_t)(len * sizeof(float)));
+  return PMAP_SUCCESS;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* The replicated path                                                                        */
 
@@ -207,7 +222,7 @@ static pmap_status replicated_step(pmap_device *dev, step_call *c, replica *r) {
   }
   /* Apply. */
   PMAP_TRY(model_state_commit(p->model, r));
-  PMAP_TRY(optimizer_step_range(p, r, &c->hyper, 0, p->n_params, v.scale));
+  PMAP_TRY(traced_optimizer(dev, p, r, c, 0, p->n_params, v.scale));
   PMAP_TRY(inject(dev, c, r, AFTER_APPLY));
   if (pmap_local_index(dev) != 0) return backend_sync(dev);
   if (tail) {
@@ -269,7 +284,7 @@ static pmap_status sharded_step(pmap_device *dev, step_call *c, replica *r) {
   PMAP_TRY(model_state_commit(p->model, r));
   size_t lo = 0, len = 0;
   params_part(p, pmap_axis_index(dev), &lo, &len);
-  PMAP_TRY(optimizer_step_range(p, r, &c->hyper, lo, len, v.scale));
+  PMAP_TRY(traced_optimizer(dev, p, r, c, lo, len, v.scale));
   PMAP_TRY(params_gather(dev, p, p->step));
   PMAP_TRY(inject(dev, c, r, AFTER_APPLY));
   return backend_sync(dev);
@@ -277,8 +292,7 @@ static pmap_status sharded_step(pmap_device *dev, step_call *c, replica *r) {
 
 /* ------------------------------------------------------------------------------------------ */
 
-static pmap_status update_job(pmap_device *dev, void *arg) {
-  step_call *c = arg;
+static pmap_status update_steps(pmap_device *dev, step_call *c) {
   pmap_params *p = c->p;
   replica *r = &p->rep[pmap_local_index(dev)];
   int fast = 0;
@@ -288,6 +302,17 @@ static pmap_status update_job(pmap_device *dev, void *arg) {
   PMAP_TRY(device_grads(dev, c, r));
   PMAP_TRY(inject(dev, c, r, BEFORE_REDUCE));
   return p->shard ? sharded_step(dev, c, r) : replicated_step(dev, c, r);
+}
+
+/* A device's step; with a recording on, a span of its track that the others nest in. */
+static pmap_status update_job(pmap_device *dev, void *arg) {
+  step_call *c = arg;
+  trace_rec *tr = runtime_trace(c->p->ctx);
+  if (!tr) return update_steps(dev, c);
+  int64_t t0 = pmap_now_ns();
+  pmap_status st = update_steps(dev, c);
+  trace_span(tr, pmap_local_index(dev), "step", NULL, -1, "step", t0, pmap_now_ns(), -1);
+  return st;
 }
 
 /* The message of a step the numeric guard skipped, naming the devices whose own loss or
@@ -361,7 +386,16 @@ pmap_status pmap_update(pmap_params *p, const pmap_array *xs, const pmap_array *
     c.t = p->step + 1;
     c.hyper = optimizer_hyper(&p->opt, c.t);
     step_fast_prepare(&c);
+    trace_rec *tr = runtime_trace(p->ctx);
+    int64_t t0 = 0;
+    if (tr) {
+      trace_set_step(tr, c.t);
+      t0 = pmap_now_ns();
+    }
     st = params_dispatch(p, update_job, &c);
+    if (tr)
+      trace_span(tr, runtime_trace_caller(p->ctx), "pmap_update", NULL, -1, "step", t0,
+                 pmap_now_ns(), -1);
     int stepped = atomic_load(&c.stepped);
     if (st && stepped)
       st = finish_stepped(p, st, c.t);

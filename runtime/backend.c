@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/trace.h"
 #include "fault.h"
 #include "runtime/dist/dist.h"
 
@@ -168,7 +169,11 @@ pmap_status backend_stage(pmap_device *dev, int slot, const void *host, size_t b
     return PMAP_SUCCESS;
   }
   void *d = NULL;
+  int64_t t0 = dev->ctx->trace ? pmap_now_ns() : 0;
   PMAP_TRY(dev->ctx->be->stage(dev, slot, host, bytes, &d));
+  if (dev->ctx->trace)
+    trace_span(dev->ctx->trace, dev->index, "stage", slot ? "labels" : "inputs", -1, "staging", t0,
+               pmap_now_ns(), (int64_t)bytes);
   *out = d;
   return PMAP_SUCCESS;
 }
@@ -256,7 +261,10 @@ static pmap_status rendezvous_processes(pmap_device *dev, const char *call, size
  * device can be one collective ahead of a slow reader, not two: the next rendezvous waits for
  * the reader) and carry the job and the call's number in it, so a stale one never matches.
  * Across processes the records of the processes are compared too (rendezvous_processes). */
-static pmap_status rendezvous(pmap_device *dev, const char *call, size_t count, int root) {
+static void blame(pmap_ctx *ctx, const coll_desc *desc);
+
+static pmap_status meet(pmap_device *dev, const char *call, size_t count, int root,
+                        int64_t arrive) {
   pmap_ctx *ctx = dev->ctx;
   int n = ctx->n;
   /* Device 0 moves the count on only after every device of the process arrived below. */
@@ -274,11 +282,12 @@ static pmap_status rendezvous(pmap_device *dev, const char *call, size_t count, 
   if (n > 1) {
     uint32_t seq = dev->coll_seq++;
     coll_desc *desc = ctx->desc + (size_t)(seq & 1u) * (size_t)n;
-    desc[dev->index] = (coll_desc){call, count, root, seq, ctx->job_gen};
+    desc[dev->index] = (coll_desc){call, count, root, seq, ctx->job_gen, arrive};
     pmap_status st = pmap_wait_status(dev, pmap_barrier_arrive(dev, &ctx->wait, NULL), call);
     if (st) return st;
     for (int k = 1; k < n; k++) same &= same_desc(&desc[k], &desc[0]);
     if (!same) describe(desc, n, ctx->dist ? ctx->proc * n : 0, what, sizeof what);
+    if (same && dev->index == 0) blame(ctx, desc);
   }
   if (ctx->dist) return rendezvous_processes(dev, call, count, root, same ? NULL : what);
   if (same) return PMAP_SUCCESS;
@@ -289,36 +298,85 @@ static pmap_status rendezvous(pmap_device *dev, const char *call, size_t count, 
                   call, dev->index, what);
 }
 
+/* The device that arrived last at a collective kept every other device waiting: local device 0
+ * charges it with their waits once all arrived (the records stay until the next collective). */
+static void blame(pmap_ctx *ctx, const coll_desc *desc) {
+  int last = 0;
+  for (int k = 1; k < ctx->n; k++)
+    if (desc[k].arrive_ns > desc[last].arrive_ns) last = k;
+  int64_t held = 0;
+  for (int k = 0; k < ctx->n; k++) held += desc[last].arrive_ns - desc[k].arrive_ns;
+  ctx->dev[last].waits.held_ns += held;
+}
+
+/* meet, counted: the device's time since its last collective (busy) and its wait here; the wait
+ * is a span of the trace. *arrive: when it arrived. */
+static pmap_status rendezvous(pmap_device *dev, const char *call, size_t count, int root,
+                              int64_t *arrive) {
+  int64_t t0 = pmap_now_ns();
+  *arrive = t0;
+  pmap_status st = meet(dev, call, count, root, t0);
+  int64_t t1 = pmap_now_ns();
+  dev_waits *w = &dev->waits;
+  w->collectives++;
+  if (dev->mark_ns) w->busy_ns += t0 - dev->mark_ns;
+  w->wait_ns += t1 - t0;
+  if (dev->ctx->trace)
+    trace_span(dev->ctx->trace, dev->index, "wait", call, -1, "wait", t0, t1, -1);
+  return st;
+}
+
+/* After the backend's collective: its span (from the arrival, so the wait nests in it). */
+static pmap_status coll_end(pmap_device *dev, const char *call, int64_t t0, size_t bytes,
+                            pmap_status st) {
+  int64_t t1 = pmap_now_ns();
+  dev->mark_ns = t1;
+  if (dev->ctx->trace)
+    trace_span(dev->ctx->trace, dev->index, call, NULL, -1, "collective", t0, t1, (int64_t)bytes);
+  return st;
+}
+
 pmap_status backend_all_reduce(pmap_device *dev, const char *call, const float *send, float *recv,
                                size_t count, pmap_redop op) {
-  PMAP_TRY(rendezvous(dev, call, count, (int)op));
-  return dev->ctx->be->coll->all_reduce(dev, send, recv, count, op);
+  int64_t t0 = 0;
+  PMAP_TRY(rendezvous(dev, call, count, (int)op, &t0));
+  return coll_end(dev, call, t0, count * sizeof(float),
+                  dev->ctx->be->coll->all_reduce(dev, send, recv, count, op));
 }
 
 pmap_status backend_broadcast(pmap_device *dev, const char *call, const float *send, float *recv,
                               size_t count, int root) {
-  PMAP_TRY(rendezvous(dev, call, count, root));
-  return dev->ctx->be->coll->broadcast(dev, send, recv, count, root);
+  int64_t t0 = 0;
+  PMAP_TRY(rendezvous(dev, call, count, root, &t0));
+  return coll_end(dev, call, t0, count * sizeof(float),
+                  dev->ctx->be->coll->broadcast(dev, send, recv, count, root));
 }
 
 pmap_status backend_all_gather(pmap_device *dev, const char *call, const float *send, float *recv,
                                size_t count) {
-  PMAP_TRY(rendezvous(dev, call, count, 0));
-  return dev->ctx->be->coll->all_gather(dev, send, recv, count);
+  int64_t t0 = 0;
+  PMAP_TRY(rendezvous(dev, call, count, 0, &t0));
+  return coll_end(dev, call, t0, count * sizeof(float),
+                  dev->ctx->be->coll->all_gather(dev, send, recv, count));
 }
 
 pmap_status backend_reduce_scatter(pmap_device *dev, const char *call, float *buf, size_t chunk,
                                    pmap_redop op) {
   pmap_ctx *ctx = dev->ctx;
   size_t total = chunk * (size_t)ctx->n * (size_t)ctx->nproc;
-  PMAP_TRY(rendezvous(dev, call, total, (int)op));
-  if (!ctx->be->coll->reduce_scatter) return ctx->be->coll->all_reduce(dev, buf, buf, total, op);
-  return ctx->be->coll->reduce_scatter(dev, buf, chunk, op);
+  int64_t t0 = 0;
+  PMAP_TRY(rendezvous(dev, call, total, (int)op, &t0));
+  if (!ctx->be->coll->reduce_scatter)
+    return coll_end(dev, call, t0, total * sizeof(float),
+                    ctx->be->coll->all_reduce(dev, buf, buf, total, op));
+  return coll_end(dev, call, t0, total * sizeof(float),
+                  ctx->be->coll->reduce_scatter(dev, buf, chunk, op));
 }
 
 pmap_status backend_barrier(pmap_device *dev, const char *call) {
-  PMAP_TRY(rendezvous(dev, call, 0, 0));
-  return dev->ctx->be->coll->barrier(dev);
+  int64_t t0 = 0;
+  PMAP_TRY(rendezvous(dev, call, 0, 0, &t0));
+  return coll_end(dev, call, t0, 0, dev->ctx->be->coll->barrier(dev));
 }
 
 void runtime_fast_modes(const pmap_ctx *ctx, int *graphs, int *overlap, size_t *bucket_bytes) {
@@ -355,8 +413,12 @@ void runtime_graph_free(pmap_device *dev, void *graph) {
 pmap_status backend_bucket_join(pmap_device *dev) { return dev->ctx->be->fast->bucket_join(dev); }
 
 pmap_status backend_bucket_reduce(pmap_device *dev, const char *call, float *buf, size_t count) {
-  PMAP_TRY(rendezvous(dev, call, count, (int)PMAP_RED_MEAN));
+  int64_t t0 = 0;
+  PMAP_TRY(rendezvous(dev, call, count, (int)PMAP_RED_MEAN, &t0));
   return dev->ctx->be->fast->bucket_reduce(dev, buf, count);
 }
 
-pmap_status backend_meet(pmap_device *dev, const char *call) { return rendezvous(dev, call, 0, 0); }
+pmap_status backend_meet(pmap_device *dev, const char *call) {
+  int64_t t0 = 0;
+  return rendezvous(dev, call, 0, 0, &t0);
+}

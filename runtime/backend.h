@@ -69,16 +69,36 @@ typedef struct pmap_backend_i {
   /* Graph capture and overlapped gradient buckets of pmap_update (optional: NULL where the
    * backend has neither, as on CPU; see pmap_fast_i at the end of this file). */
   const struct pmap_fast_i *fast;
+  /* The device's memory (optional): *in_use the bytes this backend's allocator holds for the
+   * device, *free_bytes what the device has free (SIZE_MAX when it is not known). */
+  pmap_status (*memory)(pmap_device *dev, size_t *in_use, size_t *free_bytes);
+  /* Spans timed on the device's queue, for the trace (optional: NULL, spans are host times).
+   * mark records a point on the device's queue after the work queued so far and returns its
+   * number in the job (0, 1, ...), or -1 when it cannot (then the span is timed on the host);
+   * mark_times waits for the queue and gives the `count` marks of the job their times on the
+   * host's clock (pmap_now_ns), then forgets them (ns NULL: forgets them without waiting, after
+   * a failed job). Both on the device's thread. */
+  int (*mark)(pmap_device *dev);
+  pmap_status (*mark_times)(pmap_device *dev, int64_t *ns, int count);
 } pmap_backend_i;
 
 /* What a device called at a collective's rendezvous (runtime/coll.c). */
 typedef struct coll_desc {
   const char *call; /* "pmap_psum", ...; NULL: not called */
   size_t count;
-  int root;     /* broadcast's root; all-reduce's operation */
-  uint32_t seq; /* the device's collective number in the job */
-  uint32_t job; /* the job (ctx->job_gen) */
+  int root;          /* broadcast's root; all-reduce's operation */
+  uint32_t seq;      /* the device's collective number in the job */
+  uint32_t job;      /* the job (ctx->job_gen) */
+  int64_t arrive_ns; /* when the device arrived (pmap_now_ns): who kept the others waiting */
 } coll_desc;
+
+/* What a device's collectives cost it (pmap_ctx_waits): summed over the collectives it met. */
+typedef struct dev_waits {
+  int64_t collectives;
+  int64_t busy_ns; /* from its job's start, or its previous collective's end, to arriving */
+  int64_t wait_ns; /* from arriving to every device (and process) having arrived */
+  int64_t held_ns; /* the others' waiting at the collectives it arrived at last */
+} dev_waits;
 
 struct pmap_device {
   pmap_ctx *ctx;
@@ -99,6 +119,12 @@ struct pmap_device {
                        report does not name this device as the failing one */
   uint64_t xseq;    /* distributed: the number of the current collective's inter-process
                          exchange, the same on every process (dist_seq + 1 at its rendezvous) */
+  int64_t mark_ns;  /* the start of its job, or the end of its last collective */
+  dev_waits waits;  /* written by the device's own thread (held_ns: by local device 0's) */
+  /* Spans of this job timed by marks on the device's queue, given their times at its end
+   * (runtime/trace_ctx.c); marks: the backend's marks made in the job. */
+  struct queued_span *queued;
+  int n_queued, cap_queued, marks;
 };
 
 struct pmap_ctx {
@@ -148,6 +174,10 @@ struct pmap_ctx {
   /* The process that created the context. Its worker threads exist only there (fork copies
    * the calling thread alone), so every call from another process is refused at once. */
   long pid;
+  /* The timeline recording (runtime/trace_ctx.c): NULL when off; tracks 0..n-1 the devices,
+   * track n the caller. Written to trace_path when it stops (or the context is destroyed). */
+  struct trace_rec *trace;
+  char *trace_path;
 };
 
 extern const pmap_backend_i pmap_cpu_backend;

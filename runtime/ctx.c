@@ -50,6 +50,7 @@ static void run_job(pmap_ctx *ctx, pmap_device *dev) {
   dev->abandoned = 0;
   dev->coll_seq = 0;
   dev->names_others = 0;
+  dev->mark_ns = pmap_now_ns();
   pmap_ctx *outer = job_ctx;
   job_ctx = ctx;
   dev->status = ctx->fn(dev, ctx->arg);
@@ -70,6 +71,9 @@ static void run_job(pmap_ctx *ctx, pmap_device *dev) {
         dev->status != PMAP_ERR_ABORTED || (!dev->abandoned && !atomic_load(&ctx->abort));
     if (dev->own_failure) pmap_ctx_abort(ctx);
   }
+  /* The spans timed on the device's queue: only after a job that succeeded (a failed one may
+   * have left its queue stuck), and after its message was kept. */
+  if (dev->marks) runtime_trace_flush(dev, dev->status == PMAP_SUCCESS);
   /* A device that returned can no longer meet the others at a collective. */
   int expected = -1;
   atomic_compare_exchange_strong(&ctx->left_device, &expected, dev->index);
@@ -489,6 +493,7 @@ static pmap_status ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
     ctx->started = i;
   }
   PMAP_TRY_GOTO(st, pmap_ctx_dispatch(ctx, init_job, NULL), fail);
+  PMAP_TRY_GOTO(st, runtime_trace_env(ctx), fail);
   *out = ctx;
   return PMAP_SUCCESS;
 fail : {
@@ -529,6 +534,7 @@ pmap_status pmap_ctx_destroy(pmap_ctx *ctx) {
                       live);
     }
   }
+  runtime_trace_close(ctx);
   if (ctx->dev && ctx->started == ctx->n - 1) pmap_ctx_dispatch(ctx, fini_job, NULL);
   ctx->stop = 1;
   pmap_event_signal(&ctx->job);
@@ -542,6 +548,7 @@ pmap_status pmap_ctx_destroy(pmap_ctx *ctx) {
   pmap_fault_free(ctx->fault);
   free(ctx->desc);
   free(ctx->threads);
+  for (int i = 0; ctx->dev && i < ctx->n; i++) free(ctx->dev[i].queued);
   free(ctx->dev);
   free(ctx);
   return PMAP_SUCCESS;

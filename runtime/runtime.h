@@ -68,6 +68,37 @@ const char *pmap_proc_name(const pmap_ctx *ctx, int proc, char *buf, size_t size
  * order, owned by the context until its next exchange. One process: *all is mine. */
 pmap_status pmap_ctx_exchange(pmap_ctx *ctx, const char *call, const void *mine, size_t bytes,
                               const void **all);
+/* ---- the timeline and the waits (runtime/trace_ctx.c) ---- */
+/* The context's recording (base/trace.h), NULL when off: track pmap_local_index(dev) is a
+ * device's, track runtime_trace_caller(ctx) the caller's (outside jobs, the lock held). */
+struct trace_rec *runtime_trace(const pmap_ctx *ctx);
+int runtime_trace_caller(const pmap_ctx *ctx);
+/* A span of a device's own work (a layer, the optimizer), with the recording on: begin before
+ * queueing the work, end after. Where the backend marks its queue (CUDA), the span is the time
+ * the device spent on it, placed on the host's clock when the job ends (runtime_trace_flush);
+ * elsewhere it is the host's time around the call. */
+typedef struct runtime_span {
+  int64_t host;
+  int mark;
+} runtime_span;
+runtime_span runtime_span_begin(pmap_device *dev);
+void runtime_span_end(pmap_device *dev, runtime_span begin, const char *name, const char *detail,
+                      int index, const char *cat, int64_t bytes);
+/* At the end of a device's job: the spans timed on its queue into the recording (keep 0: a
+ * failed job, they are dropped). */
+void runtime_trace_flush(pmap_device *dev, int keep);
+/* At the end of pmap_ctx_create: PMAP_TRACE (the file) and PMAP_TRACE_STEPS (the window). */
+pmap_status runtime_trace_env(pmap_ctx *ctx);
+/* At pmap_ctx_destroy: writes the recording still on, then frees it. */
+void runtime_trace_close(pmap_ctx *ctx);
+/* The bytes the backend's allocator holds for the device and what the device has free
+ * (SIZE_MAX: not known; in_use SIZE_MAX too where the backend does not count). */
+void runtime_device_memory(pmap_device *dev, size_t *in_use, size_t *free_bytes);
+/* Whether the backend stages host input into device buffers (backend_stage copies). */
+int runtime_stages(const pmap_ctx *ctx);
+/* A device of the context by local index (0..n-1). */
+pmap_device *runtime_device(pmap_ctx *ctx, int local);
+
 /* ---- memory, copies, collectives ---- */
 /* The wrappers over a backend's table (runtime/backend.c): models and the public collectives
  * call these, never dev->ctx->be directly. backend_alloc: device memory (fault hook: alloc);

@@ -14,6 +14,7 @@
 #include "train_data.h"
 #include "train_plot.h"
 #include "train_state.h"
+#include "train_watch.h"
 
 static const char *prog = "pmap-train";
 
@@ -31,6 +32,10 @@ typedef struct result {
   int have_wb, procs, me;
   float w, b;
   double eval_loss, eval_accuracy; /* NaN without held-out rows (or labels, for accuracy) */
+  int have_plan;
+  pmap_memory_plan plan;
+  watch_waits waits; /* dev NULL until read */
+  double mfu;        /* NaN when not known */
 } result;
 
 /* Records the run's failure (the first one) and prints it; returns 1, the exit status. */
@@ -98,6 +103,16 @@ static void print_json(const opts *o, const result *r) {
     printf(", \"b\": ");
     json_number(stdout, (double)r->b);
   }
+  if (r->have_plan) {
+    printf(", \"memory\": ");
+    watch_memory_json(stdout, &r->plan);
+  }
+  if (r->waits.dev) {
+    printf(", \"waits\": ");
+    watch_waits_json(stdout, &r->waits);
+  }
+  printf(", \"mfu\": ");
+  json_number(stdout, r->mfu);
   if (o->data) {
     printf(", \"eval_loss\": ");
     json_number(stdout, r->eval_loss);
@@ -235,6 +250,7 @@ int main(int argc, char **argv) {
                   .sharded = -1,
                   .eval_loss = NAN,
                   .eval_accuracy = NAN,
+                  .mfu = NAN,
                   .procs = -1,
                   .start = -1};
       snprintf(r.err, sizeof r.err, "%s", cli_last_error());
@@ -254,6 +270,7 @@ int main(int argc, char **argv) {
               .sharded = -1,
               .eval_loss = NAN,
               .eval_accuracy = NAN,
+              .mfu = NAN,
               .procs = 1};
   train_data data = {0};
   char why[1024];
@@ -266,6 +283,7 @@ int main(int argc, char **argv) {
   pmap_array xs = {0}, ys = {0};
   float *w0 = NULL, *curve = NULL;
   int64_t *curve_step = NULL;
+  int tracing = 0; /* a recording is on: it holds the steps alone */
   size_t ncurve = 0;
   if (o.data) {
     if (train_data_load(o.data, o.labels, o.eval_fraction, o.seed, &data, why, sizeof why)) {
@@ -376,6 +394,11 @@ int main(int argc, char **argv) {
   printf("pmap-train: optimizer state %.4g MB per device (%s)\n",
          (double)pmap_params_optimizer_bytes(params) / 1e6,
          pmap_params_sharded(params) ? "sharded over the devices" : "replicated");
+  if (watch_memory(params, o.batch / procs, o.max_memory, &r.plan, why, sizeof why)) {
+    failf(&r, "%s", why);
+    goto out;
+  }
+  r.have_plan = 1;
   if (o.resume) printf("resumed from %s at step %lld\n", o.resume, (long long)start);
   if (o.data)
     printf("data: %s %s, %lld rows (%lld for training, %lld held out), %lld %s\n", o.data, o.labels,
@@ -397,6 +420,19 @@ int main(int argc, char **argv) {
   }
   double busy = 0.0, last_busy = 0.0;
   int64_t last_step = start;
+  /* Training FLOPs per example: forward 2 per multiply-add, backward twice that. The bar shows
+   * MFU against the devices' measured GEMM rate; plain lines measure it at the end. */
+  double flops = 6.0 * pmap_model_forward_macs(model);
+  watch_progress bar;
+  watch_progress_begin(&bar, o.progress, start, o.steps, o.batch, flops, 0.0);
+  if (bar.bar && flops > 0) bar.peak_flops = watch_gemm_rate(ctx);
+  if (o.trace) {
+    if (pmap_trace_start(ctx, o.trace, o.trace_steps)) {
+      fail(&r, "--trace");
+      goto out;
+    }
+    tracing = 1;
+  }
   for (int64_t s = start; s < o.steps; s++) {
     /* The data position is the step: step s takes batch s % batches, resumed or not. */
     int64_t first = (s % batches) * o.batch;
@@ -434,8 +470,10 @@ int main(int argc, char **argv) {
       curve_step[ncurve] = s;
       curve[ncurve++] = loss;
     }
-    if (o.log_every && (s % o.log_every == 0 || s == o.steps - 1)) {
+    watch_progress_step(&bar, s, loss, busy);
+    if (o.log_every && (s % o.log_every == 0 || s == o.steps - 1) && (!bar.bar || data.eval_rows)) {
       /* Throughput over the steps since the previous line. */
+      watch_progress_break(&bar);
       printf("step %6lld  loss %.6f  samples/s %.0f", (long long)s, (double)loss,
              (double)(s + 1 - last_step) * (double)o.batch / (busy - last_busy));
       if (data.eval_rows) {
@@ -459,9 +497,25 @@ int main(int argc, char **argv) {
         save(&r, &o, params, batches, loss))
       goto out;
   }
+  watch_progress_break(&bar);
   if (o.save && save(&r, &o, params, batches, loss)) goto out;
+  tracing = 0;
+  if (o.trace && pmap_trace_stop(ctx)) {
+    fail(&r, "--trace");
+    goto out;
+  }
   double sps = o.steps > start ? (double)(o.steps - start) * (double)o.batch / busy : NAN;
   r.sps = sps;
+  if (!(bar.peak_flops > 0) && flops > 0 && busy > 1.0) bar.peak_flops = watch_gemm_rate(ctx);
+  r.mfu = watch_mfu(&bar, sps);
+  if (watch_waits_read(ctx, &r.waits)) {
+    fail(&r, "pmap_ctx_waits");
+    goto out;
+  }
+  watch_waits_print(&r.waits);
+  if (isfinite(r.mfu))
+    printf("model FLOPs utilisation %.1f%% (%.3g GFLOP/s of %.3g measured GEMM GFLOP/s)\n",
+           100 * r.mfu, sps * flops / 1e9, bar.peak_flops / 1e9);
   if (curve) {
     char title[256], mom[32] = "";
     if (info.opt.kind == PMAP_OPT_SGD && info.opt.momentum != 0.0f)
@@ -506,7 +560,9 @@ int main(int argc, char **argv) {
   else
     failf(&r, "replicas differ after training: %s", why);
 out:
+  if (tracing) pmap_trace_stop(ctx); /* the run failed: what was recorded, for its reader */
   if (o.json) print_json(&o, &r);
+  watch_waits_free(&r.waits);
   free(curve);
   free(curve_step);
   free(w0);

@@ -23,6 +23,8 @@ static int clip_check(const char *p, const cli_option *o, const char *v) {
   return 0;
 }
 
+static const char *const progress_choices[] = {"auto", "bar", "lines", NULL};
+
 #define STEPS_MAX (INT64_C(1) << 40)
 #define ROWS_MAX (INT64_C(1) << 24)
 
@@ -231,6 +233,34 @@ int train_parse(int argc, char **argv, opts *o) {
            "every device keeps all of it (default: the library's, PMAP_SHARD_OPTIMIZER when set, "
            "else sharded from 65536 parameters)",
        .flag = PMAP_SHARD_OFF},
+      {.name = "--trace",
+       .kind = CLI_STRING,
+       .dest = &o->trace,
+       .arg = "FILE",
+       .help = "record a timeline of the steps into FILE, a Chrome trace-event JSON file (open it "
+               "in ui.perfetto.dev or chrome://tracing; bench/trace_plot.sh draws one step): a "
+               "track per device and one for the caller (docs/tracing.md)"},
+      {.name = "--trace-steps",
+       .kind = CLI_STRING,
+       .dest = &o->trace_steps,
+       .arg = "K|A..B",
+       .help = "with --trace: the steps kept, the last K or steps A to B, 1 the first (default "
+               "the last 10)"},
+      {.name = "--max-memory",
+       .kind = CLI_BYTES,
+       .dest = &o->max_memory,
+       .arg = "BYTES",
+       .help = "refuse to start when the memory plan of a device (printed before step 1) is over "
+               "BYTES (a number with K, M or G), before any step runs (default: no limit)",
+       .lo = 1,
+       .hi = INT64_MAX},
+      {.name = "--progress",
+       .kind = CLI_CHOICE,
+       .dest = &o->progress,
+       .arg = NULL,
+       .help = "how the run shows progress: auto (a one-line bar on a terminal, plain lines "
+               "otherwise; the default), bar or lines",
+       .choices = progress_choices},
   };
   const cli_spec spec = {prog, table, (int)(sizeof table / sizeof table[0]),
                          "Trains a model on N devices (threads on the CPU, GPUs) from one process, "
@@ -244,5 +274,6 @@ int train_parse(int argc, char **argv, opts *o) {
     return cli_error(prog, "--data trains an MLP sized from the data; it does not take --model");
   if (o->data) o->model = "npy";
   if (o->save_every && !o->save) return cli_error(prog, "--save-every needs --save FILE");
+  if (o->trace_steps && !o->trace) return cli_error(prog, "--trace-steps needs --trace FILE");
   return 0;
 }

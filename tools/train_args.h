@@ -10,6 +10,9 @@
 
 typedef struct opts {
   const char *model, *backend, *plot, *save, *resume, *data, *labels, *inspect;
+  const char *trace, *trace_steps; /* --trace FILE, --trace-steps K or A..B */
+  int64_t max_memory;              /* --max-memory BYTES, 0: no limit */
+  int progress;                    /* --progress: 0 auto (a bar on a terminal), 1 bar, 2 lines */
   int64_t devices, steps, batch, samples, log_every, save_every, verify_every, micro;
   int64_t hidden[CLI_MAX_LIST];
   int n_hidden, have_model;

@@ -31,7 +31,10 @@ static pmap_status cpu_ctx_init(pmap_ctx *ctx, const pmap_config *cfg) {
     free(cc);
     return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for %d devices", ctx->n);
   }
-  for (int i = 0; i < ctx->n; i++) ctx->dev[i].be = &cc->dev[i];
+  for (int i = 0; i < ctx->n; i++) {
+    ctx->dev[i].be = &cc->dev[i];
+    atomic_init(&cc->dev[i].live, 0);
+  }
   ctx->be_ctx = cc;
   return PMAP_SUCCESS;
 }
@@ -65,17 +68,29 @@ static pmap_status cpu_alloc(pmap_device *dev, size_t bytes, void **out) {
     return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "device %d: cannot allocate %zu bytes", dev->index,
                     bytes);
   }
+  /* Before the pointer: the size asked for, counted in the device's live bytes until freed. */
+  memcpy(raw + CPU_OFFSET - sizeof raw - sizeof bytes, &bytes, sizeof bytes);
   memcpy(raw + CPU_OFFSET - sizeof raw, &raw, sizeof raw);
+  atomic_fetch_add(&((cpu_device *)dev->be)->live, bytes);
   *out = raw + CPU_OFFSET;
   return PMAP_SUCCESS;
 }
 
 static void cpu_free(pmap_device *dev, void *ptr) {
-  (void)dev;
   if (!ptr) return;
   char *raw;
+  size_t bytes;
   memcpy(&raw, (char *)ptr - sizeof raw, sizeof raw);
+  memcpy(&bytes, (char *)ptr - sizeof raw - sizeof bytes, sizeof bytes);
+  atomic_fetch_sub(&((cpu_device *)dev->be)->live, bytes);
   free(raw);
+}
+
+/* Host memory: what the devices hold is counted; what is free is the host's business. */
+static pmap_status cpu_memory(pmap_device *dev, size_t *in_use, size_t *free_bytes) {
+  *in_use = atomic_load(&((cpu_device *)dev->be)->live);
+  *free_bytes = SIZE_MAX;
+  return PMAP_SUCCESS;
 }
 
 static pmap_status cpu_copy(pmap_device *dev, void *dst, const void *src, size_t bytes) {
@@ -99,4 +114,5 @@ const pmap_backend_i pmap_cpu_backend = {
     .stage = NULL,
     .sync = NULL,
     .coll = &pmap_cpu_coll,
+    .memory = cpu_memory,
 };

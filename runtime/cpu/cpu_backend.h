@@ -2,6 +2,8 @@
 #ifndef PMAP_CPU_BACKEND_H
 #define PMAP_CPU_BACKEND_H
 
+#include <stdatomic.h>
+
 #include "runtime/backend.h"
 
 /* All-reduces of at most this many elements take the two-barrier path through a scratch. */
@@ -9,6 +11,8 @@
 
 typedef struct cpu_device {
   float small[CPU_SMALL_REDUCE];
+  _Alignas(64) _Atomic size_t
+      live; /* (its own cache line) bytes allocated for the device and not freed (backend memory) */
 } cpu_device;
 
 /* The CPU backend's context-wide state (ctx->be_ctx). */

@@ -32,6 +32,12 @@ static void device_release(cuda_device *cd) {
     cd->pinned[k] = NULL;
     cd->pinned_ev[k] = NULL;
   }
+  for (int k = 0; k < cd->cap_marks; k++) (void)cudaEventDestroy(cd->marks[k]);
+  free(cd->marks);
+  if (cd->mark_end) (void)cudaEventDestroy(cd->mark_end);
+  cd->marks = NULL;
+  cd->mark_end = NULL;
+  cd->n_marks = cd->cap_marks = 0;
   if (cd->down) (void)cudaFreeHost(cd->down);
   if (cd->done) (void)cudaEventDestroy(cd->done);
   cd->down = NULL;
@@ -285,6 +291,75 @@ static void *cuda_native(pmap_device *dev, int what) {
   return what == 0 ? (void *)cd->stream : what == 1 ? (void *)cd->blas : NULL;
 }
 
+/* The GPU's free memory (cudaMemGetInfo on the device's GPU, from any thread: the calling
+ * thread's current device is put back). What pmap holds is not counted here (SIZE_MAX). */
+static pmap_status cuda_memory(pmap_device *dev, size_t *in_use, size_t *free_bytes) {
+  cuda_device *cd = dev->be;
+  *in_use = *free_bytes = SIZE_MAX;
+  int cur = -1;
+  CUDA_CHECK(cd, cudaGetDevice(&cur));
+  if (cur != cd->where.gpu) CUDA_CHECK(cd, cudaSetDevice(cd->where.gpu));
+  size_t avail = 0, total = 0;
+  cudaError_t e = cudaMemGetInfo(&avail, &total);
+  if (cur != cd->where.gpu) (void)cudaSetDevice(cur);
+  CUDA_CHECK(cd, e);
+  *free_bytes = avail;
+  return PMAP_SUCCESS;
+}
+
+/* The most marks of one job: past them, spans are timed on the host. */
+#define CUDA_MARKS_MAX 16384
+
+/* A timing event on the stream after the work queued so far (not while capturing: a graph's
+ * events are not the step's times). Events are made as needed and kept for later jobs. */
+static int cuda_mark(pmap_device *dev) {
+  cuda_device *cd = dev->be;
+  if (cd->capturing || cd->n_marks >= CUDA_MARKS_MAX) return -1;
+  if (!cd->mark_end && cudaEventCreate(&cd->mark_end) != cudaSuccess) {
+    cd->mark_end = NULL;
+    (void)cudaGetLastError();
+    return -1;
+  }
+  if (cd->n_marks == cd->cap_marks) {
+    int cap = cd->cap_marks ? 2 * cd->cap_marks : 256;
+    cudaEvent_t *ev = realloc(cd->marks, (size_t)cap * sizeof *ev);
+    if (!ev) return -1;
+    cd->marks = ev;
+    for (; cd->cap_marks < cap; cd->cap_marks++)
+      if (cudaEventCreate(&cd->marks[cd->cap_marks]) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1;
+      }
+  }
+  if (cudaEventRecord(cd->marks[cd->n_marks], cd->stream) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return cd->n_marks++;
+}
+
+/* Once the stream is idle (cuda_wait: bounded by the context's timeout, like every wait), an
+ * event recorded now completes at once: each mark's time is now less its distance to it. */
+static pmap_status cuda_mark_times(pmap_device *dev, int64_t *ns, int count) {
+  cuda_device *cd = dev->be;
+  int n = cd->n_marks;
+  cd->n_marks = 0;
+  if (!ns) return PMAP_SUCCESS;
+  if (count != n)
+    return PMAP_ERR(PMAP_ERR_INTERNAL, "device %d: %d trace marks asked for, %d made", dev->index,
+                    count, n);
+  PMAP_TRY(cuda_wait(dev, "the trace's marks", 0));
+  CUDA_CHECK(cd, cudaEventRecord(cd->mark_end, cd->stream));
+  CUDA_CHECK(cd, cudaEventSynchronize(cd->mark_end));
+  int64_t now = pmap_now_ns();
+  for (int i = 0; i < n; i++) {
+    float ms = 0.0f;
+    CUDA_CHECK(cd, cudaEventElapsedTime(&ms, cd->marks[i], cd->mark_end));
+    ns[i] = now - (int64_t)((double)ms * 1e6);
+  }
+  return PMAP_SUCCESS;
+}
+
 const pmap_backend_i pmap_cuda_backend = {
     .name = "cuda",
     .ctx_init = cuda_ctx_init,
@@ -302,4 +377,7 @@ const pmap_backend_i pmap_cuda_backend = {
     .native = cuda_native,
     .coll = &pmap_cuda_coll,
     .fast = &pmap_cuda_fast,
+    .memory = cuda_memory,
+    .mark = cuda_mark,
+    .mark_times = cuda_mark_times,
 };

@@ -38,6 +38,10 @@ typedef struct cuda_device {
   void *scratch;       /* (CUDA_SCRATCH_BYTES) */
   cuda_stage stage[2];
   cudaEvent_t done; /* blocking-sync event: what a wait sleeps on (runtime/cuda/cuda_coll.c) */
+  /* The trace's marks (cuda_backend.c cuda_mark): timing events recorded on `stream`, n_marks
+   * of them in the current job, and the one that ends them when their times are read. */
+  cudaEvent_t *marks, mark_end;
+  int n_marks, cap_marks;
   /* Two pinned host buffers (of the context's pinned_bytes) that input rows pass through on
    * their way to `stage`, used in turns; ev[k] marks the end of the last copy out of buf[k]. */
   void *pinned[2];

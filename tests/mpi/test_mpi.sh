@@ -106,6 +106,37 @@ PY
       echo "one process: $one"
       fail=1
     fi
+    # What a run shows across processes: a trace file per process, its tracks named by global
+    # device, process and host; the waits of all 4 devices and the slowest process in --json.
+    rm -f "$out".p0.json "$out".p1.json
+    timeout -k 5 120 "$mpirun" --oversubscribe -np 2 "$train" --backend cpu --model mlp --devices 2 \
+      --steps 6 --trace "$out.json" --trace-steps 2 --json >"$out" 2>&1
+    rc=$?
+    if [ $rc -eq 0 ] && python3 - "$out" <<'PY'
+import json, sys
+base = sys.argv[1]
+j = json.loads([l for l in open(base) if l.startswith("{")][-1])
+w = j["waits"]
+assert [d["device"] for d in w["devices"]] == [0, 1, 2, 3], w
+assert w["slowest_process"] in (0, 1) and all(d["collectives"] >= 6 for d in w["devices"]), w
+for p in (0, 1):
+    doc = json.load(open(f"{base}.p{p}.json"))
+    names = sorted(e["args"]["name"] for e in doc["traceEvents"]
+                   if e["ph"] == "M" and e["name"] == "thread_name")
+    want = [f"device {2 * p + i} (process {p} of 2" for i in (0, 1)]
+    assert all(any(n.startswith(x) for n in names) for x in want), names
+    assert any(n.startswith(f"caller (process {p}, host") for n in names), names
+    steps = {e["args"]["step"] for e in doc["traceEvents"] if e["ph"] == "X"}
+    assert steps == {5, 6}, steps
+PY
+    then
+      echo "ok: pmap-train under mpirun writes a trace per process and every device's waits"
+    else
+      echo "FAIL: trace and waits under mpirun (status $rc):"
+      cat "$out"
+      fail=1
+    fi
+    rm -f "$out".p0.json "$out".p1.json
     ;;
   *)
     echo "unknown part $part"

@@ -1,0 +1,158 @@
+/* test_observe.c: what a user sees of a run through the API: the memory plan
+ * (pmap_params_memory) equals, to the byte, what the CPU backend allocated for the params once a
+ * step at that batch ran (replicated and sharded, micro-batches, batch norm's state, uneven
+ * batches, custom params); the trace calls refuse misuse and leave nothing on; the waits count
+ * every device's collectives. Reaches inside for the CPU backend's count of live bytes. */
+#include <stdio.h>
+#include <unistd.h>
+
+#include "runtime/runtime.h"
+#include "testutil.h"
+
+static size_t in_use(pmap_ctx *ctx, int d) {
+  size_t used = 0, free_bytes = 0;
+  runtime_device_memory(runtime_device(ctx, d), &used, &free_bytes);
+  return used;
+}
+
+static pmap_model *small_model(int batchnorm) {
+  int64_t in[1] = {12};
+  pmap_model *m = NULL;
+  CHECK_OK(pmap_model_create(1, in, &m));
+  CHECK_OK(pmap_model_add_dense(m, 32));
+  if (batchnorm) CHECK_OK(pmap_model_add_batchnorm(m, 0));
+  CHECK_OK(pmap_model_add_relu(m));
+  CHECK_OK(pmap_model_add_dense(m, 5));
+  CHECK_OK(pmap_model_set_loss(m, PMAP_LOSS_SOFTMAX_XENT));
+  return m;
+}
+
+/* One step of `batch` rows on a context of 4 devices; the plan against each device's bytes. */
+static void plan_case(const char *what, int shard, int uneven, int micro, int batchnorm,
+                      int64_t batch) {
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU,
+                     .num_devices = 4,
+                     .shard_optimizer = shard,
+                     .uneven_batches = uneven};
+  pmap_ctx *ctx = NULL;
+  CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+  if (!ctx) return;
+  size_t base[4];
+  for (int d = 0; d < 4; d++) base[d] = in_use(ctx, d);
+  pmap_model *m = small_model(batchnorm);
+  pmap_optimizer opt = pmap_adam(0.01f);
+  pmap_params *p = NULL;
+  CHECK_OK(pmap_params_create(ctx, m, &opt, 7, &p));
+  CHECK_OK(pmap_params_set_micro_batches(p, micro));
+  pmap_memory_plan plan;
+  CHECK_OK(pmap_params_memory(p, batch, &plan));
+  CHECK(plan.total == plan.params + plan.grads + plan.optimizer + plan.state + plan.activations +
+                          plan.staging,
+        "%s: the total %zu is not the sum of its parts", what, plan.total);
+  CHECK(plan.staging == 0 && plan.device_free == SIZE_MAX, "%s: CPU staging %zu, free %zu", what,
+        plan.staging, plan.device_free);
+  CHECK(plan.optimizer_sharded == pmap_params_sharded(p), "%s: sharded %d, params say %d", what,
+        plan.optimizer_sharded, pmap_params_sharded(p));
+  CHECK(plan.optimizer == pmap_params_optimizer_bytes(p), "%s: optimizer %zu, params say %zu", what,
+        plan.optimizer, pmap_params_optimizer_bytes(p));
+  CHECK((plan.state > 0) == (batchnorm != 0), "%s: state %zu", what, plan.state);
+  float *x = calloc((size_t)batch * 12, sizeof *x);
+  int32_t *y = calloc((size_t)batch, sizeof *y);
+  for (int64_t i = 0; i < batch * 12; i++) x[i] = (float)((i * 37) % 11) / 11.0f;
+  for (int64_t i = 0; i < batch; i++) y[i] = (int32_t)(i % 5);
+  int64_t xs_shape[2] = {batch, 12}, ys_shape[1] = {batch};
+  pmap_array xs = pmap_array_f32(x, 2, xs_shape), ys = pmap_array_i32(y, 1, ys_shape);
+  float loss = 0;
+  CHECK_OK(pmap_update(p, &xs, &ys, &loss));
+  for (int d = 0; d < 4; d++) {
+    size_t used = in_use(ctx, d) - base[d];
+    /* Device 0 takes the most rows (uneven batches give the first devices one more). */
+    if (d == 0 || batch % 4 == 0)
+      CHECK(used == plan.total, "%s: device %d holds %zu bytes, the plan says %zu", what, d, used,
+            plan.total);
+    else
+      CHECK(used <= plan.total, "%s: device %d holds %zu bytes, over the plan's %zu", what, d, used,
+            plan.total);
+  }
+  CHECK_FAILS(pmap_params_memory(p, 3, &plan), PMAP_ERR_INVALID_ARGUMENT, "batch 3");
+  CHECK_FAILS(pmap_params_memory(p, batch, NULL), PMAP_ERR_INVALID_ARGUMENT, "out is NULL");
+  CHECK_FAILS(pmap_params_memory(NULL, batch, &plan), PMAP_ERR_INVALID_ARGUMENT, "params");
+  pmap_params_destroy(p);
+  for (int d = 0; d < 4; d++)
+    CHECK(in_use(ctx, d) == base[d], "%s: device %d holds %zu bytes after destroy, %zu before",
+          what, d, in_use(ctx, d), base[d]);
+  pmap_model_destroy(m);
+  free(x);
+  free(y);
+  CHECK_OK(pmap_ctx_destroy(ctx));
+}
+
+static void trace_misuse(void) {
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 2};
+  pmap_ctx *ctx = NULL;
+  CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+  if (!ctx) return;
+  char path[] = "/tmp/pmap-observe-XXXXXX";
+  int fd = mkstemp(path);
+  CHECK(fd >= 0, "mkstemp");
+  close(fd);
+  CHECK_FAILS(pmap_trace_start(NULL, path, NULL), PMAP_ERR_INVALID_ARGUMENT, "ctx is NULL");
+  CHECK_FAILS(pmap_trace_start(ctx, NULL, NULL), PMAP_ERR_INVALID_ARGUMENT, "path");
+  CHECK_FAILS(pmap_trace_start(ctx, "", NULL), PMAP_ERR_INVALID_ARGUMENT, "path");
+  CHECK_FAILS(pmap_trace_start(ctx, path, "abc"), PMAP_ERR_INVALID_ARGUMENT, "\"abc\"");
+  CHECK_FAILS(pmap_trace_start(ctx, path, "5..2"), PMAP_ERR_INVALID_ARGUMENT, "\"5..2\"");
+  CHECK_FAILS(pmap_trace_start(ctx, path, "0"), PMAP_ERR_INVALID_ARGUMENT, "\"0\"");
+  CHECK_FAILS(pmap_trace_start(ctx, path, "1..20000"), PMAP_ERR_INVALID_ARGUMENT, "1..20000");
+  CHECK_FAILS(pmap_trace_start(ctx, "/nonexistent-dir/t.json", NULL), PMAP_ERR_UNAVAILABLE,
+              "/nonexistent-dir/t.json");
+  CHECK_FAILS(pmap_trace_stop(ctx), PMAP_ERR_INVALID_ARGUMENT, "no trace");
+  CHECK_OK(pmap_trace_start(ctx, path, "4"));
+  CHECK_FAILS(pmap_trace_start(ctx, path, NULL), PMAP_ERR_INVALID_ARGUMENT, "already");
+  CHECK_OK(pmap_trace_stop(ctx));
+  CHECK_FAILS(pmap_trace_stop(ctx), PMAP_ERR_INVALID_ARGUMENT, "no trace");
+  CHECK_FAILS(pmap_trace_stop(NULL), PMAP_ERR_INVALID_ARGUMENT, "ctx is NULL");
+  FILE *f = fopen(path, "r");
+  char head[32] = "";
+  CHECK(f && fgets(head, sizeof head, f) && !strncmp(head, "{\"traceEvents\"", 14),
+        "the file of an empty recording starts \"%s\"", head);
+  if (f) fclose(f);
+  remove(path);
+
+  /* The waits: every device met every collective of the steps. */
+  pmap_device_waits w[2];
+  CHECK_FAILS(pmap_ctx_waits(ctx, w, 3), PMAP_ERR_INVALID_ARGUMENT, "count 3");
+  CHECK_FAILS(pmap_ctx_waits(ctx, NULL, 2), PMAP_ERR_INVALID_ARGUMENT, "out is NULL");
+  CHECK_OK(pmap_ctx_waits(ctx, w, 2));
+  int64_t before = w[0].collectives;
+  pmap_model *m = small_model(0);
+  pmap_optimizer opt = pmap_sgd(0.1f, 0.0f);
+  pmap_params *p = NULL;
+  CHECK_OK(pmap_params_create(ctx, m, &opt, 1, &p));
+  float x[8 * 12] = {0};
+  int32_t y[8] = {0};
+  int64_t xs_shape[2] = {8, 12}, ys_shape[1] = {8};
+  pmap_array xs = pmap_array_f32(x, 2, xs_shape), ys = pmap_array_i32(y, 1, ys_shape);
+  for (int i = 0; i < 3; i++) CHECK_OK(pmap_update(p, &xs, &ys, NULL));
+  CHECK_OK(pmap_ctx_waits(ctx, w, 2));
+  for (int d = 0; d < 2; d++) {
+    /* The params' broadcast and one all-reduce per step. */
+    CHECK(w[d].device == d && w[d].collectives - before == 4,
+          "device %d: %lld collectives, want %lld", d, (long long)w[d].collectives,
+          (long long)before + 4);
+    CHECK(w[d].busy_s > 0 && w[d].wait_s >= 0 && w[d].held_s >= 0, "device %d: %g %g %g", d,
+          w[d].busy_s, w[d].wait_s, w[d].held_s);
+  }
+  pmap_params_destroy(p);
+  pmap_model_destroy(m);
+  CHECK_OK(pmap_ctx_destroy(ctx));
+}
+
+int main(void) {
+  plan_case("replicated", PMAP_SHARD_OFF, 0, 1, 0, 64);
+  plan_case("sharded", PMAP_SHARD_ON, 0, 1, 0, 64);
+  plan_case("micro-batches", PMAP_SHARD_OFF, 0, 3, 0, 64);
+  plan_case("batch norm", PMAP_SHARD_OFF, 0, 1, 1, 32);
+  plan_case("uneven", PMAP_SHARD_OFF, 1, 2, 0, 67);
+  trace_misuse();
+  return test_exit("test_observe");
+}

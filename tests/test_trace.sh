@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# test_trace.sh: what pmap-train shows of a run: the timeline file (--trace, PMAP_TRACE) is valid
+# trace-event JSON with a track per device and the caller, spans nested in their step, and only
+# the steps of its window (check_trace.py); the memory plan is in --json and --max-memory refuses
+# a plan over it before step 1; the straggler report is in --json; the progress bar does not
+# change the last line of --json. Usage: test_trace.sh pmap-train check_trace.py [backend]
+set -u
+train=${1:?usage: test_trace.sh pmap-train check_trace.py [backend]}
+check=${2:?usage: test_trace.sh pmap-train check_trace.py [backend]}
+backend=${3:-cpu}
+fails=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+bad() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+run() { "$train" --backend "$backend" "$@" >"$tmp/out" 2>"$tmp/err"; }
+# Another backend than the CPU: skip (77) where it cannot run here (no GPU, no plugin). Its
+# layers are timed on the device's queue and placed on the host's clock when the step ends, to
+# within an event's completion latency: nesting is checked to 200 us.
+if [ "$backend" != cpu ]; then
+  if ! run --model linear --devices 1 --steps 1; then
+    echo "test_trace: backend $backend unavailable here: $(cat "$tmp/err")"
+    exit 77
+  fi
+  export CHECK_TRACE_EPS_US=200
+fi
+
+# The last 3 of 8 steps on 4 devices; replicated, then sharded (reduce-scatter and gathers).
+for shard in --no-shard-optimizer --shard-optimizer; do
+  rm -f "$tmp/t.json"
+  if ! run --model mlp --devices 4 --steps 8 $shard --trace "$tmp/t.json" --trace-steps 3; then
+    bad "trace run $shard failed: $(cat "$tmp/err")"
+  else
+    python3 "$check" "$tmp/t.json" 4 6,7,8 || bad "trace of the last 3 steps ($shard)"
+  fi
+done
+# Steps 2..3 with checkpoint saves on the caller's track.
+if ! run --model mlp --devices 2 --steps 6 --trace "$tmp/ab.json" --trace-steps 2..3 \
+  --save "$tmp/ck.pmap" --save-every 2; then
+  bad "trace run 2..3 failed: $(cat "$tmp/err")"
+else
+  python3 "$check" "$tmp/ab.json" 2 2,3 checkpoint || bad "trace of steps 2..3"
+fi
+# The environment variable, written when the context is destroyed.
+if ! PMAP_TRACE="$tmp/env.json" PMAP_TRACE_STEPS=2 run --model linear --devices 4 --steps 4 \
+  --log-every 0; then
+  bad "PMAP_TRACE run failed: $(cat "$tmp/err")"
+else
+  python3 "$check" "$tmp/env.json" 4 3,4 || bad "trace from PMAP_TRACE"
+fi
+# Refusals: a file that cannot be written, a bad window, before any step.
+expect_fail() {
+  local needle=$1
+  shift
+  if run "$@"; then bad "$* succeeded"; return; fi
+  grep -qF -- "$needle" "$tmp/err" || bad "$*: stderr lacks '$needle': $(cat "$tmp/err")"
+  grep -q '^step ' "$tmp/out" && bad "$*: steps ran before the refusal"
+}
+expect_fail "--trace" --model linear --steps 3 --trace "$tmp/no/such/dir/t.json"
+expect_fail 'steps "0"' --model linear --steps 3 --trace "$tmp/x.json" --trace-steps 0
+expect_fail "--trace-steps needs --trace" --model linear --steps 3 --trace-steps 5
+PMAP_TRACE="$tmp/y.json" PMAP_TRACE_STEPS=1..0 expect_fail "PMAP_TRACE_STEPS" --model linear \
+  --steps 3
+
+# The memory plan: in --json, and --max-memory refuses what does not fit (nothing runs).
+if ! run --model mlp --devices 2 --steps 2 --json; then
+  bad "plan run failed: $(cat "$tmp/err")"
+else
+  tail -n 1 "$tmp/out" | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+m = j["memory"]
+parts = sum(m[k] for k in ("params", "grads", "optimizer", "state", "activations", "staging"))
+assert m["total"] == parts > 0, m
+assert m["params"] > 0 and m["activations"] > 0, m
+w = j["waits"]
+assert len(w["devices"]) == 2 and w["straggler"] in (0, 1), w
+assert all(d["collectives"] >= 2 and d["busy_s"] > 0 and d["wait_s"] >= 0 for d in w["devices"]), w
+' || bad "memory plan or waits in --json: $(tail -n 1 "$tmp/out")"
+  total=$(tail -n 1 "$tmp/out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["memory"]["total"])')
+  grep -q '^pmap-train: memory per device: ' "$tmp/out" || bad "no memory line in the header"
+  expect_fail "--max-memory $((total - 1))" --model mlp --devices 2 --steps 2 \
+    --max-memory $((total - 1))
+  run --model mlp --devices 2 --steps 2 --max-memory "$total" ||
+    bad "--max-memory $total (the plan exactly) refused: $(cat "$tmp/err")"
+fi
+
+# The bar (forced: the output is a file here) leaves the --json line as the plain lines do.
+run --model mlp --devices 2 --steps 20 --progress lines --json && tail -n 1 "$tmp/out" >"$tmp/lines"
+run --model mlp --devices 2 --steps 20 --progress bar --json && tail -n 1 "$tmp/out" >"$tmp/bar"
+grep -q $'\r\[' "$tmp/out" || bad "--progress bar drew no bar"
+python3 - "$tmp/lines" "$tmp/bar" <<'PY' || bad "--progress bar changed the --json line"
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+volatile = {"samples_per_sec", "waits", "mfu"}
+assert set(a) == set(b), (set(a) ^ set(b))
+for k in a:
+    if k not in volatile:
+        assert a[k] == b[k], (k, a[k], b[k])
+PY
+
+if [ "$fails" -ne 0 ]; then
+  echo "test_trace: $fails failures" >&2
+  exit 1
+fi
+echo "test_trace: ok"
