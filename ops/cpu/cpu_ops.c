@@ -76,8 +76,9 @@ pmap_status cpu_mse(op_queue *q, const float *pred, const float *t, size_t n, fl
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_softmax_xent(op_queue *q, const float *logits, const int32_t *labels, int64_t rows,
-                             int64_t k, float *dlogits, float *loss) {
+CPU_SIMD_CLONES pmap_status cpu_softmax_xent(op_queue *q, const float *logits,
+                                             const int32_t *labels, int64_t rows, int64_t k,
+                                             float *dlogits, float *loss) {
   (void)q;
   double sum = 0.0;
   float scale = rows ? 1.0f / (float)rows : 0.0f;

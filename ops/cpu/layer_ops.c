@@ -6,16 +6,30 @@
 #include "cpu_ops.h"
 #include "ops/op_math.h"
 
-pmap_status cpu_act_forward(op_queue *q, pmap_act act, const float *x, float *y, size_t n) {
+/* One loop per function, so each is a vector loop of its own. */
+CPU_SIMD_CLONES pmap_status cpu_act_forward(op_queue *q, pmap_act act, const float *x, float *y,
+                                            size_t n) {
   (void)q;
-  for (size_t i = 0; i < n; i++) y[i] = pmap_act_apply((int)act, x[i]);
+  if (act == PMAP_ACT_TANH) {
+    CPU_IVDEP for (size_t i = 0; i < n; i++) y[i] = pmap_tanh(x[i]);
+  } else if (act == PMAP_ACT_SIGMOID) {
+    CPU_IVDEP for (size_t i = 0; i < n; i++) y[i] = pmap_sigmoid(x[i]);
+  } else {
+    CPU_IVDEP for (size_t i = 0; i < n; i++) y[i] = pmap_gelu(x[i]);
+  }
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_act_backward(op_queue *q, pmap_act act, const float *x, const float *y,
-                             const float *dy, float *dx, size_t n) {
+CPU_SIMD_CLONES pmap_status cpu_act_backward(op_queue *q, pmap_act act, const float *x,
+                                             const float *y, const float *dy, float *dx, size_t n) {
   (void)q;
-  for (size_t i = 0; i < n; i++) dx[i] = pmap_act_grad((int)act, x[i], y[i], dy[i]);
+  if (act == PMAP_ACT_TANH) {
+    CPU_IVDEP for (size_t i = 0; i < n; i++) dx[i] = pmap_tanh_grad(y[i], dy[i]);
+  } else if (act == PMAP_ACT_SIGMOID) {
+    CPU_IVDEP for (size_t i = 0; i < n; i++) dx[i] = pmap_sigmoid_grad(y[i], dy[i]);
+  } else {
+    CPU_IVDEP for (size_t i = 0; i < n; i++) dx[i] = pmap_gelu_grad(x[i], dy[i]);
+  }
   return PMAP_SUCCESS;
 }
 
