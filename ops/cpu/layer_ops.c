@@ -92,13 +92,27 @@ pmap_status cpu_layernorm_forward(op_queue *q, const float *x, const float *gamm
   return PMAP_SUCCESS;
 }
 
+/* dgamma and dbeta by columns in the order of the plain loop (rows ascending), taken in the
+ * same row-major pass as dx where the column sums fit a stack array: one pass over x and dy,
+ * the same bits. */
+#define LN_STACK_COLS 1024
 pmap_status cpu_layernorm_backward(op_queue *q, const float *x, const float *gamma,
                                    const float *stats, const float *dy, int64_t rows, int64_t f,
                                    float *dx, float *dgamma, float *dbeta) {
   (void)q;
-  for (int64_t r = 0; dx && r < rows; r++) {
+  double colg[LN_STACK_COLS], colb[LN_STACK_COLS];
+  int fused = f <= LN_STACK_COLS;
+  for (int64_t j = 0; fused && j < f; j++) colg[j] = colb[j] = 0.0;
+  for (int64_t r = 0; (dx || fused) && r < rows; r++) {
     const float *xr = x + r * f, *dyr = dy + r * f;
     float mean = stats[2 * r], rstd = stats[2 * r + 1];
+    if (fused)
+      for (int64_t j = 0; j < f; j++) {
+        float xhat = (xr[j] - mean) * rstd;
+        colg[j] += (double)dyr[j] * xhat;
+        colb[j] += dyr[j];
+      }
+    if (!dx) continue;
     double sg = 0.0, sgx = 0.0; /* sums of g = dy gamma and g xhat */
     for (int64_t j = 0; j < f; j++) {
       float g = dyr[j] * gamma[j], xhat = (xr[j] - mean) * rstd;
@@ -107,6 +121,13 @@ pmap_status cpu_layernorm_backward(op_queue *q, const float *x, const float *gam
     float mg = (float)(sg / (double)f), mgx = (float)(sgx / (double)f);
     for (int64_t j = 0; j < f; j++)
       dx[r * f + j] = pmap_norm_dx(dyr[j] * gamma[j], (xr[j] - mean) * rstd, rstd, mg, mgx);
+  }
+  if (fused) {
+    for (int64_t j = 0; j < f; j++) {
+      dgamma[j] += (float)colg[j];
+      dbeta[j] += (float)colb[j];
+    }
+    return PMAP_SUCCESS;
   }
   for (int64_t j = 0; j < f; j++) {
     double sg = 0.0, sb = 0.0;
