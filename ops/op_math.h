@@ -349,6 +349,18 @@ PMAP_HD static inline float pmap_pool_window(int is_max, const float *p, int64_t
     }
   return is_max ? best : sum / (float)(kh * kw);
 }
+/* The first maximum of window (oy, ox) of plane p (h, w), in the order pmap_pool_window scans
+ * it (a NaN counts as the maximum): its row and column inside the window. */
+PMAP_HD static inline void pmap_pool_argmax(const float *p, int64_t w, int64_t oy, int64_t ox,
+                                            int kh, int kw, int stride, int64_t *by, int64_t *bx) {
+  const float *q = p + oy * stride * w + ox * stride;
+  float best = q[0];
+  *by = *bx = 0;
+  for (int i = 0; i < kh; i++)
+    for (int j = 0; j < kw; j++)
+      if (q[i * w + j] > best || (q[i * w + j] != q[i * w + j] && best == best))
+        best = q[i * w + j], *by = i, *bx = j;
+}
 /* The gradient reaching element (iy, ix) of plane p from every window that holds it (dyp: the
  * plane's output gradient (oh, ow)); max pooling passes it to the first maximum of a window. */
 PMAP_HD static inline float pmap_pool_dx(int is_max, const float *p, const float *dyp, int64_t w,
@@ -365,14 +377,8 @@ PMAP_HD static inline float pmap_pool_dx(int is_max, const float *p, const float
         g += dyp[oy * ow + ox] / (float)(kh * kw);
         continue;
       }
-      /* The first maximum of the window, in the order pmap_pool_window scans it. */
-      const float *q = p + oy * stride * w + ox * stride;
-      int64_t by = 0, bx = 0;
-      float best = q[0];
-      for (int i = 0; i < kh; i++)
-        for (int j = 0; j < kw; j++)
-          if (q[i * w + j] > best || (q[i * w + j] != q[i * w + j] && best == best))
-            best = q[i * w + j], by = i, bx = j;
+      int64_t by, bx;
+      pmap_pool_argmax(p, w, oy, ox, kh, kw, stride, &by, &bx);
       if (oy * stride + by == iy && ox * stride + bx == ix) g += dyp[oy * ow + ox];
     }
   return g;

@@ -153,9 +153,40 @@ pmap_status cpu_pool2d_forward(op_queue *q, int is_max, const pmap_pool_shape *s
   return PMAP_SUCCESS;
 }
 
+/* Windows that tile without overlap (stride = kernel, the usual pooling): each window hands its
+ * gradient to its own elements once, instead of every element searching the windows that hold
+ * it. The values are pmap_pool_dx's: 0 + the one term (0 + -0 is +0, as there). */
+static void pool2d_backward_tiled(int is_max, const pmap_pool_shape *s, int64_t bd, const float *x,
+                                  const float *dy, float *dx) {
+  const int64_t hw = s->h * s->w;
+  const float area = (float)(s->kh * s->kw);
+  for (int64_t p = 0; p < bd * s->c; p++) {
+    const float *xp = x + p * hw, *dyp = dy + p * s->oh * s->ow;
+    float *dxp = dx + p * hw;
+    for (int64_t k = 0; k < hw; k++) dxp[k] = 0.0f;
+    for (int64_t oy = 0; oy < s->oh; oy++)
+      for (int64_t ox = 0; ox < s->ow; ox++) {
+        float d = dyp[oy * s->ow + ox];
+        float *win = dxp + oy * s->stride * s->w + ox * s->stride;
+        if (!is_max) {
+          for (int i = 0; i < s->kh; i++)
+            for (int j = 0; j < s->kw; j++) win[i * s->w + j] = 0.0f + d / area;
+          continue;
+        }
+        int64_t by, bx;
+        pmap_pool_argmax(xp, s->w, oy, ox, s->kh, s->kw, s->stride, &by, &bx);
+        win[by * s->w + bx] = 0.0f + d;
+      }
+  }
+}
+
 pmap_status cpu_pool2d_backward(op_queue *q, int is_max, const pmap_pool_shape *s, int64_t bd,
                                 const float *x, const float *dy, float *dx) {
   (void)q;
+  if (s->stride == s->kh && s->stride == s->kw) {
+    pool2d_backward_tiled(is_max, s, bd, x, dy, dx);
+    return PMAP_SUCCESS;
+  }
   for (int64_t p = 0; p < bd * s->c; p++)
     for (int64_t iy = 0; iy < s->h; iy++)
       for (int64_t ix = 0; ix < s->w; ix++)
