@@ -30,6 +30,10 @@ void layer_describe(const layer *l, FILE *f) {
 pmap_status layer_forward(pmap_device *dev, const pmap_model *m, replica *r, int i, const float *in,
                           int64_t bd) {
   const layer *l = &m->layers[i];
+  if (l->folded) { /* the layer before wrote r->act[i] */
+    r->out[i] = r->act[i];
+    return PMAP_SUCCESS;
+  }
   const float *out = r->act[i];
   PMAP_TRY(l->cls->forward(dev, l, r, i, in, r->act[i], &out, bd));
   r->out[i] = out;
@@ -40,6 +44,10 @@ pmap_status layer_backward(pmap_device *dev, const pmap_model *m, replica *r, in
                            const float *dy, float *dx, const float **dx_out, int64_t bd) {
   const layer *l = &m->layers[i];
   *dx_out = dx;
+  if (l->folded) { /* the layer before takes dy as it is */
+    if (dx) *dx_out = dy;
+    return PMAP_SUCCESS;
+  }
   return l->cls->backward(dev, l, r, i, dy, dx, dx_out, bd);
 }
 

@@ -36,6 +36,12 @@ struct layer {
    * own (replica.aux[i]), and col_size floats in each of the two buffers all layers share
    * (replica.col, replica.dcol: conv's columns). */
   size_t aux_rows, aux_fixed, col_size;
+  /* Element-wise fusion, decided by model_push from the two classes: epilogue (PMAP_ACT_* + 1;
+   * 0: none) is the activation of the next layer, which this layer applies in its own pass
+   * (forward: into the next layer's output; backward: from the next layer's output gradient,
+   * into its own); folded: 1 when the layer before does this layer's work, so that layer.c
+   * skips its forward and passes its output gradient through. */
+  int epilogue, folded;
   /* The kind's settings: a struct of its own file's, read with LAYER_SETTINGS. */
   _Alignas(max_align_t) unsigned char settings[LAYER_SETTINGS_BYTES];
 };
@@ -59,6 +65,12 @@ struct layer_class {
   int is_view;     /* 1: its output is its input (no activation buffer of its own) */
   int collectives; /* 1: forward or backward call collectives, so every device must run as
                       many passes per step (models/model.h model_has_collectives) */
+  /* (optional, 0: none) The element-wise activation this kind is, PMAP_ACT_* + 1, for a layer
+   * before it whose class takes_act to apply in its own pass (its forward and backward are
+   * then skipped). */
+  int act_epilogue;
+  /* (optional, 0: no) 1: forward and backward apply layer.epilogue when it is set. */
+  int takes_act;
   /* (optional, 0: 1) The gain the layer before it draws its weights with, std = sqrt(gain /
    * fan_in): 2 behind a ReLU (He), 1 elsewhere (LeCun). */
   double init_gain;

@@ -83,6 +83,12 @@ pmap_status model_push(pmap_model *m, layer l, const char *call) {
   l.st_off = m->n_state;
   m->n_params += l.w_size + l.b_size + l.s_size;
   m->n_state += l.s_size;
+  /* A layer whose class takes activations folds an activation pushed right after it. */
+  layer *prev = m->n_layers ? &m->layers[m->n_layers - 1] : NULL;
+  if (prev && prev->cls->takes_act && l.cls->act_epilogue && !prev->epilogue) {
+    prev->epilogue = l.cls->act_epilogue;
+    l.folded = 1;
+  }
   m->layers[m->n_layers++] = l;
   return PMAP_SUCCESS;
 }

@@ -119,4 +119,13 @@ PMAP_OP(bn_backward_sums, (op_queue *q, const float *x, const float *dy, const f
 PMAP_OP(bn_backward_dx, (op_queue *q, const float *x, const float *dy, const float *stats,
                          const float *gamma, const float *sums, int64_t outer, int64_t c,
                          int64_t inner, float eps, float *dx))
+/* Dense's bias and the activation after it in one pass: y (outer, ch) += b (ch) broadcast, then
+ * z (outer, ch) = act(y): the same bits bias_forward (inner 1) then act_forward leave. */
+PMAP_OP(bias_act_forward, (op_queue *q, pmap_act act, float *y, const float *b, int64_t outer,
+                           int64_t ch, float *z))
+/* The activation's backward and the bias gradient in one pass: dx (outer, ch) = act'(x) dz from
+ * the forward's input x and output z, and db (ch) += the sums over outer of dx: the same bits
+ * act_backward then bias_backward (inner 1) leave. dx may equal dz. */
+PMAP_OP(act_bias_backward, (op_queue *q, pmap_act act, const float *x, const float *z,
+                            const float *dz, float *dx, float *db, int64_t outer, int64_t ch))
 /* clang-format on */

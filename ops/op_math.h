@@ -5,6 +5,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __CUDACC__
 #define PMAP_HD __host__ __device__
@@ -24,26 +25,6 @@ PMAP_HD static inline float pmap_relu_grad(float y, float dy) {
 /* MSE over n outputs: loss = 1/n sum (p - t)^2; its gradient is 2/n (p - t), scale = 2/n. */
 PMAP_HD static inline float pmap_mse_term(float p, float t) { return (p - t) * (p - t); }
 PMAP_HD static inline float pmap_mse_grad(float p, float t, float scale) { return scale * (p - t); }
-
-/* Softmax cross-entropy of one row with logits z, its max zmax and sum_exp = sum exp(z - zmax):
- * loss = log(sum_exp) + zmax - z[label];  dz_k = (softmax_k - [k == label]) * scale. */
-PMAP_HD static inline float pmap_xent_grad(float z, float zmax, float inv_sum_exp, int is_label,
-                                           float scale) {
-  return (expf(z - zmax) * inv_sum_exp - (is_label ? 1.0f : 0.0f)) * scale;
-}
-
-/* One row of softmax cross-entropy: z (k) logits, dz (k) = (softmax - onehot) * scale; returns
- * the row's loss, log(sum exp(z - zmax)) + zmax - z[label], in double for the caller's sum. */
-PMAP_HD static inline double pmap_xent_row(const float *z, int label, int64_t k, float scale,
-                                           float *dz) {
-  float zmax = z[0];
-  for (int64_t j = 1; j < k; j++) zmax = z[j] > zmax ? z[j] : zmax;
-  float se = 0.0f;
-  for (int64_t j = 0; j < k; j++) se += expf(z[j] - zmax);
-  float inv = 1.0f / se;
-  for (int64_t j = 0; j < k; j++) dz[j] = pmap_xent_grad(z[j], zmax, inv, j == label, scale);
-  return (double)logf(se) + (double)zmax - (double)z[label];
-}
 
 /* SGD with optional L2 weight decay (g += wd w), momentum (momentum == 0: plain SGD, v
  * untouched) and Nesterov's form (the step uses g + momentum v instead of v). */
@@ -71,25 +52,189 @@ PMAP_HD static inline void pmap_adam_update(float *w, float g, float *m, float *
   if (wd != 0.0f) *w -= decay;
 }
 
-/* tanh and the logistic sigmoid; their derivatives from the output y. */
-PMAP_HD static inline float pmap_tanh(float x) { return tanhf(x); }
+/* Vectorizable transcendentals. On the CPU each is straight-line float code (no libm call, no
+ * branch: selects), so a loop over an array becomes SIMD code, and the same operations in the
+ * same order give the same bits on every machine and every SIMD width (no FMA contraction in
+ * C11 mode). Maximum errors against float64 over the float range, as tests/test_vmath.c holds
+ * them (measured in brackets): pmap_exp 1.5 ulps (1.16), pmap_tanh 2 (1.31), pmap_sigmoid 3
+ * (2.68), pmap_gelu 4 (2.85; its argument is formed in double: float would lose up to ~100 ulps
+ * in the tail, where GELU's condition number is large), pmap_gelu_grad 3 ulps (2.35) or 2^-23
+ * absolute (it crosses zero). On CUDA they use the fast intrinsics
+ * (__expf, __fdividef), held by the op harness's CPU/CUDA tolerances instead. */
+PMAP_HD static inline float pmap_float_of_bits(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+PMAP_HD static inline uint32_t pmap_bits_of_float(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+/* c ? a : b as a bit mask: both arms are then computed unconditionally, so the compiler neither
+ * sinks one into a branch nor, under trapping maths, refuses to vectorize the loop. */
+PMAP_HD static inline float pmap_sel(int c, float a, float b) {
+  uint32_t m = 0u - (uint32_t)(c != 0);
+  return pmap_float_of_bits((pmap_bits_of_float(a) & m) | (pmap_bits_of_float(b) & ~m));
+}
+PMAP_HD static inline double pmap_sel_d(int c, double a, double b) {
+  uint64_t m = 0u - (uint64_t)(c != 0), ua, ub;
+  memcpy(&ua, &a, sizeof ua);
+  memcpy(&ub, &b, sizeof ub);
+  ua = (ua & m) | (ub & ~m);
+  memcpy(&a, &ua, sizeof a);
+  return a;
+}
+/* exp(r) for |r| <= ln2 / 2: Taylor to degree 7 (truncation below 2^-30 relative). */
+PMAP_HD static inline float pmap_exp_poly(float r) {
+  float p = 1.0f / 5040.0f;
+  p = 1.0f / 720.0f + r * p;
+  p = 1.0f / 120.0f + r * p;
+  p = 1.0f / 24.0f + r * p;
+  p = 1.0f / 6.0f + r * p;
+  p = 0.5f + r * p;
+  p = 1.0f + r * p;
+  return 1.0f + r * p;
+}
+/* p 2^n 2^k for integer n in [-217, 128] and k in [0, 64] with n + k <= 128: two exact
+ * power-of-two factors, each a normal float, so the only rounding is the last product's (into a
+ * denormal or to infinity where the result lands there). */
+PMAP_HD static inline float pmap_ldexp2(float p, int32_t n, int32_t k) {
+  int32_t n1 = n / 2, n2 = n - n1 + k;
+  return p * pmap_float_of_bits((uint32_t)(n1 + 127) << 23) *
+         pmap_float_of_bits((uint32_t)(n2 + 127) << 23);
+}
+/* exp(x) 2^k (k in [0, 64]; k > 0 only for x <= 0): x = n ln2 + r, n rounded to nearest with
+ * the 1.5 2^23 trick (valid: x is clamped first), ln2 in two parts so n ln2_hi is exact. */
+PMAP_HD static inline float pmap_exp_scaled(float x, int32_t k) {
+  /* Every comparison unconditional (no nested ?:), so the vectorizer may evaluate all of them. */
+  float xc = pmap_sel(x < -104.0f, -104.0f, x);
+  xc = pmap_sel(x > 89.0f, 89.0f, xc);
+  xc = pmap_sel(x == x, xc, 0.0f); /* NaN: any finite value, replaced at the end */
+  float nf = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = (xc - nf * 0.693145751953125f) - nf * 1.428606765330187045e-06f;
+  float y = pmap_ldexp2(pmap_exp_poly(r), (int32_t)nf, k);
+  return pmap_sel(x == x, y, x);
+}
+/* The same for an argument held in double (|x| may be large; the reduction happens in double,
+ * the polynomial in float), clamped lower so that a scaled result stays exact down to where it
+ * leaves the normal range itself (x = -131 for k = 64). */
+PMAP_HD static inline float pmap_exp_scaled_d(double x, int32_t k) {
+  double xc = pmap_sel_d(x < -150.0, -150.0, x);
+  xc = pmap_sel_d(x > 89.0, 89.0, xc);
+  xc = pmap_sel_d(x == x, xc, 0.0);
+  double nd = (xc * 1.4426950408889634 + 6755399441055744.0) - 6755399441055744.0;
+  float r = (float)(xc - nd * 0.6931471805599453);
+  float y = pmap_ldexp2(pmap_exp_poly(r), (int32_t)nd, k);
+  return pmap_sel(x == x, y, (float)x);
+}
+PMAP_HD static inline float pmap_exp(float x) {
+#ifdef __CUDA_ARCH__
+  return __expf(x);
+#else
+  return pmap_exp_scaled(x, 0);
+#endif
+}
+PMAP_HD static inline float pmap_fdiv(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fdividef(a, b);
+#else
+  return a / b;
+#endif
+}
+
+/* tanh: its Taylor series (terms to x^21) below 0.625, 1 - 2 / (exp(2|x|) + 1) above, the
+ * sign put back (tanh(-0) = -0; +-inf: +-1). */
+PMAP_HD static inline float pmap_tanh(float x) {
+  float ax = fabsf(x), x2 = x * x;
+  float p = 9.691537956929451e-05f;
+  p = -2.3912911424355248e-04f + x2 * p;
+  p = 5.90027440945586e-04f + x2 * p;
+  p = -1.4558343870513183e-03f + x2 * p;
+  p = 3.592128036572481e-03f + x2 * p;
+  p = -8.863235529902197e-03f + x2 * p;
+  p = 2.1869488536155203e-02f + x2 * p;
+  p = -5.396825396825397e-02f + x2 * p;
+  p = 0.13333333333333333f + x2 * p;
+  p = -0.3333333333333333f + x2 * p;
+  float small = ax + ax * (x2 * p);
+  float big = 1.0f - pmap_fdiv(2.0f, pmap_exp(2.0f * ax) + 1.0f);
+  return copysignf(pmap_sel(ax < 0.625f, small, big), x);
+}
 PMAP_HD static inline float pmap_tanh_grad(float y, float dy) { return (1.0f - y * y) * dy; }
+/* sigmoid from e = exp(-|x|) in (0, 1]: 1 / (1 + e) for x >= 0, e / (1 + e) below (no
+ * overflow, no cancellation). */
 PMAP_HD static inline float pmap_sigmoid(float x) {
-  return x >= 0.0f ? 1.0f / (1.0f + expf(-x)) : expf(x) / (1.0f + expf(x));
+  float e = pmap_exp(-fabsf(x));
+  float s = pmap_fdiv(1.0f, 1.0f + e);
+  return pmap_sel(x >= 0.0f, s, e * s);
 }
 PMAP_HD static inline float pmap_sigmoid_grad(float y, float dy) { return y * (1.0f - y) * dy; }
 
 /* GELU, tanh form (as jax.nn.gelu(approximate=True)):
- * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
-#define PMAP_GELU_C 0.7978845608028654f
-#define PMAP_GELU_A 0.044715f
-PMAP_HD static inline float pmap_gelu(float x) {
-  return 0.5f * x * (1.0f + tanhf(PMAP_GELU_C * (x + PMAP_GELU_A * x * x * x)));
+ * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) = x sigmoid(u), u = 2 sqrt(2/pi) (x + 0.044715
+ * x^3); the second form has no cancellation for negative x. With e = exp(-|u|): x / (1 + e) for
+ * u >= 0, x e / (1 + e) below, where e is taken scaled by 2^64 so that it stays normal in the
+ * tail (the result is then rounded once). Below -12 the value is under half the least denormal:
+ * -0 (also for -inf, where x e would be -inf 0). */
+#define PMAP_GELU_C 0.7978845608028654
+#define PMAP_GELU_A 0.044715
+PMAP_HD static inline double pmap_gelu_u(float x) {
+  double xd = (double)x;
+  return 2.0 * PMAP_GELU_C * (xd + PMAP_GELU_A * xd * xd * xd);
 }
+PMAP_HD static inline float pmap_gelu(float x) {
+#ifdef __CUDA_ARCH__
+  float u = 2.0f * (float)PMAP_GELU_C * (x + (float)PMAP_GELU_A * x * x * x);
+  float y = pmap_fdiv(x, 1.0f + __expf(-u));
+  return x < -12.0f ? -0.0f : y;
+#else
+  double u = pmap_gelu_u(x);
+  float big_e = pmap_exp_scaled_d(-fabs(u), 64); /* exp(-|u|) 2^64 */
+  float d = 1.0f + big_e * 0x1p-64f;
+  float y = pmap_sel(u >= 0.0, x / d, (x * big_e / d) * 0x1p-64f);
+  return pmap_sel(x < -12.0f, -0.0f, y);
+#endif
+}
+/* d/dx x sigmoid(u) = s + x u' s (1 - s), s (1 - s) = e / (1 + e)^2 with e = exp(-|u|), the
+ * whole scaled by 2^64 as in pmap_gelu; saturated beyond +-16 (1 and -0). */
 PMAP_HD static inline float pmap_gelu_grad(float x, float dy) {
-  float t = tanhf(PMAP_GELU_C * (x + PMAP_GELU_A * x * x * x));
-  float dt = (1.0f - t * t) * PMAP_GELU_C * (1.0f + 3.0f * PMAP_GELU_A * x * x);
-  return (0.5f * (1.0f + t) + 0.5f * x * dt) * dy;
+#ifdef __CUDA_ARCH__
+  float u = 2.0f * (float)PMAP_GELU_C * (x + (float)PMAP_GELU_A * x * x * x);
+  float du = 2.0f * (float)PMAP_GELU_C * (1.0f + 3.0f * (float)PMAP_GELU_A * x * x);
+  float s = pmap_fdiv(1.0f, 1.0f + __expf(-u));
+  float g = s + x * du * s * (1.0f - s);
+#else
+  double u = pmap_gelu_u(x);
+  float du = (float)(2.0 * PMAP_GELU_C * (1.0 + 3.0 * PMAP_GELU_A * (double)x * (double)x));
+  float big_e = pmap_exp_scaled_d(-fabs(u), 64);
+  float d = 1.0f + big_e * 0x1p-64f;
+  float s = pmap_sel(u >= 0.0, 0x1p64f, big_e) / d;
+  float g = (s + x * du * (big_e / (d * d))) * 0x1p-64f;
+#endif
+  g = pmap_sel(x < -16.0f, -0.0f, g);
+  g = pmap_sel(x > 16.0f, 1.0f, g);
+  return g * dy;
+}
+
+/* Softmax cross-entropy of one row with logits z, its max zmax and sum_exp = sum exp(z - zmax):
+ * loss = log(sum_exp) + zmax - z[label];  dz_k = (softmax_k - [k == label]) * scale. */
+PMAP_HD static inline float pmap_xent_grad(float z, float zmax, float inv_sum_exp, int is_label,
+                                           float scale) {
+  return (pmap_exp(z - zmax) * inv_sum_exp - (is_label ? 1.0f : 0.0f)) * scale;
+}
+
+/* One row of softmax cross-entropy: z (k) logits, dz (k) = (softmax - onehot) * scale; returns
+ * the row's loss, log(sum exp(z - zmax)) + zmax - z[label], in double for the caller's sum. */
+PMAP_HD static inline double pmap_xent_row(const float *z, int label, int64_t k, float scale,
+                                           float *dz) {
+  float zmax = z[0];
+  for (int64_t j = 1; j < k; j++) zmax = z[j] > zmax ? z[j] : zmax;
+  float se = 0.0f;
+  for (int64_t j = 0; j < k; j++) se += pmap_exp(z[j] - zmax);
+  float inv = 1.0f / se;
+  for (int64_t j = 0; j < k; j++) dz[j] = pmap_xent_grad(z[j], zmax, inv, j == label, scale);
+  return (double)logf(se) + (double)zmax - (double)z[label];
 }
 
 /* act: a pmap_act value (0 tanh, 1 sigmoid, 2 gelu). */
@@ -204,6 +349,18 @@ PMAP_HD static inline float pmap_pool_window(int is_max, const float *p, int64_t
     }
   return is_max ? best : sum / (float)(kh * kw);
 }
+/* The first maximum of window (oy, ox) of plane p (h, w), in the order pmap_pool_window scans
+ * it (a NaN counts as the maximum): its row and column inside the window. */
+PMAP_HD static inline void pmap_pool_argmax(const float *p, int64_t w, int64_t oy, int64_t ox,
+                                            int kh, int kw, int stride, int64_t *by, int64_t *bx) {
+  const float *q = p + oy * stride * w + ox * stride;
+  float best = q[0];
+  *by = *bx = 0;
+  for (int i = 0; i < kh; i++)
+    for (int j = 0; j < kw; j++)
+      if (q[i * w + j] > best || (q[i * w + j] != q[i * w + j] && best == best))
+        best = q[i * w + j], *by = i, *bx = j;
+}
 /* The gradient reaching element (iy, ix) of plane p from every window that holds it (dyp: the
  * plane's output gradient (oh, ow)); max pooling passes it to the first maximum of a window. */
 PMAP_HD static inline float pmap_pool_dx(int is_max, const float *p, const float *dyp, int64_t w,
@@ -220,14 +377,8 @@ PMAP_HD static inline float pmap_pool_dx(int is_max, const float *p, const float
         g += dyp[oy * ow + ox] / (float)(kh * kw);
         continue;
       }
-      /* The first maximum of the window, in the order pmap_pool_window scans it. */
-      const float *q = p + oy * stride * w + ox * stride;
-      int64_t by = 0, bx = 0;
-      float best = q[0];
-      for (int i = 0; i < kh; i++)
-        for (int j = 0; j < kw; j++)
-          if (q[i * w + j] > best || (q[i * w + j] != q[i * w + j] && best == best))
-            best = q[i * w + j], by = i, bx = j;
+      int64_t by, bx;
+      pmap_pool_argmax(p, w, oy, ox, kh, kw, stride, &by, &bx);
       if (oy * stride + by == iy && ox * stride + bx == ix) g += dyp[oy * ow + ox];
     }
   return g;

@@ -24,12 +24,21 @@ static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i,
                               (size_t)(bd * l->out_size));
 }
 
-static const layer_class tanh_class = {
-    .name = "tanh", .code = 5, .forward = forward, .backward = backward};
-static const layer_class sigmoid_class = {
-    .name = "sigmoid", .code = 6, .forward = forward, .backward = backward};
-static const layer_class gelu_class = {
-    .name = "gelu", .code = 7, .forward = forward, .backward = backward};
+static const layer_class tanh_class = {.name = "tanh",
+                                       .act_epilogue = PMAP_ACT_TANH + 1,
+                                       .code = 5,
+                                       .forward = forward,
+                                       .backward = backward};
+static const layer_class sigmoid_class = {.name = "sigmoid",
+                                          .act_epilogue = PMAP_ACT_SIGMOID + 1,
+                                          .code = 6,
+                                          .forward = forward,
+                                          .backward = backward};
+static const layer_class gelu_class = {.name = "gelu",
+                                       .act_epilogue = PMAP_ACT_GELU + 1,
+                                       .code = 7,
+                                       .forward = forward,
+                                       .backward = backward};
 
 static pmap_status add_act(pmap_model *m, const layer_class *cls, pmap_act act, const char *call) {
   layer l;

@@ -9,6 +9,9 @@ static pmap_status forward(pmap_device *dev, const layer *l, replica *r, int i, 
   const pmap_ops *ops = r->ops;
   PMAP_TRY(ops->gemm(r->q, 0, 0, bd, l->out_size, l->in_size, 1.0f, in, l->in_size, r->w + l->w_off,
                      l->out_size, 0.0f, y, l->out_size));
+  if (l->epilogue) /* the activation after it, into that layer's output */
+    return ops->bias_act_forward(r->q, (pmap_act)(l->epilogue - 1), y, r->w + l->b_off, bd,
+                                 l->out_size, r->act[i + 1]);
   return ops->bias_forward(r->q, y, r->w + l->b_off, bd, l->out_size, 1);
 }
 
@@ -16,10 +19,16 @@ static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i,
                             float *dx, const float **dx_out, int64_t bd) {
   (void)dev, (void)dx_out;
   const pmap_ops *ops = r->ops;
-  /* dW (F, units) += in^T (F, bd) dy (bd, units); db += sum_rows dy */
+  if (l->epilogue) { /* dy is the activation's output gradient: its backward first, with db */
+    PMAP_TRY(ops->act_bias_backward(r->q, (pmap_act)(l->epilogue - 1), r->out[i], r->out[i + 1], dy,
+                                    r->dact[i], r->g + l->b_off, bd, l->out_size));
+    dy = r->dout[i] = r->dact[i];
+  } else {
+    PMAP_TRY(ops->bias_backward(r->q, dy, r->g + l->b_off, bd, l->out_size, 1)); /* db */
+  }
+  /* dW (F, units) += in^T (F, bd) dy (bd, units) */
   PMAP_TRY(ops->gemm(r->q, 1, 0, l->in_size, l->out_size, bd, 1.0f, r->in[i], l->in_size, dy,
                      l->out_size, 1.0f, r->g + l->w_off, l->out_size));
-  PMAP_TRY(ops->bias_backward(r->q, dy, r->g + l->b_off, bd, l->out_size, 1));
   /* dx (bd, F) = dy (bd, units) W^T (units, F) */
   if (!dx) return PMAP_SUCCESS;
   return ops->gemm(r->q, 0, 1, bd, l->in_size, l->out_size, 1.0f, dy, l->out_size, r->w + l->w_off,
@@ -39,6 +48,7 @@ static void describe(const layer *l, FILE *f) {
 static const layer_class dense_class = {
     .name = "dense",
     .code = 1,
+    .takes_act = 1,
     .forward = forward,
     .backward = backward,
     .init = init,

@@ -21,4 +21,21 @@ void cpu_gemm_portable(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k
  * (OpenBLAS's pthread build), which one device thread cannot give back while others run. */
 int cpu_gemm_threads_set(int n);
 
+/* Element-wise loops are written for the vectorizer (ops/op_math.h's transcendentals are
+ * straight-line code). CPU_SIMD_CLONES builds a kernel twice, for AVX2 and for the baseline, and
+ * the loader picks one per process (an ifunc: never per thread); both do the same float
+ * operations in the same order (C11 mode contracts no FMA), so they give the same bits.
+ * CPU_IVDEP: the loop after it has no dependence between iterations (outputs may equal inputs
+ * element for element, which the vectorizer cannot prove). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define CPU_SIMD_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define CPU_SIMD_CLONES
+#endif
+#if defined(__GNUC__) && !defined(__clang__)
+#define CPU_IVDEP _Pragma("GCC ivdep")
+#else
+#define CPU_IVDEP
+#endif
+
 #endif

@@ -6,16 +6,65 @@
 #include "cpu_ops.h"
 #include "ops/op_math.h"
 
-pmap_status cpu_act_forward(op_queue *q, pmap_act act, const float *x, float *y, size_t n) {
+/* One loop per function, so each is a vector loop of its own. */
+static inline void act_rows(pmap_act act, const float *x, float *y, size_t n) {
+  if (act == PMAP_ACT_TANH) {
+    CPU_IVDEP for (size_t i = 0; i < n; i++) y[i] = pmap_tanh(x[i]);
+  } else if (act == PMAP_ACT_SIGMOID) {
+    CPU_IVDEP for (size_t i = 0; i < n; i++) y[i] = pmap_sigmoid(x[i]);
+  } else {
+    CPU_IVDEP for (size_t i = 0; i < n; i++) y[i] = pmap_gelu(x[i]);
+  }
+}
+
+static inline void act_grad_rows(pmap_act act, const float *x, const float *y, const float *dy,
+                                 float *dx, size_t n) {
+  if (act == PMAP_ACT_TANH) {
+    CPU_IVDEP for (size_t i = 0; i < n; i++) dx[i] = pmap_tanh_grad(y[i], dy[i]);
+  } else if (act == PMAP_ACT_SIGMOID) {
+    CPU_IVDEP for (size_t i = 0; i < n; i++) dx[i] = pmap_sigmoid_grad(y[i], dy[i]);
+  } else {
+    CPU_IVDEP for (size_t i = 0; i < n; i++) dx[i] = pmap_gelu_grad(x[i], dy[i]);
+  }
+}
+
+CPU_SIMD_CLONES pmap_status cpu_act_forward(op_queue *q, pmap_act act, const float *x, float *y,
+                                            size_t n) {
   (void)q;
-  for (size_t i = 0; i < n; i++) y[i] = pmap_act_apply((int)act, x[i]);
+  act_rows(act, x, y, n);
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_act_backward(op_queue *q, pmap_act act, const float *x, const float *y,
-                             const float *dy, float *dx, size_t n) {
+CPU_SIMD_CLONES pmap_status cpu_act_backward(op_queue *q, pmap_act act, const float *x,
+                                             const float *y, const float *dy, float *dx, size_t n) {
   (void)q;
-  for (size_t i = 0; i < n; i++) dx[i] = pmap_act_grad((int)act, x[i], y[i], dy[i]);
+  act_grad_rows(act, x, y, dy, dx, n);
+  return PMAP_SUCCESS;
+}
+
+/* Row by row, so a row is still in the first-level cache when the activation (or the bias sum)
+ * reads it; each element sees the operations of the unfused ops in their order. */
+CPU_SIMD_CLONES pmap_status cpu_bias_act_forward(op_queue *q, pmap_act act, float *y,
+                                                 const float *b, int64_t outer, int64_t ch,
+                                                 float *z) {
+  (void)q;
+  for (int64_t o = 0; o < outer; o++) {
+    float *yr = y + o * ch;
+    CPU_IVDEP for (int64_t c = 0; c < ch; c++) yr[c] += b[c];
+    act_rows(act, yr, z + o * ch, (size_t)ch);
+  }
+  return PMAP_SUCCESS;
+}
+
+CPU_SIMD_CLONES pmap_status cpu_act_bias_backward(op_queue *q, pmap_act act, const float *x,
+                                                  const float *z, const float *dz, float *dx,
+                                                  float *db, int64_t outer, int64_t ch) {
+  (void)q;
+  for (int64_t o = 0; o < outer; o++) {
+    int64_t k = o * ch;
+    act_grad_rows(act, x + k, z + k, dz + k, dx + k, (size_t)ch);
+    CPU_IVDEP for (int64_t c = 0; c < ch; c++) db[c] += dx[k + c];
+  }
   return PMAP_SUCCESS;
 }
 
@@ -43,13 +92,27 @@ pmap_status cpu_layernorm_forward(op_queue *q, const float *x, const float *gamm
   return PMAP_SUCCESS;
 }
 
+/* dgamma and dbeta by columns in the order of the plain loop (rows ascending), taken in the
+ * same row-major pass as dx where the column sums fit a stack array: one pass over x and dy,
+ * the same bits. */
+#define LN_STACK_COLS 1024
 pmap_status cpu_layernorm_backward(op_queue *q, const float *x, const float *gamma,
                                    const float *stats, const float *dy, int64_t rows, int64_t f,
                                    float *dx, float *dgamma, float *dbeta) {
   (void)q;
-  for (int64_t r = 0; dx && r < rows; r++) {
+  double colg[LN_STACK_COLS], colb[LN_STACK_COLS];
+  int fused = f <= LN_STACK_COLS;
+  for (int64_t j = 0; fused && j < f; j++) colg[j] = colb[j] = 0.0;
+  for (int64_t r = 0; (dx || fused) && r < rows; r++) {
     const float *xr = x + r * f, *dyr = dy + r * f;
     float mean = stats[2 * r], rstd = stats[2 * r + 1];
+    if (fused)
+      for (int64_t j = 0; j < f; j++) {
+        float xhat = (xr[j] - mean) * rstd;
+        colg[j] += (double)dyr[j] * xhat;
+        colb[j] += dyr[j];
+      }
+    if (!dx) continue;
     double sg = 0.0, sgx = 0.0; /* sums of g = dy gamma and g xhat */
     for (int64_t j = 0; j < f; j++) {
       float g = dyr[j] * gamma[j], xhat = (xr[j] - mean) * rstd;
@@ -58,6 +121,13 @@ pmap_status cpu_layernorm_backward(op_queue *q, const float *x, const float *gam
     float mg = (float)(sg / (double)f), mgx = (float)(sgx / (double)f);
     for (int64_t j = 0; j < f; j++)
       dx[r * f + j] = pmap_norm_dx(dyr[j] * gamma[j], (xr[j] - mean) * rstd, rstd, mg, mgx);
+  }
+  if (fused) {
+    for (int64_t j = 0; j < f; j++) {
+      dgamma[j] += (float)colg[j];
+      dbeta[j] += (float)colb[j];
+    }
+    return PMAP_SUCCESS;
   }
   for (int64_t j = 0; j < f; j++) {
     double sg = 0.0, sb = 0.0;
@@ -83,9 +153,40 @@ pmap_status cpu_pool2d_forward(op_queue *q, int is_max, const pmap_pool_shape *s
   return PMAP_SUCCESS;
 }
 
+/* Windows that tile without overlap (stride = kernel, the usual pooling): each window hands its
+ * gradient to its own elements once, instead of every element searching the windows that hold
+ * it. The values are pmap_pool_dx's: 0 + the one term (0 + -0 is +0, as there). */
+static void pool2d_backward_tiled(int is_max, const pmap_pool_shape *s, int64_t bd, const float *x,
+                                  const float *dy, float *dx) {
+  const int64_t hw = s->h * s->w;
+  const float area = (float)(s->kh * s->kw);
+  for (int64_t p = 0; p < bd * s->c; p++) {
+    const float *xp = x + p * hw, *dyp = dy + p * s->oh * s->ow;
+    float *dxp = dx + p * hw;
+    for (int64_t k = 0; k < hw; k++) dxp[k] = 0.0f;
+    for (int64_t oy = 0; oy < s->oh; oy++)
+      for (int64_t ox = 0; ox < s->ow; ox++) {
+        float d = dyp[oy * s->ow + ox];
+        float *win = dxp + oy * s->stride * s->w + ox * s->stride;
+        if (!is_max) {
+          for (int i = 0; i < s->kh; i++)
+            for (int j = 0; j < s->kw; j++) win[i * s->w + j] = 0.0f + d / area;
+          continue;
+        }
+        int64_t by, bx;
+        pmap_pool_argmax(xp, s->w, oy, ox, s->kh, s->kw, s->stride, &by, &bx);
+        win[by * s->w + bx] = 0.0f + d;
+      }
+  }
+}
+
 pmap_status cpu_pool2d_backward(op_queue *q, int is_max, const pmap_pool_shape *s, int64_t bd,
                                 const float *x, const float *dy, float *dx) {
   (void)q;
+  if (s->stride == s->kh && s->stride == s->kw) {
+    pool2d_backward_tiled(is_max, s, bd, x, dy, dx);
+    return PMAP_SUCCESS;
+  }
   for (int64_t p = 0; p < bd * s->c; p++)
     for (int64_t iy = 0; iy < s->h; iy++)
       for (int64_t ix = 0; ix < s->w; ix++)

@@ -2,6 +2,7 @@
  * padding, 1x1 and windows wider than the image with padding, scratch that starts as NaN, dx
  * NULL) and pooling (max and mean; overlapping, tiling, identity and global windows). */
 #include "harness.h"
+#include "ops/op_math.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* conv2d                                                                                     */
@@ -313,6 +314,26 @@ void opcase_pool2d_backward(hx *h) {
       a.xd = hx_to_double(h, a.x->init, nx);
       a.rd = hx_to_double(h, a.dy->init, ny);
       hx_fd(h, "dx", pool_loss, &a, (double *)a.xd, nx, a.dx->got, NULL, 1e-3, HX_TOL_GRAD);
+      /* Ties, a NaN and -0 gradients: every element bit for bit as op_math.h's pmap_pool_dx
+       * defines it (the first maximum of a window; 0 + dy), whichever path a backend takes. */
+      pool_args b = a;
+      b.x = hx_new(h, HX_IN, nx, "x (ties, NaN)");
+      for (size_t k = 0; k < nx; k++) b.x->init[k] = (float)hx_int(h, -2, 2);
+      if (nx) b.x->init[nx / 2] = NAN;
+      b.dy = hx_new(h, HX_IN, ny, "dy (-0)");
+      for (size_t k = 0; k < ny; k++) b.dy->init[k] = k % 3 ? hx_uniform(h, -1.0f, 1.0f) : -0.0f;
+      b.dx = hx_out(h, nx, "dx (ties)");
+      b.dx->tol_cpu = is_max ? 0.0 : 1e-6;
+      HX_RUN(h, call_pool_backward, &b, b.x, b.dy, b.dx);
+      float *want = hx_floats(h, nx);
+      const pmap_pool_shape *s = &b.s;
+      for (int64_t p = 0; p < b.bd * s->c; p++)
+        for (int64_t iy = 0; iy < s->h; iy++)
+          for (int64_t ix = 0; ix < s->w; ix++)
+            want[(p * s->h + iy) * s->w + ix] =
+                pmap_pool_dx(is_max, b.x->init + p * s->h * s->w, b.dy->init + p * s->oh * s->ow,
+                             s->w, s->oh, s->ow, s->kh, s->kw, s->stride, iy, ix);
+      if (is_max || h->oracle) hx_same(h, "dx (ties) = pmap_pool_dx", b.dx->got, want, nx);
     }
   }
 }

@@ -417,3 +417,100 @@ void opcase_dropout_backward(hx *h) {
     hx_same(h, "in place", b.x->got, a.dx->got, a.n);
   }
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* bias_act_forward, act_bias_backward: each against float64, and bit for bit against the two  */
+/* ops it fuses, run on the same backend in the same call                                     */
+
+typedef struct fused_args {
+  pmap_act act;
+  int64_t outer, ch;
+  hx_buf *y, *b, *z, *y2, *z2;               /* forward: fused, then unfused */
+  hx_buf *x, *zf, *dz, *dx, *db, *dx2, *db2; /* backward */
+} fused_args;
+
+static pmap_status call_bias_act_forward(const pmap_ops *o, op_queue *q, void *arg) {
+  fused_args *a = arg;
+  HX_TRY(o->bias_act_forward(q, a->act, HX_F(a->y), HX_F(a->b), a->outer, a->ch, HX_F(a->z)));
+  HX_TRY(o->bias_forward(q, HX_F(a->y2), HX_F(a->b), a->outer, a->ch, 1));
+  return o->act_forward(q, a->act, HX_F(a->y2), HX_F(a->z2), (size_t)(a->outer * a->ch));
+}
+
+static pmap_status call_act_bias_backward(const pmap_ops *o, op_queue *q, void *arg) {
+  fused_args *a = arg;
+  HX_TRY(o->act_bias_backward(q, a->act, HX_F(a->x), HX_F(a->zf), HX_F(a->dz), HX_F(a->dx),
+                              HX_F(a->db), a->outer, a->ch));
+  HX_TRY(o->act_backward(q, a->act, HX_F(a->x), HX_F(a->zf), HX_F(a->dz), HX_F(a->dx2),
+                         (size_t)(a->outer * a->ch)));
+  return o->bias_backward(q, HX_F(a->dx2), HX_F(a->db2), a->outer, a->ch, 1);
+}
+
+/* (outer, ch): none, one, a dense layer's, an odd one, then random. */
+static void fused_shape(hx *h, int t, int64_t *outer, int64_t *ch) {
+  static const int64_t fixed[][2] = {{0, 5}, {1, 1}, {64, 32}, {7, 13}};
+  if (t < 4) {
+    *outer = fixed[t][0], *ch = fixed[t][1];
+    return;
+  }
+  *outer = hx_int(h, 1, 40), *ch = hx_int(h, 1, 70);
+}
+#define FUSED_TRIALS(h) (4 + hx_rounds((h), 3))
+
+void opcase_bias_act_forward(hx *h) {
+  for (int act = 0; act < 3; act++)
+    for (int t = 0; t < FUSED_TRIALS(h); t++, hx_release(h)) {
+      fused_args a = {.act = (pmap_act)act};
+      fused_shape(h, t, &a.outer, &a.ch);
+      hx_trial(h, "%s outer=%" PRId64 " ch=%" PRId64, act_names[act], a.outer, a.ch);
+      size_t n = (size_t)(a.outer * a.ch);
+      a.y = hx_inout(h, n, -4.0f, 4.0f, "y");
+      a.y2 = hx_new(h, HX_INOUT, n, "y (unfused)");
+      memcpy(a.y2->init, a.y->init, n * sizeof(float));
+      a.b = hx_in(h, (size_t)a.ch, -1.0f, 1.0f, "b");
+      a.z = hx_out(h, n, "z");
+      a.z2 = hx_out(h, n, "z (unfused)");
+      a.y->tol_cpu = a.y2->tol_cpu = 0.0; /* one rounded add */
+      a.z->scale_cpu = a.z2->scale_cpu = 0.1;
+      HX_RUN(h, call_bias_act_forward, &a, a.y, a.b, a.z, a.y2, a.z2);
+      hx_same(h, "y = unfused y", a.y->got, a.y2->got, n);
+      hx_same(h, "z = unfused z", a.z->got, a.z2->got, n);
+      double *want = hx_doubles(h, n);
+      for (size_t k = 0; k < n; k++) want[k] = ref_act(act, (double)a.y->got[k]);
+      hx_close_scale(h, "z", a.z->got, want, n, HX_TOL_FWD, 0.1);
+    }
+}
+
+void opcase_act_bias_backward(hx *h) {
+  for (int act = 0; act < 3; act++)
+    for (int t = 0; t < FUSED_TRIALS(h); t++, hx_release(h)) {
+      fused_args a = {.act = (pmap_act)act};
+      fused_shape(h, t, &a.outer, &a.ch);
+      hx_trial(h, "%s outer=%" PRId64 " ch=%" PRId64, act_names[act], a.outer, a.ch);
+      size_t n = (size_t)(a.outer * a.ch), C = (size_t)a.ch;
+      a.x = hx_in(h, n, -4.0f, 4.0f, "x");
+      a.zf = hx_new(h, HX_IN, n, "z");
+      for (size_t k = 0; k < n; k++) a.zf->init[k] = (float)ref_act(act, a.x->init[k]);
+      a.dz = hx_in(h, n, -1.0f, 1.0f, "dz");
+      a.dx = hx_out(h, n, "dx");
+      a.dx2 = hx_out(h, n, "dx (unfused)");
+      a.db = hx_inout(h, C, -3.0f, 3.0f, "db");
+      a.db2 = hx_new(h, HX_INOUT, C, "db (unfused)");
+      memcpy(a.db2->init, a.db->init, C * sizeof(float));
+      a.dx->tol_cpu = a.dx2->tol_cpu = 1e-5;
+      a.dx->scale_cpu = a.dx2->scale_cpu = 0.1;
+      a.db->tol_cpu = a.db2->tol_cpu = 1e-5; /* float sums in another order */
+      HX_RUN(h, call_act_bias_backward, &a, a.x, a.zf, a.dz, a.dx, a.db, a.dx2, a.db2);
+      hx_same(h, "dx = unfused dx", a.dx->got, a.dx2->got, n);
+      hx_same(h, "db = unfused db", a.db->got, a.db2->got, C);
+      /* dx against float64's derivative, db against the float64 sums of that dx. */
+      double *want = hx_doubles(h, n), *sum = hx_doubles(h, C);
+      for (size_t k = 0; k < n; k++) {
+        double x = a.x->init[k], e = 1e-4 * (fabs(x) > 1.0 ? fabs(x) : 1.0);
+        want[k] = (ref_act(act, x + e) - ref_act(act, x - e)) / (2.0 * e) * a.dz->init[k];
+        sum[k % C] += want[k];
+      }
+      hx_close_scale(h, "dx", a.dx->got, want, n, HX_TOL_GRAD, 0.1);
+      double scale = 0.3 * sqrt((double)(a.outer ? a.outer : 1));
+      hx_gain_scale(h, "db (+=)", a.db->got, a.db->init, sum, C, HX_TOL_GRAD, scale);
+    }
+}
