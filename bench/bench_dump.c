@@ -62,7 +62,9 @@ int bench_dump(const char *dir, const char *name, const pmap_model *m, const pma
   fprintf(f, "], \"y_dtype\": \"%s\", \"y_shape\": [", ys->dtype == PMAP_I32 ? "int32" : "float32");
   for (int i = 0; i < ys->rank; i++) fprintf(f, "%s%lld", i ? ", " : "", (long long)ys->shape[i]);
   fprintf(f, "], \"loss\": \"%s\", \"layers\": [",
-          m->loss == PMAP_LOSS_MSE ? "mse" : "softmax_xent");
+          m->loss == PMAP_LOSS_MSE          ? "mse"
+          : m->loss == PMAP_LOSS_TOKEN_XENT ? "token_xent"
+                                            : "softmax_xent");
   json_layers(f, m);
   fprintf(f,
           "], \"optimizer\": {\"kind\": \"%s\", \"lr\": %.9g, \"momentum\": %.9g, "
