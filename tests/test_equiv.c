@@ -25,7 +25,7 @@ static const struct {
     {"linear", 24, 1e-6, 1e-5, 1e-5},    {"mlp", 24, 1e-6, 1e-5, 1e-5},
     {"convnet", 24, 1e-6, 1e-5, 1e-5},   {"mlp-1024", 12, 1e-6, 1e-5, 1e-4},
     {"cifar-cnn", 12, 1e-6, 1e-4, 1e-4}, {"res-mlp", 24, 1e-6, 1e-5, 1e-5},
-    {"cifar-bn", 12, 1e-6, 1e-2, 1e-2},
+    {"cifar-bn", 12, 1e-6, 1e-2, 1e-2},  {"gpt-mini", 12, 1e-5, 1e-4, 1e-5},
 };
 
 static double rel_err(const float *a, const float *b, size_t n) {
