@@ -482,8 +482,11 @@ PMAP_API size_t pmap_params_optimizer_bytes(const pmap_params *params);
 PMAP_API int pmap_params_sharded(const pmap_params *params);
 PMAP_API int64_t pmap_params_step(const pmap_params *params); /* optimizer steps taken */
 
-/* One data-parallel training step. xs: (B, input shape...) f32; ys: (B, K) f32 for MSE, (B) or
- * (B, 1) i32 for softmax cross-entropy. In a distributed context each process passes its own
+/* One data-parallel training step. xs: (B, input shape...) f32, or i32 token ids (B, T) in
+ * [0, vocab) for a model that starts with an embedding; ys: (B, K) f32 for MSE, (B) or (B, 1) i32
+ * for softmax cross-entropy, (B, T) i32 targets in [0, vocab) for the per-token cross-entropy.
+ * Ids and targets out of range are refused naming the value, its example and its position,
+ * before anything changes. In a distributed context each process passes its own
  * rows of the global batch, the same number (a multiple of D) in every process, at the same
  * step, with the same optimizer settings (checked before every step in one exchange:
  * PMAP_ERR_INVALID_ARGUMENT on every process otherwise, naming each process's value, nothing
