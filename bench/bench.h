@@ -11,7 +11,8 @@
 #include "pmap.h"
 
 /* pmap-bench's options (bench_args.c). */
-#define BENCH_ALL_MODELS "linear,mlp,convnet,mlp-1024,cifar-cnn,res-mlp,cifar-bn,tanh-custom"
+#define BENCH_ALL_MODELS \
+  "linear,mlp,convnet,mlp-1024,cifar-cnn,res-mlp,cifar-bn,gpt-mini,tanh-custom"
 typedef struct bench_opts {
   const char *models, *backend, *csv, *dump, *trace;
   int64_t devs[CLI_MAX_LIST], batch, weak_batch, steps, warmup, rounds;
@@ -109,6 +110,8 @@ typedef struct bench_row {
   double step0_ms;       /* the first pmap_update: sizing, first touches, library start-up */
   bench_stats step;      /* steady-state step time */
   double sps, gflops;    /* samples/s and model GFLOP/s at the median */
+  double tps;            /* tokens/s (sps x tokens per example; a language model's) */
+  double mfu;            /* model FLOPs utilisation: gflops / gemm_gflops (0: not measured) */
   double speedup, eff;   /* against the first row of the same table */
   bench_stats gemm;      /* the step's GEMMs alone, every device at once (n == 0: not measured) */
   double gemm_gflops;    /* executed GEMM FLOPs of all devices / gemm.med */
@@ -127,6 +130,7 @@ typedef struct bench_result {
   const char *model;
   size_t params;
   double fwd_macs;           /* multiply-adds of one example's forward pass */
+  int64_t tokens;            /* tokens per example of a language model ((T, V) output), else 0 */
   char optimizer[64];        /* e.g. "SGD lr 0.01 momentum 0.9" */
   int64_t batch, weak_batch; /* strong global batch; weak per-device batch */
   int64_t steps, warmup, rounds;

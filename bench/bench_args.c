@@ -58,7 +58,8 @@ int bench_parse(int argc, char **argv, bench_opts *o) {
        .lo = 1,
        .hi = 1000000,
        .arg = "S",
-       .help = "timed steps per count (default 20 for mlp-1024 and cifar-cnn, else 500), in R "
+       .help = "timed steps per count (default 20 for mlp-1024, cifar-cnn and gpt-mini, else 500), "
+               "in R "
                "interleaved rounds after W warm-up steps; step 0 is timed apart"},
       {.name = "--warmup",
        .kind = CLI_INT,
@@ -66,7 +67,8 @@ int bench_parse(int argc, char **argv, bench_opts *o) {
        .lo = 0,
        .hi = 1000000,
        .arg = "W",
-       .help = "warm-up steps before the timed ones (default 3 for mlp-1024 and cifar-cnn, else "
+       .help = "warm-up steps before the timed ones (default 3 for mlp-1024, cifar-cnn and "
+               "gpt-mini, else "
                "50)"},
       {.name = "--rounds",
        .kind = CLI_INT,

@@ -1,6 +1,7 @@
 /* bench_dump.c: pmap-bench --dump DIR writes what a peer framework needs to train the same model
  * from the same start: the architecture and optimizer (JSON), the initial parameters and the
- * global batch (raw little-endian arrays). bench/jax_compare.py reads them. */
+ * global batch (raw little-endian arrays: x.f32 holds int32 token ids where x_dtype says so).
+ * bench/jax_compare.py and bench/torch_peer.py read them. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,12 +58,15 @@ int bench_dump(const char *dir, const char *name, const pmap_model *m, const pma
           (unsigned long long)seed, m->n_params);
   for (int i = 0; i < m->in_rank; i++)
     fprintf(f, "%s%lld", i ? ", " : "", (long long)m->in_shape[i]);
-  fprintf(f, "], \"batch\": %lld, \"x_shape\": [", (long long)xs->shape[0]);
+  fprintf(f, "], \"batch\": %lld, \"x_dtype\": \"%s\", \"x_shape\": [", (long long)xs->shape[0],
+          xs->dtype == PMAP_I32 ? "int32" : "float32");
   for (int i = 0; i < xs->rank; i++) fprintf(f, "%s%lld", i ? ", " : "", (long long)xs->shape[i]);
   fprintf(f, "], \"y_dtype\": \"%s\", \"y_shape\": [", ys->dtype == PMAP_I32 ? "int32" : "float32");
   for (int i = 0; i < ys->rank; i++) fprintf(f, "%s%lld", i ? ", " : "", (long long)ys->shape[i]);
   fprintf(f, "], \"loss\": \"%s\", \"layers\": [",
-          m->loss == PMAP_LOSS_MSE ? "mse" : "softmax_xent");
+          m->loss == PMAP_LOSS_MSE          ? "mse"
+          : m->loss == PMAP_LOSS_TOKEN_XENT ? "token_xent"
+                                            : "softmax_xent");
   json_layers(f, m);
   fprintf(f,
           "], \"optimizer\": {\"kind\": \"%s\", \"lr\": %.9g, \"momentum\": %.9g, "

@@ -146,6 +146,17 @@ void bench_report_text(FILE *f, const bench_result *r, const char *backend, int 
       fprintf(f, " %d dev %.4g GFLOP/s%s", r->rows[BENCH_STRONG][i].devices,
               r->rows[BENCH_STRONG][i].gemm_gflops, i + 1 < r->nrows[BENCH_STRONG] ? "," : "\n");
   }
+  if (r->tokens)
+    for (int m = 0; m < 2; m++)
+      for (int i = 0; i < r->nrows[m]; i++) {
+        const bench_row *w = &r->rows[m][i];
+        fprintf(f, "%s %d dev: %.5g tokens/s", m == BENCH_STRONG ? "strong" : "weak", w->devices,
+                w->tps);
+        if (w->mfu > 0.0)
+          fprintf(f, ", model FLOPs utilisation %.1f%% of the raw GEMM rate (%.4g of %.4g GFLOP/s)",
+                  100.0 * w->mfu, w->gflops, w->gemm_gflops);
+        fprintf(f, "\n");
+      }
   prediction(f, r);
   if (r->failed) fprintf(f, "CORRECTNESS CHECK FAILED for %s (see above)\n", r->model);
 }
@@ -201,6 +212,8 @@ void bench_report_json_rows(FILE *f, const bench_result *r, int *first_row) {
       num(f, "p90_ms", w->step.p90), fputs(", ", f);
       num(f, "samples_per_sec", w->sps), fputs(", ", f);
       num(f, "gflops", w->gflops), fputs(", ", f);
+      if (r->tokens) num(f, "tokens_per_sec", w->tps), fputs(", ", f);
+      if (r->tokens) num(f, "mfu", w->mfu > 0.0 ? w->mfu : NAN), fputs(", ", f);
       num(f, "speedup", w->speedup), fputs(", ", f);
       num(f, "efficiency", w->eff), fputs(", ", f);
       num(f, "gemm_ms", w->gemm.n ? w->gemm.med : NAN), fputs(", ", f);

@@ -5,7 +5,7 @@
 # device: every CUDA op (the op harness, tests/ops: float64, finite differences and the CPU
 # kernels), every example model against the CPU; (c) 2 logical devices: collectives, training
 # against the CPU, the sharded optimizer, graphs and overlap, the fallbacks; (d) 4 logical
-# devices, shorter; (e) performance: the mlp-1024 step (plain, graph, overlap), the seed model's
+# devices, shorter; (e) performance: the mlp-1024 and gpt-mini steps (plain, graph, overlap), the seed model's
 # host time, the all-reduce table; (f) JAX on the same GPU.
 #
 #   bench/gpu-check.sh [OUTDIR] [--nccl DIR] [--dry-run]
@@ -64,7 +64,7 @@ PLAN=(
   "nccl-2 15 c" "nccl-2-nocumem 15 c"
   "gpu-coll-2 30 c" "gpu-pmap-2 45 c" "gpu-fast-2 30 c" "gpu-fallback-2 30 c"
   "gpu-coll-4 30 d" "gpu-pmap-4 30 d" "gpu-fast-4 25 d"
-  "step-mlp-1024 25 e" "step-mlp 20 e" "allreduce 20 e"
+  "step-mlp-1024 25 e" "step-mlp 10 e" "step-gpt-mini 10 e" "allreduce 20 e"
   "jax-compare 30 f"
 )
 declare -A LIMIT STAGE
@@ -396,6 +396,10 @@ STEP1024=(--backend cuda --model mlp-1024 --devices 1,2 --variants plain,graph,o
   --warmup 5 --json)
 STEPMLP=(--backend cuda --model mlp --devices 1,4 --variants plain,graph --steps 200 --warmup 10
   --json)
+# gpt-mini: the transformer's ops (embedding gathers, strided GEMM batches, causal softmax) in a
+# whole step, captured as a graph and overlapped.
+STEPGPT=(--backend cuda --model gpt-mini --devices 1,2 --variants plain,graph,overlap --steps 10
+  --warmup 3 --json)
 ALLRED=(--backend cuda -d 2,4 -b 8 -e 64M -f 8 -n 20 -w 5 --json)
 JAX_ARGS=(--pmap-bench "$B/pmap-bench" --platform gpu --devices 1 --models mlp-1024 --steps 20
   --warmup 3 --repeat 1 --precision fp32 --out "$LOGS/jax")
@@ -407,7 +411,7 @@ if ((DRY)); then
   check options "the options the steps pass are parsed by the programs" bash -c "
     $(declare -f opts_known); SRC='$SRC'
     opts_known '$SRC/tests/ops/test_ops.c' ${OPS_ARGS[*]} &&
-    opts_known '$SRC/bench/pmap-step.c' ${STEP1024[*]} ${STEPMLP[*]} &&
+    opts_known '$SRC/bench/pmap-step.c' ${STEP1024[*]} ${STEPMLP[*]} ${STEPGPT[*]} &&
     opts_known '$SRC/bench/pmap-allreduce.c' ${ALLRED[*]} &&
     grep -qF -- '--precision' '$SRC/bench/jax_compare.py'"
   ((BUILT)) && check targets "every program a step runs was built" \
@@ -474,10 +478,12 @@ if ((DRY || (BUILT && HAVE_GPU))); then
   if ((MULTI)); then
     run_step step-mlp-1024 "${PERF_ENV[@]}" PMAP_CUDA_BUCKET_MB=$BUCKET "$B/pmap-step" "${STEP1024[@]}"
     run_step step-mlp "${PERF_ENV[@]}" "$B/pmap-step" "${STEPMLP[@]}"
+    run_step step-gpt-mini "${PERF_ENV[@]}" "$B/pmap-step" "${STEPGPT[@]}"
     run_step allreduce "${PERF_ENV[@]}" "$B/pmap-allreduce" "${ALLRED[@]}"
   else
     run_step step-mlp-1024 env PMAP_CUDA_BUCKET_MB=$BUCKET "$B/pmap-step" "${STEP1024[@]/1,2/1}"
     run_step step-mlp "$B/pmap-step" "${STEPMLP[@]/1,4/1}"
+    run_step step-gpt-mini "$B/pmap-step" "${STEPGPT[@]/1,2/1}"
     not_run allreduce "$MULTI_WHY"
   fi
   # (f) JAX's pmap on the same GPU (one device: JAX puts one device on each GPU).

@@ -23,7 +23,8 @@ def table(header, rows):
 
 
 def fast_paths(steps):
-    rows = rows_of(steps.get("step-mlp-1024")) + rows_of(steps.get("step-mlp"))
+    rows = (rows_of(steps.get("step-mlp-1024")) + rows_of(steps.get("step-mlp")) +
+            rows_of(steps.get("step-gpt-mini")))
     if not rows:
         return
     print("\n## The step's variants (pmap-step, the same batches; mlp-1024 with 4 gradient "

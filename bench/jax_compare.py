@@ -46,7 +46,8 @@ def jax_worker(args):
     for m in plan["models"]:
         spec = json.load(open(os.path.join(plan["dump"], m["model"] + ".json")))
         flat = np.fromfile(os.path.join(plan["dump"], m["model"] + ".params.f32"), "<f4")
-        x = np.fromfile(os.path.join(plan["dump"], m["model"] + ".x.f32"), "<f4")
+        x = np.fromfile(os.path.join(plan["dump"], m["model"] + ".x.f32"),
+                        "<i4" if spec.get("x_dtype") == "int32" else "<f4")  # token ids
         x = x.reshape(spec["x_shape"])
         y = np.fromfile(os.path.join(plan["dump"], m["model"] + ".y.bin"),
                         "<i4" if spec["y_dtype"] == "int32" else "<f4").reshape(spec["y_shape"])
@@ -54,9 +55,25 @@ def jax_worker(args):
         # layer's weights then bias; norms gamma then beta; batch norm then its running mean and
         # variance, kept here as parameters the training forward never reads (zero gradient, so
         # SGD and Adam leave them alone, as in pmap).
-        params, off = [], 0
+        params, off, tokens = [], 0, None  # tokens: (T, D) after a token embedding
         for layer in spec["layers"]:
-            if layer["kind"] == "dense":
+            if layer["kind"] == "embedding":
+                tokens = (layer["context"], layer["dim"])
+                layer["table"] = len(params)  # the tied head's
+                shapes = [(layer["vocab"], layer["dim"])]
+            elif layer["kind"] == "pos_embedding":
+                shapes = [tokens]
+            elif layer["kind"] == "token_dense":
+                tokens = (layer["tokens"], layer["out"])
+                shapes = [(layer["in"], layer["out"]), (layer["out"],)]
+            elif layer["kind"] == "token_layernorm":
+                shapes = [(layer["size"],)] * 2
+            elif layer["kind"] == "causal_attention":
+                d, e = layer["dim"], layer["heads"] * layer["head_size"]
+                shapes = [(d, 3 * e), (e, d), (3 * e,), (d,)]
+            elif layer["kind"] == "lm_head":
+                shapes = [] if layer["tied"] else [(tokens[1], layer["vocab"]), (layer["vocab"],)]
+            elif layer["kind"] == "dense":
                 shapes = [(layer["in"], layer["out"]), (layer["out"],)]
             elif layer["kind"] == "conv2d":
                 shapes = [(layer["oc"], layer["c"], layer["kh"], layer["kw"]), (layer["oc"],)]
@@ -93,11 +110,46 @@ def jax_worker(args):
             kh, kw, s = layer["kh"], layer["kw"], layer["stride"]
             return lax.reduce_window(h, init, reducer, (1, 1, kh, kw), (1, 1, s, s), "VALID")
 
+        def attention(h, wqkv, wo, bqkv, bo, layer):
+            t, nh, hs = h.shape[1], layer["heads"], layer["head_size"]
+            e = nh * hs
+            qkv = h @ wqkv + bqkv
+            q, kk, v = (qkv[..., j * e:(j + 1) * e].reshape(h.shape[0], t, nh, hs)
+                        .transpose(0, 2, 1, 3) for j in range(3))
+            s = q @ kk.transpose(0, 1, 3, 2) / jnp.sqrt(jnp.float32(hs))
+            s = jnp.where(jnp.tril(jnp.ones((t, t), bool)), s, -jnp.inf)
+            o = jax.nn.softmax(s, axis=-1) @ v
+            return o.transpose(0, 2, 1, 3).reshape(h.shape[0], t, e) @ wo + bo
+
         def forward(ps, h):
-            i, skips = 0, []
+            i, skips, table = 0, [], None
             for layer in layers:
                 k = layer["kind"]
-                if k == "dense":
+                if k == "embedding":
+                    table = ps[i]
+                    h = table[h]
+                    i += 1
+                elif k == "pos_embedding":
+                    h = h + ps[i]
+                    i += 1
+                elif k == "token_dense":
+                    h = h @ ps[i] + ps[i + 1]
+                    i += 2
+                elif k == "token_layernorm":
+                    mean = jnp.mean(h, axis=-1, keepdims=True)
+                    var = jnp.mean((h - mean) ** 2, axis=-1, keepdims=True)
+                    h = (h - mean) / jnp.sqrt(var + layer["eps"]) * ps[i] + ps[i + 1]
+                    i += 2
+                elif k == "causal_attention":
+                    h = attention(h, ps[i], ps[i + 1], ps[i + 2], ps[i + 3], layer)
+                    i += 4
+                elif k == "lm_head":
+                    if layer["tied"]:
+                        h = h @ table.T
+                    else:
+                        h = h @ ps[i] + ps[i + 1]
+                        i += 2
+                elif k == "dense":
                     h = h @ ps[i] + ps[i + 1]
                     i += 2
                 elif k == "relu":
@@ -147,6 +199,8 @@ def jax_worker(args):
             z = forward(ps, xb)
             if loss_kind == "mse":
                 return jnp.mean((z - yb) ** 2)
+            if loss_kind == "token_xent":  # every token a row
+                z, yb = z.reshape(-1, z.shape[-1]), yb.reshape(-1)
             picked = jnp.take_along_axis(z, yb.reshape(-1, 1), axis=1)[:, 0]
             return jnp.mean(jax.nn.logsumexp(z, axis=1) - picked)
 
@@ -326,7 +380,7 @@ def main():
 
     cores = parse_cores(args.cores) if args.cores else sorted(os.sched_getaffinity(0))
     if args.models == "all":
-        args.models = "linear,mlp,convnet,mlp-1024,cifar-cnn,res-mlp,cifar-bn"
+        args.models = "linear,mlp,convnet,mlp-1024,cifar-cnn,res-mlp,cifar-bn,gpt-mini"
     devices = [int(d) for d in args.devices.split(",")]
     args.gpu = args.platform == "gpu"
     if args.platform == "auto":

@@ -225,6 +225,8 @@ static void finish_table(bench_result *res, int mode, setup *su, double flops_pe
     w->coll_share = w->allreduce.n ? w->allreduce.med / w->step.med : 0.0;
     w->gemm_gflops = w->gemm.n ? s->gemm_flops / (w->gemm.med * 1e-3) / 1e9 : 0.0;
     w->gemm_share = w->gemm.n ? w->gemm.med / w->step.med : 0.0;
+    w->tps = w->sps * (double)res->tokens;
+    w->mfu = w->gemm.n && w->gemm_gflops > 0.0 ? w->gflops / w->gemm_gflops : 0.0;
     if (mode == BENCH_STRONG) {
       w->speedup = rows[0].step.med / w->step.med;
       w->eff = w->speedup / ((double)w->devices / rows[0].devices);
@@ -263,7 +265,7 @@ static int bench_model(const char *name, const bench_opts *o, pmap_backend backe
   pmap_example_info info;
   pmap_model *model = NULL;
   if (model_info(name, &info)) return fail("--model");
-  int heavy = !strcmp(name, "mlp-1024") || !strcmp(name, "cifar-cnn");
+  int heavy = !strcmp(name, "mlp-1024") || !strcmp(name, "cifar-cnn") || !strcmp(name, "gpt-mini");
   memset(res, 0, sizeof *res);
   res->model = info.name;
   res->batch = o->batch > 0 ? o->batch : info.batch;
@@ -292,6 +294,10 @@ static int bench_model(const char *name, const bench_opts *o, pmap_backend backe
   if (model_build(name, &model)) return fail("cannot build the model");
   res->params = pmap_model_num_params(model);
   res->fwd_macs = pmap_model_forward_macs(model);
+  int out_rank = 0;
+  int64_t out_shape[PMAP_MAX_RANK];
+  pmap_model_output_shape(model, &out_rank, out_shape);
+  res->tokens = out_rank == 2 ? out_shape[0] : 0; /* (T, V): a language model */
   double flops_per_example = 6.0 * res->fwd_macs;
   if (o->dump) {
     pmap_array dx = {0}, dy = {0};

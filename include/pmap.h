@@ -256,7 +256,7 @@ PMAP_API const char *pmap_gemm_reason(void);
 
 typedef enum pmap_dtype {
   PMAP_F32 = 0, /* float */
-  PMAP_I32 = 1  /* int32_t: class labels */
+  PMAP_I32 = 1  /* int32_t: class labels, token ids (a model starting with an embedding) */
 } pmap_dtype;
 
 /* A dense row-major host array; it does not own data. shape[0] is the global batch B. */
@@ -276,9 +276,12 @@ PMAP_API int64_t pmap_array_numel(const pmap_array *a);
 /* Models: a sequential stack of layers with a loss                                           */
 
 typedef enum pmap_loss {
-  PMAP_LOSS_MSE = 0,         /* mean over all outputs of (pred - y)^2; ys are f32 (B, K) */
-  PMAP_LOSS_SOFTMAX_XENT = 1 /* mean over the batch of -log softmax(pred)[label]; ys are i32 (B)
+  PMAP_LOSS_MSE = 0,          /* mean over all outputs of (pred - y)^2; ys are f32 (B, K) */
+  PMAP_LOSS_SOFTMAX_XENT = 1, /* mean over the batch of -log softmax(pred)[label]; ys are i32 (B)
                                  or (B, 1), labels in [0, K) */
+  PMAP_LOSS_TOKEN_XENT = 2    /* per-token softmax cross-entropy of a (T, V) output, the mean over
+                                 the batch's B x T tokens; ys are i32 (B, T), targets in [0, V)
+                                 (set by pmap_model_add_lm_head) */
 } pmap_loss;
 
 typedef struct pmap_model pmap_model;
@@ -301,7 +304,8 @@ PMAP_API pmap_status pmap_model_add_relu(pmap_model *model);
 PMAP_API pmap_status pmap_model_add_conv2d(pmap_model *model, int64_t out_channels, int kernel_h,
                                            int kernel_w, int stride, int pad);
 PMAP_API pmap_status pmap_model_add_flatten(pmap_model *model);
-/* The loss (default MSE). The model's output must be rank 1 (K) when training. */
+/* The loss (default MSE). The model's output must be rank 1 (K) when training, rank 2 (T, V) for
+ * PMAP_LOSS_TOKEN_XENT. */
 PMAP_API pmap_status pmap_model_set_loss(pmap_model *model, pmap_loss loss);
 
 /* More layers (docs/models.md, "Layers"), with the same checks and statuses as those above:
@@ -330,6 +334,35 @@ PMAP_API pmap_status pmap_model_add_global_avgpool(pmap_model *model);
  *          the masks are reproducible and the same on any device count. In pmap_predict the
  *          identity. No parameters. */
 PMAP_API pmap_status pmap_model_add_dropout(pmap_model *model, float rate);
+/* Transformers (docs/models.md, "Transformers"). A language model takes token ids: a model
+ * created with input shape (T) whose first layer is the token embedding takes xs as i32 (B, T)
+ * token ids (pmap_update and pmap_predict refuse f32 xs for it, and any id outside [0, vocab),
+ * naming it and its place, with nothing changed).
+ * embedding:        (T) token ids -> (T, dim), y[t] = E[id[t]], table E (vocab, dim) ~ N(0, 0.02^2);
+ *                   only as the first layer. Its gradient is summed per token in a fixed order
+ *                   (bitwise the same on every run and device count).
+ * pos_embedding:    (T, D) -> (T, D), y = x + P, P (T, D) ~ N(0, 0.02^2), learned.
+ * token_dense:      (T, F) -> (T, units), y[t] = x[t] W + b per token, W (F, units), b (units).
+ * token_layernorm:  (T, F) -> (T, F), each token normalised over its F features, eps 1e-5,
+ *                   gamma (F) then beta (F).
+ * causal_attention: (T, D) -> (T, D), heads x head_size = E: qkv = x Wqkv + bqkv (Wqkv (D, 3E):
+ *                   Q, K, V side by side, head h at columns h*head_size of each), per head
+ *                   softmax(Q K^T / sqrt(head_size)) with position t seeing positions <= t,
+ *                   times V, heads concatenated (T, E), then y = O Wo + bo (Wo (E, D)).
+ *                   Parameters: Wqkv, Wo, then bqkv (3E), bo (D). Its activations hold
+ *                   2 B H T^2 + 8 B T E floats per device (B its rows).
+ * lm_head:          (T, D) -> (T, vocab) logits; tied 0: x W + b with W (D, vocab), b (vocab) of
+ *                   its own; tied 1: x E^T with the token embedding's table (no parameters of
+ *                   its own: one block of the flat vector serves both, so the optimizer,
+ *                   checkpoints and pmap_params_read see it once, its gradient the sum of both
+ *                   uses). Needs the model to start with an embedding; sets the loss to
+ *                   PMAP_LOSS_TOKEN_XENT. */
+PMAP_API pmap_status pmap_model_add_embedding(pmap_model *model, int64_t vocab, int64_t dim);
+PMAP_API pmap_status pmap_model_add_pos_embedding(pmap_model *model);
+PMAP_API pmap_status pmap_model_add_token_dense(pmap_model *model, int64_t units);
+PMAP_API pmap_status pmap_model_add_token_layernorm(pmap_model *model);
+PMAP_API pmap_status pmap_model_add_causal_attention(pmap_model *model, int heads, int head_size);
+PMAP_API pmap_status pmap_model_add_lm_head(pmap_model *model, int tied);
 /* batchnorm: (F) or (C, H, W); normalises each feature (channel: over the batch and H, W) with
  *          the batch's mean and biased variance, y = (x - mean) / sqrt(var + 1e-5) * gamma + beta.
  *          cross_replica != 0: the statistics are those of the global batch (all-reduces of
@@ -449,8 +482,11 @@ PMAP_API size_t pmap_params_optimizer_bytes(const pmap_params *params);
 PMAP_API int pmap_params_sharded(const pmap_params *params);
 PMAP_API int64_t pmap_params_step(const pmap_params *params); /* optimizer steps taken */
 
-/* One data-parallel training step. xs: (B, input shape...) f32; ys: (B, K) f32 for MSE, (B) or
- * (B, 1) i32 for softmax cross-entropy. In a distributed context each process passes its own
+/* One data-parallel training step. xs: (B, input shape...) f32, or i32 token ids (B, T) in
+ * [0, vocab) for a model that starts with an embedding; ys: (B, K) f32 for MSE, (B) or (B, 1) i32
+ * for softmax cross-entropy, (B, T) i32 targets in [0, vocab) for the per-token cross-entropy.
+ * Ids and targets out of range are refused naming the value, its example and its position,
+ * before anything changes. In a distributed context each process passes its own
  * rows of the global batch, the same number (a multiple of D) in every process, at the same
  * step, with the same optimizer settings (checked before every step in one exchange:
  * PMAP_ERR_INVALID_ARGUMENT on every process otherwise, naming each process's value, nothing

@@ -33,6 +33,17 @@ const char *batch_shape_str(const pmap_array *a, char *buf, size_t size) {
   return buf;
 }
 
+/* Every id of a (n) in [0, v), else the first that is not, with its example and position. */
+static pmap_status check_ids(const int32_t *a, int64_t n, int64_t per, int64_t v, const char *what,
+                             const char *call) {
+  for (int64_t i = 0; i < n; i++)
+    if (a[i] < 0 || a[i] >= v)
+      return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                      "%s: %s %d at example %lld position %lld is outside [0, %lld)", call, what,
+                      (int)a[i], (long long)(i / per), (long long)(i % per), (long long)v);
+  return PMAP_SUCCESS;
+}
+
 static pmap_status check_ys(const pmap_params *p, const pmap_array *ys, int64_t b,
                             const char *call) {
   const pmap_model *m = p->model;
@@ -52,6 +63,17 @@ static pmap_status check_ys(const pmap_params *p, const pmap_array *ys, int64_t 
                     "%s: ys has shape %s; every extent must be positive and their product must "
                     "fit in 64 bits",
                     call, batch_shape_str(ys, sh, sizeof sh));
+  if (m->loss == PMAP_LOSS_TOKEN_XENT) {
+    const layer *last = &m->layers[m->n_layers - 1];
+    int64_t t = last->out_shape[0], v = last->out_shape[1];
+    if (ys->dtype != PMAP_I32 || ys->rank != 2 || ys->shape[1] != t)
+      return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                      "%s: the per-token cross-entropy needs ys i32 targets of shape (%lld, %lld); "
+                      "got %s %s",
+                      call, (long long)b, (long long)t, batch_dtype_name(ys->dtype),
+                      batch_shape_str(ys, sh, sizeof sh));
+    return check_ids(ys->data, b * t, t, v, "target", call);
+  }
   if (m->loss == PMAP_LOSS_MSE) {
     if (ys->dtype != PMAP_F32 || ys->rank != 2 || ys->shape[1] != k)
       return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
@@ -131,9 +153,12 @@ pmap_status batch_check(const pmap_params *p, const pmap_array *xs, const pmap_a
     *batch = xs->shape[0];
     return ys ? check_custom(ys, "ys", xs->shape[0], call) : PMAP_SUCCESS;
   }
-  if (xs->dtype != PMAP_F32)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: xs must be f32, got %s", call,
-                    batch_dtype_name(xs->dtype));
+  if (xs->dtype != m->in_dtype)
+    return PMAP_ERR(
+        PMAP_ERR_INVALID_ARGUMENT, "%s: xs must be %s%s, got %s", call,
+        batch_dtype_name(m->in_dtype),
+        m->in_dtype == PMAP_I32 ? " token ids (the model starts with an embedding)" : "",
+        batch_dtype_name(xs->dtype));
   if (xs->rank != m->in_rank + 1)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "%s: xs has rank %d; the model takes rank %d (batch axis + %d example axes)",
@@ -157,6 +182,8 @@ pmap_status batch_check(const pmap_params *p, const pmap_array *xs, const pmap_a
                     "%s: the activations of %lld examples per device would take more than the "
                     "address space (the model has %d layers)",
                     call, (long long)piece, m->n_layers);
+  if (m->in_dtype == PMAP_I32)
+    PMAP_TRY(check_ids(xs->data, b * m->in_size, m->in_size, m->in_vocab, "token id", call));
   return ys ? check_ys(p, ys, b, call) : PMAP_SUCCESS;
 }
 

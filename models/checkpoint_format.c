@@ -110,7 +110,7 @@ static float load_f32(const unsigned char *s) {
 /* The model description: everything that fixes the parameter layout and the loss. */
 static void put_model(wbuf *b, const pmap_model *m) {
   put_u32(b, (uint32_t)m->in_rank);
-  put_u32(b, m->loss == PMAP_LOSS_SOFTMAX_XENT ? 2u : 1u);
+  put_u32(b, m->loss == PMAP_LOSS_TOKEN_XENT ? 3u : m->loss == PMAP_LOSS_SOFTMAX_XENT ? 2u : 1u);
   for (int i = 0; i < 3; i++) put_u64(b, (uint64_t)(i < m->in_rank ? m->in_shape[i] : 0));
   put_u32(b, (uint32_t)m->n_layers);
   put_u32(b, 0);

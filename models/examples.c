@@ -7,7 +7,7 @@
 #include "rng.h"
 #include "base/error.h"
 
-#define NAMES "linear, mlp, convnet, mlp-1024, cifar-cnn, res-mlp, cifar-bn"
+#define NAMES "linear, mlp, convnet, mlp-1024, cifar-cnn, res-mlp, cifar-bn, gpt-mini"
 #define TEACHER_SEED 0x7eac4e2ull
 #define MLP_TEACHER_UNITS 16
 
@@ -18,11 +18,12 @@ typedef enum {
   EX_MLP1024,
   EX_CIFAR,
   EX_RESMLP,
-  EX_CIFAR_BN
+  EX_CIFAR_BN,
+  EX_GPT_MINI
 } example_id;
 
-static const char *const names[] = {"linear",    "mlp",     "convnet", "mlp-1024",
-                                    "cifar-cnn", "res-mlp", "cifar-bn"};
+static const char *const names[] = {"linear",    "mlp",     "convnet",  "mlp-1024",
+                                    "cifar-cnn", "res-mlp", "cifar-bn", "gpt-mini"};
 
 static pmap_status find(const char *name, example_id *id) {
   for (int i = 0; name && i < (int)(sizeof names / sizeof *names); i++)
@@ -51,6 +52,7 @@ pmap_status pmap_example_info_get(const char *name, pmap_example_info *out) {
   case EX_CIFAR_BN:
     i.steps = 100, i.batch = 64, i.samples = 512, i.opt = pmap_sgd(0.05f, 0.9f);
     break;
+  case EX_GPT_MINI: i.steps = 150, i.batch = 32, i.samples = 2048, i.opt = pmap_adam(0.003f); break;
   }
   *out = i;
   return PMAP_SUCCESS;
@@ -149,6 +151,10 @@ pmap_status pmap_example_model(const char *name, pmap_model **out) {
     PMAP_TRY_GOTO(st, pmap_model_set_loss(m, PMAP_LOSS_SOFTMAX_XENT), fail);
     break;
   }
+  case EX_GPT_MINI: {
+    pmap_gpt_config c = pmap_gpt_mini();
+    return pmap_gpt_model(&c, out);
+  }
   }
   *out = m;
   return PMAP_SUCCESS;
@@ -197,6 +203,7 @@ pmap_status pmap_example_data(const char *name, uint64_t seed, int64_t n, pmap_a
   if (n <= 0 || n > (1 << 24))
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_example_data: row count %lld is outside 1..%d",
                     (long long)n, 1 << 24);
+  if (id == EX_GPT_MINI) return pmap_copy_task_data(seed, n, pmap_gpt_mini().context, xs, ys);
   /* res-mlp trains on the mlp's data, cifar-bn on cifar-cnn's. */
   int cifar = id == EX_CIFAR || id == EX_CIFAR_BN, mlp = id == EX_MLP || id == EX_RESMLP;
   int64_t in = id == EX_LINEAR ? 1 : mlp ? 10 : cifar ? 3 * 1024 : 1024;
@@ -259,6 +266,7 @@ pmap_status pmap_example_data(const char *name, uint64_t seed, int64_t n, pmap_a
       yi[i] = label;
       break;
     }
+    case EX_GPT_MINI: break; /* pmap_copy_task_data above */
     }
   }
   *xs = (pmap_array){x, PMAP_F32, xs_rank, {xshape[0], xshape[1], xshape[2], xshape[3]}};
@@ -266,5 +274,77 @@ pmap_status pmap_example_data(const char *name, uint64_t seed, int64_t n, pmap_a
     *ys = (pmap_array){y, PMAP_I32, 1, {n, 0, 0, 0}};
   else
     *ys = (pmap_array){y, PMAP_F32, 2, {n, 1, 0, 0}};
+  return PMAP_SUCCESS;
+}
+
+pmap_gpt_config pmap_gpt_mini(void) { return (pmap_gpt_config){256, 64, 128, 4, 4, 1}; }
+
+pmap_status pmap_gpt_model(const pmap_gpt_config *c, pmap_model **out) {
+  const char *call = "pmap_gpt_model";
+  if (!c || !out)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL", call, c ? "out" : "config");
+  if (c->depth < 1 || c->depth > 64 || c->heads < 1 || c->width < 1 || c->width % c->heads != 0 ||
+      (c->tied != 0 && c->tied != 1))
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: depth %d must be in 1..64, width %lld a positive multiple of heads %d, "
+                    "tied 0 or 1 (got %d)",
+                    call, c->depth, (long long)c->width, c->heads, c->tied);
+  pmap_model *m = NULL;
+  pmap_status st = PMAP_SUCCESS;
+  int64_t in[1] = {c->context};
+  PMAP_TRY_GOTO(st, pmap_model_create(1, in, &m), fail);
+  PMAP_TRY_GOTO(st, pmap_model_add_embedding(m, c->vocab, c->width), fail);
+  PMAP_TRY_GOTO(st, pmap_model_add_pos_embedding(m), fail);
+  for (int i = 0; i < c->depth; i++) { /* pre-norm blocks */
+    PMAP_TRY_GOTO(st, pmap_model_begin_residual(m), fail);
+    PMAP_TRY_GOTO(st, pmap_model_add_token_layernorm(m), fail);
+    PMAP_TRY_GOTO(st, pmap_model_add_causal_attention(m, c->heads, (int)(c->width / c->heads)),
+                  fail);
+    PMAP_TRY_GOTO(st, pmap_model_end_residual(m), fail);
+    PMAP_TRY_GOTO(st, pmap_model_begin_residual(m), fail);
+    PMAP_TRY_GOTO(st, pmap_model_add_token_layernorm(m), fail);
+    PMAP_TRY_GOTO(st, pmap_model_add_token_dense(m, 4 * c->width), fail);
+    PMAP_TRY_GOTO(st, pmap_model_add_gelu(m), fail);
+    PMAP_TRY_GOTO(st, pmap_model_add_token_dense(m, c->width), fail);
+    PMAP_TRY_GOTO(st, pmap_model_end_residual(m), fail);
+  }
+  PMAP_TRY_GOTO(st, pmap_model_add_token_layernorm(m), fail);
+  PMAP_TRY_GOTO(st, pmap_model_add_lm_head(m, c->tied), fail);
+  *out = m;
+  return PMAP_SUCCESS;
+fail:
+  pmap_model_destroy(m);
+  return st;
+}
+
+pmap_status pmap_copy_task_data(uint64_t seed, int64_t n, int64_t t, pmap_array *xs,
+                                pmap_array *ys) {
+  const char *call = "pmap_copy_task_data";
+  if (!xs || !ys)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL", call, xs ? "ys" : "xs");
+  if (n <= 0 || n > (1 << 24) || t < 2 || t > 4096 || n * t > (1 << 28))
+    return PMAP_ERR(
+        PMAP_ERR_INVALID_ARGUMENT,
+        "%s: rows %lld must be in 1..%d and context %lld in 2..4096 (and rows x context "
+        "at most 2^28)",
+        call, (long long)n, 1 << 24, (long long)t);
+  int32_t *x = malloc((size_t)(n * t) * sizeof *x), *y = malloc((size_t)(n * t) * sizeof *y);
+  int32_t *s = malloc((size_t)(t + 1) * sizeof *s);
+  if (!x || !y || !s) {
+    free(x), free(y), free(s);
+    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "%s: out of memory for %lld rows", call, (long long)n);
+  }
+  pmap_rng r = pmap_rng_seed(seed);
+  int64_t k = t / 2;
+  for (int64_t i = 0; i < n; i++) {
+    for (int64_t j = 0; j < k; j++) s[j] = s[k + 1 + j] = 'a' + (int32_t)(pmap_rng_next(&r) >> 60);
+    s[k] = '|';
+    for (int64_t j = 2 * k + 1; j <= t; j++) s[j] = '.';
+    memcpy(x + i * t, s, (size_t)t * sizeof *s);
+    memcpy(y + i * t, s + 1, (size_t)t * sizeof *s);
+  }
+  free(s);
+  *xs = (pmap_array){x, PMAP_I32, 2, {n, t, 0, 0}};
+  *ys = (pmap_array){y, PMAP_I32, 2, {n, t, 0, 0}};
   return PMAP_SUCCESS;
 }

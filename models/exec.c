@@ -128,6 +128,9 @@ pmap_status model_loss(const pmap_model *m, replica *r, const void *y, int64_t b
   if (m->loss == PMAP_LOSS_MSE)
     PMAP_TRY(r->ops->mse(r->q, r->out[m->n_layers - 1], y, (size_t)(bd * last->out_size),
                          r->dact[m->n_layers - 1], loss));
+  else if (m->loss == PMAP_LOSS_TOKEN_XENT) /* each of the bd x T tokens is a row */
+    PMAP_TRY(r->ops->softmax_xent(r->q, r->out[m->n_layers - 1], y, bd * last->out_shape[0],
+                                  last->out_shape[1], r->dact[m->n_layers - 1], loss));
   else
     PMAP_TRY(r->ops->softmax_xent(r->q, r->out[m->n_layers - 1], y, bd, last->out_size,
                                   r->dact[m->n_layers - 1], loss));

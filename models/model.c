@@ -34,6 +34,7 @@ pmap_status pmap_model_create(int rank, const int64_t *shape, pmap_model **out) 
   memcpy(m->in_shape, shape, (size_t)rank * sizeof *shape);
   m->in_size = size;
   m->loss = PMAP_LOSS_MSE;
+  m->in_dtype = PMAP_F32;
   *out = m;
   return PMAP_SUCCESS;
 }
@@ -100,7 +101,7 @@ static pmap_status check_model(const pmap_model *m, const char *call) {
 
 pmap_status pmap_model_set_loss(pmap_model *m, pmap_loss loss) {
   PMAP_TRY(check_model(m, "pmap_model_set_loss"));
-  if (loss != PMAP_LOSS_MSE && loss != PMAP_LOSS_SOFTMAX_XENT)
+  if (loss != PMAP_LOSS_MSE && loss != PMAP_LOSS_SOFTMAX_XENT && loss != PMAP_LOSS_TOKEN_XENT)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_model_set_loss: unknown loss %d", (int)loss);
   m->loss = loss;
   return PMAP_SUCCESS;

@@ -19,6 +19,8 @@ struct pmap_model {
   layer *layers;
   int n_layers, cap;
   pmap_loss loss;
+  pmap_dtype in_dtype; /* PMAP_I32: token ids in [0, in_vocab) (a first layer embedding) */
+  int64_t in_vocab;
   size_t n_params;             /* the flat vector: trained parameters and the layers' state */
   size_t n_state;              /* floats of it that are state (layer.s_size summed) */
   int open[MODEL_MAX_NESTING]; /* the start layer of each open residual block */

@@ -225,10 +225,11 @@ pmap_status pmap_params_create(pmap_ctx *ctx, const pmap_model *model, const pma
                     "dense or conv2d layer",
                     call, model->n_layers, model->n_params);
   const layer *last = &model->layers[model->n_layers - 1];
-  if (last->out_rank != 1)
+  if (model->loss == PMAP_LOSS_TOKEN_XENT ? last->out_rank != 2 : last->out_rank != 1)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                    "%s: the model's output has rank %d; the loss needs rank 1 (add flatten)", call,
-                    last->out_rank);
+                    "%s: the model's output has rank %d; the loss needs rank %d (%s)", call,
+                    last->out_rank, model->loss == PMAP_LOSS_TOKEN_XENT ? 2 : 1,
+                    model->loss == PMAP_LOSS_TOKEN_XENT ? "(T, V) logits" : "add flatten");
   PMAP_TRY(optimizer_check(opt, call));
   pmap_params *p = calloc(1, sizeof *p);
   float *init = malloc(model->n_params * sizeof *init);

@@ -128,4 +128,29 @@ PMAP_OP(bias_act_forward, (op_queue *q, pmap_act act, float *y, const float *b, 
  * act_backward then bias_backward (inner 1) leave. dx may equal dz. */
 PMAP_OP(act_bias_backward, (op_queue *q, pmap_act act, const float *x, const float *z,
                             const float *dz, float *dx, float *db, int64_t outer, int64_t ch))
+/* For i < batch: c_i (m, n) = alpha op(a_i) op(b_i) + beta c_i, where x_i = x + i stride_x, each
+ * as gemm (attention's per-head products; cublasSgemmStridedBatched on CUDA). The c_i must not
+ * overlap. */
+PMAP_OP(gemm_strided, (op_queue *q, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                       float alpha, const float *a, int64_t lda, int64_t stride_a, const float *b,
+                       int64_t ldb, int64_t stride_b, float beta, float *c, int64_t ldc,
+                       int64_t stride_c, int64_t batch))
+/* Causal softmax of n square (t, t) score matrices: y[r, i, j] = exp(scale x[r, i, j] - max) /
+ * sum over j' <= i for j <= i, and 0 for j > i (the entries of x above the diagonal are not
+ * read). y may equal x. */
+PMAP_OP(causal_softmax_forward, (op_queue *q, const float *x, float *y, int64_t n, int64_t t,
+                                 float scale))
+/* dx = scale y (dy - sum_j y dy) per row, 0 above the diagonal, from the forward's y; dx may
+ * equal dy. */
+PMAP_OP(causal_softmax_backward, (op_queue *q, const float *y, const float *dy, float *dx,
+                                  int64_t n, int64_t t, float scale))
+/* y (n, d) = table[ids[i]] (rows of table (v, d)); ids in [0, v) (a row of y whose id is not is
+ * written 0). */
+PMAP_OP(embedding_forward, (op_queue *q, const int32_t *ids, const float *table, int64_t n,
+                            int64_t v, int64_t d, float *y))
+/* dtable (v, d) += for each i < n in increasing order, dy[i] added to row ids[i]: every row sums
+ * its tokens in the same order on every backend, with no atomics (bitwise reproducible); ids out
+ * of range are skipped. */
+PMAP_OP(embedding_backward, (op_queue *q, const int32_t *ids, const float *dy, int64_t n,
+                             int64_t v, int64_t d, float *dtable))
 /* clang-format on */

@@ -322,5 +322,36 @@ expect_error '--eval-fraction "1" is outside [0, 1)' --backend cpu --eval-fracti
 expect_error 'larger than the 240 training rows' --backend cpu --data "$tmp/x.npy" --labels "$tmp/y.npy" --eval-fraction 0.2 --batch 256 --devices 4
 expect_error '--micro-batches "0"' --backend cpu --micro-batches 0
 
+# Language models: --text on a small repetitive file (the tiny transformer learns it well below
+# the 5.55 nats of a uniform byte), the same run on 1 and 2 devices, --sample from the trained
+# and from a saved model, and the options' refusals.
+for i in $(seq 1 120); do echo "the quick brown fox jumps over the lazy dog $((i % 7))"; done >"$tmp/text.txt"
+lm=(--backend cpu --text "$tmp/text.txt" --context 16 --depth 1 --width 32 --heads 2 --batch 8)
+json_check "${lm[@]}" --devices 2 --steps 80 --log-every 0 -- \
+  "j['model'] == 'text' and j['eval_loss'] < 2.5 and abs(math.exp(j['eval_loss']) - j['eval_perplexity']) < 1e-3 * j['eval_perplexity'] and j['tokens_per_sec'] > 0 and j['model_gflops'] > 0"
+"$train" "${lm[@]}" --devices 1 --steps 20 --log-every 0 --json >"$tmp/t1" 2>&1 || bad "text run on 1 device"
+"$train" "${lm[@]}" --devices 2 --steps 20 --log-every 0 --json --save "$tmp/lm.ckpt" >"$tmp/t2" 2>&1 || bad "text run on 2 devices"
+if python3 -c "
+import json, sys
+a, b = (json.loads(open(f).read().splitlines()[-1])['final_loss'] for f in sys.argv[1:])
+sys.exit(abs(a - b) > 1e-4 * max(1, abs(a)))" "$tmp/t1" "$tmp/t2"; then ok; else bad "text: 1 vs 2 devices"; fi
+if "$train" "${lm[@]}" --devices 2 --steps 20 --resume "$tmp/lm.ckpt" --sample 12 --prompt "the quick" >"$tmp/out" 2>&1 &&
+  grep -qF 'sample (greedy, 12 bytes after the prompt):' "$tmp/out" &&
+  [ "$(grep -A1 -F 'sample (greedy' "$tmp/out" | tail -n 1 | wc -c)" -eq $((9 + 12 + 1)) ]; then ok; else
+  bad "--sample from a saved model: $(cat "$tmp/out")"
+fi
+json_check --backend cpu --model gpt-mini --devices 2 --steps 3 --batch 4 --context 8 --depth 1 --width 16 --heads 2 --sample 5 --temperature 0.7 -- \
+  "j['model'] == 'gpt-mini' and math.isfinite(j['final_loss'])"
+head -c 20 "$tmp/text.txt" >"$tmp/tiny.txt"
+expect_error 'needs at least 34' --backend cpu --text "$tmp/tiny.txt" --context 16
+expect_error 'cannot open' --backend cpu --text "$tmp/none.txt"
+expect_error 'it does not take --data or --model' --backend cpu --text "$tmp/text.txt" --model mlp
+expect_error 'need --model gpt-mini or --text' --backend cpu --model mlp --depth 2
+expect_error 'need --model gpt-mini or --text' --backend cpu --model linear --sample 5
+expect_error '--width 30 is not a multiple of --heads 4' --backend cpu --model gpt-mini --width 30
+expect_error '--prompt and --temperature go with --sample N' --backend cpu --model gpt-mini --prompt abc
+expect_error '--temperature "-1" must be a finite number >= 0' --backend cpu --model gpt-mini --sample 3 --temperature -1
+expect_error '--context "1" is not an integer' --backend cpu --model gpt-mini --context 1
+
 echo "cli: $passes passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -16,16 +16,18 @@
  * cifar-bn (lr 0.05, momentum 0.9, max pool): a value next to a kink that rounds to the other
  * side under another order changes a step by a finite amount and the momentum carries it on
  * (at a global batch of 24: 1.7e-3 after 20 steps on 3 devices with OpenBLAS's GEMM, 5e-7 with
- * the others). */
+ * the others). mlp-1024 (SGD lr 0.01, momentum 0.9, ReLU) shows the same jump with OpenBLAS's
+ * GEMM: 2 and 3 devices part from 1 by the same 1.4e-5 after 20 steps (losses 2.5e-4), the mark of
+ * one ReLU input next to 0 rounding to the other side; 3e-8 with the other GEMMs. */
 static const struct {
   const char *model;
   int64_t batch; /* global, divisible by 2, 3 and 4 */
   double one, params, loss;
 } table[] = {
     {"linear", 24, 1e-6, 1e-5, 1e-5},    {"mlp", 24, 1e-6, 1e-5, 1e-5},
-    {"convnet", 24, 1e-6, 1e-5, 1e-5},   {"mlp-1024", 12, 1e-6, 1e-5, 1e-4},
+    {"convnet", 24, 1e-6, 1e-5, 1e-5},   {"mlp-1024", 12, 1e-6, 1e-4, 1e-3},
     {"cifar-cnn", 12, 1e-6, 1e-4, 1e-4}, {"res-mlp", 24, 1e-6, 1e-5, 1e-5},
-    {"cifar-bn", 12, 1e-6, 1e-2, 1e-2},
+    {"cifar-bn", 12, 1e-6, 1e-2, 1e-2},  {"gpt-mini", 12, 1e-5, 1e-4, 1e-5},
 };
 
 static double rel_err(const float *a, const float *b, size_t n) {

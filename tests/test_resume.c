@@ -199,6 +199,9 @@ int main(void) {
   resume("mlp", &sgdm, 4, 1, 64, 256);
   resume("convnet", &adam, 1, 2, 8, 64);
   resume("linear", NULL, 2, 1, 32, 128);
+  /* the transformer: tied weights (one block used twice), Adam, token ids as input */
+  resume("gpt-mini", &adam, 2, 2, 8, 32);
+  resume("gpt-mini", NULL, 1, 2, 8, 32);
   /* Stray temporary files of killed saves are the only leftovers. */
   char cmd[400];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

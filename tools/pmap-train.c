@@ -15,6 +15,7 @@
 #include "train_plot.h"
 #include "train_state.h"
 #include "train_watch.h"
+#include "train_text.h"
 
 static const char *prog = "pmap-train";
 
@@ -34,8 +35,9 @@ typedef struct result {
   double eval_loss, eval_accuracy; /* NaN without held-out rows (or labels, for accuracy) */
   int have_plan;
   pmap_memory_plan plan;
-  watch_waits waits; /* dev NULL until read */
-  double mfu;        /* NaN when not known */
+  watch_waits waits;  /* dev NULL until read */
+  double mfu;         /* NaN when not known */
+  double tps, gflops; /* language models: tokens/s; model FLOP/s / 1e9 */
 } result;
 
 /* Records the run's failure (the first one) and prints it; returns 1, the exit status. */
@@ -113,6 +115,18 @@ static void print_json(const opts *o, const result *r) {
   }
   printf(", \"mfu\": ");
   json_number(stdout, r->mfu);
+  if (isfinite(r->tps)) {
+    printf(", \"tokens_per_sec\": ");
+    json_number(stdout, r->tps);
+    printf(", \"model_gflops\": ");
+    json_number(stdout, r->gflops);
+  }
+  if (o->text) {
+    printf(", \"eval_loss\": ");
+    json_number(stdout, r->eval_loss);
+    printf(", \"eval_perplexity\": ");
+    json_number(stdout, exp(r->eval_loss));
+  }
   if (o->data) {
     printf(", \"eval_loss\": ");
     json_number(stdout, r->eval_loss);
@@ -234,6 +248,53 @@ static int inspect(result *r, const opts *o, pmap_model *model, const pmap_optim
   return bad ? 1 : 0;
 }
 
+/* The run's model: the MLP of --data, the transformer of gpt-mini or --text (sized by the
+ * options), or the example. */
+static int make_model(const opts *o, const train_data *data, pmap_model **m, char *why,
+                      size_t size) {
+  if (o->data) return train_data_model(data, o->hidden, o->n_hidden, m, why, size);
+  pmap_status st;
+  if (o->text || !strcmp(o->model, "gpt-mini")) {
+    pmap_gpt_config c = {256, o->context, o->width, (int)o->depth, (int)o->heads, !o->untied};
+    st = pmap_gpt_model(&c, m);
+  } else {
+    st = pmap_example_model(o->model, m);
+  }
+  if (st) snprintf(why, size, "%s", pmap_last_error());
+  return st ? -1 : 0;
+}
+
+/* --sample: n bytes after the prompt (--prompt, the held-out text's first context / 2 bytes, or
+ * a copy-task sequence up to its separator). */
+static int sample(result *r, const opts *o, pmap_params *params, int n, text_data *text) {
+  char why[1024];
+  const unsigned char *prompt = (const unsigned char *)o->prompt;
+  int64_t plen = o->prompt ? (int64_t)strlen(o->prompt) : 0;
+  pmap_array xs = {0}, ys = {0};
+  if (!prompt && text->bytes) {
+    prompt = text->bytes + text->train_n;
+    plen = o->context / 2 > 0 ? o->context / 2 : 1;
+  } else if (!prompt) {
+    if (pmap_copy_task_data(o->seed + 2, 1, o->context, &xs, &ys)) return fail(r, "--sample");
+    unsigned char *p = malloc((size_t)o->context);
+    if (!p) return failf(r, "out of memory");
+    plen = o->context / 2 + 1; /* the letters and '|' */
+    for (int64_t j = 0; j < plen; j++) p[j] = (unsigned char)((int32_t *)xs.data)[j];
+    prompt = p;
+  }
+  printf("sample (%s", o->temperature > 0.0f ? "temperature " : "greedy");
+  if (o->temperature > 0.0f) printf("%g", (double)o->temperature);
+  printf(", %lld bytes after the prompt):\n", (long long)o->sample);
+  fwrite(prompt, 1, (size_t)plen, stdout);
+  fflush(stdout);
+  int rc = text_sample(params, n, o->context, prompt, plen, o->sample, o->temperature, o->seed,
+                       stdout, why, sizeof why);
+  printf("\n");
+  if (xs.data) free((void *)prompt);
+  pmap_example_data_free(&xs, &ys);
+  return rc ? failf(r, "%s", why) : 0;
+}
+
 int main(int argc, char **argv) {
   opts o;
   if (train_parse(argc, argv, &o)) {
@@ -251,6 +312,8 @@ int main(int argc, char **argv) {
                   .eval_loss = NAN,
                   .eval_accuracy = NAN,
                   .mfu = NAN,
+                  .tps = NAN,
+                  .gflops = NAN,
                   .procs = -1,
                   .start = -1};
       snprintf(r.err, sizeof r.err, "%s", cli_last_error());
@@ -271,7 +334,10 @@ int main(int argc, char **argv) {
               .eval_loss = NAN,
               .eval_accuracy = NAN,
               .mfu = NAN,
+              .tps = NAN,
+              .gflops = NAN,
               .procs = 1};
+  text_data text = {0};
   train_data data = {0};
   char why[1024];
   pmap_example_info info;
@@ -292,6 +358,13 @@ int main(int argc, char **argv) {
     }
     info = (pmap_example_info){"npy", 1000, 64, data.train_rows, pmap_adam(0.001f)};
     if (o.batch < 0 && info.batch > data.train_rows) info.batch = data.train_rows;
+  } else if (o.text) {
+    if (text_load(o.text, o.context, o.have_eval ? o.eval_fraction : 0.1, o.seed + 1, &text, why,
+                  sizeof why)) {
+      failf(&r, "%s", why);
+      goto out;
+    }
+    info = (pmap_example_info){"text", 300, 32, 32, pmap_adam(0.003f)};
   } else if (pmap_example_info_get(o.model, &info)) {
     fail(&r, "--model");
     goto out;
@@ -303,6 +376,7 @@ int main(int argc, char **argv) {
   if (o.steps < 0) o.steps = info.steps;
   if (o.batch < 0) o.batch = info.batch;
   if (o.samples < 0 || o.data) o.samples = info.samples;
+  if (o.text) o.samples = o.batch; /* windows are drawn per step: one "batch" of data */
   if (o.have_lr) info.opt.lr = o.lr;
   info.opt.clip_norm = o.clip_norm;
   r.steps = o.steps;
@@ -312,10 +386,8 @@ int main(int argc, char **argv) {
   int64_t batches = rows / o.batch;
 
   if (o.inspect) {
-    int no_model = o.data ? train_data_model(&data, o.hidden, o.n_hidden, &model, why, sizeof why)
-                          : pmap_example_model(o.model, &model) != PMAP_SUCCESS;
-    if (no_model) {
-      failf(&r, "--inspect: cannot build the model: %s", o.data ? why : pmap_last_error());
+    if (make_model(&o, &data, &model, why, sizeof why)) {
+      failf(&r, "--inspect: cannot build the model: %s", why);
       code = 1;
       if (o.json) print_json(&o, &r);
     } else {
@@ -352,15 +424,12 @@ int main(int argc, char **argv) {
     failf(&r, "global batch %lld is not divisible by %d devices", (long long)o.batch, n * procs);
     goto out;
   }
-  if (o.data) {
-    if (train_data_model(&data, o.hidden, o.n_hidden, &model, why, sizeof why)) {
-      failf(&r, "%s", why);
-      goto out;
-    }
-  } else if (pmap_example_model(o.model, &model)) {
-    fail(&r, "cannot build the model");
+  if (make_model(&o, &data, &model, why, sizeof why)) {
+    failf(&r, "cannot build the model: %s", why);
     goto out;
   }
+  int lm = o.text || !strcmp(o.model, "gpt-mini");
+  double flops_per_sample = 6.0 * pmap_model_forward_macs(model);
   if (pmap_params_create(ctx, model, &info.opt, o.seed, &params)) {
     fail(&r, "cannot create the parameters");
     goto out;
@@ -369,7 +438,11 @@ int main(int argc, char **argv) {
     fail(&r, "--micro-batches");
     goto out;
   }
-  if (!o.data && pmap_example_data(o.model, o.seed + 1, rows, &xs, &ys)) {
+  if (lm && !o.text && pmap_copy_task_data(o.seed + 1, rows, o.context, &xs, &ys)) {
+    fail(&r, "cannot make the data");
+    goto out;
+  }
+  if (!o.data && !lm && pmap_example_data(o.model, o.seed + 1, rows, &xs, &ys)) {
     fail(&r, "cannot make the data");
     goto out;
   }
@@ -400,6 +473,10 @@ int main(int argc, char **argv) {
   }
   r.have_plan = 1;
   if (o.resume) printf("resumed from %s at step %lld\n", o.resume, (long long)start);
+  if (o.text)
+    printf("text: %s, %lld bytes (%lld for training, %lld held out), context %lld\n", o.text,
+           (long long)text.n, (long long)text.train_n, (long long)(text.n - text.train_n),
+           (long long)o.context);
   if (o.data)
     printf("data: %s %s, %lld rows (%lld for training, %lld held out), %lld %s\n", o.data, o.labels,
            (long long)data.rows, (long long)data.train_rows, (long long)data.eval_rows,
@@ -438,7 +515,14 @@ int main(int argc, char **argv) {
     int64_t first = (s % batches) * o.batch;
     pmap_array xb = xs, yb = ys;
     int64_t mine = o.batch / procs; /* this process's rows of the global batch */
-    if (o.data) {
+    if (o.text) {
+      if (text_batch(&text, s, o.batch, &xb, &yb, why, sizeof why)) {
+        failf(&r, "%s", why);
+        goto out;
+      }
+      xb.data = (int32_t *)xb.data + (size_t)(me * mine) * (size_t)o.context;
+      yb.data = (int32_t *)yb.data + (size_t)(me * mine) * (size_t)o.context;
+    } else if (o.data) {
       if (train_data_batch(&data, s, o.batch, &xb, &yb, why, sizeof why)) {
         failf(&r, "%s", why);
         goto out;
@@ -471,11 +555,21 @@ int main(int argc, char **argv) {
       curve[ncurve++] = loss;
     }
     watch_progress_step(&bar, s, loss, busy);
-    if (o.log_every && (s % o.log_every == 0 || s == o.steps - 1) && (!bar.bar || data.eval_rows)) {
+    if (o.log_every && (s % o.log_every == 0 || s == o.steps - 1) &&
+        (!bar.bar || data.eval_rows || o.text)) {
       /* Throughput over the steps since the previous line. */
       watch_progress_break(&bar);
-      printf("step %6lld  loss %.6f  samples/s %.0f", (long long)s, (double)loss,
-             (double)(s + 1 - last_step) * (double)o.batch / (busy - last_busy));
+      double rate = (double)(s + 1 - last_step) * (double)o.batch / (busy - last_busy);
+      printf("step %6lld  loss %.6f  samples/s %.0f", (long long)s, (double)loss, rate);
+      if (lm) printf("  tokens/s %.0f", rate * (double)o.context);
+      if (o.text) {
+        if (text_eval(&text, params, n, &r.eval_loss, why, sizeof why)) {
+          printf("\n");
+          failf(&r, "step %lld: held-out loss: %s", (long long)s, why);
+          goto out;
+        }
+        printf("  eval loss %.4f  ppl %.3f", r.eval_loss, exp(r.eval_loss));
+      }
       if (data.eval_rows) {
         if (train_data_eval(&data, params, n, &r.eval_loss, &r.eval_accuracy, why, sizeof why)) {
           printf("\n");
@@ -539,6 +633,20 @@ int main(int argc, char **argv) {
   if (replicas_identical(&r, params, me * n, w0, P, why, sizeof why)) goto out;
   printf("final loss %.6f after %lld steps, %.0f samples/s, replicas identical: %s\n", (double)loss,
          (long long)o.steps, sps, r.identical ? "yes" : "NO");
+  if (lm && isfinite(sps)) {
+    r.tps = sps * (double)o.context;
+    r.gflops = sps * flops_per_sample / 1e9;
+    printf("tokens/s %.0f, model %.3g GFLOP/s (6 x %.4g M forward multiply-adds per window)\n",
+           r.tps, r.gflops, flops_per_sample / 6e6);
+  }
+  if (o.text) {
+    if (text_eval(&text, params, n, &r.eval_loss, why, sizeof why)) {
+      failf(&r, "held-out loss: %s", why);
+      goto out;
+    }
+    printf("held out: loss %.6f nats per byte, perplexity %.4f\n", r.eval_loss, exp(r.eval_loss));
+  }
+  if (o.sample && sample(&r, &o, params, n, &text)) goto out;
   if (!strcmp(o.model, "linear")) {
     printf("w = %.4f, b = %.4f\n", (double)w0[0], (double)w0[1]);
     r.have_wb = 1;
@@ -568,6 +676,7 @@ out:
   free(w0);
   pmap_example_data_free(&xs, &ys);
   train_data_free(&data);
+  text_free(&text);
   pmap_params_destroy(params);
   pmap_model_destroy(model);
   pmap_ctx_destroy(ctx);

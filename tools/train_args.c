@@ -16,6 +16,13 @@ static int fraction_check(const char *p, const cli_option *o, const char *v) {
   return 0;
 }
 
+static int temperature_check(const char *p, const cli_option *o, const char *v) {
+  float t = *(const float *)o->dest;
+  if (!(t >= 0.0f) || !isfinite(t))
+    return cli_error(p, "--temperature \"%s\" must be a finite number >= 0 (0: greedy)", v);
+  return 0;
+}
+
 static int clip_check(const char *p, const cli_option *o, const char *v) {
   float c = *(const float *)o->dest;
   if (!(c >= 0.0f) || !isfinite(c))
@@ -38,15 +45,18 @@ int train_parse(int argc, char **argv, opts *o) {
               .log_every = -1,
               .micro = 1,
               .hidden = {128, 64},
-              .n_hidden = 2};
+              .n_hidden = 2,
+              .context = 64,
+              .depth = 4,
+              .width = 128,
+              .heads = 4};
   const cli_option table[] = {
       {.name = "--model",
        .kind = CLI_STRING,
        .dest = &o->model,
        .arg = "NAME",
-       .help =
-           "example model: linear, mlp, convnet, mlp-1024, cifar-cnn, res-mlp or cifar-bn (default "
-           "linear)",
+       .help = "example model: linear, mlp, convnet, mlp-1024, cifar-cnn, res-mlp, cifar-bn or "
+               "gpt-mini (default linear)",
        .given = &o->have_model},
       {.name = "--data",
        .kind = CLI_STRING,
@@ -79,7 +89,77 @@ int train_parse(int argc, char **argv, opts *o) {
        .help = "with --data: rows held out (after a shuffle from --seed) and evaluated at each "
                "progress "
                "line and at the end: loss, and accuracy for labels (default 0)",
-       .check = fraction_check},
+       .check = fraction_check,
+       .given = &o->have_eval},
+      {.name = "--text",
+       .kind = CLI_STRING,
+       .dest = &o->text,
+       .arg = "FILE",
+       .help = "train a byte-level language model (gpt-mini's transformer, sized by --context, "
+               "--depth, --width, --heads) on any file: each step takes --batch windows of "
+               "--context + 1 bytes at places drawn from --seed and the step; the last "
+               "--eval-fraction of the file (default 0.1) is held out for the loss and "
+               "perplexity at each progress line. Adam lr 0.003, batch 32, 300 steps unless given"},
+      {.name = "--context",
+       .kind = CLI_INT,
+       .dest = &o->context,
+       .arg = "T",
+       .help = "gpt-mini and --text: tokens per window (default 64)",
+       .lo = 2,
+       .hi = 4096,
+       .given = &o->have_size},
+      {.name = "--depth",
+       .kind = CLI_INT,
+       .dest = &o->depth,
+       .arg = "L",
+       .help = "gpt-mini and --text: transformer blocks (default 4)",
+       .lo = 1,
+       .hi = 64,
+       .given = &o->have_size},
+      {.name = "--width",
+       .kind = CLI_INT,
+       .dest = &o->width,
+       .arg = "D",
+       .help = "gpt-mini and --text: model width, a multiple of --heads (default 128)",
+       .lo = 1,
+       .hi = 65536,
+       .given = &o->have_size},
+      {.name = "--heads",
+       .kind = CLI_INT,
+       .dest = &o->heads,
+       .arg = "H",
+       .help = "gpt-mini and --text: attention heads, each of width / heads (default 4)",
+       .lo = 1,
+       .hi = 1024,
+       .given = &o->have_size},
+      {.name = "--untied-head",
+       .kind = CLI_FLAG,
+       .dest = &o->untied,
+       .arg = NULL,
+       .help = "gpt-mini and --text: the output layer has weights of its own (default: tied to "
+               "the token embedding)",
+       .flag = 1},
+      {.name = "--sample",
+       .kind = CLI_INT,
+       .dest = &o->sample,
+       .arg = "N",
+       .help = "gpt-mini and --text: after training (or a --resume at its last step) print N bytes "
+               "generated after --prompt (default: for --text the first context/2 bytes held "
+               "out, for gpt-mini the first half of a copy-task sequence)",
+       .lo = 1,
+       .hi = 1 << 20},
+      {.name = "--prompt",
+       .kind = CLI_STRING,
+       .dest = &o->prompt,
+       .arg = "TEXT",
+       .help = "with --sample: the bytes to continue"},
+      {.name = "--temperature",
+       .kind = CLI_FLOAT,
+       .dest = &o->temperature,
+       .arg = "X",
+       .help = "with --sample: 0 picks the most likely byte (default), X > 0 draws from "
+               "softmax(logits / X) with --seed",
+       .check = temperature_check},
       {.name = "--devices",
        .kind = CLI_INT,
        .dest = &o->devices,
@@ -273,6 +353,22 @@ int train_parse(int argc, char **argv, opts *o) {
   if (o->data && o->have_model)
     return cli_error(prog, "--data trains an MLP sized from the data; it does not take --model");
   if (o->data) o->model = "npy";
+  if (o->text && (o->data || o->have_model))
+    return cli_error(prog,
+                     "--text trains a language model on the file; it does not take --data "
+                     "or --model");
+  int lm = o->text || !strcmp(o->model, "gpt-mini");
+  if (!lm && (o->have_size || o->untied || o->sample))
+    return cli_error(prog,
+                     "--context, --depth, --width, --heads, --untied-head and --sample "
+                     "need --model gpt-mini or --text");
+  if (lm && o->width % o->heads)
+    return cli_error(prog, "--width %lld is not a multiple of --heads %lld", (long long)o->width,
+                     (long long)o->heads);
+  if ((o->prompt || o->temperature > 0.0f) && !o->sample)
+    return cli_error(prog, "--prompt and --temperature go with --sample N");
+  if (o->prompt && !*o->prompt) return cli_error(prog, "--prompt is empty");
+  if (o->text) o->model = "text";
   if (o->save_every && !o->save) return cli_error(prog, "--save-every needs --save FILE");
   if (o->trace_steps && !o->trace) return cli_error(prog, "--trace-steps needs --trace FILE");
   return 0;

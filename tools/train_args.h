@@ -21,6 +21,11 @@ typedef struct opts {
   float lr, clip_norm;
   int have_lr, json, no_guard, shard;
   uint64_t seed;
+  /* language models (gpt-mini, --text): the transformer's size, sampling */
+  const char *text, *prompt;
+  int64_t context, depth, width, heads, sample;
+  int untied, have_eval, have_size;
+  float temperature;
 } opts;
 
 /* Reads argv into *o (defaults first) with the option table of train_args.c; prints the help

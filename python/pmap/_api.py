@@ -8,10 +8,10 @@ from . import _lib
 from . import _convert
 from ._convert import F32, I32, INT32, INT64, array, choice, flag, integer, real
 from ._handle import Handle
-from ._lib import ArgumentTypeError, Config, Optimizer, check, lib
+from ._lib import ArgumentError, ArgumentTypeError, Config, Error, Optimizer, check, lib
 
 _BACKENDS = {"auto": 0, "cpu": 1, "cuda": 2}
-_LOSSES = {"mse": 0, "softmax_xent": 1}
+_LOSSES = {"mse": 0, "softmax_xent": 1, "token_xent": 2}
 _KINDS = {"sgd": 0, "adam": 1, "adamw": 2}
 _SCHEDULES = {"constant": 0, "warmup_cosine": 1, "warmup_linear": 2}
 _UINT64 = (0, 2 ** 64 - 1)
@@ -91,14 +91,25 @@ class Model:
         check(lib.pmap_model_create(len(shape), c, ctypes.byref(raw)))
         self.input_shape = shape
         self._layers = []  # (method, arguments): what copying and pickling replay
+        self._shapes = []  # each layer's (input shape, output shape): the parameter layout
         self._loss = "mse"
+        self._tokens = False  # the first layer is an embedding: xs are int32 token ids
         self._handle = Handle("model", raw, lib.pmap_model_destroy, process_bound=False)
 
     def _add(self, method, fn, *args, record=None):
         with self._handle.use(f"Model.{method}") as h:
+            before = self._shape_of(h)
             check(fn(h, *args))
             self._layers.append((method, args if record is None else record))
+            self._shapes.append((before, self._shape_of(h)))
         return self
+
+    @staticmethod
+    def _shape_of(h):
+        rank = ctypes.c_int()
+        shape = (ctypes.c_int64 * _lib.MAX_RANK)()
+        lib.pmap_model_output_shape(h, ctypes.byref(rank), shape)
+        return tuple(shape[i] for i in range(rank.value))
 
     def dense(self, units):
         return self._add("dense", lib.pmap_model_add_dense, integer("units", units, *INT64))
@@ -153,6 +164,74 @@ class Model:
         return self._add("batchnorm", lib.pmap_model_add_batchnorm,
                          flag("cross_replica", cross_replica))
 
+    # Transformers (docs/models.md, "Transformers").
+    def embedding(self, vocab, dim):
+        """The first layer of a model of input_shape=(T,): int32 token ids in [0, vocab) ->
+        (T, dim) rows of a table (vocab, dim). The model then takes integer xs."""
+        self._add("embedding", lib.pmap_model_add_embedding, integer("vocab", vocab, *INT64),
+                  integer("dim", dim, *INT64))
+        self._tokens = True
+        return self
+
+    def pos_embedding(self):
+        """(T, D) + a learned (T, D) table."""
+        return self._add("pos_embedding", lib.pmap_model_add_pos_embedding)
+
+    def token_dense(self, units):
+        """(T, F) -> (T, units): the same dense layer on every token."""
+        return self._add("token_dense", lib.pmap_model_add_token_dense,
+                         integer("units", units, *INT64))
+
+    def token_layernorm(self):
+        """(T, F): each token normalised over its F features."""
+        return self._add("token_layernorm", lib.pmap_model_add_token_layernorm)
+
+    def causal_attention(self, heads, head_size):
+        """(T, D) -> (T, D): causal multi-head self-attention."""
+        return self._add("causal_attention", lib.pmap_model_add_causal_attention,
+                         integer("heads", heads, *INT32), integer("head_size", head_size, *INT32))
+
+    def lm_head(self, tied=True):
+        """(T, D) -> (T, vocab) logits, with the token embedding's table (tied) or weights of
+        its own; sets the loss to "token_xent" (ys: int32 (rows, T) next tokens)."""
+        self._add("lm_head", lib.pmap_model_add_lm_head, flag("tied", tied))
+        self._loss = "token_xent"
+        return self
+
+    def _blocks(self):
+        """[(name, shape)] of the flat parameter vector, in order (docs/models.md, "Parameter
+        layout"); a tied head has none of its own."""
+        out = []
+        for i, ((method, args), (a, b)) in enumerate(zip(self._layers, self._shapes)):
+            size = int(np.prod(a)) if a else 0
+            if method == "dense":
+                blocks = [("w", (size, b[0])), ("b", (b[0],))]
+            elif method == "conv2d":
+                kh, kw = args[1]
+                blocks = [("w", (b[0], a[0], kh, kw)), ("b", (b[0],))]
+            elif method == "layernorm":
+                blocks = [("gamma", a), ("beta", a)]
+            elif method == "batchnorm":
+                c = (a[0],)
+                blocks = [("gamma", c), ("beta", c), ("running_mean", c), ("running_var", c)]
+            elif method == "embedding":
+                blocks = [("table", (args[0], b[1]))]
+            elif method == "pos_embedding":
+                blocks = [("table", a)]
+            elif method == "token_dense":
+                blocks = [("w", (a[1], b[1])), ("b", (b[1],))]
+            elif method == "token_layernorm":
+                blocks = [("gamma", (a[1],)), ("beta", (a[1],))]
+            elif method == "causal_attention":
+                d, e = a[1], args[0] * args[1]
+                blocks = [("wqkv", (d, 3 * e)), ("wo", (e, d)), ("bqkv", (3 * e,)), ("bo", (d,))]
+            elif method == "lm_head" and not args[0]:
+                blocks = [("w", (a[1], b[1])), ("b", (b[1],))]
+            else:
+                blocks = []
+            out += [(f"{i}.{method}.{n}", tuple(int(x) for x in s)) for n, s in blocks]
+        return out
+
     def begin_residual(self):
         """The layers until end_residual() form f; the block computes x + f(x)."""
         return self._add("begin_residual", lib.pmap_model_begin_residual)
@@ -194,6 +273,12 @@ class Model:
 
     def __reduce__(self):
         return (_model_from_layers, self._recipe("pickle(Model)"))
+
+    @property
+    def parameter_shapes(self):
+        """{name: shape} of every parameter block, in the flat vector's order."""
+        with self._handle.use("Model.parameter_shapes"):
+            return dict(self._blocks())
 
     def __repr__(self):
         calls = "".join(f".{m}({', '.join(map(repr, a))})" for m, a in self._layers)
@@ -325,8 +410,10 @@ class Params:
             shape = (ctypes.c_int64 * _lib.MAX_RANK)()
             lib.pmap_model_output_shape(m, ctypes.byref(out), shape)
             self._ctx = ctx
-            self._classify = model._loss == "softmax_xent"
+            self._classify = model._loss in ("softmax_xent", "token_xent")
+            self._tokens = model._tokens
             self._out = tuple(shape[i] for i in range(out.value))
+            self._blocks = model._blocks()
             self._handle = Handle("params", raw, _destroy_params, process_bound=True)
             ctx._children.add(self._handle)
 
@@ -355,9 +442,14 @@ class Params:
         with self._use("Params.step") as h:
             return lib.pmap_params_step(h)
 
+    def _xs(self, xs, keep):
+        if self._tokens:  # token ids: integers, range-checked by the library
+            return array(xs, I32, "xs", keep, classes=self._out[-1])
+        return array(xs, F32, "xs", keep)
+
     def _ys(self, ys, keep):
         if self._classify:
-            return array(ys, I32, "ys", keep, classes=self._out[0])
+            return array(ys, I32, "ys", keep, classes=self._out[-1])
         return array(ys, F32, "ys", keep)
 
     def update(self, xs, ys):
@@ -366,7 +458,7 @@ class Params:
         range is refused); labels (softmax_xent) are integers in [0, K). Complex, object or
         string arrays are refused."""
         keep = []
-        x = array(xs, F32, "xs", keep)
+        x = self._xs(xs, keep)
         y = self._ys(ys, keep)
         loss = ctypes.c_float()
         with self._use("Params.update") as h:
@@ -376,7 +468,7 @@ class Params:
     def predict(self, xs):
         """The model's outputs for xs, an ndarray (rows, outputs...) float32."""
         keep = []
-        x = array(xs, F32, "xs", keep)
+        x = self._xs(xs, keep)
         out = np.empty((x.shape[0],) + self._out, dtype=np.float32)
         o = array(out, F32, "out", keep)
         with self._use("Params.predict") as h:
@@ -398,6 +490,40 @@ class Params:
         with self._use("Params.write") as h:
             check(lib.pmap_params_write(h, a.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
                                         a.size))
+
+    def named(self, device=0):
+        """{name: ndarray} of device `device`'s parameters, each block with its shape
+        ("3.causal_attention.wqkv": (D, 3E), ...; Model.parameter_shapes); copies."""
+        flat = self.read(device)
+        out, at = {}, 0
+        for name, shape in self._blocks:
+            n = int(np.prod(shape))
+            out[name] = flat[at:at + n].reshape(shape).copy()
+            at += n
+        if at != flat.size:
+            raise Error(f"Params.named: the layout covers {at} of {flat.size} parameters")
+        return out
+
+    def set_named(self, values):
+        """Sets the blocks named in values (a dict as named() gives, any subset) on every
+        replica, the rest unchanged; a name or shape that does not match is refused before
+        anything changes."""
+        flat = self.read(0)
+        where, at = {}, 0
+        for name, shape in self._blocks:
+            n = int(np.prod(shape))
+            where[name] = (at, shape)
+            at += n
+        for name, v in values.items():
+            if name not in where:
+                raise ArgumentError(f"Params.set_named: no parameter block {name!r}")
+            a = np.asarray(v)
+            if a.shape != where[name][1]:
+                raise ArgumentError(f"Params.set_named: {name} has shape {where[name][1]}, got "
+                                    f"{a.shape}")
+            at, shape = where[name]
+            flat[at:at + a.size] = _convert.values(a, name)
+        self.write(flat)
 
     def set_micro_batches(self, k):
         k = integer("micro-batches", k, *INT32)

@@ -225,13 +225,14 @@ int main(void) {
   if (n > gpus && gpu_ctx(n, gpus, 0.0, &probe) != PMAP_SUCCESS) n = 1;
   pmap_ctx_destroy(probe);
   if (test_failures) return test_exit("gpu_pmap");
-  /* res-mlp: layer norm, GELU, residual blocks; cifar-bn: batch norm across devices, pooling.
+  /* res-mlp: layer norm, GELU, residual blocks; cifar-bn: batch norm across devices, pooling;
+   * gpt-mini: token ids, embeddings, causal attention, the tied head.
    * Quick (PMAP_GPU_TEST_QUICK=1): the dense model, the large one and the one with collectives
    * inside its layers, the sharded optimizer on one, no convergence runs. */
-  static const char *const models[] = {"linear",    "mlp",     "convnet", "mlp-1024",
-                                       "cifar-cnn", "res-mlp", "cifar-bn"};
+  static const char *const models[] = {"linear",    "mlp",     "convnet",  "mlp-1024",
+                                       "cifar-cnn", "res-mlp", "cifar-bn", "gpt-mini"};
   int quick = gpu_test_quick();
-  for (int i = 0; i < 7; i++)
+  for (int i = 0; i < 8; i++)
     if (!quick || i == 1 || i == 3 || i == 6) test_agreement(models[i], n, gpus);
   if (n > 1) {
     test_shard_agreement("mlp", n, gpus);

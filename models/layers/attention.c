@@ -1,0 +1,182 @@
+/* attention.c: causal multi-head self-attention over (T, D) token vectors: qkv (T, 3E) = x Wqkv +
+ * bqkv with E = heads x head_size, per head S = Q K^T (T, T), P = causal softmax(S / sqrt(hs)),
+ * O = P V, then y (T, D) = O Wo + bo. The per-head products are strided GEMM batches (one call
+ * per example over its heads). qkv, P and O stay in scratch from forward to backward: the
+ * activations take O(B H T^2) floats (P and its gradient) beside O(B T E). */
+#include <math.h>
+
+#include "models/model.h"
+#include "base/error.h"
+
+typedef struct attn_settings {
+  int64_t heads, hs;
+} attn_settings;
+LAYER_SETTINGS_FIT(attn_settings);
+
+/* The shapes of one layer and its scratch over bd examples. */
+typedef struct attn_dims {
+  int64_t t, d, h, hs, e, rows;
+  float scale;
+} attn_dims;
+
+static attn_dims dims_of(const layer *l, int64_t bd) {
+  const attn_settings *s = LAYER_SETTINGS_CONST(attn_settings, l);
+  attn_dims a = {.t = l->in_shape[0], .d = l->in_shape[1], .h = s->heads, .hs = s->hs};
+  a.e = a.h * a.hs;
+  a.rows = bd * a.t;
+  a.scale = (float)(1.0 / sqrt((double)a.hs));
+  return a;
+}
+
+/* r->aux[i] over bd examples: qkv (rows, 3E), P (bd, H, T, T), O (rows, E), then backward's
+ * dO (rows, E), dP (bd, H, T, T), dqkv (rows, 3E). */
+typedef struct attn_buf {
+  float *qkv, *p, *o, *d_o, *dp, *dqkv;
+} attn_buf;
+
+static attn_buf bufs_of(const attn_dims *a, float *aux, int64_t bd) {
+  attn_buf b;
+  b.qkv = aux;
+  b.p = b.qkv + a->rows * 3 * a->e;
+  b.o = b.p + bd * a->h * a->t * a->t;
+  b.d_o = b.o + a->rows * a->e;
+  b.dp = b.d_o + a->rows * a->e;
+  b.dqkv = b.dp + bd * a->h * a->t * a->t;
+  return b;
+}
+
+static pmap_status forward(pmap_device *dev, const layer *l, replica *r, int i, const float *in,
+                           float *y, const float **out, int64_t bd) {
+  (void)dev, (void)out;
+  const pmap_ops *ops = r->ops;
+  attn_dims a = dims_of(l, bd);
+  attn_buf b = bufs_of(&a, r->aux[i], bd);
+  int64_t e3 = 3 * a.e, tt = a.t * a.t;
+  const float *wqkv = r->w + l->w_off, *wo = wqkv + a.d * e3;
+  const float *bqkv = r->w + l->b_off, *bo = bqkv + e3;
+  PMAP_TRY(ops->gemm(r->q, 0, 0, a.rows, e3, a.d, 1.0f, in, a.d, wqkv, e3, 0.0f, b.qkv, e3));
+  PMAP_TRY(ops->bias_forward(r->q, b.qkv, bqkv, a.rows, e3, 1));
+  for (int64_t n = 0; n < bd; n++) { /* S_h = Q_h K_h^T for the example's heads */
+    const float *qn = b.qkv + n * a.t * e3;
+    PMAP_TRY(ops->gemm_strided(r->q, 0, 1, a.t, a.t, a.hs, 1.0f, qn, e3, a.hs, qn + a.e, e3, a.hs,
+                               0.0f, b.p + n * a.h * tt, a.t, tt, a.h));
+  }
+  PMAP_TRY(ops->causal_softmax_forward(r->q, b.p, b.p, bd * a.h, a.t, a.scale));
+  for (int64_t n = 0; n < bd; n++) { /* O_h = P_h V_h */
+    const float *qn = b.qkv + n * a.t * e3;
+    PMAP_TRY(ops->gemm_strided(r->q, 0, 0, a.t, a.hs, a.t, 1.0f, b.p + n * a.h * tt, a.t, tt,
+                               qn + 2 * a.e, e3, a.hs, 0.0f, b.o + n * a.t * a.e, a.e, a.hs, a.h));
+  }
+  PMAP_TRY(ops->gemm(r->q, 0, 0, a.rows, a.d, a.e, 1.0f, b.o, a.e, wo, a.d, 0.0f, y, a.d));
+  return ops->bias_forward(r->q, y, bo, a.rows, a.d, 1);
+}
+
+static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i, const float *dy,
+                            float *dx, const float **dx_out, int64_t bd) {
+  (void)dev, (void)dx_out;
+  const pmap_ops *ops = r->ops;
+  attn_dims a = dims_of(l, bd);
+  attn_buf b = bufs_of(&a, r->aux[i], bd);
+  int64_t e3 = 3 * a.e, tt = a.t * a.t;
+  const float *wqkv = r->w + l->w_off, *wo = wqkv + a.d * e3;
+  float *gwqkv = r->g + l->w_off, *gwo = gwqkv + a.d * e3;
+  float *gbqkv = r->g + l->b_off, *gbo = gbqkv + e3;
+  /* the output projection: dWo += O^T dy, dbo += sum dy, dO = dy Wo^T */
+  PMAP_TRY(ops->gemm(r->q, 1, 0, a.e, a.d, a.rows, 1.0f, b.o, a.e, dy, a.d, 1.0f, gwo, a.d));
+  PMAP_TRY(ops->bias_backward(r->q, dy, gbo, a.rows, a.d, 1));
+  PMAP_TRY(ops->gemm(r->q, 0, 1, a.rows, a.e, a.d, 1.0f, dy, a.d, wo, a.d, 0.0f, b.d_o, a.e));
+  for (int64_t n = 0; n < bd; n++) { /* dP_h = dO_h V_h^T, dV_h = P_h^T dO_h */
+    const float *qn = b.qkv + n * a.t * e3, *don = b.d_o + n * a.t * a.e;
+    float *dqn = b.dqkv + n * a.t * e3;
+    PMAP_TRY(ops->gemm_strided(r->q, 0, 1, a.t, a.t, a.hs, 1.0f, don, a.e, a.hs, qn + 2 * a.e, e3,
+                               a.hs, 0.0f, b.dp + n * a.h * tt, a.t, tt, a.h));
+    PMAP_TRY(ops->gemm_strided(r->q, 1, 0, a.t, a.hs, a.t, 1.0f, b.p + n * a.h * tt, a.t, tt, don,
+                               a.e, a.hs, 0.0f, dqn + 2 * a.e, e3, a.hs, a.h));
+  }
+  PMAP_TRY(ops->causal_softmax_backward(r->q, b.p, b.dp, b.dp, bd * a.h, a.t, a.scale));
+  for (int64_t n = 0; n < bd; n++) { /* dQ_h = dS_h K_h, dK_h = dS_h^T Q_h */
+    const float *qn = b.qkv + n * a.t * e3, *dsn = b.dp + n * a.h * tt;
+    float *dqn = b.dqkv + n * a.t * e3;
+    PMAP_TRY(ops->gemm_strided(r->q, 0, 0, a.t, a.hs, a.t, 1.0f, dsn, a.t, tt, qn + a.e, e3, a.hs,
+                               0.0f, dqn, e3, a.hs, a.h));
+    PMAP_TRY(ops->gemm_strided(r->q, 1, 0, a.t, a.hs, a.t, 1.0f, dsn, a.t, tt, qn, e3, a.hs, 0.0f,
+                               dqn + a.e, e3, a.hs, a.h));
+  }
+  /* the input projection: dWqkv += x^T dqkv, dbqkv += sum dqkv, dx = dqkv Wqkv^T */
+  PMAP_TRY(
+      ops->gemm(r->q, 1, 0, a.d, e3, a.rows, 1.0f, r->in[i], a.d, b.dqkv, e3, 1.0f, gwqkv, e3));
+  PMAP_TRY(ops->bias_backward(r->q, b.dqkv, gbqkv, a.rows, e3, 1));
+  if (!dx) return PMAP_SUCCESS;
+  return ops->gemm(r->q, 0, 1, a.rows, a.d, e3, 1.0f, b.dqkv, e3, wqkv, e3, 0.0f, dx, a.d);
+}
+
+/* Both projections ~ N(0, gain / D) and N(0, 1 / E) by their fan-in, biases 0. */
+static void init(const layer *l, double gain, struct pmap_rng *rng, float *w) {
+  attn_dims a = dims_of(l, 1);
+  layer qkv = *l, o = *l;
+  qkv.w_size = (size_t)(a.d * 3 * a.e);
+  qkv.b_size = l->b_size;
+  o.w_off = l->w_off + qkv.w_size;
+  o.w_size = (size_t)(a.e * a.d);
+  o.b_size = 0;
+  layer_init_fan_in(&qkv, a.d, 1.0, rng, w);
+  layer_init_fan_in(&o, a.e, gain, rng, w);
+}
+
+static void geometry(const layer *l, uint32_t g[4]) {
+  const attn_settings *s = LAYER_SETTINGS_CONST(attn_settings, l);
+  g[0] = (uint32_t)s->heads;
+  g[1] = (uint32_t)s->hs;
+}
+
+/* The projections and both per-head products over the full T x T (the GEMMs compute the
+ * masked half too). */
+static double macs(const layer *l) {
+  attn_dims a = dims_of(l, 1);
+  return (double)a.t * (double)a.d * 4.0 * (double)a.e + 2.0 * (double)a.t * (double)a.t * a.e;
+}
+
+static void describe(const layer *l, FILE *f) {
+  const attn_settings *s = LAYER_SETTINGS_CONST(attn_settings, l);
+  fprintf(f, ", \"context\": %lld, \"dim\": %lld, \"heads\": %lld, \"head_size\": %lld",
+          (long long)l->in_shape[0], (long long)l->in_shape[1], (long long)s->heads,
+          (long long)s->hs);
+}
+
+static const layer_class attention_class = {
+    .name = "causal_attention",
+    .code = 17,
+    .forward = forward,
+    .backward = backward,
+    .init = init,
+    .geometry = geometry,
+    .macs = macs,
+    .describe = describe,
+};
+
+pmap_status pmap_model_add_causal_attention(pmap_model *m, int heads, int head_size) {
+  const char *call = "pmap_model_add_causal_attention";
+  layer l;
+  PMAP_TRY(layer_start(m, &attention_class, call, &l));
+  if (l.in_rank != 2)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: input of rank %d; it takes (T, D) token vectors", call, l.in_rank);
+  if (heads < 1 || heads > 1024 || head_size < 1 || head_size > 4096)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: heads %d must be in 1..1024 and head_size %d in 1..4096", call, heads,
+                    head_size);
+  int64_t t = l.in_shape[0], d = l.in_shape[1], e = (int64_t)heads * head_size;
+  if (t > 4096 || e * d > (1 << 26))
+    return PMAP_ERR(
+        PMAP_ERR_INVALID_ARGUMENT,
+        "%s: context %lld (at most 4096) or width %lld x heads %d x head_size %d is too "
+        "large",
+        call, (long long)t, (long long)d, heads, head_size);
+  attn_settings *s = LAYER_SETTINGS(attn_settings, &l);
+  s->heads = heads;
+  s->hs = head_size;
+  l.w_size = (size_t)(d * 3 * e + e * d);
+  l.b_size = (size_t)(3 * e + d);
+  l.aux_rows = (size_t)(2 * t * 3 * e + 2 * heads * t * t + 2 * t * e);
+  return model_push(m, l, call);
+}

@@ -1,0 +1,71 @@
+/* attention.c: CPU kernels of causal self-attention and token embeddings: the strided batch of
+ * GEMMs (a loop over cpu_gemm), the causal softmax and its backward (sums in double, in a fixed
+ * order), and the embedding's gather and its deterministic scatter-add. */
+#include <math.h>
+
+#include "base/error.h"
+#include "cpu_ops.h"
+
+pmap_status cpu_gemm_strided(op_queue *q, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                             float alpha, const float *a, int64_t lda, int64_t stride_a,
+                             const float *b, int64_t ldb, int64_t stride_b, float beta, float *c,
+                             int64_t ldc, int64_t stride_c, int64_t batch) {
+  for (int64_t i = 0; i < batch; i++)
+    PMAP_TRY(cpu_gemm(q, trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b,
+                      ldb, beta, c + i * stride_c, ldc));
+  return PMAP_SUCCESS;
+}
+
+pmap_status cpu_causal_softmax_forward(op_queue *q, const float *x, float *y, int64_t n, int64_t t,
+                                       float scale) {
+  (void)q;
+  for (int64_t r = 0; r < n * t; r++) {
+    int64_t i = r % t; /* the row's position: it sees columns 0..i */
+    const float *xr = x + r * t;
+    float *yr = y + r * t;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j <= i; j++)
+      if (scale * xr[j] > mx) mx = scale * xr[j];
+    double sum = 0.0;
+    for (int64_t j = 0; j <= i; j++) sum += exp((double)(scale * xr[j] - mx));
+    for (int64_t j = 0; j <= i; j++) yr[j] = (float)(exp((double)(scale * xr[j] - mx)) / sum);
+    for (int64_t j = i + 1; j < t; j++) yr[j] = 0.0f;
+  }
+  return PMAP_SUCCESS;
+}
+
+pmap_status cpu_causal_softmax_backward(op_queue *q, const float *y, const float *dy, float *dx,
+                                        int64_t n, int64_t t, float scale) {
+  (void)q;
+  for (int64_t r = 0; r < n * t; r++) {
+    int64_t i = r % t;
+    const float *yr = y + r * t, *dyr = dy + r * t;
+    float *dxr = dx + r * t;
+    double dot = 0.0;
+    for (int64_t j = 0; j <= i; j++) dot += (double)yr[j] * dyr[j];
+    for (int64_t j = 0; j <= i; j++) dxr[j] = (float)(scale * yr[j] * (dyr[j] - dot));
+    for (int64_t j = i + 1; j < t; j++) dxr[j] = 0.0f;
+  }
+  return PMAP_SUCCESS;
+}
+
+pmap_status cpu_embedding_forward(op_queue *q, const int32_t *ids, const float *table, int64_t n,
+                                  int64_t v, int64_t d, float *y) {
+  (void)q;
+  for (int64_t i = 0; i < n; i++) {
+    int64_t id = ids[i];
+    for (int64_t j = 0; j < d; j++) y[i * d + j] = id >= 0 && id < v ? table[id * d + j] : 0.0f;
+  }
+  return PMAP_SUCCESS;
+}
+
+pmap_status cpu_embedding_backward(op_queue *q, const int32_t *ids, const float *dy, int64_t n,
+                                   int64_t v, int64_t d, float *dtable) {
+  (void)q;
+  for (int64_t i = 0; i < n; i++) {
+    int64_t id = ids[i];
+    if (id < 0 || id >= v) continue;
+    for (int64_t j = 0; j < d; j++) dtable[id * d + j] += dy[i * d + j];
+  }
+  return PMAP_SUCCESS;
+}
