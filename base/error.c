@@ -37,8 +37,19 @@ const char *pmap_last_error(void) { return last_error; }
 const char *pmap_error_message(void) { return last_error; }
 void pmap_error_clear(void) { last_error[0] = '\0'; }
 
+/* Both on every job of a context (runtime/ctx.c): a copy, not a formatted print. */
 void pmap_error_copy(const char *msg) {
-  if (msg != last_error) snprintf(last_error, sizeof last_error, "%s", msg);
+  if (msg == last_error) return;
+  size_t n = strnlen(msg, sizeof last_error - 1);
+  memmove(last_error, msg, n);
+  last_error[n] = '\0';
+}
+
+void pmap_error_save(char *buf, size_t size) {
+  if (!size) return;
+  size_t n = strnlen(last_error, size - 1);
+  memcpy(buf, last_error, n);
+  buf[n] = '\0';
 }
 
 pmap_status pmap_set_error(pmap_status status, const char *fmt, ...) {

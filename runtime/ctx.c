@@ -249,7 +249,7 @@ static pmap_status dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg, int *own) {
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "a job is already running on this context (pmap_run is not re-entrant)");
   char last[1024];
-  snprintf(last, sizeof last, "%s", pmap_error_message());
+  pmap_error_save(last, sizeof last);
   /* Every worker is idle: reset the per-job state. */
   atomic_store(&ctx->abort, 0);
   atomic_store(&ctx->left, 0);
