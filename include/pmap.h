@@ -743,8 +743,10 @@ PMAP_API pmap_status pmap_barrier(pmap_device *dev);
  * (and at most 65536 spans per track and step). The file is written at once (empty, so that a
  * path that cannot be written fails here), and again by pmap_trace_stop or pmap_ctx_destroy.
  * Across processes each process writes its own file, "<path without .json>.p<process>.json".
+ * pmap_ctx_destroy cannot report a write that fails: the file then stays as last written.
  * The environment variable PMAP_TRACE=FILE (with PMAP_TRACE_STEPS=K or A..B) starts a recording
- * in every pmap_ctx_create. Off, nothing is recorded and a step pays one test of a NULL pointer
+ * in every pmap_ctx_create, each to that file: with several contexts in a process, the one
+ * written last is what the file holds (give each its own path with pmap_trace_start instead). Off, nothing is recorded and a step pays one test of a NULL pointer
  * per span it would record. On CUDA the layers, the loss and the optimizer are timed on the
  * device (CUDA events on its stream, read when its job ends and placed on the host's clock); the
  * waits, collectives and staging are host times (docs/tracing.md).
@@ -795,7 +797,8 @@ typedef struct pmap_memory_plan {
  * exactly what the backend allocates for the params once a step at that batch ran; on CUDA
  * the op queues' scratch, cuBLAS's workspace and the captured graphs of the fast paths come on
  * top. Params of pmap_params_create_custom have no activations pmap knows (0). Returns
- * PMAP_ERR_INVALID_ARGUMENT (params or out NULL, batch < 1 or too large to plan). */
+ * PMAP_ERR_INVALID_ARGUMENT (params or out NULL, batch < 1 or too large to plan, or not a
+ * multiple of the devices where pmap_update would refuse it: uneven_batches off). */
 PMAP_API pmap_status pmap_params_memory(const pmap_params *params, int64_t batch,
                                         pmap_memory_plan *out);
 

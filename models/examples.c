@@ -314,7 +314,11 @@ pmap_status pmap_gpt_model(const pmap_gpt_config *c, pmap_model **out) {
   return PMAP_SUCCESS;
 fail:
   pmap_model_destroy(m);
-  return st;
+  { /* a builder's message, under the call that was made */
+    char why[1024];
+    pmap_error_save(why, sizeof why);
+    return pmap_error_set(st, "%s: %s", call, why);
+  }
 }
 
 pmap_status pmap_copy_task_data(uint64_t seed, int64_t n, int64_t t, pmap_array *xs,

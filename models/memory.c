@@ -25,6 +25,11 @@ pmap_status pmap_params_memory(const pmap_params *p, int64_t batch, pmap_memory_
                     "%s: batch %lld is outside %d..%lld (at least a row per device of this "
                     "process)",
                     call, (long long)batch, n, (long long)(INT64_C(1) << 40));
+  if (!runtime_uneven(p->ctx) && batch % n != 0)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: batch %lld is not a multiple of this process's %d devices, which "
+                    "pmap_update refuses (pmap_config.uneven_batches is off)",
+                    call, (long long)batch, n);
   PMAP_TRY(pmap_ctx_lock(p->ctx, call));
   pmap_memory_plan m = {0};
   const pmap_model *model = p->model;

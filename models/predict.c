@@ -54,13 +54,19 @@ pmap_status pmap_predict(pmap_params *p, const pmap_array *xs, pmap_array *out) 
   pmap_status st = batch_check(p, xs, NULL, call, &c.batch);
   if (!st) st = params_mend(p, call);
   const layer *last = &p->model->layers[p->model->n_layers - 1];
-  char sh[160];
+  char sh[160], want[160];
   if (!st && (out->dtype != PMAP_F32 || out->rank != 1 + last->out_rank ||
-              out->shape[0] != xs->shape[0] || batch_numel_from(out, 1) != last->out_size))
-    st = PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: out must be f32 (%lld, %lld); got %s %s", call,
-                  (long long)xs->shape[0], (long long)last->out_size, batch_dtype_name(out->dtype),
+              out->shape[0] != xs->shape[0] || batch_numel_from(out, 1) != last->out_size)) {
+    size_t len = (size_t)snprintf(want, sizeof want, "(%lld", (long long)xs->shape[0]);
+    for (int i = 0; i < last->out_rank && len < sizeof want; i++)
+      len +=
+          (size_t)snprintf(want + len, sizeof want - len, ", %lld", (long long)last->out_shape[i]);
+    if (len < sizeof want) snprintf(want + len, sizeof want - len, ")");
+    st = PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: out must be f32 %s; got %s %s", call, want,
+                  batch_dtype_name(out->dtype),
                   out->rank >= 1 && out->rank <= PMAP_MAX_RANK ? batch_shape_str(out, sh, sizeof sh)
                                                                : "of a bad rank");
+  }
   if (!st) st = params_dispatch(p, predict_job, &c);
   pmap_ctx_unlock(p->ctx);
   return st;

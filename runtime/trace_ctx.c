@@ -65,8 +65,10 @@ static pmap_status write_trace(const pmap_ctx *ctx, const char *call) {
   pmap_status st = trace_write(ctx->trace, ctx->trace_path, ctx->proc, pname, ptrs);
   free(names);
   free(ptrs);
-  if (st) return pmap_error_set(st, "%s: cannot write the trace: %s", call, pmap_error_message());
-  return PMAP_SUCCESS;
+  if (!st) return PMAP_SUCCESS;
+  char why[1024]; /* the writer's message, moved out of the buffer it is formatted into */
+  pmap_error_save(why, sizeof why);
+  return pmap_error_set(st, "%s: cannot write the trace: %s", call, why);
 }
 
 static void trace_free(pmap_ctx *ctx) {
@@ -130,8 +132,14 @@ pmap_status runtime_trace_env(pmap_ctx *ctx) {
 }
 
 void runtime_trace_close(pmap_ctx *ctx) {
-  /* Nothing can report a failure here: the file written at the start stays as it was. */
-  if (ctx->trace) write_trace(ctx, "pmap_ctx_destroy");
+  /* Nothing can report a failure here: the file written at the start (or the last stop) stays
+   * as it was, and the thread's last error too. */
+  if (ctx->trace) {
+    char last[1024];
+    pmap_error_save(last, sizeof last);
+    (void)write_trace(ctx, "pmap_ctx_destroy");
+    pmap_error_copy(last);
+  }
   trace_free(ctx);
 }
 

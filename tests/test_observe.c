@@ -75,6 +75,12 @@ static void plan_case(const char *what, int shard, int uneven, int micro, int ba
             plan.total);
   }
   CHECK_FAILS(pmap_params_memory(p, 3, &plan), PMAP_ERR_INVALID_ARGUMENT, "batch 3");
+  /* A batch pmap_update would refuse is not planned either. */
+  if (!uneven)
+    CHECK_FAILS(pmap_params_memory(p, batch + 1, &plan), PMAP_ERR_INVALID_ARGUMENT,
+                "not a multiple");
+  else
+    CHECK_OK(pmap_params_memory(p, batch + 1, &plan));
   CHECK_FAILS(pmap_params_memory(p, batch, NULL), PMAP_ERR_INVALID_ARGUMENT, "out is NULL");
   CHECK_FAILS(pmap_params_memory(NULL, batch, &plan), PMAP_ERR_INVALID_ARGUMENT, "params");
   pmap_params_destroy(p);
@@ -105,6 +111,12 @@ static void trace_misuse(void) {
   CHECK_FAILS(pmap_trace_start(ctx, path, "1..20000"), PMAP_ERR_INVALID_ARGUMENT, "1..20000");
   CHECK_FAILS(pmap_trace_start(ctx, "/nonexistent-dir/t.json", NULL), PMAP_ERR_UNAVAILABLE,
               "/nonexistent-dir/t.json");
+  { /* the writer's reason once, whole, after the call's name */
+    const char *e = pmap_last_error(), *again = strstr(e, "cannot write the trace");
+    CHECK(!strncmp(e, "pmap_trace_start: cannot write the trace: ", 42) && again &&
+              !strstr(again + 1, "cannot write the trace") && strstr(e, "No such file"),
+          "unwritable trace: \"%s\"", e);
+  }
   CHECK_FAILS(pmap_trace_stop(ctx), PMAP_ERR_INVALID_ARGUMENT, "no trace");
   CHECK_OK(pmap_trace_start(ctx, path, "4"));
   CHECK_FAILS(pmap_trace_start(ctx, path, NULL), PMAP_ERR_INVALID_ARGUMENT, "already");
@@ -117,6 +129,25 @@ static void trace_misuse(void) {
         "the file of an empty recording starts \"%s\"", head);
   if (f) fclose(f);
   remove(path);
+
+  /* A recording whose folder is gone by pmap_ctx_destroy: destroy succeeds and the thread's last
+   * error stays the one of the last failed call. */
+  {
+    pmap_ctx *c2 = NULL;
+    CHECK_OK(pmap_ctx_create(&cfg, &c2));
+    char dir[] = "/tmp/pmap-observe-XXXXXX", file[64];
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    snprintf(file, sizeof file, "%s/t.json", dir);
+    CHECK_OK(pmap_trace_start(c2, file, NULL));
+    remove(file);
+    rmdir(dir);
+    CHECK_FAILS(pmap_trace_stop(NULL), PMAP_ERR_INVALID_ARGUMENT, "ctx is NULL");
+    char before_msg[256];
+    snprintf(before_msg, sizeof before_msg, "%s", pmap_last_error());
+    CHECK_OK(pmap_ctx_destroy(c2));
+    CHECK(!strcmp(pmap_last_error(), before_msg), "destroy changed the last error to \"%s\"",
+          pmap_last_error());
+  }
 
   /* The waits: every device met every collective of the steps. */
   pmap_device_waits w[2];

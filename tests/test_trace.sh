@@ -83,6 +83,10 @@ assert all(d["collectives"] >= 2 and d["busy_s"] > 0 and d["wait_s"] >= 0 for d 
   run --model mlp --devices 2 --steps 2 --max-memory "$total" ||
     bad "--max-memory $total (the plan exactly) refused: $(cat "$tmp/err")"
 fi
+# The largest byte count is int64_t's, read exactly; one more is refused, not wrapped.
+run --model linear --steps 2 --max-memory 9223372036854775807 ||
+  bad "--max-memory 9223372036854775807 refused: $(cat "$tmp/err")"
+expect_fail "9223372036854775808\" is not a size in bytes" --model linear --steps 2 --max-memory 9223372036854775808
 
 # The bar (forced: the output is a file here) leaves the --json line as the plain lines do.
 run --model mlp --devices 2 --steps 20 --progress lines --json && tail -n 1 "$tmp/out" >"$tmp/lines"

@@ -168,6 +168,11 @@ static void boundary(void) {
   float out[4 * T * V];
   pmap_array o = {out, PMAP_F32, 3, {4, T, V, 0}};
   CHECK_FAILS(pmap_predict(r.params, &xs, &o), PMAP_ERR_INVALID_ARGUMENT, "token id 11");
+  /* An out of the right size but the wrong shape is refused naming the shape it must have. */
+  pmap_array flat_out = {out, PMAP_F32, 2, {4, T * V, 0, 0}};
+  x[T + 2] = 1;
+  CHECK_FAILS(pmap_predict(r.params, &xs, &flat_out), PMAP_ERR_INVALID_ARGUMENT,
+              "out must be f32 (4, 5, 11)");
   x[T + 2] = -3;
   CHECK_FAILS(pmap_update(r.params, &xs, &ys, &loss), PMAP_ERR_INVALID_ARGUMENT, "token id -3");
   x[T + 2] = 0;
@@ -222,6 +227,11 @@ static void builders(void) {
   c.heads = 3;
   CHECK_FAILS(pmap_gpt_model(&c, &m), PMAP_ERR_INVALID_ARGUMENT, "multiple of heads 3");
   CHECK_FAILS(pmap_gpt_model(NULL, &m), PMAP_ERR_INVALID_ARGUMENT, "config is NULL");
+  /* A builder's refusal inside it is reported under pmap_gpt_model's name. */
+  c = pmap_gpt_mini();
+  c.vocab = 0;
+  CHECK_FAILS(pmap_gpt_model(&c, &m), PMAP_ERR_INVALID_ARGUMENT, "vocab 0");
+  CHECK(!strncmp(pmap_last_error(), "pmap_gpt_model: ", 16), "message \"%s\"", pmap_last_error());
 }
 
 /* Two runs of 5 steps on 3 devices: the same bits, and every replica holds them. */

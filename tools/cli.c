@@ -135,6 +135,17 @@ static void size_text(int64_t v, char *buf, size_t size) {
 
 static int read_bytes(const char *prog, const cli_option *o, const char *s) {
   char *end = NULL;
+  /* A plain count of bytes is read exactly; "1.5G" and the like through a double. */
+  errno = 0;
+  long long exact = strtoll(s, &end, 10);
+  if (end != s && !*end && errno == 0 && *s != ' ' && *s != '+') {
+    if (exact < o->lo || exact > o->hi) end = NULL;
+    if (end) {
+      *(int64_t *)o->dest = (int64_t)exact;
+      return 0;
+    }
+  }
+  end = NULL;
   double v = strtod(s, &end), mult = 1.0;
   if (end && *end && !end[1]) {
     if (*end == 'K' || *end == 'k')
@@ -147,7 +158,9 @@ static int read_bytes(const char *prog, const cli_option *o, const char *s) {
       end = NULL;
     if (end) end++;
   }
-  if (!end || end == s || *end || !(v * mult >= (double)o->lo) || v * mult > (double)o->hi) {
+  /* 2^63 is where int64_t ends: (double)INT64_MAX rounds up to it. */
+  if (!end || end == s || *end || !(v * mult >= (double)o->lo) || v * mult > (double)o->hi ||
+      v * mult >= 9223372036854775808.0) {
     char lo[32], hi[32];
     size_text(o->lo, lo, sizeof lo);
     size_text(o->hi, hi, sizeof hi);
