@@ -27,7 +27,10 @@ int cpu_gemm_threads_set(int n);
  * operations in the same order (C11 mode contracts no FMA), so they give the same bits.
  * CPU_IVDEP: the loop after it has no dependence between iterations (outputs may equal inputs
  * element for element, which the vectorizer cannot prove). */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+/* Not under ThreadSanitizer: the loader runs an ifunc's resolver before TSan's runtime is up,
+ * and the instrumented resolver crashes the process at load. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
+    !defined(__SANITIZE_THREAD__)
 #define CPU_SIMD_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define CPU_SIMD_CLONES
