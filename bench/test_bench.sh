@@ -41,20 +41,24 @@ grep -q '"kind": "batchnorm", "channels": 16, "eps": 9.99999975e-06, "momentum":
 grep -q '{"kind": "res_end", "begin": 1}' "$tmp/dump/res-mlp.json" ||
   bad "res-mlp.json: $(cat "$tmp/dump/res-mlp.json")"
 # gpt-mini: tokens/s and MFU in every row, its dump with the token ids' dtype and the tied head.
-if ! "$bench" --model gpt-mini --devices 1,2 --scaling strong --batch 4 --steps 2 --warmup 1 \
+# Not under a sanitizer, where its GEMM probes alone outlast the test's limit.
+if [ "${PMAP_TEST_SANITIZER:-none}" != none ]; then
+  echo "bench-ref: gpt-mini runs in the builds without a sanitizer"
+elif ! "$bench" --model gpt-mini --devices 1,2 --scaling strong --batch 4 --steps 2 --warmup 1 \
   --rounds 1 --backend cpu --dump "$tmp/dump" --json >"$tmp/gpt" 2>"$tmp/err"; then
   bad "pmap-bench --model gpt-mini exited non-zero: $(tail -5 "$tmp/err")"
-fi
-python3 -c "
+else
+  python3 -c "
 import json, sys
 j = json.loads(open(sys.argv[1]).read().splitlines()[-1])
 rows = j['rows'] if 'rows' in j else [r for m in j['models'] for r in m['rows']]
 assert rows and all(abs(r['tokens_per_sec'] - r['samples_per_sec'] * 64) <= 1e-6 * r['tokens_per_sec'] for r in rows), rows
 assert all(0 < r['mfu'] for r in rows), rows
 " "$tmp/gpt" || bad "gpt-mini: tokens_per_sec or mfu: $(tail -n 1 "$tmp/gpt")"
-grep -q '"x_dtype": "int32"' "$tmp/dump/gpt-mini.json" &&
-  grep -q '{"kind": "lm_head", "vocab": 256, "tied": true}' "$tmp/dump/gpt-mini.json" ||
-  bad "gpt-mini.json: $(cat "$tmp/dump/gpt-mini.json")"
+  grep -q '"x_dtype": "int32"' "$tmp/dump/gpt-mini.json" &&
+    grep -q '{"kind": "lm_head", "vocab": 256, "tied": true}' "$tmp/dump/gpt-mini.json" ||
+    bad "gpt-mini.json: $(cat "$tmp/dump/gpt-mini.json")"
+fi
 if [ "$fails" -ne 0 ]; then
   echo "test_bench: $fails failed" >&2
   exit 1
