@@ -35,6 +35,13 @@ int cpu_gemm_threads_set(int n);
 #else
 #define CPU_SIMD_CLONES
 #endif
+/* CPU_INLINE: a helper of a cloned kernel, inlined into each clone so that it is compiled for
+ * that clone's target (left out of line, gcc compiles it once, for the baseline alone). */
+#if defined(__GNUC__)
+#define CPU_INLINE static inline __attribute__((always_inline))
+#else
+#define CPU_INLINE static inline
+#endif
 #if defined(__GNUC__) && !defined(__clang__)
 #define CPU_IVDEP _Pragma("GCC ivdep")
 #else

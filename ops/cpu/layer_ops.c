@@ -7,7 +7,7 @@
 #include "ops/op_math.h"
 
 /* One loop per function, so each is a vector loop of its own. */
-static inline void act_rows(pmap_act act, const float *x, float *y, size_t n) {
+CPU_INLINE void act_rows(pmap_act act, const float *x, float *y, size_t n) {
   if (act == PMAP_ACT_TANH) {
     CPU_IVDEP for (size_t i = 0; i < n; i++) y[i] = pmap_tanh(x[i]);
   } else if (act == PMAP_ACT_SIGMOID) {
@@ -17,7 +17,7 @@ static inline void act_rows(pmap_act act, const float *x, float *y, size_t n) {
   }
 }
 
-static inline void act_grad_rows(pmap_act act, const float *x, const float *y, const float *dy,
+CPU_INLINE void act_grad_rows(pmap_act act, const float *x, const float *y, const float *dy,
                                  float *dx, size_t n) {
   if (act == PMAP_ACT_TANH) {
     CPU_IVDEP for (size_t i = 0; i < n; i++) dx[i] = pmap_tanh_grad(y[i], dy[i]);
