@@ -2,15 +2,17 @@
 """torch_peer.py: gpt-mini in PyTorch beside pmap, from pmap's own initial parameters.
 
   PMAP_LIBRARY=build/libpmap.so PYTHONPATH=python python3 bench/torch_peer.py [--steps 20]
-      [--bench ROUNDS] [--devices 1,2] [--threads 2]
+      [--bench ROUNDS] [--devices 1,2] [--threads 2] [--ddp 2]
 
 Builds the same transformer in both (pmap.Model and torch.nn.Module: embedding, positions, pre-
 norm blocks of causal attention and a GELU MLP, a head tied to the embedding), copies pmap's
 initial parameters (Params.named()) into the PyTorch model, trains both with Adam on the same
 copy-task batches and compares every step's loss (exit 1 beyond --tol, default 1e-4 absolute).
 --bench R then times R interleaved rounds of steps of pmap on each device count and of PyTorch
-on --threads threads (its best CPU setting here), and prints the medians in tokens/s with the
-load average before and after."""
+on --threads threads in this process, and with --ddp N of PyTorch's DistributedDataParallel on N
+processes of one thread each (gloo, the batch split in N, as pmap splits it over devices; each
+rank's OpenBLAS held to one thread), and
+prints the medians in tokens/s with the load average before and after."""
 import argparse
 import math
 import os
@@ -20,6 +22,8 @@ import time
 
 import numpy as np
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 import pmap
@@ -90,6 +94,8 @@ def main():
     ap.add_argument("--bench-steps", type=int, default=5)
     ap.add_argument("--devices", default="1,2")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--ddp", type=int, default=0, metavar="RANKS",
+                    help="also time DistributedDataParallel on RANKS processes (0: not)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     batches = [copy_task(a.batch, s) for s in (1, 2)]
@@ -136,12 +142,18 @@ def bench(a, batch):
 
     steps = {f"pmap {d} dev": (lambda p=p: p.update(x, y)) for d, p in zip(devs, ps)}
     steps[f"torch {a.threads} threads"] = torch_step
+    ddp = DDPGroup(a.ddp, ps[0].named(), x, y, a.lr) if a.ddp else None
+    if ddp:
+        steps[f"torch DDP {a.ddp}x1"] = ddp.step
     for f in steps.values():  # warm-up
         f()
     times = {k: [] for k in steps}
     load0 = os.getloadavg()
     for _ in range(a.bench):
         for k, f in steps.items():
+            if ddp and f == ddp.step:  # timed inside the ranks, between barriers
+                times[k].append(ddp.run(a.bench_steps))
+                continue
             t0 = time.perf_counter()
             for _ in range(a.bench_steps):
                 f()
@@ -156,10 +168,76 @@ def bench(a, batch):
         base = base or med
         print(f"  {k:18s} median {med * 1e3:8.1f} ms/step  {tokens / med:9.0f} tokens/s  "
               f"(min {min(ts) * 1e3:.1f}, max {max(ts) * 1e3:.1f})")
+    if ddp:
+        ddp.close()
     for p in ps:
         p.close()
     for c in ctxs:
         c.close()
+
+
+def ddp_rank(rank, ranks, port, named, x, y, lr, cmds, results):
+    """One DDP rank: one thread, rows rank/ranks of the batch; runs the steps it is sent."""
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=ranks)
+    model = torch.nn.parallel.DistributedDataParallel(Peer(named))
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    rows = len(x) // ranks
+    xt = torch.from_numpy(x[rank * rows:(rank + 1) * rows]).long()
+    yt = torch.from_numpy(y[rank * rows:(rank + 1) * rows]).long().reshape(-1)
+    while True:
+        n = cmds[rank].get()
+        if n is None:
+            break
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            opt.zero_grad()
+            F.cross_entropy(model(xt).reshape(-1, V), yt).backward()
+            opt.step()
+        dist.barrier()
+        if rank == 0:
+            results.put((time.perf_counter() - t0) / max(n, 1))
+    dist.destroy_process_group()
+
+
+class DDPGroup:
+    """PyTorch's data-parallel peer: RANKS spawned processes (gloo), driven step by step."""
+
+    def __init__(self, ranks, named, x, y, lr):
+        ctx = mp.get_context("spawn")
+        self.cmds = [ctx.Queue() for _ in range(ranks)]
+        self.results = ctx.Queue()
+        port = 29500 + os.getpid() % 1000
+        self.procs = [ctx.Process(target=ddp_rank, args=(r, ranks, port, named, x, y, lr,
+                                                          self.cmds, self.results))
+                      for r in range(ranks)]
+        # One core per rank: Debian's torch multiplies with OpenBLAS's pthread build, which
+        # otherwise starts a thread per core in every rank (the ranks then slow each other).
+        saved = {k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+        os.environ.update({k: "1" for k in saved})
+        for p in self.procs:
+            p.start()
+        for k, v in saved.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+
+    def run(self, n):
+        for q in self.cmds:
+            q.put(n)
+        return self.results.get(timeout=600)
+
+    def step(self):  # the warm-up
+        self.run(1)
+
+    def close(self):
+        for q in self.cmds:
+            q.put(None)
+        for p in self.procs:
+            p.join(60)
 
 
 if __name__ == "__main__":
