@@ -18,7 +18,7 @@ CPU_INLINE void act_rows(pmap_act act, const float *x, float *y, size_t n) {
 }
 
 CPU_INLINE void act_grad_rows(pmap_act act, const float *x, const float *y, const float *dy,
-                                 float *dx, size_t n) {
+                              float *dx, size_t n) {
   if (act == PMAP_ACT_TANH) {
     CPU_IVDEP for (size_t i = 0; i < n; i++) dx[i] = pmap_tanh_grad(y[i], dy[i]);
   } else if (act == PMAP_ACT_SIGMOID) {
