@@ -97,6 +97,8 @@ def main():
     ap.add_argument("--ddp", type=int, default=0, metavar="RANKS",
                     help="also time DistributedDataParallel on RANKS processes (0: not)")
     a = ap.parse_args()
+    if a.ddp < 0 or (a.ddp and a.batch % a.ddp):
+        ap.error(f"--ddp {a.ddp}: a count of ranks that divides --batch {a.batch}")
     torch.set_num_threads(a.threads)
     batches = [copy_task(a.batch, s) for s in (1, 2)]
     with pmap.Context(backend="cpu", devices=1) as ctx:
