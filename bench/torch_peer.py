@@ -16,8 +16,11 @@ prints the medians in tokens/s with the load average before and after."""
 import argparse
 import math
 import os
+import queue
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -147,42 +150,44 @@ def bench(a, batch):
     ddp = DDPGroup(a.ddp, ps[0].named(), x, y, a.lr) if a.ddp else None
     if ddp:
         steps[f"torch DDP {a.ddp}x1"] = ddp.step
-    for f in steps.values():  # warm-up
-        f()
-    times = {k: [] for k in steps}
-    load0 = os.getloadavg()
-    for _ in range(a.bench):
-        for k, f in steps.items():
-            if ddp and f == ddp.step:  # timed inside the ranks, between barriers
-                times[k].append(ddp.run(a.bench_steps))
-                continue
-            t0 = time.perf_counter()
-            for _ in range(a.bench_steps):
-                f()
-            times[k].append((time.perf_counter() - t0) / a.bench_steps)
-    load1 = os.getloadavg()
-    tokens = a.batch * T
-    print(f"bench: {a.bench} interleaved rounds of {a.bench_steps} steps, batch {a.batch} x {T} "
-          f"tokens; load average {load0[0]:.2f} before, {load1[0]:.2f} after")
-    base = None
-    for k, ts in times.items():
-        med = statistics.median(ts)
-        base = base or med
-        print(f"  {k:18s} median {med * 1e3:8.1f} ms/step  {tokens / med:9.0f} tokens/s  "
-              f"(min {min(ts) * 1e3:.1f}, max {max(ts) * 1e3:.1f})")
-    if ddp:
-        ddp.close()
+    try:
+        for f in steps.values():  # warm-up
+            f()
+        times = {k: [] for k in steps}
+        load0 = os.getloadavg()
+        for _ in range(a.bench):
+            for k, f in steps.items():
+                if ddp and f == ddp.step:  # timed inside the ranks, between barriers
+                    times[k].append(ddp.run(a.bench_steps))
+                    continue
+                t0 = time.perf_counter()
+                for _ in range(a.bench_steps):
+                    f()
+                times[k].append((time.perf_counter() - t0) / a.bench_steps)
+        load1 = os.getloadavg()
+        tokens = a.batch * T
+        print(f"bench: {a.bench} interleaved rounds of {a.bench_steps} steps, batch {a.batch} x "
+              f"{T} tokens; load average {load0[0]:.2f} before, {load1[0]:.2f} after")
+        base = None
+        for k, ts in times.items():
+            med = statistics.median(ts)
+            base = base or med
+            print(f"  {k:18s} median {med * 1e3:8.1f} ms/step  {tokens / med:9.0f} tokens/s  "
+                  f"(min {min(ts) * 1e3:.1f}, max {max(ts) * 1e3:.1f})")
+    finally:  # the ranks end also when a step fails
+        if ddp:
+            ddp.close()
     for p in ps:
         p.close()
     for c in ctxs:
         c.close()
 
 
-def ddp_rank(rank, ranks, port, named, x, y, lr, cmds, results):
+def ddp_rank(rank, ranks, rendezvous, named, x, y, lr, cmds, results):
     """One DDP rank: one thread, rows rank/ranks of the batch; runs the steps it is sent."""
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=ranks)
+    dist.init_process_group("gloo", init_method="file://" + rendezvous, rank=rank,
+                            world_size=ranks)
     model = torch.nn.parallel.DistributedDataParallel(Peer(named))
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     rows = len(x) // ranks
@@ -205,32 +210,47 @@ def ddp_rank(rank, ranks, port, named, x, y, lr, cmds, results):
 
 
 class DDPGroup:
-    """PyTorch's data-parallel peer: RANKS spawned processes (gloo), driven step by step."""
+    """PyTorch's data-parallel peer: RANKS spawned processes (gloo), driven step by step. The
+    ranks meet through a file (no port to collide with); they are daemons, and close() ends any
+    that has not, so an error on either side never leaves the script waiting."""
 
     def __init__(self, ranks, named, x, y, lr):
         ctx = mp.get_context("spawn")
         self.cmds = [ctx.Queue() for _ in range(ranks)]
         self.results = ctx.Queue()
-        port = 29500 + os.getpid() % 1000
-        self.procs = [ctx.Process(target=ddp_rank, args=(r, ranks, port, named, x, y, lr,
-                                                          self.cmds, self.results))
+        self.dir = tempfile.mkdtemp(prefix="torch-peer-")
+        rendezvous = os.path.join(self.dir, "rendezvous")
+        self.procs = [ctx.Process(target=ddp_rank, daemon=True,
+                                  args=(r, ranks, rendezvous, named, x, y, lr, self.cmds,
+                                        self.results))
                       for r in range(ranks)]
         # One core per rank: Debian's torch multiplies with OpenBLAS's pthread build, which
         # otherwise starts a thread per core in every rank (the ranks then slow each other).
         saved = {k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
         os.environ.update({k: "1" for k in saved})
-        for p in self.procs:
-            p.start()
-        for k, v in saved.items():
-            if v is None:
-                del os.environ[k]
-            else:
-                os.environ[k] = v
+        try:
+            for p in self.procs:
+                p.start()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    del os.environ[k]
+                else:
+                    os.environ[k] = v
 
     def run(self, n):
+        """n steps on every rank; their time per step, measured by rank 0."""
         for q in self.cmds:
             q.put(n)
-        return self.results.get(timeout=600)
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                return self.results.get(timeout=1)
+            except queue.Empty:
+                dead = [p.exitcode for p in self.procs if p.exitcode is not None]
+                if dead or time.monotonic() > deadline:
+                    raise RuntimeError("torch_peer: a DDP rank %s" % (
+                        "exited (codes %s)" % dead if dead else "gave no result in 600 s"))
 
     def step(self):  # the warm-up
         self.run(1)
@@ -240,6 +260,10 @@ class DDPGroup:
             q.put(None)
         for p in self.procs:
             p.join(60)
+            if p.is_alive():
+                p.terminate()
+                p.join()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 /* attention.c: CPU kernels of causal self-attention and token embeddings: the strided batch of
- * GEMMs (a loop over cpu_gemm), the causal softmax and its backward (vector exp, sums in double in a
- * fixed order), and the embedding's gather and its deterministic scatter-add. */
+ * GEMMs (a loop over cpu_gemm), the causal softmax and its backward (vector exp, sums in double in
+ * a fixed order), and the embedding's gather and its deterministic scatter-add. */
 #include <math.h>
 
 #include "base/error.h"
