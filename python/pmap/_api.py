@@ -345,6 +345,38 @@ class Context:
         with self._handle.use("Context.backend") as h:
             return lib.pmap_backend_name(lib.pmap_ctx_backend(h)).decode()
 
+    def trace_start(self, path, steps=None):
+        """Records a timeline of the context's steps into path (str, bytes or os.PathLike;
+        Chrome trace-event JSON, docs/tracing.md): steps None for the last 10, an int K for the
+        last K (1 .. 10000), or "A..B" for steps A to B. Written at once (a path that cannot be
+        written raises here), again by trace_stop() and when the context closes."""
+        p = _convert.path("path", path)
+        if steps is None:
+            s = None
+        elif isinstance(steps, str):
+            if "\0" in steps:
+                raise ArgumentError(f"steps {steps!r} contains a NUL byte")
+            s = steps.encode("utf-8")
+        else:
+            s = str(integer("steps", steps, 1, 10000)).encode()
+        with self._handle.use("Context.trace_start") as h:
+            check(lib.pmap_trace_start(h, p, s))
+
+    def trace_stop(self):
+        """Writes the recording to its file and ends it (pmap.Error when none is on)."""
+        with self._handle.use("Context.trace_stop") as h:
+            check(lib.pmap_trace_stop(h))
+
+    def waits(self):
+        """What the collectives cost each device since the context was created: a list, by
+        global device, of dicts with device, collectives, busy_s, wait_s and held_s
+        (include/pmap.h, pmap_device_waits; the largest held_s is the straggler)."""
+        with self._handle.use("Context.waits") as h:
+            n = lib.pmap_ctx_num_devices(h) * lib.pmap_ctx_num_processes(h)
+            out = (_lib.DeviceWaits * n)()
+            check(lib.pmap_ctx_waits(h, out, n))
+        return [{k: getattr(w, k) for k, _ in _lib.DeviceWaits._fields_} for w in out]
+
     def params(self, model, optimizer, seed=0):
         """Training state of model (copied: the model may be closed after) on every device,
         drawn from seed (0 .. 2**64 - 1)."""
@@ -524,6 +556,20 @@ class Params:
             at, shape = where[name]
             flat[at:at + a.size] = _convert.values(a, name)
         self.write(flat)
+
+    def memory(self, batch):
+        """The device memory a step of update() at this global batch needs on each device, in
+        bytes: a dict of params, grads, optimizer, state, activations, staging, total,
+        optimizer_sharded (bool) and device_free (None where the backend does not know: CPU)."""
+        batch = integer("batch", batch, *INT64)
+        plan = _lib.MemoryPlan()
+        with self._use("Params.memory") as h:
+            check(lib.pmap_params_memory(h, batch, ctypes.byref(plan)))
+        out = {k: getattr(plan, k) for k, _ in _lib.MemoryPlan._fields_}
+        out["optimizer_sharded"] = bool(out["optimizer_sharded"])
+        if out["device_free"] == ctypes.c_size_t(-1).value:
+            out["device_free"] = None
+        return out
 
     def set_micro_batches(self, k):
         k = integer("micro-batches", k, *INT32)

@@ -100,6 +100,30 @@ class Optimizer(ctypes.Structure):
     ]
 
 
+class DeviceWaits(ctypes.Structure):
+    _fields_ = [
+        ("device", ctypes.c_int),
+        ("collectives", ctypes.c_int64),
+        ("busy_s", ctypes.c_double),
+        ("wait_s", ctypes.c_double),
+        ("held_s", ctypes.c_double),
+    ]
+
+
+class MemoryPlan(ctypes.Structure):
+    _fields_ = [
+        ("params", ctypes.c_size_t),
+        ("grads", ctypes.c_size_t),
+        ("optimizer", ctypes.c_size_t),
+        ("state", ctypes.c_size_t),
+        ("activations", ctypes.c_size_t),
+        ("staging", ctypes.c_size_t),
+        ("total", ctypes.c_size_t),
+        ("optimizer_sharded", ctypes.c_int),
+        ("device_free", ctypes.c_size_t),
+    ]
+
+
 def _find():
     here = os.path.dirname(os.path.abspath(__file__))
     env = os.environ.get("PMAP_LIBRARY")
@@ -185,6 +209,13 @@ if _HAVE_CKPT:
 _HAVE_VERIFY = hasattr(lib, "pmap_params_verify")
 if _HAVE_VERIFY:
     _decl("pmap_params_verify", _status, _p)
+_HAVE_OBSERVE = hasattr(lib, "pmap_trace_start")
+if _HAVE_OBSERVE:
+    _decl("pmap_ctx_num_processes", ctypes.c_int, _p)
+    _decl("pmap_trace_start", _status, _p, ctypes.c_char_p, ctypes.c_char_p)
+    _decl("pmap_trace_stop", _status, _p)
+    _decl("pmap_ctx_waits", _status, _p, ctypes.POINTER(DeviceWaits), ctypes.c_int)
+    _decl("pmap_params_memory", _status, _p, ctypes.c_int64, ctypes.POINTER(MemoryPlan))
 _HAVE_VERSION = hasattr(lib, "pmap_version")
 if _HAVE_VERSION:
     _decl("pmap_version", ctypes.c_char_p)
