@@ -1,6 +1,6 @@
 /* atomic_file.c: writing a whole file so that a crash leaves either the old file or the new one:
  * a temporary file in the same folder, fsync'ed, renamed over the path, then the folder fsync'ed
- * (atomic_file.h). Used by the checkpoints. */
+ * (atomic_file.h). Used by the checkpoints, the traces and the GEMM cache. */
 #include "atomic_file.h"
 
 #include <errno.h>
@@ -43,8 +43,54 @@ static int sync_folder(const char *path) {
   return rc;
 }
 
+static pmap_status atomic_replace(const char *path, const unsigned char *buf, size_t n, mode_t mode,
+                                  const char *call);
+
+/* What is at path now: nothing (*target = NULL), a regular file we may write (*target its own
+ * path, through symbolic links: the file is replaced, not the link; *mode its permissions), or
+ * a refusal: a device, a FIFO, a folder or a socket is never replaced by a regular file (a root
+ * process would otherwise turn /dev/null into one), nor a file we may not write. */
+static pmap_status existing_target(const char *path, const char *call, char **target,
+                                   mode_t *mode) {
+  struct stat st;
+  *target = NULL;
+  *mode = 0644;
+  if (lstat(path, &st) != 0) {
+    if (errno == ENOENT) return PMAP_SUCCESS;
+    return PMAP_ERR(PMAP_ERR_UNAVAILABLE, "%s: cannot examine \"%s\": %s", call, path,
+                    strerror(errno));
+  }
+  if (S_ISLNK(st.st_mode) && stat(path, &st) != 0)
+    return PMAP_ERR(PMAP_ERR_UNAVAILABLE, "%s: \"%s\" is a symbolic link to nothing usable: %s",
+                    call, path, strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    return PMAP_ERR(PMAP_ERR_UNAVAILABLE,
+                    "%s: cannot write \"%s\": not a regular file (a device, FIFO, folder or "
+                    "socket is never replaced)",
+                    call, path);
+  if (access(path, W_OK) != 0)
+    return PMAP_ERR(PMAP_ERR_UNAVAILABLE, "%s: \"%s\" is not writable: %s", call, path,
+                    strerror(errno));
+  *target = realpath(path, NULL);
+  if (!*target)
+    return PMAP_ERR(PMAP_ERR_UNAVAILABLE, "%s: cannot resolve \"%s\": %s", call, path,
+                    strerror(errno));
+  *mode = st.st_mode & 07777;
+  return PMAP_SUCCESS;
+}
+
 pmap_status atomic_file_write(const char *path, const unsigned char *buf, size_t n,
                               const char *call) {
+  char *resolved;
+  mode_t mode;
+  PMAP_TRY(existing_target(path, call, &resolved, &mode));
+  pmap_status st = atomic_replace(resolved ? resolved : path, buf, n, mode, call);
+  free(resolved);
+  return st;
+}
+
+static pmap_status atomic_replace(const char *path, const unsigned char *buf, size_t n, mode_t mode,
+                                  const char *call) {
   size_t len = strlen(path);
   char *tmp = malloc(len + sizeof ".tmp.XXXXXX");
   if (!tmp) return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "%s: out of memory", call);
@@ -61,7 +107,7 @@ pmap_status atomic_file_write(const char *path, const unsigned char *buf, size_t
     return st;
   }
   const char *what = "write";
-  int ok = fchmod(fd, 0644) == 0 || (what = "chmod", 0);
+  int ok = fchmod(fd, mode) == 0 || (what = "chmod", 0);
   ok = ok && (write_all(fd, buf, n) == PMAP_SUCCESS || (what = "write", 0));
   ok = ok && (fsync(fd) == 0 || (what = "fsync", 0));
   int e = errno;

@@ -563,6 +563,9 @@ PMAP_API pmap_status pmap_params_write(pmap_params *params, const float *src, si
  * CRC-32C per section, written to a temporary file in the same folder, fsync'ed, then renamed over
  * `path` (and the folder fsync'ed), so a crash during a save leaves the previous file intact. Two
  * saves of the same state are byte-identical. The file does not depend on the device count.
+ * A device, FIFO, folder or socket at `path` is never replaced (PMAP_ERR_UNAVAILABLE), nor a
+ * file the process may not write; through a symbolic link the file it names is replaced (the
+ * link stays), and a file replaced keeps its permissions (a new one gets 0644).
  * pmap_params_load reads only a regular file (a FIFO or a folder is refused at once, never
  * waited on) and validates the whole file first (magic, version, every checksum and size, the
  * model description against params' model, the optimizer kind and state layout) and only then
@@ -751,7 +754,9 @@ PMAP_API pmap_status pmap_barrier(pmap_device *dev);
  * device (CUDA events on its stream, read when its job ends and placed on the host's clock); the
  * waits, collectives and staging are host times (docs/tracing.md).
  * Returns PMAP_ERR_INVALID_ARGUMENT (ctx or path NULL, path empty, a bad steps, a recording
- * already on), PMAP_ERR_UNAVAILABLE (the file cannot be written: the system's reason). */
+ * already on), PMAP_ERR_UNAVAILABLE (the file cannot be written: the system's reason; a
+ * device, FIFO or folder at path is never replaced, and a symbolic link is written through, as
+ * by pmap_params_save). */
 PMAP_API pmap_status pmap_trace_start(pmap_ctx *ctx, const char *path, const char *steps);
 /* Writes the recording to its file and ends it. PMAP_ERR_INVALID_ARGUMENT when none is on;
  * PMAP_ERR_UNAVAILABLE when the file cannot be written (the recording ends all the same). */

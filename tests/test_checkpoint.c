@@ -1,7 +1,7 @@
 /* test_checkpoint.c: pmap_params_save / pmap_params_load: round trips on 1, 2 and 3 devices,
  * byte-identical saves, and every kind of bad file (a bit flip anywhere, a truncation at every
  * length, another version, magic, model or optimizer, a user buffer too small, NULLs, unwritable
- * paths) rejected with its own message and the training state left bitwise unchanged; every kind
+ * paths, a folder, FIFO or dangling link never replaced, a link written through) rejected with its own message and the training state left bitwise unchanged; every kind
  * of layer recorded with the format's code and geometry. */
 #include <sys/stat.h>
 
@@ -327,16 +327,50 @@ static void bad_arguments(void) {
   if (access(ro, W_OK) != 0)
     CHECK_FAILS(pmap_params_save(s.params, p), PMAP_ERR_UNAVAILABLE, "Permission denied");
   rmdir(ro);
-  /* A path that is a folder: the rename fails and the temporary file is removed. */
+  /* A path that is a folder or a FIFO: refused, left as it was, no temporary file beside it. */
   char sub[500];
   snprintf(sub, sizeof sub, "%s/sub", dir);
   mkdir(sub, 0755);
   char inner[520];
   snprintf(inner, sizeof inner, "%s/keep", sub);
   file_write(inner, (const unsigned char *)"x", 1);
-  CHECK_FAILS(pmap_params_save(s.params, sub), PMAP_ERR_UNAVAILABLE, "cannot rename");
+  CHECK_FAILS(pmap_params_save(s.params, sub), PMAP_ERR_UNAVAILABLE, "not a regular file");
   remove(inner);
   CHECK(rmdir(sub) == 0, "the folder %s holds leftovers", sub);
+  char fifo[500];
+  snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+  struct stat st;
+  int made = mkfifo(fifo, 0600) == 0;
+  CHECK(made, "mkfifo %s", fifo);
+  if (made) {
+    CHECK_FAILS(pmap_params_save(s.params, fifo), PMAP_ERR_UNAVAILABLE, "not a regular file");
+    CHECK(lstat(fifo, &st) == 0 && S_ISFIFO(st.st_mode), "the FIFO %s was replaced", fifo);
+    remove(fifo);
+  }
+  /* Through a symbolic link the file it names is replaced and the link stays; a file replaced
+   * keeps its permissions. */
+  char target[500], link[500];
+  snprintf(target, sizeof target, "%s/target.ckpt", dir);
+  snprintf(link, sizeof link, "%s/link.ckpt", dir);
+  file_write(target, (const unsigned char *)"old", 3);
+  chmod(target, 0600);
+  made = symlink("target.ckpt", link) == 0;
+  CHECK(made, "symlink %s", link);
+  if (made) {
+    CHECK_OK(pmap_params_save(s.params, link));
+    CHECK(lstat(link, &st) == 0 && S_ISLNK(st.st_mode), "the link %s was replaced", link);
+    CHECK(stat(target, &st) == 0 && st.st_size > 3 && (st.st_mode & 0777) == 0600,
+          "the target: size %lld, mode %o (want the checkpoint, 0600)", (long long)st.st_size,
+          (unsigned)(st.st_mode & 0777));
+    CHECK_OK(pmap_params_load(s.params, link));
+    remove(link);
+    /* A link to nothing: refused, the link left. */
+    CHECK(symlink("no-such-target", link) == 0, "symlink %s", link);
+    CHECK_FAILS(pmap_params_save(s.params, link), PMAP_ERR_UNAVAILABLE, "symbolic link");
+    CHECK(lstat(link, &st) == 0 && S_ISLNK(st.st_mode), "the dangling link %s was replaced", link);
+    remove(link);
+  }
+  remove(target);
   state_close(&s);
 }
 

@@ -356,7 +356,10 @@ class Context:
         elif isinstance(steps, str):
             if "\0" in steps:
                 raise ArgumentError(f"steps {steps!r} contains a NUL byte")
-            s = steps.encode("utf-8")
+            try:
+                s = steps.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ArgumentError(f"steps {steps!r} is not valid text") from None
         else:
             s = str(integer("steps", steps, 1, 10000)).encode()
         with self._handle.use("Context.trace_start") as h:

@@ -3,6 +3,7 @@
 their refusals."""
 import json
 import os
+import stat
 
 import numpy as np
 import pytest
@@ -94,6 +95,13 @@ def test_trace_refuses_bad_paths(run, tmp_path):
         ctx.trace_start(tmp_path / "t.json", "1\0")
     with pytest.raises(pmap.ArgumentTypeError):
         ctx.trace_start(None)
+    with pytest.raises(pmap.ArgumentError, match="not valid text"):
+        ctx.trace_start(tmp_path / "t.json", "\ud800")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(pmap.Error, match="not a regular file"):
+        ctx.trace_start(fifo)  # refused, never replaced by a regular file
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
     with pytest.raises(pmap.Error, match="PMAP_ERR_INVALID_ARGUMENT"):
         ctx.trace_stop()  # none of these started a recording
 
