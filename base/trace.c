@@ -3,6 +3,7 @@
  * trace-event JSON file. */
 #include "trace.h"
 
+#include <errno.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,19 +40,29 @@ struct trace_rec {
 /* Steps a window may hold: its slots are allocated up front for every track. */
 #define WINDOW_MAX 10000
 
+/* A decimal count at p: digits only (no space, no sign), *end after them; -1 when there is none
+ * or it overflows. */
+static long long count_at(const char *p, char **end) {
+  *end = (char *)p;
+  if (*p < '0' || *p > '9') return -1;
+  errno = 0;
+  long long v = strtoll(p, end, 10);
+  return errno ? -1 : v;
+}
+
 pmap_status trace_window_parse(const char *spec, const char *what, trace_window *w) {
   *w = (trace_window){10, 0, 0};
   if (!spec || !*spec) return PMAP_SUCCESS;
   char *end = NULL;
-  long long a = strtoll(spec, &end, 10);
-  if (end != spec && !*end && a >= 1 && a <= WINDOW_MAX) {
+  long long a = count_at(spec, &end);
+  if (!*end && a >= 1 && a <= WINDOW_MAX) {
     w->keep = a;
     return PMAP_SUCCESS;
   }
-  if (end != spec && a >= 0 && end[0] == '.' && end[1] == '.') {
+  if (a >= 0 && end[0] == '.' && end[1] == '.') {
     const char *b0 = end + 2;
-    long long b = strtoll(b0, &end, 10);
-    if (end != b0 && !*end && b >= a && b - a < WINDOW_MAX) {
+    long long b = count_at(b0, &end);
+    if (b >= 0 && !*end && b >= a && b - a < WINDOW_MAX) {
       *w = (trace_window){0, a, b};
       return PMAP_SUCCESS;
     }

@@ -58,6 +58,12 @@ expect_fail() {
 expect_fail "--trace" --model linear --steps 3 --trace "$tmp/no/such/dir/t.json"
 expect_fail 'steps "0"' --model linear --steps 3 --trace "$tmp/x.json" --trace-steps 0
 expect_fail "--trace-steps needs --trace" --model linear --steps 3 --trace-steps 5
+for w in " 5" "+5" "5 " "1.. 3" "-1..2" "99999999999999999999..99999999999999999999"; do
+  expect_fail "neither K" --model linear --steps 3 --trace "$tmp/x.json" --trace-steps "$w"
+done
+mkfifo "$tmp/fifo"
+expect_fail "not a regular file" --model linear --steps 3 --trace "$tmp/fifo"
+[ -p "$tmp/fifo" ] || bad "the FIFO given to --trace was replaced"
 PMAP_TRACE="$tmp/y.json" PMAP_TRACE_STEPS=1..0 expect_fail "PMAP_TRACE_STEPS" --model linear \
   --steps 3
 
