@@ -30,9 +30,11 @@ static const op_backend *_Atomic loaded[sizeof list / sizeof list[0]];
 /* The op backend of list[i], from its plugin's entry point the first time. */
 static pmap_status load(size_t i, const char *call, const op_backend **out) {
   const ops_entry *e = &list[i];
-  if (e->builtin) {
+  if (e->builtin || !e->plugin) { /* built in, or (never) neither */
     *out = e->builtin;
-    return PMAP_SUCCESS;
+    return e->builtin
+               ? PMAP_SUCCESS
+               : PMAP_ERR(PMAP_ERR_INTERNAL, "%s: the %s op backend has no code", call, e->name);
   }
   pthread_mutex_lock(&load_lock);
   pmap_status st = PMAP_SUCCESS;
