@@ -53,6 +53,8 @@ struct pmap_params {
   int guard;         /* the numeric guard is on (pmap_config.numeric_guard) */
   int shard;         /* the optimizer is sharded (pmap_config.shard_optimizer, G > 1) */
   grad_layout gl;
+  /* The numeric policy (models/precision.c). */
+  pmap_precision precision;
   size_t w_len;           /* floats of a replica's parameter buffer: P, or G * chunk when sharded */
   size_t state_len;       /* floats of each optimizer slot on a device: P, or chunk when sharded */
   float *guard_host;      /* (D, gl.host_len) each device's host copy of its tail (scratch) */

@@ -40,6 +40,9 @@ typedef struct pmap_pool_shape {
   int kh, kw, stride;
 } pmap_pool_shape;
 
+/* A bfloat16 value: the top 16 bits of a float (ops/op_math.h pmap_bf16_round). */
+typedef uint16_t pmap_bf16;
+
 /* Element-wise activations beside relu (formulas in ops/op_math.h). */
 typedef enum pmap_act { PMAP_ACT_TANH = 0, PMAP_ACT_SIGMOID = 1, PMAP_ACT_GELU = 2 } pmap_act;
 

@@ -39,6 +39,7 @@ static void describe(const layer *l, FILE *f) {
 static const layer_class layernorm_class = {
     .name = "layernorm",
     .code = 8,
+    .out_unused = 1, /* its backward reads its input and statistics */
     .forward = forward,
     .backward = backward,
     .init = init,

@@ -5,6 +5,7 @@
 
 #include "base/error.h"
 #include "cpu_ops.h"
+#include "bf16.h"
 #include "gemm.h"
 
 struct op_queue {
@@ -33,9 +34,12 @@ static void cpu_queue_destroy(op_queue *q) { free(q); }
 static int cpu_enter(void) { return cpu_gemm_threads_set(1); }
 static void cpu_leave(int saved) { cpu_gemm_threads_set(saved); }
 
-/* The GEMM provider is chosen before the devices run any op: they would disturb its
- * measurement, and a bad PMAP_GEMM is an error before anything starts. */
-static pmap_status cpu_ready(const char *call) { return cpu_gemm_ready(call); }
+/* The GEMM providers are chosen before the devices run any op: they would disturb the float
+ * one's measurement, and a bad PMAP_GEMM or PMAP_GEMM_BF16 is an error before anything starts. */
+static pmap_status cpu_ready(const char *call) {
+  PMAP_TRY(cpu_gemm_ready(call));
+  return cpu_bf16_ready(call);
+}
 
 const op_backend pmap_cpu_op_backend = {
     .name = "cpu",
