@@ -98,6 +98,9 @@ static inline void params_device_rows(int64_t batch, int n, int d, int64_t *lo, 
   *rows = q + (d < r);
 }
 
+/* precision.c: pmap_params_set_precision with the context's lock held and errors naming call. */
+pmap_status params_precision_set(pmap_params *p, pmap_precision precision, const char *call);
+
 /* optimizer.c: validation naming `call`; state buffers per parameter; the settings of step t
  * (t >= 1) after the schedule; the step over n parameters of a replica. */
 pmap_status optimizer_check(const pmap_optimizer *o, const char *call);

@@ -138,6 +138,27 @@ static pmap_status free_job(pmap_device *dev, void *arg) {
   return PMAP_SUCCESS;
 }
 
+pmap_status params_precision_set(pmap_params *p, pmap_precision precision, const char *call) {
+  if (precision == p->precision) return PMAP_SUCCESS;
+  precision_call c = {p, precision == PMAP_PRECISION_BF16, NULL, 0};
+  c.fresh = calloc((size_t)p->n, sizeof *c.fresh);
+  if (!c.fresh) return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "%s: out of memory", call);
+  pmap_status st = c.bf16 ? params_dispatch(p, precision_job, &c) : PMAP_SUCCESS;
+  if (st) { /* nothing changed: what was allocated goes, the message stays */
+    char msg[1024];
+    pmap_error_save(msg, sizeof msg);
+    (void)params_dispatch(p, free_job, &c);
+    pmap_error_copy(msg);
+  } else {
+    c.commit = 1;
+    st = params_dispatch(p, precision_job, &c);
+    model_set_precision(p->model, c.bf16);
+    p->precision = precision;
+  }
+  free(c.fresh);
+  return st;
+}
+
 pmap_status pmap_params_set_precision(pmap_params *p, pmap_precision precision) {
   const char *call = "pmap_params_set_precision";
   if (!p) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: params is NULL", call);
@@ -153,25 +174,7 @@ pmap_status pmap_params_set_precision(pmap_params *p, pmap_precision precision) 
                     call);
   PMAP_TRY(pmap_ctx_lock(p->ctx, call));
   pmap_status st = params_mend(p, call);
-  precision_call c = {p, precision == PMAP_PRECISION_BF16, NULL, 0};
-  if (!st && precision != p->precision) {
-    c.fresh = calloc((size_t)p->n, sizeof *c.fresh);
-    if (!c.fresh) st = PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "%s: out of memory", call);
-    if (!st && c.bf16) st = params_dispatch(p, precision_job, &c);
-    if (st && c.fresh) { /* nothing changed: what was allocated goes, the message stays */
-      char msg[1024];
-      pmap_error_save(msg, sizeof msg);
-      (void)params_dispatch(p, free_job, &c);
-      pmap_error_copy(msg);
-    }
-    if (!st) {
-      c.commit = 1;
-      st = params_dispatch(p, precision_job, &c);
-      model_set_precision(p->model, c.bf16);
-      p->precision = precision;
-    }
-    free(c.fresh);
-  }
+  if (!st) st = params_precision_set(p, precision, call);
   pmap_ctx_unlock(p->ctx);
   return st;
 }
