@@ -94,7 +94,7 @@ pmap_status layer_gemm_strided(const replica *r, int ta, int tb, int64_t m, int6
                                int64_t batch) {
   if (a.h)
     return r->ops->gemm_strided_bf16(r->q, ta, tb, m, n, k, 1.0f, a.h, lda, sa, b.h, ldb, sb, beta,
-                                     c, ldc, sc, batch);
+                                     c, ldc, sc, batch, 1, 0, 0, 0);
   return r->ops->gemm_strided(r->q, ta, tb, m, n, k, 1.0f, a.f, lda, sa, b.f, ldb, sb, beta, c, ldc,
                               sc, batch);
 }

@@ -166,9 +166,12 @@ PMAP_OP(widen_bf16, (op_queue *q, const pmap_bf16 *x, float *y, size_t n))
 PMAP_OP(gemm_bf16, (op_queue *q, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                     float alpha, const pmap_bf16 *a, int64_t lda, const pmap_bf16 *b, int64_t ldb,
                     float beta, float *c, int64_t ldc))
-/* gemm_strided's contract with bfloat16 operands (float c), as gemm_bf16. */
+/* gemm_strided's contract with bfloat16 operands (float c), as gemm_bf16, over groups of
+ * batches: for g < groups and i < batch, c_gi = alpha op(a_gi) op(b_gi) + beta c_gi where
+ * x_gi = x + g group_x + i stride_x (attention: the examples' heads in one call). */
 PMAP_OP(gemm_strided_bf16, (op_queue *q, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                             float alpha, const pmap_bf16 *a, int64_t lda, int64_t stride_a,
                             const pmap_bf16 *b, int64_t ldb, int64_t stride_b, float beta,
-                            float *c, int64_t ldc, int64_t stride_c, int64_t batch))
+                            float *c, int64_t ldc, int64_t stride_c, int64_t batch, int64_t groups,
+                            int64_t group_a, int64_t group_b, int64_t group_c))
 /* clang-format on */

@@ -165,19 +165,15 @@ static pmap_status forward16(const layer *l, replica *r, int i, const float *in,
       layer_gemm(r, 0, 0, a.rows, e3, a.d, layer_input(r, i, in), a.d, wqkv, e3, 0.0f, b.f1, e3));
   PMAP_TRY(ops->bias_forward(r->q, b.f1, bqkv, a.rows, e3, 1));
   PMAP_TRY(ops->round_bf16(r->q, b.f1, b.qkv, NULL, (size_t)(a.rows * e3)));
-  for (int64_t n = 0; n < bd; n++) { /* S_h = Q_h K_h^T */
-    const pmap_bf16 *qn = b.qkv + n * a.t * e3;
-    PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 1, a.t, a.t, a.hs, 1.0f, qn, e3, a.hs, qn + a.e, e3,
-                                    a.hs, 0.0f, b.f2 + n * a.h * tt, a.t, tt, a.h));
-  }
+  int64_t gq = a.t * e3, gp = a.h * tt, go = a.t * a.e; /* one example's qkv, P, O */
+  /* S_h = Q_h K_h^T, every example's heads at once */
+  PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 1, a.t, a.t, a.hs, 1.0f, b.qkv, e3, a.hs, b.qkv + a.e,
+                                  e3, a.hs, 0.0f, b.f2, a.t, tt, a.h, bd, gq, gq, gp));
   PMAP_TRY(ops->causal_softmax_forward(r->q, b.f2, b.f2, bd * a.h, a.t, a.scale));
   PMAP_TRY(ops->round_bf16(r->q, b.f2, b.p, NULL, (size_t)(bd * a.h * tt)));
-  for (int64_t n = 0; n < bd; n++) { /* O_h = P_h V_h */
-    const pmap_bf16 *qn = b.qkv + n * a.t * e3;
-    PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 0, a.t, a.hs, a.t, 1.0f, b.p + n * a.h * tt, a.t, tt,
-                                    qn + 2 * a.e, e3, a.hs, 0.0f, b.f2 + n * a.t * a.e, a.e, a.hs,
-                                    a.h));
-  }
+  /* O_h = P_h V_h */
+  PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 0, a.t, a.hs, a.t, 1.0f, b.p, a.t, tt, b.qkv + 2 * a.e,
+                                  e3, a.hs, 0.0f, b.f2, a.e, a.hs, a.h, bd, gp, gq, go));
   PMAP_TRY(ops->round_bf16(r->q, b.f2, b.o, NULL, (size_t)(a.rows * a.e)));
   PMAP_TRY(
       layer_gemm(r, 0, 0, a.rows, a.d, a.e, (layer_mat){NULL, b.o}, a.e, wo, a.d, 0.0f, y, a.d));
@@ -200,26 +196,22 @@ static pmap_status backward16(const layer *l, replica *r, int i, const float *dy
   PMAP_TRY(ops->bias_backward(r->q, dy, gbo, a.rows, a.d, 1));
   PMAP_TRY(layer_gemm(r, 0, 1, a.rows, a.e, a.d, d16, a.d, wo, a.d, 0.0f, b.f2, a.e));
   PMAP_TRY(ops->round_bf16(r->q, b.f2, b.h4, NULL, (size_t)(a.rows * a.e)));
-  for (int64_t n = 0; n < bd; n++) { /* dP_h = dO_h V_h^T, dV_h = P_h^T dO_h */
-    const pmap_bf16 *qn = b.qkv + n * a.t * e3, *don = b.h4 + n * a.t * a.e;
-    PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 1, a.t, a.t, a.hs, 1.0f, don, a.e, a.hs, qn + 2 * a.e,
-                                    e3, a.hs, 0.0f, b.f2 + n * a.h * tt, a.t, tt, a.h));
-    PMAP_TRY(ops->gemm_strided_bf16(r->q, 1, 0, a.t, a.hs, a.t, 1.0f, b.p + n * a.h * tt, a.t, tt,
-                                    don, a.e, a.hs, 0.0f, b.f1 + n * a.t * e3 + 2 * a.e, e3, a.hs,
-                                    a.h));
-  }
+  int64_t gq = a.t * e3, gp = a.h * tt, go = a.t * a.e; /* one example's qkv, P, O */
+  /* dP_h = dO_h V_h^T, dV_h = P_h^T dO_h, every example's heads at once */
+  PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 1, a.t, a.t, a.hs, 1.0f, b.h4, a.e, a.hs,
+                                  b.qkv + 2 * a.e, e3, a.hs, 0.0f, b.f2, a.t, tt, a.h, bd, go, gq,
+                                  gp));
+  PMAP_TRY(ops->gemm_strided_bf16(r->q, 1, 0, a.t, a.hs, a.t, 1.0f, b.p, a.t, tt, b.h4, a.e, a.hs,
+                                  0.0f, b.f1 + 2 * a.e, e3, a.hs, a.h, bd, gp, go, gq));
   /* The softmax's backward in float from the kept (bfloat16) probabilities. */
   PMAP_TRY(ops->widen_bf16(r->q, b.p, b.f3, (size_t)(bd * a.h * tt)));
   PMAP_TRY(ops->causal_softmax_backward(r->q, b.f3, b.f2, b.f2, bd * a.h, a.t, a.scale));
   PMAP_TRY(ops->round_bf16(r->q, b.f2, b.h4, NULL, (size_t)(bd * a.h * tt)));
-  for (int64_t n = 0; n < bd; n++) { /* dQ_h = dS_h K_h, dK_h = dS_h^T Q_h */
-    const pmap_bf16 *qn = b.qkv + n * a.t * e3, *dsn = b.h4 + n * a.h * tt;
-    float *dqn = b.f1 + n * a.t * e3;
-    PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 0, a.t, a.hs, a.t, 1.0f, dsn, a.t, tt, qn + a.e, e3,
-                                    a.hs, 0.0f, dqn, e3, a.hs, a.h));
-    PMAP_TRY(ops->gemm_strided_bf16(r->q, 1, 0, a.t, a.hs, a.t, 1.0f, dsn, a.t, tt, qn, e3, a.hs,
-                                    0.0f, dqn + a.e, e3, a.hs, a.h));
-  }
+  /* dQ_h = dS_h K_h, dK_h = dS_h^T Q_h */
+  PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 0, a.t, a.hs, a.t, 1.0f, b.h4, a.t, tt, b.qkv + a.e, e3,
+                                  a.hs, 0.0f, b.f1, e3, a.hs, a.h, bd, gp, gq, gq));
+  PMAP_TRY(ops->gemm_strided_bf16(r->q, 1, 0, a.t, a.hs, a.t, 1.0f, b.h4, a.t, tt, b.qkv, e3, a.hs,
+                                  0.0f, b.f1 + a.e, e3, a.hs, a.h, bd, gp, gq, gq));
   /* the input projection: dWqkv += x^T dqkv, dbqkv += sum dqkv, dx = dqkv Wqkv^T */
   PMAP_TRY(ops->bias_backward(r->q, b.f1, gbqkv, a.rows, e3, 1));
   PMAP_TRY(ops->round_bf16(r->q, b.f1, b.h4, NULL, (size_t)(a.rows * e3)));

@@ -12,6 +12,7 @@ typedef struct bf16_gemm {
   int ta, tb;
   int64_t m, n, k, lda, ldb, ldc;
   int64_t sa, sb, sc, batch;
+  int64_t ga, gb, gc, groups; /* groups of batches (gemm_strided_bf16) */
   float alpha, beta;
 } bf16_gemm;
 

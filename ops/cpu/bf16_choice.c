@@ -236,16 +236,21 @@ pmap_status cpu_bf16_onednn(const bf16_gemm *g, const pmap_bf16 *a, const pmap_b
 }
 #else
 /* The memory descriptor of one operand: rows x cols as stored (trans: the op's (r, c) element at
- * c * ld + r), a leading batch axis of stride `stride` when batch > 1. */
-static dnnl_status_t operand_md(dnnl_memory_desc_t *md, dnnl_data_type_t dt, int64_t batch,
-                                int64_t rows, int64_t cols, int trans, int64_t ld, int64_t stride) {
+ * c * ld + r), a leading batch axis of stride `stride` when batch > 1, and before it the groups'
+ * axis of stride `group` when groups > 1. */
+static dnnl_status_t operand_md(dnnl_memory_desc_t *md, dnnl_data_type_t dt, int64_t groups,
+                                int64_t group, int64_t batch, int64_t stride, int64_t rows,
+                                int64_t cols, int trans, int64_t ld) {
+  int64_t in_row = trans ? 1 : ld, in_col = trans ? ld : 1;
+  if (groups > 1) {
+    dnnl_dims_t dims = {groups, batch, rows, cols}, str = {group, stride, in_row, in_col};
+    return dnnl_memory_desc_init_by_strides(md, 4, dims, dt, str);
+  }
   if (batch > 1) {
-    dnnl_dims_t dims = {batch, rows, cols};
-    dnnl_dims_t str = {stride, trans ? 1 : ld, trans ? ld : 1};
+    dnnl_dims_t dims = {batch, rows, cols}, str = {stride, in_row, in_col};
     return dnnl_memory_desc_init_by_strides(md, 3, dims, dt, str);
   }
-  dnnl_dims_t dims = {rows, cols};
-  dnnl_dims_t str = {trans ? 1 : ld, trans ? ld : 1};
+  dnnl_dims_t dims = {rows, cols}, str = {in_row, in_col};
   return dnnl_memory_desc_init_by_strides(md, 2, dims, dt, str);
 }
 
@@ -258,9 +263,12 @@ static pmap_status entry_make(bf16_tls *t, mm_entry *e) {
   dnnl_primitive_attr_t attr = NULL;
   dnnl_post_ops_t po = NULL;
   dnnl_primitive_desc_t pd = NULL;
-  dnnl_status_t s = operand_md(&ad, dnnl_bf16, g->batch, g->m, g->k, g->ta, g->lda, g->sa);
-  if (s == dnnl_success) s = operand_md(&bd, dnnl_bf16, g->batch, g->k, g->n, g->tb, g->ldb, g->sb);
-  if (s == dnnl_success) s = operand_md(&cd, dnnl_f32, g->batch, g->m, g->n, 0, g->ldc, g->sc);
+  dnnl_status_t s =
+      operand_md(&ad, dnnl_bf16, g->groups, g->ga, g->batch, g->sa, g->m, g->k, g->ta, g->lda);
+  if (s == dnnl_success)
+    s = operand_md(&bd, dnnl_bf16, g->groups, g->gb, g->batch, g->sb, g->k, g->n, g->tb, g->ldb);
+  if (s == dnnl_success)
+    s = operand_md(&cd, dnnl_f32, g->groups, g->gc, g->batch, g->sc, g->m, g->n, 0, g->ldc);
   if (s == dnnl_success) s = dnnl_matmul_desc_init(&md, &ad, &bd, NULL, &cd);
   if (s == dnnl_success) s = dnnl_primitive_attr_create(&attr);
   if (s == dnnl_success && g->alpha != 1.0f)

@@ -65,15 +65,20 @@ extern "C" pmap_status cuda_gemm_strided_bf16(op_queue *q, int trans_a, int tran
                                               int64_t n, int64_t k, float alpha, const pmap_bf16 *a,
                                               int64_t lda, int64_t stride_a, const pmap_bf16 *b,
                                               int64_t ldb, int64_t stride_b, float beta, float *c,
-                                              int64_t ldc, int64_t stride_c, int64_t batch) {
-  if (m == 0 || n == 0 || batch == 0) return PMAP_SUCCESS;
+                                              int64_t ldc, int64_t stride_c, int64_t batch,
+                                              int64_t groups, int64_t group_a, int64_t group_b,
+                                              int64_t group_c) {
+  if (m == 0 || n == 0 || batch == 0 || groups == 0) return PMAP_SUCCESS;
   PMAP_TRY(int_range(q, "gemm_strided_bf16", m, n, k, lda, ldb, ldc, batch));
   cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   int ilda = lda > 0 ? (int)lda : 1, ildb = ldb > 0 ? (int)ldb : 1;
-  CUBLAS_CHECK(q, cublasGemmStridedBatchedEx(q->blas, op_b, op_a, (int)n, (int)m, (int)k, &alpha, b,
-                                             CUDA_R_16BF, ildb, stride_b, a, CUDA_R_16BF, ilda,
-                                             stride_a, &beta, c, CUDA_R_32F, (int)ldc, stride_c,
-                                             (int)batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  /* One strided batch per group: cuBLAS takes a single batch stride. */
+  for (int64_t g = 0; g < groups; g++)
+    CUBLAS_CHECK(q, cublasGemmStridedBatchedEx(
+                        q->blas, op_b, op_a, (int)n, (int)m, (int)k, &alpha, b + g * group_b,
+                        CUDA_R_16BF, ildb, stride_b, a + g * group_a, CUDA_R_16BF, ilda, stride_a,
+                        &beta, c + g * group_c, CUDA_R_32F, (int)ldc, stride_c, (int)batch,
+                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   return PMAP_SUCCESS;
 }

@@ -227,42 +227,93 @@ void opcase_gemm_bf16(hx *h) {
   }
 }
 
+/* Where the matrices of a batched operand lie: matrix (g, i) at g group + i stride, rows ld
+ * apart. Packed: each matrix whole (rows padded), a gap after each and after each group.
+ * Interleaved, as attention's heads: the batch side by side along each row (stride = cols), a
+ * group the rows of all of them. */
+typedef struct layout {
+  int64_t ld, stride, group, size;
+} layout;
+
+static layout lay(hx *h, int interleaved, int64_t rows, int64_t cols, int64_t batch,
+                  int64_t groups) {
+  layout l;
+  int64_t pad = hx_int(h, 0, 2), gap = hx_int(h, 0, 3);
+  if (interleaved) {
+    l.ld = batch * cols + pad;
+    l.stride = cols;
+    l.group = rows * l.ld + gap;
+  } else {
+    l.ld = cols + pad;
+    l.stride = rows * l.ld + gap;
+    l.group = batch * l.stride + gap;
+  }
+  l.size = groups * l.group + 1;
+  return l;
+}
+
+/* The operand's matrices filled with bfloat16 values in [-1, 1), everything else a NaN. */
+static hx_buf *operand16(hx *h, const layout *l, int64_t rows, int64_t cols, int64_t batch,
+                         int64_t groups, const char *name) {
+  hx_buf *b = hx_new16(h, HX_IN, (size_t)l->size, name);
+  pmap_bf16 *v = HX_H16(b->init);
+  for (int64_t i = 0; i < l->size; i++) v[i] = 0x7fc0u;
+  for (int64_t g = 0; g < groups; g++)
+    for (int64_t i = 0; i < batch; i++)
+      for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+          v[g * l->group + i * l->stride + r * l->ld + c] =
+              pmap_bf16_round(hx_uniform(h, -1.0f, 1.0f));
+  return b;
+}
+
 typedef struct gs16_args {
   int ta, tb;
-  int64_t m, n, k, batch, sa, sb, sc;
+  int64_t m, n, k, batch, groups;
+  layout la, lb, lc;
   float alpha, beta;
   hx_buf *a, *b, *c;
 } gs16_args;
 
 static pmap_status call_gs16(const pmap_ops *o, op_queue *q, void *arg) {
   gs16_args *g = arg;
-  int64_t lda = g->ta ? g->m : g->k, ldb = g->tb ? g->k : g->n;
-  return o->gemm_strided_bf16(q, g->ta, g->tb, g->m, g->n, g->k, g->alpha, HX_H(g->a), lda, g->sa,
-                              HX_H(g->b), ldb, g->sb, g->beta, HX_F(g->c), g->n, g->sc, g->batch);
+  return o->gemm_strided_bf16(q, g->ta, g->tb, g->m, g->n, g->k, g->alpha, HX_H(g->a), g->la.ld,
+                              g->la.stride, HX_H(g->b), g->lb.ld, g->lb.stride, g->beta, HX_F(g->c),
+                              g->lc.ld, g->lc.stride, g->batch, g->groups, g->la.group, g->lb.group,
+                              g->lc.group);
 }
 
 void opcase_gemm_strided_bf16(hx *h) {
-  for (int r = 0; r < 4 + hx_rounds(h, 8); r++, hx_release(h)) {
+  for (int r = 0; r < 6 + hx_rounds(h, 10); r++, hx_release(h)) {
     gs16_args g = {.ta = r & 1, .tb = (r >> 1) & 1, .alpha = r % 3 ? 1.0f : 0.5f};
     int64_t hi = r < 4 ? 9 : h->large ? 96 : 40; /* tiny, then past the CPU's cut-off */
     g.m = hx_int(h, 1, hi), g.n = hx_int(h, 1, hi), g.k = hx_int(h, r == 5 ? 0 : 1, hi);
     g.batch = r == 3 ? 0 : hx_int(h, 1, 5);
+    g.groups = r == 4 ? 0 : r < 6 ? 1 : hx_int(h, 1, 4);
     g.beta = r % 4 == 2 ? 0.75f : 0.0f;
-    int64_t gap = hx_int(h, 0, 3);
-    g.sa = g.m * g.k + gap, g.sb = g.k * g.n + gap, g.sc = g.m * g.n + gap;
+    int inter = r >= 6 && (r & 4) != 0; /* attention's layout: the batch along each row */
+    int64_t nb = g.batch ? g.batch : 1, ng = g.groups ? g.groups : 1;
+    g.la = lay(h, inter, g.ta ? g.k : g.m, g.ta ? g.m : g.k, nb, ng);
+    g.lb = lay(h, inter, g.tb ? g.n : g.k, g.tb ? g.k : g.n, nb, ng);
+    g.lc = lay(h, inter, g.m, g.n, nb, ng);
     hx_trial(h,
-             "ta=%d tb=%d m=%" PRId64 " n=%" PRId64 " k=%" PRId64 " batch=%" PRId64 " gap=%" PRId64
-             " beta=%g",
-             g.ta, g.tb, g.m, g.n, g.k, g.batch, gap, (double)g.beta);
-    int64_t nb1 = g.batch ? g.batch : 1;
-    g.a = hx_in16(h, (size_t)(g.sa * nb1), -1.0f, 1.0f, "a");
-    g.b = hx_in16(h, (size_t)(g.sb * nb1), -1.0f, 1.0f, "b");
-    size_t nc = (size_t)(g.sc * nb1);
+             "ta=%d tb=%d m=%" PRId64 " n=%" PRId64 " k=%" PRId64 " batch=%" PRId64
+             " groups=%" PRId64 " %s beta=%g",
+             g.ta, g.tb, g.m, g.n, g.k, g.batch, g.groups, inter ? "interleaved" : "packed",
+             (double)g.beta);
+    g.a = operand16(h, &g.la, g.ta ? g.k : g.m, g.ta ? g.m : g.k, g.batch, g.groups, "a");
+    g.b = operand16(h, &g.lb, g.tb ? g.n : g.k, g.tb ? g.k : g.n, g.batch, g.groups, "b");
+    size_t nc = (size_t)g.lc.size;
     g.c = hx_new(h, HX_INOUT, nc, "c");
-    for (size_t i = 0; i < nc; i++) { /* the gaps hold a sentinel; beta 0 must not read c */
-      int64_t in = (int64_t)i % g.sc;
-      g.c->init[i] = in >= g.m * g.n ? -777.0f : g.beta == 0.0f ? NAN : hx_uniform(h, -1, 1);
-    }
+    unsigned char *inside = (unsigned char *)hx_floats(h, nc / 4 + 1);
+    memset(inside, 0, nc);
+    for (int64_t o = 0; o < g.groups; o++)
+      for (int64_t bi = 0; bi < g.batch; bi++)
+        for (int64_t i = 0; i < g.m; i++)
+          for (int64_t j = 0; j < g.n; j++)
+            inside[o * g.lc.group + bi * g.lc.stride + i * g.lc.ld + j] = 1;
+    for (size_t i = 0; i < nc; i++) /* the rest holds a sentinel; beta 0 must not read c */
+      g.c->init[i] = !inside[i] ? -777.0f : g.beta == 0.0f ? NAN : hx_uniform(h, -1, 1);
     double scale = sqrt((double)g.k) / 3.0 + 0.5;
     g.c->tol_cpu = h->tol_gemm16;
     g.c->scale_cpu = scale;
@@ -270,24 +321,26 @@ void opcase_gemm_strided_bf16(hx *h) {
     size_t mn = (size_t)(g.m * g.n);
     double *want = hx_doubles(h, mn);
     float *got = hx_floats(h, mn);
-    int64_t lda = g.ta ? g.m : g.k, ldb = g.tb ? g.k : g.n;
-    for (int64_t bi = 0; bi < g.batch; bi++) {
-      const pmap_bf16 *a = HX_H16(g.a->init) + bi * g.sa, *b = HX_H16(g.b->init) + bi * g.sb;
-      const float *c0 = g.c->init + bi * g.sc, *c = g.c->got + bi * g.sc;
-      for (int64_t i = 0; i < g.m; i++)
-        for (int64_t j = 0; j < g.n; j++) {
-          double s = 0.0;
-          for (int64_t p = 0; p < g.k; p++)
-            s += at16(a, lda, g.ta, i, p) * at16(b, ldb, g.tb, p, j);
-          want[i * g.n + j] = g.alpha * s + (g.beta != 0.0f ? g.beta * (double)c0[i * g.n + j] : 0);
-          got[i * g.n + j] = c[i * g.n + j];
-        }
-      hx_close_scale(h, "c", got, want, mn, h->tol_gemm16, scale);
-    }
+    for (int64_t o = 0; o < g.groups; o++)
+      for (int64_t bi = 0; bi < g.batch; bi++) {
+        const pmap_bf16 *a = HX_H16(g.a->init) + o * g.la.group + bi * g.la.stride;
+        const pmap_bf16 *b = HX_H16(g.b->init) + o * g.lb.group + bi * g.lb.stride;
+        int64_t c0 = o * g.lc.group + bi * g.lc.stride;
+        for (int64_t i = 0; i < g.m; i++)
+          for (int64_t j = 0; j < g.n; j++) {
+            double sum = 0.0;
+            for (int64_t p = 0; p < g.k; p++)
+              sum += at16(a, g.la.ld, g.ta, i, p) * at16(b, g.lb.ld, g.tb, p, j);
+            int64_t at = c0 + i * g.lc.ld + j;
+            want[i * g.n + j] =
+                g.alpha * sum + (g.beta != 0.0f ? g.beta * (double)g.c->init[at] : 0.0);
+            got[i * g.n + j] = g.c->got[at];
+          }
+        hx_close_scale(h, "c", got, want, mn, h->tol_gemm16, scale);
+      }
     size_t bad = 0;
     for (size_t i = 0; i < nc; i++)
-      if ((int64_t)i % g.sc >= g.m * g.n || g.batch == 0)
-        bad += g.c->got[i] != g.c->init[i] && !(isnan(g.c->got[i]) && isnan(g.c->init[i]));
+      if (!inside[i]) bad += g.c->got[i] != g.c->init[i];
     HX_CHECK(h, bad == 0, "%zu elements outside the matrices were written", bad);
   }
 }
