@@ -64,6 +64,7 @@ run_step() {
   VISITED[$name]=1
   if ((DRY)); then
     say "== $name (stage ${STAGE[$name]}, limit ${limit}s): $*"
+    say "   limit $(plan_why "$name")"
     record "$name" planned 0 ""
     return 0
   fi
@@ -79,6 +80,7 @@ run_step() {
   fi
   local log=$LOGS/$name.log rc t1 late=0
   say "== $name (limit ${limit}s, ${left}s left): $*"
+  say "   limit $(plan_why "$name")"
   { echo "\$ $*"; echo; } >"$log"
   CUR_STEP=$name CUR_T0=$(date +%s.%N)
   checkpoint
@@ -218,7 +220,7 @@ write_json() {
   printf '  "multi_device": %s,\n  "notes": %s,\n  "environment": %s,\n  "steps": [\n' \
     "$( ((MULTI)) && echo true || echo false)" "$(json_str "$(printf '%s\n' "${NOTES[@]}")")" \
     "$(json_str "$(cat "$OUTDIR/environment.txt" 2>/dev/null)")"
-  local all=("${ST_NAME[@]}") jn js jt jl jo last=$((${#ST_NAME[@]} - 1))
+  local all=("${ST_NAME[@]}") jn js jt jl jo jw last=$((${#ST_NAME[@]} - 1))
   for name in "${PLAN_NAMES[@]}"; do [ -n "${VISITED[$name]:-}" ] || all+=("$name"); done
   last=$((${#all[@]} - 1))
   for i in "${!all[@]}"; do
@@ -233,8 +235,10 @@ write_json() {
     jl='""'
     [ -f "$LOGS/$name.log" ] && json_into jl "logs.tar.gz:logs/$name.log"
     json_into jo "${STAGE[$name]:-}"
-    printf '    {"name": %s, "stage": %s, "limit_s": %s, "status": %s, "seconds": %s, "note": %s, "log": %s, "output": %s}' \
-      "$jn" "$jo" "${LIMIT[$name]:-null}" "$js" "${ST_SECS[$i]:-0}" "$jt" "$jl" "${OUTJSON[$name]:-null}"
+    jw='""'
+    [ -n "${LIMIT[$name]:-}" ] && json_into jw "$(plan_why "$name")"
+    printf '    {"name": %s, "stage": %s, "limit_s": %s, "limit_why": %s, "status": %s, "seconds": %s, "note": %s, "log": %s, "output": %s}' \
+      "$jn" "$jo" "${LIMIT[$name]:-null}" "$jw" "$js" "${ST_SECS[$i]:-0}" "$jt" "$jl" "${OUTJSON[$name]:-null}"
     ((i < last)) && printf ','
     printf '\n'
   done
@@ -265,6 +269,10 @@ write_md() {
   done
   echo
   echo "Plan: ${PLAN_SUM}s of limits in a budget of ${BUDGET}s (${RESERVE}s kept for the end); this run took $(elapsed)s."
+  echo "Each limit is ${MARGIN} x the step's costs, from the ${COSTS_FROM} (bench/gpu-check-plan.sh):"
+  echo
+  for name in "${PLAN_NAMES[@]}"; do echo "- \`$name\`: $(plan_why "$name")"; done
+  echo
   echo "Every step's log is in \`logs.tar.gz\` (logs/<step>.log), this script's output in"
   echo "\`check.log\`, every figure in \`summary.json\`."
   [ -n "${PY:-}" ] && "$PY" "$SRC/bench/gpu_check_figures.py" "$OUTDIR/summary.json.new" 2>&1

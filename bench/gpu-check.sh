@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu-check.sh: the one-shot check of pmap on a machine with an NVIDIA GPU and no network, sized
 # for one H200 with 16 cores and one call of at most 10 minutes. It builds what it runs, then
-# runs a plan of steps ordered by value, each under its own time limit: (a) the build, (b) one
+# runs a plan of steps ordered by value, each under its own time limit, computed from what the
+# step costs (bench/gpu-check-plan.sh; the probe's measurements raise them): (a) the build, (b) one
 # device: every CUDA op (the op harness, tests/ops: float64, finite differences and the CPU
 # kernels), every example model against the CPU; (c) 2 logical devices: collectives, training
 # against the CPU, the sharded optimizer, graphs and overlap, the fallbacks; (d) 4 logical
@@ -21,8 +22,9 @@
 #             nvidia-nccl-cu* wheel. NCCL >= 2.30 runs several logical devices on one GPU.
 # --dry-run   on any machine: finds every tool, loads the NCCL, configures and builds exactly as
 #             the real run would, checks every program, test and option the steps use, prints
-#             every step with its limit, and fails when a check fails or the limits add up to
-#             more than the budget. Runs nothing on a GPU.
+#             every step with its limit and the reasoning behind it, and fails when a check
+#             fails or the limits add up to more than the budget. Runs nothing on a GPU.
+#             bench/gpu-rehearse.sh runs it as the device call will (docs/cuda.md).
 #
 # GPU_CHECK_BUDGET_S (default 585) bounds the whole run: a step starts only if its limit fits in
 # what is left, else it is "not run" (never a pass). GPU_CHECK_BUILD_DIR picks the build folder
@@ -54,26 +56,13 @@ if [ -z "$NCCL_ARG" ] && [ -d "$SRC/.nccl" ]; then NCCL_ARG=$SRC/.nccl; fi
 DRYRUN=$DRY # DRY alone is lifted for the dry run's real configure and build
 
 # ------------------------------------------------------------------------------------------
-# The plan: every step, its limit in seconds and its stage, in the order it runs. The limits
-# add up to at most the budget (the dry run fails otherwise), so every step fits when each
-# keeps to its limit.
+# The plan: every step, its stage and its limit from what it costs (bench/gpu-check-plan.sh).
+# The limits add up to at most the budget (the dry run fails otherwise), so every step fits
+# when each keeps to its limit.
 
-PLAN=(
-  "configure 40 a" "build 100 a"
-  "probe 20 b" "gpu-ops-1 20 b" "gpu-pmap-1 35 b"
-  "nccl-2 15 c" "nccl-2-nocumem 15 c"
-  "gpu-coll-2 30 c" "gpu-pmap-2 45 c" "gpu-fast-2 30 c" "gpu-fallback-2 30 c"
-  "gpu-coll-4 30 d" "gpu-pmap-4 30 d" "gpu-fast-4 25 d"
-  "step-mlp-1024 25 e" "step-mlp 10 e" "step-gpt-mini 10 e" "allreduce 20 e"
-  "jax-compare 30 f"
-)
-declare -A LIMIT STAGE
-PLAN_NAMES=() PLAN_SUM=0
-for p in "${PLAN[@]}"; do
-  read -r n l s <<<"$p"
-  PLAN_NAMES+=("$n") LIMIT[$n]=$l STAGE[$n]=$s
-  PLAN_SUM=$((PLAN_SUM + l))
-done
+# shellcheck source=bench/gpu-check-plan.sh
+source "$SRC/bench/gpu-check-plan.sh"
+plan_limits
 # Kept out of the steps' time: the end of a run (summary, archive) and the stacks of the first
 # step that hangs (STACKS_S). The plan's limits fit in the rest.
 RESERVE=25
@@ -263,15 +252,20 @@ if ((GPU_COUNT < 4 && NCCL_CODE < 23000)); then
   NOTES+=("Multi-device steps not run: $MULTI_WHY.")
 fi
 export PMAP_CUDA_DEVICE_IDS=$IDS
-MULTI_ENV=(env NCCL_MULTI_RANK_GPU_ENABLE=1 CUDA_MODULE_LOADING=EAGER)
-# One device: neither, so that those steps also show the default (lazy) loading works alone.
-ONE_ENV=(env -u NCCL_MULTI_RANK_GPU_ENABLE -u CUDA_MODULE_LOADING)
+# Where devices share the GPU: every module loaded at CUDA's start, and 32 hardware queues
+# instead of CUDA's 8 (4 ranks x 2 streams and NCCL's own exceed 8, and two streams on one queue
+# serialize: a rank's collective kernel queued behind another's, which waits for it, hangs;
+# docs/cuda.md). Both are read when CUDA starts, so they are in the step's environment.
+SHARED_ENV=(NCCL_MULTI_RANK_GPU_ENABLE=1 CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32)
+MULTI_ENV=(env "${SHARED_ENV[@]}")
+# One device: none of them, so that those steps also show the default (lazy) loading works alone.
+ONE_ENV=(env -u NCCL_MULTI_RANK_GPU_ENABLE -u CUDA_MODULE_LOADING -u CUDA_DEVICE_MAX_CONNECTIONS)
 # FP32 GEMMs in every step (JAX's comparison sets its own), and the CPU GEMM choice measured
 # once for all of them; the tests also get the suite's short spins (tests/meson.build), the
 # performance steps the library's defaults.
 export PMAP_CUDA_TF32=0 XDG_CACHE_HOME=$WORK/cache
 MULTI_ENV+=(PMAP_SPIN_US=50) ONE_ENV+=(PMAP_SPIN_US=50)
-PERF_ENV=(env NCCL_MULTI_RANK_GPU_ENABLE=1 CUDA_MODULE_LOADING=EAGER)
+PERF_ENV=(env "${SHARED_ENV[@]}")
 
 write_environment() {
   {
@@ -301,6 +295,8 @@ write_environment() {
       grep -Eo 'Comm config (Min|Max) CTAs set to [0-9]+|NCCL version [0-9.]+[^ ]*|nRanks [0-9]+ nNodes [0-9]+ localRanks [0-9]+|[0-9]+ coll channels, [0-9]+ collnet channels, [0-9]+ nvls channels, [0-9]+ p2p channels' "$f" |
         sort | uniq -c | sed 's/^ */    /'
     done
+    echo "  limits        from the ${COSTS_FROM}: eager start ${COST_EAGER} s, lazy ${COST_LAZY} s, context of 1 device ${COST_CTX1} s, of several sharing the GPU ${COST_CTXN} s, margin ${MARGIN}x"
+    if [ -n "${COSTS_NOTE:-}" ]; then echo "  costs         $COSTS_NOTE"; fi
     if [ -n "${WAIT_NOTE:-}" ]; then echo "  waits         $WAIT_NOTE"; fi
     if [ -n "${NCCL_CUMEM_ENABLE:-}" ]; then echo "  NCCL          NCCL_CUMEM_ENABLE=$NCCL_CUMEM_ENABLE"; fi
   } >"$OUTDIR/environment.txt.new"
@@ -434,6 +430,8 @@ if ((DRY || (BUILT && HAVE_GPU))); then
     WAIT_NOTE="a blocking-sync wait hung in the probe: every later step ran with PMAP_CUDA_WAIT=poll"
     NOTES+=("The default waits (blocking-sync CUDA events) hung here: every step after the probe ran with PMAP_CUDA_WAIT=poll.")
   fi
+  # The probe's measured costs raise the later limits where they exceed the estimates.
+  if ((!DRY)) && [ -f "$LOGS/probe.log" ]; then plan_from_probe "$LOGS/probe.log"; fi
   ((DRY)) || write_environment
   # The op harness's CUDA half: every op of ops/op_list.h on the GPU (exit 77, a failure here,
   # where it finds no usable GPU after the probe did).
@@ -487,7 +485,15 @@ if ((DRY || (BUILT && HAVE_GPU))); then
     not_run allreduce "$MULTI_WHY"
   fi
   # (f) JAX's pmap on the same GPU (one device: JAX puts one device on each GPU).
-  if [ -z "$JAX_PY" ]; then
+  # A dry run plans it on a machine without JAX too (the GPU machine's /opt/*/.venv has it),
+  # with the arguments checked against the script's parser instead of by its own --dry-run.
+  if ((DRY)) && [ -z "$JAX_PY" ]; then
+    check jax-args "jax_compare.py parses the step's arguments (no JAX here to import)" bash -c "
+      $(declare -f opts_known); SRC='$SRC'; opts_known '$SRC/bench/jax_compare.py' ${JAX_ARGS[*]}"
+    run_step jax-compare env -u NCCL_MULTI_RANK_GPU_ENABLE -u CUDA_MODULE_LOADING PYTHONUNBUFFERED=1 \
+      XLA_PYTHON_CLIENT_PREALLOCATE=false "(the first Python there that imports numpy and jax)" \
+      "$SRC/bench/jax_compare.py" "${JAX_ARGS[@]}"
+  elif [ -z "$JAX_PY" ]; then
     not_run jax-compare "no Python here imports numpy and jax"
   else
     ((DRY)) && check jax-args "jax_compare.py accepts the step's arguments" \
@@ -508,7 +514,7 @@ if ((DRY)); then
   for n in "${PLAN_NAMES[@]}"; do [ -n "${VISITED[$n]:-}" ] || missing+=" $n"; done
   [ -z "$missing" ] || record plan-walk fail 0 "steps in the plan that the run never reaches:$missing"
   say ""
-  say "plan: ${#PLAN_NAMES[@]} steps, ${PLAN_SUM}s of limits, budget ${BUDGET}s"
-  for p in "${PLAN[@]}"; do say "  $p"; done
+  say "plan: ${#PLAN_NAMES[@]} steps, ${PLAN_SUM}s of limits, budget ${BUDGET}s less ${RESERVE}s kept for the end"
+  for n in "${PLAN_NAMES[@]}"; do say "  $n (${STAGE[$n]}): $(plan_why "$n")"; done
 fi
 exit 0

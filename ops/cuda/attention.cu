@@ -1,8 +1,9 @@
 /* attention.cu: CUDA kernels of causal self-attention and token embeddings: the strided batch of
  * GEMMs (cublasSgemmStridedBatched, row-major as gemm.cu), the causal softmax and its backward
- * (a thread per row, the CPU's formulas with the same double sums) and the embedding's gather
- * and its scatter-add, which takes a thread per (row of the table, feature) walking the tokens
- * in order: no atomics, the same bits on every run. */
+ * (a thread per row; the sums in double in column order as on the CPU, but the exponentials in
+ * double too, where the CPU takes its vector exp in float: the two agree to float rounding, not
+ * bitwise) and the embedding's gather and its scatter-add, which takes a thread per (row of the
+ * table, feature) walking the tokens in order: no atomics, the same bits on every run. */
 #include <limits.h>
 
 #include "cuda_common.cuh"
@@ -28,6 +29,8 @@ extern "C" pmap_status cuda_gemm_strided(op_queue *q, int trans_a, int trans_b, 
   return PMAP_SUCCESS;
 }
 
+/* Each row's exponentials in double (not the CPU's float vector exp), summed in double in column
+ * order; the division in double. */
 static __global__ void causal_softmax_kernel(const float *x, float *y, int64_t rows, int64_t t,
                                              float scale) {
   for (size_t r = cuda_thread_index(); r < (size_t)rows; r += cuda_grid_stride()) {

@@ -1,6 +1,7 @@
 /* cuda_queue.cu: a device's CUDA op queue (cuda_queue.h): made on the device's thread from its
  * stream and BLAS handle, with its scratch and the fast steps' values allocated through the
- * device's allocator, after a check that the GPU can run pmap's kernels. */
+ * device's allocator (device memory alone: page-locked host memory is the backend's, made when
+ * the device starts), after a check that the GPU can run pmap's kernels. */
 #include <stdlib.h>
 
 #include "cuda_ops.h"
@@ -15,11 +16,6 @@ extern "C" void cuda_queue_destroy(op_queue *q) {
   if (q->work) q->init.free(q->init.owner, q->work);
   if (q->scratch) q->init.free(q->init.owner, q->scratch);
   if (q->vals) q->init.free(q->init.owner, q->vals);
-  for (int k = 0; k < 2; k++) {
-    if (q->vals_host[k]) (void)cudaFreeHost(q->vals_host[k]);
-    if (q->vals_ev[k]) (void)cudaEventDestroy(q->vals_ev[k]);
-  }
-  (void)cudaGetLastError();
   free(q);
 }
 
@@ -40,16 +36,8 @@ extern "C" pmap_status cuda_queue_create(const op_queue_init *init, op_queue **o
   q->scratch = p;
   PMAP_TRY_GOTO(st, init->alloc(init->owner, sizeof(cuda_step_vals), &p), fail);
   q->vals = (cuda_step_vals *)p;
-  /* Pinned copies of the values: an optimization (pageable copies otherwise), so a refusal is
-   * not a failure. */
-  for (int k = 0; k < 2; k++) {
-    void *h = NULL;
-    if (cudaEventCreateWithFlags(&q->vals_ev[k], cudaEventDisableTiming) != cudaSuccess)
-      q->vals_ev[k] = NULL;
-    if (cudaMallocHost(&h, sizeof(cuda_step_vals)) != cudaSuccess) h = NULL;
-    q->vals_host[k] = (cuda_step_vals *)h;
-  }
-  (void)cudaGetLastError();
+  /* No page-locked memory here: a queue is made inside a job, where another device may already
+   * have issued a collective (the step's values go as a kernel's argument, step_vals.cu). */
   /* A GPU without code for the kernels fails here, with CUDA's message, not at the first op. */
   cudaFuncAttributes attr;
   CUDA_CHECK_GOTO(q, st, cudaFuncGetAttributes(&attr, queue_probe_kernel), fail);

@@ -43,9 +43,6 @@ struct op_queue {
   cuda_step_vals *vals; /* (1) device */
   int vals_on;
   uint64_t vals_step;
-  cuda_step_vals *vals_host[2]; /* pinned, in turns; vals_ev[k] marks the end of its copy */
-  cudaEvent_t vals_ev[2];
-  int vals_next;
 };
 
 /* Grows q's workspace (q->work) to at least `count` floats (stream-ordered). */

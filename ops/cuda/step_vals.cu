@@ -3,8 +3,6 @@
  * guard's and clipping's decision taken there (cuda_decide): the same tests and the same scale
  * as the host's in models/step.c, written where the scale and optimizer kernels read them, so a
  * captured step needs no host decision. */
-#include <string.h>
-
 #include "cuda_common.cuh"
 
 /* tail: [loss | flags (n) | norm] of the averaged gradient buffer. */
@@ -39,21 +37,14 @@ extern "C" pmap_status cuda_decide(op_queue *q, float *g, size_t P, const float 
   return PMAP_SUCCESS;
 }
 
-/* Copies v to q->vals in stream order: through one of two pinned buffers in turns when its last
- * copy is done, else from pageable memory, which CUDA copies out before the call returns (no
- * wait for the device here either way). */
+/* The values as the kernel's argument: copied at the launch, written in stream order, and no
+ * host buffer to keep (a pinned one would be a page-locked allocation in the middle of a job,
+ * which may synchronize a GPU that several devices share while a collective is in flight). */
+static __global__ void set_vals_kernel(cuda_step_vals v, cuda_step_vals *vals) { *vals = v; }
+
 static pmap_status vals_upload(op_queue *q, const cuda_step_vals *v) {
-  int k = q->vals_next;
-  if (!q->vals_host[k] || !q->vals_ev[k] || cudaEventQuery(q->vals_ev[k]) != cudaSuccess) {
-    (void)cudaGetLastError(); /* a not-ready event is no error */
-    CUDA_CHECK(q, cudaMemcpyAsync(q->vals, v, sizeof *v, cudaMemcpyHostToDevice, q->stream));
-    return PMAP_SUCCESS;
-  }
-  q->vals_next ^= 1;
-  memcpy(q->vals_host[k], v, sizeof *v);
-  CUDA_CHECK(
-      q, cudaMemcpyAsync(q->vals, q->vals_host[k], sizeof *v, cudaMemcpyHostToDevice, q->stream));
-  CUDA_CHECK(q, cudaEventRecord(q->vals_ev[k], q->stream));
+  set_vals_kernel<<<1, 1, 0, q->stream>>>(*v, q->vals);
+  CUDA_CHECK_LAUNCH(q, "set_vals_kernel");
   return PMAP_SUCCESS;
 }
 

@@ -119,8 +119,11 @@ void cuda_nccl_cta_limits(int sms, int ranks_per_gpu, int *min_ctas, int *max_ct
 /* Whether CUDA loads kernels lazily in this process: 1 lazy, 0 eagerly, -1 unknown (a driver
  * without cuModuleGetLoadingMode). Needs CUDA initialised. */
 int cuda_module_loading_lazy(void);
+/* The hardware queues (CUDA_DEVICE_MAX_CONNECTIONS) where logical devices may share a GPU. */
+#define CUDA_SHARED_MAX_CONNECTIONS "32"
 /* Before this process's first CUDA call: where several logical devices may share a GPU
- * (NCCL_MULTI_RANK_GPU_ENABLE set) and CUDA_MODULE_LOADING is unset, sets it to EAGER. Once. */
+ * (NCCL_MULTI_RANK_GPU_ENABLE set), sets CUDA_MODULE_LOADING to EAGER and
+ * CUDA_DEVICE_MAX_CONNECTIONS to CUDA_SHARED_MAX_CONNECTIONS where they are unset. Once. */
 void cuda_module_loading_prepare(void);
 
 /* The context half of the backend table (cuda_ctx.c): ctx_init validates the device list and
@@ -130,7 +133,8 @@ pmap_status cuda_ctx_init(pmap_ctx *ctx, const pmap_config *cfg);
 void cuda_ctx_fini(pmap_ctx *ctx);
 
 /* cuda_nccl.c: what every NCCL call goes through. */
-/* Marks the communicators dead and aborts every one of them, once; callable from any thread
+/* Marks the communicators dead and aborts every one of them, once, each after the thread inside
+ * a call on it (cuda_nccl_enter) has left; callable from any thread but one inside such a call,
  * any number of times. Kernels of collectives still in flight on any GPU end. */
 void cuda_comms_abort(cuda_ctx *cc);
 

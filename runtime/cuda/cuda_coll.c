@@ -37,15 +37,16 @@ pmap_status cuda_nccl_failed(pmap_device *dev, pmap_status st, const char *call)
   return coll_failed(dev, st);
 }
 
-pmap_status cuda_nccl_issued(pmap_device *dev, ncclResult_t r, const char *text, const char *call) {
+/* What cuda_nccl_issued does up to the count: settles the call, leaves NCCL and reports a
+ * failure, all before the collective may count as issued. */
+static pmap_status issue_settle(pmap_device *dev, ncclResult_t r, const char *text,
+                                const char *call) {
   cuda_device *cd = dev->be;
   cuda_ctx *cc = dev->ctx->be_ctx;
   pmap_status st = PMAP_SUCCESS;
-  /* Counted whatever the outcome: peers waiting on the count (cuda_mem.c) go on, and a failure
-   * reaches them through the abort. */
-  atomic_fetch_add(&cc->issued[dev->index], 1);
   if (r == ncclInProgress) {
-    /* A non-blocking communicator still setting the call up (e.g. a first connection). */
+    /* A non-blocking communicator still setting the call up (e.g. a first connection): its
+     * kernel is not yet on the stream. */
     int64_t t = cuda_timeout_ns(dev->ctx);
     r = cuda_nccl_settle(cc, cd->comm, t >= 0 ? pmap_now_ns() + t : -1);
     if (r == ncclInProgress) {
@@ -69,12 +70,24 @@ pmap_status cuda_nccl_issued(pmap_device *dev, ncclResult_t r, const char *text,
     goto fail;
   });
   cuda_nccl_leave(dev);
-  /* Stream-ordered: the next wait of this device covers the collective. */
-  atomic_store(&cc->pending[dev->index], 1);
-  return cc->coll_wait ? cuda_wait(dev, call, 1) : PMAP_SUCCESS;
+  return PMAP_SUCCESS;
 fail:
   cuda_nccl_leave(dev);
   return cuda_nccl_failed(dev, st, call);
+}
+
+pmap_status cuda_nccl_issued(pmap_device *dev, ncclResult_t r, const char *text, const char *call) {
+  cuda_ctx *cc = dev->ctx->be_ctx;
+  pmap_status st = issue_settle(dev, r, text, call);
+  /* Counted only now: with ncclInProgress the kernel was not on the stream yet, and a peer on
+   * the same GPU waiting for this count before an allocation that synchronizes the GPU
+   * (cuda_mem.c) must not get in before it. Counted on failure too, after the abort that tells
+   * the peers: they go on and find it. */
+  atomic_fetch_add(&cc->issued[dev->index], 1);
+  if (st != PMAP_SUCCESS) return st;
+  /* Stream-ordered: the next wait of this device covers the collective. */
+  atomic_store(&cc->pending[dev->index], 1);
+  return cc->coll_wait ? cuda_wait(dev, call, 1) : PMAP_SUCCESS;
 }
 
 /* 1 when an asynchronous NCCL error was found (recorded in st). */

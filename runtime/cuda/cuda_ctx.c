@@ -44,12 +44,18 @@ static int nccl_env_enabled(const char *name);
  * whole GPU while it holds the context's lock. When logical devices share a GPU (and so its
  * CUDA context) one device's first launch of a kernel can then wait for another device's
  * collective kernel, which waits for the first device's collective, which cannot be launched:
- * a deadlock. Loading every module when CUDA starts prevents it; the choice is read once, at
- * the process's first CUDA call, so it is made before that. */
+ * a deadlock. Loading every module when CUDA starts prevents it. Likewise the streams of the
+ * devices sharing a GPU (two each, and NCCL's own) share CUDA's 8 hardware queues by default:
+ * a collective kernel queued behind another rank's on the same queue waits for it, which waits
+ * for this one; 32 queues, the most CUDA gives, keep 4 devices' streams and NCCL's apart. Both are
+ * read once, at the process's first CUDA call, so they are set before it. */
 static void loading_prepare_once(void) {
+  if (!nccl_env_enabled("NCCL_MULTI_RANK_GPU_ENABLE")) return;
   const char *mode = getenv("CUDA_MODULE_LOADING");
-  if ((!mode || !*mode) && nccl_env_enabled("NCCL_MULTI_RANK_GPU_ENABLE"))
-    (void)setenv("CUDA_MODULE_LOADING", "EAGER", 1);
+  if (!mode || !*mode) (void)setenv("CUDA_MODULE_LOADING", "EAGER", 1);
+  const char *queues = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  if (!queues || !*queues)
+    (void)setenv("CUDA_DEVICE_MAX_CONNECTIONS", CUDA_SHARED_MAX_CONNECTIONS, 1);
 }
 
 void cuda_module_loading_prepare(void) {

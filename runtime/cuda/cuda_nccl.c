@@ -3,6 +3,7 @@
  * context's timeout, and aborting the communicators. Used by the context (cuda_ctx.c), the
  * collectives (cuda_coll.c) and the graphs (cuda_graph.c); calls none of them. */
 #include <sched.h>
+#include <stdio.h>
 #include <time.h>
 
 #include "cuda_backend.h"
@@ -11,8 +12,11 @@
 #define SETTLE_SPINS 64
 /* After the spin phase, sleep this long between polls. */
 #define POLL_SLEEP_NS 20000L
-/* How long an abort waits for a thread to leave an NCCL call before aborting under it. */
-#define ABORT_GRACE_NS 200000000LL
+/* How long an abort waits for the threads inside NCCL calls to leave them. On non-blocking
+ * communicators every call but abort and destroy returns at once (ncclInProgress where it is not
+ * done), and the backend's own polls of one look at `dead` before each call, so a thread leaves
+ * within microseconds; only one that never does outlasts this. */
+#define ABORT_WAIT_NS (10LL * 1000000000LL)
 
 int64_t cuda_timeout_of(cuda_ctx *cc) {
   int64_t t = cc->ctx->wait.timeout_ns;
@@ -63,16 +67,32 @@ void cuda_comms_abort(cuda_ctx *cc) {
   pthread_mutex_lock(&cc->abort_lock);
   atomic_store(&cc->dead, 1);
   if (cc->comms_live) {
-    /* A thread that entered an NCCL call before it saw `dead` is let out first; one blocked
-     * inside (a peer that never came) is aborted under, which is what unblocks it. */
-    int64_t deadline = pmap_now_ns() + ABORT_GRACE_NS;
-    for (int i = 0; i < cc->n; i++)
-      while (atomic_load(&cc->nccl_since[i]) && pmap_now_ns() < deadline) sched_yield();
-    int saved = -1;
+    /* A thread that entered an NCCL call before it saw `dead` leaves it before its communicator
+     * is freed: an abort frees the communicator, and freeing it under a call is a use after
+     * free. A communicator whose thread is still inside after ABORT_WAIT_NS (never seen: NCCL
+     * promises otherwise) is left to the process instead, and one line on stderr says so. */
+    int64_t deadline = pmap_now_ns() + ABORT_WAIT_NS;
+    int saved = -1, kept = 0;
     if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
-    for (int i = 0; i < cc->n; i++) (void)ncclCommAbort(cc->comms[i]);
+    for (int i = 0; i < cc->n; i++) {
+      while (atomic_load(&cc->nccl_since[i]) && pmap_now_ns() < deadline) {
+        struct timespec ts = {0, POLL_SLEEP_NS};
+        nanosleep(&ts, NULL);
+      }
+      if (atomic_load(&cc->nccl_since[i])) {
+        kept++;
+        continue;
+      }
+      (void)ncclCommAbort(cc->comms[i]);
+    }
     if (saved >= 0) (void)cudaSetDevice(saved);
     (void)cudaGetLastError();
+    if (kept)
+      fprintf(stderr,
+              "pmap: %d NCCL communicator%s not aborted: %s thread stayed inside an NCCL call "
+              "for %.0f s after the abort began; left to the process\n",
+              kept, kept == 1 ? "" : "s", kept == 1 ? "its" : "their",
+              (double)ABORT_WAIT_NS * 1e-9);
     cc->comms_live = 0;
   }
   pthread_mutex_unlock(&cc->abort_lock);

@@ -1,33 +1,67 @@
 /* gpu_probe: the facts of this machine's GPUs that the CUDA backend depends on, one "key: value"
  * line each, for bench/gpu-check.sh's environment file: each GPU's name, multiprocessors and
  * memory pools; the NCCL loaded; what starting CUDA, GPU 0's context and a cuBLAS handle take;
- * whether CUDA loads kernels lazily; the NCCL channel limits the backend gives 2 and 4 logical
- * devices sharing GPU 0; and, last, whether a blocking-sync wait returns. Exit status 0 when it
- * could ask, 2 without a usable GPU. Not a test: it judges nothing. */
+ * whether CUDA loads kernels lazily and its hardware queues; the NCCL channel limits the backend
+ * gives 2 and 4 logical devices sharing GPU 0; whether a blocking-sync wait returns; then what a
+ * pmap context of 1 device and of 2 sharing GPU 0 takes to make and destroy (the GPU check's
+ * plan raises its limits to these). Exit status 0 when it could ask, 2 without a usable GPU.
+ * Not a test: it judges nothing. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
 #include "runtime/cuda/cuda_backend.h"
 
+/* How long the kernel the blocking-sync wait waits behind runs (gpu_spin.cu). */
+#define SPIN_S 0.1
+
+cudaError_t gpu_probe_spin(cudaStream_t s, double seconds);
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* A blocking-sync event behind a kernel that runs SPIN_S: the wait must sleep until the GPU
+ * signals it (behind an empty stream it would return at once even where such waits hang). */
 static void blocking_wait(void) {
   cudaStream_t s = NULL;
   cudaEvent_t ev = NULL;
   cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   if (e == cudaSuccess)
     e = cudaEventCreateWithFlags(&ev, cudaEventBlockingSync | cudaEventDisableTiming);
+  if (e == cudaSuccess) e = gpu_probe_spin(s, SPIN_S);
+  double t0 = now_s();
   if (e == cudaSuccess) e = cudaEventRecord(ev, s);
   if (e == cudaSuccess) e = cudaEventSynchronize(ev);
-  printf("blocking-sync wait: %s\n", e == cudaSuccess ? "works" : cudaGetErrorString(e));
+  double waited = now_s() - t0;
+  if (e != cudaSuccess)
+    printf("blocking-sync wait: %s\n", cudaGetErrorString(e));
+  else
+    printf("blocking-sync wait: works (%.3f s behind a %.3f s kernel%s)\n", waited, SPIN_S,
+           waited < 0.5 * SPIN_S ? ": returned before the kernel could have ended" : "");
   if (ev) (void)cudaEventDestroy(ev);
   if (s) (void)cudaStreamDestroy(s);
   (void)cudaGetLastError();
 }
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+/* Makes and destroys a pmap context of n devices on GPU 0, timing both. */
+static void context_cost(int n) {
+  int ids[2] = {0, 0};
+  pmap_config cfg = {.backend = PMAP_BACKEND_CUDA, .num_devices = n, .device_ids = ids};
+  pmap_ctx *ctx = NULL;
+  double t0 = now_s();
+  pmap_status st = pmap_ctx_create(&cfg, &ctx);
+  double t1 = now_s();
+  char what[48];
+  snprintf(what, sizeof what, n == 1 ? "1 device" : "%d devices on GPU 0", n);
+  if (st != PMAP_SUCCESS) {
+    printf("pmap context, %s: not made: %s: %s\n", what, pmap_status_string(st), pmap_last_error());
+    return;
+  }
+  pmap_ctx_destroy(ctx);
+  printf("pmap context, %s: create %.2f s, destroy %.2f s\n", what, t1 - t0, now_s() - t1);
 }
 
 int main(void) {
@@ -84,6 +118,12 @@ int main(void) {
   }
   const char *env = getenv("NCCL_MAX_CTAS");
   if (env) printf("NCCL_MAX_CTAS: %s (overrides maxCTAs)\n", env);
-  blocking_wait(); /* last: where it hangs, the lines above are already out */
+  const char *queues = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  printf("hardware queues: CUDA_DEVICE_MAX_CONNECTIONS %s\n", queues ? queues : "unset (8)");
+  /* Where it hangs, the lines above are already out, and gpu-check.sh polls from then on. */
+  blocking_wait();
+  /* After the wait's line, so that a context that hangs is not taken for a wait that does. */
+  context_cost(1);
+  context_cost(2);
   return 0;
 }

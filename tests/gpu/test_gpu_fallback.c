@@ -56,8 +56,8 @@ static void test_bucket_parse(void) {
 /* ---- module loading, in child processes ---- */
 
 /* In a child: a context of two devices on GPU 0. `want_lazy_refused`: CUDA_MODULE_LOADING=LAZY
- * must be refused, naming it; else the context works and CUDA loads eagerly. 77 where this
- * NCCL cannot share a GPU at all. */
+ * must be refused, naming it; else the context works, CUDA loads eagerly and has 32 hardware
+ * queues (both set by pmap). 77 where this NCCL cannot share a GPU at all. */
 static int loading_child(int want_lazy_refused) {
   int ids[2] = {0, 0};
   pmap_config cfg = {.backend = PMAP_BACKEND_CUDA, .num_devices = 2, .device_ids = ids};
@@ -80,6 +80,10 @@ static int loading_child(int want_lazy_refused) {
           mode ? mode : "unset");
     CHECK(cuda_module_loading_lazy() == 0, "CUDA loads kernels lazily (mode %d)",
           cuda_module_loading_lazy());
+    const char *queues = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    CHECK(queues && !strcmp(queues, CUDA_SHARED_MAX_CONNECTIONS),
+          "CUDA_DEVICE_MAX_CONNECTIONS is %s, want " CUDA_SHARED_MAX_CONNECTIONS,
+          queues ? queues : "unset");
   }
   pmap_ctx_destroy(ctx);
   return test_failures ? 1 : 0;
@@ -90,6 +94,7 @@ static int run_child(const char *arg, const char *mode) {
   pid_t pid = fork();
   if (pid == 0) {
     setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1", 1);
+    unsetenv("CUDA_DEVICE_MAX_CONNECTIONS"); /* pmap must set it, as CUDA_MODULE_LOADING */
     if (mode)
       setenv("CUDA_MODULE_LOADING", mode, 1);
     else

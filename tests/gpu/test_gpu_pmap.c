@@ -2,11 +2,22 @@
  * devices agree with the CPU on N devices and with 1 GPU device on the same global batch,
  * replicas stay bitwise identical, prediction matches the CPU's, and the seed examples
  * converge. N: PMAP_GPU_TEST_DEVICES, else every GPU (4 on one GPU); PMAP_GPU_TEST_QUICK=1 takes
- * three of the models and no convergence runs. Skips (77) without a GPU. */
+ * three of the models and no convergence runs. One CUDA context of 1 device and one of N serve
+ * every model (the sharded optimizer's runs make their own). Skips (77) without a GPU. */
 #include "gpu_util.h"
 #include "pmap_examples.h"
 
 #define COMPARE_STEPS 20
+
+/* Steps of a comparison: gpt-mini's CPU step takes about a second with the portable GEMM (what
+ * a GPU machine without OpenBLAS or oneDNN has), so it is compared over 3. */
+static int compare_steps(const char *model) {
+  return strcmp(model, "gpt-mini") ? COMPARE_STEPS : 3;
+}
+
+/* The CUDA contexts the tests share, of 1 device and of N (NULL where N = 1): a context costs
+ * an NCCL communicator and its first connections, counted in bench/gpu-check-plan.sh. */
+static pmap_ctx *cuda_one, *cuda_many;
 
 /* Parameters after `steps` steps of `model` (its defaults, global batch `batch`) on ctx, and the
  * loss of every step (steps entries). Checks that every replica holds the same bits. */
@@ -56,20 +67,20 @@ static size_t n_params(const char *model) {
   return n;
 }
 
-/* Trains `model` from seed 0 on the same global batch of fresh random data on a context of n
- * devices of backend `cpu` (else CUDA); 0 when that context is not possible here (said why). */
-static int train_on(int cpu, int n, int gpus, const char *model, int64_t batch, float *w,
-                    float *losses) {
+/* Trains `model` from seed 0 on the same global batch of fresh random data, compare_steps of
+ * it, on a new CPU context of n devices (cpu), else on the shared CUDA context of n devices
+ * (cuda_one or cuda_many); 0 when that context is not possible here. */
+static int train_on(int cpu, int n, const char *model, int64_t batch, float *w, float *losses) {
   pmap_ctx *ctx = NULL;
   if (cpu) {
     pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = n};
     CHECK_OK(pmap_ctx_create(&cfg, &ctx));
-  } else if (gpu_ctx(n, gpus, 0.0, &ctx) != PMAP_SUCCESS) {
-    return 0;
+  } else {
+    ctx = n == 1 ? cuda_one : cuda_many;
   }
   if (!ctx) return 0;
-  train(ctx, model, COMPARE_STEPS, batch, w, losses);
-  pmap_ctx_destroy(ctx);
+  train(ctx, model, compare_steps(model), batch, w, losses);
+  if (cpu) pmap_ctx_destroy(ctx);
   return 1;
 }
 
@@ -77,74 +88,85 @@ static int train_on(int cpu, int n, int gpus, const char *model, int64_t batch, 
  * the same global batch: CUDA agrees with the CPU (1e-3: other GEMM orders and fused
  * multiply-adds, amplified by Adam), n CUDA devices with 1 (1e-4: summation order only), and
  * every replica holds the same bits (checked in train). */
-static void test_agreement(const char *model, int n, int gpus) {
+static void test_agreement(const char *model, int n) {
   size_t P = n_params(model);
   int64_t batch = 16 * n; /* the same global batch on 1 and on n devices */
   float *w_cpu = calloc(P, sizeof(float)), *w_one = calloc(P, sizeof(float)),
         *w_many = calloc(P, sizeof(float));
   float l_cpu[COMPARE_STEPS], l_one[COMPARE_STEPS], l_many[COMPARE_STEPS];
+  const int steps = compare_steps(model);
   char what[128];
-  train_on(1, n, gpus, model, batch, w_cpu, l_cpu);
-  int one = train_on(0, 1, gpus, model, batch, w_one, l_one);
-  int many = n > 1 ? train_on(0, n, gpus, model, batch, w_many, l_many) : one;
+  train_on(1, n, model, batch, w_cpu, l_cpu);
+  int one = train_on(0, 1, model, batch, w_one, l_one);
+  int many = n > 1 ? train_on(0, n, model, batch, w_many, l_many) : one;
   if (n == 1) {
     memcpy(w_many, w_one, P * sizeof *w_many);
     memcpy(l_many, l_one, sizeof l_many);
   }
   if (many) {
     snprintf(what, sizeof what, "%s: CUDA vs CPU on %d device%s, parameters after %d steps", model,
-             n, n == 1 ? "" : "s", COMPARE_STEPS);
+             n, n == 1 ? "" : "s", steps);
     test_close_f(what, w_many, w_cpu, P, 1e-3);
     snprintf(what, sizeof what, "%s: CUDA vs CPU on %d device%s, losses", model, n,
              n == 1 ? "" : "s");
-    test_close_f(what, l_many, l_cpu, COMPARE_STEPS, 1e-3);
+    test_close_f(what, l_many, l_cpu, (size_t)steps, 1e-3);
   }
   if (one && many && n > 1) {
     snprintf(what, sizeof what, "%s: CUDA %d devices vs 1, parameters", model, n);
     test_close_f(what, w_many, w_one, P, 1e-4);
     snprintf(what, sizeof what, "%s: CUDA %d devices vs 1, losses", model, n);
-    test_close_f(what, l_many, l_one, COMPARE_STEPS, 1e-4);
+    test_close_f(what, l_many, l_one, (size_t)steps, 1e-4);
   }
   if (many)
     printf("%-9s: %d CUDA device%s agree with the CPU%s (losses %.6f -> %.6f)\n", model, n,
            n == 1 ? "" : "s", n > 1 ? " and with 1 CUDA device" : "", (double)l_many[0],
-           (double)l_many[COMPARE_STEPS - 1]);
+           (double)l_many[steps - 1]);
   free(w_cpu);
   free(w_one);
   free(w_many);
 }
 
 /* The sharded optimizer (ncclReduceScatter, the optimizer on each device's part, ncclAllGather)
- * against the replicated one (ncclAllReduce) on n CUDA devices: NCCL may sum in another order
+ * against the replicated one (ncclAllReduce) on n CUDA devices, for each of `count` models, on
+ * a context of each (the setting is read when a context is made): NCCL may sum in another order
  * for the two collectives, so the runs agree to 1e-5 rather than bitwise; replicas stay bitwise
  * identical (checked in train). */
-static void test_shard_agreement(const char *model, int n, int gpus) {
-  size_t P = n_params(model);
-  int64_t batch = 16 * n;
-  float *w_rep = calloc(P, sizeof(float)), *w_shard = calloc(P, sizeof(float));
-  float l_rep[COMPARE_STEPS], l_shard[COMPARE_STEPS];
+static void test_shard_agreement(const char *const *models, int count, int n, int gpus) {
+  pmap_ctx *rep = NULL, *shard = NULL;
   setenv("PMAP_SHARD_OPTIMIZER", "0", 1);
-  int rep = train_on(0, n, gpus, model, batch, w_rep, l_rep);
+  pmap_status st = gpu_ctx(n, gpus, 0.0, &rep);
   setenv("PMAP_SHARD_OPTIMIZER", "1", 1);
-  int shard = train_on(0, n, gpus, model, batch, w_shard, l_shard);
+  if (!st) st = gpu_ctx(n, gpus, 0.0, &shard);
   unsetenv("PMAP_SHARD_OPTIMIZER");
-  if (rep && shard && w_rep && w_shard) {
-    char what[128];
-    snprintf(what, sizeof what, "%s: CUDA %d devices, sharded vs replicated optimizer, parameters",
-             model, n);
-    test_close_f(what, w_shard, w_rep, P, 1e-5);
-    snprintf(what, sizeof what, "%s: CUDA %d devices, sharded vs replicated optimizer, losses",
-             model, n);
-    test_close_f(what, l_shard, l_rep, COMPARE_STEPS, 1e-5);
-    printf("%-9s: %d CUDA devices, the sharded optimizer agrees with the replicated one\n", model,
-           n);
+  for (int i = 0; i < count && !st; i++) {
+    const char *model = models[i];
+    size_t P = n_params(model);
+    int64_t batch = 16 * n;
+    const int steps = compare_steps(model);
+    float *w_rep = calloc(P, sizeof(float)), *w_shard = calloc(P, sizeof(float));
+    float l_rep[COMPARE_STEPS], l_shard[COMPARE_STEPS];
+    if (w_rep && w_shard) {
+      train(rep, model, steps, batch, w_rep, l_rep);
+      train(shard, model, steps, batch, w_shard, l_shard);
+      char what[128];
+      snprintf(what, sizeof what,
+               "%s: CUDA %d devices, sharded vs replicated optimizer, parameters", model, n);
+      test_close_f(what, w_shard, w_rep, P, 1e-5);
+      snprintf(what, sizeof what, "%s: CUDA %d devices, sharded vs replicated optimizer, losses",
+               model, n);
+      test_close_f(what, l_shard, l_rep, (size_t)steps, 1e-5);
+      printf("%-9s: %d CUDA devices, the sharded optimizer agrees with the replicated one\n", model,
+             n);
+    }
+    free(w_rep);
+    free(w_shard);
   }
-  free(w_rep);
-  free(w_shard);
+  pmap_ctx_destroy(rep);
+  pmap_ctx_destroy(shard);
 }
 
 /* The same parameters predict the same outputs on CUDA (n devices) and on the CPU. */
-static void test_predict(int n, int gpus) {
+static void test_predict(int n) {
   const char *model = "convnet";
   pmap_example_info info;
   pmap_model *m = NULL;
@@ -156,7 +178,8 @@ static void test_predict(int n, int gpus) {
   CHECK_OK(pmap_example_info_get(model, &info));
   CHECK_OK(pmap_example_model(model, &m));
   CHECK_OK(pmap_ctx_create(&cfg, &cpu));
-  if (gpu_ctx(n, gpus, 0.0, &gpu) != PMAP_SUCCESS || test_failures) goto out;
+  gpu = n == 1 ? cuda_one : cuda_many;
+  if (!gpu || test_failures) goto out;
   CHECK_OK(pmap_params_create(cpu, m, &info.opt, 7, &pc));
   CHECK_OK(pmap_params_create(gpu, m, &info.opt, 7, &pg));
   CHECK_OK(pmap_example_data(model, 3, rows, &xs, &ys));
@@ -180,14 +203,13 @@ out:
   pmap_params_destroy(pg);
   pmap_model_destroy(m);
   pmap_ctx_destroy(cpu);
-  pmap_ctx_destroy(gpu);
 }
 
 /* The seed examples reach their known results (as tests/test_converge.c does on the CPU). */
-static void test_converge(int n, int gpus) {
+static void test_converge(int n) {
   static const char *models[] = {"linear", "mlp", "convnet"};
-  pmap_ctx *ctx = NULL;
-  if (gpu_ctx(n, gpus, 0.0, &ctx) != PMAP_SUCCESS) return;
+  pmap_ctx *ctx = n == 1 ? cuda_one : cuda_many;
+  if (!ctx) return;
   for (int i = 0; i < 3; i++) {
     pmap_example_info info;
     CHECK_OK(pmap_example_info_get(models[i], &info));
@@ -210,7 +232,6 @@ static void test_converge(int n, int gpus) {
     free(w);
     free(losses);
   }
-  pmap_ctx_destroy(ctx);
 }
 
 int main(void) {
@@ -221,10 +242,13 @@ int main(void) {
    * GPUs where NCCL allows it. */
   int n = gpu_test_devices(gpus >= 2 ? gpus : 4);
   if (n < 0) return 1;
-  pmap_ctx *probe = NULL;
-  if (n > gpus && gpu_ctx(n, gpus, 0.0, &probe) != PMAP_SUCCESS) n = 1;
-  pmap_ctx_destroy(probe);
-  if (test_failures) return test_exit("gpu_pmap");
+  if (gpu_ctx(1, gpus, 0.0, &cuda_one) != PMAP_SUCCESS) return test_exit("gpu_pmap");
+  if (n > 1 && gpu_ctx(n, gpus, 0.0, &cuda_many) != PMAP_SUCCESS) n = 1;
+  if (test_failures) {
+    pmap_ctx_destroy(cuda_one);
+    pmap_ctx_destroy(cuda_many);
+    return test_exit("gpu_pmap");
+  }
   /* res-mlp: layer norm, GELU, residual blocks; cifar-bn: batch norm across devices, pooling;
    * gpt-mini: token ids, embeddings, causal attention, the tied head.
    * Quick (PMAP_GPU_TEST_QUICK=1): the dense model, the large one and the one with collectives
@@ -233,12 +257,12 @@ int main(void) {
                                        "cifar-cnn", "res-mlp", "cifar-bn", "gpt-mini"};
   int quick = gpu_test_quick();
   for (int i = 0; i < 8; i++)
-    if (!quick || i == 1 || i == 3 || i == 6) test_agreement(models[i], n, gpus);
-  if (n > 1) {
-    test_shard_agreement("mlp", n, gpus);
-    if (!quick) test_shard_agreement("cifar-bn", n, gpus);
-  }
-  test_predict(n, gpus);
-  if (!quick) test_converge(n, gpus);
+    if (!quick || i == 1 || i == 3 || i == 6) test_agreement(models[i], n);
+  static const char *const sharded[] = {"mlp", "cifar-bn"};
+  if (n > 1) test_shard_agreement(sharded, quick ? 1 : 2, n, gpus);
+  test_predict(n);
+  if (!quick) test_converge(n);
+  pmap_ctx_destroy(cuda_one);
+  pmap_ctx_destroy(cuda_many);
   return test_exit("gpu_pmap");
 }
