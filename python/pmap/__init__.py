@@ -15,9 +15,9 @@ child the parent's contexts and params raise pmap.Error. The README's "From Pyth
         loss = params.update(xs, ys)        # one step over the global batch
 """
 from ._lib import ArgumentError, ArgumentTypeError, Error, version
-from ._api import Context, Model, Params, adam, adamw, sgd
+from ._api import Context, Model, Params, adam, adamw, bf16_support, sgd
 
 __version__ = version()  # the loaded library's pmap_version(), the project's version
 
 __all__ = ["Context", "Model", "Params", "Error", "ArgumentError", "ArgumentTypeError", "sgd",
-           "adam", "adamw", "version", "__version__"]
+           "adam", "adamw", "bf16_support", "version", "__version__"]

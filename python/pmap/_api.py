@@ -420,6 +420,16 @@ def _destroy_params(ptr):
     lib.pmap_params_destroy(ptr)
 
 
+_PRECISIONS = ("fp32", "bf16")  # pmap_precision's order
+
+
+def bf16_support():
+    """The CPU's bfloat16 support: a dict of cpu (its instructions: "amx_bf16", "avx512_bf16" or
+    "none"), gemm (the CPU GEMM of the bf16 policy: "onednn" or "portable") and reason."""
+    return {"cpu": lib.pmap_cpu_bf16().decode(), "gemm": lib.pmap_bf16_provider().decode(),
+            "reason": lib.pmap_bf16_reason().decode()}
+
+
 class Params:
     """Replicated training state, made by Context.params(model, optimizer, seed). Any thread may
     use it; calls run one after the other, and close() (or closing its context) waits for a
@@ -578,6 +588,20 @@ class Params:
         k = integer("micro-batches", k, *INT32)
         with self._use("Params.set_micro_batches") as h:
             check(lib.pmap_params_set_micro_batches(h, k))
+
+    def set_precision(self, precision):
+        """The numeric policy of the following steps and predictions: "fp32" (the default) or
+        "bf16" (GEMM operands in bfloat16; float master weights, sums, optimizer and all-reduce:
+        docs/precision.md). A checkpoint records it and load() restores it."""
+        code = choice("precision", precision, {"fp32": 0, "bf16": 1})
+        with self._use("Params.set_precision") as h:
+            check(lib.pmap_params_set_precision(h, code))
+
+    @property
+    def precision(self):
+        """The numeric policy: "fp32" or "bf16"."""
+        with self._use("Params.precision") as h:
+            return _PRECISIONS[lib.pmap_params_precision(h)]
 
     def save(self, path):
         """Checkpoints the whole training state to path (str, bytes or os.PathLike; atomic)."""
