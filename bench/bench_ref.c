@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "ops/op_math.h"
 #include "models/model.h"
 #include "models/params.h"
 #include "ops/cpu/cpu_ops.h"
@@ -129,6 +130,7 @@ struct bench_probe {
   bench_gemm g[BENCH_MAX_GEMMS];
   int ng;
   int64_t inner; /* passes over the GEMMs per timed rep, so that tiny shapes time well */
+  int bf16;      /* the params' policy is bf16: the GEMMs take bfloat16 operands */
   size_t count;  /* all-reduce floats, or the sharded step's padded buffer */
   const pmap_params *params;          /* the step's settings: optimizer, sharding, parts */
   float *(*ops)[3 * BENCH_MAX_GEMMS]; /* (N) a, b, c of each GEMM */
@@ -187,10 +189,15 @@ static pmap_status probe_gemms(pmap_device *dev, bench_probe *p) {
       for (int i = 0; i < p->ng; i++) {
         const bench_gemm *g = &p->g[i];
         float *a = p->ops[d][3 * i], *b = p->ops[d][3 * i + 1], *c = p->ops[d][3 * i + 2];
+        int64_t lda = g->ta ? g->m : g->k, ldb = g->tb ? g->k : g->n;
+        float beta = g->beta1 ? 1.0f : 0.0f;
+        /* Under bf16 the same GEMMs on bfloat16 operands (the first halves of a and b). */
         for (int64_t k = 0; k < g->repeat; k++)
-          PMAP_TRY(rp->ops->gemm(rp->q, g->ta, g->tb, g->m, g->n, g->k, 1.0f, a,
-                                 g->ta ? g->m : g->k, b, g->tb ? g->k : g->n,
-                                 g->beta1 ? 1.0f : 0.0f, c, g->n));
+          PMAP_TRY(p->bf16 ? rp->ops->gemm_bf16(rp->q, g->ta, g->tb, g->m, g->n, g->k, 1.0f,
+                                                (const pmap_bf16 *)(void *)a, lda,
+                                                (const pmap_bf16 *)(void *)b, ldb, beta, c, g->n)
+                           : rp->ops->gemm(rp->q, g->ta, g->tb, g->m, g->n, g->k, 1.0f, a, lda, b,
+                                           ldb, beta, c, g->n));
       }
     /* A download completes the device's queued work (CUDA); on CPU it is a 4-byte copy. */
     PMAP_TRY(pmap_device_download(dev, &sink, p->ops[d][3 * (p->ng - 1) + 2], 1));
@@ -287,8 +294,15 @@ int bench_probe_open(pmap_ctx *ctx, const bench_gemm *g, int n, const pmap_param
   p->state = calloc((size_t)nd, sizeof *p->state);
   p->host = malloc(largest * sizeof *p->host);
   if (!p->ops || !p->grad || !p->w || !p->state || !p->host) goto oom;
-  for (size_t i = 0; i < largest; i++) /* small, varied, never denormal */
-    p->host[i] = (float)((int)(i * 2654435761u % 2001u) - 1000) / 1000.0f;
+  p->bf16 = pmap_params_precision(params) == PMAP_PRECISION_BF16;
+  for (size_t i = 0; i < largest; i++) { /* small, varied, never denormal */
+    float v = (float)((int)(i * 2654435761u % 2001u) - 1000) / 1000.0f;
+    /* bf16: both halves of each float the bfloat16 of v, so that the GEMMs' bfloat16 operands
+     * hold the same values (the float is then v to within a bfloat16 step) */
+    uint32_t h = pmap_bf16_round(v), u = (h << 16) | h;
+    if (p->bf16) memcpy(&v, &u, sizeof v);
+    p->host[i] = v;
+  }
   p->mode = PROBE_ALLOC;
   if (params_dispatch((pmap_params *)p->params, probe_job, p)) {
     fprintf(stderr, "pmap-bench: cannot allocate the probe buffers: %s\n", pmap_last_error());
