@@ -48,7 +48,7 @@ int model_arena_floats(const pmap_model *m, int64_t bd, size_t *out) {
     const layer *l = &m->layers[i];
     if (__builtin_mul_overflow(layer_rows(m, l), (size_t)bd, &per) ||
         __builtin_add_overflow(total, per, &total) ||
-        __builtin_add_overflow(total, l->aux_fixed, &total))
+        __builtin_add_overflow(total, layer_aux_fixed(l, m->bf16), &total))
       return -1;
   }
   *out = total;
@@ -81,7 +81,7 @@ static void place_arena(const pmap_model *m, replica *r, float *arena, int64_t b
   size_t B = (size_t)bd;
   float *p = arena, *tmp = arena + model_col_size(m) * 2;
   for (int i = 0; i < m->n_layers; i++)
-    tmp += layer_rows(m, &m->layers[i]) * B + m->layers[i].aux_fixed;
+    tmp += layer_rows(m, &m->layers[i]) * B + layer_aux_fixed(&m->layers[i], m->bf16);
   for (int i = 0; i < m->n_layers; i++) {
     const layer *l = &m->layers[i];
     size_t per = (size_t)l->out_size * B;
@@ -94,7 +94,7 @@ static void place_arena(const pmap_model *m, replica *r, float *arena, int64_t b
     r->dact[i] = p;
     p += per;
     r->aux[i] = p;
-    p += layer_aux_rows(l, m->bf16) * B + l->aux_fixed;
+    p += layer_aux_rows(l, m->bf16) * B + layer_aux_fixed(l, m->bf16);
     r->in16[i] = l->in16 ? (pmap_bf16 *)(void *)p : NULL;
     p += l->in16 ? ((size_t)l->in_size + 1) / 2 * B : 0;
   }

@@ -84,10 +84,10 @@ struct layer_class {
    * backward reads this layer's output (r->out[i], its own or, for an activation folded into
    * the layer before, that layer's), so that it need not be kept in float. */
   int gemm_in, out_unused;
-  /* (optional, NULL: aux_rows, and no shared scratch) Under bf16: floats per example of its own
-   * scratch (r->aux[i]) and of the shared scratch (r->tmp) beside its bfloat16 output gradient,
-   * which layer.c sizes for every gemm_in layer. */
-  void (*bf16_rows)(const layer *l, size_t *aux_rows, size_t *tmp_rows);
+  /* (optional, NULL: aux_rows and aux_fixed, and no shared scratch) Under bf16: its own scratch
+   * (r->aux[i]: floats per example and of its own) and floats per example of the shared scratch
+   * (r->tmp), which precision.c sizes for the bfloat16 output gradient of a gemm_in layer. */
+  void (*bf16_rows)(const layer *l, size_t *aux_rows, size_t *aux_fixed, size_t *tmp_rows);
   /* (optional, 0: 1) The gain the layer before it draws its weights with, std = sqrt(gain /
    * fan_in): 2 behind a ReLU (He), 1 elsewhere (LeCun). */
   double init_gain;
@@ -116,8 +116,9 @@ struct layer_class {
 
 /* layer.c: the class's members with their defaults, and what the builders share. */
 int layer_is_view(const layer *l);
-/* Floats per example of l's own scratch (r->aux[i]) under the policy (bf16: 1). */
+/* l's own scratch (r->aux[i]) under the policy (bf16: 1): floats per example, and of its own. */
 size_t layer_aux_rows(const layer *l, int bf16);
+size_t layer_aux_fixed(const layer *l, int bf16);
 /* l's parameters and state in w; next: the layer after it (NULL for the last). */
 void layer_init(const layer *l, const layer *next, struct pmap_rng *rng, float *w);
 void layer_geometry(const layer *l, uint32_t g[4]);

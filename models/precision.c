@@ -31,9 +31,15 @@ pmap_status pmap_precision_parse(const char *name, pmap_precision *out) {
 /* The layout                                                                                 */
 
 size_t layer_aux_rows(const layer *l, int bf16) {
-  size_t aux = l->aux_rows, tmp = 0;
-  if (bf16 && l->cls->bf16_rows) l->cls->bf16_rows(l, &aux, &tmp);
+  size_t aux = l->aux_rows, fixed = l->aux_fixed, tmp = 0;
+  if (bf16 && l->cls->bf16_rows) l->cls->bf16_rows(l, &aux, &fixed, &tmp);
   return aux;
+}
+
+size_t layer_aux_fixed(const layer *l, int bf16) {
+  size_t aux = l->aux_rows, fixed = l->aux_fixed, tmp = 0;
+  if (bf16 && l->cls->bf16_rows) l->cls->bf16_rows(l, &aux, &fixed, &tmp);
+  return fixed;
 }
 
 void model_set_precision(pmap_model *m, int bf16) {
@@ -46,8 +52,8 @@ void model_set_precision(pmap_model *m, int bf16) {
      * kept (the last layer's output is the model's, always kept). */
     l->transient = bf16 && next && next->cls->gemm_in && !next->folded && !layer_is_view(l) &&
                    l->cls->out_unused;
-    size_t aux = 0, own = l->in16 ? ((size_t)l->out_size + 1) / 2 : 0; /* dy's bfloat16 copy */
-    if (bf16 && l->cls->bf16_rows) l->cls->bf16_rows(l, &aux, &own);
+    size_t aux = 0, fixed = 0, own = l->in16 ? ((size_t)l->out_size + 1) / 2 : 0; /* dy's copy */
+    if (bf16 && l->cls->bf16_rows) l->cls->bf16_rows(l, &aux, &fixed, &own);
     size_t held = l->transient ? (size_t)l->out_size : 0;
     l->tmp_rows = held > own ? held : own;
   }

@@ -132,7 +132,8 @@ typedef struct attn_buf16 {
 
 static int64_t max2(int64_t a, int64_t b) { return a > b ? a : b; }
 
-static void rows16(const layer *l, size_t *aux, size_t *tmp) {
+static void rows16(const layer *l, size_t *aux, size_t *fixed, size_t *tmp) {
+  (void)fixed;
   attn_dims a = dims_of(l, 1);
   int64_t tt = a.h * a.t * a.t, te = a.t * a.e;
   *aux = (size_t)((4 * te + tt + 1) / 2);

@@ -15,11 +15,29 @@ static const pmap_conv_shape *shape_of(const layer *l) {
 
 static int64_t fan_in(const pmap_conv_shape *s) { return s->c * s->kh * s->kw; }
 
+/* The bf16 policy (docs/precision.md): the convolution's operands (input, weights, output
+ * gradient) rounded to bfloat16 values held as floats, through the float kernels, whose
+ * products of such values are exact: bfloat16 semantics, float speed. The input and weights so
+ * rounded stay in r->aux[i] (bd x C H W, then the weights) from forward to backward; dy's
+ * rounding takes the shared scratch. */
+static void rows16(const layer *l, size_t *aux, size_t *fixed, size_t *tmp) {
+  *aux = (size_t)l->in_size;
+  *fixed = l->w_size;
+  *tmp = (size_t)l->out_size;
+}
+
 static pmap_status forward(pmap_device *dev, const layer *l, replica *r, int i, const float *in,
                            float *y, const float **out, int64_t bd) {
-  (void)dev, (void)i, (void)out;
+  (void)dev, (void)out;
   const pmap_conv_shape *s = shape_of(l);
-  PMAP_TRY(r->ops->conv2d_forward(r->q, s, bd, in, r->w + l->w_off, y, r->col));
+  const float *w = r->w + l->w_off;
+  if (r->w16) {
+    float *x16 = r->aux[i], *w16 = x16 + (size_t)(bd * l->in_size);
+    PMAP_TRY(r->ops->round_bf16(r->q, in, NULL, x16, (size_t)(bd * l->in_size)));
+    PMAP_TRY(r->ops->widen_bf16(r->q, r->w16 + l->w_off, w16, l->w_size));
+    in = x16, w = w16;
+  }
+  PMAP_TRY(r->ops->conv2d_forward(r->q, s, bd, in, w, y, r->col));
   return r->ops->bias_forward(r->q, y, r->w + l->b_off, bd, s->oc, s->oh * s->ow);
 }
 
@@ -27,8 +45,12 @@ static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i,
                             float *dx, const float **dx_out, int64_t bd) {
   (void)dev, (void)dx_out;
   const pmap_conv_shape *s = shape_of(l);
-  PMAP_TRY(r->ops->conv2d_backward(r->q, s, bd, r->in[i], r->w + l->w_off, dy, dx, r->g + l->w_off,
-                                   r->col, r->dcol));
+  const float *x = r->in[i], *w = r->w + l->w_off, *d = dy;
+  if (r->w16) {
+    x = r->aux[i], w = x + (size_t)(bd * l->in_size), d = r->tmp;
+    PMAP_TRY(r->ops->round_bf16(r->q, dy, NULL, r->tmp, (size_t)(bd * l->out_size)));
+  }
+  PMAP_TRY(r->ops->conv2d_backward(r->q, s, bd, x, w, d, dx, r->g + l->w_off, r->col, r->dcol));
   return r->ops->bias_backward(r->q, dy, r->g + l->b_off, bd, s->oc, s->oh * s->ow);
 }
 
@@ -56,6 +78,7 @@ static void describe(const layer *l, FILE *f) {
 static const layer_class conv2d_class = {
     .name = "conv2d",
     .code = 3,
+    .bf16_rows = rows16,
     .forward = forward,
     .backward = backward,
     .init = init,
