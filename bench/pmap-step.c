@@ -15,7 +15,7 @@
  *   pmap-step [--backend cuda] [--model mlp] [--devices 1,2,4] [--batch B] [--steps 50]
  *             [--warmup 5] [--variants plain,graph,overlap,graph+overlap,sharded]
  *             [--bucket-mb 25]
- *             [--numeric-guard] [--loss] [--json]
+ *             [--numeric-guard] [--loss] [--json] [--precision fp32|bf16]
  *
  * Every variant runs with the numeric guard off and no loss read back unless --numeric-guard or
  * --loss say otherwise (then each step waits for its read-back, and the host time includes the
@@ -53,6 +53,7 @@ typedef struct opts {
   int64_t batch, steps, warmup, bucket_mb;
   int guard, loss, json;
   int use[N_VARIANTS];
+  int precision; /* --precision: a pmap_precision for every variant */
 } opts;
 
 typedef struct result {
@@ -89,7 +90,8 @@ static int run_variant(const opts *o, const variant *v, int n, const pmap_array 
                      .cuda_bucket_mb = (int)o->bucket_mb,
                      .shard_optimizer = v->shard};
   if (!host || pmap_example_info_get(o->model, &info) || pmap_example_model(o->model, &m) ||
-      pmap_ctx_create(&cfg, &ctx) || pmap_params_create(ctx, m, &info.opt, 0, &p)) {
+      pmap_ctx_create(&cfg, &ctx) || pmap_params_create(ctx, m, &info.opt, 0, &p) ||
+      pmap_params_set_precision(p, (pmap_precision)o->precision)) {
     fprintf(stderr, PROG ": %s on %d devices: %s\n", v->name, n, pmap_last_error());
     goto out;
   }
@@ -169,6 +171,7 @@ static int variants_check(const char *prog, const cli_option *o, const char *v) 
 /* The options (tools/cli.h), read into *o after its defaults: 0, 1 after --help, -1 on an
  * error (printed). */
 static int parse(int argc, char **argv, opts *o) {
+  static const char *const precisions[] = {"fp32", "bf16", NULL}; /* pmap_precision's order */
   const char *backend = "cuda", *variants = NULL;
   *o = (opts){.model = "mlp", .devices = {1, 2, 4}, .n_devices = 3, .steps = 50, .warmup = 5};
   const cli_option table[] = {
@@ -242,6 +245,12 @@ static int parse(int argc, char **argv, opts *o) {
        .dest = &o->json,
        .flag = 1,
        .help = "end with one line of JSON: {\"rows\": [...]}"},
+      {.name = "--precision",
+       .kind = CLI_CHOICE,
+       .dest = &o->precision,
+       .arg = NULL,
+       .help = "the numeric policy of every variant: fp32 (default) or bf16 (docs/precision.md)",
+       .choices = precisions},
   };
   const cli_spec spec = {
       PROG, table, (int)(sizeof table / sizeof table[0]),
@@ -284,11 +293,14 @@ int main(int argc, char **argv) {
   float *base = calloc(P ? P : 1, sizeof *base), *w = calloc(P ? P : 1, sizeof *w);
   int failed = 0, first = 1;
   char json[16384];
-  size_t jl = (size_t)snprintf(json, sizeof json, "{\"model\": \"%s\", \"rows\": [", o.model);
+  const char *prec = pmap_precision_name((pmap_precision)o.precision);
+  size_t jl = (size_t)snprintf(
+      json, sizeof json, "{\"model\": \"%s\", \"precision\": \"%s\", \"rows\": [", o.model, prec);
   printf(
       "# host_us: a pmap_update call's wall time, waiting for NCCL's launch threads included;\n"
       "# thread_us: CPU time of the calling thread (device 0); cpu_us: CPU time of the whole\n"
-      "# process (every device's thread and NCCL's), each per step\n");
+      "# process (every device's thread and NCCL's), each per step; precision %s\n",
+      prec);
   printf("%-10s %7s %6s %-14s %10s %10s %10s %10s %12s %12s\n", "model", "devices", "batch",
          "variant", "step_ms", "host_us", "thread_us", "cpu_us", "max_abs_diff", "rel_l2_diff");
   for (int di = 0; di < o.n_devices && base && w; di++) {

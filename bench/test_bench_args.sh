@@ -37,7 +37,7 @@ help "$bench" --model --devices --batch --weak-batch --scaling --steps --warmup 
   --compare-shard --precision --csv --dump --timeout --json
 help "$allreduce" -b -e -f -d -n -w -o -c --backend --copy-bytes --csv --json
 help "$step" --backend --model --devices --batch --steps --warmup --variants --bucket-mb \
-  --numeric-guard --loss --json
+  --numeric-guard --loss --json --precision
 
 for p in "$bench" "$allreduce" "$step"; do
   expect_error "$p" "unknown option --frobnicate (see --help)" --frobnicate
