@@ -1,7 +1,7 @@
 /* pmap-step: the ways one CUDA step can run, against each other: plain, the whole step as a
  * replayed CUDA graph, the gradient all-reduce overlapped with backward in buckets, both, and
  * the sharded optimizer (reduce-scatter, each device's part, all-gather; the others replicate
- * the optimizer, which the fast paths need);
+ * the optimizer, which the fast paths need), and the plain and captured steps under bf16;
  * on each device count, from the same initial parameters on the same batches. For each it
  * reports the step time (wall time of the timed steps over their count, the work drained at
  * the end), the host time of a step (the median time a pmap_update call takes to return: with
@@ -13,9 +13,10 @@
  * (max |w - w_plain| and the relative L2 difference).
  *
  *   pmap-step [--backend cuda] [--model mlp] [--devices 1,2,4] [--batch B] [--steps 50]
- *             [--warmup 5] [--variants plain,graph,overlap,graph+overlap,sharded]
+ *             [--warmup 5] [--variants plain,graph,overlap,graph+overlap,sharded,bf16,
+ *             graph-bf16]
  *             [--bucket-mb 25]
- *             [--numeric-guard] [--loss] [--json] [--precision fp32|bf16]
+ *             [--numeric-guard] [--loss] [--json]
  *
  * Every variant runs with the numeric guard off and no loss read back unless --numeric-guard or
  * --loss say otherwise (then each step waits for its read-back, and the host time includes the
@@ -36,14 +37,20 @@
 typedef struct variant {
   const char *name;
   int graphs, overlap, shard;
+  pmap_precision precision;
 } variant;
 
-#define N_VARIANTS 5
-static const variant all_variants[N_VARIANTS] = {{"plain", -1, -1, PMAP_SHARD_OFF},
-                                                 {"graph", 1, -1, PMAP_SHARD_OFF},
-                                                 {"overlap", -1, 1, PMAP_SHARD_OFF},
-                                                 {"graph+overlap", 1, 1, PMAP_SHARD_OFF},
-                                                 {"sharded", -1, -1, PMAP_SHARD_ON}};
+/* bf16 and graph-bf16: the plain and captured steps under the bf16 policy (docs/precision.md),
+ * whose agreement with plain (fp32) is that of the two policies. */
+#define N_VARIANTS 7
+static const variant all_variants[N_VARIANTS] = {
+    {"plain", -1, -1, PMAP_SHARD_OFF, PMAP_PRECISION_FP32},
+    {"graph", 1, -1, PMAP_SHARD_OFF, PMAP_PRECISION_FP32},
+    {"overlap", -1, 1, PMAP_SHARD_OFF, PMAP_PRECISION_FP32},
+    {"graph+overlap", 1, 1, PMAP_SHARD_OFF, PMAP_PRECISION_FP32},
+    {"sharded", -1, -1, PMAP_SHARD_ON, PMAP_PRECISION_FP32},
+    {"bf16", -1, -1, PMAP_SHARD_OFF, PMAP_PRECISION_BF16},
+    {"graph-bf16", 1, -1, PMAP_SHARD_OFF, PMAP_PRECISION_BF16}};
 
 typedef struct opts {
   pmap_backend backend;
@@ -53,7 +60,6 @@ typedef struct opts {
   int64_t batch, steps, warmup, bucket_mb;
   int guard, loss, json;
   int use[N_VARIANTS];
-  int precision; /* --precision: a pmap_precision for every variant */
 } opts;
 
 typedef struct result {
@@ -91,7 +97,7 @@ static int run_variant(const opts *o, const variant *v, int n, const pmap_array 
                      .shard_optimizer = v->shard};
   if (!host || pmap_example_info_get(o->model, &info) || pmap_example_model(o->model, &m) ||
       pmap_ctx_create(&cfg, &ctx) || pmap_params_create(ctx, m, &info.opt, 0, &p) ||
-      pmap_params_set_precision(p, (pmap_precision)o->precision)) {
+      pmap_params_set_precision(p, v->precision)) {
     fprintf(stderr, PROG ": %s on %d devices: %s\n", v->name, n, pmap_last_error());
     goto out;
   }
@@ -160,9 +166,11 @@ static int variants_check(const char *prog, const cli_option *o, const char *v) 
            (strlen(all_variants[k].name) != len || strncmp(t, all_variants[k].name, len)))
       k++;
     if (len && k == N_VARIANTS)
-      return cli_error(prog,
-                       "--variants: unknown %.*s (plain, graph, overlap, graph+overlap, sharded)",
-                       (int)len, t);
+      return cli_error(
+          prog,
+          "--variants: unknown %.*s (plain, graph, overlap, graph+overlap, sharded, bf16, "
+          "graph-bf16)",
+          (int)len, t);
     t += len + (t[len] == ',');
   }
   return 0;
@@ -171,7 +179,6 @@ static int variants_check(const char *prog, const cli_option *o, const char *v) 
 /* The options (tools/cli.h), read into *o after its defaults: 0, 1 after --help, -1 on an
  * error (printed). */
 static int parse(int argc, char **argv, opts *o) {
-  static const char *const precisions[] = {"fp32", "bf16", NULL}; /* pmap_precision's order */
   const char *backend = "cuda", *variants = NULL;
   *o = (opts){.model = "mlp", .devices = {1, 2, 4}, .n_devices = 3, .steps = 50, .warmup = 5};
   const cli_option table[] = {
@@ -218,7 +225,7 @@ static int parse(int argc, char **argv, opts *o) {
       {.name = "--variants",
        .kind = CLI_STRING,
        .dest = &variants,
-       .arg = "plain,graph,overlap,graph+overlap,sharded",
+       .arg = "plain,graph,overlap,graph+overlap,sharded,bf16,graph-bf16",
        .help = "the variants to time (default all); plain always runs, as the reference of the "
                "agreement",
        .check = variants_check},
@@ -245,12 +252,6 @@ static int parse(int argc, char **argv, opts *o) {
        .dest = &o->json,
        .flag = 1,
        .help = "end with one line of JSON: {\"rows\": [...]}"},
-      {.name = "--precision",
-       .kind = CLI_CHOICE,
-       .dest = &o->precision,
-       .arg = NULL,
-       .help = "the numeric policy of every variant: fp32 (default) or bf16 (docs/precision.md)",
-       .choices = precisions},
   };
   const cli_spec spec = {
       PROG, table, (int)(sizeof table / sizeof table[0]),
@@ -293,14 +294,11 @@ int main(int argc, char **argv) {
   float *base = calloc(P ? P : 1, sizeof *base), *w = calloc(P ? P : 1, sizeof *w);
   int failed = 0, first = 1;
   char json[16384];
-  const char *prec = pmap_precision_name((pmap_precision)o.precision);
-  size_t jl = (size_t)snprintf(
-      json, sizeof json, "{\"model\": \"%s\", \"precision\": \"%s\", \"rows\": [", o.model, prec);
+  size_t jl = (size_t)snprintf(json, sizeof json, "{\"model\": \"%s\", \"rows\": [", o.model);
   printf(
       "# host_us: a pmap_update call's wall time, waiting for NCCL's launch threads included;\n"
       "# thread_us: CPU time of the calling thread (device 0); cpu_us: CPU time of the whole\n"
-      "# process (every device's thread and NCCL's), each per step; precision %s\n",
-      prec);
+      "# process (every device's thread and NCCL's), each per step\n");
   printf("%-10s %7s %6s %-14s %10s %10s %10s %10s %12s %12s\n", "model", "devices", "batch",
          "variant", "step_ms", "host_us", "thread_us", "cpu_us", "max_abs_diff", "rel_l2_diff");
   for (int di = 0; di < o.n_devices && base && w; di++) {

@@ -37,7 +37,7 @@ help "$bench" --model --devices --batch --weak-batch --scaling --steps --warmup 
   --compare-shard --precision --csv --dump --timeout --json
 help "$allreduce" -b -e -f -d -n -w -o -c --backend --copy-bytes --csv --json
 help "$step" --backend --model --devices --batch --steps --warmup --variants --bucket-mb \
-  --numeric-guard --loss --json --precision
+  --numeric-guard --loss --json
 
 for p in "$bench" "$allreduce" "$step"; do
   expect_error "$p" "unknown option --frobnicate (see --help)" --frobnicate
@@ -62,7 +62,7 @@ expect_error "$allreduce" '-o "prod" is not sum, mean, max or all' -o prod
 expect_error "$allreduce" '-c "2" is not an integer in [0, 1]' -c 2
 expect_error "$allreduce" '--backend: unknown backend "tpu" (expected auto, cpu or cuda)' --backend tpu
 expect_error "$step" '--backend tpu: cuda, cpu or auto' --backend tpu
-expect_error "$step" '--variants: unknown fast (plain, graph, overlap, graph+overlap, sharded)' \
+expect_error "$step" '--variants: unknown fast (plain, graph, overlap, graph+overlap, sharded, bf16, graph-bf16)' \
   --variants plain,fast
 expect_error "$step" '--bucket-mb "5000" is not an integer in [1, 4096]' --bucket-mb 5000
 
