@@ -90,16 +90,6 @@ static void curves(const float *a, const float *b, int steps, double *most, doub
   }
 }
 
-static double rel_err(const float *a, const float *b, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; i++) {
-    double e = (double)a[i] - (double)b[i];
-    num += e * e;
-    den += (double)b[i] * b[i];
-  }
-  return isfinite(num) ? sqrt(num / fmax(den, 1e-30)) : INFINITY;
-}
-
 /* Every model under bf16 against fp32, 2 devices against 1, and (gemm 1: the other provider)
  * the other bf16 GEMM against this one. */
 static void models(const char *provider) {
@@ -119,7 +109,7 @@ static void models(const char *provider) {
     double most = 0, last = 0, dev_most = 0, dev_last = 0;
     curves(b1.loss, f.loss, steps, &most, &last);
     curves(b2.loss, b1.loss, steps, &dev_most, &dev_last);
-    double moved = rel_err(b1.w, f.w, f.n);
+    double moved = test_rel_err(b1.w, f.w, f.n);
     printf("%-10s %5d  %-10.2e %-10.2e %-10.2e %-10.2e\n", model, steps, most, last, dev_most,
            moved);
     CHECK(most <= table[i].curve, "%s: bf16's loss curve departs from fp32's by %.3g > %.3g", model,
@@ -166,7 +156,7 @@ static void providers(void) {
     if (train(cases[i].model, cases[i].steps, 1, PMAP_PRECISION_BF16, &a)) return;
     CHECK_OK(cpu_bf16_force("portable"));
     if (train(cases[i].model, cases[i].steps, 1, PMAP_PRECISION_BF16, &b)) return;
-    double e = rel_err(a.w, b.w, a.n), most = 0, last = 0;
+    double e = test_rel_err(a.w, b.w, a.n), most = 0, last = 0;
     curves(a.loss, b.loss, cases[i].steps, &most, &last);
     printf(
         "providers: %s after %d bf16 steps, onednn against portable: parameters %.2e, "

@@ -55,16 +55,6 @@ out:
   pmap_model_destroy(m);
 }
 
-static double rel_err(const float *a, const float *b, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; i++) {
-    double e = (double)a[i] - (double)b[i];
-    num += e * e;
-    den += (double)b[i] * b[i];
-  }
-  return isfinite(num) ? sqrt(num / (den > 1e-30 ? den : 1e-30)) : INFINITY;
-}
-
 int main(void) {
   int gpus = gpu_count();
   if (gpus <= 0) return gpus == 0 ? GPU_SKIP : 1;
@@ -85,7 +75,7 @@ int main(void) {
     train(cpu, model, steps, batch, PMAP_PRECISION_BF16, lc, &wc, &nc, NULL);
     train(cuda, model, steps, batch, PMAP_PRECISION_FP32, lf, &wf, &nf, NULL);
     if (wg && wc && wf && ng == nc && ng == nf) {
-      double ew = rel_err(wg, wc, ng), el = 0;
+      double ew = test_rel_err(wg, wc, ng), el = 0;
       for (int s = 0; s < cases[i].steps; s++) {
         double e = fabs((double)lg[s] - lc[s]) / fmax(fabs((double)lc[s]), 1e-30);
         el = e > el || isnan(e) ? e : el;
@@ -93,12 +83,12 @@ int main(void) {
       printf(
           "%s on %d devices, %d bf16 steps, CUDA against CPU: parameters %.2e, losses %.2e; "
           "bf16 against fp32 on CUDA: %.2e\n",
-          model, n, cases[i].steps, ew, el, rel_err(wg, wf, ng));
+          model, n, cases[i].steps, ew, el, test_rel_err(wg, wf, ng));
       CHECK(ew <= cases[i].params, "%s: bf16 parameters on CUDA and CPU differ by %.3g > %.3g",
             model, ew, cases[i].params);
       CHECK(el <= cases[i].losses, "%s: bf16 losses on CUDA and CPU differ by %.3g > %.3g", model,
             el, cases[i].losses);
-      CHECK(rel_err(wg, wf, ng) > 0.0, "%s: bf16 trained exactly as fp32 on CUDA", model);
+      CHECK(test_rel_err(wg, wf, ng) > 0.0, "%s: bf16 trained exactly as fp32 on CUDA", model);
     }
     free(wg), free(wc), free(wf);
   }
