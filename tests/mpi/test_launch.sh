@@ -6,15 +6,17 @@
 #           is bitwise the file of an uninterrupted run of the same layout (the data position is
 #           the step, a checkpoint holds the whole state, the same layout adds in the same
 #           order); the same restarted on 1 process: the same final loss to rounding; a job that
-#           fails at step 5 of every run: restarted until --max-restarts, then given up.
+#           fails at step 5 of every run: restarted until --max-restarts, then given up; the
+#           program's own --resume taken over, and used again when no checkpoint loads.
 #  kill     mpirun itself killed (SIGKILL) while its ranks train and save; a stand-in mpirun that
 #           dies leaving its program running in a session of its own, ignoring SIGTERM; a rank
 #           stopped (SIGSTOP); the launcher itself interrupted (SIGTERM). In each: no process of a
 #           run is alive when the next one starts or the launcher ends, and a restart resumes at
 #           the step the log names.
 #  check    damaged checkpoints (garbled, truncated, a FIFO, a complete FILE.tmp.* left by a save
-#           cut short), and a job whose environment holds PMAP_FAULT: the check picks the right
-#           file, and the restart ends bitwise where an uninterrupted run ends.
+#           cut short, also beside the file a symbolic link FILE names), and a job whose
+#           environment holds PMAP_FAULT: the check picks the right file, and the restart ends
+#           bitwise where an uninterrupted run ends.
 #  args     every option's missing value (the program's --save, --resume and --save-every last
 #           included), a --log into a missing folder, a missing program or mpirun: refused at
 #           start; a bad pmap-train argument and mpirun's own failure: one run, no restart.
@@ -49,7 +51,7 @@ for f in "$d"/pids.*; do
 done
 echo $$ >>"$d/pids.$a"
 me=$$
-waitfile() { while [ ! -f "$CKPT" ]; do sleep 0.02; done; }
+waitfile() { while [ ! -s "$CKPT" ]; do sleep 0.02; done; }
 if [ "$a" = 0 ]; then
   case ${MODE:-}:$r in
   kill_rank:1) export PMAP_FAULT=stall:device=2:step=35; (waitfile; sleep 0.5; kill -9 $me) & ;;
@@ -183,6 +185,19 @@ PY
     grep -q 'from the start (no checkpoint loads)' "$tmp/always.log" &&
     grep -q 'giving up after 1 restarts' "$tmp/always.log" && grep -q 'not finite' "$out"
   verdict $? "a job that fails in every run: restarted, then given up after --max-restarts"
+
+  # A --resume in the program's arguments is the first run's; with no checkpoint of --save to
+  # load (no --save-every), the restart resumes from it again, and the log says so.
+  reference r30 0 --backend cpu --model mlp --devices 2 --steps 30 --log-every 0
+  PMAP_FAULT=nan:device=0:step=35 launched given 60 --np 2 --max-restarts 1 -- \
+    "$train" --backend cpu --model mlp --devices 2 --steps 60 --log-every 0 --resume \
+    "$tmp/r30.ckpt" --save "$tmp/given.ckpt"
+  rc=$?
+  [ $rc -eq 1 ] && grep -q "restart 1 of 1 on 2 processes, from $tmp/r30.ckpt (the first run's \
+--resume: no checkpoint loads)" "$tmp/given.log" &&
+    [ "$(grep -c "^resumed from $tmp/r30.ckpt at step 30$" "$out")" -eq 2 ] &&
+    [ "$(grep -c -- "--resume $tmp/r30.ckpt" "$tmp/given.log")" -eq 2 ]
+  verdict $? "the program's --resume: taken over, used again when no checkpoint loads"
   ;;
 kill)
   long=(--backend cpu --model mlp --devices 2 --steps 1000 --save-every 10 --log-every 0
@@ -285,6 +300,26 @@ EOF
     grep -q 'restart 1 of 1 on 2 processes, from the start (no checkpoint loads)' \
       "$tmp/trunc.log" && cmp -s "$tmp/ref.ckpt" "$tmp/trunc.ckpt" && clean
   verdict $? "a truncated FILE alone: restarted from the start, final bitwise"
+
+  # --save names a symbolic link: the saves write beside the file it names, and so the complete
+  # temporary file of a save cut short is found there, and renamed over that file (the link
+  # stays).
+  mkdir "$tmp/real"
+  ln -s real/target.ckpt "$tmp/link.ckpt"
+  : >"$tmp/real/target.ckpt" # the saves replace a file a link names, and need one
+  cat >"$tmp/corrupt.sh" <<'EOF'
+t=$(dirname "$CKPT")/real/target.ckpt
+cp "$t" "$t.tmp.AAAAAA"
+printf 'garbage!' | dd of="$t" bs=1 seek=2000 conv=notrunc status=none
+EOF
+  MODE=corrupt launched link 120 --np 2 --max-restarts 1 -- \
+    "$tmp/wrap.sh" "$train" "${args[@]}" --save "$tmp/link.ckpt"
+  rc=$?
+  [ $rc -eq 0 ] && grep -q 'restart 1 of 1 on 2 processes, from .*link.ckpt (step 30)' \
+    "$tmp/link.log" && [ -L "$tmp/link.ckpt" ] && [ ! -e "$tmp/real/target.ckpt.tmp.AAAAAA" ] &&
+    cmp -s "$tmp/ref.ckpt" "$tmp/real/target.ckpt" && clean
+  verdict $? "--save through a symbolic link: the save cut short found beside its target"
+  show_log link
 
   # The job's environment holds a fault for device 3 at step 30 (and a trace): the check loads
   # the checkpoint of step 30 alone, on one device, and the restart resumes from it.
