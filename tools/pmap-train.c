@@ -462,6 +462,9 @@ int main(int argc, char **argv) {
       : info.opt.kind == PMAP_OPT_ADAM ? "Adam"
                                        : "AdamW",
       (double)info.opt.lr, (unsigned long long)o.seed);
+  /* pmap-launch reads this line to know that the run got past its setup: out at once, also
+   * where stdout is a pipe (block-buffered). */
+  fflush(stdout);
   r.sharded = pmap_params_sharded(params);
   r.state_bytes = pmap_params_optimizer_bytes(params);
   printf("pmap-train: optimizer state %.4g MB per device (%s)\n",
