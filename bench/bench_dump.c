@@ -1,7 +1,7 @@
 /* bench_dump.c: pmap-bench --dump DIR writes what a peer framework needs to train the same model
- * from the same start: the architecture and optimizer (JSON), the initial parameters and the
- * global batch (raw little-endian arrays: x.f32 holds int32 token ids where x_dtype says so).
- * bench/jax_compare.py and bench/torch_peer.py read them. */
+ * from the same start: the architecture, the parameters' blocks and the optimizer (JSON), the
+ * initial parameters and the global batch (raw little-endian arrays: x.f32 holds int32 token ids
+ * where x_dtype says so). bench/jax_compare.py and bench/torch_peer.py read them. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +26,19 @@ static void json_layers(FILE *f, const pmap_model *m) {
   for (int i = 0; i < m->n_layers; i++) {
     fprintf(f, "%s", i ? ", " : "");
     layer_describe(&m->layers[i], f);
+  }
+}
+
+/* The flat vector's blocks as the layers declare them (pmap_model_param_block): what
+ * bench/jax_compare.py maps the parameters by. */
+static void json_blocks(FILE *f, const pmap_model *m) {
+  pmap_param_block b;
+  for (size_t k = 0; pmap_model_param_block(m, k, &b) == PMAP_SUCCESS; k++) {
+    fprintf(f, "%s{\"name\": \"%s\", \"layer\": %d, \"block\": \"%s\", \"shape\": [", k ? ", " : "",
+            b.name, b.layer, b.block);
+    for (int a = 0; a < b.rank; a++) fprintf(f, "%s%lld", a ? ", " : "", (long long)b.shape[a]);
+    fprintf(f, "], \"offset\": %zu, \"count\": %zu, \"trained\": %s}", b.offset, b.count,
+            b.trained ? "true" : "false");
   }
 }
 
@@ -68,6 +81,8 @@ int bench_dump(const char *dir, const char *name, const pmap_model *m, const pma
           : m->loss == PMAP_LOSS_TOKEN_XENT ? "token_xent"
                                             : "softmax_xent");
   json_layers(f, m);
+  fprintf(f, "], \"blocks\": [");
+  json_blocks(f, m);
   fprintf(f,
           "], \"optimizer\": {\"kind\": \"%s\", \"lr\": %.9g, \"momentum\": %.9g, "
           "\"beta1\": %.9g, \"beta2\": %.9g, \"eps\": %.9g}}\n",

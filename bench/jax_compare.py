@@ -5,6 +5,7 @@
 import argparse
 import json
 import os
+from math import prod
 import shutil
 import statistics
 import subprocess
@@ -35,6 +36,23 @@ def parse_cores(spec):
     return sorted(cores)
 
 
+def param_blocks(spec):
+    """The trained blocks of pmap's flat vector, in its order, as pmap-bench --dump names them
+    (pmap_model_param_block: layer, block, shape, offset, count); the blocks, state included,
+    must tile the vector's spec["params"] floats exactly."""
+    at, trained = 0, []
+    for b in spec["blocks"]:
+        if b["offset"] != at or b["count"] != prod(b["shape"]):
+            raise SystemExit("jax_compare: block %s at %d of %d floats, after %d floats"
+                             % (b["name"], b["offset"], b["count"], at))
+        at += b["count"]
+        if b["trained"]:
+            trained.append(b)
+    if at != spec["params"]:
+        raise SystemExit("jax_compare: the blocks cover %d of %d parameters" % (at, spec["params"]))
+    return trained
+
+
 # ---------------------------------------------------------------------------------------------
 # The JAX side: one process per XLA configuration, since XLA_FLAGS is read once at start-up.
 
@@ -56,46 +74,16 @@ def jax_worker(args):
         x = x.reshape(spec["x_shape"])
         y = np.fromfile(os.path.join(plan["dump"], m["model"] + ".y.bin"),
                         "<i4" if spec["y_dtype"] == "int32" else "<f4").reshape(spec["y_shape"])
-        # The flat vector in pmap's layout (docs/models.md, "Layers"): layers in order, each
-        # layer's weights then bias; norms gamma then beta; batch norm then its running mean and
-        # variance, kept here as parameters the training forward never reads (zero gradient, so
-        # SGD and Adam leave them alone, as in pmap).
-        params, off, tokens = [], 0, None  # tokens: (T, D) after a token embedding
         for layer in spec["layers"]:
-            if layer["kind"] == "embedding":
-                tokens = (layer["context"], layer["dim"])
-                layer["table"] = len(params)  # the tied head's
-                shapes = [(layer["vocab"], layer["dim"])]
-            elif layer["kind"] == "pos_embedding":
-                shapes = [tokens]
-            elif layer["kind"] == "token_dense":
-                tokens = (layer["tokens"], layer["out"])
-                shapes = [(layer["in"], layer["out"]), (layer["out"],)]
-            elif layer["kind"] == "token_layernorm":
-                shapes = [(layer["size"],)] * 2
-            elif layer["kind"] == "causal_attention":
-                d, e = layer["dim"], layer["heads"] * layer["head_size"]
-                shapes = [(d, 3 * e), (e, d), (3 * e,), (d,)]
-            elif layer["kind"] == "lm_head":
-                shapes = [] if layer["tied"] else [(tokens[1], layer["vocab"]), (layer["vocab"],)]
-            elif layer["kind"] == "dense":
-                shapes = [(layer["in"], layer["out"]), (layer["out"],)]
-            elif layer["kind"] == "conv2d":
-                shapes = [(layer["oc"], layer["c"], layer["kh"], layer["kw"]), (layer["oc"],)]
-            elif layer["kind"] == "layernorm":
-                shapes = [(layer["size"],)] * 2
-            elif layer["kind"] == "batchnorm":
-                shapes = [(layer["channels"],)] * 4
-            elif layer["kind"] == "dropout" and layer["rate"] > 0:
+            if layer["kind"] == "dropout" and layer["rate"] > 0:
                 # pmap's masks come from its own counter-based hash; not reproduced here.
                 raise SystemExit("jax_compare: dropout with rate > 0 has no JAX counterpart here")
-            else:
-                continue
-            for s in shapes:
-                n = int(np.prod(s))
-                params.append(flat[off:off + n].reshape(s))
-                off += n
-        assert off == flat.size, (off, flat.size)
+        # JAX's parameters: pmap's trained blocks, in pmap's shapes; where[(layer, block)] is a
+        # block's place among them. Batch norm's running statistics are state that a training
+        # step's loss never reads: they stay out.
+        blocks = param_blocks(spec)
+        params = [flat[b["offset"]:b["offset"] + b["count"]].reshape(b["shape"]) for b in blocks]
+        where = {(b["layer"], b["block"]): i for i, b in enumerate(blocks)}
         layers, loss_kind, opt = spec["layers"], spec["loss"], spec["optimizer"]
         bf16 = plan.get("precision") == "bf16"
 
@@ -134,46 +122,39 @@ def jax_worker(args):
             return mm(o.transpose(0, 2, 1, 3).reshape(h.shape[0], t, e), wo) + bo
 
         def forward(ps, h):
-            i, skips, table = 0, [], None
-            for layer in layers:
+            skips = []
+            for li, layer in enumerate(layers):
                 k = layer["kind"]
+
+                def w(block, li=li):  # the block of this layer by its name in pmap
+                    return ps[where[(li, block)]]
+
                 if k == "embedding":
-                    table = ps[i]
-                    h = table[h]
-                    i += 1
+                    h = w("table")[h]
                 elif k == "pos_embedding":
-                    h = h + ps[i]
-                    i += 1
-                elif k == "token_dense":
-                    h = mm(h, ps[i]) + ps[i + 1]
-                    i += 2
+                    h = h + w("table")
+                elif k in ("token_dense", "dense"):
+                    h = mm(h, w("w")) + w("b")
                 elif k == "token_layernorm":
                     mean = jnp.mean(h, axis=-1, keepdims=True)
                     var = jnp.mean((h - mean) ** 2, axis=-1, keepdims=True)
-                    h = (h - mean) / jnp.sqrt(var + layer["eps"]) * ps[i] + ps[i + 1]
-                    i += 2
+                    h = (h - mean) / jnp.sqrt(var + layer["eps"]) * w("gamma") + w("beta")
                 elif k == "causal_attention":
-                    h = attention(h, ps[i], ps[i + 1], ps[i + 2], ps[i + 3], layer)
-                    i += 4
+                    h = attention(h, w("wqkv"), w("wo"), w("bqkv"), w("bo"), layer)
                 elif k == "lm_head":
-                    if layer["tied"]:
-                        h = mm(h, table.T)
+                    if layer["tied"]:  # the token embedding's table, layer 0's
+                        h = mm(h, ps[where[(0, "table")]].T)
                     else:
-                        h = mm(h, ps[i]) + ps[i + 1]
-                        i += 2
-                elif k == "dense":
-                    h = mm(h, ps[i]) + ps[i + 1]
-                    i += 2
+                        h = mm(h, w("w")) + w("b")
                 elif k == "relu":
                     h = jnp.maximum(h, 0.0)
                 elif k == "conv2d":
                     s, p = layer["stride"], layer["pad"]
                     cast = (lambda a: a.astype(jnp.bfloat16)) if bf16 else (lambda a: a)
-                    h = lax.conv_general_dilated(cast(h), cast(ps[i]), (s, s), [(p, p), (p, p)],
+                    h = lax.conv_general_dilated(cast(h), cast(w("w")), (s, s), [(p, p), (p, p)],
                                                  dimension_numbers=("NCHW", "OIHW", "NCHW"),
                                                  preferred_element_type=jnp.float32)
-                    h = h + ps[i + 1][None, :, None, None]
-                    i += 2
+                    h = h + w("b")[None, :, None, None]
                 elif k == "flatten":
                     h = h.reshape(h.shape[0], -1)
                 elif k == "tanh":
@@ -182,16 +163,13 @@ def jax_worker(args):
                     h = jax.nn.sigmoid(h)
                 elif k == "gelu":
                     h = jax.nn.gelu(h, approximate=True)
-                elif k == "layernorm":
+                elif k == "layernorm":  # gamma and beta in the shape of one example
                     axes = tuple(range(1, h.ndim))
                     mean = jnp.mean(h, axis=axes, keepdims=True)
                     var = jnp.mean((h - mean) ** 2, axis=axes, keepdims=True)
-                    h = ((h - mean) / jnp.sqrt(var + layer["eps"]) * ps[i].reshape(h.shape[1:])
-                         + ps[i + 1].reshape(h.shape[1:]))
-                    i += 2
+                    h = (h - mean) / jnp.sqrt(var + layer["eps"]) * w("gamma") + w("beta")
                 elif k == "batchnorm":
-                    h = batchnorm(h, ps[i], ps[i + 1], layer)
-                    i += 4
+                    h = batchnorm(h, w("gamma"), w("beta"), layer)
                 elif k in ("maxpool2d", "avgpool2d"):
                     if k == "maxpool2d":
                         h = pool(h, layer, lax.max, -jnp.inf)

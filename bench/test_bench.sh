@@ -2,8 +2,9 @@
 # test_bench.sh: pmap-bench's reference measurements on a few steps of the CPU backend: the
 # hand-written 1-device loop (the models' own forward and backward without the runtime) runs for
 # the models without collectives and ends bitwise at pmap's 1-device loss, is left out for batch
-# norm across devices, the step's GEMMs are listed for every model, --dump writes its files, and
-# --precision fp32,bf16 puts a bf16 row beside each fp32 row.
+# norm across devices, the step's GEMMs are listed for every model, --dump writes its files,
+# which bench/jax_compare.py maps by their blocks, and --precision fp32,bf16 puts a bf16 row beside
+# each fp32 row.
 set -u
 bench=${1:?usage: test_bench.sh path/to/pmap-bench}
 tmp=$(mktemp -d)
@@ -60,6 +61,36 @@ assert all(0 < r['mfu'] for r in rows), rows
     grep -q '{"kind": "lm_head", "vocab": 256, "tied": true}' "$tmp/dump/gpt-mini.json" ||
     bad "gpt-mini.json: $(cat "$tmp/dump/gpt-mini.json")"
 fi
+# bench/jax_compare.py maps every dump by its blocks (that part needs no JAX): they tile the flat
+# vector, batch norm's running statistics stay out of JAX's parameters, a tied head has no block
+# of its own, and a block out of place is refused.
+python3 - "$tmp/dump" "$(dirname "$0")" <<'PY' || bad "bench/jax_compare.py's param_blocks on the dumps"
+import copy, json, os, sys
+sys.path.insert(0, sys.argv[2])
+import jax_compare
+seen = 0
+for name in sorted(os.listdir(sys.argv[1])):
+    if not name.endswith(".json"):
+        continue
+    spec = json.load(open(os.path.join(sys.argv[1], name)))
+    trained = {b["name"] for b in jax_compare.param_blocks(spec)}
+    every = {b["name"] for b in spec["blocks"]}
+    assert trained <= every and sum(b["count"] for b in spec["blocks"]) == spec["params"], name
+    assert len(every) == len(spec["blocks"]), name
+    if name == "cifar-bn.json":
+        assert "1.batchnorm.gamma" in trained and "1.batchnorm.running_var" in every - trained
+    if name == "gpt-mini.json":
+        assert "0.embedding.table" in trained and not any(".lm_head." in n for n in every)
+    bad = copy.deepcopy(spec)
+    bad["blocks"][0]["offset"] += 1
+    try:
+        jax_compare.param_blocks(bad)
+        raise AssertionError(name + ": a block out of place was taken")
+    except SystemExit:
+        pass
+    seen += 1
+assert seen >= 4, seen
+PY
 # --precision fp32,bf16: a bf16 row beside each fp32 row, each against its fp32 row (vs_fp32),
 # its GEMMs probed, its replicas identical; the CPU's bf16 support named.
 if ! "$bench" --model res-mlp --devices 1,2 --scaling strong --batch 16 --steps 4 --warmup 1 \

@@ -409,8 +409,35 @@ PMAP_API pmap_status pmap_model_end_residual(pmap_model *model);
 
 /* Number of parameters. Their layout in the flat parameter vector: layers in order, each
  * layer's weights then its bias, in the shapes given above (norms: gamma then beta; batch norm
- * then its running mean and variance). */
+ * then its running mean and variance); pmap_model_param_block names each block. */
 PMAP_API size_t pmap_model_num_params(const pmap_model *model);
+
+/* One named block of the flat parameter vector (docs/models.md, "Parameter blocks"). */
+#define PMAP_BLOCK_NAME_MAX 64
+typedef struct pmap_param_block {
+  char name[PMAP_BLOCK_NAME_MAX]; /* "<layer>.<kind>.<block>": "3.dense.w", "1.batchnorm.beta" */
+  const char *kind;               /* the layer's kind, "dense" (static storage) */
+  const char *block;              /* the block's name in its layer, "w" (static storage) */
+  int layer;                      /* the layer's index: one per builder call, residual begin and
+                                     end included */
+  int trained;                    /* 1: trained; 0: state that is not trained (batch norm's
+                                     running statistics) */
+  int rank;
+  int64_t shape[PMAP_MAX_RANK]; /* row-major; unused axes 0 */
+  size_t offset;                /* its first element in the flat vector (pmap_params_read) */
+  size_t count;                 /* its elements, the product of its shape */
+} pmap_param_block;
+/* The model's blocks, in the flat vector's order, each once (a tied lm_head has none of its own:
+ * it reads 0.embedding.table); they cover the vector exactly. 0 for a NULL model. */
+PMAP_API size_t pmap_model_num_param_blocks(const pmap_model *model);
+/* Block `index` into *out. PMAP_ERR_INVALID_ARGUMENT for a NULL model or out, or an index outside
+ * [0, pmap_model_num_param_blocks); *out is unchanged then. */
+PMAP_API pmap_status pmap_model_param_block(const pmap_model *model, size_t index,
+                                            pmap_param_block *out);
+/* The block named `name` into *out. PMAP_ERR_INVALID_ARGUMENT for a NULL argument or a name that
+ * is not one of the model's blocks (the message says what that layer holds); *out unchanged. */
+PMAP_API pmap_status pmap_model_find_param_block(const pmap_model *model, const char *name,
+                                                 pmap_param_block *out);
 /* Output shape of one example: writes the rank into *rank and the extents into shape. */
 PMAP_API void pmap_model_output_shape(const pmap_model *model, int *rank,
                                       int64_t shape[PMAP_MAX_RANK]);
@@ -594,6 +621,12 @@ PMAP_API pmap_status pmap_predict(pmap_params *params, const pmap_array *xs, pma
  * process (the message names its process) or another count. */
 PMAP_API pmap_status pmap_params_read(const pmap_params *params, int device, float *dst,
                                       size_t count);
+/* Copies the block named `name` (pmap_model_find_param_block on the params' model) of device
+ * `device`'s replica into dst (count == the block's count). The same statuses as
+ * pmap_params_read, and PMAP_ERR_INVALID_ARGUMENT for a NULL name, a name that is not a block
+ * (params of pmap_params_create_custom have none) or another count; dst unchanged on error. */
+PMAP_API pmap_status pmap_params_read_named(const pmap_params *params, int device, const char *name,
+                                            float *dst, size_t count);
 /* Copies src (count == pmap_params_count()) into every replica of this process; optimizer state
  * is kept. In a distributed context write the same values in every process. */
 PMAP_API pmap_status pmap_params_write(pmap_params *params, const float *src, size_t count);

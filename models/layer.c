@@ -6,7 +6,6 @@
 #include "model.h"
 #include "rng.h"
 #include "base/error.h"
-
 int layer_is_view(const layer *l) { return l->cls->is_view; }
 
 void layer_init(const layer *l, const layer *next, pmap_rng *rng, float *w) {
@@ -25,6 +24,25 @@ void layer_describe(const layer *l, FILE *f) {
   fprintf(f, "{\"kind\": \"%s\"", l->cls->name);
   if (l->cls->describe) l->cls->describe(l, f);
   fprintf(f, "}");
+}
+
+layer_block layer_block_shaped(const char *name, layer_region region, int rank,
+                               const int64_t *shape) {
+  layer_block b = {.name = name, .region = region, .rank = rank};
+  memcpy(b.shape, shape, (size_t)rank * sizeof *shape);
+  return b;
+}
+
+int layer_blocks(const layer *l, layer_block *b) {
+  int n = l->cls->blocks ? l->cls->blocks(l, b) : 0;
+  size_t next[3] = {l->w_off, l->b_off, l->s_off}; /* by layer_region */
+  for (int k = 0; k < n; k++) {
+    b[k].count = 1;
+    for (int a = 0; a < b[k].rank; a++) b[k].count *= (size_t)b[k].shape[a];
+    b[k].off = next[b[k].region];
+    next[b[k].region] += b[k].count;
+  }
+  return n;
 }
 
 pmap_status layer_forward(pmap_device *dev, const pmap_model *m, replica *r, int i, const float *in,

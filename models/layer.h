@@ -61,6 +61,31 @@ struct layer {
 #define LAYER_SETTINGS(T, l) ((T *)(void *)(l)->settings)
 #define LAYER_SETTINGS_CONST(T, l) ((const T *)(const void *)(l)->settings)
 
+/* Where a block of a layer's parameters lies: in its weights (layer.w_off, w_size), its bias
+ * (b_off, b_size) or its state that is not trained (s_off, s_size). */
+typedef enum layer_region { LAYER_WEIGHTS, LAYER_BIAS, LAYER_STATE } layer_region;
+
+/* One named array of a layer's parameters, as its class declares it (its blocks member): the
+ * block's own name ("w", "gamma", "running_mean"), its region and its row-major shape. A
+ * region's blocks lie in it one after the other in the declared order and fill it exactly
+ * (tests/test_blocks.c checks every class); layer_blocks sets off and count. */
+typedef struct layer_block {
+  const char *name;
+  layer_region region;
+  int rank;
+  int64_t shape[PMAP_MAX_RANK];
+  size_t off, count; /* its first element in the flat vector, its elements */
+} layer_block;
+
+#define LAYER_MAX_BLOCKS 8
+/* A block of the given extents: LAYER_BLOCK("w", LAYER_WEIGHTS, F, units); of a shape the layer
+ * holds: layer_block_shaped("gamma", LAYER_WEIGHTS, l->in_rank, l->in_shape). */
+#define LAYER_BLOCK(block_name, block_region, ...)                                  \
+  ((layer_block){.name = (block_name),                                              \
+                 .region = (block_region),                                          \
+                 .rank = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), \
+                 .shape = {__VA_ARGS__}})
+
 /* What a kind does. Members marked (optional) may be NULL or 0; layer.c supplies the default in
  * each case, and the rest of the models call them only through layer.c. Write contract as the
  * ops' (ops/op_list.h): outputs and input gradients overwritten, parameter gradients (r->g)
@@ -112,7 +137,17 @@ struct layer_class {
   /* (optional, NULL: none) Its settings as JSON members after its "kind", each with a leading
    * ", " (pmap-bench --dump, read by bench/jax_compare.py). */
   void (*describe)(const layer *l, FILE *f);
+  /* (optional, NULL: none; required of a kind with parameters or state) Its parameter blocks
+   * into b (at most LAYER_MAX_BLOCKS, each made with LAYER_BLOCK), in order; returns their
+   * count. They name the flat vector for pmap_model_param_block and pmap_params_read_named. */
+  int (*blocks)(const layer *l, layer_block *b);
 };
+
+/* Every class is listed by its file: LAYER_FILE_CLASSES(dense, &dense_class) at the end of
+ * models/layers/dense.c, named after the file as meson.build's list of layer files names it
+ * (the list that models/layer_table.c's table of every class is made from). */
+#define LAYER_FILE_CLASSES(file, ...) \
+  const layer_class *const layer_file_##file[] = {__VA_ARGS__, NULL}
 
 /* layer.c: the class's members with their defaults, and what the builders share. */
 int layer_is_view(const layer *l);
@@ -125,6 +160,16 @@ void layer_geometry(const layer *l, uint32_t g[4]);
 double layer_macs(const layer *l);
 /* {"kind": "<name>", <its settings>} */
 void layer_describe(const layer *l, FILE *f);
+/* l's blocks into b (LAYER_MAX_BLOCKS) with their places in the flat vector; returns their
+ * count (0 for a layer without parameters). */
+int layer_blocks(const layer *l, layer_block *b);
+layer_block layer_block_shaped(const char *name, layer_region region, int rank,
+                               const int64_t *shape);
+
+/* models/layer_table.c: the table of every layer class (tests check their codes and blocks):
+ * the count, class i (NULL outside [0, count)). */
+int layer_class_count(void);
+const layer_class *layer_class_at(int i);
 
 /* Starts *l as a layer of class cls on m's current output, with its output shape the same as
  * its input's (the builder changes what differs, then model_push). PMAP_ERR_INVALID_ARGUMENT

@@ -48,6 +48,14 @@ size_t model_col_size(const pmap_model *m);
  * order, from one random stream). */
 void model_init_params(const pmap_model *m, uint64_t seed, float *w);
 
+/* The block of m named `name` ("3.dense.w", models/param_blocks.c) into *out; else
+ * PMAP_ERR_INVALID_ARGUMENT naming call, the name and what the model holds near it. */
+pmap_status model_find_block(const pmap_model *m, const char *call, const char *name,
+                             pmap_param_block *out);
+
+/* b's shape as text, "(64, 192)". */
+void model_block_shape(const pmap_param_block *b, char *text, size_t cap);
+
 /* A range [off, off + len) of the flat parameter vector. */
 typedef struct model_span {
   size_t off, len;

@@ -1,6 +1,6 @@
 /* params_access.c: what the caller reads and sets of params between steps: counts and settings,
- * the step count, one replica's parameters, every replica's parameters at once, the micro-batch
- * count, and the release of the activation memory. */
+ * the step count, one replica's parameters (all, or one named block), every replica's
+ * parameters at once, the micro-batch count, and the release of the activation memory. */
 #include <stdlib.h>
 
 #include "base/error.h"
@@ -28,22 +28,21 @@ int64_t pmap_params_step(const pmap_params *p) {
 
 typedef struct read_call {
   const pmap_params *p;
-  int device; /* local */
-  float *dst; /* (P) host */
+  int device;        /* local */
+  size_t off, count; /* the range of the parameters read */
+  float *dst;        /* (count) host */
 } read_call;
 
 static pmap_status read_job(pmap_device *dev, void *arg) {
   const read_call *c = arg;
   int d = pmap_local_index(dev);
   if (d != c->device) return PMAP_SUCCESS;
-  return backend_download(dev, c->dst, c->p->rep[d].w, c->p->n_params * sizeof(float));
+  return backend_download(dev, c->dst, c->p->rep[d].w + c->off, c->count * sizeof(float));
 }
 
-pmap_status pmap_params_read(const pmap_params *cp, int device, float *dst, size_t count) {
-  const char *call = "pmap_params_read";
-  if (!cp || !dst)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL", call, cp ? "dst" : "params");
-  int n = cp->n, first = cp->first, G = cp->gl.G;
+/* The checks of a read from device `device` (global) naming call. */
+static pmap_status check_read(const pmap_params *p, const char *call, int device) {
+  int n = p->n, first = p->first, G = p->gl.G;
   if (device < 0 || device >= G)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: device %d is outside [0, %d)", call, device, G);
   if (device < first || device >= first + n)
@@ -51,16 +50,55 @@ pmap_status pmap_params_read(const pmap_params *cp, int device, float *dst, size
                     "%s: device %d lives in process %d, not in this process %d (its devices are "
                     "%d..%d); replicas are identical, so read one of this process's",
                     call, device, device / n, first / n, first, first + n - 1);
-  if (count != cp->n_params)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: count %zu is not the parameter count %zu", call,
-                    count, cp->n_params);
+  return PMAP_SUCCESS;
+}
+
+/* [off, off + count) of device `device`'s replica into dst, under the lock. */
+static pmap_status read_range(const pmap_params *cp, const char *call, int device, size_t off,
+                              size_t count, float *dst) {
   pmap_params *p = (pmap_params *)cp; /* a torn step is completed: its replicas change */
   PMAP_TRY(pmap_ctx_lock(p->ctx, call));
-  read_call c = {p, device - first, dst};
+  read_call c = {p, device - p->first, off, count, dst};
   pmap_status st = params_mend(p, call);
   if (!st) st = params_dispatch(p, read_job, &c);
   pmap_ctx_unlock(p->ctx);
   return st;
+}
+
+pmap_status pmap_params_read(const pmap_params *cp, int device, float *dst, size_t count) {
+  const char *call = "pmap_params_read";
+  if (!cp || !dst)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL", call, cp ? "dst" : "params");
+  PMAP_TRY(check_read(cp, call, device));
+  if (count != cp->n_params)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: count %zu is not the parameter count %zu", call,
+                    count, cp->n_params);
+  return read_range(cp, call, device, 0, count, dst);
+}
+
+pmap_status pmap_params_read_named(const pmap_params *cp, int device, const char *name, float *dst,
+                                   size_t count) {
+  const char *call = "pmap_params_read_named";
+  if (!cp || !name || !dst)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL", call,
+                    !cp     ? "params"
+                    : !name ? "name"
+                            : "dst");
+  PMAP_TRY(check_read(cp, call, device));
+  if (cp->grad_fn)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: no parameter block \"%.80s\": params of a gradient function "
+                    "(pmap_params_create_custom) have no named blocks; use pmap_params_read",
+                    call, name);
+  pmap_param_block b;
+  PMAP_TRY(model_find_block(cp->model, call, name, &b));
+  if (count != b.count) {
+    char shape[96];
+    model_block_shape(&b, shape, sizeof shape);
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: count %zu is not the %zu elements of %s %s",
+                    call, count, b.count, b.name, shape);
+  }
+  return read_range(cp, call, device, b.offset, count, dst);
 }
 
 typedef struct write_call {

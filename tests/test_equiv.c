@@ -99,6 +99,8 @@ int main(void) {
     float *r1 = NULL, *rw = NULL, rl[STEPS];
     int n = train(model, table[i].batch, 1, &r1, &rw, rl);
     for (int d = 2; n > 0 && d <= 4; d++) {
+      /* Under TSan every model on 3 devices (testutil.h): 2 and 4 divide the batch evenly too. */
+      if (TEST_UNDER_TSAN && d != 3) continue;
       float *w1 = NULL, *w = NULL, l[STEPS];
       if (train(model, table[i].batch, d, &w1, &w, l) == n) {
         double e1 = rel_err(w1, r1, (size_t)n), ew = rel_err(w, rw, (size_t)n), el = 0;

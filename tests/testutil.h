@@ -13,6 +13,16 @@
 
 #include "pmap.h"
 
+/* ThreadSanitizer runs the suite 10 to 20 times slower. Tests whose grids repeat the same
+ * threading paths over many models and device counts (test_shard, test_equiv, test_layers) take
+ * a subset under it, chosen to keep every path (every device count, oversubscribed ones too, on
+ * one model; every model on one device count); the whole grids run in the other builds. */
+#if defined(__SANITIZE_THREAD__)
+#define TEST_UNDER_TSAN 1
+#else
+#define TEST_UNDER_TSAN 0
+#endif
+
 static int test_failures = 0;
 static int test_checks = 0;
 

@@ -1,7 +1,8 @@
 /* cli.h: the one reader of command-line options of pmap's programs (pmap-train, pmap-bench,
- * pmap-allreduce, pmap-step). Each program describes its options in a table (name, kind, range,
- * where the value goes, help); cli_parse reads argv against it strictly and cli_help prints the
- * --help text made from it. Every error is "<prog>: <message>" on stderr, exit status 1. */
+ * pmap-allreduce, pmap-step, pmap-launch). Each program describes its options in a table (name,
+ * kind, range, where the value goes, help); cli_parse reads argv against it strictly and cli_help
+ * prints the --help text made from it. Every error is "<prog>: <message>" on stderr, exit status
+ * 1 (pmap-launch's is 2: a status of 1 can be its job's). */
 #ifndef PMAP_TOOLS_CLI_H
 #define PMAP_TOOLS_CLI_H
 

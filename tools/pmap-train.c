@@ -481,6 +481,9 @@ int main(int argc, char **argv) {
       (double)info.opt.lr, (unsigned long long)o.seed);
   printf("pmap-train: precision %s (CPU bf16 instructions: %s; bf16 GEMM %s, %s)\n", r.precision,
          pmap_cpu_bf16(), pmap_bf16_provider(), pmap_bf16_reason());
+  /* pmap-launch reads this line to know that the run got past its setup: out at once, also
+   * where stdout is a pipe (block-buffered). */
+  fflush(stdout);
   r.sharded = pmap_params_sharded(params);
   r.state_bytes = pmap_params_optimizer_bytes(params);
   printf("pmap-train: optimizer state %.4g MB per device (%s)\n",

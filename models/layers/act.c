@@ -60,3 +60,5 @@ pmap_status pmap_model_add_sigmoid(pmap_model *m) {
 pmap_status pmap_model_add_gelu(pmap_model *m) {
   return add_act(m, &gelu_class, PMAP_ACT_GELU, "pmap_model_add_gelu");
 }
+
+LAYER_FILE_CLASSES(act, &tanh_class, &sigmoid_class, &gelu_class);

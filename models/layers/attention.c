@@ -256,6 +256,16 @@ static void describe(const layer *l, FILE *f) {
           (long long)s->hs);
 }
 
+/* The weights of both projections, then their biases (the order forward reads them in). */
+static int blocks(const layer *l, layer_block *b) {
+  attn_dims a = dims_of(l, 1);
+  b[0] = LAYER_BLOCK("wqkv", LAYER_WEIGHTS, a.d, 3 * a.e);
+  b[1] = LAYER_BLOCK("wo", LAYER_WEIGHTS, a.e, a.d);
+  b[2] = LAYER_BLOCK("bqkv", LAYER_BIAS, 3 * a.e);
+  b[3] = LAYER_BLOCK("bo", LAYER_BIAS, a.d);
+  return 4;
+}
+
 static const layer_class attention_class = {
     .name = "causal_attention",
     .code = 17,
@@ -267,6 +277,7 @@ static const layer_class attention_class = {
     .geometry = geometry,
     .macs = macs,
     .describe = describe,
+    .blocks = blocks,
 };
 
 pmap_status pmap_model_add_causal_attention(pmap_model *m, int heads, int head_size) {
@@ -295,3 +306,5 @@ pmap_status pmap_model_add_causal_attention(pmap_model *m, int heads, int head_s
   l.aux_rows = (size_t)(2 * t * 3 * e + 2 * heads * t * t + 2 * t * e);
   return model_push(m, l, call);
 }
+
+LAYER_FILE_CLASSES(attention, &attention_class);

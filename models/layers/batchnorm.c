@@ -112,6 +112,16 @@ static void describe(const layer *l, FILE *f) {
           (long long)s->channels, (double)s->eps, (double)s->momentum, s->cross_replica);
 }
 
+/* gamma, beta, then the running statistics: state that is not trained. */
+static int blocks(const layer *l, layer_block *b) {
+  int64_t c = settings_of(l)->channels;
+  b[0] = LAYER_BLOCK("gamma", LAYER_WEIGHTS, c);
+  b[1] = LAYER_BLOCK("beta", LAYER_BIAS, c);
+  b[2] = LAYER_BLOCK("running_mean", LAYER_STATE, c);
+  b[3] = LAYER_BLOCK("running_var", LAYER_STATE, c);
+  return 4;
+}
+
 static const layer_class batchnorm_class = {
     .name = "batchnorm",
     .code = 12,
@@ -121,6 +131,7 @@ static const layer_class batchnorm_class = {
     .init = init,
     .geometry = geometry,
     .describe = describe,
+    .blocks = blocks,
 };
 
 pmap_status pmap_model_add_batchnorm(pmap_model *m, int cross_replica) {
@@ -138,3 +149,5 @@ pmap_status pmap_model_add_batchnorm(pmap_model *m, int cross_replica) {
   l.aux_fixed = 11 * (size_t)s->channels + 3; /* buffers 0..2 (3C + 1 each), the sums (2C) */
   return model_push(m, l, call);
 }
+
+LAYER_FILE_CLASSES(batchnorm, &batchnorm_class);

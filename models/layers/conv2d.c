@@ -75,6 +75,13 @@ static void describe(const layer *l, FILE *f) {
           (long long)s->c, (long long)s->oc, s->kh, s->kw, s->stride, s->pad);
 }
 
+static int blocks(const layer *l, layer_block *b) {
+  const pmap_conv_shape *s = shape_of(l);
+  b[0] = LAYER_BLOCK("w", LAYER_WEIGHTS, s->oc, s->c, s->kh, s->kw);
+  b[1] = LAYER_BLOCK("b", LAYER_BIAS, s->oc);
+  return 2;
+}
+
 static const layer_class conv2d_class = {
     .name = "conv2d",
     .code = 3,
@@ -85,6 +92,7 @@ static const layer_class conv2d_class = {
     .geometry = geometry,
     .macs = macs,
     .describe = describe,
+    .blocks = blocks,
 };
 
 pmap_status pmap_model_add_conv2d(pmap_model *m, int64_t oc, int kh, int kw, int stride, int pad) {
@@ -115,3 +123,5 @@ pmap_status pmap_model_add_conv2d(pmap_model *m, int64_t oc, int kh, int kw, int
   l.col_size = (size_t)(fan_in(&c) * oh * ow);
   return model_push(m, l, call);
 }
+
+LAYER_FILE_CLASSES(conv2d, &conv2d_class);

@@ -47,6 +47,12 @@ static void describe(const layer *l, FILE *f) {
   fprintf(f, ", \"in\": %lld, \"out\": %lld", (long long)l->in_size, (long long)l->out_size);
 }
 
+static int blocks(const layer *l, layer_block *b) {
+  b[0] = LAYER_BLOCK("w", LAYER_WEIGHTS, l->in_size, l->out_size);
+  b[1] = LAYER_BLOCK("b", LAYER_BIAS, l->out_size);
+  return 2;
+}
+
 static const layer_class dense_class = {
     .name = "dense",
     .code = 1,
@@ -57,6 +63,7 @@ static const layer_class dense_class = {
     .init = init,
     .macs = macs,
     .describe = describe,
+    .blocks = blocks,
 };
 
 pmap_status pmap_model_add_dense(pmap_model *m, int64_t units) {
@@ -78,3 +85,5 @@ pmap_status pmap_model_add_dense(pmap_model *m, int64_t units) {
   l.b_size = (size_t)units;
   return model_push(m, l, call);
 }
+
+LAYER_FILE_CLASSES(dense, &dense_class);

@@ -76,3 +76,5 @@ pmap_status pmap_model_add_dropout(pmap_model *m, float rate) {
   LAYER_SETTINGS(dropout_settings, &l)->rate = rate;
   return model_push(m, l, call);
 }
+
+LAYER_FILE_CLASSES(dropout, &dropout_class);

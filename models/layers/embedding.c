@@ -53,6 +53,11 @@ static void tok_describe(const layer *l, FILE *f) {
           (long long)l->out_shape[0], (long long)l->out_shape[1]);
 }
 
+static int tok_blocks(const layer *l, layer_block *b) {
+  b[0] = LAYER_BLOCK("table", LAYER_WEIGHTS, cfg(l)->vocab, l->out_shape[1]);
+  return 1;
+}
+
 static const layer_class embedding_class = {
     .name = "embedding",
     .code = 15,
@@ -61,6 +66,7 @@ static const layer_class embedding_class = {
     .init = init_normal,
     .geometry = tok_geometry,
     .describe = tok_describe,
+    .blocks = tok_blocks,
 };
 
 pmap_status pmap_model_add_embedding(pmap_model *m, int64_t vocab, int64_t dim) {
@@ -108,12 +114,18 @@ static pmap_status pos_backward(pmap_device *dev, const layer *l, replica *r, in
   return PMAP_SUCCESS;
 }
 
+static int pos_blocks(const layer *l, layer_block *b) {
+  b[0] = LAYER_BLOCK("table", LAYER_WEIGHTS, l->in_shape[0], l->in_shape[1]);
+  return 1;
+}
+
 static const layer_class pos_class = {
     .name = "pos_embedding",
     .code = 16,
     .forward = pos_forward,
     .backward = pos_backward,
     .init = init_normal,
+    .blocks = pos_blocks,
 };
 
 pmap_status pmap_model_add_pos_embedding(pmap_model *m) {
@@ -181,6 +193,14 @@ static void head_describe(const layer *l, FILE *f) {
           cfg(l)->tied ? "true" : "false");
 }
 
+/* Tied: none of its own (it reads the token embedding's table, a block of layer 0). */
+static int head_blocks(const layer *l, layer_block *b) {
+  if (cfg(l)->tied) return 0;
+  b[0] = LAYER_BLOCK("w", LAYER_WEIGHTS, l->in_shape[1], cfg(l)->vocab);
+  b[1] = LAYER_BLOCK("b", LAYER_BIAS, cfg(l)->vocab);
+  return 2;
+}
+
 static const layer_class head_class = {
     .name = "lm_head",
     .code = 20,
@@ -191,6 +211,7 @@ static const layer_class head_class = {
     .geometry = head_geometry,
     .macs = head_macs,
     .describe = head_describe,
+    .blocks = head_blocks,
 };
 
 pmap_status pmap_model_add_lm_head(pmap_model *m, int tied) {
@@ -230,3 +251,5 @@ pmap_status pmap_model_add_lm_head(pmap_model *m, int tied) {
   m->loss = PMAP_LOSS_TOKEN_XENT;
   return PMAP_SUCCESS;
 }
+
+LAYER_FILE_CLASSES(embedding, &embedding_class, &pos_class, &head_class);

@@ -33,3 +33,5 @@ pmap_status pmap_model_add_flatten(pmap_model *m) {
   l.out_shape[1] = l.out_shape[2] = 0;
   return model_push(m, l, call);
 }
+
+LAYER_FILE_CLASSES(flatten, &flatten_class);

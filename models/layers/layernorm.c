@@ -36,6 +36,13 @@ static void describe(const layer *l, FILE *f) {
   fprintf(f, ", \"size\": %lld, \"eps\": %.9g", (long long)l->in_size, (double)eps_of(l));
 }
 
+/* gamma and beta in the shape of one example. */
+static int blocks(const layer *l, layer_block *b) {
+  b[0] = layer_block_shaped("gamma", LAYER_WEIGHTS, l->in_rank, l->in_shape);
+  b[1] = layer_block_shaped("beta", LAYER_BIAS, l->in_rank, l->in_shape);
+  return 2;
+}
+
 static const layer_class layernorm_class = {
     .name = "layernorm",
     .code = 8,
@@ -44,6 +51,7 @@ static const layer_class layernorm_class = {
     .backward = backward,
     .init = init,
     .describe = describe,
+    .blocks = blocks,
 };
 
 pmap_status pmap_model_add_layernorm(pmap_model *m) {
@@ -55,3 +63,5 @@ pmap_status pmap_model_add_layernorm(pmap_model *m) {
   l.aux_rows = 2; /* mean, rstd */
   return model_push(m, l, call);
 }
+
+LAYER_FILE_CLASSES(layernorm, &layernorm_class);

@@ -104,3 +104,5 @@ pmap_status pmap_model_add_avgpool2d(pmap_model *m, int kernel_h, int kernel_w, 
 pmap_status pmap_model_add_global_avgpool(pmap_model *m) {
   return add_pool(m, &avgpool2d_class, 0, 0, 0, 1, "pmap_model_add_global_avgpool");
 }
+
+LAYER_FILE_CLASSES(pool, &maxpool2d_class, &avgpool2d_class);

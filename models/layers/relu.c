@@ -29,3 +29,5 @@ pmap_status pmap_model_add_relu(pmap_model *m) {
   PMAP_TRY(layer_start(m, &relu_class, call, &l));
   return model_push(m, l, call);
 }
+
+LAYER_FILE_CLASSES(relu, &relu_class);

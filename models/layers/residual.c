@@ -98,3 +98,5 @@ pmap_status pmap_model_end_residual(pmap_model *m) {
   m->n_open--;
   return PMAP_SUCCESS;
 }
+
+LAYER_FILE_CLASSES(residual, &begin_class, &end_class);

@@ -41,6 +41,12 @@ static void dense_describe(const layer *l, FILE *f) {
           (long long)l->in_shape[1], (long long)l->out_shape[1]);
 }
 
+static int dense_blocks(const layer *l, layer_block *b) {
+  b[0] = LAYER_BLOCK("w", LAYER_WEIGHTS, l->in_shape[1], l->out_shape[1]);
+  b[1] = LAYER_BLOCK("b", LAYER_BIAS, l->out_shape[1]);
+  return 2;
+}
+
 static const layer_class token_dense_class = {
     .name = "token_dense",
     .code = 18,
@@ -50,6 +56,7 @@ static const layer_class token_dense_class = {
     .init = dense_init,
     .macs = dense_macs,
     .describe = dense_describe,
+    .blocks = dense_blocks,
 };
 
 pmap_status pmap_model_add_token_dense(pmap_model *m, int64_t units) {
@@ -95,6 +102,12 @@ static void norm_describe(const layer *l, FILE *f) {
           (long long)l->in_shape[1], (double)TOKEN_NORM_EPS);
 }
 
+static int norm_blocks(const layer *l, layer_block *b) {
+  b[0] = LAYER_BLOCK("gamma", LAYER_WEIGHTS, l->in_shape[1]);
+  b[1] = LAYER_BLOCK("beta", LAYER_BIAS, l->in_shape[1]);
+  return 2;
+}
+
 static const layer_class token_norm_class = {
     .name = "token_layernorm",
     .code = 19,
@@ -103,6 +116,7 @@ static const layer_class token_norm_class = {
     .backward = norm_backward,
     .init = norm_init,
     .describe = norm_describe,
+    .blocks = norm_blocks,
 };
 
 pmap_status pmap_model_add_token_layernorm(pmap_model *m) {
@@ -116,3 +130,5 @@ pmap_status pmap_model_add_token_layernorm(pmap_model *m) {
   l.aux_rows = (size_t)(2 * l.in_shape[0]); /* mean, rstd per token */
   return model_push(m, l, call);
 }
+
+LAYER_FILE_CLASSES(tokenwise, &token_dense_class, &token_norm_class);

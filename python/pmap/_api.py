@@ -91,17 +91,14 @@ class Model:
         check(lib.pmap_model_create(len(shape), c, ctypes.byref(raw)))
         self.input_shape = shape
         self._layers = []  # (method, arguments): what copying and pickling replay
-        self._shapes = []  # each layer's (input shape, output shape): the parameter layout
         self._loss = "mse"
         self._tokens = False  # the first layer is an embedding: xs are int32 token ids
         self._handle = Handle("model", raw, lib.pmap_model_destroy, process_bound=False)
 
     def _add(self, method, fn, *args, record=None):
         with self._handle.use(f"Model.{method}") as h:
-            before = self._shape_of(h)
             check(fn(h, *args))
             self._layers.append((method, args if record is None else record))
-            self._shapes.append((before, self._shape_of(h)))
         return self
 
     @staticmethod
@@ -198,38 +195,15 @@ class Model:
         self._loss = "token_xent"
         return self
 
-    def _blocks(self):
-        """[(name, shape)] of the flat parameter vector, in order (docs/models.md, "Parameter
-        layout"); a tied head has none of its own."""
-        out = []
-        for i, ((method, args), (a, b)) in enumerate(zip(self._layers, self._shapes)):
-            size = int(np.prod(a)) if a else 0
-            if method == "dense":
-                blocks = [("w", (size, b[0])), ("b", (b[0],))]
-            elif method == "conv2d":
-                kh, kw = args[1]
-                blocks = [("w", (b[0], a[0], kh, kw)), ("b", (b[0],))]
-            elif method == "layernorm":
-                blocks = [("gamma", a), ("beta", a)]
-            elif method == "batchnorm":
-                c = (a[0],)
-                blocks = [("gamma", c), ("beta", c), ("running_mean", c), ("running_var", c)]
-            elif method == "embedding":
-                blocks = [("table", (args[0], b[1]))]
-            elif method == "pos_embedding":
-                blocks = [("table", a)]
-            elif method == "token_dense":
-                blocks = [("w", (a[1], b[1])), ("b", (b[1],))]
-            elif method == "token_layernorm":
-                blocks = [("gamma", (a[1],)), ("beta", (a[1],))]
-            elif method == "causal_attention":
-                d, e = a[1], args[0] * args[1]
-                blocks = [("wqkv", (d, 3 * e)), ("wo", (e, d)), ("bqkv", (3 * e,)), ("bo", (d,))]
-            elif method == "lm_head" and not args[0]:
-                blocks = [("w", (a[1], b[1])), ("b", (b[1],))]
-            else:
-                blocks = []
-            out += [(f"{i}.{method}.{n}", tuple(int(x) for x in s)) for n, s in blocks]
+    @staticmethod
+    def _blocks(h):
+        """[(name, shape, offset)] of the flat parameter vector, in order, as the layers declare
+        them (pmap_model_param_block; docs/models.md, "Parameter blocks"); a tied head has none
+        of its own."""
+        out, b = [], _lib.ParamBlock()
+        for k in range(lib.pmap_model_num_param_blocks(h)):
+            check(lib.pmap_model_param_block(h, k, ctypes.byref(b)))
+            out.append((b.name.decode(), tuple(b.shape[a] for a in range(b.rank)), b.offset))
         return out
 
     def begin_residual(self):
@@ -277,8 +251,8 @@ class Model:
     @property
     def parameter_shapes(self):
         """{name: shape} of every parameter block, in the flat vector's order."""
-        with self._handle.use("Model.parameter_shapes"):
-            return dict(self._blocks())
+        with self._handle.use("Model.parameter_shapes") as h:
+            return {name: shape for name, shape, _ in self._blocks(h)}
 
     def __repr__(self):
         calls = "".join(f".{m}({', '.join(map(repr, a))})" for m, a in self._layers)
@@ -458,7 +432,7 @@ class Params:
             self._classify = model._loss in ("softmax_xent", "token_xent")
             self._tokens = model._tokens
             self._out = tuple(shape[i] for i in range(out.value))
-            self._blocks = model._blocks()
+            self._blocks = model._blocks(m)
             self._handle = Handle("params", raw, _destroy_params, process_bound=True)
             ctx._children.add(self._handle)
 
@@ -540,25 +514,15 @@ class Params:
         """{name: ndarray} of device `device`'s parameters, each block with its shape
         ("3.causal_attention.wqkv": (D, 3E), ...; Model.parameter_shapes); copies."""
         flat = self.read(device)
-        out, at = {}, 0
-        for name, shape in self._blocks:
-            n = int(np.prod(shape))
-            out[name] = flat[at:at + n].reshape(shape).copy()
-            at += n
-        if at != flat.size:
-            raise Error(f"Params.named: the layout covers {at} of {flat.size} parameters")
-        return out
+        return {name: flat[at:at + int(np.prod(shape))].reshape(shape).copy()
+                for name, shape, at in self._blocks}
 
     def set_named(self, values):
         """Sets the blocks named in values (a dict as named() gives, any subset) on every
         replica, the rest unchanged; a name or shape that does not match is refused before
         anything changes."""
         flat = self.read(0)
-        where, at = {}, 0
-        for name, shape in self._blocks:
-            n = int(np.prod(shape))
-            where[name] = (at, shape)
-            at += n
+        where = {name: (at, shape) for name, shape, at in self._blocks}
         for name, v in values.items():
             if name not in where:
                 raise ArgumentError(f"Params.set_named: no parameter block {name!r}")

@@ -124,6 +124,20 @@ class MemoryPlan(ctypes.Structure):
     ]
 
 
+class ParamBlock(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char * 64),  # PMAP_BLOCK_NAME_MAX
+        ("kind", ctypes.c_char_p),
+        ("block", ctypes.c_char_p),
+        ("layer", ctypes.c_int),
+        ("trained", ctypes.c_int),
+        ("rank", ctypes.c_int),
+        ("shape", ctypes.c_int64 * MAX_RANK),
+        ("offset", ctypes.c_size_t),
+        ("count", ctypes.c_size_t),
+    ]
+
+
 def _find():
     here = os.path.dirname(os.path.abspath(__file__))
     env = os.environ.get("PMAP_LIBRARY")
@@ -188,6 +202,8 @@ _decl("pmap_model_begin_residual", _status, _p)
 _decl("pmap_model_end_residual", _status, _p)
 _decl("pmap_model_num_params", ctypes.c_size_t, _p)
 _decl("pmap_model_output_shape", None, _p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int64))
+_decl("pmap_model_num_param_blocks", ctypes.c_size_t, _p)
+_decl("pmap_model_param_block", _status, _p, ctypes.c_size_t, ctypes.POINTER(ParamBlock))
 _decl("pmap_params_create", _status, _p, _p, ctypes.POINTER(Optimizer), ctypes.c_uint64,
       ctypes.POINTER(_p))
 _decl("pmap_params_destroy", None, _p)

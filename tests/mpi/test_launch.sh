@@ -1,89 +1,397 @@
 #!/usr/bin/env bash
-# test_launch.sh: pmap-launch restarts a failed pmap-train job from its newest checkpoint.
-#  1. Process 1 of a 2 x 2 run is killed (SIGKILL) mid-run, in its first run only: the launcher
-#     says why, restarts from the checkpoint of step 30, finishes, and the final checkpoint is
-#     bitwise the file of an uninterrupted run of the same layout. What makes that hold: the
-#     data position is the step (step s takes batch s % batches, resumed or not), a checkpoint
-#     holds the whole state at the step it was taken (parameters, optimizer state, step), and
-#     the same layout adds in the same order.
-#  2. The same kill, restarted on 1 process of 2 devices (--restart-np 1): the run finishes
-#     with the final loss of the uninterrupted run to rounding.
-#  3. A job that always fails: the launcher gives up after --max-restarts, with its status.
-# Usage: test_launch.sh MPIRUN ($PMAP_TRAIN names pmap-train, $PMAP_LAUNCH pmap-launch).
+# test_launch.sh: pmap-launch restarts a failed pmap-train job from its newest checkpoint, ends
+# every process of a failed run first, and stops at once where a restart cannot help. Parts:
+#  restart  process 1 of a 2 x 2 run is killed (SIGKILL) mid-run, in its first run only: the
+#           launcher says why, restarts from the checkpoint of step 30, and the final checkpoint
+#           is bitwise the file of an uninterrupted run of the same layout (the data position is
+#           the step, a checkpoint holds the whole state, the same layout adds in the same
+#           order); the same restarted on 1 process: the same final loss to rounding; a job that
+#           fails at step 5 of every run: restarted until --max-restarts, then given up; the
+#           program's own --resume taken over, and used again when no checkpoint loads.
+#  kill     mpirun itself killed (SIGKILL) while its ranks train and save; a stand-in mpirun that
+#           dies leaving its program running in a session of its own, ignoring SIGTERM; a rank
+#           stopped (SIGSTOP); the launcher itself interrupted (SIGTERM). In each: no process of a
+#           run is alive when the next one starts or the launcher ends, and a restart resumes at
+#           the step the log names.
+#  check    damaged checkpoints (garbled, truncated, a FIFO, a complete FILE.tmp.* left by a save
+#           cut short, also beside the file a symbolic link FILE names), and a job whose
+#           environment holds PMAP_FAULT: the check picks the right file, and the restart ends
+#           bitwise where an uninterrupted run ends.
+#  args     every option's missing value (the program's --save, --resume and --save-every last
+#           included), a --log into a missing folder, a missing program or mpirun: refused at
+#           start; a bad pmap-train argument and mpirun's own failure: one run, no restart.
+# Every launcher runs under a timeout: a hang fails the test. Usage: test_launch.sh MPIRUN PART
+# ($PMAP_TRAIN names pmap-train, $PMAP_LAUNCH pmap-launch).
 set -u
 mpirun=$1
+part=${2:-restart}
 # shellcheck source-path=SCRIPTDIR source=mpi_env.sh
 source "$(dirname "$0")/mpi_env.sh"
 train=${PMAP_TRAIN:?PMAP_TRAIN names pmap-train}
 launch=${PMAP_LAUNCH:?PMAP_LAUNCH names pmap-launch}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp" "$out"' EXIT
+export LAUNCH_DIR=$tmp
 
-# The wrapper mpirun starts: in the first run only, process 1 stalls at step 35 (so that the
-# run cannot end first) and is killed once the first checkpoint exists.
+# The program mpirun starts (not the checks, which run it with --inspect): notes any process of
+# an earlier run that is still alive, records its own pid for its run, and in the first run does
+# the harm $MODE names to the checkpoint $CKPT or to the processes.
 cat >"$tmp/wrap.sh" <<'EOF'
 #!/bin/sh
-if [ "${PMAP_LAUNCH_ATTEMPT:-0}" = 0 ] && [ "${OMPI_COMM_WORLD_RANK:-0}" = 1 ]; then
-  export PMAP_FAULT=stall:device=2:step=35
-  me=$$
-  (
-    while [ ! -f "$KILL_AFTER" ]; do sleep 0.05; done
-    sleep 0.5
-    grep -q pmap-train "/proc/$me/cmdline" 2>/dev/null && kill -9 "$me"
-  ) &
+case " $* " in *" --inspect "*) exec "$@" ;; esac
+a=${PMAP_LAUNCH_ATTEMPT:-0} r=${OMPI_COMM_WORLD_RANK:-0} d=$LAUNCH_DIR
+for f in "$d"/pids.*; do
+  [ -f "$f" ] && [ "${f##*.}" -lt "$a" ] || continue
+  while read -r pid; do
+    st=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1)
+    if [ -n "$st" ] && [ "$st" != Z ] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF "$d"; then
+      echo "run $((a + 1)) started while process $pid of run $((${f##*.} + 1)) was alive" >>"$d/overlap"
+    fi
+  done <"$f"
+done
+echo $$ >>"$d/pids.$a"
+me=$$
+waitfile() { while [ ! -s "$CKPT" ]; do sleep 0.02; done; }
+if [ "$a" = 0 ]; then
+  case ${MODE:-}:$r in
+  kill_rank:1) export PMAP_FAULT=stall:device=2:step=35; (waitfile; sleep 0.5; kill -9 $me) & ;;
+  kill_mpirun:0) (waitfile; kill -9 "$PPID") & ;;
+  stop:1) (waitfile; kill -STOP $me) & ;;
+  hold:1) export PMAP_FAULT=stall:device=2:step=35 ;;
+  corrupt:1)
+    export PMAP_FAULT=stall:device=2:step=35
+    (waitfile; sleep 1; sh "$d/corrupt.sh"; kill -9 $me) & ;;
+  esac
 fi
 exec "$@"
 EOF
 chmod +x "$tmp/wrap.sh"
 
-args=(--backend cpu --model mlp --devices 2 --steps 60 --save-every 10 --log-every 0 --timeout 30 --json)
-t0=$SECONDS
-"$mpirun" --oversubscribe -np 2 "$train" "${args[@]}" --save "$tmp/ref.ckpt" >"$tmp/ref.out" 2>&1
-rc=$?
-if [ $rc -ne 0 ]; then
-  echo "FAIL: the uninterrupted run failed ($rc):"
-  cat "$tmp/ref.out"
-  exit 1
+# A stand-in for mpirun: runs the program once, alone. In the first run it starts it in a
+# session of its own ignoring SIGTERM (stalling at step 200 until its --timeout), and dies by
+# SIGKILL once the checkpoint exists, leaving it training and saving.
+cat >"$tmp/fake-mpirun.sh" <<'EOF'
+#!/bin/sh
+while [ $# -gt 0 ]; do case $1 in -np) shift 2 ;; --oversubscribe) shift ;; *) break ;; esac; done
+export PMAP_DIST=none
+if [ "${PMAP_LAUNCH_ATTEMPT:-0}" = 0 ]; then
+  PMAP_FAULT=stall:device=1:step=200 setsid sh -c 'trap "" TERM; exec "$@"' sh "$@" &
+  while [ ! -f "$CKPT" ]; do sleep 0.02; done
+  sleep 0.2
+  kill -9 $$
 fi
-echo "ok: the uninterrupted 2 x 2 run ($((SECONDS - t0)) s)"
+exec "$@"
+EOF
+chmod +x "$tmp/fake-mpirun.sh"
 
-# launched RESTART_NP NAME: runs the launcher with the killing wrapper; log in $tmp/NAME.log.
+args=(--backend cpu --model mlp --devices 2 --steps 60 --save-every 10 --log-every 0 --timeout 30
+  --json)
+
+# reference NAME NP ARGS...: the uninterrupted run ($tmp/NAME.ckpt, output $tmp/NAME.out).
+reference() {
+  local name=$1 np=$2 t0=$SECONDS
+  shift 2
+  if [ "$np" = 0 ]; then
+    PMAP_DIST=none timeout -k 5 120 "$train" "$@" --save "$tmp/$name.ckpt" >"$tmp/$name.out" 2>&1
+  else
+    timeout -k 5 120 "$mpirun" --oversubscribe -np "$np" "$train" "$@" --save "$tmp/$name.ckpt" \
+      >"$tmp/$name.out" 2>&1
+  fi
+  local rc=$?
+  took=$((SECONDS - t0))
+  cp "$tmp/$name.out" "$out"
+  verdict $rc "the uninterrupted run $name"
+}
+
+# launched NAME LIMIT LAUNCHER_ARGS... -- PROGRAM ARGS...: the launcher, killed after LIMIT s;
+# its output in $out, its log in $tmp/NAME.log, its status returned (wall time in $took).
+# Starts from a clean slate: no pids, no overlap, $CKPT is $tmp/NAME.ckpt.
 launched() {
-  local t0=$SECONDS
-  KILL_AFTER="$tmp/$2.ckpt" timeout -k 5 120 "$launch" --np 2 --restart-np "$1" --max-restarts 2 \
-    --mpirun "$mpirun" --mpirun-arg --oversubscribe --backoff 0 --log "$tmp/$2.log" -- \
-    "$tmp/wrap.sh" "$train" "${args[@]}" --save "$tmp/$2.ckpt" >"$out" 2>&1
+  local name=$1 limit=$2 t0=$SECONDS
+  shift 2
+  rm -f "$tmp"/pids.* "$tmp/overlap" "$tmp/$name.log"
+  CKPT="$tmp/$name.ckpt" timeout -k 5 "$limit" "$launch" --mpirun-arg --oversubscribe \
+    --backoff 0 --log "$tmp/$name.log" "$@" >"$out" 2>&1
   local rc=$?
   took=$((SECONDS - t0))
   return $rc
 }
 
-launched 2 same
-rc=$?
-[ $rc -eq 0 ] && grep -q 'run 1 failed.*signal 9' "$tmp/same.log" &&
-  grep -q 'restart 1 of 2 on 2 processes, from .*same.ckpt (step 30)' "$tmp/same.log" &&
-  grep -q 'run 2 finished' "$tmp/same.log" && cmp -s "$tmp/ref.ckpt" "$tmp/same.ckpt"
-verdict $? "killed, restarted from step 30, final state bitwise the uninterrupted run's"
-sed 's/^/    /' "$tmp/same.log" | cut -c1-250
+# clean: no process of any run is alive (now that the launcher has ended), none overlapped.
+clean() {
+  local f pid st
+  if [ -s "$tmp/overlap" ]; then cat "$tmp/overlap"; return 1; fi
+  for f in "$tmp"/pids.*; do
+    [ -f "$f" ] || continue
+    while read -r pid; do
+      st=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1)
+      if [ -n "$st" ] && [ "$st" != Z ]; then echo "process $pid is still alive"; return 1; fi
+    done <"$f"
+  done
+}
 
-launched 1 fewer
-rc=$?
-[ $rc -eq 0 ] && grep -q 'restart 1 of 2 on 1 processes' "$tmp/fewer.log" && python3 - \
-  "$(grep '^{' "$tmp/ref.out" | tail -n 1)" "$(grep '^{' "$out" | tail -n 1)" <<'PY'
+# resumed_as_logged NAME: run 2 resumed at the step the launcher's log names.
+resumed_as_logged() {
+  local logged ran
+  logged=$(sed -n 's/.*restart 1 of .*(step \([0-9]*\)).*/\1/p' "$tmp/$1.log")
+  ran=$(sed -n 's/^resumed from .* at step \([0-9]*\)$/\1/p' "$out" | head -n 1)
+  echo "    the log says step ${logged:-none}, run 2 resumed at step ${ran:-none}"
+  [ -n "$logged" ] && [ "$logged" = "$ran" ]
+}
+
+show_log() { sed 's/^/    /' "$tmp/$1.log" | cut -c1-250; }
+
+# held NP NAME: the launcher in the background ($lp, since $t0) with rank 1 held at step 35 of
+# its first run, once the checkpoint of step 30 exists.
+held() {
+  rm -f "$tmp"/pids.* "$tmp/overlap" "$tmp/$2.ckpt"
+  t0=$SECONDS
+  CKPT="$tmp/$2.ckpt" MODE=hold "$launch" --np "$1" --mpirun-arg --oversubscribe --backoff 0 -- \
+    "$tmp/wrap.sh" "$train" "${args[@]}" --save "$tmp/$2.ckpt" >"$out" 2>&1 &
+  lp=$!
+  for _ in $(seq 600); do [ -f "$tmp/$2.ckpt" ] && break; sleep 0.05; done
+  sleep 0.5
+}
+
+case $part in
+restart)
+  reference ref 2 "${args[@]}"
+  MODE=kill_rank launched same 120 --np 2 --max-restarts 2 -- \
+    "$tmp/wrap.sh" "$train" "${args[@]}" --save "$tmp/same.ckpt"
+  rc=$?
+  [ $rc -eq 0 ] && grep -q 'run 1 failed.*signal 9' "$tmp/same.log" &&
+    grep -q 'restart 1 of 2 on 2 processes, from .*same.ckpt (step 30)' "$tmp/same.log" &&
+    grep -q 'run 2 finished' "$tmp/same.log" && cmp -s "$tmp/ref.ckpt" "$tmp/same.ckpt" && clean
+  verdict $? "killed, restarted from step 30, final state bitwise the uninterrupted run's"
+  show_log same
+
+  MODE=kill_rank launched fewer 120 --np 2 --restart-np 1 --max-restarts 2 -- \
+    "$tmp/wrap.sh" "$train" "${args[@]}" --save "$tmp/fewer.ckpt"
+  rc=$?
+  [ $rc -eq 0 ] && grep -q 'restart 1 of 2 on 1 processes' "$tmp/fewer.log" && python3 - \
+    "$(grep '^{' "$tmp/ref.out" | tail -n 1)" "$(grep '^{' "$out" | tail -n 1)" <<'PY'
 import json, sys
 a, b = (json.loads(x) for x in sys.argv[1:3])
 print(f'    2 x 2 uninterrupted: {a["final_loss"]:.9g}, resumed on 1 x 2: {b["final_loss"]:.9g}')
 sys.exit(0 if abs(a["final_loss"] - b["final_loss"]) <= 1e-5 * abs(a["final_loss"]) else 1)
 PY
-verdict $? "killed, restarted on fewer processes, same final loss to rounding"
+  verdict $? "killed, restarted on fewer processes, same final loss to rounding"
 
-t0=$SECONDS
-timeout -k 5 60 "$launch" --np 2 --max-restarts 1 --mpirun "$mpirun" --mpirun-arg --oversubscribe \
-  --backoff 0 -- "$train" --backend cpu --model mlp --devices 2 --batch 7 --save "$tmp/x.ckpt" \
-  >"$out" 2>&1
-rc=$?
-took=$((SECONDS - t0))
-[ $rc -ne 0 ] && [ "$(grep -c 'failed after' "$out")" -eq 2 ] && grep -q 'giving up after 1' "$out" &&
-  grep -q 'not divisible' "$out"
-verdict $? "a job that always fails: the launcher gives up after --max-restarts"
+  # Every run fails at step 5 (the guard stops it), after training began: restarted each time.
+  PMAP_FAULT=nan:device=0:step=5 launched always 60 --np 2 --max-restarts 1 -- \
+    "$train" "${args[@]}" --save "$tmp/always.ckpt"
+  rc=$?
+  [ $rc -eq 1 ] && [ "$(grep -c 'failed after' "$tmp/always.log")" -eq 2 ] &&
+    grep -q 'from the start (no checkpoint loads)' "$tmp/always.log" &&
+    grep -q 'giving up after 1 restarts' "$tmp/always.log" && grep -q 'not finite' "$out"
+  verdict $? "a job that fails in every run: restarted, then given up after --max-restarts"
+
+  # A --resume in the program's arguments is the first run's; with no checkpoint of --save to
+  # load (no --save-every), the restart resumes from it again, and the log says so.
+  reference r30 0 --backend cpu --model mlp --devices 2 --steps 30 --log-every 0
+  PMAP_FAULT=nan:device=0:step=35 launched given 60 --np 2 --max-restarts 1 -- \
+    "$train" --backend cpu --model mlp --devices 2 --steps 60 --log-every 0 --resume \
+    "$tmp/r30.ckpt" --save "$tmp/given.ckpt"
+  rc=$?
+  [ $rc -eq 1 ] && grep -q "restart 1 of 1 on 2 processes, from $tmp/r30.ckpt (the first run's \
+--resume: no checkpoint loads)" "$tmp/given.log" &&
+    [ "$(grep -c "^resumed from $tmp/r30.ckpt at step 30$" "$out")" -eq 2 ] &&
+    [ "$(grep -c -- "--resume $tmp/r30.ckpt" "$tmp/given.log")" -eq 2 ]
+  verdict $? "the program's --resume: taken over, used again when no checkpoint loads"
+  ;;
+kill)
+  long=(--backend cpu --model mlp --devices 2 --steps 1000 --save-every 10 --log-every 0
+    --timeout 30)
+  reference longref 2 "${long[@]}"
+  MODE=kill_mpirun launched mpirun 120 --np 2 --max-restarts 1 -- \
+    "$tmp/wrap.sh" "$train" "${long[@]}" --save "$tmp/mpirun.ckpt"
+  rc=$?
+  clean && resumed_as_logged mpirun
+  verdict $? "mpirun killed: no rank of run 1 alive when run 2 starts, resumed at the logged step"
+  [ $rc -eq 0 ] && cmp -s "$tmp/longref.ckpt" "$tmp/mpirun.ckpt" &&
+    grep -q 'run 1 failed.*mpirun itself ended by signal 9' "$tmp/mpirun.log" &&
+    grep -qE 'run 1: (every process of it has ended|[0-9]+ processes outlived mpirun)' \
+      "$tmp/mpirun.log"
+  verdict $? "mpirun killed: the log says so and how its ranks ended, final state bitwise"
+  show_log mpirun
+
+  solo=(--backend cpu --model mlp --devices 2 --steps 400 --save-every 10 --log-every 0
+    --timeout 30)
+  reference soloref 0 "${solo[@]}"
+  launched escape 120 --mpirun "$tmp/fake-mpirun.sh" --max-restarts 1 -- \
+    "$tmp/wrap.sh" "$train" "${solo[@]}" --save "$tmp/escape.ckpt"
+  rc=$?
+  clean && resumed_as_logged escape
+  verdict $? "a process left in a session of its own, ignoring SIGTERM: gone before the restart"
+  [ $rc -eq 0 ] && cmp -s "$tmp/soloref.ckpt" "$tmp/escape.ckpt" &&
+    grep -q 'run 1: 1 processes outlived mpirun.*SIGKILL after the 3 s grace' "$tmp/escape.log"
+  verdict $? "that process: killed after the grace, the log says so, final state bitwise"
+  show_log escape
+
+  # The others give up on the stopped rank after 3 s (--timeout 3, the last one given).
+  MODE=stop launched stop 120 --np 2 --max-restarts 1 -- \
+    "$tmp/wrap.sh" "$train" "${long[@]}" --timeout 3 --save "$tmp/stop.ckpt"
+  rc=$?
+  [ $rc -eq 0 ] && grep -q 'run 1 failed' "$tmp/stop.log" &&
+    grep -q 'restart 1 of 1 on 2 processes, from .*stop.ckpt (step [1-9]' "$tmp/stop.log" &&
+    resumed_as_logged stop && clean && cmp -s "$tmp/longref.ckpt" "$tmp/stop.ckpt"
+  verdict $? "a stopped rank (SIGSTOP): the run fails on the timeout, restarted, final bitwise"
+  show_log stop
+
+  # The launcher interrupted (SIGTERM): it stops the job, restarts nothing, leaves no process.
+  held 2 int
+  kill -TERM $lp
+  for _ in $(seq 300); do kill -0 $lp 2>/dev/null || break; sleep 0.05; done
+  kill -9 $lp 2>/dev/null
+  wait $lp
+  rc=$?
+  took=$((SECONDS - t0))
+  ! grep -q 'restart 1' "$out" && clean
+  verdict $? "the launcher interrupted (SIGTERM): the job stopped, no restart, nothing left"
+  [ $rc -eq 143 ] && grep -q 'interrupted by signal 15: stopping the job' "$out"
+  verdict $? "the launcher interrupted (SIGTERM): status 143, the log says so"
+
+  # The launcher killed (SIGKILL): mpirun is told (the parent-death signal) and ends the job,
+  # well before the held rank's --timeout of 30 s.
+  held 2 dead
+  kill -9 $lp
+  wait $lp
+  for _ in $(seq 200); do clean >/dev/null && break; sleep 0.05; done
+  took=$((SECONDS - t0))
+  clean
+  verdict $? "the launcher killed (SIGKILL): its job ends with it"
+  ;;
+check)
+  reference ref 2 "${args[@]}"
+  # FILE garbled, a complete FILE.tmp.* (the save of step 30 cut short before its rename), a
+  # truncated one and a FIFO: the complete one is renamed to FILE and resumed from.
+  cat >"$tmp/corrupt.sh" <<'EOF'
+set -e
+c=$CKPT
+cp "$c" "$c.tmp.AAAAAA"
+head -c 1000 "$c" >"$c.tmp.BBBBBB"
+mkfifo "$c.tmp.fifo"
+printf 'garbage!' | dd of="$c" bs=1 seek=2000 conv=notrunc status=none
+EOF
+  MODE=corrupt launched corrupt 120 --np 2 --max-restarts 1 -- \
+    "$tmp/wrap.sh" "$train" "${args[@]}" --save "$tmp/corrupt.ckpt"
+  rc=$?
+  c=$tmp/corrupt.ckpt
+  [ $rc -eq 0 ] && grep -q "restart 1 of 1 on 2 processes, from $c.* (step 30)" \
+    "$tmp/corrupt.log" && cmp -s "$tmp/ref.ckpt" "$c" && clean
+  verdict $? "garbled FILE, truncated and complete FILE.tmp.*, a FIFO: resumed from the complete"
+  grep -q "checkpoint $c does not load; skipped: .*checksum" "$tmp/corrupt.log" &&
+    grep -q "checkpoint $c.tmp.BBBBBB does not load; skipped: .*truncated" "$tmp/corrupt.log" &&
+    grep -q "checkpoint $c.tmp.fifo is not a regular file; skipped" "$tmp/corrupt.log" &&
+    grep -q "checkpoint $c.tmp.AAAAAA (step 30) is a save cut short .*: renamed to $c" \
+      "$tmp/corrupt.log" && grep -q "restart 1 of 1 on 2 processes, from $c (step 30)" \
+      "$tmp/corrupt.log" && [ ! -e "$c.tmp.AAAAAA" ] && [ -f "$c.tmp.BBBBBB" ]
+  verdict $? "the log says why each file was skipped; the complete one renamed to FILE first"
+  show_log corrupt
+
+  # FILE truncated, nothing else: from the start, and still the uninterrupted run's end.
+  cat >"$tmp/corrupt.sh" <<'EOF'
+truncate -s 100 "$CKPT"
+EOF
+  MODE=corrupt launched trunc 120 --np 2 --max-restarts 1 -- \
+    "$tmp/wrap.sh" "$train" "${args[@]}" --save "$tmp/trunc.ckpt"
+  rc=$?
+  [ $rc -eq 0 ] && grep -q 'trunc.ckpt does not load; skipped' "$tmp/trunc.log" &&
+    grep -q 'restart 1 of 1 on 2 processes, from the start (no checkpoint loads)' \
+      "$tmp/trunc.log" && cmp -s "$tmp/ref.ckpt" "$tmp/trunc.ckpt" && clean
+  verdict $? "a truncated FILE alone: restarted from the start, final bitwise"
+
+  # --save names a symbolic link: the saves write beside the file it names, and so the complete
+  # temporary file of a save cut short is found there, and renamed over that file (the link
+  # stays).
+  mkdir "$tmp/real"
+  ln -s real/target.ckpt "$tmp/link.ckpt"
+  : >"$tmp/real/target.ckpt" # the saves replace a file a link names, and need one
+  cat >"$tmp/corrupt.sh" <<'EOF'
+t=$(dirname "$CKPT")/real/target.ckpt
+cp "$t" "$t.tmp.AAAAAA"
+printf 'garbage!' | dd of="$t" bs=1 seek=2000 conv=notrunc status=none
+EOF
+  MODE=corrupt launched link 120 --np 2 --max-restarts 1 -- \
+    "$tmp/wrap.sh" "$train" "${args[@]}" --save "$tmp/link.ckpt"
+  rc=$?
+  [ $rc -eq 0 ] && grep -q 'restart 1 of 1 on 2 processes, from .*link.ckpt (step 30)' \
+    "$tmp/link.log" && [ -L "$tmp/link.ckpt" ] && [ ! -e "$tmp/real/target.ckpt.tmp.AAAAAA" ] &&
+    cmp -s "$tmp/ref.ckpt" "$tmp/real/target.ckpt" && clean
+  verdict $? "--save through a symbolic link: the save cut short found beside its target"
+  show_log link
+
+  # The job's environment holds a fault for device 3 at step 30 (and a trace): the check loads
+  # the checkpoint of step 30 alone, on one device, and the restart resumes from it.
+  PMAP_FAULT=nan:device=3:step=30 PMAP_TRACE="$tmp/trace.json" launched env 120 --np 2 \
+    --max-restarts 1 -- "$train" "${args[@]}" --save "$tmp/env.ckpt"
+  rc=$?
+  [ $rc -eq 1 ] && ! grep -q 'does not load' "$tmp/env.log" &&
+    grep -q 'restart 1 of 1 on 2 processes, from .*env.ckpt (step 30)' "$tmp/env.log" &&
+    grep -q 'giving up after 1 restarts' "$tmp/env.log"
+  verdict $? "PMAP_FAULT and PMAP_TRACE in the job's environment: the check still loads step 30"
+  show_log env
+  ;;
+args)
+  # refused WHAT NEEDLE ARGS...: the launcher exits 2 within 10 s saying NEEDLE, runs nothing.
+  refused() {
+    local what=$1 needle=$2
+    shift 2
+    launched refused 10 "$@"
+    local rc=$?
+    [ $rc -eq 2 ] && grep -qF -- "$needle" "$out" && ! grep -q 'run 1 (of' "$out"
+    verdict $? "refused at start: $what"
+  }
+  p=("$train" "${args[@]}" --save "$tmp/a.ckpt")
+  for opt in --np --restart-np --max-restarts --mpirun --mpirun-arg --backoff --log; do
+    refused "$opt without a value, before --" "$opt needs a value" "$opt" -- "${p[@]}"
+    refused "$opt without a value, last" "$opt needs a value" "$opt"
+  done
+  for opt in --save --resume --save-every; do
+    refused "the program's $opt last" "the program's $opt needs a value" -- "${p[@]}" "$opt"
+  done
+  refused "no --save" "need --save FILE" -- "$train" "${args[@]}"
+  refused "--np 0" '--np "0"' --np 0 -- "${p[@]}"
+  refused "--backoff -1" '--backoff "-1"' --backoff -1 -- "${p[@]}"
+  refused "an unknown option" "unknown option --bogus" --bogus -- "${p[@]}"
+  refused "no program" "no program after --" --np 2 --
+  refused "--log into a missing folder" "--log \"$tmp/missing/l.log\": cannot open it" \
+    --log "$tmp/missing/l.log" -- "${p[@]}"
+  [ ! -e "$tmp/missing" ]
+  verdict $? "--log into a missing folder: the folder is not created"
+  refused "a missing program" "no program \"$tmp/nosuch\"" -- "$tmp/nosuch" --save "$tmp/a.ckpt"
+  refused "a missing program on the PATH" 'no program "pmap-no-such-train"' -- \
+    pmap-no-such-train --save "$tmp/a.ckpt"
+  refused "a missing mpirun" 'no MPI launcher "pmap-no-such-mpirun"' \
+    --mpirun pmap-no-such-mpirun -- "${p[@]}"
+
+  # once WHAT ARGS...: the job fails before training began: one run, not restarted, its status.
+  once() {
+    local what=$1
+    shift
+    launched once 60 --max-restarts 3 "$@"
+    local rc=$?
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(grep -c 'run [0-9] (of at most 4)' "$out")" -eq 1 ] &&
+      grep -q 'run 1 ended before pmap-train began training.*not restarted' "$out" &&
+      ! grep -q 'restart 1' "$out"
+    verdict $? "not restarted: $what"
+  }
+  once "a bad pmap-train argument" --np 2 -- "${p[@]}" --bogus
+  once "a global batch the devices do not divide" --np 2 -- "${p[@]}" --batch 7
+  once "mpirun's own failure (a missing hostfile)" --np 2 --mpirun-arg --hostfile \
+    --mpirun-arg "$tmp/no-hosts" -- "${p[@]}"
+  once "mpirun's own failure (an unknown mpirun option)" --mpirun-arg --no-such-mpirun-option \
+    -- "${p[@]}"
+  # mpirun cannot start the program (here: no such working folder) and exits with a status
+  # over 128 (Open MPI: 135); no process ended by a signal.
+  once "mpirun cannot start the program" --mpirun-arg --wdir --mpirun-arg "$tmp/no-such-dir" \
+    -- "${p[@]}"
+  grep -q 'run 1 failed' "$tmp/once.log" && ! grep -q 'signal' "$tmp/once.log"
+  verdict $? "mpirun unable to start the program: not reported as a signal"
+  ;;
+*)
+  echo "test_launch.sh: unknown part $part"
+  exit 2
+  ;;
+esac
 exit $fail
