@@ -8,6 +8,18 @@
 #include "base/error.h"
 int layer_is_view(const layer *l) { return l->cls->is_view; }
 
+size_t layer_aux_rows(const layer *l, int bf16) {
+  size_t aux = l->aux_rows, fixed = l->aux_fixed, tmp = 0;
+  if (bf16 && l->cls->bf16_rows) l->cls->bf16_rows(l, &aux, &fixed, &tmp);
+  return aux;
+}
+
+size_t layer_aux_fixed(const layer *l, int bf16) {
+  size_t aux = l->aux_rows, fixed = l->aux_fixed, tmp = 0;
+  if (bf16 && l->cls->bf16_rows) l->cls->bf16_rows(l, &aux, &fixed, &tmp);
+  return fixed;
+}
+
 void layer_init(const layer *l, const layer *next, pmap_rng *rng, float *w) {
   double gain = next && next->cls->init_gain > 0.0 ? next->cls->init_gain : 1.0;
   if (l->cls->init) l->cls->init(l, gain, rng, w);

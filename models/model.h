@@ -112,11 +112,12 @@ struct replica {
   void *layer_grads_user;
 };
 
-/* The bf16 policy (precision.c). model_set_precision lays m out for it (bf16 1) or for fp32:
+/* The bf16 policy. model_set_precision (model.c) lays m out for it (bf16 1) or for fp32:
  * layer.in16, transient and tmp_rows; model_tmp_rows is the most tmp_rows of any layer. */
 void model_set_precision(pmap_model *m, int bf16);
 size_t model_tmp_rows(const pmap_model *m);
-/* r->w16 = r->w rounded (nothing under fp32): before the first forward pass of a step or call. */
+/* precision.c: r->w16 = r->w rounded (nothing under fp32): before the first forward pass of a
+ * step or call. */
 pmap_status model_weights16(const pmap_model *m, replica *r);
 
 /* A GEMM operand of a layer under either policy: f (float, fp32) or h (bfloat16, bf16). */

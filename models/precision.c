@@ -1,7 +1,6 @@
-/* precision.c: the bf16 policy (docs/precision.md): pmap_params_set_precision, the layout of a
- * model under it (which layers keep a bfloat16 copy of their input, which float outputs live in
- * the shared scratch only), each step's bfloat16 copy of the float master weights, and what the
- * layers call to run their GEMMs under either policy. */
+/* precision.c: the bf16 policy (docs/precision.md): pmap_params_set_precision, each step's
+ * bfloat16 copy of the float master weights, and what the layers call to run their GEMMs under
+ * either policy (the model's layout under it is model.c's). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,45 +24,6 @@ pmap_status pmap_precision_parse(const char *name, pmap_precision *out) {
                     name ? name : "(null)");
   }
   return PMAP_SUCCESS;
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* The layout                                                                                 */
-
-size_t layer_aux_rows(const layer *l, int bf16) {
-  size_t aux = l->aux_rows, fixed = l->aux_fixed, tmp = 0;
-  if (bf16 && l->cls->bf16_rows) l->cls->bf16_rows(l, &aux, &fixed, &tmp);
-  return aux;
-}
-
-size_t layer_aux_fixed(const layer *l, int bf16) {
-  size_t aux = l->aux_rows, fixed = l->aux_fixed, tmp = 0;
-  if (bf16 && l->cls->bf16_rows) l->cls->bf16_rows(l, &aux, &fixed, &tmp);
-  return fixed;
-}
-
-void model_set_precision(pmap_model *m, int bf16) {
-  m->bf16 = bf16;
-  for (int i = 0; i < m->n_layers; i++) {
-    layer *l = &m->layers[i];
-    const layer *next = i + 1 < m->n_layers ? &m->layers[i + 1] : NULL;
-    l->in16 = bf16 && l->cls->gemm_in;
-    /* Read by nothing but the next layer's bfloat16 copy of it: its float form need not be
-     * kept (the last layer's output is the model's, always kept). */
-    l->transient = bf16 && next && next->cls->gemm_in && !next->folded && !layer_is_view(l) &&
-                   l->cls->out_unused;
-    size_t aux = 0, fixed = 0, own = l->in16 ? ((size_t)l->out_size + 1) / 2 : 0; /* dy's copy */
-    if (bf16 && l->cls->bf16_rows) l->cls->bf16_rows(l, &aux, &fixed, &own);
-    size_t held = l->transient ? (size_t)l->out_size : 0;
-    l->tmp_rows = held > own ? held : own;
-  }
-}
-
-size_t model_tmp_rows(const pmap_model *m) {
-  size_t most = 0;
-  for (int i = 0; i < m->n_layers; i++)
-    most = m->layers[i].tmp_rows > most ? m->layers[i].tmp_rows : most;
-  return most;
 }
 
 /* ------------------------------------------------------------------------------------------ */
