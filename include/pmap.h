@@ -26,7 +26,13 @@
  * caller's error, as for free(). A context belongs to the process that created it: in a forked
  * child (which has none of its worker threads) every call on it or its params fails at once
  * with PMAP_ERR_INVALID_ARGUMENT naming both processes, destroy calls included (they change
- * nothing); create a new context in the child. */
+ * nothing); create a new context in the child.
+ *
+ * Signals. Device work never runs a signal handler: a context's worker threads block every
+ * signal but those a thread's own action raises (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP,
+ * SIGSYS, SIGABRT, SIGPIPE), and a thread calling into a context blocks the same set while it
+ * runs device 0's part of the call, then restores its own mask. A signal sent meanwhile (Ctrl-C)
+ * goes to another thread, or is delivered when device 0's part ends; none is lost. */
 #ifndef PMAP_H
 #define PMAP_H
 

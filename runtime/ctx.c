@@ -4,6 +4,7 @@
 #include <limits.h>
 #include <math.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +35,25 @@ static pmap_status timeout_of(double cfg_s, double *out) {
   *out = cfg_s;
   if (cfg_s != 0.0) return PMAP_SUCCESS;
   return pmap_env_seconds("PMAP_TIMEOUT", DEFAULT_TIMEOUT_S, out);
+}
+
+/* Device work never takes an asynchronous signal: oneDNN's JIT GEMM kernels point the stack
+ * pointer into heap memory, where the kernel would write the signal's frame (a handler that only
+ * sets a flag, Python's, corrupts the heap), and other libraries' code is not written for it
+ * either. The workers are created with these signals blocked and keep them so; the calling
+ * thread blocks them while it runs device 0's part of a job. A signal sent meanwhile goes to
+ * another thread of the process or waits for the end of device 0's part. Signals that a thread's
+ * own action raises (faults, abort, a write to a closed pipe) stay unblocked. */
+static void async_signals(sigset_t *set) {
+  static const int own[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT, SIGPIPE};
+  sigfillset(set);
+  for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) sigdelset(set, own[i]);
+}
+
+static void block_async_signals(sigset_t *old) {
+  sigset_t set;
+  async_signals(&set);
+  pthread_sigmask(SIG_BLOCK, &set, old);
 }
 
 /* The context whose mapped function this thread is running, if any. With ctx->parent (the job
@@ -267,6 +287,8 @@ static pmap_status dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg, int *own) {
 
   pmap_device *d0 = &ctx->dev[0];
   int saved[2] = {0, 0};
+  sigset_t caller_mask;
+  block_async_signals(&caller_mask);
   pmap_status entered = backend_enter(d0, saved);
   if (entered == PMAP_SUCCESS) {
     run_job(ctx, d0);
@@ -276,6 +298,7 @@ static pmap_status dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg, int *own) {
     snprintf(d0->msg, sizeof d0->msg, "%s", pmap_error_message());
     pmap_ctx_abort(ctx);
   }
+  pthread_sigmask(SIG_SETMASK, &caller_mask, NULL);
 
   if (ctx->n > 1) {
     pmap_wait_policy w = {ctx->wait.spin_ns, ctx->wait.yield_ns, -1, NULL, NULL};
@@ -483,15 +506,19 @@ static pmap_status ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   PMAP_TRY_GOTO(st, procs_check_settings(ctx), fail);
 
   PMAP_TRY_GOTO(st, backend_ctx_init(ctx, &cfg), fail);
+  sigset_t caller_mask;
+  block_async_signals(&caller_mask); /* inherited by each worker */
   for (int i = 1; i < n; i++) {
     int e = pthread_create(&ctx->threads[i], NULL, worker_main, &ctx->dev[i]);
     if (e) {
+      pthread_sigmask(SIG_SETMASK, &caller_mask, NULL);
       st = PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "pmap_ctx_create: pthread_create for device %d: %s", i,
                     strerror(e));
       goto fail;
     }
     ctx->started = i;
   }
+  pthread_sigmask(SIG_SETMASK, &caller_mask, NULL);
   PMAP_TRY_GOTO(st, pmap_ctx_dispatch(ctx, init_job, NULL), fail);
   PMAP_TRY_GOTO(st, runtime_trace_env(ctx), fail);
   *out = ctx;
