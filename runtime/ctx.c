@@ -1,5 +1,6 @@
 /* ctx.c: the context: backend choice, one persistent worker thread per device (device 0's work
- * runs on the calling thread), and the dispatch of one job to every device. */
+ * runs on the calling thread unless the caller only waits), and the dispatch of one job to every
+ * device. */
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -113,7 +114,7 @@ static void *worker_main(void *p) {
     if (ctx->stop) break;
     run_job(ctx, dev);
     if (atomic_fetch_add_explicit(&ctx->done_count, 1, memory_order_acq_rel) ==
-        (uint32_t)ctx->n - 2)
+        (uint32_t)(ctx->n - ctx->first_worker) - 1)
       pmap_event_signal(&ctx->done);
   }
   return NULL;
@@ -283,26 +284,31 @@ static pmap_status dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg, int *own) {
   ctx->fn = fn;
   ctx->arg = arg;
   uint32_t done_seen = atomic_load(&ctx->done.gen);
-  if (ctx->n > 1) pmap_event_signal(&ctx->job);
+  uint32_t workers = (uint32_t)(ctx->n - ctx->first_worker);
+  if (workers) pmap_event_signal(&ctx->job);
 
-  pmap_device *d0 = &ctx->dev[0];
-  int saved[2] = {0, 0};
-  sigset_t caller_mask;
-  block_async_signals(&caller_mask);
-  pmap_status entered = backend_enter(d0, saved);
-  if (entered == PMAP_SUCCESS) {
-    run_job(ctx, d0);
-    backend_leave(d0, saved);
-  } else {
-    d0->status = entered;
-    snprintf(d0->msg, sizeof d0->msg, "%s", pmap_error_message());
-    pmap_ctx_abort(ctx);
+  if (ctx->first_worker) {
+    pmap_device *d0 = &ctx->dev[0];
+    int saved[2] = {0, 0};
+    sigset_t caller_mask;
+    block_async_signals(&caller_mask);
+    pmap_status entered = backend_enter(d0, saved);
+    if (entered == PMAP_SUCCESS) {
+      run_job(ctx, d0);
+      backend_leave(d0, saved);
+    } else {
+      d0->status = entered;
+      snprintf(d0->msg, sizeof d0->msg, "%s", pmap_error_message());
+      pmap_ctx_abort(ctx);
+    }
+    pthread_sigmask(SIG_SETMASK, &caller_mask, NULL);
   }
-  pthread_sigmask(SIG_SETMASK, &caller_mask, NULL);
 
-  if (ctx->n > 1) {
+  if (workers) {
+    /* A caller that only waits sleeps at once: the cores are the devices'. */
     pmap_wait_policy w = {ctx->wait.spin_ns, ctx->wait.yield_ns, -1, NULL, NULL};
-    while (atomic_load_explicit(&ctx->done_count, memory_order_acquire) != (uint32_t)ctx->n - 1)
+    if (!ctx->first_worker) w.spin_ns = w.yield_ns = 0;
+    while (atomic_load_explicit(&ctx->done_count, memory_order_acquire) != workers)
       pmap_event_wait(&ctx->done, done_seen, &w);
   }
   /* Report the device whose failure caused the others to abandon the job: the first device that
@@ -409,6 +415,9 @@ static pmap_status ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   if (cfg.uneven_batches != 0 && cfg.uneven_batches != 1)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "pmap_ctx_create: uneven_batches %d is neither 0 nor 1", cfg.uneven_batches);
+  if (cfg.caller_waits != 0 && cfg.caller_waits != 1)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "pmap_ctx_create: caller_waits %d is neither 0 nor 1", cfg.caller_waits);
   if (cfg.numeric_guard != PMAP_GUARD_ON && cfg.numeric_guard != PMAP_GUARD_OFF)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "pmap_ctx_create: numeric_guard %d is neither PMAP_GUARD_ON (0) nor "
@@ -479,6 +488,7 @@ static pmap_status ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   ctx->wait.left = &ctx->left;
   ctx->numeric_guard = cfg.numeric_guard;
   ctx->uneven = cfg.uneven_batches;
+  ctx->first_worker = cfg.caller_waits ? 0 : 1;
   ctx->shard = shard;
   atomic_store(&ctx->left_device, -1);
   pthread_mutexattr_t attr;
@@ -508,7 +518,7 @@ static pmap_status ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   PMAP_TRY_GOTO(st, backend_ctx_init(ctx, &cfg), fail);
   sigset_t caller_mask;
   block_async_signals(&caller_mask); /* inherited by each worker */
-  for (int i = 1; i < n; i++) {
+  for (int i = ctx->first_worker; i < n; i++) {
     int e = pthread_create(&ctx->threads[i], NULL, worker_main, &ctx->dev[i]);
     if (e) {
       pthread_sigmask(SIG_SETMASK, &caller_mask, NULL);
@@ -516,7 +526,7 @@ static pmap_status ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
                     strerror(e));
       goto fail;
     }
-    ctx->started = i;
+    ctx->started++;
   }
   pthread_sigmask(SIG_SETMASK, &caller_mask, NULL);
   PMAP_TRY_GOTO(st, pmap_ctx_dispatch(ctx, init_job, NULL), fail);
@@ -562,10 +572,11 @@ pmap_status pmap_ctx_destroy(pmap_ctx *ctx) {
     }
   }
   runtime_trace_close(ctx);
-  if (ctx->dev && ctx->started == ctx->n - 1) pmap_ctx_dispatch(ctx, fini_job, NULL);
+  if (ctx->dev && ctx->started == ctx->n - ctx->first_worker)
+    pmap_ctx_dispatch(ctx, fini_job, NULL);
   ctx->stop = 1;
   pmap_event_signal(&ctx->job);
-  for (int i = 1; i <= ctx->started; i++) pthread_join(ctx->threads[i], NULL);
+  for (int i = 0; i < ctx->started; i++) pthread_join(ctx->threads[ctx->first_worker + i], NULL);
   backend_ctx_fini(ctx);
   dist_close(ctx->dist);
   if (ctx->lock_ready) {

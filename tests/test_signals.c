@@ -2,7 +2,8 @@
  * workers block them; a calling thread blocks them while it runs device 0's part), the caller's
  * own mask comes back unchanged, signals sent meanwhile are delivered after, and training under a
  * storm of signals gives the result of training without one (with oneDNN's GEMM where built: its
- * JIT kernels point the stack pointer into the heap, where a signal frame corrupts it). CPU. */
+ * JIT kernels point the stack pointer into the heap, where a signal frame corrupts it). The same
+ * with pmap_config.caller_waits, where the caller runs no device work and takes signals. CPU. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -19,12 +20,14 @@ static const int async_signals[] = {SIGINT,  SIGTERM, SIGHUP,  SIGQUIT, SIGUSR1,
                                     SIGUSR2, SIGALRM, SIGPROF, SIGCHLD, SIGWINCH};
 
 static _Thread_local volatile sig_atomic_t in_work; /* this thread runs a device's work */
-static atomic_long delivered, in_work_hits;
+static _Thread_local volatile sig_atomic_t waiting; /* this thread is inside a pmap call */
+static atomic_long delivered, in_work_hits, waiting_hits;
 
 static void on_signal(int sig) {
   (void)sig;
   atomic_fetch_add(&delivered, 1);
   if (in_work) atomic_fetch_add(&in_work_hits, 1);
+  if (waiting) atomic_fetch_add(&waiting_hits, 1);
 }
 
 static void install(int sig) {
@@ -35,8 +38,8 @@ static void install(int sig) {
   sigaction(sig, &sa, NULL);
 }
 
-static pmap_ctx *make_ctx(int n) {
-  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = n};
+static pmap_ctx *make_ctx(int n, int caller_waits) {
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = n, .caller_waits = caller_waits};
   pmap_ctx *ctx = NULL;
   CHECK_OK(pmap_ctx_create(&cfg, &ctx));
   return ctx;
@@ -54,6 +57,7 @@ static float busy(int rounds) {
 
 typedef struct mask_job {
   pthread_t caller;
+  pthread_t thread[PMAP_MAX_DEVICES];
   int is_caller[PMAP_MAX_DEVICES];
   int blocked_async[PMAP_MAX_DEVICES]; /* how many of async_signals are blocked */
   int blocked_sync[PMAP_MAX_DEVICES];  /* how many of sync_signals are blocked */
@@ -64,6 +68,7 @@ static pmap_status mask_fn(pmap_device *dev, void *arg) {
   int d = pmap_axis_index(dev);
   sigset_t now;
   pthread_sigmask(SIG_BLOCK, NULL, &now);
+  j->thread[d] = pthread_self();
   j->is_caller[d] = pthread_equal(pthread_self(), j->caller);
   for (size_t i = 0; i < sizeof async_signals / sizeof *async_signals; i++)
     j->blocked_async[d] += sigismember(&now, async_signals[i]) == 1;
@@ -79,10 +84,11 @@ static int same_mask(const sigset_t *a, const sigset_t *b) {
 }
 
 /* Inside a job every device blocks the asynchronous signals and none of the synchronous ones;
- * after it the caller has exactly the mask it had, whatever that was. */
-static void test_masks(void) {
+ * after it the caller has exactly the mask it had, whatever that was. Device 0 runs on the
+ * caller's thread, or with caller_waits on a thread of its own. */
+static void test_masks(int caller_waits) {
   enum { N = 3 };
-  pmap_ctx *ctx = make_ctx(N);
+  pmap_ctx *ctx = make_ctx(N, caller_waits);
   if (!ctx) return;
   const int nasync = (int)(sizeof async_signals / sizeof *async_signals);
   for (int pass = 0; pass < 2; pass++) {
@@ -95,7 +101,12 @@ static void test_masks(void) {
     CHECK_OK(pmap_run(ctx, mask_fn, &j));
     pthread_sigmask(SIG_BLOCK, NULL, &after);
     CHECK(same_mask(&before, &after), "pass %d: pmap_run changed the caller's signal mask", pass);
-    CHECK(j.is_caller[0] && !j.is_caller[1], "device 0 is expected on the calling thread");
+    CHECK(j.is_caller[0] == !caller_waits && !j.is_caller[1] && !j.is_caller[2],
+          "caller_waits %d: device 0 %s on the calling thread", caller_waits,
+          j.is_caller[0] ? "is" : "is not");
+    for (int d = 0; d < N; d++)
+      for (int e = 0; e < d; e++)
+        CHECK(!pthread_equal(j.thread[d], j.thread[e]), "devices %d and %d share a thread", e, d);
     for (int d = 0; d < N; d++) {
       CHECK(j.blocked_async[d] == nasync,
             "pass %d: device %d blocks %d of the %d asynchronous "
@@ -123,7 +134,7 @@ static pmap_status self_signal_fn(pmap_device *dev, void *arg) {
 }
 
 static void test_self_signal(void) {
-  pmap_ctx *ctx = make_ctx(2);
+  pmap_ctx *ctx = make_ctx(2, 0);
   if (!ctx) return;
   long d0 = atomic_load(&delivered), h0 = atomic_load(&in_work_hits);
   CHECK_OK(pmap_run(ctx, self_signal_fn, NULL));
@@ -231,9 +242,10 @@ static void train_dense(pmap_ctx *ctx, int steps, float *out, size_t count) {
   pmap_params_destroy(p);
 }
 
-static void test_storm(void) {
+/* With caller_waits the caller takes signals while it waits for the devices. */
+static void test_storm(int caller_waits) {
   enum { DENSE_P = 256 * 256 + 256 + 256 * 10 + 10, STEPS = 20 };
-  pmap_ctx *ctx = make_ctx(3), *ctx2 = make_ctx(2);
+  pmap_ctx *ctx = make_ctx(3, caller_waits), *ctx2 = make_ctx(2, caller_waits);
   if (!ctx || !ctx2) return;
   static float calm[DENSE_P], stormy[DENSE_P];
   float w_calm = 0.0f, w_stormy = 0.0f;
@@ -246,14 +258,23 @@ static void test_storm(void) {
     CHECK(0, "pthread_create for the storm");
     return;
   }
-  long d0 = atomic_load(&delivered);
-  for (int i = 0; i < 100; i++) CHECK_OK(pmap_run(ctx, work_fn, NULL));
+  long d0 = atomic_load(&delivered), w0 = atomic_load(&waiting_hits);
+  for (int i = 0; i < 100; i++) {
+    waiting = 1;
+    CHECK_OK(pmap_run(ctx, work_fn, NULL));
+    waiting = 0;
+  }
   train_custom(ctx, STEPS, &w_stormy);
   train_dense(ctx2, STEPS, stormy, DENSE_P);
   atomic_store(&s.stop, 1);
   pthread_join(t, NULL);
 
-  printf("storm: %ld signals sent, %ld delivered\n", s.sent, atomic_load(&delivered) - d0);
+  long to_caller = atomic_load(&waiting_hits) - w0;
+  printf(
+      "storm, caller_waits %d: %ld signals sent, %ld delivered, %ld of them to the caller "
+      "inside pmap_run\n",
+      caller_waits, s.sent, atomic_load(&delivered) - d0, to_caller);
+  if (caller_waits) CHECK(to_caller > 0, "the waiting caller took none of the signals");
   CHECK(atomic_load(&delivered) > d0, "no signal of the storm was delivered");
   CHECK(atomic_load(&in_work_hits) == 0, "%ld signals ran their handler during device work",
         atomic_load(&in_work_hits));
@@ -266,14 +287,43 @@ static void test_storm(void) {
   CHECK_OK(pmap_ctx_destroy(ctx2));
 }
 
+/* caller_waits with one device, a nested call refused from device 0's own thread, a bad value. */
+static pmap_status nested_fn(pmap_device *dev, void *arg) {
+  pmap_ctx *ctx = arg;
+  if (pmap_axis_index(dev) != 0) return PMAP_SUCCESS;
+  return pmap_run(ctx, work_fn, NULL) == PMAP_ERR_INVALID_ARGUMENT
+             ? PMAP_SUCCESS
+             : pmap_set_error(PMAP_ERR_INTERNAL, "a nested pmap_run was not refused");
+}
+
+static void test_caller_waits_misc(void) {
+  for (int n = 1; n <= 2; n++) {
+    pmap_ctx *ctx = make_ctx(n, 1);
+    if (!ctx) return;
+    mask_job j = {.caller = pthread_self()};
+    CHECK_OK(pmap_run(ctx, mask_fn, &j));
+    CHECK(!j.is_caller[0], "%d devices: device 0 on the waiting caller's thread", n);
+    CHECK_OK(pmap_run(ctx, nested_fn, ctx));
+    float w = 0.0f;
+    train_custom(ctx, 3, &w);
+    CHECK(w != 0.0f, "%d devices, caller_waits: no step was taken", n);
+    CHECK_OK(pmap_ctx_destroy(ctx));
+  }
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 2, .caller_waits = 2};
+  pmap_ctx *bad = NULL;
+  CHECK_FAILS(pmap_ctx_create(&cfg, &bad), PMAP_ERR_INVALID_ARGUMENT, "caller_waits 2");
+  CHECK(bad == NULL, "a refused context was returned");
+}
+
 int main(void) {
 #if defined(TEST_HAVE_ONEDNN)
   /* The GEMM whose kernels a signal frame corrupts, chosen before the first GEMM of the process. */
   setenv("PMAP_GEMM", "onednn", 1);
 #endif
   install(SIGUSR1);
-  test_masks();
+  for (int caller_waits = 0; caller_waits < 2; caller_waits++) test_masks(caller_waits);
   test_self_signal();
-  test_storm();
+  for (int caller_waits = 0; caller_waits < 2; caller_waits++) test_storm(caller_waits);
+  test_caller_waits_misc();
   return test_exit("test_signals");
 }

@@ -70,6 +70,7 @@ class Config(ctypes.Structure):
         ("cuda_graphs", ctypes.c_int),
         ("cuda_overlap", ctypes.c_int),
         ("cuda_bucket_mb", ctypes.c_int),
+        ("caller_waits", ctypes.c_int),
     ]
 
 
