@@ -305,9 +305,7 @@ static pmap_status dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg, int *own) {
   }
 
   if (workers) {
-    /* A caller that only waits sleeps at once: the cores are the devices'. */
     pmap_wait_policy w = {ctx->wait.spin_ns, ctx->wait.yield_ns, -1, NULL, NULL};
-    if (!ctx->first_worker) w.spin_ns = w.yield_ns = 0;
     while (atomic_load_explicit(&ctx->done_count, memory_order_acquire) != workers)
       pmap_event_wait(&ctx->done, done_seen, &w);
   }
@@ -477,7 +475,7 @@ static pmap_status ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   /* Spin while every device has a core. Oversubscribed, a spinning waiter only takes the core
    * from the device it waits for: spin barely, then yield for a while (the device waited for is
    * likely next in this core's queue), then sleep. */
-  int oversubscribed = n > online_cpus();
+  int oversubscribed = n + cfg.caller_waits > online_cpus(); /* a caller that waits spins too */
   ctx->wait.spin_ns = oversubscribed ? 2000 : 200000;
   ctx->wait.yield_ns = oversubscribed ? 200000 : 0;
   if (pmap_env_get("PMAP_SPIN_US")) ctx->wait.spin_ns = spin_us * 1000;
