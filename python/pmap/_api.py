@@ -429,6 +429,8 @@ class Params:
             st = lib.pmap_params_create(c, m, ctypes.byref(optimizer), seed,
                                         ctypes.byref(self._handle.ptr))
             self._handle.created(st)
+            if st:
+                ctx._children.discard(self._handle)
             check(st)
 
     def _call(self, call, fn, *args):
@@ -662,6 +664,8 @@ class CustomParams(Params):
                                                ctypes.byref(optimizer),
                                                ctypes.byref(self._handle.ptr))
             self._handle.created(st)
+            if st:
+                ctx._children.discard(self._handle)
             check(st)
 
     def update(self, xs, ys):

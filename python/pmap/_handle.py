@@ -64,9 +64,9 @@ class Handle:
 
     def _refuse_reentry(self, call, action):
         if self._lock._is_owned():
-            raise ArgumentError(f"{call}: a call on this {self.what} is already running on this thread "
-                           "(the call comes from a signal handler or a finaliser inside it) and "
-                           f"{action}")
+            raise ArgumentError(f"{call}: a call on this {self.what} is already running on this "
+                                "thread (the call comes from a signal handler or a finaliser "
+                                f"inside it) and {action}")
 
     def hold(self, call):
         """The lock to hold, as `with h.hold(call):`, for the whole use of the pointer. Refuses a
