@@ -53,21 +53,20 @@ class Model:
             raise ArgumentTypeError(f"input_shape must be a sequence of extents, got "
                                     f"{type(input_shape).__name__} {input_shape!r}") from None
         shape = tuple(integer("input_shape extent", n, *INT64) for n in dims)
+        raw = ctypes.c_void_p()
         c = (ctypes.c_int64 * max(len(shape), 1))(*shape)
         self.input_shape = shape
         self._layers = []  # (method, arguments): what copying and pickling replay
         self._shapes = []  # each layer's (input shape, output shape): the parameter layout
         self._loss = "mse"
         self._tokens = False  # the first layer is an embedding: xs are int32 token ids
-        h = self._handle = Handle("model", lib.pmap_model_destroy, process_bound=False)
-        st = lib.pmap_model_create(len(shape), c, ctypes.byref(h.ptr))
-        h.created(st)
+        self._handle = Handle("model", raw, lib.pmap_model_destroy, process_bound=False)
+        st = lib.pmap_model_create(len(shape), c, ctypes.byref(raw))
+        self._handle.created(st)
         check(st)
 
     def _add(self, method, fn, *args, record=None):
-        call = f"Model.{method}"
-        with self._handle.hold(call):
-            h = self._handle.get(call)
+        with self._handle.use(f"Model.{method}") as h:
             before = self._shape_of(h)
             check(fn(h, *args))
             self._layers.append((method, args if record is None else record))
@@ -303,9 +302,10 @@ class Context:
         self.caller_waits = bool(cfg.caller_waits)
         self._uneven = bool(cfg.uneven_batches)
         self._children = set()  # the handles of its params, closed before it
-        h = self._handle = Handle("context", lib.pmap_ctx_destroy, process_bound=True)
-        st = lib.pmap_ctx_create(ctypes.byref(cfg), ctypes.byref(h.ptr))
-        h.created(st)
+        raw = ctypes.c_void_p()
+        self._handle = Handle("context", raw, lib.pmap_ctx_destroy, process_bound=True)
+        st = lib.pmap_ctx_create(ctypes.byref(cfg), ctypes.byref(raw))
+        self._handle.created(st)
         check(st)
 
     @property
@@ -394,6 +394,9 @@ class Context:
         self.__copy__()
 
 
+_destroy_params = lib.pmap_params_destroy  # the C call itself (Handle._close_locked says why)
+
+
 class Params:
     """Replicated training state, made by Context.params(model, optimizer, seed). Any thread may
     use it; calls run one after the other, and close() (or closing its context) waits for a
@@ -410,24 +413,24 @@ class Params:
             raise ArgumentTypeError(f"model must be a pmap.Model, got {type(model).__name__}")
         _check_optimizer(optimizer)
         seed = integer("seed", seed, *_UINT64)
-        call = "Context.params"
-        self._ctx = ctx
-        self._handle = Handle("params", lib.pmap_params_destroy, process_bound=True)
-        with ctx._handle.hold(call), model._handle.hold(call):
-            c, m = ctx._handle.get(call), model._handle.get(call)
+        raw = ctypes.c_void_p()
+        with ctx._handle.hold("Context.params"), model._handle.hold("Context.params"):
+            c, m = ctx._handle.get("Context.params"), model._handle.get("Context.params")
             out = ctypes.c_int()
             shape = (ctypes.c_int64 * _lib.MAX_RANK)()
             lib.pmap_model_output_shape(m, ctypes.byref(out), shape)
-            self._loss = model._loss
+            self._ctx = ctx
             self._classify = model._loss in ("softmax_xent", "token_xent")
             self._tokens = model._tokens
             self._out = tuple(shape[i] for i in range(out.value))
             self._blocks = model._blocks()
-            self._local_devices, self._uneven = lib.pmap_ctx_num_devices(c), ctx._uneven
-            # Known to the context before it exists, so that no interrupt can leave it unclosed.
+            self._handle = Handle("params", raw, _destroy_params, process_bound=True)
             ctx._children.add(self._handle)
-            st = lib.pmap_params_create(c, m, ctypes.byref(optimizer), seed,
-                                        ctypes.byref(self._handle.ptr))
+            # The handle is the context's before the create call fills raw: no interrupt after
+            # the call can leave the params unclosed.
+            self._loss, self._uneven = model._loss, ctx._uneven
+            self._local_devices = lib.pmap_ctx_num_devices(c)
+            st = lib.pmap_params_create(c, m, ctypes.byref(optimizer), seed, ctypes.byref(raw))
             self._handle.created(st)
             if st:
                 ctx._children.discard(self._handle)
@@ -524,7 +527,7 @@ class Params:
             out[name] = flat[at:at + n].reshape(shape).copy()
             at += n
         if at != flat.size:
-            raise Error(7, f"Params.named: the layout covers {at} of {flat.size} parameters")
+            raise Error(f"Params.named: the layout covers {at} of {flat.size} parameters")
         return out
 
     def set_named(self, values):
@@ -653,16 +656,16 @@ class CustomParams(Params):
         grad = _custom._Gradient(fn, layout, flat.size, info)
         self._ctx = ctx
         self._loss, self._classify, self._tokens, self._out = None, False, False, ()
-        self._blocks = layout if layout is not None else [("params", (flat.size,))]
-        self._handle = Handle("params", lib.pmap_params_destroy, process_bound=True, keep=grad)
+        self._layout = layout if layout is not None else [("params", (flat.size,))]
+        raw = ctypes.c_void_p()
+        self._handle = Handle("params", raw, _destroy_params, process_bound=True, keep=grad)
         init_p = flat.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
         with ctx._handle.hold(call):
             c = ctx._handle.get(call)
             self._local_devices, self._uneven = lib.pmap_ctx_num_devices(c), ctx._uneven
             ctx._children.add(self._handle)
             st = lib.pmap_params_create_custom(c, flat.size, init_p, grad.c, None,
-                                               ctypes.byref(optimizer),
-                                               ctypes.byref(self._handle.ptr))
+                                               ctypes.byref(optimizer), ctypes.byref(raw))
             self._handle.created(st)
             if st:
                 ctx._children.discard(self._handle)
@@ -671,6 +674,16 @@ class CustomParams(Params):
     def update(self, xs, ys):
         """One data-parallel step of fn on the global batch (xs, ys); returns the mean loss."""
         return _custom.update(self, xs, ys, "Params.update")
+
+    def named(self, device=0):
+        """{name: ndarray} of the parameters by init's blocks ({"params": flat} for a flat
+        init); copies."""
+        return _custom.named(self.read(device), self._layout)
+
+    def set_named(self, values):
+        """Sets the blocks named in values on every replica, the rest unchanged; a name or shape
+        that does not match is refused before anything changes."""
+        self.write(_custom.set_named(self.read(0), self._layout, values))
 
     def _no_forward(self, call):
         raise ArgumentError(f"{call}: custom params have no forward pass pmap knows; compute "

@@ -163,6 +163,32 @@ def layout_of(init, call):
     return (_convert.values(a, "init") if a.size else np.empty(0, np.float32)), None
 
 
+def named(flat, layout):
+    out, at = {}, 0
+    for name, shape in layout:
+        n = int(np.prod(shape))
+        out[name] = flat[at:at + n].reshape(shape).copy()
+        at += n
+    return out
+
+
+def set_named(flat, layout, values):
+    where, at = {}, 0
+    for name, shape in layout:
+        where[name] = (at, tuple(shape))
+        at += int(np.prod(shape))
+    for name, v in values.items():
+        if name not in where:
+            raise ArgumentError(f"Params.set_named: no parameter block {name!r}")
+        a = np.asarray(v)
+        if a.shape != where[name][1]:
+            raise ArgumentError(f"Params.set_named: {name} has shape {where[name][1]}, got "
+                                f"{a.shape}")
+        at = where[name][0]
+        flat[at:at + a.size] = _convert.values(a.reshape(-1), name) if a.size else []
+    return flat
+
+
 def update(p, xs, ys, call):
     """One step of custom params p: pmap_update, and the function's exception when it failed."""
     keep = []

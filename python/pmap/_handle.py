@@ -33,13 +33,13 @@ class Handle:
     __slots__ = ("what", "ptr", "keep", "_destroy", "_lock", "_pid", "_bound", "_torn",
                  "__weakref__")
 
-    def __init__(self, what, destroy, process_bound, keep=None):
-        """A handle whose C object the create call is about to write into self.ptr (pass
-        ctypes.byref(h.ptr)): it exists before the call, so an interrupt after the call cannot
-        lose the object; created() then says whether the call made one. keep: what the C object
-        uses (a callback) and must outlive it."""
+    def __init__(self, what, ptr, destroy, process_bound, keep=None):
+        """The handle of the C object in ptr (a ctypes.c_void_p, kept as it is): one a create call
+        wrote already, or an empty one that the create call is about to write (pass
+        ctypes.byref(ptr), then created(status)), so that no interrupt after the call can lose
+        the object. keep: what the C object uses (a callback) and must outlive it."""
         self.what = what            # "model", "context", "params": for messages
-        self.ptr = ctypes.c_void_p()  # None once closed or never created
+        self.ptr = ptr              # None once closed or never created
         self.keep = keep
         self._destroy = destroy     # the C destroy function itself (a Python wrapper would give
         #                             an interrupt a place between forgetting and destroying)
