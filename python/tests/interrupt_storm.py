@@ -268,7 +268,9 @@ def main():
     ap.add_argument("--interrupts", type=int, default=300,
                     help="interrupted updates in all phases (300)")
     ap.add_argument("--width", type=int, default=256, help="the dense layers' width (256)")
-    ap.add_argument("--seconds", type=float, default=60.0, help="time for the storm (60)")
+    ap.add_argument("--seconds", type=float, default=180.0,
+                    help="most time the storm may take, a guard against a hang (180); it takes "
+                         "seconds")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
