@@ -3,11 +3,12 @@ it uses the pointer, so close() from another thread waits for the call instead o
 uses, and a closed object refuses calls with pmap.Error instead of passing the library a freed
 pointer. Also what a forked child may do with its parent's objects.
 
-Ctrl-C. Python raises KeyboardInterrupt between any two bytecodes that follow a call, so a lock
-taken and released by Python code (a context manager written in Python) is left held when the
-exception lands between the two. The lock here is the interpreter's own RLock, taken with a
-`with` statement directly: since Python 3.10 its C __exit__ runs whenever its C __enter__ did,
-so no interrupt can leave it held (python/tests/test_interrupts.py sends hundreds)."""
+Ctrl-C. Python raises KeyboardInterrupt after any call returns and at the start of any Python
+function, so a lock released by a context manager's Python __exit__ is left held when the
+exception lands there. The lock here is the interpreter's own RLock, taken by a `with` statement
+on the lock itself (hold()) or on use()'s manager, whose __exit__ is the lock's C method: since
+Python 3.10 a C __exit__ runs whenever __enter__ returned, so no interrupt leaves the lock held
+(python/tests/interrupt_storm.py sends hundreds)."""
 import ctypes
 import os
 import threading
@@ -30,7 +31,7 @@ class Handle:
     the thread that already holds the lock (a signal handler or a finaliser that runs inside a
     call) is refused rather than left waiting for itself."""
 
-    __slots__ = ("what", "ptr", "keep", "_destroy", "_lock", "_pid", "_bound", "_torn",
+    __slots__ = ("what", "ptr", "keep", "_destroy", "_lock", "_use", "_pid", "_bound", "_torn",
                  "__weakref__")
 
     def __init__(self, what, ptr, destroy, process_bound, keep=None):
@@ -43,7 +44,7 @@ class Handle:
         self.keep = keep
         self._destroy = destroy     # the C destroy function itself (a Python wrapper would give
         #                             an interrupt a place between forgetting and destroying)
-        self._lock = threading.RLock()
+        self._set_lock(threading.RLock())
         self._pid = os.getpid()
         self._bound = process_bound  # the object's threads live in the creating process only
         self._torn = False          # a call was running in another thread when this process forked
@@ -58,9 +59,16 @@ class Handle:
     def never(cls, what):
         """The handle of an object whose constructor failed (or never ran): always closed."""
         h = cls.__new__(cls)
-        h.what, h.ptr, h.keep, h._destroy, h._lock = what, None, None, None, threading.RLock()
+        h.what, h.ptr, h.keep, h._destroy = what, None, None, None
+        h._set_lock(threading.RLock())
         h._pid, h._bound, h._torn = os.getpid(), False, False
         return h
+
+    def _set_lock(self, lock):
+        self._lock = lock
+        # use()'s context manager: its __exit__ is the lock's own (C) method, so that no
+        # interrupt can come between leaving the block and releasing the lock.
+        self._use = type("_Use", (_Use,), {"__slots__": (), "__exit__": lock.__exit__})
 
     def _refuse_reentry(self, call, action):
         if self._lock._is_owned():
@@ -135,28 +143,28 @@ class Handle:
         self.keep = None
 
     def use(self, call):
-        """`with h.use(call) as ptr:`, the older form of hold() and get(): its __exit__ is Python
-        code, so an interrupt can leave the lock held; prefer hold()."""
-        return _Use(self, call)
+        """`with h.use(call) as ptr:`, hold() and get() in one: the lock is released by its own
+        __exit__, and an interrupt just after __enter__ took it gives it back there."""
+        return self._use(self, call)
 
 
 class _Use:
+    """The base of each handle's use() class, which adds the lock's __exit__."""
     __slots__ = ("_h", "_call")
 
     def __init__(self, h, call):
         self._h, self._call = h, call
 
     def __enter__(self):
-        lock = self._h.hold(self._call)
-        lock.acquire()
+        h = self._h
+        lock = h.hold(self._call)  # refuses a closed object and a call from the holding thread
         try:
-            return self._h.get(self._call)
+            lock.acquire()
+            return h.get(self._call)
         except BaseException:
-            lock.release()
+            if lock._is_owned():  # taken here: hold() refused a thread that held it before
+                lock.release()
             raise
-
-    def __exit__(self, *exc):
-        self._h._lock.release()
 
 
 def _after_fork_in_child():
@@ -169,7 +177,7 @@ def _after_fork_in_child():
             lock.release()
             continue
         h._torn = True  # another thread was inside a call on it (or entering or leaving one)
-        h._lock = threading.RLock()
+        h._set_lock(threading.RLock())
 
 
 if hasattr(os, "register_at_fork"):
