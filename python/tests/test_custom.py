@@ -109,7 +109,7 @@ def test_the_function_gets_its_rows_views_and_info():
     assert all(d == np.int32 and not w1 and not w2 for _, _, d, w1, w2 in seen)
 
 
-def unchanged_after(p, x, y, err, match):
+def unchanged_after(p, x, y, err, match=None):
     before, step = p.read(), p.step
     with pytest.raises(err, match=match) as e:
         p.update(x, y)
@@ -177,7 +177,7 @@ def test_nan_and_a_keyboard_interrupt_from_the_function():
         e = unchanged_after(p, x, y, pmap.Error, "non-finite")
         assert e.status == "PMAP_ERR_NUMERIC"
         state["raise"] = KeyboardInterrupt()
-        unchanged_after(p, x, y, KeyboardInterrupt, "")
+        unchanged_after(p, x, y, KeyboardInterrupt)
 
 
 def test_custom_params_save_load_and_refuse_what_they_cannot_do(tmp_path):
