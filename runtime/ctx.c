@@ -51,10 +51,19 @@ static void async_signals(sigset_t *set) {
   for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) sigdelset(set, own[i]);
 }
 
-static void block_async_signals(sigset_t *old) {
-  sigset_t set;
-  async_signals(&set);
-  pthread_sigmask(SIG_BLOCK, &set, old);
+/* What the calling thread blocks during device 0's part: the same, but for the signals that end
+ * a program (SIGINT, SIGTERM, SIGHUP, SIGQUIT) while no handler catches them (as the context is
+ * created): their default action runs no handler on the thread, and a Ctrl-C must not wait for
+ * the end of a job (one stuck in a collective waits for the timeout). */
+static void caller_signals(sigset_t *set) {
+  static const int stop[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+  async_signals(set);
+  for (size_t i = 0; i < sizeof stop / sizeof stop[0]; i++) {
+    struct sigaction sa;
+    if (sigaction(stop[i], NULL, &sa) == 0 && !(sa.sa_flags & SA_SIGINFO) &&
+        sa.sa_handler == SIG_DFL)
+      sigdelset(set, stop[i]);
+  }
 }
 
 /* The context whose mapped function this thread is running, if any. With ctx->parent (the job
@@ -291,7 +300,7 @@ static pmap_status dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg, int *own) {
     pmap_device *d0 = &ctx->dev[0];
     int saved[2] = {0, 0};
     sigset_t caller_mask;
-    block_async_signals(&caller_mask);
+    pthread_sigmask(SIG_BLOCK, &ctx->caller_block, &caller_mask);
     pmap_status entered = backend_enter(d0, saved);
     if (entered == PMAP_SUCCESS) {
       run_job(ctx, d0);
@@ -514,8 +523,10 @@ static pmap_status ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   PMAP_TRY_GOTO(st, procs_check_settings(ctx), fail);
 
   PMAP_TRY_GOTO(st, backend_ctx_init(ctx, &cfg), fail);
-  sigset_t caller_mask;
-  block_async_signals(&caller_mask); /* inherited by each worker */
+  sigset_t worker_block, caller_mask;
+  async_signals(&worker_block);
+  caller_signals(&ctx->caller_block);
+  pthread_sigmask(SIG_BLOCK, &worker_block, &caller_mask); /* inherited by each worker */
   for (int i = ctx->first_worker; i < n; i++) {
     int e = pthread_create(&ctx->threads[i], NULL, worker_main, &ctx->dev[i]);
     if (e) {

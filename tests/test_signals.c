@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -18,6 +19,9 @@ static const int sync_signals[] = {SIGSEGV, SIGBUS, SIGFPE,  SIGILL,
                                    SIGTRAP, SIGSYS, SIGABRT, SIGPIPE};
 static const int async_signals[] = {SIGINT,  SIGTERM, SIGHUP,  SIGQUIT, SIGUSR1,
                                     SIGUSR2, SIGALRM, SIGPROF, SIGCHLD, SIGWINCH};
+/* Those that end a program: without a handler the caller leaves them to their default action. */
+static const int stop_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+enum { NSTOP = 4 };
 
 static _Thread_local volatile sig_atomic_t in_work; /* this thread runs a device's work */
 static _Thread_local volatile sig_atomic_t waiting; /* this thread is inside a pmap call */
@@ -60,6 +64,7 @@ typedef struct mask_job {
   pthread_t thread[PMAP_MAX_DEVICES];
   int is_caller[PMAP_MAX_DEVICES];
   int blocked_async[PMAP_MAX_DEVICES]; /* how many of async_signals are blocked */
+  int blocked_stop[PMAP_MAX_DEVICES];  /* how many of stop_signals are blocked */
   int blocked_sync[PMAP_MAX_DEVICES];  /* how many of sync_signals are blocked */
 } mask_job;
 
@@ -74,6 +79,7 @@ static pmap_status mask_fn(pmap_device *dev, void *arg) {
     j->blocked_async[d] += sigismember(&now, async_signals[i]) == 1;
   for (size_t i = 0; i < sizeof sync_signals / sizeof *sync_signals; i++)
     j->blocked_sync[d] += sigismember(&now, sync_signals[i]) == 1;
+  for (int i = 0; i < NSTOP; i++) j->blocked_stop[d] += sigismember(&now, stop_signals[i]) == 1;
   return PMAP_SUCCESS;
 }
 
@@ -83,9 +89,10 @@ static int same_mask(const sigset_t *a, const sigset_t *b) {
   return 1;
 }
 
-/* Inside a job every device blocks the asynchronous signals and none of the synchronous ones;
- * after it the caller has exactly the mask it had, whatever that was. Device 0 runs on the
- * caller's thread, or with caller_waits on a thread of its own. */
+/* Inside a job every device blocks the asynchronous signals and none of the synchronous ones,
+ * except that a caller running device 0 leaves SIGINT, SIGTERM, SIGHUP and SIGQUIT to their
+ * default action (none has a handler here); after it the caller has exactly the mask it had,
+ * whatever that was. Device 0 runs on the caller's thread, or with caller_waits on its own. */
 static void test_masks(int caller_waits) {
   enum { N = 3 };
   pmap_ctx *ctx = make_ctx(N, caller_waits);
@@ -108,10 +115,13 @@ static void test_masks(int caller_waits) {
       for (int e = 0; e < d; e++)
         CHECK(!pthread_equal(j.thread[d], j.thread[e]), "devices %d and %d share a thread", e, d);
     for (int d = 0; d < N; d++) {
-      CHECK(j.blocked_async[d] == nasync,
-            "pass %d: device %d blocks %d of the %d asynchronous "
-            "signals",
-            pass, d, j.blocked_async[d], nasync);
+      int on_caller = j.is_caller[d];
+      CHECK(j.blocked_async[d] == nasync - (on_caller ? NSTOP : 0),
+            "pass %d: device %d blocks %d of the %d asynchronous signals", pass, d,
+            j.blocked_async[d], nasync);
+      CHECK(j.blocked_stop[d] == (on_caller ? 0 : NSTOP),
+            "pass %d: device %d blocks %d of SIGINT, SIGTERM, SIGHUP, SIGQUIT", pass, d,
+            j.blocked_stop[d]);
       CHECK(j.blocked_sync[d] == 0, "pass %d: device %d blocks %d synchronous signals", pass, d,
             j.blocked_sync[d]);
     }
@@ -287,6 +297,72 @@ static void test_storm(int caller_waits) {
   CHECK_OK(pmap_ctx_destroy(ctx2));
 }
 
+/* A handler for one of the stop signals, installed before a context is created, makes that
+ * context's caller block it during device 0's part (a context created before keeps leaving it
+ * to the default action: the dispositions are read at creation). */
+static void test_handled_stop_signal(void) {
+  pmap_ctx *before = make_ctx(2, 0);
+  install(SIGTERM);
+  pmap_ctx *after = make_ctx(2, 0);
+  if (!before || !after) return;
+  mask_job a = {.caller = pthread_self()}, b = {.caller = pthread_self()};
+  CHECK_OK(pmap_run(after, mask_fn, &a));
+  CHECK_OK(pmap_run(before, mask_fn, &b));
+  CHECK(a.blocked_stop[0] == 1, "SIGTERM has a handler: the caller blocks %d stop signals",
+        a.blocked_stop[0]);
+  CHECK(b.blocked_stop[0] == 0, "created before the handler: the caller blocks %d stop signals",
+        b.blocked_stop[0]);
+  signal(SIGTERM, SIG_DFL);
+  CHECK_OK(pmap_ctx_destroy(before));
+  CHECK_OK(pmap_ctx_destroy(after));
+}
+
+/* A process whose SIGTERM has its default action ends at once on SIGTERM, also while its caller
+ * runs device 0's part of a long job: the job (10 s) must not end first. */
+static pmap_status long_fn(pmap_device *dev, void *arg) {
+  int *fd = arg;
+  if (pmap_axis_index(dev) == 0 && write(*fd, "s", 1) != 1) return PMAP_ERR_INTERNAL;
+  const struct timespec ms = {0, 1000000};
+  for (int i = 0; i < 10000; i++) nanosleep(&ms, NULL);
+  return PMAP_SUCCESS;
+}
+
+static void test_terminate_during_a_job(void) {
+  int fds[2];
+  if (pipe(fds) != 0) {
+    CHECK(0, "pipe");
+    return;
+  }
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 2};
+    pmap_ctx *ctx = NULL;
+    if (pmap_ctx_create(&cfg, &ctx) != PMAP_SUCCESS) _exit(3);
+    pmap_run(ctx, long_fn, &fds[1]);
+    _exit(4); /* the job ended before the signal took effect */
+  }
+  close(fds[1]);
+  char c = 0;
+  CHECK(read(fds[0], &c, 1) == 1, "the child did not start its job");
+  kill(pid, SIGTERM);
+  int status = 0;
+  pid_t done = 0;
+  for (int i = 0; i < 500 && done == 0; i++) { /* up to 5 s */
+    const struct timespec ms10 = {0, 10000000};
+    nanosleep(&ms10, NULL);
+    done = waitpid(pid, &status, WNOHANG);
+  }
+  if (done == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+  }
+  CHECK(done == pid && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM,
+        "SIGTERM during a job: the child %s (status %d)",
+        done == 0 ? "was still running after 5 s" : "did not end by it", status);
+  close(fds[0]);
+}
+
 /* caller_waits with one device, a nested call refused from device 0's own thread, a bad value. */
 static pmap_status nested_fn(pmap_device *dev, void *arg) {
   pmap_ctx *ctx = arg;
@@ -316,6 +392,7 @@ static void test_caller_waits_misc(void) {
 }
 
 int main(void) {
+  test_terminate_during_a_job(); /* forks: before this process has threads of its own */
 #if defined(TEST_HAVE_ONEDNN)
   /* The GEMM whose kernels a signal frame corrupts, chosen before the first GEMM of the process. */
   setenv("PMAP_GEMM", "onednn", 1);
@@ -325,5 +402,6 @@ int main(void) {
   test_self_signal();
   for (int caller_waits = 0; caller_waits < 2; caller_waits++) test_storm(caller_waits);
   test_caller_waits_misc();
+  test_handled_stop_signal();
   return test_exit("test_signals");
 }
