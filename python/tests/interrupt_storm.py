@@ -14,6 +14,7 @@ import argparse
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -173,9 +174,7 @@ def child(args):
     import pmap
     h = Harness()
     threads0 = len(os.listdir("/proc/self/task"))
-    # Checkpoints in memory where there is a tmpfs: a storm of saves would wait on the disk.
-    shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    folder = tempfile.mkdtemp(prefix="pmap-storm-", dir=shm)
+    folder = args.folder
     deadline = time.monotonic() + args.seconds
     phases = [("waits", True, built_in), ("runs-device-0", False, built_in),
               ("custom", True, custom)]
@@ -206,9 +205,6 @@ def child(args):
     if layers < share // 2:
         raise AssertionError(f"layers: only {layers} of {share // 2} additions were interrupted")
     print(f"layers: {layers} interrupted additions, each model usable after", flush=True)
-    for name in os.listdir(folder):
-        os.unlink(os.path.join(folder, name))
-    os.rmdir(folder)
     left = len(os.listdir("/proc/self/task")) - threads0
     if left:
         raise AssertionError(f"{left} threads left after closing every context")
@@ -228,8 +224,20 @@ def parent(args):
         # (the interpreter's own allocations at exit are not its to free).
         env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "") + ":detect_leaks=1"
         env["LSAN_OPTIONS"] = env.get("LSAN_OPTIONS", "") + ":exitcode=0"
+    # The checkpoints in memory where there is a tmpfs (a storm of saves would wait on the disk),
+    # in a folder removed however the child ends.
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    folder = tempfile.mkdtemp(prefix="pmap-storm-", dir=shm)
+    try:
+        return _run_child(args, env, folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run_child(args, env, folder):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--interrupts",
-           str(args.interrupts), "--width", str(args.width), "--seconds", str(args.seconds)]
+           str(args.interrupts), "--width", str(args.width), "--seconds", str(args.seconds),
+           "--folder", folder]
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, errors="replace",
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -296,6 +304,7 @@ def main():
                          "seconds")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--folder", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args)
