@@ -26,7 +26,16 @@
  * caller's error, as for free(). A context belongs to the process that created it: in a forked
  * child (which has none of its worker threads) every call on it or its params fails at once
  * with PMAP_ERR_INVALID_ARGUMENT naming both processes, destroy calls included (they change
- * nothing); create a new context in the child. */
+ * nothing); create a new context in the child.
+ *
+ * Signals. Device work never runs a signal handler: a context's worker threads block every
+ * signal but those a thread's own action raises (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP,
+ * SIGSYS, SIGABRT, SIGPIPE), and a thread calling into a context blocks the same set while it
+ * runs device 0's part of the call (pmap_config.caller_waits: it runs none), then restores its
+ * own mask; it leaves out SIGINT, SIGTERM, SIGHUP and SIGQUIT where no handler caught them when
+ * the context was created (their default action ends the process at once, running nothing on
+ * the thread). A caught signal sent meanwhile (Ctrl-C in Python) goes to another thread, or is
+ * delivered when device 0's part ends; none is lost. */
 #ifndef PMAP_H
 #define PMAP_H
 
@@ -171,6 +180,11 @@ typedef struct pmap_config {
                             1), else off. Ignored on CPU */
   int cuda_bucket_mb;    /* CUDA, with cuda_overlap: bucket size in MiB (1..4096); 0 (default):
                             PMAP_CUDA_BUCKET_MB, else 25 */
+  int caller_waits;      /* 0 (default): device 0's work runs on the thread that calls; 1: device
+                            0 has a worker thread of its own too, and a calling thread only waits
+                            (it runs no device work and keeps taking signals: for an
+                            interpreter's main thread, where a signal handler may raise inside a
+                            gradient function written in its language) */
 } pmap_config;
 
 enum { PMAP_GUARD_ON = 0, PMAP_GUARD_OFF = 1 };
@@ -179,7 +193,8 @@ enum { PMAP_SHARD_AUTO = 0, PMAP_SHARD_OFF = 1, PMAP_SHARD_ON = 2 };
 typedef struct pmap_ctx pmap_ctx;
 
 /* Creates a context of cfg->num_devices devices on cfg->backend and starts one worker thread per
- * device (device 0's work runs on the calling thread, devices 1..N-1 on persistent workers).
+ * device (device 0's work runs on the calling thread unless cfg->caller_waits, devices 1..N-1 on
+ * persistent workers).
  * cfg may be NULL for all defaults (auto backend, default device count). On success *out owns the context; destroy it with
  * pmap_ctx_destroy. Returns PMAP_ERR_INVALID_ARGUMENT (out NULL, device count outside
  * 1..PMAP_MAX_DEVICES other than PMAP_DEVICES_DEFAULT, unknown backend), PMAP_ERR_UNAVAILABLE
