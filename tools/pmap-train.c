@@ -140,6 +140,15 @@ static void print_json(const opts *o, const result *r) {
   printf("}\n");
 }
 
+/* The GEMM rate MFU is measured against, once; a probe that fails says why on stderr (MFU is
+ * then not reported). */
+static void gemm_probe(watch_progress *bar, pmap_ctx *ctx) {
+  char why[1024];
+  bar->probed = 1;
+  bar->peak_flops = watch_gemm_rate(ctx, why, sizeof why);
+  if (why[0]) fprintf(stderr, "%s: note: MFU not measured: the GEMM probe: %s\n", prog, why);
+}
+
 /* Saves params with pmap-train's section: the run's settings and its data position. */
 static int save(result *r, const opts *o, pmap_params *params, int64_t batches, float loss) {
   if (r->me != 0) return 0; /* under mpirun every process holds the same state: one writes it */
@@ -502,7 +511,7 @@ int main(int argc, char **argv) {
   double flops = 6.0 * pmap_model_forward_macs(model);
   watch_progress bar;
   watch_progress_begin(&bar, o.progress, start, o.steps, o.batch, flops, 0.0);
-  if (bar.bar && flops > 0) bar.peak_flops = watch_gemm_rate(ctx);
+  if (bar.bar && flops > 0) gemm_probe(&bar, ctx);
   if (o.trace) {
     if (pmap_trace_start(ctx, o.trace, o.trace_steps)) {
       fail(&r, "--trace");
@@ -600,7 +609,11 @@ int main(int argc, char **argv) {
   }
   double sps = o.steps > start ? (double)(o.steps - start) * (double)o.batch / busy : NAN;
   r.sps = sps;
-  if (!(bar.peak_flops > 0) && flops > 0 && busy > 1.0) bar.peak_flops = watch_gemm_rate(ctx);
+  /* Without the bar, after a run that computed ten times the probe's FLOPs or more: the probe
+   * then adds at most about a tenth to the run, on any machine. */
+  double run_flops = flops * (double)(o.steps - start) * (double)o.batch;
+  if (!bar.probed && flops > 0 && run_flops >= 10.0 * watch_gemm_probe_flops(n))
+    gemm_probe(&bar, ctx);
   r.mfu = watch_mfu(&bar, sps);
   if (watch_waits_read(ctx, &r.waits)) {
     fail(&r, "pmap_ctx_waits");

@@ -22,6 +22,7 @@ typedef struct watch_progress {
   int64_t first, last; /* the run's steps [first, last) */
   int64_t batch;
   double t0, flops_per_sample, peak_flops; /* peak 0: MFU unknown */
+  int probed;                              /* the GEMM rate was measured (or tried) */
   double last_draw;
 } watch_progress;
 
@@ -35,10 +36,12 @@ void watch_progress_break(watch_progress *w);
 /* Model FLOPs utilisation of samples_per_s, NaN when not known. */
 double watch_mfu(const watch_progress *w, double samples_per_s);
 
-/* Measures the GEMM rate of the context's devices together (FLOP/s): a forward pass of one
- * 1024 x 1024 dense layer over 1024 rows per device (pmap_predict). 0 when it cannot, and across
- * processes (where MFU is not reported). */
-double watch_gemm_rate(pmap_ctx *ctx);
+/* Measures the GEMM rate of the context's devices together (FLOP/s): the forward pass of one
+ * 1024 x 1024 dense layer over 1024 rows per device (pmap_predict), three times. 0 across
+ * processes (where MFU is not reported, why left empty) and when it cannot (why says why). */
+double watch_gemm_rate(pmap_ctx *ctx, char *why, size_t why_size);
+/* What the probe computes on that many devices (FLOPs), to weigh it against a run. */
+double watch_gemm_probe_flops(int devices);
 
 /* The devices' waits at the collectives (every process's: a collective call), and the one that
  * held the others back most. */
