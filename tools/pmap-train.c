@@ -35,9 +35,10 @@ typedef struct result {
   double eval_loss, eval_accuracy; /* NaN without held-out rows (or labels, for accuracy) */
   int have_plan;
   pmap_memory_plan plan;
-  watch_waits waits;  /* dev NULL until read */
-  double mfu;         /* NaN when not known */
-  double tps, gflops; /* language models: tokens/s; model FLOP/s / 1e9 */
+  watch_waits waits;   /* dev NULL until read */
+  double mfu;          /* NaN when not known */
+  double tps, gflops;  /* language models: tokens/s; model FLOP/s / 1e9 */
+  watch_progress *bar; /* ended before any message, so that each starts a line (NULL: none) */
 } result;
 
 /* Records the run's failure (the first one) and prints it; returns 1, the exit status. */
@@ -48,6 +49,7 @@ static int failf(result *r, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  if (r->bar) watch_progress_break(r->bar);
   fprintf(stderr, "%s: %s\n", prog, msg);
   if (!r->err[0]) snprintf(r->err, sizeof r->err, "%s", msg);
   return 1;
@@ -358,6 +360,8 @@ int main(int argc, char **argv) {
   pmap_array xs = {0}, ys = {0};
   float *w0 = NULL, *curve = NULL;
   int64_t *curve_step = NULL;
+  watch_progress bar = {0};
+  r.bar = &bar;
   int tracing = 0; /* a recording is on: it holds the steps alone */
   size_t ncurve = 0;
   if (o.data) {
@@ -509,7 +513,6 @@ int main(int argc, char **argv) {
   /* Training FLOPs per example: forward 2 per multiply-add, backward twice that. The bar shows
    * MFU against the devices' measured GEMM rate; plain lines measure it at the end. */
   double flops = 6.0 * pmap_model_forward_macs(model);
-  watch_progress bar;
   watch_progress_begin(&bar, o.progress, start, o.steps, o.batch, flops, 0.0);
   if (bar.bar && flops > 0) gemm_probe(&bar, ctx);
   if (o.trace) {
@@ -682,6 +685,7 @@ int main(int argc, char **argv) {
     failf(&r, "replicas differ after training: %s", why);
 out:
   if (tracing) pmap_trace_stop(ctx); /* the run failed: what was recorded, for its reader */
+  watch_progress_break(&bar);        /* the JSON line starts a line of its own */
   if (o.json) print_json(&o, &r);
   watch_waits_free(&r.waits);
   free(curve);

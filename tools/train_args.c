@@ -338,8 +338,9 @@ int train_parse(int argc, char **argv, opts *o) {
        .kind = CLI_CHOICE,
        .dest = &o->progress,
        .arg = NULL,
-       .help = "how the run shows progress: auto (a one-line bar on a terminal, plain lines "
-               "otherwise; the default), bar or lines",
+       .help = "how the run shows progress: auto (the default: a one-line bar on your "
+               "terminal; plain lines into a file or a pipe, and under an MPI or batch launcher, "
+               "whose terminal is the launcher's), bar or lines",
        .choices = progress_choices},
   };
   const cli_spec spec = {prog, table, (int)(sizeof table / sizeof table[0]),

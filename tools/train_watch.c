@@ -58,9 +58,25 @@ void watch_memory_json(FILE *f, const pmap_memory_plan *m) {
     fprintf(f, "%zu}", m->device_free);
 }
 
+int watch_launched(void) {
+  /* Open MPI (and PMIx), MPICH's Hydra and other PMI launchers, MVAPICH, Slurm's srun, Cray's
+   * PALS: each sets one of these in every process it starts. */
+  static const char *const vars[] = {
+      "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK",    "PMI_RANK",   "PMI_SIZE",
+      "MPI_LOCALNRANKS",      "MV2_COMM_WORLD_RANK",  "SLURM_PROCID", "PALS_RANKID"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *v = getenv(vars[i]);
+    if (v && *v) return 1;
+  }
+  return 0;
+}
+
 void watch_progress_begin(watch_progress *w, int mode, int64_t first, int64_t last, int64_t batch,
                           double flops_per_sample, double peak_flops) {
-  *w = (watch_progress){.bar = mode == 1 || (mode == 0 && isatty(STDOUT_FILENO)),
+  /* A launcher's processes write to a pseudo-terminal of the launcher's (Open MPI's do), which
+   * ends up in a log file: the bar only on the user's own terminal, unless asked for. */
+  int terminal = isatty(STDOUT_FILENO) && !watch_launched();
+  *w = (watch_progress){.bar = mode == 1 || (mode == 0 && terminal),
                         .first = first,
                         .last = last,
                         .batch = batch,

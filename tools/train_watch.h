@@ -26,7 +26,10 @@ typedef struct watch_progress {
   double last_draw;
 } watch_progress;
 
-/* mode: 0 auto (a bar when stdout is a terminal), 1 bar, 2 lines. */
+/* Whether an MPI or batch launcher started this process (its variables are set). */
+int watch_launched(void);
+/* mode: 0 auto (a bar when stdout is a terminal and no launcher started the process), 1 bar,
+ * 2 lines. */
 void watch_progress_begin(watch_progress *w, int mode, int64_t first, int64_t last, int64_t batch,
                           double flops_per_sample, double peak_flops);
 /* After step s (loss, busy seconds so far): redraws the bar (at most 10 times a second). */
