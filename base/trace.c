@@ -62,14 +62,14 @@ pmap_status trace_window_parse(const char *spec, const char *what, trace_window 
   if (a >= 0 && end[0] == '.' && end[1] == '.') {
     const char *b0 = end + 2;
     long long b = count_at(b0, &end);
-    if (b >= 0 && !*end && b >= a && b - a < WINDOW_MAX) {
+    if (a >= 1 && b >= 0 && !*end && b >= a && b - a < WINDOW_MAX) {
       *w = (trace_window){0, a, b};
       return PMAP_SUCCESS;
     }
   }
   return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                   "%s \"%s\" is neither K (the last K steps, 1..%d) nor A..B (steps A to B, "
-                  "0 <= A <= B, at most %d steps)",
+                  "1 <= A <= B, at most %d steps; steps count from 1)",
                   what, spec, WINDOW_MAX, WINDOW_MAX);
 }
 

@@ -22,7 +22,7 @@ typedef struct trace_window {
   int64_t keep, first, last;
 } trace_window;
 
-/* Parses "K" (the last K steps, 1..10000), "A..B" (steps A to B, 0 <= A <= B, at most 10000
+/* Parses "K" (the last K steps, 1..10000), "A..B" (steps A to B, 1 <= A <= B, at most 10000
  * steps) or NULL / "" (the last 10 steps) into *w; PMAP_ERR_INVALID_ARGUMENT naming spec (what names
  * where it came from, e.g. "environment variable PMAP_TRACE_STEPS"). */
 pmap_status trace_window_parse(const char *spec, const char *what, trace_window *w);

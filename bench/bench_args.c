@@ -58,9 +58,9 @@ int bench_parse(int argc, char **argv, bench_opts *o) {
        .lo = 1,
        .hi = 1000000,
        .arg = "S",
-       .help = "timed steps per count (default 20 for mlp-1024, cifar-cnn and gpt-mini, else 500), "
-               "in R "
-               "interleaved rounds after W warm-up steps; step 0 is timed apart"},
+       .help = "timed steps per count (default 20 for mlp-1024, cifar-cnn and gpt-mini, else "
+               "500), in R interleaved rounds after W warm-up steps; the first step is timed "
+               "apart (step0_ms)"},
       {.name = "--warmup",
        .kind = CLI_INT,
        .dest = &o->warmup,

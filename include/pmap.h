@@ -480,7 +480,9 @@ PMAP_API size_t pmap_params_optimizer_bytes(const pmap_params *params);
 /* 1 when the optimizer of params is sharded over the devices (pmap_config.shard_optimizer on and
  * more than one device in one process), else 0 (NULL included). */
 PMAP_API int pmap_params_sharded(const pmap_params *params);
-PMAP_API int64_t pmap_params_step(const pmap_params *params); /* optimizer steps taken */
+/* Optimizer steps taken. Steps count from 1: after step t it is t, and every message, trace and
+ * checkpoint names steps so (README, "Step numbers"). */
+PMAP_API int64_t pmap_params_step(const pmap_params *params);
 
 /* One data-parallel training step. xs: (B, input shape...) f32, or i32 token ids (B, T) in
  * [0, vocab) for a model that starts with an embedding; ys: (B, K) f32 for MSE, (B) or (B, 1) i32
@@ -622,7 +624,7 @@ typedef struct pmap_grad_args {
   int64_t row0;        /* the index of the first row in the global batch (for per-example
                           randomness); across processes process p's rows follow those of
                           processes 0..p-1, so it does not depend on the layout */
-  int64_t step;        /* the step this gradient is for: pmap_params_step() before it */
+  int64_t step;        /* pmap_params_step() before this step: 0 in step 1 */
   size_t num_params;   /* P */
 } pmap_grad_args;
 
@@ -742,7 +744,7 @@ PMAP_API pmap_status pmap_barrier(pmap_device *dev);
  * for the others at its rendezvous), "optimizer", host staging ("stage inputs"); the caller's
  * holds "pmap_update" and "checkpoint save". steps says which steps are kept (a step is the
  * optimizer step it takes, 1 the first): NULL or "" the last 10, "K" the last K (1..10000),
- * "A..B" steps A to B (at most 10000 steps; K, A and B in decimal digits alone); the recording never holds more than that window
+ * "A..B" steps A to B (1 <= A <= B, at most 10000 steps; K, A and B in decimal digits alone); the recording never holds more than that window
  * (and at most 65536 spans per track and step). The file is written at once (empty, so that a
  * path that cannot be written fails here), and again by pmap_trace_stop or pmap_ctx_destroy.
  * Across processes each process writes its own file, "<path without .json>.p<process>.json".

@@ -120,7 +120,7 @@ static pmap_status drift(pmap_device *dev, replica *r) {
 }
 
 static pmap_status inject(pmap_device *dev, const step_call *c, replica *r, fault_point at) {
-  int64_t step = c->p->step;
+  int64_t step = c->t;
   if (at == AFTER_APPLY)
     return runtime_fault(dev, FAULT_DRIFT, step) ? drift(dev, r) : PMAP_SUCCESS;
   if (runtime_fault(dev, FAULT_NAN, step)) PMAP_TRY(r->ops->fill(r->q, r->g, NAN, c->p->n_params));
@@ -285,7 +285,7 @@ static pmap_status sharded_step(pmap_device *dev, step_call *c, replica *r) {
   size_t lo = 0, len = 0;
   params_part(p, pmap_axis_index(dev), &lo, &len);
   PMAP_TRY(traced_optimizer(dev, p, r, c, lo, len, v.scale));
-  PMAP_TRY(params_gather(dev, p, p->step));
+  PMAP_TRY(params_gather(dev, p, c->t));
   PMAP_TRY(inject(dev, c, r, AFTER_APPLY));
   return backend_sync(dev);
 }
@@ -348,7 +348,7 @@ static pmap_status numeric_error(const pmap_params *p) {
   return PMAP_ERR(PMAP_ERR_NUMERIC,
                   "pmap_update: step %lld%s: %s (averaged loss %g); the step was skipped on every "
                   "replica: parameters, optimizer state and step count are unchanged",
-                  (long long)p->step, seq, what, (double)h[0]);
+                  (long long)p->step + 1, seq, what, (double)h[0]);
 }
 
 /* A sharded step failed after every device stepped its part (only its final all-gather can):

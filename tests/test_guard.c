@@ -90,7 +90,8 @@ static void test_nan_input(int n, int guard) {
     char dev[32];
     snprintf(dev, sizeof dev, "device %d ", victim);
     CHECK(st == PMAP_ERR_NUMERIC, "N %d: NaN input -> %s", n, pmap_status_string(st));
-    CHECK(strstr(pmap_last_error(), "step 1") && strstr(pmap_last_error(), dev),
+    /* The second update is step 2 (steps count from 1, as pmap_params_step does). */
+    CHECK(strstr(pmap_last_error(), "pmap_update: step 2: ") && strstr(pmap_last_error(), dev),
           "N %d: message \"%s\" lacks the step or %s", n, pmap_last_error(), dev);
     CHECK(kept == 123.0f, "N %d: the loss was written on a failed step", n);
     CHECK(pmap_params_step(r.params) == 1, "N %d: step count %lld", n,
@@ -235,10 +236,10 @@ static void test_fault_alloc(void) {
 
 static void test_fault_collective(void) {
   run r;
-  if (run_open(&r, "mlp", 4, 0.0, PMAP_GUARD_ON, NULL, "collective:device=2:step=1")) return;
+  if (run_open(&r, "mlp", 4, 0.0, PMAP_GUARD_ON, NULL, "collective:device=2:step=2")) return;
   CHECK_OK(step(&r, 0, NULL));
   float *before = replica(&r, 0);
-  CHECK_FAILS(step(&r, 1, NULL), PMAP_ERR_DEVICE, "step 1");
+  CHECK_FAILS(step(&r, 1, NULL), PMAP_ERR_DEVICE, "the gradient all-reduce of step 2 failed");
   CHECK(pmap_params_step(r.params) == 1, "step count %lld", (long long)pmap_params_step(r.params));
   if (before) check_replicas(&r, before, "after a failed all-reduce");
   CHECK_OK(step(&r, 1, NULL));
@@ -249,7 +250,7 @@ static void test_fault_collective(void) {
 static void test_fault_stall(void) {
   run r;
   const double timeout = 0.25;
-  if (run_open(&r, "mlp", 3, timeout, PMAP_GUARD_ON, NULL, "stall:device=1:step=0")) return;
+  if (run_open(&r, "mlp", 3, timeout, PMAP_GUARD_ON, NULL, "stall:device=1:step=1")) return;
   double t0 = now_s();
   CHECK_FAILS(step(&r, 0, NULL), PMAP_ERR_TIMEOUT, "within 0.250 s");
   double secs = now_s() - t0;
@@ -262,10 +263,12 @@ static void test_fault_stall(void) {
 
 static void test_fault_nan(void) {
   run r, ref;
-  if (run_open(&r, "mlp", 4, 0.0, PMAP_GUARD_ON, NULL, "nan:device=2:step=2")) return;
+  if (run_open(&r, "mlp", 4, 0.0, PMAP_GUARD_ON, NULL, "nan:device=2:step=3")) return;
   if (run_open(&ref, "mlp", 4, 0.0, PMAP_GUARD_ON, NULL, NULL)) return;
   for (int b = 0; b < 4; b++) {
-    if (b == 2) CHECK_FAILS(step(&r, b, NULL), PMAP_ERR_NUMERIC, "device 2 ");
+    if (b == 2)
+      CHECK_FAILS(step(&r, b, NULL), PMAP_ERR_NUMERIC,
+                  "step 3: the local loss or gradients of device 2 ");
     CHECK_OK(step(&r, b, NULL));
     CHECK_OK(step(&ref, b, NULL));
   }
@@ -278,7 +281,7 @@ static void test_fault_nan(void) {
 
 static void test_fault_drift(void) {
   run r;
-  if (run_open(&r, "linear", 3, 0.0, PMAP_GUARD_ON, NULL, "drift:device=1:step=1")) return;
+  if (run_open(&r, "linear", 3, 0.0, PMAP_GUARD_ON, NULL, "drift:device=1:step=2")) return;
   CHECK_OK(step(&r, 0, NULL));
   CHECK_OK(step(&r, 1, NULL));
   float *w0 = replica(&r, 0), *w1 = replica(&r, 1), *w2 = replica(&r, 2);
@@ -295,6 +298,8 @@ static void test_fault_drift(void) {
   CHECK_FAILS(pmap_ctx_create(NULL, &ctx), PMAP_ERR_INVALID_ARGUMENT, "melt");
   setenv("PMAP_FAULT", "nan:device=1:step=x", 1);
   CHECK_FAILS(pmap_ctx_create(NULL, &ctx), PMAP_ERR_INVALID_ARGUMENT, "step=x");
+  setenv("PMAP_FAULT", "nan:device=1:step=0", 1); /* steps count from 1: it would never fire */
+  CHECK_FAILS(pmap_ctx_create(NULL, &ctx), PMAP_ERR_INVALID_ARGUMENT, "steps count from 1");
   /* A device the context does not have: the fault would never fire. */
   setenv("PMAP_FAULT", "nan:device=7:step=1", 1);
   pmap_config two = {.backend = PMAP_BACKEND_CPU, .num_devices = 2};

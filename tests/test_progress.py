@@ -5,7 +5,9 @@ The bar is drawn on the user's own terminal only: under a pseudo-terminal with a
 launcher's variables set (Open MPI gives its processes one, which ends up in a log file) the
 output is plain lines, without carriage returns or escape codes; --progress bar still draws it;
 the --json line and every error message start a line of their own, also when a run fails with
-the bar drawn. Usage: test_progress.py path/to/pmap-train
+the bar drawn. And the step numbers agree: progress lines, the bar, traces and their windows,
+checkpoints and --inspect, a resumed run and the messages of a failed step all count steps from
+1. Usage: test_progress.py path/to/pmap-train
 """
 import json
 import os
@@ -122,6 +124,57 @@ with tempfile.TemporaryFile() as f:
         ok = False
     check(ok and "\r[" in text, "into a file, the last line of a failed run is its JSON",
           repr(text[-400:]))
+
+# One step-number convention everywhere: steps count from 1, step t being the t-th update, after
+# which pmap_params_step (a checkpoint's step, --inspect's) is t.
+def plain(args, env=None):
+    proc = subprocess.run([TRAIN, "--backend", "cpu", "--model", "mlp", "--devices", "2"] + args,
+                          capture_output=True, text=True, env=env or base_env(), timeout=300)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def step_lines(out):
+    return [int(line.split()[1]) for line in out.split("\n") if line.startswith("step ")]
+
+
+def trace_steps(path):
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    return sorted({e["args"]["step"] for e in events if e["ph"] == "X"})
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    ck, trace = os.path.join(tmp, "run.ckpt"), os.path.join(tmp, "run.json")
+    rc, out, err = plain(["--steps", "5", "--log-every", "1", "--trace", trace, "--save", ck])
+    check(rc == 0 and step_lines(out) == [1, 2, 3, 4, 5], "progress lines of 5 steps: 1 to 5",
+          out + err)
+    check(rc == 0 and trace_steps(trace) == [1, 2, 3, 4, 5], "the trace's steps: 1 to 5")
+    rc, out, err = plain(["--steps", "5", "--inspect", ck, "--json"])
+    j = json.loads(out.strip().split("\n")[-1])
+    check(rc == 0 and j["step"] == 5 and "step 5 of 5" in out, "--inspect: step 5 of 5", out)
+    rc, out = on_terminal(["--backend", "cpu", "--model", "mlp", "--devices", "2", "--steps", "5",
+                           "--progress", "bar"], base_env())
+    bars = [part.split()[2] for part in out.split("\r") if part.startswith("[")]
+    check(rc == 0 and bars and bars[-1] == "5/5", "the bar's last step: 5/5", repr(bars))
+    # --log-every E: after the run's first step, every E-th and the last.
+    rc, out, err = plain(["--steps", "7", "--log-every", "3"])
+    check(rc == 0 and step_lines(out) == [1, 3, 6, 7], "--log-every 3 of 7 steps: 1, 3, 6, 7",
+          out)
+    # A window of steps, and a run resumed after step 3.
+    rc, out, err = plain(["--steps", "5", "--trace", trace, "--trace-steps", "2..3"])
+    check(rc == 0 and trace_steps(trace) == [2, 3], "--trace-steps 2..3 holds steps 2 and 3")
+    rc, out, err = plain(["--steps", "5", "--trace", trace, "--trace-steps", "0..3"])
+    check(rc == 1 and "steps count from 1" in err, "--trace-steps 0..3 refused", err)
+    rc, out, err = plain(["--steps", "3", "--save", ck, "--log-every", "0"])
+    rc, out, err = plain(["--steps", "5", "--resume", ck, "--log-every", "1", "--json"])
+    j = json.loads(out.strip().split("\n")[-1])
+    check(rc == 0 and step_lines(out) == [4, 5] and j["start_step"] == 3 and
+          "after step 3: steps 4 to 5 follow" in out, "resumed after step 3: steps 4 and 5", out)
+    # A fault at step 3 (PMAP_FAULT counts alike): the lines stop at 2, both messages say 3.
+    rc, out, err = plain(["--steps", "5", "--log-every", "1"],
+                         base_env(PMAP_FAULT="nan:device=1:step=3"))
+    check(rc == 1 and step_lines(out) == [1, 2] and "pmap-train: step 3: " in err and
+          "pmap_update: step 3: " in err, "a fault at step 3 is named step 3", out + err)
 
 if failures:
     print(f"test_progress: {len(failures)} failures", file=sys.stderr)

@@ -485,7 +485,9 @@ int main(int argc, char **argv) {
     goto out;
   }
   r.have_plan = 1;
-  if (o.resume) printf("resumed from %s at step %lld\n", o.resume, (long long)start);
+  if (o.resume)
+    printf("resumed from %s after step %lld: steps %lld to %lld follow\n", o.resume,
+           (long long)start, (long long)start + 1, (long long)o.steps);
   if (o.text)
     printf("text: %s, %lld bytes (%lld for training, %lld held out), context %lld\n", o.text,
            (long long)text.n, (long long)text.train_n, (long long)(text.n - text.train_n),
@@ -523,7 +525,10 @@ int main(int argc, char **argv) {
     tracing = 1;
   }
   for (int64_t s = start; s < o.steps; s++) {
-    /* The data position is the step: step s takes batch s % batches, resumed or not. */
+    /* Steps count from 1: this is step t, after which pmap_params_step is t (as in traces,
+     * checkpoints and the library's messages). The data position is s = t - 1: step t takes
+     * batch s % batches, resumed or not. */
+    int64_t t = s + 1;
     int64_t first = (s % batches) * o.batch;
     pmap_array xb = xs, yb = ys;
     int64_t mine = o.batch / procs; /* this process's rows of the global batch */
@@ -553,31 +558,32 @@ int main(int argc, char **argv) {
       failf(&r,
             "step %lld: the loss or the gradients are not finite; the step was skipped and "
             "training stops (lower --lr or set --clip-norm): %s",
-            (long long)s, pmap_last_error());
+            (long long)t, pmap_last_error());
       goto out;
     }
     if (st) {
-      failf(&r, "step %lld: %s", (long long)s, pmap_last_error());
+      failf(&r, "step %lld: %s", (long long)t, pmap_last_error());
       goto out;
     }
     busy += cli_now() - t0;
     r.loss = loss;
-    if (curve && (s % stride == 0 || s == o.steps - 1)) {
-      curve_step[ncurve] = s;
+    if (curve && (s % stride == 0 || t == o.steps)) {
+      curve_step[ncurve] = t;
       curve[ncurve++] = loss;
     }
     watch_progress_step(&bar, s, loss, busy);
-    if (o.log_every && (s % o.log_every == 0 || s == o.steps - 1) &&
+    /* A line after the run's first step, every log_every-th and the last. */
+    if (o.log_every && (t == start + 1 || t % o.log_every == 0 || t == o.steps) &&
         (!bar.bar || data.eval_rows || o.text)) {
       /* Throughput over the steps since the previous line. */
       watch_progress_break(&bar);
-      double rate = (double)(s + 1 - last_step) * (double)o.batch / (busy - last_busy);
-      printf("step %6lld  loss %.6f  samples/s %.0f", (long long)s, (double)loss, rate);
+      double rate = (double)(t - last_step) * (double)o.batch / (busy - last_busy);
+      printf("step %6lld  loss %.6f  samples/s %.0f", (long long)t, (double)loss, rate);
       if (lm) printf("  tokens/s %.0f", rate * (double)o.context);
       if (o.text) {
         if (text_eval(&text, params, n, &r.eval_loss, why, sizeof why)) {
           printf("\n");
-          failf(&r, "step %lld: held-out loss: %s", (long long)s, why);
+          failf(&r, "step %lld: held-out loss: %s", (long long)t, why);
           goto out;
         }
         printf("  eval loss %.4f  ppl %.3f", r.eval_loss, exp(r.eval_loss));
@@ -585,22 +591,21 @@ int main(int argc, char **argv) {
       if (data.eval_rows) {
         if (train_data_eval(&data, params, n, &r.eval_loss, &r.eval_accuracy, why, sizeof why)) {
           printf("\n");
-          failf(&r, "step %lld: evaluation: %s", (long long)s, why);
+          failf(&r, "step %lld: evaluation: %s", (long long)t, why);
           goto out;
         }
         printf("  eval loss %.6f", r.eval_loss);
         if (data.classify) printf("  eval accuracy %.4f", r.eval_accuracy);
       }
       printf("\n");
-      last_step = s + 1;
+      last_step = t;
       last_busy = busy;
     }
-    if (o.verify_every && (s + 1) % o.verify_every == 0 && pmap_params_verify(params)) {
-      failf(&r, "step %lld: --verify-every: %s", (long long)s, pmap_last_error());
+    if (o.verify_every && t % o.verify_every == 0 && pmap_params_verify(params)) {
+      failf(&r, "step %lld: --verify-every: %s", (long long)t, pmap_last_error());
       goto out;
     }
-    if (o.save_every && (s + 1) % o.save_every == 0 && s + 1 < o.steps &&
-        save(&r, &o, params, batches, loss))
+    if (o.save_every && t % o.save_every == 0 && t < o.steps && save(&r, &o, params, batches, loss))
       goto out;
   }
   watch_progress_break(&bar);

@@ -358,7 +358,7 @@ static void mode_layout(int d) {
 
   /* The numeric guard: NaN gradients on one device of process 1 skip the step everywhere. */
   char fault[64]; /* process 1's device 0, by its global index */
-  snprintf(fault, sizeof fault, "nan:device=%d:step=1", d);
+  snprintf(fault, sizeof fault, "nan:device=%d:step=2", d); /* the second update */
   if (RANK == 1) setenv("PMAP_FAULT", fault, 1);
   CHECK_OK(dist_ctx(d, 30.0, &ctx));
   unsetenv("PMAP_FAULT");
