@@ -116,8 +116,8 @@ int64_t trace_step(const trace_rec *t) {
   return atomic_load_explicit(&((trace_rec *)t)->step, memory_order_relaxed);
 }
 
-void trace_span(trace_rec *t, int track, const char *name, const char *detail, int index,
-                const char *cat, int64_t t0, int64_t t1, int64_t bytes) {
+static void record(trace_rec *t, int track, const char *name, const char *detail, int index,
+                   const char *cat, int64_t t0, int64_t t1, int64_t bytes, int kept) {
   if (track < 0 || track >= t->ntracks) return;
   int64_t step = trace_step(t);
   if (step < 0) return;
@@ -128,6 +128,10 @@ void trace_span(trace_rec *t, int track, const char *name, const char *detail, i
     if (sl->step > step) return; /* a newer step holds the slot */
     sl->step = step;
     sl->n = 0;
+  }
+  if (sl->n >= (size_t)(kept ? TRACE_SPANS_PER_STEP : TRACE_SPANS_PER_STEP - TRACE_SPANS_KEPT)) {
+    tr->dropped++;
+    return;
   }
   if (sl->n == sl->cap) {
     size_t cap = sl->cap ? 2 * sl->cap : 64;
@@ -140,6 +144,16 @@ void trace_span(trace_rec *t, int track, const char *name, const char *detail, i
     sl->cap = cap;
   }
   sl->s[sl->n++] = (span){t0, t1, bytes, name, detail, cat, index};
+}
+
+void trace_span(trace_rec *t, int track, const char *name, const char *detail, int index,
+                const char *cat, int64_t t0, int64_t t1, int64_t bytes) {
+  record(t, track, name, detail, index, cat, t0, t1, bytes, 0);
+}
+
+void trace_span_kept(trace_rec *t, int track, const char *name, const char *detail, int index,
+                     const char *cat, int64_t t0, int64_t t1, int64_t bytes) {
+  record(t, track, name, detail, index, cat, t0, t1, bytes, 1);
 }
 
 /* A string's characters as JSON escapes them (a call's name holds quotes, a host name anything). */

@@ -301,6 +301,7 @@ static pmap_status update_steps(pmap_device *dev, step_call *c) {
   PMAP_TRY(r->ops->fill(r->q, r->g, 0.0f, p->gl.len));
   PMAP_TRY(device_grads(dev, c, r));
   PMAP_TRY(inject(dev, c, r, BEFORE_REDUCE));
+  runtime_trace_keep(dev, 1); /* the reduction on: spans a trace keeps past its span limit */
   return p->shard ? sharded_step(dev, c, r) : replicated_step(dev, c, r);
 }
 
@@ -308,10 +309,11 @@ static pmap_status update_steps(pmap_device *dev, step_call *c) {
 static pmap_status update_job(pmap_device *dev, void *arg) {
   step_call *c = arg;
   trace_rec *tr = runtime_trace(c->p->ctx);
-  if (!tr) return update_steps(dev, c);
-  int64_t t0 = pmap_now_ns();
+  int64_t t0 = tr ? pmap_now_ns() : 0;
   pmap_status st = update_steps(dev, c);
-  trace_span(tr, pmap_local_index(dev), "step", NULL, -1, "step", t0, pmap_now_ns(), -1);
+  runtime_trace_keep(dev, 0);
+  if (tr)
+    trace_span_kept(tr, pmap_local_index(dev), "step", NULL, -1, "step", t0, pmap_now_ns(), -1);
   return st;
 }
 
@@ -394,8 +396,8 @@ pmap_status pmap_update(pmap_params *p, const pmap_array *xs, const pmap_array *
     }
     st = params_dispatch(p, update_job, &c);
     if (tr)
-      trace_span(tr, runtime_trace_caller(p->ctx), "pmap_update", NULL, -1, "step", t0,
-                 pmap_now_ns(), -1);
+      trace_span_kept(tr, runtime_trace_caller(p->ctx), "pmap_update", NULL, -1, "step", t0,
+                      pmap_now_ns(), -1);
     int stepped = atomic_load(&c.stepped);
     if (st && stepped)
       st = finish_stepped(p, st, c.t);

@@ -88,7 +88,26 @@ assert all(d["collectives"] >= 2 and d["busy_s"] > 0 and d["wait_s"] >= 0 for d 
     --max-memory $((total - 1))
   run --model mlp --devices 2 --steps 2 --max-memory "$total" ||
     bad "--max-memory $total (the plan exactly) refused: $(cat "$tmp/err")"
+  # K is 1024 bytes (the plan in K, exactly: total / 1024 has at most ten decimals), a fraction
+  # of a byte is dropped, and a refused plan is in the JSON line too.
+  k_of() { python3 -c "import decimal, sys; print(decimal.Decimal(int(sys.argv[1])) / 1024)" "$1"; }
+  run --model mlp --devices 2 --steps 2 --max-memory "$(k_of "$total")K" ||
+    bad "--max-memory $(k_of "$total")K (the plan exactly) refused: $(cat "$tmp/err")"
+  expect_fail "--max-memory $((total - 1)):" --model mlp --devices 2 --steps 2 \
+    --max-memory "$(k_of $((total - 1)))k"
+  run --model mlp --devices 2 --steps 2 --max-memory $((total - 1)) --json
+  tail -n 1 "$tmp/out" | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+assert "--max-memory" in j["error"] and j["memory"]["total"] == int(sys.argv[1]), j
+' "$total" || bad "a refused plan is not in the JSON line: $(tail -n 1 "$tmp/out")"
+  for v in " $total" "+$total" "1e9" "0x7fffffff" "inf" "${total}B" ".5G"; do
+    expect_fail "--max-memory \"$v\" is not a size in bytes" --model mlp --steps 2 --max-memory "$v"
+  done
 fi
+# --trace and PMAP_TRACE: one recording per context, so both at once are refused before a step.
+PMAP_TRACE="$tmp/env2.json" expect_fail "environment variable PMAP_TRACE=" --model linear \
+  --steps 3 --trace "$tmp/flag.json"
 # The largest byte count is int64_t's, read exactly; one more is refused, not wrapped.
 run --model linear --steps 2 --max-memory 9223372036854775807 ||
   bad "--max-memory 9223372036854775807 refused: $(cat "$tmp/err")"

@@ -480,11 +480,12 @@ int main(int argc, char **argv) {
   printf("pmap-train: optimizer state %.4g MB per device (%s)\n",
          (double)pmap_params_optimizer_bytes(params) / 1e6,
          pmap_params_sharded(params) ? "sharded over the devices" : "replicated");
-  if (watch_memory(params, o.batch / procs, o.max_memory, &r.plan, why, sizeof why)) {
+  int fit = watch_memory(params, o.batch / procs, o.max_memory, &r.plan, why, sizeof why);
+  r.have_plan = fit >= 0; /* a plan refused is in the JSON too, to say what it needs */
+  if (fit) {
     failf(&r, "%s", why);
     goto out;
   }
-  r.have_plan = 1;
   if (o.resume)
     printf("resumed from %s after step %lld: steps %lld to %lld follow\n", o.resume,
            (long long)start, (long long)start + 1, (long long)o.steps);

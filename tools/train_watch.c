@@ -34,13 +34,13 @@ int watch_memory(pmap_params *params, int64_t batch, int64_t max_bytes, pmap_mem
              "by %.4g MB; nothing was run (lower --batch, raise --micro-batches, or shard the "
              "optimizer)",
              (long long)max_bytes, m->total, mb(m->total), mb(m->total - (size_t)max_bytes));
-    return -1;
+    return 1;
   }
   if (m->device_free != SIZE_MAX && m->total > m->device_free) {
     snprintf(why, why_size,
              "the plan needs %.4g MB per device and device 0 has %.4g MB free; nothing was run",
              mb(m->total), mb(m->device_free));
-    return -1;
+    return 1;
   }
   return 0;
 }
