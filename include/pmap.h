@@ -744,10 +744,11 @@ PMAP_API pmap_status pmap_barrier(pmap_device *dev);
  * for the others at its rendezvous), "optimizer", host staging ("stage inputs"); the caller's
  * holds "pmap_update" and "checkpoint save". steps says which steps are kept (a step is the
  * optimizer step it takes, 1 the first): NULL or "" the last 10, "K" the last K (1..10000),
- * "A..B" steps A to B (1 <= A <= B, at most 10000 steps; K, A and B in decimal digits alone); the recording never holds more than that window
- * (and at most 65536 spans per track and step: past 65472 the layers' are dropped, the last 64
- * kept for the step's reduction, optimizer and step spans). The file is written at once (empty, so that a
- * path that cannot be written fails here), and again by pmap_trace_stop or pmap_ctx_destroy.
+ * "A..B" steps A to B (1 <= A <= B, at most 10000 steps; K, A and B in decimal digits alone);
+ * the recording never holds more than that window (and at most 65536 spans per track and step:
+ * past 65472 the layers' are dropped, the last 64 kept for the step's reduction, optimizer and
+ * step spans). The file is written at once (empty, so that a path that cannot be written fails
+ * here), and again by pmap_trace_stop or pmap_ctx_destroy.
  * Across processes each process writes its own file, "<path without .json>.p<process>.json".
  * pmap_ctx_destroy cannot report a write that fails: the file then stays as last written.
  * The environment variable PMAP_TRACE=FILE (with PMAP_TRACE_STEPS=K or A..B) starts a recording
