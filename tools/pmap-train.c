@@ -513,11 +513,15 @@ int main(int argc, char **argv) {
   }
   double busy = 0.0, last_busy = 0.0;
   int64_t last_step = start;
-  /* Training FLOPs per example: forward 2 per multiply-add, backward twice that. The bar shows
-   * MFU against the devices' measured GEMM rate; plain lines measure it at the end. */
+  /* Training FLOPs per example: forward 2 per multiply-add, backward twice that. MFU is against
+   * the devices' measured GEMM rate, measured for a run of ten times the probe's FLOPs or more,
+   * so that the probe adds at most about a tenth to it on any machine: before step 1 for the bar
+   * to show it, else after the last step. */
   double flops = 6.0 * pmap_model_forward_macs(model);
+  double run_flops = flops * (double)(o.steps - start) * (double)o.batch;
+  int measure = flops > 0 && run_flops >= 10.0 * watch_gemm_probe_flops(n);
   watch_progress_begin(&bar, o.progress, start, o.steps, o.batch, flops, 0.0);
-  if (bar.bar && flops > 0) gemm_probe(&bar, ctx);
+  if (bar.bar && measure) gemm_probe(&bar, ctx);
   if (o.trace) {
     if (pmap_trace_start(ctx, o.trace, o.trace_steps)) {
       fail(&r, "--trace");
@@ -618,11 +622,7 @@ int main(int argc, char **argv) {
   }
   double sps = o.steps > start ? (double)(o.steps - start) * (double)o.batch / busy : NAN;
   r.sps = sps;
-  /* Without the bar, after a run that computed ten times the probe's FLOPs or more: the probe
-   * then adds at most about a tenth to the run, on any machine. */
-  double run_flops = flops * (double)(o.steps - start) * (double)o.batch;
-  if (!bar.probed && flops > 0 && run_flops >= 10.0 * watch_gemm_probe_flops(n))
-    gemm_probe(&bar, ctx);
+  if (!bar.probed && measure) gemm_probe(&bar, ctx);
   r.mfu = watch_mfu(&bar, sps);
   if (watch_waits_read(ctx, &r.waits)) {
     fail(&r, "pmap_ctx_waits");
