@@ -219,7 +219,8 @@ int train_parse(int argc, char **argv, opts *o) {
        .kind = CLI_INT,
        .dest = &o->log_every,
        .arg = "E",
-       .help = "progress line every E steps, 0 for none (default steps/10)",
+       .help = "a progress line after the first step, every E-th step and the last; 0 for none "
+               "(default steps/10)",
        .lo = 0,
        .hi = STEPS_MAX},
       {.name = "--plot",
