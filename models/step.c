@@ -332,8 +332,7 @@ typedef struct sources {
   char unknown[512]; /* why the search failed ("" when it did not) */
 } sources;
 
-static pmap_status sources_job(pmap_device *dev, void *arg) {
-  sources *s = arg;
+static pmap_status search_sources(pmap_device *dev, sources *s) {
   pmap_params *p = s->c->p;
   replica *r = &p->rep[pmap_local_index(dev)];
   const grad_layout *gl = &p->gl;
@@ -354,6 +353,18 @@ static pmap_status sources_job(pmap_device *dev, void *arg) {
     PMAP_TRY(backend_download(dev, host_tail(p, dev) + 1 + gl->G, slots, gl->G * sizeof(float)));
   }
   return backend_sync(dev);
+}
+
+/* The search, in a span of its own on the device's track that its layers nest in. */
+static pmap_status sources_job(pmap_device *dev, void *arg) {
+  sources *s = arg;
+  trace_rec *tr = runtime_trace(s->c->p->ctx);
+  int64_t t0 = tr ? pmap_now_ns() : 0;
+  pmap_status st = search_sources(dev, s);
+  if (tr)
+    trace_span_kept(tr, pmap_local_index(dev), "guard's search", NULL, -1, "step", t0,
+                    pmap_now_ns(), -1);
+  return st;
 }
 
 /* "1, 3" or "device 1 (process 0, host a), ..." of the global devices with set[g], into buf;

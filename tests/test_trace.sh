@@ -47,6 +47,23 @@ if ! PMAP_TRACE="$tmp/env.json" PMAP_TRACE_STEPS=2 run --model linear --devices 
 else
   python3 "$check" "$tmp/env.json" 4 3,4 || bad "trace from PMAP_TRACE"
 fi
+# A step the guard skips in a model whose layers exchange values (cifar-bn's batch norm): the
+# search for the source is a "guard's search" span of that step on each device, its layers in it.
+PMAP_FAULT=nan:device=1:step=2 run --model cifar-bn --devices 2 --batch 8 --steps 3 \
+  --trace "$tmp/g.json"
+grep -q 'pmap_update: step 2: the local loss or gradients of device 1 were non-finite' "$tmp/err" ||
+  bad "the skipped step's message: $(cat "$tmp/err")"
+python3 - "$tmp/g.json" <<'PY' || bad "no guard's search holding its layers in step 2"
+import json, os, sys
+eps = float(os.environ.get("CHECK_TRACE_EPS_US", "0")) + 1e-3  # device-timed spans (CUDA)
+ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]
+search = [e for e in ev if e["name"] == "guard's search"]
+assert sorted((e["tid"], e["args"]["step"]) for e in search) == [(0, 2), (1, 2)], search
+for s in search:
+    inside = [e for e in ev if e["tid"] == s["tid"] and e["name"].startswith("forward")
+              and s["ts"] - eps <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"] + eps]
+    assert inside and all(e["args"]["step"] == 2 for e in inside), s
+PY
 # Refusals: a file that cannot be written, a bad window, before any step.
 expect_fail() {
   local needle=$1
