@@ -127,6 +127,7 @@ struct pmap_device {
    * (runtime/trace_ctx.c); marks: the backend's marks made in the job. */
   struct queued_span *queued;
   int n_queued, cap_queued, marks;
+  int trace_keep; /* its spans are the step's own, kept past the span limit (runtime_trace_keep) */
 };
 
 struct pmap_ctx {

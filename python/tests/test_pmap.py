@@ -146,7 +146,7 @@ def test_write_read_micro_batches_and_guard():
         with pytest.raises(pmap.Error) as e:
             p.update(bad, y)
         assert e.value.status == "PMAP_ERR_NUMERIC"
-        assert "step 1" in e.value.message
+        assert "step 2" in e.value.message  # the second update (steps count from 1)
         assert p.step == 1
 
 
