@@ -7,7 +7,6 @@
 #define PMAP_RUNTIME_BACKEND_H
 
 #include <pthread.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 
@@ -160,7 +159,6 @@ struct pmap_ctx {
    * (pmap_config.caller_waits: then 0, and device 0 has a thread of its own); started of them
    * run. */
   int first_worker;
-  sigset_t caller_block; /* what the caller blocks while it runs device 0's part (ctx.c) */
   pthread_t *threads;
   int started;
   pmap_event job;   /* bumped to start a job */

@@ -52,9 +52,10 @@ static void async_signals(sigset_t *set) {
 }
 
 /* What the calling thread blocks during device 0's part: the same, but for the signals that end
- * a program (SIGINT, SIGTERM, SIGHUP, SIGQUIT) while no handler catches them (as the context is
- * created): their default action runs no handler on the thread, and a Ctrl-C must not wait for
- * the end of a job (one stuck in a collective waits for the timeout). */
+ * a program (SIGINT, SIGTERM, SIGHUP, SIGQUIT) while no handler catches them (looked at on every
+ * call: a handler installed after the context was created is blocked too): their default action
+ * runs no handler on the thread, and a Ctrl-C must not wait for the end of a job (one stuck in a
+ * collective waits for the timeout). */
 static void caller_signals(sigset_t *set) {
   static const int stop[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
   async_signals(set);
@@ -299,8 +300,9 @@ static pmap_status dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg, int *own) {
   if (ctx->first_worker) {
     pmap_device *d0 = &ctx->dev[0];
     int saved[2] = {0, 0};
-    sigset_t caller_mask;
-    pthread_sigmask(SIG_BLOCK, &ctx->caller_block, &caller_mask);
+    sigset_t caller_block, caller_mask;
+    caller_signals(&caller_block);
+    pthread_sigmask(SIG_BLOCK, &caller_block, &caller_mask);
     pmap_status entered = backend_enter(d0, saved);
     if (entered == PMAP_SUCCESS) {
       run_job(ctx, d0);
@@ -525,7 +527,6 @@ static pmap_status ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   PMAP_TRY_GOTO(st, backend_ctx_init(ctx, &cfg), fail);
   sigset_t worker_block, caller_mask;
   async_signals(&worker_block);
-  caller_signals(&ctx->caller_block);
   pthread_sigmask(SIG_BLOCK, &worker_block, &caller_mask); /* inherited by each worker */
   for (int i = ctx->first_worker; i < n; i++) {
     int e = pthread_create(&ctx->threads[i], NULL, worker_main, &ctx->dev[i]);
