@@ -502,18 +502,8 @@ class Params:
         """Sets the blocks named in values (a dict as named() gives, any subset) on every
         replica, the rest unchanged; a name or shape that does not match is refused before
         anything changes."""
-        flat = self.read(0)
         where = {name: (at, shape) for name, shape, at in self._blocks}
-        for name, v in values.items():
-            if name not in where:
-                raise ArgumentError(f"Params.set_named: no parameter block {name!r}")
-            a = np.asarray(v)
-            if a.shape != where[name][1]:
-                raise ArgumentError(f"Params.set_named: {name} has shape {where[name][1]}, got "
-                                    f"{a.shape}")
-            at, shape = where[name]
-            flat[at:at + a.size] = _convert.values(a, name)
-        self.write(flat)
+        self.write(_convert.assign_named(self.read(0), where, values, "Params.set_named"))
 
     def memory(self, batch):
         """The device memory a step of update() at this global batch needs on each device, in

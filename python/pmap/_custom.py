@@ -177,16 +177,7 @@ def set_named(flat, layout, values):
     for name, shape in layout:
         where[name] = (at, tuple(shape))
         at += int(np.prod(shape))
-    for name, v in values.items():
-        if name not in where:
-            raise ArgumentError(f"Params.set_named: no parameter block {name!r}")
-        a = np.asarray(v)
-        if a.shape != where[name][1]:
-            raise ArgumentError(f"Params.set_named: {name} has shape {where[name][1]}, got "
-                                f"{a.shape}")
-        at = where[name][0]
-        flat[at:at + a.size] = _convert.values(a.reshape(-1), name) if a.size else []
-    return flat
+    return _convert.assign_named(flat, where, values, "Params.set_named")
 
 
 def update(p, xs, ys, call):
