@@ -62,14 +62,14 @@ pmap_status trace_window_parse(const char *spec, const char *what, trace_window 
   if (a >= 0 && end[0] == '.' && end[1] == '.') {
     const char *b0 = end + 2;
     long long b = count_at(b0, &end);
-    if (b >= 0 && !*end && b >= a && b - a < WINDOW_MAX) {
+    if (a >= 1 && b >= 0 && !*end && b >= a && b - a < WINDOW_MAX) {
       *w = (trace_window){0, a, b};
       return PMAP_SUCCESS;
     }
   }
   return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                   "%s \"%s\" is neither K (the last K steps, 1..%d) nor A..B (steps A to B, "
-                  "0 <= A <= B, at most %d steps)",
+                  "1 <= A <= B, at most %d steps; steps count from 1)",
                   what, spec, WINDOW_MAX, WINDOW_MAX);
 }
 
@@ -116,8 +116,8 @@ int64_t trace_step(const trace_rec *t) {
   return atomic_load_explicit(&((trace_rec *)t)->step, memory_order_relaxed);
 }
 
-void trace_span(trace_rec *t, int track, const char *name, const char *detail, int index,
-                const char *cat, int64_t t0, int64_t t1, int64_t bytes) {
+static void record(trace_rec *t, int track, const char *name, const char *detail, int index,
+                   const char *cat, int64_t t0, int64_t t1, int64_t bytes, int kept) {
   if (track < 0 || track >= t->ntracks) return;
   int64_t step = trace_step(t);
   if (step < 0) return;
@@ -128,6 +128,10 @@ void trace_span(trace_rec *t, int track, const char *name, const char *detail, i
     if (sl->step > step) return; /* a newer step holds the slot */
     sl->step = step;
     sl->n = 0;
+  }
+  if (sl->n >= (size_t)(kept ? TRACE_SPANS_PER_STEP : TRACE_SPANS_PER_STEP - TRACE_SPANS_KEPT)) {
+    tr->dropped++;
+    return;
   }
   if (sl->n == sl->cap) {
     size_t cap = sl->cap ? 2 * sl->cap : 64;
@@ -140,6 +144,16 @@ void trace_span(trace_rec *t, int track, const char *name, const char *detail, i
     sl->cap = cap;
   }
   sl->s[sl->n++] = (span){t0, t1, bytes, name, detail, cat, index};
+}
+
+void trace_span(trace_rec *t, int track, const char *name, const char *detail, int index,
+                const char *cat, int64_t t0, int64_t t1, int64_t bytes) {
+  record(t, track, name, detail, index, cat, t0, t1, bytes, 0);
+}
+
+void trace_span_kept(trace_rec *t, int track, const char *name, const char *detail, int index,
+                     const char *cat, int64_t t0, int64_t t1, int64_t bytes) {
+  record(t, track, name, detail, index, cat, t0, t1, bytes, 1);
 }
 
 /* A string's characters as JSON escapes them (a call's name holds quotes, a host name anything). */

@@ -14,15 +14,19 @@
 
 typedef struct trace_rec trace_rec;
 
-/* At most this many spans of one track in one step; more are counted as dropped. */
+/* At most this many spans of one track in one step; more are counted as dropped. The last
+ * TRACE_SPANS_KEPT of them are kept for the spans trace_span_kept records (the step's own
+ * span, its gradient reduction, its optimizer), so that a step with too many layer spans still
+ * shows how it ended. */
 #define TRACE_SPANS_PER_STEP 65536
+#define TRACE_SPANS_KEPT 64
 
 /* The window: the last `keep` steps (keep > 0), or steps first..last (keep == 0). */
 typedef struct trace_window {
   int64_t keep, first, last;
 } trace_window;
 
-/* Parses "K" (the last K steps, 1..10000), "A..B" (steps A to B, 0 <= A <= B, at most 10000
+/* Parses "K" (the last K steps, 1..10000), "A..B" (steps A to B, 1 <= A <= B, at most 10000
  * steps) or NULL / "" (the last 10 steps) into *w; PMAP_ERR_INVALID_ARGUMENT naming spec (what names
  * where it came from, e.g. "environment variable PMAP_TRACE_STEPS"). */
 pmap_status trace_window_parse(const char *spec, const char *what, trace_window *w);
@@ -42,6 +46,9 @@ int64_t trace_step(const trace_rec *t);
  * to the span's arguments. Outside the window it is not kept. */
 void trace_span(trace_rec *t, int track, const char *name, const char *detail, int index,
                 const char *cat, int64_t t0, int64_t t1, int64_t bytes);
+/* The same, for a span that may take the room kept past the others' limit. */
+void trace_span_kept(trace_rec *t, int track, const char *name, const char *detail, int index,
+                     const char *cat, int64_t t0, int64_t t1, int64_t bytes);
 
 /* Writes the recording to path (atomically): pid is the process (its index), names[track] each
  * track's name, process_name the process's. Returns a failure naming the file

@@ -60,9 +60,9 @@ int bench_parse(int argc, char **argv, bench_opts *o) {
        .lo = 1,
        .hi = 1000000,
        .arg = "S",
-       .help = "timed steps per count (default 20 for mlp-1024, cifar-cnn and gpt-mini, else 500), "
-               "in R "
-               "interleaved rounds after W warm-up steps; step 0 is timed apart"},
+       .help = "timed steps per count (default 20 for mlp-1024, cifar-cnn and gpt-mini, else "
+               "500), in R interleaved rounds after W warm-up steps; the first step is timed "
+               "apart (step0_ms)"},
       {.name = "--warmup",
        .kind = CLI_INT,
        .dest = &o->warmup,
@@ -140,8 +140,10 @@ int bench_parse(int argc, char **argv, bench_opts *o) {
        .kind = CLI_STRING,
        .dest = &o->trace,
        .arg = "FILE",
-       .help = "record a timeline of each row's last 10 timed steps (and its probes) into "
-               "FILE.<model>-<N>d[-sharded].json, Chrome trace-event JSON (docs/tracing.md)"},
+       .help = "record a timeline of each row's last 10 timed steps (and its probes) into a file "
+               "of its own: FILE without a final .json, then .<model>-<N>d[-sharded].json "
+               "(--trace run.json: run.mlp-1024-4d.json, run.mlp-1024-4d-sharded.json; under "
+               "mpirun .p<process> before .json), Chrome trace-event JSON (docs/tracing.md)"},
       {.name = "--timeout",
        .kind = CLI_SECONDS,
        .dest = &o->timeout_s,

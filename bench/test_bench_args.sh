@@ -32,6 +32,7 @@ help() {
   done
 }
 
+forms=" (decimal digits, with an optional fraction and K, M or G: powers of 1024)"
 help "$bench" --model --devices --batch --weak-batch --scaling --steps --warmup --rounds \
   --backend --seed --no-ref --no-numeric-guard --shard-optimizer --no-shard-optimizer \
   --compare-shard --precision --csv --dump --timeout --json
@@ -54,9 +55,9 @@ for v in fp16 bf16,bf16 fp32,bf16,fp32 fp32,; do
     --precision "$v"
 done
 expect_error "$bench" '--precision is empty (fp32, bf16 or fp32,bf16)' --precision ""
-expect_error "$allreduce" '-b "3" is not a size in bytes from 4 to 4G' -b 3
-expect_error "$allreduce" '-e "5G" is not a size in bytes from 4 to 4G' -e 5G
-expect_error "$allreduce" '-b "1X" is not a size in bytes from 4 to 4G' -b 1X
+expect_error "$allreduce" "-b \"3\" is not a size in bytes from 4 to 4G$forms" -b 3
+expect_error "$allreduce" "-e \"5G\" is not a size in bytes from 4 to 4G$forms" -e 5G
+expect_error "$allreduce" "-b \"1X\" is not a size in bytes from 4 to 4G$forms" -b 1X
 expect_error "$allreduce" '-e 8 is below -b 1024' -b 1K -e 8
 expect_error "$allreduce" '-o "prod" is not sum, mean, max or all' -o prod
 expect_error "$allreduce" '-c "2" is not an integer in [0, 1]' -c 2
@@ -65,6 +66,19 @@ expect_error "$step" '--backend tpu: cuda, cpu or auto' --backend tpu
 expect_error "$step" '--variants: unknown fast (plain, graph, overlap, graph+overlap, sharded, bf16, graph-bf16)' \
   --variants plain,fast
 expect_error "$step" '--bucket-mb "5000" is not an integer in [1, 4096]' --bucket-mb 5000
+
+# Sizes in bytes: digits, an optional fraction and K, M or G; what strtod would also read is not.
+for v in " 4K" "+4K" "0x1000" "4e3" "inf" "4KB"; do
+  expect_error "$allreduce" "-b \"$v\" is not a size in bytes from 4 to 4G$forms" -b "$v"
+done
+# --trace: the files are named as --help says (FILE without its .json, the model, the devices).
+grep -qF 'run.mlp-1024-4d.json' <("$bench" --help) || bad "pmap-bench --help does not name its trace files"
+if "$bench" --model linear --devices 1 --scaling strong --steps 2 --warmup 0 --rounds 1 --no-ref \
+  --backend cpu --trace "$tmp/run.json" >"$tmp/out" 2>"$tmp/err"; then
+  [ -s "$tmp/run.linear-1d.json" ] || bad "--trace run.json wrote $(ls "$tmp"), not run.linear-1d.json"
+else
+  bad "pmap-bench --trace failed: $(cat "$tmp/err")"
+fi
 
 if [ "$fails" -ne 0 ]; then
   echo "test_bench_args: $fails failed" >&2

@@ -26,7 +26,15 @@
  * caller's error, as for free(). A context belongs to the process that created it: in a forked
  * child (which has none of its worker threads) every call on it or its params fails at once
  * with PMAP_ERR_INVALID_ARGUMENT naming both processes, destroy calls included (they change
- * nothing); create a new context in the child. */
+ * nothing); create a new context in the child.
+ *
+ * Signals. Device work never runs a signal handler: a context's worker threads block every
+ * signal but those a thread's own action raises (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP,
+ * SIGSYS, SIGABRT, SIGPIPE), and a thread calling into a context blocks the same set while it
+ * runs device 0's part of the call (pmap_config.caller_waits: it runs none), then restores its
+ * own mask; it leaves out SIGINT, SIGTERM, SIGHUP and SIGQUIT where no handler catches them at
+ * the call (their default action ends the process at once, running nothing on the thread). A caught signal sent meanwhile (Ctrl-C in Python) goes to another thread, or is
+ * delivered when device 0's part ends; none is lost. */
 #ifndef PMAP_H
 #define PMAP_H
 
@@ -171,6 +179,11 @@ typedef struct pmap_config {
                             1), else off. Ignored on CPU */
   int cuda_bucket_mb;    /* CUDA, with cuda_overlap: bucket size in MiB (1..4096); 0 (default):
                             PMAP_CUDA_BUCKET_MB, else 25 */
+  int caller_waits;      /* 0 (default): device 0's work runs on the thread that calls; 1: device
+                            0 has a worker thread of its own too, and a calling thread only waits
+                            (it runs no device work and keeps taking signals: for an
+                            interpreter's main thread, where a signal handler may raise inside a
+                            gradient function written in its language) */
 } pmap_config;
 
 enum { PMAP_GUARD_ON = 0, PMAP_GUARD_OFF = 1 };
@@ -179,7 +192,8 @@ enum { PMAP_SHARD_AUTO = 0, PMAP_SHARD_OFF = 1, PMAP_SHARD_ON = 2 };
 typedef struct pmap_ctx pmap_ctx;
 
 /* Creates a context of cfg->num_devices devices on cfg->backend and starts one worker thread per
- * device (device 0's work runs on the calling thread, devices 1..N-1 on persistent workers).
+ * device (device 0's work runs on the calling thread unless cfg->caller_waits, devices 1..N-1 on
+ * persistent workers).
  * cfg may be NULL for all defaults (auto backend, default device count). On success *out owns the context; destroy it with
  * pmap_ctx_destroy. Returns PMAP_ERR_INVALID_ARGUMENT (out NULL, device count outside
  * 1..PMAP_MAX_DEVICES other than PMAP_DEVICES_DEFAULT, unknown backend), PMAP_ERR_UNAVAILABLE
@@ -522,7 +536,9 @@ PMAP_API size_t pmap_params_optimizer_bytes(const pmap_params *params);
 /* 1 when the optimizer of params is sharded over the devices (pmap_config.shard_optimizer on and
  * more than one device in one process), else 0 (NULL included). */
 PMAP_API int pmap_params_sharded(const pmap_params *params);
-PMAP_API int64_t pmap_params_step(const pmap_params *params); /* optimizer steps taken */
+/* Optimizer steps taken. Steps count from 1: after step t it is t, and every message, trace and
+ * checkpoint names steps so (README, "Step numbers"). */
+PMAP_API int64_t pmap_params_step(const pmap_params *params);
 
 /* One data-parallel training step. xs: (B, input shape...) f32, or i32 token ids (B, T) in
  * [0, vocab) for a model that starts with an embedding; ys: (B, K) f32 for MSE, (B) or (B, 1) i32
@@ -553,8 +569,10 @@ PMAP_API int64_t pmap_params_step(const pmap_params *params); /* optimizer steps
  * running statistics, optimizer state and step count unchanged, *loss not written) and the call
  * returns PMAP_ERR_NUMERIC naming the step and the devices whose own loss or gradients were
  * non-finite (by global index; across processes with their process and host) (a gradient whose
- * L2 norm exceeds FLT_MAX counts
- * as non-finite). NaN propagates through every op. With the guard off, non-finite values go
+ * L2 norm exceeds FLT_MAX counts as non-finite). With layers that exchange values between
+ * devices (batch norm, also per device), a device's own values are what it sent into the first
+ * exchange that returned a non-finite value: the step is computed once more to find them, and
+ * the devices that only received non-finite values are said to (docs/reliability.md). NaN propagates through every op. With the guard off, non-finite values go
  * into the parameters. With opt.clip_norm > 0 the averaged gradient is scaled to that global L2
  * norm when it exceeds it (the norm is computed in the guard's pass; the scale is applied
  * however small).
@@ -696,7 +714,7 @@ typedef struct pmap_grad_args {
   int64_t row0;        /* the index of the first row in the global batch (for per-example
                           randomness); across processes process p's rows follow those of
                           processes 0..p-1, so it does not depend on the layout */
-  int64_t step;        /* the step this gradient is for: pmap_params_step() before it */
+  int64_t step;        /* pmap_params_step() before this step: 0 in step 1 */
   size_t num_params;   /* P */
 } pmap_grad_args;
 
@@ -816,9 +834,11 @@ PMAP_API pmap_status pmap_barrier(pmap_device *dev);
  * for the others at its rendezvous), "optimizer", host staging ("stage inputs"); the caller's
  * holds "pmap_update" and "checkpoint save". steps says which steps are kept (a step is the
  * optimizer step it takes, 1 the first): NULL or "" the last 10, "K" the last K (1..10000),
- * "A..B" steps A to B (at most 10000 steps; K, A and B in decimal digits alone); the recording never holds more than that window
- * (and at most 65536 spans per track and step). The file is written at once (empty, so that a
- * path that cannot be written fails here), and again by pmap_trace_stop or pmap_ctx_destroy.
+ * "A..B" steps A to B (1 <= A <= B, at most 10000 steps; K, A and B in decimal digits alone);
+ * the recording never holds more than that window (and at most 65536 spans per track and step:
+ * past 65472 the layers' are dropped, the last 64 kept for the step's reduction, optimizer and
+ * step spans). The file is written at once (empty, so that a path that cannot be written fails
+ * here), and again by pmap_trace_stop or pmap_ctx_destroy.
  * Across processes each process writes its own file, "<path without .json>.p<process>.json".
  * pmap_ctx_destroy cannot report a write that fails: the file then stays as last written.
  * The environment variable PMAP_TRACE=FILE (with PMAP_TRACE_STEPS=K or A..B) starts a recording

@@ -1,6 +1,7 @@
 /* exec.c: one device's forward, loss and backward over its shard, through the op table only.
  * Forward overwrites activations; backward overwrites activation gradients and accumulates
  * parameter gradients (see ops/ops.h). */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -8,6 +9,34 @@
 #include "runtime/runtime.h"
 #include "base/error.h"
 #include "base/trace.h"
+
+/* Whether x (n, device memory) holds only finite values: read back to the host (a wait for the
+ * device; only while the guard looks for a source). */
+static pmap_status finite_on_host(pmap_device *dev, const float *x, size_t n, int *finite) {
+  float *h = malloc((n ? n : 1) * sizeof *h);
+  if (!h) return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "out of memory reading %zu floats back", n);
+  pmap_status st = backend_download(dev, h, x, n * sizeof *h);
+  *finite = 1;
+  for (size_t i = 0; !st && i < n; i++) *finite &= isfinite(h[i]) != 0;
+  free(h);
+  return st;
+}
+
+pmap_status model_exchange(pmap_device *dev, replica *r, const char *what, float *x, size_t n) {
+  if (!dev)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s need collectives, which a replica without a device lacks", what);
+  int watch = r->source.watch && !r->source.seen, sent = 1, got = 1;
+  if (watch) PMAP_TRY(finite_on_host(dev, x, n, &sent));
+  PMAP_TRY(backend_all_reduce(dev, what, x, x, n, PMAP_RED_SUM));
+  if (watch) PMAP_TRY(finite_on_host(dev, x, n, &got));
+  /* Every device gets back the same values, so every device stops at the same exchange. */
+  if (watch && !got) {
+    r->source.seen = 1;
+    r->source.sent = !sent;
+  }
+  return PMAP_SUCCESS;
+}
 
 void replica_unplace(replica *r) {
   free(r->act);

@@ -110,6 +110,13 @@ struct replica {
    * start reducing them while the layers below still run (models/step_fast.c). */
   pmap_status (*layer_grads_done)(pmap_device *dev, replica *r, int i, void *user);
   void *layer_grads_user;
+  /* The numeric guard's search for the devices whose own values were not finite (models/step.c,
+   * after a skipped step): while `watch` is set, model_exchange reads what it sends and gets
+   * back, until an exchange gets back a value that is not finite (`seen`), and keeps whether
+   * this device had sent one into that exchange (`sent`). */
+  struct {
+    int watch, seen, sent;
+  } source;
 };
 
 /* The bf16 policy. model_set_precision (model.c) lays m out for it (bf16 1) or for fp32:
@@ -140,6 +147,12 @@ pmap_status layer_gemm_strided(const replica *r, int ta, int tb, int64_t m, int6
                                layer_mat a, int64_t lda, int64_t sa, layer_mat b, int64_t ldb,
                                int64_t sb, float beta, float *c, int64_t ldc, int64_t sc,
                                int64_t batch);
+
+/* A layer's exchange of values between the devices: an all-reduce (sum) of x (n) in place.
+ * Every layer that exchanges values goes through it, so that the numeric guard can tell the
+ * devices whose own values were not finite from those that only got them from another
+ * (replica.source). dev NULL (a host replica alone): PMAP_ERR_INVALID_ARGUMENT naming what. */
+pmap_status model_exchange(pmap_device *dev, replica *r, const char *what, float *x, size_t n);
 
 /* Floats of the activation arena for bd rows into *out; -1 when the count overflows. */
 int model_arena_floats(const pmap_model *m, int64_t bd, size_t *out);

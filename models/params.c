@@ -62,7 +62,7 @@ pmap_status params_gather(pmap_device *dev, pmap_params *p, int64_t step) {
 
 static pmap_status mend_job(pmap_device *dev, void *arg) {
   pmap_params *p = arg;
-  PMAP_TRY(params_gather(dev, p, p->step - 1));
+  PMAP_TRY(params_gather(dev, p, p->step)); /* the torn step's own number */
   return backend_sync(dev);
 }
 

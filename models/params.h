@@ -83,7 +83,7 @@ static inline pmap_status params_dispatch(pmap_params *p, pmap_fn fn, void *arg)
 /* Sets reduced, chunk and the buffer lengths from n_params, guard, shard and the context. */
 void params_layout(pmap_params *p);
 /* Sharded: the all-gather of the parameters (every device sends its own part), the last act of
- * a step; its fault hook (PMAP_FAULT=gather) on update step `step`. */
+ * a step; its fault hook (PMAP_FAULT=gather) on update step `step` (1 the first). */
 pmap_status params_gather(pmap_device *dev, pmap_params *p, int64_t step);
 /* Completes a torn step's all-gather (nothing to do when not torn); the lock is held. On failure
  * an error naming `call`, and the params stay torn. */

@@ -11,6 +11,7 @@
  * The CUDA fast paths take over the whole step where they are on (step_fast.c). */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -121,7 +122,7 @@ static pmap_status drift(pmap_device *dev, replica *r) {
 }
 
 static pmap_status inject(pmap_device *dev, const step_call *c, replica *r, fault_point at) {
-  int64_t step = c->p->step;
+  int64_t step = c->t;
   if (at == AFTER_APPLY)
     return runtime_fault(dev, FAULT_DRIFT, step) ? drift(dev, r) : PMAP_SUCCESS;
   if (runtime_fault(dev, FAULT_NAN, step)) PMAP_TRY(r->ops->fill(r->q, r->g, NAN, c->p->n_params));
@@ -286,7 +287,7 @@ static pmap_status sharded_step(pmap_device *dev, step_call *c, replica *r) {
   size_t lo = 0, len = 0;
   params_part(p, pmap_axis_index(dev), &lo, &len);
   PMAP_TRY(traced_optimizer(dev, p, r, c, lo, len, v.scale));
-  PMAP_TRY(params_gather(dev, p, p->step));
+  PMAP_TRY(params_gather(dev, p, c->t));
   PMAP_TRY(inject(dev, c, r, AFTER_APPLY));
   return backend_sync(dev);
 }
@@ -302,6 +303,7 @@ static pmap_status update_steps(pmap_device *dev, step_call *c) {
   PMAP_TRY(r->ops->fill(r->q, r->g, 0.0f, p->gl.len));
   PMAP_TRY(device_grads(dev, c, r));
   PMAP_TRY(inject(dev, c, r, BEFORE_REDUCE));
+  runtime_trace_keep(dev, 1); /* the reduction on: spans a trace keeps past its span limit */
   return p->shard ? sharded_step(dev, c, r) : replicated_step(dev, c, r);
 }
 
@@ -309,47 +311,144 @@ static pmap_status update_steps(pmap_device *dev, step_call *c) {
 static pmap_status update_job(pmap_device *dev, void *arg) {
   step_call *c = arg;
   trace_rec *tr = runtime_trace(c->p->ctx);
-  if (!tr) return update_steps(dev, c);
-  int64_t t0 = pmap_now_ns();
+  int64_t t0 = tr ? pmap_now_ns() : 0;
   pmap_status st = update_steps(dev, c);
-  trace_span(tr, pmap_local_index(dev), "step", NULL, -1, "step", t0, pmap_now_ns(), -1);
+  runtime_trace_keep(dev, 0);
+  if (tr)
+    trace_span_kept(tr, pmap_local_index(dev), "step", NULL, -1, "step", t0, pmap_now_ns(), -1);
   return st;
 }
 
-/* The message of a step the numeric guard skipped, naming the devices whose own loss or
- * gradients were non-finite (device 0's copy of the flags, one per global device; every device
- * holds the same) by their global index and, across processes, process and host. */
-static pmap_status numeric_error(const pmap_params *p) {
-  const pmap_ctx *ctx = p->ctx;
-  const float *h = p->guard_host;
-  int dist = runtime_distributed(ctx);
-  char devs[600], seq[48] = "";
-  size_t len = 0;
-  int bad = 0;
-  devs[0] = '\0';
-  for (int g = 0; g < p->gl.G && len < sizeof devs; g++) {
-    if (isfinite(h[1 + g])) continue;
-    if (dist)
-      len += (size_t)snprintf(devs + len, sizeof devs - len, "%sdevice %d (process %d, host %s)",
-                              bad ? ", " : "", g, g / p->n, pmap_proc_host(ctx, g / p->n));
-    else
-      len += (size_t)snprintf(devs + len, sizeof devs - len, "%s%d", bad ? ", " : "", g);
-    bad++;
+/* Where the non-finite values of a skipped step came from, for its message. Without layers that
+ * exchange values between devices, a device's flag says whether its own loss or gradients were
+ * non-finite. With them, a device's values also hold what the others sent it: the step's
+ * gradients are computed once more (sources_job), watching every exchange (model_exchange) up
+ * to the first one that returns a value that is not finite; the devices that sent one into it
+ * are the sources, the others only got it (and if none sent one, their finite values overflowed
+ * there). */
+typedef struct sources {
+  step_call *c;
+  int exchanged;     /* out (device 0): an exchange returned a value that is not finite */
+  const float *sent; /* (G) nonzero for a source, in device 0's host tail; NULL: not searched */
+  char unknown[512]; /* why the search failed ("" when it did not) */
+} sources;
+
+static pmap_status search_sources(pmap_device *dev, sources *s) {
+  pmap_params *p = s->c->p;
+  replica *r = &p->rep[pmap_local_index(dev)];
+  const grad_layout *gl = &p->gl;
+  r->source.watch = 1;
+  r->source.seen = r->source.sent = 0;
+  pmap_status st = r->ops->fill(r->q, r->g, 0.0f, gl->len);
+  if (!st) st = device_grads(dev, s->c, r); /* into scratch only: the step is not taken */
+  r->source.watch = 0;
+  PMAP_TRY(st);
+  /* One slot per global device (the flags' place, free now), summed across the devices. */
+  float *slots = r->g + gl->flags;
+  PMAP_TRY(r->ops->fill(r->q, slots, 0.0f, (size_t)gl->G));
+  if (r->source.sent) PMAP_TRY(r->ops->fill(r->q, slots + pmap_axis_index(dev), 1.0f, 1));
+  PMAP_TRY(backend_all_reduce(dev, "pmap_update's search for non-finite values", slots, slots,
+                              (size_t)gl->G, PMAP_RED_SUM));
+  if (pmap_local_index(dev) == 0) {
+    s->exchanged = r->source.seen;
+    PMAP_TRY(backend_download(dev, host_tail(p, dev) + 1 + gl->G, slots, gl->G * sizeof(float)));
   }
+  return backend_sync(dev);
+}
+
+/* The search, in a span of its own on the device's track that its layers nest in. */
+static pmap_status sources_job(pmap_device *dev, void *arg) {
+  sources *s = arg;
+  trace_rec *tr = runtime_trace(s->c->p->ctx);
+  int64_t t0 = tr ? pmap_now_ns() : 0;
+  pmap_status st = search_sources(dev, s);
+  if (tr)
+    trace_span_kept(tr, pmap_local_index(dev), "guard's search", NULL, -1, "step", t0,
+                    pmap_now_ns(), -1);
+  return st;
+}
+
+/* "1, 3" or "device 1 (process 0, host a), ..." of the global devices with set[g], into buf;
+ * returns their count. */
+static int device_list(const pmap_params *p, const int *set, char *buf, size_t size) {
+  int dist = runtime_distributed(p->ctx), count = 0;
+  size_t len = 0;
+  buf[0] = '\0';
+  for (int g = 0; g < p->gl.G && len < size; g++) {
+    if (!set[g]) continue;
+    if (dist)
+      len += (size_t)snprintf(buf + len, size - len, "%sdevice %d (process %d, host %s)",
+                              count ? ", " : "", g, g / p->n, pmap_proc_host(p->ctx, g / p->n));
+    else
+      len += (size_t)snprintf(buf + len, size - len, "%s%d", count ? ", " : "", g);
+    count++;
+  }
+  return count;
+}
+
+/* The message of a step the numeric guard skipped, naming the devices whose own values were
+ * non-finite (device 0's copy of the flags, one per global device; every device holds the same)
+ * by their global index and, across processes, process and host; s: where they came from. */
+static pmap_status numeric_error(const pmap_params *p, const sources *s) {
+  const float *h = p->guard_host;
+  int G = p->gl.G, dist = runtime_distributed(p->ctx), from = s->sent && s->exchanged;
+  int *own = calloc(2 * (size_t)G, sizeof *own), *got = own ? own + G : NULL;
+  if (!own)
+    return PMAP_ERR(PMAP_ERR_NUMERIC,
+                    "pmap_update: step %lld: the loss or gradients were non-finite (averaged loss "
+                    "%g; out of memory naming the devices); the step was skipped on every replica: "
+                    "parameters, optimizer state and step count are unchanged",
+                    (long long)p->step + 1, (double)h[0]);
+  for (int g = 0; g < G; g++) {
+    own[g] = from ? s->sent[g] != 0.0f : !isfinite(h[1 + g]);
+    got[g] = !own[g] && !isfinite(h[1 + g]);
+  }
+  char devs[600], others[600], seq[48] = "", what[1800];
+  int n_own = device_list(p, own, devs, sizeof devs);
+  int n_got = device_list(p, got, others, sizeof others);
+  free(own);
+  const char *one = dist ? "" : "device ", *many = dist ? "" : "devices ";
   if (dist)
-    snprintf(seq, sizeof seq, " (collective #%llu)", (unsigned long long)runtime_coll_seq(ctx));
-  char what[680];
-  if (bad)
-    snprintf(what, sizeof what, "the local loss or gradients of %s%s were non-finite",
-             dist ? "" : (bad > 1 ? "devices " : "device "), devs);
+    snprintf(seq, sizeof seq, " (collective #%llu)", (unsigned long long)runtime_coll_seq(p->ctx));
+  size_t len = 0;
+  if (n_own)
+    len = (size_t)snprintf(what, sizeof what, "the local loss or gradients of %s%s were non-finite",
+                           n_own > 1 ? many : one, devs);
+  else if (from)
+    len = (size_t)snprintf(what, sizeof what,
+                           "every device's own values were finite; their sums in a layer's "
+                           "exchange between the devices (such as batch norm's statistics) were "
+                           "not (overflow)");
   else
-    snprintf(what, sizeof what,
-             "every device's own loss and gradients were finite, their average was not "
-             "(overflow)");
+    len = (size_t)snprintf(what, sizeof what,
+                           "every device's own loss and gradients were finite, their average "
+                           "was not (overflow)");
+  if (from && n_own && n_got && len < sizeof what)
+    len += (size_t)snprintf(what + len, sizeof what - len,
+                            "; %s%s only received non-finite values from %s in a layer's "
+                            "exchange between the devices (such as batch norm's statistics)",
+                            n_got > 1 ? many : one, others, n_own > 1 ? "them" : "it");
+  if (s->unknown[0] && len < sizeof what)
+    snprintf(what + len, sizeof what - len,
+             " (whether that is their own or only what another device sent them in a layer's "
+             "exchange is not known: %s)",
+             s->unknown);
   return PMAP_ERR(PMAP_ERR_NUMERIC,
                   "pmap_update: step %lld%s: %s (averaged loss %g); the step was skipped on every "
                   "replica: parameters, optimizer state and step count are unchanged",
-                  (long long)p->step, seq, what, (double)h[0]);
+                  (long long)p->step + 1, seq, what, (double)h[0]);
+}
+
+/* A skipped step's error, after looking for the sources where layers exchange values. */
+static pmap_status skipped_error(pmap_params *p, step_call *c) {
+  sources s = {.c = c};
+  if (model_has_collectives(p->model) && !p->grad_fn) {
+    if (params_dispatch(p, sources_job, &s))
+      snprintf(s.unknown, sizeof s.unknown, "%s", pmap_last_error());
+    else
+      s.sent = p->guard_host + 1 + p->gl.G;
+  }
+  return numeric_error(p, &s);
 }
 
 /* A sharded step failed after every device stepped its part (only its final all-gather can):
@@ -395,13 +494,13 @@ pmap_status pmap_update(pmap_params *p, const pmap_array *xs, const pmap_array *
     }
     st = params_dispatch(p, update_job, &c);
     if (tr)
-      trace_span(tr, runtime_trace_caller(p->ctx), "pmap_update", NULL, -1, "step", t0,
-                 pmap_now_ns(), -1);
+      trace_span_kept(tr, runtime_trace_caller(p->ctx), "pmap_update", NULL, -1, "step", t0,
+                      pmap_now_ns(), -1);
     int stepped = atomic_load(&c.stepped);
     if (st && stepped)
       st = finish_stepped(p, st, c.t);
     else if (!st && c.skipped)
-      st = numeric_error(p);
+      st = skipped_error(p, &c);
     else if (!st)
       p->step = c.t;
     if ((!st || stepped) && loss) *loss = c.loss; /* a step taken has its loss */

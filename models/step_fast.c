@@ -202,6 +202,7 @@ static pmap_status step_body(pmap_device *dev, step_call *c, replica *r, step_gr
   r->layer_grads_done = NULL;
   r->layer_grads_user = NULL;
   PMAP_TRY(st);
+  runtime_trace_keep(dev, 1); /* the reduction's end on: kept past a trace's span limit */
   if (f->buckets) {
     PMAP_TRY(buckets_finish(dev, p, r));
   } else {

@@ -322,7 +322,8 @@ static pmap_status rendezvous(pmap_device *dev, const char *call, size_t count, 
   if (dev->mark_ns) w->busy_ns += t0 - dev->mark_ns;
   w->wait_ns += t1 - t0;
   if (dev->ctx->trace)
-    trace_span(dev->ctx->trace, dev->index, "wait", call, -1, "wait", t0, t1, -1);
+    (dev->trace_keep ? trace_span_kept : trace_span)(dev->ctx->trace, dev->index, "wait", call, -1,
+                                                     "wait", t0, t1, -1);
   return st;
 }
 
@@ -332,7 +333,8 @@ static pmap_status coll_end(pmap_device *dev, const char *call, int64_t t0, size
   int64_t t1 = pmap_now_ns();
   dev->mark_ns = t1;
   if (dev->ctx->trace)
-    trace_span(dev->ctx->trace, dev->index, call, NULL, -1, "collective", t0, t1, (int64_t)bytes);
+    (dev->trace_keep ? trace_span_kept : trace_span)(dev->ctx->trace, dev->index, call, NULL, -1,
+                                                     "collective", t0, t1, (int64_t)bytes);
   return st;
 }
 

@@ -42,7 +42,8 @@ typedef struct pmap_backend_i {
   /* Undoes ctx_init after the workers stopped (optional). */
   void (*ctx_fini)(pmap_ctx *ctx);
   /* Per-device setup and teardown, once, on the device's own thread (optional). Device 0 runs
-   * on the calling thread of each job, so these run there inside enter/leave. */
+   * on the calling thread of each job (unless the caller only waits), so these run there inside
+   * enter/leave. */
   pmap_status (*device_init)(pmap_device *dev);
   void (*device_fini)(pmap_device *dev);
   /* Around each job of device 0 on the caller's thread: make the thread the device's, then give
@@ -125,6 +126,7 @@ struct pmap_device {
    * (runtime/trace_ctx.c); marks: the backend's marks made in the job. */
   struct queued_span *queued;
   int n_queued, cap_queued, marks;
+  int trace_keep; /* its spans are the step's own, kept past the span limit (runtime_trace_keep) */
 };
 
 struct pmap_ctx {
@@ -153,7 +155,10 @@ struct pmap_ctx {
   int meets;        /* distributed: the current job is a mapped function (pmap_run) whose end the
                        processes meet at (runtime/procs.c) */
   _Atomic int live_params; /* pmap_params alive on the context */
-  /* Workers: thread i serves device i for i >= 1. */
+  /* Workers: thread i serves device i for i >= first_worker, 1 unless the caller only waits
+   * (pmap_config.caller_waits: then 0, and device 0 has a thread of its own); started of them
+   * run. */
+  int first_worker;
   pthread_t *threads;
   int started;
   pmap_event job;   /* bumped to start a job */

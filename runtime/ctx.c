@@ -1,9 +1,11 @@
 /* ctx.c: the context: backend choice, one persistent worker thread per device (device 0's work
- * runs on the calling thread), and the dispatch of one job to every device. */
+ * runs on the calling thread unless the caller only waits), and the dispatch of one job to every
+ * device. */
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +36,35 @@ static pmap_status timeout_of(double cfg_s, double *out) {
   *out = cfg_s;
   if (cfg_s != 0.0) return PMAP_SUCCESS;
   return pmap_env_seconds("PMAP_TIMEOUT", DEFAULT_TIMEOUT_S, out);
+}
+
+/* Device work never takes an asynchronous signal: oneDNN's JIT GEMM kernels point the stack
+ * pointer into heap memory, where the kernel would write the signal's frame (a handler that only
+ * sets a flag, Python's, corrupts the heap), and other libraries' code is not written for it
+ * either. The workers are created with these signals blocked and keep them so; the calling
+ * thread blocks them while it runs device 0's part of a job. A signal sent meanwhile goes to
+ * another thread of the process or waits for the end of device 0's part. Signals that a thread's
+ * own action raises (faults, abort, a write to a closed pipe) stay unblocked. */
+static void async_signals(sigset_t *set) {
+  static const int own[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT, SIGPIPE};
+  sigfillset(set);
+  for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) sigdelset(set, own[i]);
+}
+
+/* What the calling thread blocks during device 0's part: the same, but for the signals that end
+ * a program (SIGINT, SIGTERM, SIGHUP, SIGQUIT) while no handler catches them (looked at on every
+ * call: a handler installed after the context was created is blocked too): their default action
+ * runs no handler on the thread, and a Ctrl-C must not wait for the end of a job (one stuck in a
+ * collective waits for the timeout). */
+static void caller_signals(sigset_t *set) {
+  static const int stop[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+  async_signals(set);
+  for (size_t i = 0; i < sizeof stop / sizeof stop[0]; i++) {
+    struct sigaction sa;
+    if (sigaction(stop[i], NULL, &sa) == 0 && !(sa.sa_flags & SA_SIGINFO) &&
+        sa.sa_handler == SIG_DFL)
+      sigdelset(set, stop[i]);
+  }
 }
 
 /* The context whose mapped function this thread is running, if any. With ctx->parent (the job
@@ -93,7 +124,7 @@ static void *worker_main(void *p) {
     if (ctx->stop) break;
     run_job(ctx, dev);
     if (atomic_fetch_add_explicit(&ctx->done_count, 1, memory_order_acq_rel) ==
-        (uint32_t)ctx->n - 2)
+        (uint32_t)(ctx->n - ctx->first_worker) - 1)
       pmap_event_signal(&ctx->done);
   }
   return NULL;
@@ -263,23 +294,30 @@ static pmap_status dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg, int *own) {
   ctx->fn = fn;
   ctx->arg = arg;
   uint32_t done_seen = atomic_load(&ctx->done.gen);
-  if (ctx->n > 1) pmap_event_signal(&ctx->job);
+  uint32_t workers = (uint32_t)(ctx->n - ctx->first_worker);
+  if (workers) pmap_event_signal(&ctx->job);
 
-  pmap_device *d0 = &ctx->dev[0];
-  int saved[2] = {0, 0};
-  pmap_status entered = backend_enter(d0, saved);
-  if (entered == PMAP_SUCCESS) {
-    run_job(ctx, d0);
-    backend_leave(d0, saved);
-  } else {
-    d0->status = entered;
-    snprintf(d0->msg, sizeof d0->msg, "%s", pmap_error_message());
-    pmap_ctx_abort(ctx);
+  if (ctx->first_worker) {
+    pmap_device *d0 = &ctx->dev[0];
+    int saved[2] = {0, 0};
+    sigset_t caller_block, caller_mask;
+    caller_signals(&caller_block);
+    pthread_sigmask(SIG_BLOCK, &caller_block, &caller_mask);
+    pmap_status entered = backend_enter(d0, saved);
+    if (entered == PMAP_SUCCESS) {
+      run_job(ctx, d0);
+      backend_leave(d0, saved);
+    } else {
+      d0->status = entered;
+      snprintf(d0->msg, sizeof d0->msg, "%s", pmap_error_message());
+      pmap_ctx_abort(ctx);
+    }
+    pthread_sigmask(SIG_SETMASK, &caller_mask, NULL);
   }
 
-  if (ctx->n > 1) {
+  if (workers) {
     pmap_wait_policy w = {ctx->wait.spin_ns, ctx->wait.yield_ns, -1, NULL, NULL};
-    while (atomic_load_explicit(&ctx->done_count, memory_order_acquire) != (uint32_t)ctx->n - 1)
+    while (atomic_load_explicit(&ctx->done_count, memory_order_acquire) != workers)
       pmap_event_wait(&ctx->done, done_seen, &w);
   }
   /* Report the device whose failure caused the others to abandon the job: the first device that
@@ -386,6 +424,9 @@ static pmap_status ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   if (cfg.uneven_batches != 0 && cfg.uneven_batches != 1)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "pmap_ctx_create: uneven_batches %d is neither 0 nor 1", cfg.uneven_batches);
+  if (cfg.caller_waits != 0 && cfg.caller_waits != 1)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "pmap_ctx_create: caller_waits %d is neither 0 nor 1", cfg.caller_waits);
   if (cfg.numeric_guard != PMAP_GUARD_ON && cfg.numeric_guard != PMAP_GUARD_OFF)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "pmap_ctx_create: numeric_guard %d is neither PMAP_GUARD_ON (0) nor "
@@ -445,7 +486,7 @@ static pmap_status ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   /* Spin while every device has a core. Oversubscribed, a spinning waiter only takes the core
    * from the device it waits for: spin barely, then yield for a while (the device waited for is
    * likely next in this core's queue), then sleep. */
-  int oversubscribed = n > online_cpus();
+  int oversubscribed = n + cfg.caller_waits > online_cpus(); /* a caller that waits spins too */
   ctx->wait.spin_ns = oversubscribed ? 2000 : 200000;
   ctx->wait.yield_ns = oversubscribed ? 200000 : 0;
   if (pmap_env_get("PMAP_SPIN_US")) ctx->wait.spin_ns = spin_us * 1000;
@@ -456,6 +497,7 @@ static pmap_status ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   ctx->wait.left = &ctx->left;
   ctx->numeric_guard = cfg.numeric_guard;
   ctx->uneven = cfg.uneven_batches;
+  ctx->first_worker = cfg.caller_waits ? 0 : 1;
   ctx->shard = shard;
   atomic_store(&ctx->left_device, -1);
   pthread_mutexattr_t attr;
@@ -483,15 +525,20 @@ static pmap_status ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   PMAP_TRY_GOTO(st, procs_check_settings(ctx), fail);
 
   PMAP_TRY_GOTO(st, backend_ctx_init(ctx, &cfg), fail);
-  for (int i = 1; i < n; i++) {
+  sigset_t worker_block, caller_mask;
+  async_signals(&worker_block);
+  pthread_sigmask(SIG_BLOCK, &worker_block, &caller_mask); /* inherited by each worker */
+  for (int i = ctx->first_worker; i < n; i++) {
     int e = pthread_create(&ctx->threads[i], NULL, worker_main, &ctx->dev[i]);
     if (e) {
+      pthread_sigmask(SIG_SETMASK, &caller_mask, NULL);
       st = PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "pmap_ctx_create: pthread_create for device %d: %s", i,
                     strerror(e));
       goto fail;
     }
-    ctx->started = i;
+    ctx->started++;
   }
+  pthread_sigmask(SIG_SETMASK, &caller_mask, NULL);
   PMAP_TRY_GOTO(st, pmap_ctx_dispatch(ctx, init_job, NULL), fail);
   PMAP_TRY_GOTO(st, runtime_trace_env(ctx), fail);
   *out = ctx;
@@ -535,10 +582,11 @@ pmap_status pmap_ctx_destroy(pmap_ctx *ctx) {
     }
   }
   runtime_trace_close(ctx);
-  if (ctx->dev && ctx->started == ctx->n - 1) pmap_ctx_dispatch(ctx, fini_job, NULL);
+  if (ctx->dev && ctx->started == ctx->n - ctx->first_worker)
+    pmap_ctx_dispatch(ctx, fini_job, NULL);
   ctx->stop = 1;
   pmap_event_signal(&ctx->job);
-  for (int i = 1; i <= ctx->started; i++) pthread_join(ctx->threads[i], NULL);
+  for (int i = 0; i < ctx->started; i++) pthread_join(ctx->threads[ctx->first_worker + i], NULL);
   backend_ctx_fini(ctx);
   dist_close(ctx->dist);
   if (ctx->lock_ready) {

@@ -53,7 +53,7 @@ pmap_status pmap_fault_parse(const char *spec, pmap_fault **out) {
       ok = !parse_int(p + 7, n - 7, 0, PMAP_MAX_DEVICES - 1, &v);
       f.device = (int)v;
     } else if (eq == 4 && !strncmp(p, "step", 4)) {
-      ok = !parse_int(p + 5, n - 5, 0, INT64_MAX, &v);
+      ok = !parse_int(p + 5, n - 5, 1, INT64_MAX, &v); /* steps count from 1 */
       f.step = v;
     } else if (eq == 5 && !strncmp(p, "after", 5)) {
       ok = !parse_int(p + 6, n - 6, 0, INT64_MAX, &v);
@@ -67,7 +67,7 @@ pmap_status pmap_fault_parse(const char *spec, pmap_fault **out) {
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "environment variable PMAP_FAULT=\"%s\" is not "
                     "kind[:device=K][:step=S][:after=A] with kind alloc, "
-                    "collective, stall, nan, drift or gather",
+                    "collective, stall, nan, drift or gather (S >= 1: steps count from 1)",
                     spec);
   f.kind = (fault_kind)k;
   f.local = f.device;

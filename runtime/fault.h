@@ -7,7 +7,9 @@
  *   drift       device K's replica is perturbed (one parameter, one ulp) after step S
  *   gather      device K's all-gather of the parameters (sharded optimizer) in step S fails
  *               (device error), and so do the next A attempts to complete it (default 0)
- * Each fault but gather fires once. device defaults to 0 and step to the first step that reaches the hook.
+ * Each fault but gather fires once. device defaults to 0 and step to the first step that reaches
+ * the hook. Steps count from 1: step S is the S-th update (pmap_params_step() is S - 1 before
+ * it), as in pmap's messages and traces.
  * K is a global device index, as every device index: across processes process p holds devices
  * p * D .. p * D + D - 1, and only that process's device fires. Without PMAP_FAULT the hooks
  * cost one NULL test. */

@@ -84,6 +84,9 @@ typedef struct runtime_span {
 runtime_span runtime_span_begin(pmap_device *dev);
 void runtime_span_end(pmap_device *dev, runtime_span begin, const char *name, const char *detail,
                       int index, const char *cat, int64_t bytes);
+/* From on != 0 to on == 0 the device's spans (its collectives and their waits, its own work) are
+ * the step's own: a step past the span limit keeps them (base/trace.h TRACE_SPANS_KEPT). */
+void runtime_trace_keep(pmap_device *dev, int on);
 /* At the end of a device's job: the spans timed on its queue into the recording (keep 0: a
  * failed job, they are dropped). */
 void runtime_trace_flush(pmap_device *dev, int keep);

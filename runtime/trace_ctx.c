@@ -146,9 +146,11 @@ void runtime_trace_close(pmap_ctx *ctx) {
 /* A span waiting for its marks' times. */
 typedef struct queued_span {
   const char *name, *detail, *cat;
-  int index, m0, m1;
+  int index, m0, m1, kept;
   int64_t bytes;
 } queued_span;
+
+void runtime_trace_keep(pmap_device *dev, int on) { dev->trace_keep = on; }
 
 runtime_span runtime_span_begin(pmap_device *dev) {
   runtime_span s = {pmap_now_ns(), -1};
@@ -170,10 +172,12 @@ void runtime_span_end(pmap_device *dev, runtime_span b, const char *name, const 
     }
   }
   if (m1 < 0 || dev->n_queued == dev->cap_queued) { /* timed on the host */
-    trace_span(t, dev->index, name, detail, index, cat, b.host, pmap_now_ns(), bytes);
+    (dev->trace_keep ? trace_span_kept : trace_span)(t, dev->index, name, detail, index, cat,
+                                                     b.host, pmap_now_ns(), bytes);
     return;
   }
-  dev->queued[dev->n_queued++] = (queued_span){name, detail, cat, index, b.mark, m1, bytes};
+  dev->queued[dev->n_queued++] =
+      (queued_span){name, detail, cat, index, b.mark, m1, dev->trace_keep, bytes};
 }
 
 void runtime_trace_flush(pmap_device *dev, int keep) {
@@ -189,8 +193,8 @@ void runtime_trace_flush(pmap_device *dev, int keep) {
     if (st) pmap_error_clear(); /* the spans are lost, the job's result is not the trace's */
     for (int i = 0; !st && ctx->trace && i < dev->n_queued; i++) {
       const queued_span *q = &dev->queued[i];
-      trace_span(ctx->trace, dev->index, q->name, q->detail, q->index, q->cat, ns[q->m0], ns[q->m1],
-                 q->bytes);
+      (q->kept ? trace_span_kept : trace_span)(ctx->trace, dev->index, q->name, q->detail, q->index,
+                                               q->cat, ns[q->m0], ns[q->m1], q->bytes);
     }
   } else if (dev->marks && ctx->be->mark_times)
     ctx->be->mark_times(dev, NULL, 0); /* forgotten without waiting */

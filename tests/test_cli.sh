@@ -74,6 +74,27 @@ json_check --backend cpu --model linear --steps 2 -- \
   "j['gemm'] in ('onednn', 'cblas', 'portable') and j['gemm_reason'] in ('measured', 'cached', 'only one built')"
 PMAP_GEMM=bogus expect_error 'PMAP_GEMM="bogus" names no CPU GEMM' --backend cpu --model linear
 
+# MFU against the devices' measured GEMM rate (the GEMM probe), for a run of at least 10 times
+# the probe's FLOPs (6.44e10 on 1 device: mlp-1024's 512 rows of 6 x 3155968 FLOPs a step reach
+# it in 7 steps, not in 6; gpt-mini's 32 windows of 6 x 56.62e6 in 6): with the bar before step
+# 1 (on the bar, in the summary and in --json), with plain lines after the last step. Not under
+# a sanitizer (PMAP_TEST_SANITIZER), where these runs take minutes.
+mfu_ok="j['mfu'] is not None and math.isfinite(j['mfu']) and j['mfu'] > 0"
+json_check --backend cpu --model mlp --devices 2 --steps 20 --progress bar -- "j['mfu'] is None"
+if [ "${PMAP_TEST_SANITIZER:-none}" = none ]; then
+  json_check --backend cpu --model mlp-1024 --devices 1 --steps 7 --log-every 0 -- "$mfu_ok"
+  if grep -q '^model FLOPs utilisation [0-9.]*%' "$tmp/out"; then ok; else
+    bad "no MFU in the summary: $(tail -n 5 "$tmp/out")"
+  fi
+  json_check --backend cpu --model mlp-1024 --devices 1 --steps 6 --log-every 0 -- "j['mfu'] is None"
+  if grep -q 'note: MFU not measured' "$tmp/err"; then bad "a probe that was not run said it failed"; else ok; fi
+  json_check --backend cpu --model mlp-1024 --devices 1 --steps 7 --progress bar -- "$mfu_ok"
+  if grep -q 'MFU [0-9.]*%' "$tmp/out" && grep -q '^model FLOPs utilisation [0-9.]*%' "$tmp/out"; then ok; else
+    bad "--progress bar: no MFU on the bar or in the summary: $(tr '\r' '\n' <"$tmp/out" | tail -n 5)"
+  fi
+  json_check --backend cpu --model gpt-mini --devices 1 --steps 7 --log-every 0 -- "$mfu_ok"
+fi
+
 expect_error 'unknown model "resnet"' --model resnet --backend cpu
 expect_error 'unknown backend "tpu"' --backend tpu
 expect_error '--devices "0" is not an integer in [1, 64]' --devices 0 --backend cpu

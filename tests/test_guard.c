@@ -90,7 +90,8 @@ static void test_nan_input(int n, int guard) {
     char dev[32];
     snprintf(dev, sizeof dev, "device %d ", victim);
     CHECK(st == PMAP_ERR_NUMERIC, "N %d: NaN input -> %s", n, pmap_status_string(st));
-    CHECK(strstr(pmap_last_error(), "step 1") && strstr(pmap_last_error(), dev),
+    /* The second update is step 2 (steps count from 1, as pmap_params_step does). */
+    CHECK(strstr(pmap_last_error(), "pmap_update: step 2: ") && strstr(pmap_last_error(), dev),
           "N %d: message \"%s\" lacks the step or %s", n, pmap_last_error(), dev);
     CHECK(kept == 123.0f, "N %d: the loss was written on a failed step", n);
     CHECK(pmap_params_step(r.params) == 1, "N %d: step count %lld", n,
@@ -235,10 +236,10 @@ static void test_fault_alloc(void) {
 
 static void test_fault_collective(void) {
   run r;
-  if (run_open(&r, "mlp", 4, 0.0, PMAP_GUARD_ON, NULL, "collective:device=2:step=1")) return;
+  if (run_open(&r, "mlp", 4, 0.0, PMAP_GUARD_ON, NULL, "collective:device=2:step=2")) return;
   CHECK_OK(step(&r, 0, NULL));
   float *before = replica(&r, 0);
-  CHECK_FAILS(step(&r, 1, NULL), PMAP_ERR_DEVICE, "step 1");
+  CHECK_FAILS(step(&r, 1, NULL), PMAP_ERR_DEVICE, "the gradient all-reduce of step 2 failed");
   CHECK(pmap_params_step(r.params) == 1, "step count %lld", (long long)pmap_params_step(r.params));
   if (before) check_replicas(&r, before, "after a failed all-reduce");
   CHECK_OK(step(&r, 1, NULL));
@@ -249,7 +250,7 @@ static void test_fault_collective(void) {
 static void test_fault_stall(void) {
   run r;
   const double timeout = 0.25;
-  if (run_open(&r, "mlp", 3, timeout, PMAP_GUARD_ON, NULL, "stall:device=1:step=0")) return;
+  if (run_open(&r, "mlp", 3, timeout, PMAP_GUARD_ON, NULL, "stall:device=1:step=1")) return;
   double t0 = now_s();
   CHECK_FAILS(step(&r, 0, NULL), PMAP_ERR_TIMEOUT, "within 0.250 s");
   double secs = now_s() - t0;
@@ -262,10 +263,12 @@ static void test_fault_stall(void) {
 
 static void test_fault_nan(void) {
   run r, ref;
-  if (run_open(&r, "mlp", 4, 0.0, PMAP_GUARD_ON, NULL, "nan:device=2:step=2")) return;
+  if (run_open(&r, "mlp", 4, 0.0, PMAP_GUARD_ON, NULL, "nan:device=2:step=3")) return;
   if (run_open(&ref, "mlp", 4, 0.0, PMAP_GUARD_ON, NULL, NULL)) return;
   for (int b = 0; b < 4; b++) {
-    if (b == 2) CHECK_FAILS(step(&r, b, NULL), PMAP_ERR_NUMERIC, "device 2 ");
+    if (b == 2)
+      CHECK_FAILS(step(&r, b, NULL), PMAP_ERR_NUMERIC,
+                  "step 3: the local loss or gradients of device 2 ");
     CHECK_OK(step(&r, b, NULL));
     CHECK_OK(step(&ref, b, NULL));
   }
@@ -278,7 +281,7 @@ static void test_fault_nan(void) {
 
 static void test_fault_drift(void) {
   run r;
-  if (run_open(&r, "linear", 3, 0.0, PMAP_GUARD_ON, NULL, "drift:device=1:step=1")) return;
+  if (run_open(&r, "linear", 3, 0.0, PMAP_GUARD_ON, NULL, "drift:device=1:step=2")) return;
   CHECK_OK(step(&r, 0, NULL));
   CHECK_OK(step(&r, 1, NULL));
   float *w0 = replica(&r, 0), *w1 = replica(&r, 1), *w2 = replica(&r, 2);
@@ -295,6 +298,8 @@ static void test_fault_drift(void) {
   CHECK_FAILS(pmap_ctx_create(NULL, &ctx), PMAP_ERR_INVALID_ARGUMENT, "melt");
   setenv("PMAP_FAULT", "nan:device=1:step=x", 1);
   CHECK_FAILS(pmap_ctx_create(NULL, &ctx), PMAP_ERR_INVALID_ARGUMENT, "step=x");
+  setenv("PMAP_FAULT", "nan:device=1:step=0", 1); /* steps count from 1: it would never fire */
+  CHECK_FAILS(pmap_ctx_create(NULL, &ctx), PMAP_ERR_INVALID_ARGUMENT, "steps count from 1");
   /* A device the context does not have: the fault would never fire. */
   setenv("PMAP_FAULT", "nan:device=7:step=1", 1);
   pmap_config two = {.backend = PMAP_BACKEND_CPU, .num_devices = 2};
@@ -305,6 +310,131 @@ static void test_fault_drift(void) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* Layers that exchange values between devices (batch norm per device, whose running statistics
+ * come from every device's rows, and across devices): non-finite values in some devices' rows
+ * reach every device's loss through the exchange, and the guard names the devices they came
+ * from, and says the others only received them. */
+
+typedef struct bn_case {
+  int cross, image, n, shard, micro;
+} bn_case;
+
+/* x (rows, 6) or (rows, 2, 3, 3) -> batch norm -> relu -> flatten -> dense 3, softmax. */
+static int bn_open(run *r, const bn_case *k) {
+  memset(r, 0, sizeof *r);
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU,
+                     .num_devices = k->n,
+                     .shard_optimizer = k->shard ? PMAP_SHARD_ON : PMAP_SHARD_OFF};
+  int64_t flat[1] = {6}, image[3] = {2, 3, 3};
+  CHECK_OK(pmap_ctx_create(&cfg, &r->ctx));
+  CHECK_OK(pmap_model_create(k->image ? 3 : 1, k->image ? image : flat, &r->model));
+  if (!r->ctx || !r->model) return -1;
+  CHECK_OK(pmap_model_add_batchnorm(r->model, k->cross));
+  CHECK_OK(pmap_model_add_relu(r->model));
+  if (k->image) CHECK_OK(pmap_model_add_flatten(r->model));
+  CHECK_OK(pmap_model_add_dense(r->model, 3));
+  CHECK_OK(pmap_model_set_loss(r->model, PMAP_LOSS_SOFTMAX_XENT));
+  pmap_optimizer opt = pmap_sgd(0.1f, 0.9f);
+  CHECK_OK(pmap_params_create(r->ctx, r->model, &opt, 5, &r->params));
+  if (!r->params) return -1;
+  CHECK_OK(pmap_params_set_micro_batches(r->params, k->micro));
+  r->P = pmap_params_count(r->params);
+  return 0;
+}
+
+/* One step of 4 rows per device (features per row f), with what `poison` puts into them;
+ * returns the status and leaves the message. */
+static pmap_status bn_step(run *r, const bn_case *k,
+                           void (*poison)(float *x, int n, int f, int arg), int arg) {
+  enum { F = 18, ROWS = 4 * 4 };
+  int f = k->image ? F : 6, rows = 4 * k->n;
+  float x[ROWS * F];
+  int32_t y[ROWS];
+  for (int i = 0; i < rows * f; i++) x[i] = (float)((i * 7) % 11) / 11.0f - 0.4f;
+  for (int i = 0; i < rows; i++) y[i] = i % 3;
+  if (poison) poison(x, k->n, f, arg);
+  int64_t xs_shape[4] = {rows, 2, 3, 3}, flat[2] = {rows, 6}, ys_shape[1] = {rows};
+  pmap_array xs = pmap_array_f32(x, k->image ? 4 : 2, k->image ? xs_shape : flat);
+  pmap_array ys = pmap_array_i32(y, 1, ys_shape);
+  return pmap_update(r->params, &xs, &ys, NULL);
+}
+
+/* A NaN in one row of each device of the bit set `devices`. */
+static void nan_rows(float *x, int n, int f, int devices) {
+  for (int d = 0; d < n; d++)
+    if (devices >> d & 1) x[(d * 4 + 1) * f + 2] = NAN;
+}
+
+/* The first row of every device 1.5e19 in feature 0: each device's sums of squares (2.25e38)
+ * are finite, their sum across 2 or more devices is not. */
+static void big_rows(float *x, int n, int f, int unused) {
+  (void)unused;
+  for (int d = 0; d < n; d++) x[d * 4 * f] = 1.5e19f;
+}
+
+/* "0, 2, 3": the devices of the bit set (of n). */
+static void list_of(int set, int n, char *buf, size_t size) {
+  size_t len = 0;
+  buf[0] = '\0';
+  for (int d = 0; d < n && len < size; d++)
+    if (set >> d & 1) len += (size_t)snprintf(buf + len, size - len, "%s%d", len ? ", " : "", d);
+}
+
+static void bn_check(const bn_case *k, int victims, int overflow) {
+  char what[160];
+  snprintf(what, sizeof what, "batch norm %s%s on %d devices%s, %d micro-batches",
+           k->cross ? "across devices" : "per device", k->image ? " (C, H, W)" : "", k->n,
+           k->shard ? " sharded" : "", k->micro);
+  run r;
+  if (bn_open(&r, k)) {
+    run_close(&r);
+    return;
+  }
+  CHECK_OK(bn_step(&r, k, NULL, 0));
+  float *before = replica(&r, 0);
+  pmap_status st = overflow ? bn_step(&r, k, big_rows, 0) : bn_step(&r, k, nan_rows, victims);
+  const char *msg = pmap_last_error();
+  char own[64], got[64], want[400];
+  int all = (1 << k->n) - 1, n_own = __builtin_popcount(victims);
+  list_of(victims, k->n, own, sizeof own);
+  list_of(all & ~victims, k->n, got, sizeof got);
+  if (overflow)
+    snprintf(want, sizeof want,
+             "step 2: every device's own values were finite; their sums in a layer's exchange "
+             "between the devices (such as batch norm's statistics) were not (overflow) (");
+  else if (victims == all)
+    snprintf(want, sizeof want,
+             "step 2: the local loss or gradients of devices %s were non-finite (", own);
+  else
+    snprintf(want, sizeof want,
+             "step 2: the local loss or gradients of device%s %s were non-finite; device%s %s "
+             "only received non-finite values from %s in a layer's exchange",
+             n_own > 1 ? "s" : "", own, k->n - n_own > 1 ? "s" : "", got,
+             n_own > 1 ? "them" : "it");
+  CHECK(st == PMAP_ERR_NUMERIC && strstr(msg, want),
+        "%s, NaN rows on devices %s: %s, \"%s\"; want \"%s\"", what, own, pmap_status_string(st),
+        msg, want);
+  CHECK(pmap_params_step(r.params) == 1, "%s: the skipped step counted", what);
+  if (before) check_replicas(&r, before, "after a skipped step whose source was searched");
+  CHECK_OK(bn_step(&r, k, NULL, 0)); /* and the next clean step goes on */
+  free(before);
+  run_close(&r);
+}
+
+static void test_exchange_sources(void) {
+  for (int cross = 0; cross < 2; cross++)
+    for (int n = 2; n <= 4; n++)
+      for (int v = 0; v < n; v++) {
+        bn_case k = {cross, v == 1, n, n == 3, 1 + (v == 0)};
+        bn_check(&k, 1 << v, 0);
+      }
+  for (int cross = 0; cross < 2; cross++) {
+    bn_case four = {cross, 0, 4, 0, 2}, three = {cross, 1, 3, 1, 1};
+    bn_check(&four, 1 << 0 | 1 << 3, 0); /* two sources */
+    bn_check(&four, 15, 0);              /* every device a source */
+    bn_check(&three, 0, 1);              /* no source: the exchange overflowed */
+  }
+}
 
 static void test_shrink(void) {
   run a, b;
@@ -398,6 +528,7 @@ int main(void) {
   test_fault_stall();
   test_fault_nan();
   test_fault_drift();
+  test_exchange_sources();
   test_shrink();
   test_nan_collective();
   return test_exit("guard");

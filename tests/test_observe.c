@@ -1,9 +1,11 @@
 /* test_observe.c: what a user sees of a run through the API: the memory plan
  * (pmap_params_memory) equals, to the byte, what the CPU backend allocated for the params once a
  * step at that batch ran (replicated and sharded, micro-batches, batch norm's state, uneven
- * batches, custom params); the trace calls refuse misuse and leave nothing on; the waits count
- * every device's collectives. Reaches inside for the CPU backend's count of live bytes. */
+ * batches, custom params); the trace calls refuse misuse and leave nothing on, and a step past
+ * the span limit keeps its own spans; the waits count every device's collectives. Reaches inside for the CPU backend's count of live bytes. */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "runtime/runtime.h"
@@ -178,6 +180,82 @@ static void trace_misuse(void) {
   CHECK_OK(pmap_ctx_destroy(ctx));
 }
 
+/* How many spans of track `tid` in the trace file at path are named `name` (a name ending in a
+ * space: whose name starts so); *dropped: the file's dropped_spans. */
+static int spans_named(const char *path, int tid, const char *name, long long *dropped) {
+  FILE *f = fopen(path, "r");
+  char line[1024], want[256];
+  int n = 0, t = -1;
+  size_t len = strlen(name);
+  snprintf(want, sizeof want, "\"name\": \"%s%s", name, len && name[len - 1] == ' ' ? "" : "\", ");
+  while (f && fgets(line, sizeof line, f)) {
+    const char *d = strstr(line, "\"dropped_spans\": ");
+    if (d) *dropped = atoll(d + 17);
+    if (strncmp(line, "{\"ph\": \"X\"", 10) || !strstr(line, want)) continue;
+    const char *at = strstr(line, "\"tid\": ");
+    if (at && sscanf(at, "\"tid\": %d", &t) == 1 && t == tid) n++;
+  }
+  if (f) fclose(f);
+  return n;
+}
+
+/* A step past the span limit of a track (base/trace.h): 1100 micro-batches through 32 layers
+ * record over 71 000 spans on each device; layers' spans past the limit are dropped, while the
+ * step's own span, its reduction with the waits in it and the optimizer are kept. */
+static void trace_cap(int shard) {
+  enum { N = 2, K = 1100, L = 32, F = 4 };
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU,
+                     .num_devices = N,
+                     .shard_optimizer = shard ? PMAP_SHARD_ON : PMAP_SHARD_OFF};
+  pmap_ctx *ctx = NULL;
+  pmap_model *m = NULL;
+  pmap_params *p = NULL;
+  int64_t in[1] = {F}, shape[2] = {N * K, F};
+  static float x[N * K * F], y[N * K * F];
+  for (int i = 0; i < N * K * F; i++) x[i] = (float)(i % 7) / 7.0f, y[i] = (float)(i % 3);
+  pmap_array xs = pmap_array_f32(x, 2, shape), ys = pmap_array_f32(y, 2, shape);
+  char path[] = "/tmp/pmap-observe-XXXXXX";
+  int fd = mkstemp(path);
+  CHECK(fd >= 0, "mkstemp");
+  close(fd);
+  CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+  CHECK_OK(pmap_model_create(1, in, &m));
+  for (int i = 0; m && i < L; i++) CHECK_OK(pmap_model_add_dense(m, F));
+  pmap_optimizer opt = pmap_adam(1e-3f);
+  if (ctx && m) CHECK_OK(pmap_params_create(ctx, m, &opt, 1, &p));
+  if (p) {
+    CHECK_OK(pmap_params_set_micro_batches(p, K));
+    CHECK_OK(pmap_trace_start(ctx, path, "1"));
+    for (int s = 0; s < 2; s++) CHECK_OK(pmap_update(p, &xs, &ys, NULL));
+    CHECK_OK(pmap_trace_stop(ctx));
+    const char *reduce[] = {"pmap_update's all-reduce", "pmap_update's reduce-scatter",
+                            "pmap_update's exchange of norms", "pmap_update's all-gather"};
+    long long dropped = -1;
+    for (int d = 0; d < N; d++) {
+      int layers = spans_named(path, d, "forward dense ", &dropped);
+      CHECK(layers > 0 && layers < K * L,
+            "%s device %d: %d of %d forward spans kept: the limit was not reached",
+            shard ? "sharded" : "replicated", d, layers, K * L);
+      CHECK(spans_named(path, d, "step", &dropped) == 1, "device %d: the step's span is lost", d);
+      CHECK(spans_named(path, d, "optimizer", &dropped) == 1, "device %d: the optimizer is lost",
+            d);
+      for (int c = shard ? 1 : 0; c < (shard ? 4 : 1); c++) {
+        char wait[64];
+        snprintf(wait, sizeof wait, "wait %s", reduce[c]);
+        CHECK(spans_named(path, d, reduce[c], &dropped) == 1 &&
+                  spans_named(path, d, wait, &dropped) == 1,
+              "device %d: %s or its wait is lost", d, reduce[c]);
+      }
+    }
+    CHECK(spans_named(path, N, "pmap_update", &dropped) == 1, "the caller's pmap_update is lost");
+    CHECK(dropped > 0, "no span was dropped (%lld)", dropped);
+  }
+  remove(path);
+  pmap_params_destroy(p);
+  pmap_model_destroy(m);
+  CHECK_OK(pmap_ctx_destroy(ctx));
+}
+
 int main(void) {
   plan_case("replicated", PMAP_SHARD_OFF, 0, 1, 0, 64);
   plan_case("sharded", PMAP_SHARD_ON, 0, 1, 0, 64);
@@ -185,5 +263,7 @@ int main(void) {
   plan_case("batch norm", PMAP_SHARD_OFF, 0, 1, 1, 32);
   plan_case("uneven", PMAP_SHARD_OFF, 1, 2, 0, 67);
   trace_misuse();
+  trace_cap(0);
+  trace_cap(1);
   return test_exit("test_observe");
 }

@@ -181,10 +181,10 @@ static void variants(void) {
   guard_mode = PMAP_GUARD_ON;
 }
 
-/* The numeric guard: device 1's gradients turn NaN at step 1 (PMAP_FAULT): both layouts skip
+/* The numeric guard: device 1's gradients turn NaN at step 2 (PMAP_FAULT): both layouts skip
  * that step alike, change nothing, and go on alike. */
 static void guard(void) {
-  setenv("PMAP_FAULT", "nan:device=1:step=1", 1);
+  setenv("PMAP_FAULT", "nan:device=1:step=2", 1);
   variant("guard", "mlp", pmap_adam(0.01f), 4, 1, 0, 32, 4);
   unsetenv("PMAP_FAULT");
 }
@@ -208,7 +208,7 @@ static pmap_status lsq(const pmap_grad_args *a, void *user) {
 }
 
 /* Five parameters over 17 devices: the loss and the 17 guard flags spread over several devices'
- * parts; device 8's gradients turn NaN at step 1. Both layouts skip that step alike (the same
+ * parts; device 8's gradients turn NaN at step 2. Both layouts skip that step alike (the same
  * message) and go on alike. */
 static void spread_flags(void) {
   enum { P = 5, N = 17, B = 34 };
@@ -220,7 +220,7 @@ static void spread_flags(void) {
   pmap_optimizer opt = pmap_adam(0.05f);
   pmap_ctx *ctx[2] = {NULL, NULL};
   pmap_params *p[2] = {NULL, NULL};
-  setenv("PMAP_FAULT", "nan:device=8:step=1", 1);
+  setenv("PMAP_FAULT", "nan:device=8:step=2", 1);
   for (int s = 0; s < 2; s++) {
     pmap_config cfg = {.backend = PMAP_BACKEND_CPU,
                        .num_devices = N,
@@ -241,7 +241,8 @@ static void spread_flags(void) {
     CHECK(st[0] == st[1] && (t == 1) == (st[0] == PMAP_ERR_NUMERIC), "step %d: %s vs %s", t,
           pmap_status_string(st[0]), pmap_status_string(st[1]));
     if (t == 1)
-      CHECK(!strcmp(msg[0], msg[1]) && strstr(msg[1], "device 8 were non-finite"),
+      CHECK(!strcmp(msg[0], msg[1]) &&
+                strstr(msg[1], "step 2: the local loss or gradients of device 8 were non-finite"),
             "the same message naming device 8: \"%s\" vs \"%s\"", msg[0], msg[1]);
     else
       CHECK(memcmp(&l[0], &l[1], sizeof l[0]) == 0, "step %d: loss %.9g vs %.9g", t, (double)l[0],
@@ -329,13 +330,13 @@ static void checkpoints(void) {
 }
 
 /* The all-gather of the parameters, the one collective after the optimizer, fails on device 2 at
- * step 1 (PMAP_FAULT=gather), 1 + `again` times. Once: pmap_update runs it again at once and
+ * step 2 (PMAP_FAULT=gather), 1 + `again` times. Once: pmap_update runs it again at once and
  * succeeds. Twice: the update fails saying the step was taken, and the next call completes
  * it. Three times: that call fails too (the params stay torn) and the one after completes it.
  * Every way the run ends bitwise as a replicated run of as many steps. */
 static void gather_fault(int again) {
   char spec[64], what[64];
-  snprintf(spec, sizeof spec, "gather:device=2:step=1:after=%d", again);
+  snprintf(spec, sizeof spec, "gather:device=2:step=2:after=%d", again);
   snprintf(what, sizeof what, "gather fault, %d more", again);
   pmap_array xs, ys;
   CHECK_OK(pmap_example_data("mlp", 4, 64, &xs, &ys));

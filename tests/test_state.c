@@ -144,8 +144,9 @@ static void check_failed_step(net k, failure f, int n, const pmap_optimizer *opt
   snprintf(what, sizeof what, "%s, %s, %d devices, %s%s, %d micro-batches", net_name[k],
            failure_name[f], n, opt->kind == PMAP_OPT_SGD ? "SGD" : "AdamW", shard ? " sharded" : "",
            micro);
-  static const char *const faults[] = {NULL, "nan:device=1:step=2", "collective:device=1:step=2",
-                                       "stall:device=1:step=2", NULL};
+  /* Step 3, the one after the two clean steps. */
+  static const char *const faults[] = {NULL, "nan:device=1:step=3", "collective:device=1:step=3",
+                                       "stall:device=1:step=3", NULL};
   char alloc_fault[64];
   const char *fault = faults[f];
   if (f == FAIL_ALLOC) {

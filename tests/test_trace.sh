@@ -47,6 +47,23 @@ if ! PMAP_TRACE="$tmp/env.json" PMAP_TRACE_STEPS=2 run --model linear --devices 
 else
   python3 "$check" "$tmp/env.json" 4 3,4 || bad "trace from PMAP_TRACE"
 fi
+# A step the guard skips in a model whose layers exchange values (cifar-bn's batch norm): the
+# search for the source is a "guard's search" span of that step on each device, its layers in it.
+PMAP_FAULT=nan:device=1:step=2 run --model cifar-bn --devices 2 --batch 8 --steps 3 \
+  --trace "$tmp/g.json"
+grep -q 'pmap_update: step 2: the local loss or gradients of device 1 were non-finite' "$tmp/err" ||
+  bad "the skipped step's message: $(cat "$tmp/err")"
+python3 - "$tmp/g.json" <<'PY' || bad "no guard's search holding its layers in step 2"
+import json, os, sys
+eps = float(os.environ.get("CHECK_TRACE_EPS_US", "0")) + 1e-3  # device-timed spans (CUDA)
+ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]
+search = [e for e in ev if e["name"] == "guard's search"]
+assert sorted((e["tid"], e["args"]["step"]) for e in search) == [(0, 2), (1, 2)], search
+for s in search:
+    inside = [e for e in ev if e["tid"] == s["tid"] and e["name"].startswith("forward")
+              and s["ts"] - eps <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"] + eps]
+    assert inside and all(e["args"]["step"] == 2 for e in inside), s
+PY
 # Refusals: a file that cannot be written, a bad window, before any step.
 expect_fail() {
   local needle=$1
@@ -88,7 +105,26 @@ assert all(d["collectives"] >= 2 and d["busy_s"] > 0 and d["wait_s"] >= 0 for d 
     --max-memory $((total - 1))
   run --model mlp --devices 2 --steps 2 --max-memory "$total" ||
     bad "--max-memory $total (the plan exactly) refused: $(cat "$tmp/err")"
+  # K is 1024 bytes (the plan in K, exactly: total / 1024 has at most ten decimals), a fraction
+  # of a byte is dropped, and a refused plan is in the JSON line too.
+  k_of() { python3 -c "import decimal, sys; print(decimal.Decimal(int(sys.argv[1])) / 1024)" "$1"; }
+  run --model mlp --devices 2 --steps 2 --max-memory "$(k_of "$total")K" ||
+    bad "--max-memory $(k_of "$total")K (the plan exactly) refused: $(cat "$tmp/err")"
+  expect_fail "--max-memory $((total - 1)):" --model mlp --devices 2 --steps 2 \
+    --max-memory "$(k_of $((total - 1)))k"
+  run --model mlp --devices 2 --steps 2 --max-memory $((total - 1)) --json
+  tail -n 1 "$tmp/out" | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+assert "--max-memory" in j["error"] and j["memory"]["total"] == int(sys.argv[1]), j
+' "$total" || bad "a refused plan is not in the JSON line: $(tail -n 1 "$tmp/out")"
+  for v in " $total" "+$total" "1e9" "0x7fffffff" "inf" "${total}B" ".5G"; do
+    expect_fail "--max-memory \"$v\" is not a size in bytes" --model mlp --steps 2 --max-memory "$v"
+  done
 fi
+# --trace and PMAP_TRACE: one recording per context, so both at once are refused before a step.
+PMAP_TRACE="$tmp/env2.json" expect_fail "environment variable PMAP_TRACE=" --model linear \
+  --steps 3 --trace "$tmp/flag.json"
 # The largest byte count is int64_t's, read exactly; one more is refused, not wrapped.
 run --model linear --steps 2 --max-memory 9223372036854775807 ||
   bad "--max-memory 9223372036854775807 refused: $(cat "$tmp/err")"

@@ -1,7 +1,7 @@
 /* test_verify.c: pmap_params_verify passes on identical replicas (1..4 devices, with and without
  * optimizer state, before and after training and a load, replicated and sharded optimizer) and
- * names the drifted device when the fault injection PMAP_FAULT=drift:device=1:step=2 perturbs
- * device 1's replica after step 2, or when the test itself flips one bit of a replica's
+ * names the drifted device when the fault injection PMAP_FAULT=drift:device=1:step=3 perturbs
+ * device 1's replica after step 3, or when the test itself flips one bit of a replica's
  * parameters or (replicated) optimizer state (white box: CPU device memory is host memory,
  * reached through the inside of pmap_params). With a sharded optimizer the state is not
  * compared (each device holds a different part), and the next step's all-gather of the
@@ -79,7 +79,7 @@ static void identical(const char *name, const pmap_optimizer *opt, int n, int64_
 
 static void drift(int shard) {
   /* The fault is read when the context is created. */
-  setenv("PMAP_FAULT", "drift:device=1:step=2", 1);
+  setenv("PMAP_FAULT", "drift:device=1:step=3", 1);
   sharded(shard);
   state s;
   int bad = state_open(&s, "mlp", 3, NULL, 2, 96, 288);
@@ -87,7 +87,7 @@ static void drift(int shard) {
   if (bad) return;
   state_train(&s, 0, 2, NULL);
   CHECK_OK(pmap_params_verify(s.params));
-  state_train(&s, 2, 3, NULL); /* step 2 drifts after its optimizer step */
+  state_train(&s, 2, 3, NULL); /* step 3 drifts after its optimizer step */
   CHECK_FAILS(pmap_params_verify(s.params), PMAP_ERR_DEVICE, "device 1 (");
   CHECK(strstr(pmap_last_error(), "device 2 (") == NULL && strstr(pmap_last_error(), "1 of 3"),
         "only device 1 drifted: %s", pmap_last_error());

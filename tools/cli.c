@@ -133,6 +133,18 @@ static void size_text(int64_t v, char *buf, size_t size) {
   snprintf(buf, size, "%lld", (long long)v);
 }
 
+/* Whether s is decimal digits with an optional fraction (".5") and then one K, M or G, any
+ * case: nothing else (no space, sign, exponent, hex, inf or nan, which strtod would read). */
+static int bytes_form(const char *s) {
+  const char *p = s;
+  while (*p >= '0' && *p <= '9') p++;
+  if (p == s) return 0;
+  if (*p == '.')
+    for (p++; *p >= '0' && *p <= '9';) p++;
+  if (*p && strchr("KkMmGg", *p)) p++;
+  return *p == '\0';
+}
+
 static int read_bytes(const char *prog, const cli_option *o, const char *s) {
   char *end = NULL;
   /* A plain count of bytes is read exactly; "1.5G" and the like through a double. */
@@ -159,12 +171,15 @@ static int read_bytes(const char *prog, const cli_option *o, const char *s) {
     if (end) end++;
   }
   /* 2^63 is where int64_t ends: (double)INT64_MAX rounds up to it. */
-  if (!end || end == s || *end || !(v * mult >= (double)o->lo) || v * mult > (double)o->hi ||
-      v * mult >= 9223372036854775808.0) {
+  if (!bytes_form(s) || !end || end == s || *end || !(v * mult >= (double)o->lo) ||
+      v * mult > (double)o->hi || v * mult >= 9223372036854775808.0) {
     char lo[32], hi[32];
     size_text(o->lo, lo, sizeof lo);
     size_text(o->hi, hi, sizeof hi);
-    return cli_error(prog, "%s \"%s\" is not a size in bytes from %s to %s", o->name, s, lo, hi);
+    return cli_error(prog,
+                     "%s \"%s\" is not a size in bytes from %s to %s (decimal digits, with an "
+                     "optional fraction and K, M or G: powers of 1024)",
+                     o->name, s, lo, hi);
   }
   *(int64_t *)o->dest = (int64_t)(v * mult);
   return 0;

@@ -38,6 +38,7 @@ typedef struct result {
   watch_waits waits;     /* dev NULL until read */
   double mfu;            /* NaN when not known */
   double tps, gflops;    /* language models: tokens/s; model FLOP/s / 1e9 */
+  watch_progress *bar;   /* ended before any message, so that each starts a line (NULL: none) */
   const char *precision; /* the params' policy once known (a resume may restore bf16) */
 } result;
 
@@ -49,6 +50,7 @@ static int failf(result *r, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  if (r->bar) watch_progress_break(r->bar);
   fprintf(stderr, "%s: %s\n", prog, msg);
   if (!r->err[0]) snprintf(r->err, sizeof r->err, "%s", msg);
   return 1;
@@ -148,6 +150,15 @@ static void print_json(const opts *o, const result *r) {
     json_string(stdout, r->err);
   }
   printf("}\n");
+}
+
+/* The GEMM rate MFU is measured against, once; a probe that fails says why on stderr (MFU is
+ * then not reported). */
+static void gemm_probe(watch_progress *bar, pmap_ctx *ctx) {
+  char why[1024];
+  bar->probed = 1;
+  bar->peak_flops = watch_gemm_rate(ctx, why, sizeof why);
+  if (why[0]) fprintf(stderr, "%s: note: MFU not measured: the GEMM probe: %s\n", prog, why);
 }
 
 /* Saves params with pmap-train's section: the run's settings and its data position. */
@@ -359,6 +370,8 @@ int main(int argc, char **argv) {
   pmap_array xs = {0}, ys = {0};
   float *w0 = NULL, *curve = NULL;
   int64_t *curve_step = NULL;
+  watch_progress bar = {0};
+  r.bar = &bar;
   int tracing = 0; /* a recording is on: it holds the steps alone */
   size_t ncurve = 0;
   if (o.data) {
@@ -489,12 +502,15 @@ int main(int argc, char **argv) {
   printf("pmap-train: optimizer state %.4g MB per device (%s)\n",
          (double)pmap_params_optimizer_bytes(params) / 1e6,
          pmap_params_sharded(params) ? "sharded over the devices" : "replicated");
-  if (watch_memory(params, o.batch / procs, o.max_memory, &r.plan, why, sizeof why)) {
+  int fit = watch_memory(params, o.batch / procs, o.max_memory, &r.plan, why, sizeof why);
+  r.have_plan = fit >= 0; /* a plan refused is in the JSON too, to say what it needs */
+  if (fit) {
     failf(&r, "%s", why);
     goto out;
   }
-  r.have_plan = 1;
-  if (o.resume) printf("resumed from %s at step %lld\n", o.resume, (long long)start);
+  if (o.resume)
+    printf("resumed from %s after step %lld: steps %lld to %lld follow\n", o.resume,
+           (long long)start, (long long)start + 1, (long long)o.steps);
   if (o.text)
     printf("text: %s, %lld bytes (%lld for training, %lld held out), context %lld\n", o.text,
            (long long)text.n, (long long)text.train_n, (long long)(text.n - text.train_n),
@@ -519,12 +535,15 @@ int main(int argc, char **argv) {
   }
   double busy = 0.0, last_busy = 0.0;
   int64_t last_step = start;
-  /* Training FLOPs per example: forward 2 per multiply-add, backward twice that. The bar shows
-   * MFU against the devices' measured GEMM rate; plain lines measure it at the end. */
+  /* Training FLOPs per example: forward 2 per multiply-add, backward twice that. MFU is against
+   * the devices' measured GEMM rate, measured for a run of ten times the probe's FLOPs or more,
+   * so that the probe adds at most about a tenth to it on any machine: before step 1 for the bar
+   * to show it, else after the last step. */
   double flops = 6.0 * pmap_model_forward_macs(model);
-  watch_progress bar;
+  double run_flops = flops * (double)(o.steps - start) * (double)o.batch;
+  int measure = flops > 0 && run_flops >= 10.0 * watch_gemm_probe_flops(n);
   watch_progress_begin(&bar, o.progress, start, o.steps, o.batch, flops, 0.0);
-  if (bar.bar && flops > 0) bar.peak_flops = watch_gemm_rate(ctx);
+  if (bar.bar && measure) gemm_probe(&bar, ctx);
   if (o.trace) {
     if (pmap_trace_start(ctx, o.trace, o.trace_steps)) {
       fail(&r, "--trace");
@@ -533,7 +552,10 @@ int main(int argc, char **argv) {
     tracing = 1;
   }
   for (int64_t s = start; s < o.steps; s++) {
-    /* The data position is the step: step s takes batch s % batches, resumed or not. */
+    /* Steps count from 1: this is step t, after which pmap_params_step is t (as in traces,
+     * checkpoints and the library's messages). The data position is s = t - 1: step t takes
+     * batch s % batches, resumed or not. */
+    int64_t t = s + 1;
     int64_t first = (s % batches) * o.batch;
     pmap_array xb = xs, yb = ys;
     int64_t mine = o.batch / procs; /* this process's rows of the global batch */
@@ -563,31 +585,32 @@ int main(int argc, char **argv) {
       failf(&r,
             "step %lld: the loss or the gradients are not finite; the step was skipped and "
             "training stops (lower --lr or set --clip-norm): %s",
-            (long long)s, pmap_last_error());
+            (long long)t, pmap_last_error());
       goto out;
     }
     if (st) {
-      failf(&r, "step %lld: %s", (long long)s, pmap_last_error());
+      failf(&r, "step %lld: %s", (long long)t, pmap_last_error());
       goto out;
     }
     busy += cli_now() - t0;
     r.loss = loss;
-    if (curve && (s % stride == 0 || s == o.steps - 1)) {
-      curve_step[ncurve] = s;
+    if (curve && (s % stride == 0 || t == o.steps)) {
+      curve_step[ncurve] = t;
       curve[ncurve++] = loss;
     }
     watch_progress_step(&bar, s, loss, busy);
-    if (o.log_every && (s % o.log_every == 0 || s == o.steps - 1) &&
+    /* A line after the run's first step, every log_every-th and the last. */
+    if (o.log_every && (t == start + 1 || t % o.log_every == 0 || t == o.steps) &&
         (!bar.bar || data.eval_rows || o.text)) {
       /* Throughput over the steps since the previous line. */
       watch_progress_break(&bar);
-      double rate = (double)(s + 1 - last_step) * (double)o.batch / (busy - last_busy);
-      printf("step %6lld  loss %.6f  samples/s %.0f", (long long)s, (double)loss, rate);
+      double rate = (double)(t - last_step) * (double)o.batch / (busy - last_busy);
+      printf("step %6lld  loss %.6f  samples/s %.0f", (long long)t, (double)loss, rate);
       if (lm) printf("  tokens/s %.0f", rate * (double)o.context);
       if (o.text) {
         if (text_eval(&text, params, n, &r.eval_loss, why, sizeof why)) {
           printf("\n");
-          failf(&r, "step %lld: held-out loss: %s", (long long)s, why);
+          failf(&r, "step %lld: held-out loss: %s", (long long)t, why);
           goto out;
         }
         printf("  eval loss %.4f  ppl %.3f", r.eval_loss, exp(r.eval_loss));
@@ -595,22 +618,21 @@ int main(int argc, char **argv) {
       if (data.eval_rows) {
         if (train_data_eval(&data, params, n, &r.eval_loss, &r.eval_accuracy, why, sizeof why)) {
           printf("\n");
-          failf(&r, "step %lld: evaluation: %s", (long long)s, why);
+          failf(&r, "step %lld: evaluation: %s", (long long)t, why);
           goto out;
         }
         printf("  eval loss %.6f", r.eval_loss);
         if (data.classify) printf("  eval accuracy %.4f", r.eval_accuracy);
       }
       printf("\n");
-      last_step = s + 1;
+      last_step = t;
       last_busy = busy;
     }
-    if (o.verify_every && (s + 1) % o.verify_every == 0 && pmap_params_verify(params)) {
-      failf(&r, "step %lld: --verify-every: %s", (long long)s, pmap_last_error());
+    if (o.verify_every && t % o.verify_every == 0 && pmap_params_verify(params)) {
+      failf(&r, "step %lld: --verify-every: %s", (long long)t, pmap_last_error());
       goto out;
     }
-    if (o.save_every && (s + 1) % o.save_every == 0 && s + 1 < o.steps &&
-        save(&r, &o, params, batches, loss))
+    if (o.save_every && t % o.save_every == 0 && t < o.steps && save(&r, &o, params, batches, loss))
       goto out;
   }
   watch_progress_break(&bar);
@@ -622,7 +644,7 @@ int main(int argc, char **argv) {
   }
   double sps = o.steps > start ? (double)(o.steps - start) * (double)o.batch / busy : NAN;
   r.sps = sps;
-  if (!(bar.peak_flops > 0) && flops > 0 && busy > 1.0) bar.peak_flops = watch_gemm_rate(ctx);
+  if (!bar.probed && measure) gemm_probe(&bar, ctx);
   r.mfu = watch_mfu(&bar, sps);
   if (watch_waits_read(ctx, &r.waits)) {
     fail(&r, "pmap_ctx_waits");
@@ -691,6 +713,7 @@ int main(int argc, char **argv) {
     failf(&r, "replicas differ after training: %s", why);
 out:
   if (tracing) pmap_trace_stop(ctx); /* the run failed: what was recorded, for its reader */
+  watch_progress_break(&bar);        /* the JSON line starts a line of its own */
   if (o.json) print_json(&o, &r);
   watch_waits_free(&r.waits);
   free(curve);

@@ -220,7 +220,8 @@ int train_parse(int argc, char **argv, opts *o) {
        .kind = CLI_INT,
        .dest = &o->log_every,
        .arg = "E",
-       .help = "progress line every E steps, 0 for none (default steps/10)",
+       .help = "a progress line after the first step, every E-th step and the last; 0 for none "
+               "(default steps/10)",
        .lo = 0,
        .hi = STEPS_MAX},
       {.name = "--plot",
@@ -332,15 +333,18 @@ int train_parse(int argc, char **argv, opts *o) {
        .dest = &o->max_memory,
        .arg = "BYTES",
        .help = "refuse to start when the memory plan of a device (printed before step 1) is over "
-               "BYTES (a number with K, M or G), before any step runs (default: no limit)",
+               "BYTES, before any step runs: decimal digits with an optional fraction and K, M "
+               "or G (K = 1024 bytes, M = 1024 K, G = 1024 M; e.g. 300000, 1.5M, 4G) "
+               "(default: no limit)",
        .lo = 1,
        .hi = INT64_MAX},
       {.name = "--progress",
        .kind = CLI_CHOICE,
        .dest = &o->progress,
        .arg = NULL,
-       .help = "how the run shows progress: auto (a one-line bar on a terminal, plain lines "
-               "otherwise; the default), bar or lines",
+       .help = "how the run shows progress: auto (the default: a one-line bar on your "
+               "terminal; plain lines into a file or a pipe, and under an MPI or batch launcher, "
+               "whose terminal is the launcher's), bar or lines",
        .choices = progress_choices},
       {.name = "--precision",
        .kind = CLI_CHOICE,
@@ -381,5 +385,12 @@ int train_parse(int argc, char **argv, opts *o) {
   if (o->text) o->model = "text";
   if (o->save_every && !o->save) return cli_error(prog, "--save-every needs --save FILE");
   if (o->trace_steps && !o->trace) return cli_error(prog, "--trace-steps needs --trace FILE");
+  /* The library records PMAP_TRACE's from pmap_ctx_create on, and a context holds one recording. */
+  const char *env_trace = getenv("PMAP_TRACE");
+  if (o->trace && env_trace && *env_trace)
+    return cli_error(prog,
+                     "--trace \"%s\" and the environment variable PMAP_TRACE=\"%s\" both ask for "
+                     "a trace of this run; give one of them",
+                     o->trace, env_trace);
   return 0;
 }

@@ -34,13 +34,13 @@ int watch_memory(pmap_params *params, int64_t batch, int64_t max_bytes, pmap_mem
              "by %.4g MB; nothing was run (lower --batch, raise --micro-batches, or shard the "
              "optimizer)",
              (long long)max_bytes, m->total, mb(m->total), mb(m->total - (size_t)max_bytes));
-    return -1;
+    return 1;
   }
   if (m->device_free != SIZE_MAX && m->total > m->device_free) {
     snprintf(why, why_size,
              "the plan needs %.4g MB per device and device 0 has %.4g MB free; nothing was run",
              mb(m->total), mb(m->device_free));
-    return -1;
+    return 1;
   }
   return 0;
 }
@@ -58,9 +58,25 @@ void watch_memory_json(FILE *f, const pmap_memory_plan *m) {
     fprintf(f, "%zu}", m->device_free);
 }
 
+int watch_launched(void) {
+  /* Open MPI (and PMIx), MPICH's Hydra and other PMI launchers, MVAPICH, Slurm's srun, Cray's
+   * PALS: each sets one of these in every process it starts. */
+  static const char *const vars[] = {
+      "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK",    "PMI_RANK",   "PMI_SIZE",
+      "MPI_LOCALNRANKS",      "MV2_COMM_WORLD_RANK",  "SLURM_PROCID", "PALS_RANKID"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *v = getenv(vars[i]);
+    if (v && *v) return 1;
+  }
+  return 0;
+}
+
 void watch_progress_begin(watch_progress *w, int mode, int64_t first, int64_t last, int64_t batch,
                           double flops_per_sample, double peak_flops) {
-  *w = (watch_progress){.bar = mode == 1 || (mode == 0 && isatty(STDOUT_FILENO)),
+  /* A launcher's processes write to a pseudo-terminal of the launcher's (Open MPI's do), which
+   * ends up in a log file: the bar only on the user's own terminal, unless asked for. */
+  int terminal = isatty(STDOUT_FILENO) && !watch_launched();
+  *w = (watch_progress){.bar = mode == 1 || (mode == 0 && terminal),
                         .first = first,
                         .last = last,
                         .batch = batch,
@@ -111,31 +127,50 @@ void watch_progress_break(watch_progress *w) {
   w->last_draw = -1.0;
 }
 
-/* One predict of a dense 1024 -> 1024 layer over 1024 rows per device: 2 * 1024^3 FLOPs each. */
-double watch_gemm_rate(pmap_ctx *ctx) {
-  enum { K = 1024 };
+/* The probe: a predict of a dense GEMM_K -> GEMM_K layer over GEMM_K rows per device, run
+ * GEMM_RUNS times (the first warms up; the best of the others counts). */
+enum { GEMM_K = 1024, GEMM_RUNS = 3 };
+
+double watch_gemm_probe_flops(int devices) {
+  return GEMM_RUNS * 2.0 * (double)GEMM_K * GEMM_K * GEMM_K * (double)devices;
+}
+
+double watch_gemm_rate(pmap_ctx *ctx, char *why, size_t why_size) {
+  why[0] = '\0';
   /* Its calls are collective across processes, and whether a process measures depends on its
    * own terminal and timing: one process alone. */
   if (pmap_ctx_num_processes(ctx) > 1) return 0.0;
   int n = pmap_ctx_num_devices(ctx);
-  int64_t rows = (int64_t)K * n, in_shape[1] = {K};
+  int64_t rows = (int64_t)GEMM_K * n, in_shape[1] = {GEMM_K};
   pmap_model *m = NULL;
   pmap_params *p = NULL;
-  float *x = calloc((size_t)rows * K, sizeof *x), *y = malloc((size_t)rows * K * sizeof *y);
-  double rate = 0.0;
-  pmap_optimizer opt = pmap_sgd(0.0f, 0.0f);
-  if (x && y && !pmap_model_create(1, in_shape, &m) && !pmap_model_add_dense(m, K) &&
-      !pmap_params_create(ctx, m, &opt, 1, &p)) {
-    int64_t xs_shape[2] = {rows, K};
+  float *x = calloc((size_t)rows * GEMM_K, sizeof *x);
+  float *y = malloc((size_t)rows * GEMM_K * sizeof *y);
+  double rate = 0.0, best = INFINITY;
+  /* pmap_params_create wants a valid optimizer; predict never applies it. */
+  pmap_optimizer opt = pmap_sgd(0.01f, 0.0f);
+  if (!x || !y) {
+    snprintf(why, why_size, "out of memory");
+  } else if (pmap_model_create(1, in_shape, &m) || pmap_model_add_dense(m, GEMM_K) ||
+             pmap_params_create(ctx, m, &opt, 1, &p)) {
+    snprintf(why, why_size, "%s", pmap_last_error());
+  } else {
+    int64_t xs_shape[2] = {rows, GEMM_K};
     pmap_array xs = pmap_array_f32(x, 2, xs_shape), ys = pmap_array_f32(y, 2, xs_shape);
-    double best = INFINITY;
-    for (int i = 0; i < 3; i++) { /* the first warms up; the best of the others */
+    for (int i = 0; i < GEMM_RUNS; i++) {
       double t0 = cli_now();
-      if (pmap_predict(p, &xs, &ys)) break;
+      if (pmap_predict(p, &xs, &ys)) {
+        snprintf(why, why_size, "%s", pmap_last_error());
+        best = INFINITY;
+        break;
+      }
       double t = cli_now() - t0;
       if (i > 0 && t < best) best = t;
     }
-    if (isfinite(best) && best > 0) rate = 2.0 * (double)K * K * (double)rows / best;
+    if (isfinite(best) && best > 0)
+      rate = 2.0 * (double)GEMM_K * GEMM_K * (double)rows / best;
+    else if (!why[0])
+      snprintf(why, why_size, "the probe took no measurable time");
   }
   pmap_params_destroy(p);
   pmap_model_destroy(m);

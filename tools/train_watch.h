@@ -10,7 +10,8 @@
 #include "pmap.h"
 
 /* The plan line ("memory per device: ..."), and the check against max_bytes (0: none) and the
- * device's free memory: returns 0, or -1 with why filled (the plan does not fit). */
+ * device's free memory: returns 0; 1 with why filled when the plan (in *plan) does not fit; -1
+ * with why filled when there is no plan. */
 int watch_memory(pmap_params *params, int64_t batch, int64_t max_bytes, pmap_memory_plan *plan,
                  char *why, size_t why_size);
 /* The plan as a JSON object. */
@@ -22,10 +23,14 @@ typedef struct watch_progress {
   int64_t first, last; /* the run's steps [first, last) */
   int64_t batch;
   double t0, flops_per_sample, peak_flops; /* peak 0: MFU unknown */
+  int probed;                              /* the GEMM rate was measured (or tried) */
   double last_draw;
 } watch_progress;
 
-/* mode: 0 auto (a bar when stdout is a terminal), 1 bar, 2 lines. */
+/* Whether an MPI or batch launcher started this process (its variables are set). */
+int watch_launched(void);
+/* mode: 0 auto (a bar when stdout is a terminal and no launcher started the process), 1 bar,
+ * 2 lines. */
 void watch_progress_begin(watch_progress *w, int mode, int64_t first, int64_t last, int64_t batch,
                           double flops_per_sample, double peak_flops);
 /* After step s (loss, busy seconds so far): redraws the bar (at most 10 times a second). */
@@ -35,10 +40,12 @@ void watch_progress_break(watch_progress *w);
 /* Model FLOPs utilisation of samples_per_s, NaN when not known. */
 double watch_mfu(const watch_progress *w, double samples_per_s);
 
-/* Measures the GEMM rate of the context's devices together (FLOP/s): a forward pass of one
- * 1024 x 1024 dense layer over 1024 rows per device (pmap_predict). 0 when it cannot, and across
- * processes (where MFU is not reported). */
-double watch_gemm_rate(pmap_ctx *ctx);
+/* Measures the GEMM rate of the context's devices together (FLOP/s): the forward pass of one
+ * 1024 x 1024 dense layer over 1024 rows per device (pmap_predict), three times. 0 across
+ * processes (where MFU is not reported, why left empty) and when it cannot (why says why). */
+double watch_gemm_rate(pmap_ctx *ctx, char *why, size_t why_size);
+/* What the probe computes on that many devices (FLOPs), to weigh it against a run. */
+double watch_gemm_probe_flops(int devices);
 
 /* The devices' waits at the collectives (every process's: a collective call), and the one that
  * held the others back most. */

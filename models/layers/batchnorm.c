@@ -28,15 +28,6 @@ static float *buf(const replica *r, const layer *l, int i, int k) {
   return r->aux[i] + (size_t)k * (3 * (size_t)settings_of(l)->channels + 1);
 }
 
-/* An all-reduce (sum) of n floats in place; a host replica alone (dev NULL) has none. */
-static pmap_status all_reduce(pmap_device *dev, const char *what, float *x, size_t n) {
-  if (!dev)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                    "batch norm: %s need collectives, which a replica without a device lacks",
-                    what);
-  return backend_all_reduce(dev, what, x, x, n, PMAP_RED_SUM);
-}
-
 /* Statistics in two passes, the second around the first's mean: a + (all-reduce) -> b (+
  * all-reduce); only the sums and the count travel, the shifts agree already. */
 static pmap_status two_pass(pmap_device *dev, replica *r, const layer *l, const float *in,
@@ -45,9 +36,9 @@ static pmap_status two_pass(pmap_device *dev, replica *r, const layer *l, const 
   const pmap_ops *ops = r->ops;
   size_t sums = 2 * (size_t)s->channels + 1;
   PMAP_TRY(ops->bn_stats(r->q, in, bd, s->channels, s->inner, NULL, a));
-  if (reduce) PMAP_TRY(all_reduce(dev, "batch norm's statistics", a, sums));
+  if (reduce) PMAP_TRY(model_exchange(dev, r, "batch norm's statistics", a, sums));
   PMAP_TRY(ops->bn_stats(r->q, in, bd, s->channels, s->inner, a, b));
-  if (reduce) PMAP_TRY(all_reduce(dev, "batch norm's statistics", b, sums));
+  if (reduce) PMAP_TRY(model_exchange(dev, r, "batch norm's statistics", b, sums));
   return PMAP_SUCCESS;
 }
 
@@ -88,7 +79,8 @@ static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i,
   PMAP_TRY(ops->add(r->q, r->g + l->w_off, sums + c, r->g + l->w_off, (size_t)c));
   PMAP_TRY(ops->add(r->q, r->g + l->b_off, sums, r->g + l->b_off, (size_t)c));
   if (!dx) return PMAP_SUCCESS;
-  if (s->cross_replica) PMAP_TRY(all_reduce(dev, "batch norm's backward", sums, 2 * (size_t)c));
+  if (s->cross_replica)
+    PMAP_TRY(model_exchange(dev, r, "batch norm's backward", sums, 2 * (size_t)c));
   return ops->bn_backward_dx(r->q, r->in[i], dy, stats, r->w + l->w_off, sums, bd, c, s->inner,
                              s->eps, dx);
 }

@@ -1,55 +1,22 @@
-"""The Pythonic layer: Context, Model, Params and the optimizer settings. Arguments are checked by
-_convert before they reach the library; every use of a C object goes through its _handle."""
+"""The Pythonic layer: Context, Model, Params and CustomParams. Arguments are checked by _convert
+before they reach the library; every use of a C object goes through its _handle, whose lock a call
+holds with a `with` statement on the lock itself (an interrupt cannot leave it held)."""
 import ctypes
 
 import numpy as np
 
 from . import _lib
 from . import _convert
+from . import _custom
+from . import _infer
 from ._convert import F32, I32, INT32, INT64, array, choice, flag, integer, real
 from ._handle import Handle
 from ._lib import ArgumentError, ArgumentTypeError, Config, Error, Optimizer, check, lib
 
 _BACKENDS = {"auto": 0, "cpu": 1, "cuda": 2}
 _LOSSES = {"mse": 0, "softmax_xent": 1, "token_xent": 2}
-_KINDS = {"sgd": 0, "adam": 1, "adamw": 2}
-_SCHEDULES = {"constant": 0, "warmup_cosine": 1, "warmup_linear": 2}
 _UINT64 = (0, 2 ** 64 - 1)
 _COUNT = (1, 2 ** 31 - 1)  # a positive C int
-
-
-def _optimizer(kind, lr, momentum=0.0, beta1=0.9, beta2=0.999, eps=1e-8, clip_norm=0.0,
-               weight_decay=0.0, nesterov=False, schedule="constant", warmup_steps=0,
-               decay_steps=0, final_lr=0.0):
-    o = Optimizer()
-    o.kind = _KINDS[kind]
-    o.lr, o.momentum = real("lr", lr), real("momentum", momentum)
-    o.beta1, o.beta2, o.eps = real("beta1", beta1), real("beta2", beta2), real("eps", eps)
-    o.clip_norm, o.weight_decay = real("clip_norm", clip_norm), real("weight_decay", weight_decay)
-    o.nesterov = flag("nesterov", nesterov)
-    o.schedule = choice("schedule", schedule, _SCHEDULES)
-    o.warmup_steps = integer("warmup_steps", warmup_steps, *INT64)
-    o.decay_steps = integer("decay_steps", decay_steps, *INT64)
-    o.final_lr = real("final_lr", final_lr)
-    if kind == "sgd":
-        o.beta1 = o.beta2 = o.eps = 0.0
-    return o
-
-
-def sgd(lr, momentum=0.0, **kw):
-    """SGD settings (pmap_sgd); keywords: nesterov, weight_decay, clip_norm, schedule,
-    warmup_steps, decay_steps, final_lr. The settings are a plain value: copy and pickle it."""
-    return _optimizer("sgd", lr, momentum=momentum, **kw)
-
-
-def adam(lr, **kw):
-    """Adam settings (pmap_adam): beta1 0.9, beta2 0.999, eps 1e-8 unless given."""
-    return _optimizer("adam", lr, **kw)
-
-
-def adamw(lr, weight_decay=0.01, **kw):
-    """AdamW settings (pmap_adamw): Adam with decoupled weight decay."""
-    return _optimizer("adamw", lr, weight_decay=weight_decay, **kw)
 
 
 def _no_copy(obj, how):
@@ -88,12 +55,14 @@ class Model:
         shape = tuple(integer("input_shape extent", n, *INT64) for n in dims)
         raw = ctypes.c_void_p()
         c = (ctypes.c_int64 * max(len(shape), 1))(*shape)
-        check(lib.pmap_model_create(len(shape), c, ctypes.byref(raw)))
         self.input_shape = shape
         self._layers = []  # (method, arguments): what copying and pickling replay
         self._loss = "mse"
         self._tokens = False  # the first layer is an embedding: xs are int32 token ids
         self._handle = Handle("model", raw, lib.pmap_model_destroy, process_bound=False)
+        st = lib.pmap_model_create(len(shape), c, ctypes.byref(raw))
+        self._handle.created(st)
+        check(st)
 
     def _add(self, method, fn, *args, record=None):
         with self._handle.use(f"Model.{method}") as h:
@@ -216,27 +185,27 @@ class Model:
     def loss(self, name):
         """"mse" (float targets) or "softmax_xent" (integer labels)."""
         code = choice("loss", name, _LOSSES)
-        with self._handle.use("Model.loss") as h:
-            check(lib.pmap_model_set_loss(h, code))
+        with self._handle.hold("Model.loss"):
+            check(lib.pmap_model_set_loss(self._handle.get("Model.loss"), code))
             self._layers.append(("loss", (name,)))
             self._loss = name
         return self
 
     @property
     def num_params(self):
-        with self._handle.use("Model.num_params") as h:
-            return lib.pmap_model_num_params(h)
+        return self._handle.call("Model.num_params", lib.pmap_model_num_params)
 
     @property
     def output_shape(self):
         rank = ctypes.c_int()
         shape = (ctypes.c_int64 * _lib.MAX_RANK)()
-        with self._handle.use("Model.output_shape") as h:
-            lib.pmap_model_output_shape(h, ctypes.byref(rank), shape)
+        self._handle.call("Model.output_shape", lib.pmap_model_output_shape, ctypes.byref(rank),
+                          shape)
         return tuple(shape[i] for i in range(rank.value))
 
     def _recipe(self, call):
-        with self._handle.use(call):
+        with self._handle.hold(call):
+            self._handle.get(call)
             return self.input_shape, tuple(self._layers)
 
     def __copy__(self):
@@ -276,16 +245,15 @@ class Model:
             pass
 
 
-def _destroy_ctx(ptr):
-    check(lib.pmap_ctx_destroy(ptr))
-
-
 class Context:
     """The device mesh: Context(backend="cpu", devices=4, timeout=0.0, numeric_guard=True,
-    uneven_batches=False, shard_optimizer=None). devices: a positive int, or None for the
-    backend's default (the C library's PMAP_DEVICES_DEFAULT). shard_optimizer: True shards the
-    optimizer over the devices (ZeRO-1), False replicates it, None leaves it to the library (the
-    PMAP_SHARD_OPTIMIZER variable, else sharded from 65536 parameters on).
+    uneven_batches=False, shard_optimizer=None, caller_waits=True). devices: a positive int, or
+    None for the backend's default (the C library's PMAP_DEVICES_DEFAULT). shard_optimizer: True
+    shards the optimizer over the devices (ZeRO-1), False replicates it, None leaves it to the
+    library (the PMAP_SHARD_OPTIMIZER variable, else sharded from 65536 parameters on).
+    caller_waits: True gives device 0 a worker thread of its own, so that the calling thread (the
+    one Python runs signal handlers on) never runs device work; False runs device 0 on it, one
+    thread fewer (params_custom then refuses).
 
     Close it with close() or a with block; closing it closes its params (each after the call
     running on it, if any). Any thread may use it. It belongs to the process that created it:
@@ -295,7 +263,7 @@ class Context:
     _handle = Handle.never("context")
 
     def __init__(self, backend="auto", devices=None, timeout=0.0, numeric_guard=True,
-                 uneven_batches=False, shard_optimizer=None):
+                 uneven_batches=False, shard_optimizer=None, caller_waits=True):
         cfg = Config()
         cfg.backend = choice("backend", backend, _BACKENDS)
         cfg.num_devices = -1 if devices is None else integer("devices", devices, *_COUNT)
@@ -304,20 +272,24 @@ class Context:
         cfg.uneven_batches = flag("uneven_batches", uneven_batches)
         cfg.shard_optimizer = (0 if shard_optimizer is None
                                else 1 + flag("shard_optimizer", shard_optimizer))
-        raw = ctypes.c_void_p()
-        check(lib.pmap_ctx_create(ctypes.byref(cfg), ctypes.byref(raw)))
+        cfg.caller_waits = flag("caller_waits", caller_waits)
+        self.caller_waits = bool(cfg.caller_waits)
+        self._uneven = bool(cfg.uneven_batches)
         self._children = set()  # the handles of its params, closed before it
-        self._handle = Handle("context", raw, _destroy_ctx, process_bound=True)
+        raw = ctypes.c_void_p()
+        self._handle = Handle("context", raw, lib.pmap_ctx_destroy, process_bound=True)
+        st = lib.pmap_ctx_create(ctypes.byref(cfg), ctypes.byref(raw))
+        self._handle.created(st)
+        check(st)
 
     @property
     def devices(self):
-        with self._handle.use("Context.devices") as h:
-            return lib.pmap_ctx_num_devices(h)
+        return self._handle.call("Context.devices", lib.pmap_ctx_num_devices)
 
     @property
     def backend(self):
-        with self._handle.use("Context.backend") as h:
-            return lib.pmap_backend_name(lib.pmap_ctx_backend(h)).decode()
+        kind = self._handle.call("Context.backend", lib.pmap_ctx_backend)
+        return lib.pmap_backend_name(kind).decode()
 
     def trace_start(self, path, steps=None):
         """Records a timeline of the context's steps into path (str, bytes or os.PathLike;
@@ -336,19 +308,18 @@ class Context:
                 raise ArgumentError(f"steps {steps!r} is not valid text") from None
         else:
             s = str(integer("steps", steps, 1, 10000)).encode()
-        with self._handle.use("Context.trace_start") as h:
-            check(lib.pmap_trace_start(h, p, s))
+        check(self._handle.call("Context.trace_start", lib.pmap_trace_start, p, s))
 
     def trace_stop(self):
         """Writes the recording to its file and ends it (pmap.Error when none is on)."""
-        with self._handle.use("Context.trace_stop") as h:
-            check(lib.pmap_trace_stop(h))
+        check(self._handle.call("Context.trace_stop", lib.pmap_trace_stop))
 
     def waits(self):
         """What the collectives cost each device since the context was created: a list, by
         global device, of dicts with device, collectives, busy_s, wait_s and held_s
         (include/pmap.h, pmap_device_waits; the largest held_s is the straggler)."""
-        with self._handle.use("Context.waits") as h:
+        with self._handle.hold("Context.waits"):
+            h = self._handle.get("Context.waits")
             n = lib.pmap_ctx_num_devices(h) * lib.pmap_ctx_num_processes(h)
             out = (_lib.DeviceWaits * n)()
             check(lib.pmap_ctx_waits(h, out, n))
@@ -358,6 +329,13 @@ class Context:
         """Training state of model (copied: the model may be closed after) on every device,
         drawn from seed (0 .. 2**64 - 1)."""
         return Params(self, model, optimizer, seed)
+
+    def params_custom(self, fn, init, optimizer, info=False):
+        """Training state of a model given by fn(params, xs, ys) -> (loss, gradient), called on
+        every device at once with its rows (pmap_params_create_custom); init: the initial
+        parameters, a flat array or a dict of arrays (then fn gets and returns dicts). See
+        pmap.CustomParams."""
+        return CustomParams(self, fn, init, optimizer, info)
 
     def _close_children(self):
         for h in list(self._children):
@@ -390,8 +368,7 @@ class Context:
         self.__copy__()
 
 
-def _destroy_params(ptr):
-    lib.pmap_params_destroy(ptr)
+_destroy_params = lib.pmap_params_destroy  # the C call itself (Handle._close_locked says why)
 
 
 _PRECISIONS = ("fp32", "bf16")  # pmap_precision's order
@@ -418,13 +395,11 @@ class Params:
             raise ArgumentTypeError(f"ctx must be a pmap.Context, got {type(ctx).__name__}")
         if not isinstance(model, Model):
             raise ArgumentTypeError(f"model must be a pmap.Model, got {type(model).__name__}")
-        if not isinstance(optimizer, Optimizer):
-            raise ArgumentTypeError("optimizer must come from pmap.sgd, pmap.adam or pmap.adamw, "
-                                    f"got {type(optimizer).__name__}")
+        _check_optimizer(optimizer)
         seed = integer("seed", seed, *_UINT64)
         raw = ctypes.c_void_p()
-        with ctx._handle.use("Context.params") as c, model._handle.use("Context.params") as m:
-            check(lib.pmap_params_create(c, m, ctypes.byref(optimizer), seed, ctypes.byref(raw)))
+        with ctx._handle.hold("Context.params"), model._handle.hold("Context.params"):
+            c, m = ctx._handle.get("Context.params"), model._handle.get("Context.params")
             out = ctypes.c_int()
             shape = (ctypes.c_int64 * _lib.MAX_RANK)()
             lib.pmap_model_output_shape(m, ctypes.byref(out), shape)
@@ -435,31 +410,37 @@ class Params:
             self._blocks = model._blocks(m)
             self._handle = Handle("params", raw, _destroy_params, process_bound=True)
             ctx._children.add(self._handle)
+            # The handle is the context's before the create call fills raw: no interrupt after
+            # the call can leave the params unclosed.
+            self._loss, self._uneven = model._loss, ctx._uneven
+            self._local_devices = lib.pmap_ctx_num_devices(c)
+            st = lib.pmap_params_create(c, m, ctypes.byref(optimizer), seed, ctypes.byref(raw))
+            self._handle.created(st)
+            if st:
+                ctx._children.discard(self._handle)
+            check(st)
 
-    def _use(self, call):
-        return self._handle.use(call)
+    def _call(self, call, fn, *args):
+        return self._handle.call(call, fn, *args)
 
     @property
     def count(self):
-        with self._use("Params.count") as h:
-            return lib.pmap_params_count(h)
+        return self._call("Params.count", lib.pmap_params_count)
 
     @property
     def sharded(self):
         """Whether the optimizer is sharded over the devices."""
-        with self._use("Params.sharded") as h:
-            return bool(lib.pmap_params_sharded(h))
+        return bool(self._call("Params.sharded", lib.pmap_params_sharded))
 
     @property
     def optimizer_bytes(self):
         """Bytes of optimizer state each device holds."""
-        with self._use("Params.optimizer_bytes") as h:
-            return lib.pmap_params_optimizer_bytes(h)
+        return self._call("Params.optimizer_bytes", lib.pmap_params_optimizer_bytes)
 
     @property
     def step(self):
-        with self._use("Params.step") as h:
-            return lib.pmap_params_step(h)
+        """Steps taken (pmap_params_step): after an interrupted update, whether it was."""
+        return self._call("Params.step", lib.pmap_params_step)
 
     def _xs(self, xs, keep):
         if self._tokens:  # token ids: integers, range-checked by the library
@@ -480,24 +461,35 @@ class Params:
         x = self._xs(xs, keep)
         y = self._ys(ys, keep)
         loss = ctypes.c_float()
-        with self._use("Params.update") as h:
-            check(lib.pmap_update(h, ctypes.byref(x), ctypes.byref(y), ctypes.byref(loss)))
+        check(self._call("Params.update", lib.pmap_update, ctypes.byref(x), ctypes.byref(y),
+                         ctypes.byref(loss)))
         return float(loss.value)
 
-    def predict(self, xs):
-        """The model's outputs for xs, an ndarray (rows, outputs...) float32."""
-        keep = []
-        x = self._xs(xs, keep)
-        out = np.empty((x.shape[0],) + self._out, dtype=np.float32)
-        o = array(out, F32, "out", keep)
-        with self._use("Params.predict") as h:
-            check(lib.pmap_predict(h, ctypes.byref(x), ctypes.byref(o)))
-        return out
+    def predict(self, xs, batch_size=None):
+        """The model's outputs for xs, an ndarray (rows, outputs...) float32, for any number of
+        rows (not only a multiple of the devices), in pieces of at most batch_size rows (None:
+        all at once; a smaller piece bounds the activation memory)."""
+        return _infer.predict(self, xs, batch_size, "Params.predict")
+
+    def evaluate(self, xs, ys, batch_size=None):
+        """The loss on held-out (xs, ys), as update() would report it but nothing trained:
+        {"loss": float, "accuracy": float or None (MSE), "rows": int}; accuracy is the share of
+        rows (tokens, for a language model) whose largest output is the label. Computed in
+        float64 from predict()'s outputs."""
+        return _infer.evaluate(self, xs, ys, batch_size, "Params.evaluate")
+
+    def generate(self, prompt, steps, temperature=0.0, seed=0):
+        """A language model's continuation of prompt (token ids: a 1-D sequence or bytes, or a
+        2-D (rows, length) array): steps new tokens, int32 (steps,) or (rows, steps); greedy at
+        temperature 0, else drawn from softmax(logits / temperature) by numpy's generator from
+        seed. The model sees the last T tokens of each row."""
+        return _infer.generate(self, prompt, steps, temperature, seed, "Params.generate")
 
     def read(self, device=0):
         """A copy of device `device`'s replica of the parameters (float32, flat)."""
         device = integer("device", device, *INT32)
-        with self._use("Params.read") as h:
+        with self._handle.hold("Params.read"):
+            h = self._handle.get("Params.read")
             out = np.empty(lib.pmap_params_count(h), dtype=np.float32)
             check(lib.pmap_params_read(h, device, out.ctypes.data_as(
                 ctypes.POINTER(ctypes.c_float)), out.size))
@@ -506,9 +498,8 @@ class Params:
     def write(self, values):
         """Sets every replica's parameters to values (count real numbers, any shape)."""
         a = _convert.values(values, "values")
-        with self._use("Params.write") as h:
-            check(lib.pmap_params_write(h, a.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
-                                        a.size))
+        check(self._call("Params.write", lib.pmap_params_write,
+                         a.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), a.size))
 
     def named(self, device=0):
         """{name: ndarray} of device `device`'s parameters, each block with its shape
@@ -521,18 +512,8 @@ class Params:
         """Sets the blocks named in values (a dict as named() gives, any subset) on every
         replica, the rest unchanged; a name or shape that does not match is refused before
         anything changes."""
-        flat = self.read(0)
         where = {name: (at, shape) for name, shape, at in self._blocks}
-        for name, v in values.items():
-            if name not in where:
-                raise ArgumentError(f"Params.set_named: no parameter block {name!r}")
-            a = np.asarray(v)
-            if a.shape != where[name][1]:
-                raise ArgumentError(f"Params.set_named: {name} has shape {where[name][1]}, got "
-                                    f"{a.shape}")
-            at, shape = where[name]
-            flat[at:at + a.size] = _convert.values(a, name)
-        self.write(flat)
+        self.write(_convert.assign_named(self.read(0), where, values, "Params.set_named"))
 
     def memory(self, batch):
         """The device memory a step of update() at this global batch needs on each device, in
@@ -540,8 +521,7 @@ class Params:
         optimizer_sharded (bool) and device_free (None where the backend does not know: CPU)."""
         batch = integer("batch", batch, *INT64)
         plan = _lib.MemoryPlan()
-        with self._use("Params.memory") as h:
-            check(lib.pmap_params_memory(h, batch, ctypes.byref(plan)))
+        check(self._call("Params.memory", lib.pmap_params_memory, batch, ctypes.byref(plan)))
         out = {k: getattr(plan, k) for k, _ in _lib.MemoryPlan._fields_}
         out["optimizer_sharded"] = bool(out["optimizer_sharded"])
         if out["device_free"] == ctypes.c_size_t(-1).value:
@@ -550,8 +530,7 @@ class Params:
 
     def set_micro_batches(self, k):
         k = integer("micro-batches", k, *INT32)
-        with self._use("Params.set_micro_batches") as h:
-            check(lib.pmap_params_set_micro_batches(h, k))
+        check(self._call("Params.set_micro_batches", lib.pmap_params_set_micro_batches, k))
 
     def set_precision(self, precision):
         """The numeric policy of the following steps and predictions: "fp32" (the default) or
@@ -570,19 +549,16 @@ class Params:
     def save(self, path):
         """Checkpoints the whole training state to path (str, bytes or os.PathLike; atomic)."""
         p = _convert.path("path", path)
-        with self._use("Params.save") as h:
-            check(lib.pmap_params_save(h, p))
+        check(self._call("Params.save", lib.pmap_params_save, p))
 
     def load(self, path):
         """Restores a checkpoint written by save (validated first; nothing changes on error)."""
         p = _convert.path("path", path)
-        with self._use("Params.load") as h:
-            check(lib.pmap_params_load(h, p))
+        check(self._call("Params.load", lib.pmap_params_load, p))
 
     def verify(self):
         """Raises pmap.Error when the replicas differ."""
-        with self._use("Params.verify") as h:
-            check(lib.pmap_params_verify(h))
+        check(self._call("Params.verify", lib.pmap_params_verify))
 
     def close(self):
         """Frees the state on every device, after the call running on it, if any. Idempotent."""
@@ -614,3 +590,88 @@ class Params:
 
     def __reduce_ex__(self, protocol):
         self.__copy__()
+
+
+def _check_optimizer(optimizer):
+    if not isinstance(optimizer, Optimizer):
+        raise ArgumentTypeError("optimizer must come from pmap.sgd, pmap.adam or pmap.adamw, "
+                                f"got {type(optimizer).__name__}")
+
+
+class CustomParams(Params):
+    """Training state of a model only a Python function knows: ctx.params_custom(fn, init,
+    optimizer, info=False). update(xs, ys) runs fn(params, xs, ys) on every device at once, on
+    the device's worker thread, with read-only numpy views of the parameters (a flat float32
+    array, or a dict of arrays when init was a dict) and of the device's rows of xs (float32) and
+    ys (int32 when integers were given, else float32), valid only during the call; fn returns
+    (loss, gradient): the mean loss over these rows and its gradient, an array (or dict of
+    arrays) of the parameters' shapes, any real dtype (converted to float32). With info=True fn
+    also gets a pmap.StepInfo. pmap averages loss and gradient over the devices, and the
+    optimizer, the numeric guard (a NaN loss or gradient skips the step: pmap.Error with
+    PMAP_ERR_NUMERIC), clipping, micro-batches, save/load work as for any model. An exception in
+    fn, or a wrong return value, fails the step on every device with nothing changed: pmap.Error
+    naming the device with the exception as __cause__ (pmap.ArgumentError for a wrong return
+    value). fn runs under the GIL: devices overlap only where it releases the GIL (numpy's large
+    operations, JAX, PyTorch). There is no forward pass pmap knows: predict, evaluate and
+    generate refuse."""
+
+    def __init__(self, ctx, fn, init, optimizer, info=False):
+        call = "Context.params_custom"
+        if not isinstance(ctx, Context):
+            raise ArgumentTypeError(f"ctx must be a pmap.Context, got {type(ctx).__name__}")
+        if not callable(fn):
+            raise ArgumentTypeError(f"{call}: fn must be callable, got {type(fn).__name__}")
+        _check_optimizer(optimizer)
+        info = bool(flag("info", info))
+        flat, layout = _custom.layout_of(init, call)
+        if not ctx.caller_waits:
+            raise ArgumentError(f"{call}: the context runs device 0 on the calling thread "
+                                "(caller_waits=False), where Python may raise a KeyboardInterrupt "
+                                "inside fn; create it with caller_waits=True")
+        if ctx.backend != "cpu":
+            raise ArgumentError(f"{call}: fn gets numpy arrays of host memory, so it needs a CPU "
+                                f"context, not {ctx.backend}")
+        grad = _custom._Gradient(fn, layout, flat.size, info)
+        self._ctx = ctx
+        self._loss, self._classify, self._tokens, self._out = None, False, False, ()
+        self._layout = layout if layout is not None else [("params", (flat.size,))]
+        raw = ctypes.c_void_p()
+        self._handle = Handle("params", raw, _destroy_params, process_bound=True, keep=grad)
+        init_p = flat.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        with ctx._handle.hold(call):
+            c = ctx._handle.get(call)
+            self._local_devices, self._uneven = lib.pmap_ctx_num_devices(c), ctx._uneven
+            ctx._children.add(self._handle)
+            st = lib.pmap_params_create_custom(c, flat.size, init_p, grad.c, None,
+                                               ctypes.byref(optimizer), ctypes.byref(raw))
+            self._handle.created(st)
+            if st:
+                ctx._children.discard(self._handle)
+            check(st)
+
+    def update(self, xs, ys):
+        """One data-parallel step of fn on the global batch (xs, ys); returns the mean loss."""
+        return _custom.update(self, xs, ys, "Params.update")
+
+    def named(self, device=0):
+        """{name: ndarray} of the parameters by init's blocks ({"params": flat} for a flat
+        init); copies."""
+        return _custom.named(self.read(device), self._layout)
+
+    def set_named(self, values):
+        """Sets the blocks named in values on every replica, the rest unchanged; a name or shape
+        that does not match is refused before anything changes."""
+        self.write(_custom.set_named(self.read(0), self._layout, values))
+
+    def _no_forward(self, call):
+        raise ArgumentError(f"{call}: custom params have no forward pass pmap knows; compute "
+                            "predictions with your own function of read() or named()")
+
+    def predict(self, xs, batch_size=None):
+        self._no_forward("Params.predict")
+
+    def evaluate(self, xs, ys, batch_size=None):
+        self._no_forward("Params.evaluate")
+
+    def generate(self, prompt, steps, temperature=0.0, seed=0):
+        self._no_forward("Params.generate")

@@ -156,3 +156,18 @@ def values(x, name):
     keep = []
     array(a.reshape(-1), F32, name, keep)
     return keep[0]
+
+
+def assign_named(flat, where, blocks, call):
+    """flat (a copy of every parameter) with blocks (a dict: block name -> array) written at
+    where[name] = (offset, shape); a name or shape that does not match raises before the caller
+    writes flat back."""
+    for name, v in blocks.items():
+        if name not in where:
+            raise ArgumentError(f"{call}: no parameter block {name!r}")
+        a = np.asarray(v)
+        at, shape = where[name]
+        if a.shape != tuple(shape):
+            raise ArgumentError(f"{call}: {name} has shape {tuple(shape)}, got {a.shape}")
+        flat[at:at + a.size] = values(a, name) if a.size else []
+    return flat

@@ -41,19 +41,16 @@ def _rebuild_error(cls, code, message):
 
 
 class ArgumentError(Error, ValueError):
-    """A bad value caught by the package before it reached the library (status
-    PMAP_ERR_INVALID_ARGUMENT): both a pmap.Error and a ValueError."""
+    """An invalid argument (status PMAP_ERR_INVALID_ARGUMENT), caught by the package or by the
+    library: both a pmap.Error and a ValueError."""
 
     def __init__(self, message):
         super().__init__(1, message)
 
 
-class ArgumentTypeError(Error, TypeError):
-    """An argument of the wrong type (status PMAP_ERR_INVALID_ARGUMENT): both a pmap.Error and a
-    TypeError."""
-
-    def __init__(self, message):
-        super().__init__(1, message)
+class ArgumentTypeError(ArgumentError, TypeError):
+    """An argument of the wrong type (status PMAP_ERR_INVALID_ARGUMENT): a pmap.ArgumentError
+    (so a pmap.Error and a ValueError) and a TypeError."""
 
 
 class Config(ctypes.Structure):
@@ -70,6 +67,7 @@ class Config(ctypes.Structure):
         ("cuda_graphs", ctypes.c_int),
         ("cuda_overlap", ctypes.c_int),
         ("cuda_bucket_mb", ctypes.c_int),
+        ("caller_waits", ctypes.c_int),
     ]
 
 
@@ -80,6 +78,26 @@ class Array(ctypes.Structure):
         ("rank", ctypes.c_int),
         ("shape", ctypes.c_int64 * MAX_RANK),
     ]
+
+
+class GradArgs(ctypes.Structure):
+    """pmap_grad_args: what a gradient function receives for one piece of a device's rows."""
+    _fields_ = [
+        ("dev", ctypes.c_void_p),
+        ("params", ctypes.c_void_p),   # (P) const float
+        ("grads", ctypes.c_void_p),    # (P) float: += scale * gradient
+        ("loss", ctypes.c_void_p),     # one float: = mean loss
+        ("scale", ctypes.c_float),
+        ("xs", Array),
+        ("ys", Array),
+        ("row0", ctypes.c_int64),
+        ("step", ctypes.c_int64),
+        ("num_params", ctypes.c_size_t),
+    ]
+
+
+# pmap_grad_fn; ctypes takes the GIL for a call from any thread.
+GRAD_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(GradArgs), ctypes.c_void_p)
 
 
 class Optimizer(ctypes.Structure):
@@ -217,6 +235,11 @@ _decl("pmap_predict", _status, _p, ctypes.POINTER(Array), ctypes.POINTER(Array))
 _decl("pmap_params_read", _status, _p, ctypes.c_int, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t)
 _decl("pmap_params_write", _status, _p, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t)
 _decl("pmap_params_set_micro_batches", _status, _p, ctypes.c_int)
+_decl("pmap_params_create_custom", _status, _p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_float),
+      GRAD_FN, _p, ctypes.POINTER(Optimizer), ctypes.POINTER(_p))
+_decl("pmap_axis_index", ctypes.c_int, _p)
+_decl("pmap_set_error", _status, ctypes.c_int, ctypes.c_char_p)  # (status, "%s", text)
+_decl("pmap_axis_size", ctypes.c_int, _p)
 _decl("pmap_params_shrink", _status, _p)
 _HAVE_CKPT = hasattr(lib, "pmap_params_save")
 if _HAVE_CKPT:
@@ -246,9 +269,11 @@ if _HAVE_VERSION:
 
 
 def check(status):
-    """Raises Error for a failed call, with the library's message of this thread."""
+    """Raises Error for a failed call, with the library's message of this thread: ArgumentError
+    (also a ValueError) for PMAP_ERR_INVALID_ARGUMENT."""
     if status != 0:
-        raise Error(status, lib.pmap_last_error().decode("utf-8", "replace"))
+        message = lib.pmap_last_error().decode("utf-8", "replace")
+        raise ArgumentError(message) if status == 1 else Error(status, message)
 
 
 def version():

@@ -120,14 +120,17 @@ def test_arrays_are_never_modified_and_any_layout_works():
 
 def test_close_is_deterministic_and_leaves_no_threads():
     start = threads()
-    ctx = pmap.Context(backend="cpu", devices=6)
-    params = ctx.params(pmap.Model(input_shape=(1,)).dense(1), pmap.adam(1e-3))
-    assert threads() == start + 5  # device 0 runs on the caller's thread
-    ctx.close()  # closes its params too
-    assert threads() == start
-    ctx.close()  # idempotent
-    with pytest.raises(pmap.Error):
-        params.update(*linear_data())
+    for caller_waits in (True, False):
+        ctx = pmap.Context(backend="cpu", devices=6, caller_waits=caller_waits)
+        params = ctx.params(pmap.Model(input_shape=(1,)).dense(1), pmap.adam(1e-3))
+        # caller_waits: a worker a device; else device 0 runs on the caller's thread
+        assert threads() == start + (6 if caller_waits else 5)
+        params.update(*linear_data(rows=120))
+        ctx.close()  # closes its params too
+        assert threads() == start
+        ctx.close()  # idempotent
+        with pytest.raises(pmap.Error):
+            params.update(*linear_data())
 
 
 def test_write_read_micro_batches_and_guard():
@@ -143,7 +146,7 @@ def test_write_read_micro_batches_and_guard():
         with pytest.raises(pmap.Error) as e:
             p.update(bad, y)
         assert e.value.status == "PMAP_ERR_NUMERIC"
-        assert "step 1" in e.value.message
+        assert "step 2" in e.value.message  # the second update (steps count from 1)
         assert p.step == 1
 
 

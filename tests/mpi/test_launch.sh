@@ -134,7 +134,7 @@ clean() {
 resumed_as_logged() {
   local logged ran
   logged=$(sed -n 's/.*restart 1 of .*(step \([0-9]*\)).*/\1/p' "$tmp/$1.log")
-  ran=$(sed -n 's/^resumed from .* at step \([0-9]*\)$/\1/p' "$out" | head -n 1)
+  ran=$(sed -n 's/^resumed from .* after step \([0-9]*\): steps .* follow$/\1/p' "$out" | head -n 1)
   echo "    the log says step ${logged:-none}, run 2 resumed at step ${ran:-none}"
   [ -n "$logged" ] && [ "$logged" = "$ran" ]
 }
@@ -195,7 +195,7 @@ PY
   rc=$?
   [ $rc -eq 1 ] && grep -q "restart 1 of 1 on 2 processes, from $tmp/r30.ckpt (the first run's \
 --resume: no checkpoint loads)" "$tmp/given.log" &&
-    [ "$(grep -c "^resumed from $tmp/r30.ckpt at step 30$" "$out")" -eq 2 ] &&
+    [ "$(grep -c "^resumed from $tmp/r30.ckpt after step 30: steps 31 to 60 follow$" "$out")" -eq 2 ] &&
     [ "$(grep -c -- "--resume $tmp/r30.ckpt" "$tmp/given.log")" -eq 2 ]
   verdict $? "the program's --resume: taken over, used again when no checkpoint loads"
   ;;
@@ -321,9 +321,9 @@ EOF
   verdict $? "--save through a symbolic link: the save cut short found beside its target"
   show_log link
 
-  # The job's environment holds a fault for device 3 at step 30 (and a trace): the check loads
+  # The job's environment holds a fault for device 3 at step 31 (and a trace): the check loads
   # the checkpoint of step 30 alone, on one device, and the restart resumes from it.
-  PMAP_FAULT=nan:device=3:step=30 PMAP_TRACE="$tmp/trace.json" launched env 120 --np 2 \
+  PMAP_FAULT=nan:device=3:step=31 PMAP_TRACE="$tmp/trace.json" launched env 120 --np 2 \
     --max-restarts 1 -- "$train" "${args[@]}" --save "$tmp/env.ckpt"
   rc=$?
   [ $rc -eq 1 ] && ! grep -q 'does not load' "$tmp/env.log" &&

@@ -324,6 +324,47 @@ static void mode_train(int d) {
 /* ------------------------------------------------------------------------------------------ */
 /* Failures                                                                                   */
 
+/* Batch norm across devices exchanges statistics between every device of every process: a NaN
+ * in the rows of process 1's device 0 alone names that device as the source, and every other
+ * device as having only received it; the step is skipped everywhere. */
+static void layout_exchange_source(int d) {
+  pmap_ctx *ctx = NULL;
+  pmap_params *params = NULL;
+  pmap_model *m = NULL;
+  pmap_example_info info;
+  pmap_array xs = {0}, ys = {0};
+  CHECK_OK(dist_ctx(d, 30.0, &ctx));
+  CHECK_OK(pmap_example_info_get("cifar-bn", &info));
+  CHECK_OK(pmap_example_model("cifar-bn", &m));
+  CHECK_OK(pmap_example_data("cifar-bn", 2, 2 * d, &xs, &ys));
+  if (ctx && m) CHECK_OK(pmap_params_create(ctx, m, &info.opt, 1, &params));
+  if (params && xs.data) {
+    pmap_array x = xs, y = ys;
+    x.shape[0] = y.shape[0] = 2 * d;
+    CHECK_OK(pmap_update(params, &x, &y, NULL));
+    float *first = xs.data, saved = first[5];
+    if (RANK == 1) first[5] = NAN; /* the first row of this process's device 0 */
+    CHECK_FAILS(pmap_update(params, &x, &y, NULL), PMAP_ERR_NUMERIC, "skipped on every replica");
+    /* "gradients of device D (process 1, host h) were non-finite; device 0 (process 0, ...". */
+    char who[64];
+    snprintf(who, sizeof who, "gradients of device %d (process 1, host ", d);
+    const char *e = pmap_last_error(), *src = strstr(e, who);
+    const char *end = src ? strstr(src, ") were non-finite; device 0 (process 0, host ") : NULL;
+    int sources = 0;
+    for (const char *q = src; q && end && (q = strstr(q + 1, "device ")) && q < end;) sources++;
+    CHECK(src && end && sources == 1 && strstr(end, "only received"),
+          "the guard does not name process 1's device 0 alone: %s", e);
+    if (RANK == 0) printf("process 0: %s\n", e);
+    first[5] = saved;
+    CHECK(pmap_params_step(params) == 1, "a skipped step counted");
+    CHECK_OK(pmap_update(params, &x, &y, NULL));
+  }
+  pmap_params_destroy(params);
+  pmap_ctx_destroy(ctx);
+  pmap_example_data_free(&xs, &ys);
+  pmap_model_destroy(m);
+}
+
 static void mode_layout(int d) {
   pmap_ctx *ctx = NULL;
   CHECK_FAILS(dist_ctx(RANK == 1 ? d + 1 : d, 30.0, &ctx), PMAP_ERR_INVALID_ARGUMENT,
@@ -358,7 +399,7 @@ static void mode_layout(int d) {
 
   /* The numeric guard: NaN gradients on one device of process 1 skip the step everywhere. */
   char fault[64]; /* process 1's device 0, by its global index */
-  snprintf(fault, sizeof fault, "nan:device=%d:step=1", d);
+  snprintf(fault, sizeof fault, "nan:device=%d:step=2", d); /* the second update */
   if (RANK == 1) setenv("PMAP_FAULT", fault, 1);
   CHECK_OK(dist_ctx(d, 30.0, &ctx));
   unsetenv("PMAP_FAULT");
@@ -387,6 +428,7 @@ static void mode_layout(int d) {
   }
   pmap_example_data_free(&xs, &ys);
   pmap_model_destroy(m);
+  layout_exchange_source(d);
 }
 
 /* Process 1 stalls (stall) or exits (die) before step 3; process 0 must get an error naming it

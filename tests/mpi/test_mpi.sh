@@ -106,6 +106,16 @@ PY
       echo "one process: $one"
       fail=1
     fi
+    # Open MPI gives its processes a pseudo-terminal: still plain lines into the file, no bar's
+    # carriage returns or escape codes, and the JSON line a whole line of its own.
+    if [ $rc -eq 0 ] && ! grep -q $'[\r\033]' "$out" && grep -q '^step ' "$out" &&
+      grep '^{' "$out" | python3 -c 'import json, sys; json.loads(sys.stdin.read())'; then
+      echo "ok: pmap-train under mpirun writes plain lines into a file"
+    else
+      echo "FAIL: pmap-train under mpirun wrote a progress bar into the file:"
+      cat -A "$out" | cut -c1-200
+      fail=1
+    fi
     # What a run shows across processes: a trace file per process, its tracks named by global
     # device, process and host; the waits of all 4 devices and the slowest process in --json.
     rm -f "$out".p0.json "$out".p1.json

@@ -306,7 +306,7 @@ static void mode_verify(int d) {
   pmap_model *m = NULL;
   pmap_array xs = {0}, ys = {0};
   char fault[64]; /* process 1's device 0, by its global index */
-  snprintf(fault, sizeof fault, "drift:device=%d:step=1", d);
+  snprintf(fault, sizeof fault, "drift:device=%d:step=2", d); /* after the second update */
   if (RANK == 1) setenv("PMAP_FAULT", fault, 1);
   CHECK_OK(dist_ctx(d, 20.0, &ctx));
   unsetenv("PMAP_FAULT");
