@@ -537,14 +537,12 @@ class Params:
         "bf16" (GEMM operands in bfloat16; float master weights, sums, optimizer and all-reduce:
         docs/precision.md). A checkpoint records it and load() restores it."""
         code = choice("precision", precision, {"fp32": 0, "bf16": 1})
-        with self._use("Params.set_precision") as h:
-            check(lib.pmap_params_set_precision(h, code))
+        check(self._call("Params.set_precision", lib.pmap_params_set_precision, code))
 
     @property
     def precision(self):
         """The numeric policy: "fp32" or "bf16"."""
-        with self._use("Params.precision") as h:
-            return _PRECISIONS[lib.pmap_params_precision(h)]
+        return _PRECISIONS[self._call("Params.precision", lib.pmap_params_precision)]
 
     def save(self, path):
         """Checkpoints the whole training state to path (str, bytes or os.PathLike; atomic)."""

@@ -67,3 +67,9 @@ def test_refusals():
             with pytest.raises(pmap.ArgumentError):
                 params.set_precision(1)
             assert params.precision == "fp32"
+        custom = ctx.params_custom(lambda w, xs, ys: (0.0, np.zeros_like(w)),
+                                   np.zeros(4, np.float32), pmap.sgd(0.1))
+        with pytest.raises(pmap.ArgumentError, match="pmap_params_create_custom"):
+            custom.set_precision("bf16")
+        assert custom.precision == "fp32"
+        custom.close()
