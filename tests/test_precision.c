@@ -2,7 +2,9 @@
  * built, and the portable path): every example model trains under bf16 from fp32's initial
  * parameters with its loss curve within the model's bound of fp32's (the README's precision
  * table), N devices within their bound of 1, replicas bitwise identical, runs bitwise repeated,
- * both GEMMs within float rounding of each other; checkpoints keep the float masters, record
+ * both CPU bf16 GEMMs agreeing as two bf16 runs of other orders do, the numeric guard skipping a
+ * step of a NaN or
+ * an overflow to bfloat16's infinity; checkpoints keep the float masters, record
  * the policy and resume under either; the memory plan shows the saving; the calls refuse bad
  * input. Prints what it measures; fails when a bound is exceeded. */
 #include "ops/cpu/bf16.h"
@@ -292,6 +294,46 @@ static void semantics(void) {
   pmap_ctx_destroy(ctx);
 }
 
+/* The numeric guard under bf16: a NaN input, and an input past bfloat16's range (its rounding an
+ * infinity), skip the step on every replica with nothing changed. */
+static void guard(void) {
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 2};
+  pmap_ctx *ctx = NULL;
+  pmap_model *m = NULL;
+  pmap_params *p = NULL;
+  pmap_example_info info;
+  pmap_array xs = {0}, ys = {0};
+  CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+  CHECK_OK(pmap_example_info_get("mlp", &info));
+  CHECK_OK(pmap_example_model("mlp", &m));
+  CHECK_OK(pmap_params_create(ctx, m, &info.opt, 0, &p));
+  CHECK_OK(pmap_example_data("mlp", 1, 32, &xs, &ys));
+  if (test_failures) return;
+  CHECK_OK(pmap_params_set_precision(p, PMAP_PRECISION_BF16));
+  float l = 0;
+  CHECK_OK(pmap_update(p, &xs, &ys, &l));
+  size_t n = pmap_params_count(p);
+  float *before = malloc(n * sizeof *before), *after = malloc(n * sizeof *after);
+  const float bad[2] = {NAN, 3.4e38f}; /* 3.4e38 rounds to an infinity in bfloat16 */
+  for (int k = 0; k < 2; k++) {
+    CHECK_OK(pmap_params_read(p, 1, before, n));
+    float *x = xs.data, saved = x[17 * 10 + 3];
+    x[17 * 10 + 3] = bad[k];
+    CHECK_FAILS(pmap_update(p, &xs, &ys, &l), PMAP_ERR_NUMERIC, "device 1");
+    x[17 * 10 + 3] = saved;
+    CHECK_OK(pmap_params_read(p, 1, after, n));
+    test_same_bits("bf16 parameters after a skipped step", after, before, n);
+    CHECK(pmap_params_step(p) == 1, "the skipped step was counted: %lld",
+          (long long)pmap_params_step(p));
+  }
+  CHECK_OK(pmap_params_verify(p));
+  free(before), free(after);
+  pmap_example_data_free(&xs, &ys);
+  pmap_params_destroy(p);
+  pmap_model_destroy(m);
+  pmap_ctx_destroy(ctx);
+}
+
 static pmap_status zero_grad(const pmap_grad_args *a, void *user) {
   (void)user;
   *a->loss = 0.0f;
@@ -357,6 +399,7 @@ static void refusals(void) {
 int main(void) {
   refusals();
   semantics();
+  guard();
   checkpoints();
   repeats();
   providers();
