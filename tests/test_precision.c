@@ -3,10 +3,9 @@
  * parameters with its loss curve within the model's bound of fp32's (the README's precision
  * table), N devices within their bound of 1, replicas bitwise identical, runs bitwise repeated,
  * both CPU bf16 GEMMs agreeing as two bf16 runs of other orders do, the numeric guard skipping a
- * step of a NaN or
- * an overflow to bfloat16's infinity; checkpoints keep the float masters, record
- * the policy and resume under either; the memory plan shows the saving; the calls refuse bad
- * input. Prints what it measures; fails when a bound is exceeded. */
+ * step of a NaN or of an overflow to bfloat16's infinity; checkpoints keep the float masters,
+ * record the policy and resume under either; the memory plan shows the saving; the calls refuse
+ * bad input. Prints what it measures; fails when a bound is exceeded. */
 #include "ops/cpu/bf16.h"
 #include "pmap_examples.h"
 #include "testutil.h"
