@@ -12,6 +12,8 @@ CPU_INLINE void act_rows(pmap_act act, const float *x, float *y, size_t n) {
     CPU_IVDEP for (size_t i = 0; i < n; i++) y[i] = pmap_tanh(x[i]);
   } else if (act == PMAP_ACT_SIGMOID) {
     CPU_IVDEP for (size_t i = 0; i < n; i++) y[i] = pmap_sigmoid(x[i]);
+  } else if (act == PMAP_ACT_RELU) {
+    CPU_IVDEP for (size_t i = 0; i < n; i++) y[i] = pmap_relu(x[i]);
   } else {
     CPU_IVDEP for (size_t i = 0; i < n; i++) y[i] = pmap_gelu(x[i]);
   }
@@ -23,6 +25,8 @@ CPU_INLINE void act_grad_rows(pmap_act act, const float *x, const float *y, cons
     CPU_IVDEP for (size_t i = 0; i < n; i++) dx[i] = pmap_tanh_grad(y[i], dy[i]);
   } else if (act == PMAP_ACT_SIGMOID) {
     CPU_IVDEP for (size_t i = 0; i < n; i++) dx[i] = pmap_sigmoid_grad(y[i], dy[i]);
+  } else if (act == PMAP_ACT_RELU) {
+    CPU_IVDEP for (size_t i = 0; i < n; i++) dx[i] = pmap_relu_grad(y[i], dy[i]);
   } else {
     CPU_IVDEP for (size_t i = 0; i < n; i++) dx[i] = pmap_gelu_grad(x[i], dy[i]);
   }
