@@ -206,7 +206,9 @@ static dnnl_status_t reorder_make(reorder *r, const dnnl_memory_desc_t *from,
 }
 
 /* The three descriptors, in layouts of oneDNN's choice for the forward and the same activation
- * layouts for the backward passes. dnnl_unimplemented: no implementation serves the shape. */
+ * layouts for the backward passes. dnnl_unimplemented: no implementation serves the shape. The
+ * far side's padding is what the last window hangs over: less than pad (negative where the
+ * stride leaves the last rows unread). */
 static dnnl_status_t descs_make(dconv *d, const pmap_conv_shape *s, int64_t bd, int bias,
                                 const dnnl_memory_desc_t *bm) {
   dnnl_memory_desc_t xa, wa, ya;
@@ -215,8 +217,6 @@ static dnnl_status_t descs_make(dconv *d, const pmap_conv_shape *s, int64_t bd, 
   dnnl_memory_desc_init_by_tag(&xa, 4, xd, dnnl_f32, dnnl_format_tag_any);
   dnnl_memory_desc_init_by_tag(&wa, 4, wd, dnnl_f32, dnnl_format_tag_any);
   dnnl_memory_desc_init_by_tag(&ya, 4, yd, dnnl_f32, dnnl_format_tag_any);
-  /* The far side's padding: what the last window hangs over (less than pad where the stride
-   * leaves the last rows unread). */
   dnnl_dims_t st = {s->stride, s->stride}, pl = {s->pad, s->pad},
               pr = {(s->oh - 1) * s->stride + s->kh - s->h - s->pad,
                     (s->ow - 1) * s->stride + s->kw - s->w - s->pad};
@@ -244,7 +244,8 @@ static dnnl_status_t descs_make(dconv *d, const pmap_conv_shape *s, int64_t bd, 
 }
 
 /* The entry of (s, bd, bias): its descriptors, reorders, operands and workspace plan; usable 0
- * where oneDNN has no implementation or chose a layout conv_layout.c does not read. */
+ * where oneDNN has no implementation, or chose a layout conv_layout.c does not read or one that
+ * pads the channels to more than twice their count. */
 static pmap_status dconv_make(const pmap_conv_shape *s, int64_t bd, int bias, dconv **out) {
   dconv *d = calloc(1, sizeof *d);
   if (!d) return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "conv2d: out of memory for its primitives");
@@ -254,12 +255,16 @@ static pmap_status dconv_make(const pmap_conv_shape *s, int64_t bd, int bias, dc
   DNNL_TRY(dnnl_memory_desc_init_by_tag(&xm, 4, xd, dnnl_f32, dnnl_nchw), "memory descriptor");
   DNNL_TRY(dnnl_memory_desc_init_by_tag(&wm, 4, wd, dnnl_f32, dnnl_oihw), "memory descriptor");
   DNNL_TRY(dnnl_memory_desc_init_by_tag(&bm, 1, bdim, dnnl_f32, dnnl_x), "memory descriptor");
+  /* No implementation (or a refusal of the shape): the im2col path serves it. */
   dnnl_status_t st = descs_make(d, s, bd, bias, &bm);
-  if (st == dnnl_unimplemented) return PMAP_SUCCESS;
+  if (st != dnnl_success && st != dnnl_out_of_memory) return PMAP_SUCCESS;
   DNNL_TRY(st, "convolution descriptors");
   const dnnl_memory_desc_t *src = md_of(&d->fwd, dnnl_query_src_md),
                            *dst = md_of(&d->fwd, dnnl_query_dst_md);
-  if (!layout_of(src, &d->src) || !layout_of(dst, &d->dst) ||
+  /* A layout that pads the channels to more than twice their count (one output channel in a
+   * block of 16) does that much more work than im2col's GEMMs: those serve the shape. */
+  if (!layout_of(src, &d->src) || !layout_of(dst, &d->dst) || 2 * s->c < d->src.block ||
+      2 * s->oc < d->dst.block ||
       !dnnl_memory_desc_equal(src, md_of(&d->bwd_data, dnnl_query_diff_src_md)) ||
       !dnnl_memory_desc_equal(dst, md_of(&d->bwd_data, dnnl_query_diff_dst_md)) ||
       !dnnl_memory_desc_equal(src, md_of(&d->bwd_weights, dnnl_query_src_md)) ||
