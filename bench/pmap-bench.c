@@ -10,6 +10,7 @@
 #include "../examples/tanh_net.h"
 #include "bench.h"
 #include "models/params.h"
+#include "ops/cpu/conv.h"
 #include "pmap_examples.h"
 
 static const char *prog = "pmap-bench";
@@ -465,8 +466,11 @@ int main(int argc, char **argv) {
   int code = 0, failed = 0;
   printf("pmap-bench: models %s, devices", o.models);
   for (int i = 0; i < o.ndev; i++) printf("%s%lld", i ? "," : " ", (long long)o.devs[i]);
-  printf(", %ld cores; CPU GEMM %s (%s; built: %s); FLOPs = 6 x forward multiply-adds\n", cores,
-         pmap_gemm_provider(), pmap_gemm_reason(), pmap_gemm_providers());
+  printf(
+      ", %ld cores; CPU GEMM %s (%s; built: %s), convolutions %s (built: %s); FLOPs = 6 x "
+      "forward multiply-adds\n",
+      cores, pmap_gemm_provider(), pmap_gemm_reason(), pmap_gemm_providers(), cpu_conv_path(),
+      cpu_conv_paths());
   if (csv) bench_report_csv_header(csv);
   for (int m = 0; m < nmodels && !code; m++) {
     code = bench_model(model[m], &o, backend, &bname, &res[m]);
@@ -483,11 +487,12 @@ int main(int argc, char **argv) {
   if (o.json && !code) {
     printf(
         "{\"model\": \"%s\", \"backend\": \"%s\", \"gemm\": \"%s\", \"gemm_reason\": \"%s\", "
-        "\"gemm_providers\": \"%s\", \"cores\": %ld, "
+        "\"gemm_providers\": \"%s\", \"conv\": \"%s\", \"conv_paths\": \"%s\", \"cores\": %ld, "
         "\"global_batch\": %lld, \"steps\": %lld, \"warmup\": %lld, "
         "\"flops_per_example\": \"6 x forward multiply-adds\", \"models\": [",
-        o.models, bname, pmap_gemm_provider(), pmap_gemm_reason(), pmap_gemm_providers(), cores,
-        (long long)res[0].batch, (long long)res[0].steps, (long long)res[0].warmup);
+        o.models, bname, pmap_gemm_provider(), pmap_gemm_reason(), pmap_gemm_providers(),
+        cpu_conv_path(), cpu_conv_paths(), cores, (long long)res[0].batch, (long long)res[0].steps,
+        (long long)res[0].warmup);
     for (int m = 0; m < nmodels; m++) {
       if (m) printf(", ");
       bench_report_json_model(stdout, &res[m]);

@@ -15,21 +15,39 @@ static const pmap_conv_shape *shape_of(const layer *l) {
 
 static int64_t fan_in(const pmap_conv_shape *s) { return s->c * s->kh * s->kw; }
 
+/* A ReLU after it is applied by the convolution itself (bias and ReLU in its epilogue), writing
+ * the ReLU layer's output alone: nothing reads the value before the ReLU, whose gradient needs
+ * only its output. Another activation after it runs as its own op on the convolution's output. */
 static pmap_status forward(pmap_device *dev, const layer *l, replica *r, int i, const float *in,
                            float *y, const float **out, int64_t bd) {
-  (void)dev, (void)i, (void)out;
+  (void)dev;
   const pmap_conv_shape *s = shape_of(l);
-  PMAP_TRY(r->ops->conv2d_forward(r->q, s, bd, in, r->w + l->w_off, y, r->col));
-  return r->ops->bias_forward(r->q, y, r->w + l->b_off, bd, s->oc, s->oh * s->ow);
+  const float *w = r->w + l->w_off, *b = r->w + l->b_off;
+  if (l->epilogue == PMAP_ACT_RELU + 1) {
+    *out = r->act[i + 1];
+    return r->ops->conv2d_forward(r->q, s, bd, in, w, b, 1, r->act[i + 1], r->col);
+  }
+  PMAP_TRY(r->ops->conv2d_forward(r->q, s, bd, in, w, b, 0, y, r->col));
+  if (!l->epilogue) return PMAP_SUCCESS;
+  return r->ops->act_forward(r->q, (pmap_act)(l->epilogue - 1), y, r->act[i + 1],
+                             (size_t)(bd * l->out_size));
 }
 
+/* dy: the gradient of the activation's output where one is folded in. */
 static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i, const float *dy,
                             float *dx, const float **dx_out, int64_t bd) {
   (void)dev, (void)dx_out;
   const pmap_conv_shape *s = shape_of(l);
-  PMAP_TRY(r->ops->conv2d_backward(r->q, s, bd, r->in[i], r->w + l->w_off, dy, dx, r->g + l->w_off,
-                                   r->col, r->dcol));
-  return r->ops->bias_backward(r->q, dy, r->g + l->b_off, bd, s->oc, s->oh * s->ow);
+  const float *relu_out = NULL;
+  if (l->epilogue == PMAP_ACT_RELU + 1) {
+    relu_out = r->out[i + 1];
+  } else if (l->epilogue) {
+    PMAP_TRY(r->ops->act_backward(r->q, (pmap_act)(l->epilogue - 1), r->out[i], r->out[i + 1], dy,
+                                  r->dact[i], (size_t)(bd * l->out_size)));
+    dy = r->dout[i] = r->dact[i];
+  }
+  return r->ops->conv2d_backward(r->q, s, bd, r->in[i], r->w + l->w_off, relu_out, dy, dx,
+                                 r->g + l->w_off, r->g + l->b_off, r->col, r->dcol);
 }
 
 static void init(const layer *l, double gain, struct pmap_rng *rng, float *w) {
@@ -63,6 +81,7 @@ static int blocks(const layer *l, layer_block *b) {
 static const layer_class conv2d_class = {
     .name = "conv2d",
     .code = 3,
+    .takes_act = 1,
     .forward = forward,
     .backward = backward,
     .init = init,
