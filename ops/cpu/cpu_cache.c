@@ -93,7 +93,7 @@ static void thread_key_make(void) {
 }
 
 cpu_cache *cpu_cache_of(op_queue *q) {
-  if (q) return cpu_queue_cache(q);
+  if (q) return q->cache;
   pthread_once(&thread_once, thread_key_make);
   if (!thread_key_ok) return NULL;
   cpu_cache *c = pthread_getspecific(thread_key);

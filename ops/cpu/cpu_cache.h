@@ -32,8 +32,12 @@ void cpu_cache_destroy(cpu_cache *c); /* frees every entry and the workspace; ac
 /* The cache of queue q, or this thread's when q is NULL (made at its first use); NULL when out
  * of memory. */
 cpu_cache *cpu_cache_of(op_queue *q);
-/* Queue q's own cache (cpu_queue.c: made with the queue, freed with it). */
-cpu_cache *cpu_queue_cache(op_queue *q);
+/* The CPU op queue, made and freed with its cache by cpu_queue.c; declared here so that finding
+ * a queue's cache calls nothing in the file that makes queues (it calls the kernels). */
+struct op_queue {
+  int device;
+  cpu_cache *cache; /* the primitives its convolutions made, and their workspace */
+};
 
 /* The entry kept under key, now the most recently used; NULL when there is none. */
 void *cpu_cache_find(cpu_cache *c, const cpu_cache_key *key);

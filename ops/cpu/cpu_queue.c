@@ -10,11 +10,6 @@
 #include "cpu_ops.h"
 #include "gemm.h"
 
-struct op_queue {
-  int device;
-  cpu_cache *cache; /* the primitives its convolutions made, and their workspace */
-};
-
 const pmap_ops pmap_cpu_ops = {
 #define PMAP_OP(name, args) .name = cpu_##name,
 #include "ops/op_list.h"
@@ -42,8 +37,6 @@ static void cpu_queue_destroy(op_queue *q) {
   cpu_cache_destroy(q->cache);
   free(q);
 }
-
-cpu_cache *cpu_queue_cache(op_queue *q) { return q->cache; }
 
 static int cpu_enter(void) { return cpu_gemm_threads_set(1); }
 static void cpu_leave(int saved) { cpu_gemm_threads_set(saved); }
