@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "cli.h"
+#include "ops/ops.h"
 #include "pmap.h"
 
 /* pmap-bench's options (bench_args.c). */
@@ -39,21 +40,36 @@ bench_stats bench_summarise(double *t, int n);
  * up to 200 us after a job), so that they do not take a core from the next measurement. */
 void bench_settle(void);
 
-/* One GEMM of a training step: c (m, n) = op(a) op(b), `repeat` times per step (a convolution
- * runs one GEMM per example), accumulating into c when beta1 is set. */
+/* What a convolution of a training step is, for the probe. */
+typedef enum bench_conv {
+  BENCH_GEMM = 0,         /* not a convolution: a GEMM */
+  BENCH_CONV_FORWARD,     /* conv2d_forward (with the bias, and the ReLU where relu) */
+  BENCH_CONV_BACKWARD,    /* conv2d_backward with the input gradient */
+  BENCH_CONV_BACKWARD_DW, /* conv2d_backward without it (a first layer) */
+} bench_conv;
+
+/* One GEMM of a training step: c (m, n) = op(a) op(b), `repeat` times per step, accumulating
+ * into c when beta1 is set; or one convolution op over bd examples of shape cs, run as the
+ * step runs it (oneDNN's primitives, or im2col with its GEMMs). */
 typedef struct bench_gemm {
   int ta, tb, beta1;
   int64_t m, n, k;
   int64_t repeat;
+  bench_conv conv;
+  int relu; /* the convolution applies the ReLU (forward) or its gradient (backward) */
+  pmap_conv_shape cs;
+  int64_t bd;
 } bench_gemm;
 
 #define BENCH_MAX_GEMMS 64
 
-/* The GEMMs of one forward + backward of `model` over bd examples on one device, in the order
- * and with the shapes and transposes models/exec.c runs them (recorded from a run of it on a
- * CPU device of its own). Returns their count (<= max), or -1 after printing why. */
+/* The GEMMs and convolutions of one forward + backward of `model` over bd examples on one
+ * device, in the order and with the shapes and transposes models/exec.c runs them (recorded
+ * from a run of it on a CPU device of its own). Returns their count (<= max), or -1 after
+ * printing why. */
 int bench_step_gemms(const pmap_model *model, int64_t bd, bench_gemm *out, int max);
-/* Floating-point operations of those GEMMs: 2 m n k each, times repeat. */
+/* Floating-point operations of those: 2 m n k each GEMM, times repeat; a convolution pass 2
+ * bd oc oh ow c kh kw (the backward with the input gradient twice that). */
 double bench_gemm_flops(const bench_gemm *g, int n);
 
 /* Per-device buffers of the GEMM probe and the all-reduce probe of one context. */
@@ -65,7 +81,7 @@ typedef struct bench_probe bench_probe;
 int bench_probe_open(pmap_ctx *ctx, const bench_gemm *g, int n, const pmap_params *params,
                      bench_probe **out);
 void bench_probe_close(bench_probe *p); /* accepts NULL */
-/* Times `reps` runs of the step's GEMMs on every device at once (the devices start together
+/* Times `reps` runs of the step's GEMMs and convolutions on every device at once (the devices start together
  * and a rep ends when the last one is done); appends the times (s) to t[*nt]. */
 int bench_probe_gemms(bench_probe *p, int reps, double *t, int *nt);
 /* Times `reps` runs of the step's collectives alone (the in-place pmean of [gradients | loss],

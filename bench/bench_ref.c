@@ -19,15 +19,21 @@
 
 static int push_gemm(bench_gemm *out, int n, int max, int ta, int tb, int beta1, int64_t m,
                      int64_t nn, int64_t k, int64_t repeat) {
-  if (n < max) out[n] = (bench_gemm){ta, tb, beta1, m, nn, k, repeat};
+  if (n < max) out[n] = (bench_gemm){ta, tb, beta1, m, nn, k, repeat, BENCH_GEMM, 0, {0}, 0};
+  return n + 1;
+}
+
+static int push_conv(bench_gemm *out, int n, int max, bench_conv conv, int relu,
+                     const pmap_conv_shape *s, int64_t bd) {
+  if (n < max) out[n] = (bench_gemm){.conv = conv, .relu = relu, .cs = *s, .bd = bd};
   return n + 1;
 }
 
 /* bench_step_gemms runs one forward, loss and backward of the model (models/exec.c itself) over
- * the CPU op table with its GEMM-shaped ops wrapped to note each GEMM they run: dense's through
- * gemm, conv2d's as the CPU kernel lowers them (ops/cpu/conv.c: one GEMM per example). The run
- * takes place on the one device of a context of its own, so layers with collectives run too;
- * the recorder is this file's, one recording at a time. */
+ * the CPU op table with its GEMM-shaped ops wrapped to note each they run: dense's through
+ * gemm, conv2d's as convolution ops. The run takes place on the one device of a context of its
+ * own, so layers with collectives run too; the recorder is this file's, one recording at a
+ * time. */
 static struct {
   bench_gemm *out;
   int n, max;
@@ -40,23 +46,20 @@ static pmap_status rec_gemm(op_queue *q, int ta, int tb, int64_t m, int64_t n, i
   return pmap_cpu_ops.gemm(q, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-/* y_b (oc, ohw) = w (oc, ckk) col_b (ckk, ohw) per example. */
 static pmap_status rec_conv_forward(op_queue *q, const pmap_conv_shape *s, int64_t bd,
-                                    const float *x, const float *w, float *y, float *col) {
-  recorded.n = push_gemm(recorded.out, recorded.n, recorded.max, 0, 0, 0, s->oc, s->oh * s->ow,
-                         s->c * s->kh * s->kw, bd);
-  return pmap_cpu_ops.conv2d_forward(q, s, bd, x, w, y, col);
+                                    const float *x, const float *w, const float *b, int relu,
+                                    float *y, float *col) {
+  recorded.n = push_conv(recorded.out, recorded.n, recorded.max, BENCH_CONV_FORWARD, relu, s, bd);
+  return pmap_cpu_ops.conv2d_forward(q, s, bd, x, w, b, relu, y, col);
 }
 
-/* dw (oc, ckk) += dy_b (oc, ohw) col_b^T; dcol_b (ckk, ohw) = w^T dy_b when dx is needed. */
 static pmap_status rec_conv_backward(op_queue *q, const pmap_conv_shape *s, int64_t bd,
-                                     const float *x, const float *w, const float *dy, float *dx,
-                                     float *dw, float *col, float *dcol) {
-  int64_t ckk = s->c * s->kh * s->kw, ohw = s->oh * s->ow;
-  recorded.n = push_gemm(recorded.out, recorded.n, recorded.max, 0, 1, 1, s->oc, ckk, ohw, bd);
-  if (dx)
-    recorded.n = push_gemm(recorded.out, recorded.n, recorded.max, 1, 0, 0, ckk, ohw, s->oc, bd);
-  return pmap_cpu_ops.conv2d_backward(q, s, bd, x, w, dy, dx, dw, col, dcol);
+                                     const float *x, const float *w, const float *y,
+                                     const float *dy, float *dx, float *dw, float *db, float *col,
+                                     float *dcol) {
+  recorded.n = push_conv(recorded.out, recorded.n, recorded.max,
+                         dx ? BENCH_CONV_BACKWARD : BENCH_CONV_BACKWARD_DW, y != NULL, s, bd);
+  return pmap_cpu_ops.conv2d_backward(q, s, bd, x, w, y, dy, dx, dw, db, col, dcol);
 }
 
 typedef struct record_arg {
@@ -113,10 +116,18 @@ int bench_step_gemms(const pmap_model *model, int64_t bd, bench_gemm *out, int m
   return recorded.n < max ? recorded.n : max;
 }
 
+static double conv_flops(const bench_gemm *g) {
+  const pmap_conv_shape *s = &g->cs;
+  double pass = 2.0 * (double)g->bd * (double)s->oc * (double)(s->oh * s->ow) *
+                (double)(s->c * s->kh * s->kw);
+  return g->conv == BENCH_CONV_BACKWARD ? 2.0 * pass : pass;
+}
+
 double bench_gemm_flops(const bench_gemm *g, int n) {
   double f = 0.0;
   for (int i = 0; i < n; i++)
-    f += 2.0 * (double)g[i].m * (double)g[i].n * (double)g[i].k * (double)g[i].repeat;
+    f += g[i].conv ? conv_flops(&g[i])
+                   : 2.0 * (double)g[i].m * (double)g[i].n * (double)g[i].k * (double)g[i].repeat;
   return f;
 }
 
@@ -125,6 +136,9 @@ double bench_gemm_flops(const bench_gemm *g, int n) {
 
 enum { PROBE_ALLOC, PROBE_FREE, PROBE_GEMMS, PROBE_ALLREDUCE, PROBE_OPTIMIZER };
 
+/* The operands' slots: a GEMM's a, b, c; a convolution's x, w, y, dy, dx, dw, db, col, dcol. */
+enum { SLOT_X, SLOT_W, SLOT_Y, SLOT_DY, SLOT_DX, SLOT_DW, SLOT_DB, SLOT_COL, SLOT_DCOL, SLOTS };
+
 struct bench_probe {
   pmap_ctx *ctx;
   bench_gemm g[BENCH_MAX_GEMMS];
@@ -132,11 +146,11 @@ struct bench_probe {
   int64_t inner; /* passes over the GEMMs per timed rep, so that tiny shapes time well */
   int bf16;      /* the params' policy is bf16: the GEMMs take bfloat16 operands */
   size_t count;  /* all-reduce floats, or the sharded step's padded buffer */
-  const pmap_params *params;          /* the step's settings: optimizer, sharding, parts */
-  float *(*ops)[3 * BENCH_MAX_GEMMS]; /* (N) a, b, c of each GEMM */
-  float **grad;                       /* (N) */
-  float **w, **state;                 /* (N) the optimizer probe's parameters and state */
-  float *host;                        /* random operand values, the largest operand's size */
+  const pmap_params *params;              /* the step's settings: optimizer, sharding, parts */
+  float *(*ops)[SLOTS * BENCH_MAX_GEMMS]; /* (N) each GEMM's or convolution's operands */
+  float **grad;                           /* (N) */
+  float **w, **state;                     /* (N) the optimizer probe's parameters and state */
+  float *host;                            /* random operand values, the largest operand's size */
   /* The current job. */
   int mode, reps;
   double *t;
@@ -144,15 +158,55 @@ struct bench_probe {
 };
 
 static size_t gemm_size(const bench_gemm *g, int which) {
-  return (size_t)(which == 0 ? g->m * g->k : which == 1 ? g->k * g->n : g->m * g->n);
+  if (!g->conv)
+    return which > 2 ? 0
+                     : (size_t)(which == 0   ? g->m * g->k
+                                : which == 1 ? g->k * g->n
+                                             : g->m * g->n);
+  const pmap_conv_shape *s = &g->cs;
+  int64_t ckk = s->c * s->kh * s->kw, ohw = s->oh * s->ow;
+  const int64_t n[SLOTS] = {g->bd * s->c * s->h * s->w,
+                            s->oc * ckk,
+                            g->bd * s->oc * ohw,
+                            g->bd * s->oc * ohw,
+                            g->bd * s->c * s->h * s->w,
+                            s->oc * ckk,
+                            s->oc,
+                            ckk * ohw,
+                            ckk * ohw};
+  return (size_t)n[which];
+}
+
+/* One GEMM or convolution of the probe on its operands o; bf16: a GEMM on bfloat16 operands (the
+ * first halves of o[0] and o[1]), as the step's under the bf16 policy (its convolutions run the
+ * float kernels). */
+static pmap_status probe_one(const replica *rp, const bench_gemm *g, float *const *o, int bf16) {
+  if (g->conv == BENCH_CONV_FORWARD)
+    return rp->ops->conv2d_forward(rp->q, &g->cs, g->bd, o[SLOT_X], o[SLOT_W], o[SLOT_DB], g->relu,
+                                   o[SLOT_Y], o[SLOT_COL]);
+  if (g->conv)
+    return rp->ops->conv2d_backward(rp->q, &g->cs, g->bd, o[SLOT_X], o[SLOT_W],
+                                    g->relu ? o[SLOT_Y] : NULL, o[SLOT_DY],
+                                    g->conv == BENCH_CONV_BACKWARD ? o[SLOT_DX] : NULL, o[SLOT_DW],
+                                    o[SLOT_DB], o[SLOT_COL], o[SLOT_DCOL]);
+  int64_t lda = g->ta ? g->m : g->k, ldb = g->tb ? g->k : g->n;
+  float beta = g->beta1 ? 1.0f : 0.0f;
+  for (int64_t k = 0; k < g->repeat; k++)
+    PMAP_TRY(bf16 ? rp->ops->gemm_bf16(rp->q, g->ta, g->tb, g->m, g->n, g->k, 1.0f,
+                                       (const pmap_bf16 *)(void *)o[0], lda,
+                                       (const pmap_bf16 *)(void *)o[1], ldb, beta, o[2], g->n)
+                  : rp->ops->gemm(rp->q, g->ta, g->tb, g->m, g->n, g->k, 1.0f, o[0], lda, o[1], ldb,
+                                  beta, o[2], g->n));
+  return PMAP_SUCCESS;
 }
 
 static pmap_status probe_alloc(pmap_device *dev, bench_probe *p) {
   int d = pmap_local_index(dev); /* per-process arrays */
   for (int i = 0; i < p->ng; i++)
-    for (int w = 0; w < 3; w++) {
-      float **slot = &p->ops[d][3 * i + w];
+    for (int w = 0; w < SLOTS; w++) {
+      float **slot = &p->ops[d][SLOTS * i + w];
       size_t n = gemm_size(&p->g[i], w);
+      if (!n) continue;
       PMAP_TRY(pmap_device_alloc(dev, n, slot));
       PMAP_TRY(pmap_device_upload(dev, *slot, p->host, n));
     }
@@ -171,7 +225,7 @@ static pmap_status probe_alloc(pmap_device *dev, bench_probe *p) {
 
 static pmap_status probe_free(pmap_device *dev, bench_probe *p) {
   int d = pmap_local_index(dev); /* per-process arrays */
-  for (int i = 0; i < 3 * p->ng; i++) pmap_device_free(dev, p->ops[d][i]);
+  for (int i = 0; i < SLOTS * p->ng; i++) pmap_device_free(dev, p->ops[d][i]);
   pmap_device_free(dev, p->grad[d]);
   pmap_device_free(dev, p->w[d]);
   pmap_device_free(dev, p->state[d]);
@@ -186,21 +240,10 @@ static pmap_status probe_gemms(pmap_device *dev, bench_probe *p) {
     PMAP_TRY(pmap_barrier(dev));
     double t0 = cli_now();
     for (int64_t pass = 0; pass < p->inner; pass++)
-      for (int i = 0; i < p->ng; i++) {
-        const bench_gemm *g = &p->g[i];
-        float *a = p->ops[d][3 * i], *b = p->ops[d][3 * i + 1], *c = p->ops[d][3 * i + 2];
-        int64_t lda = g->ta ? g->m : g->k, ldb = g->tb ? g->k : g->n;
-        float beta = g->beta1 ? 1.0f : 0.0f;
-        /* Under bf16 the same GEMMs on bfloat16 operands (the first halves of a and b). */
-        for (int64_t k = 0; k < g->repeat; k++)
-          PMAP_TRY(p->bf16 ? rp->ops->gemm_bf16(rp->q, g->ta, g->tb, g->m, g->n, g->k, 1.0f,
-                                                (const pmap_bf16 *)(void *)a, lda,
-                                                (const pmap_bf16 *)(void *)b, ldb, beta, c, g->n)
-                           : rp->ops->gemm(rp->q, g->ta, g->tb, g->m, g->n, g->k, 1.0f, a, lda, b,
-                                           ldb, beta, c, g->n));
-      }
+      for (int i = 0; i < p->ng; i++)
+        PMAP_TRY(probe_one(rp, &p->g[i], &p->ops[d][SLOTS * i], p->bf16));
     /* A download completes the device's queued work (CUDA); on CPU it is a 4-byte copy. */
-    PMAP_TRY(pmap_device_download(dev, &sink, p->ops[d][3 * (p->ng - 1) + 2], 1));
+    PMAP_TRY(pmap_device_download(dev, &sink, p->ops[d][SLOTS * (p->ng - 1)], 1));
     PMAP_TRY(pmap_barrier(dev));
     if (d == 0) p->t[(*p->nt)++] = (cli_now() - t0) / (double)p->inner;
   }
@@ -280,11 +323,11 @@ int bench_probe_open(pmap_ctx *ctx, const bench_gemm *g, int n, const pmap_param
   memcpy(p->g, g, (size_t)p->ng * sizeof *g);
   p->count = count;
   for (int i = 0; i < p->ng; i++)
-    for (int w = 0; w < 3; w++)
+    for (int w = 0; w < SLOTS; w++)
       if (gemm_size(&g[i], w) > largest) largest = gemm_size(&g[i], w);
   /* Enough passes for about 2e7 FLOPs or 20000 calls per rep, whichever comes first. */
   double flops = bench_gemm_flops(p->g, p->ng), calls = 0.0;
-  for (int i = 0; i < p->ng; i++) calls += (double)p->g[i].repeat;
+  for (int i = 0; i < p->ng; i++) calls += p->g[i].conv ? 1.0 : (double)p->g[i].repeat;
   double by_flops = ceil(2e7 / (flops > 1.0 ? flops : 1.0));
   double by_calls = ceil(2e4 / (calls > 1.0 ? calls : 1.0));
   p->inner = (int64_t)(by_flops < by_calls ? by_flops : by_calls);

@@ -450,7 +450,7 @@ def compare(args, cores, devices, configs, names, dump):
                 plan = {"dump": dump, "models": [
                     {"model": m["model"], "steps": m["steps"], "warmup": m["warmup"],
                      "rounds": m["rounds"]} for m in res["models"]]}
-                gemm = res["gemm"]
+                gemm, conv = res["gemm"], res.get("conv", "im2col")
             for row in res["rows"]:
                 pm.setdefault((row["model"], n), []).append(row)
             for c in configs:
@@ -475,7 +475,8 @@ def compare(args, cores, devices, configs, names, dump):
                                                     PRECISIONS[prec]["JAX_DEFAULT_MATMUL_PRECISION"]))
         print("  pmap: CUDA backend, one worker thread per device")
     else:
-        print("  pmap: one worker thread per device, its GEMM (%s) single-threaded" % gemm)
+        print("  pmap: one worker thread per device, its GEMM (%s) and convolutions (%s) "
+              "single-threaded" % (gemm, conv))
     for c in configs:
         print("  %s: XLA_FLAGS=%s" % (names[c], flags[c].replace("=%d" % devices[-1], "=N")))
     print("  same initial parameters and data (pmap-bench --dump), same optimizer and steps; "

@@ -10,6 +10,7 @@
 #include "../examples/tanh_net.h"
 #include "bench.h"
 #include "models/params.h"
+#include "ops/cpu/conv.h"
 #include "pmap_examples.h"
 
 static const char *prog = "pmap-bench";
@@ -498,8 +499,11 @@ int main(int argc, char **argv) {
   int code = 0, failed = 0;
   printf("pmap-bench: models %s, devices", o.models);
   for (int i = 0; i < o.ndev; i++) printf("%s%lld", i ? "," : " ", (long long)o.devs[i]);
-  printf(", %ld cores; CPU GEMM %s (%s; built: %s); FLOPs = 6 x forward multiply-adds\n", cores,
-         pmap_gemm_provider(), pmap_gemm_reason(), pmap_gemm_providers());
+  printf(
+      ", %ld cores; CPU GEMM %s (%s; built: %s), convolutions %s (built: %s); FLOPs = 6 x "
+      "forward multiply-adds\n",
+      cores, pmap_gemm_provider(), pmap_gemm_reason(), pmap_gemm_providers(), cpu_conv_path(),
+      cpu_conv_paths());
   printf("pmap-bench: precision %s; CPU bf16 instructions %s, bf16 GEMM %s (%s)\n", o.precision,
          pmap_cpu_bf16(), pmap_bf16_provider(), pmap_bf16_reason());
   if (csv) bench_report_csv_header(csv);
@@ -518,13 +522,16 @@ int main(int argc, char **argv) {
   if (o.json && !code) {
     printf(
         "{\"model\": \"%s\", \"backend\": \"%s\", \"gemm\": \"%s\", \"gemm_reason\": \"%s\", "
-        "\"gemm_providers\": \"%s\", \"precision\": \"%s\", \"cpu_bf16\": \"%s\", "
-        "\"bf16_gemm\": \"%s\", \"bf16_gemm_reason\": \"%s\", \"cores\": %ld, "
+        "\"gemm_providers\": \"%s\", \"conv\": \"%s\", \"conv_paths\": \"%s\", \"precision\": "
+        "\"%s\", "
+        "\"cpu_bf16\": \"%s\", \"bf16_gemm\": \"%s\", \"bf16_gemm_reason\": \"%s\", \"cores\": "
+        "%ld, "
         "\"global_batch\": %lld, \"steps\": %lld, \"warmup\": %lld, "
         "\"flops_per_example\": \"6 x forward multiply-adds\", \"models\": [",
         o.models, bname, pmap_gemm_provider(), pmap_gemm_reason(), pmap_gemm_providers(),
-        o.precision, pmap_cpu_bf16(), pmap_bf16_provider(), pmap_bf16_reason(), cores,
-        (long long)res[0].batch, (long long)res[0].steps, (long long)res[0].warmup);
+        cpu_conv_path(), cpu_conv_paths(), o.precision, pmap_cpu_bf16(), pmap_bf16_provider(),
+        pmap_bf16_reason(), cores, (long long)res[0].batch, (long long)res[0].steps,
+        (long long)res[0].warmup);
     for (int m = 0; m < nmodels; m++) {
       if (m) printf(", ");
       bench_report_json_model(stdout, &res[m]);

@@ -32,15 +32,17 @@ PMAP_OP(bias_backward, (op_queue *q, const float *dy, float *db, int64_t outer, 
 PMAP_OP(relu_forward, (op_queue *q, const float *x, float *y, size_t n))
 /* dx (n) = dy where y > 0, else 0; dx may equal dy. */
 PMAP_OP(relu_backward, (op_queue *q, const float *y, const float *dy, float *dx, size_t n))
-/* y (bd, oc, oh, ow) = conv(x (bd, c, h, w), w (oc, c, kh, kw)), no bias.
- * col: scratch of c*kh*kw*oh*ow floats. */
+/* y (bd, oc, oh, ow) = conv(x (bd, c, h, w), w (oc, c, kh, kw)) + b (oc) broadcast (b NULL: no
+ * bias), then pmap_relu of it where relu. col: scratch of c*kh*kw*oh*ow floats. */
 PMAP_OP(conv2d_forward, (op_queue *q, const pmap_conv_shape *s, int64_t bd, const float *x,
-                         const float *w, float *y, float *col))
-/* dw (oc, c, kh, kw) += ..., dx (bd, c, h, w) = ... (dx may be NULL: not needed).
- * col: scratch as above; dcol: a second scratch of the same size. */
+                         const float *w, const float *b, int relu, float *y, float *col))
+/* From dy, the gradient of the forward's output y: g = pmap_relu_grad(y, dy) where y is not NULL
+ * (the forward applied the ReLU), else g = dy; db (oc) += the sums of g over examples and
+ * pixels (db may be NULL), dw (oc, c, kh, kw) += ..., dx (bd, c, h, w) = ... (dx may be NULL:
+ * not needed). col: scratch as above; dcol: a second scratch of the same size. */
 PMAP_OP(conv2d_backward, (op_queue *q, const pmap_conv_shape *s, int64_t bd, const float *x,
-                          const float *w, const float *dy, float *dx, float *dw, float *col,
-                          float *dcol))
+                          const float *w, const float *y, const float *dy, float *dx, float *dw,
+                          float *db, float *col, float *dcol))
 /* loss = 1/n sum (pred - t)^2 written to *loss (device memory), dpred (n) = 2/n (pred - t). */
 PMAP_OP(mse, (op_queue *q, const float *pred, const float *t, size_t n, float *dpred, float *loss))
 /* Mean over rows of softmax cross-entropy: logits (rows, k), labels (rows) in [0, k);

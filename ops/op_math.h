@@ -252,14 +252,18 @@ PMAP_HD static inline double pmap_xent_row(const float *z, int label, int64_t k,
   return (double)logf(se) + (double)zmax - (double)z[label];
 }
 
-/* act: a pmap_act value (0 tanh, 1 sigmoid, 2 gelu). */
+/* act: a pmap_act value (0 tanh, 1 sigmoid, 2 gelu, 3 relu). */
 PMAP_HD static inline float pmap_act_apply(int act, float x) {
-  return act == 0 ? pmap_tanh(x) : act == 1 ? pmap_sigmoid(x) : pmap_gelu(x);
+  return act == 0   ? pmap_tanh(x)
+         : act == 1 ? pmap_sigmoid(x)
+         : act == 2 ? pmap_gelu(x)
+                    : pmap_relu(x);
 }
 PMAP_HD static inline float pmap_act_grad(int act, float x, float y, float dy) {
   return act == 0   ? pmap_tanh_grad(y, dy)
          : act == 1 ? pmap_sigmoid_grad(y, dy)
-                    : pmap_gelu_grad(x, dy);
+         : act == 2 ? pmap_gelu_grad(x, dy)
+                    : pmap_relu_grad(y, dy);
 }
 
 /* Counter-based hash (the splitmix64 finaliser): the dropout mask of element `index` under

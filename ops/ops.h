@@ -43,8 +43,14 @@ typedef struct pmap_pool_shape {
 /* A bfloat16 value: the top 16 bits of a float (ops/op_math.h pmap_bf16_round). */
 typedef uint16_t pmap_bf16;
 
-/* Element-wise activations beside relu (formulas in ops/op_math.h). */
-typedef enum pmap_act { PMAP_ACT_TANH = 0, PMAP_ACT_SIGMOID = 1, PMAP_ACT_GELU = 2 } pmap_act;
+/* Element-wise activations (formulas in ops/op_math.h): those of the act_* ops, and the ReLU a
+ * dense layer folds (bias_act_forward, act_bias_backward; its gradient from the output alone). */
+typedef enum pmap_act {
+  PMAP_ACT_TANH = 0,
+  PMAP_ACT_SIGMOID = 1,
+  PMAP_ACT_GELU = 2,
+  PMAP_ACT_RELU = 3
+} pmap_act;
 
 /* Where ops run: one device's queue of work, defined by each op backend (ops/cpu: nothing but the
  * device's index; ops/cuda: its stream, BLAS handle and scratch). Made by op_backend.queue_create

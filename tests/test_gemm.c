@@ -1,11 +1,12 @@
 /* test_gemm.c: unit test of the CPU GEMM providers: every provider of the build, forced in turn,
  * runs the op harness's GEMM-based cases on the CPU (gemm with every transpose, alpha, beta and
- * padding, k == 0, as a dense layer against finite differences; conv2d forward and backward)
- * against their float64 references, then the bf16 GEMMs' cases on each bf16 provider; forcing a
- * provider that is not built is refused. Which
- * provider a process picks (PMAP_GEMM, the measured choice and its cache) is
- * tests/test_gemm_choice.c's. */
+ * padding, k == 0, as a dense layer against finite differences; conv2d forward and backward on
+ * the im2col path, whose GEMMs they are) against their float64 references, then the bf16 GEMMs'
+ * cases on each bf16 provider; forcing a provider that is not built is refused. oneDNN's own
+ * convolutions are tests/ops/test_conv.c's. Which provider a process picks (PMAP_GEMM, the
+ * measured choice and its cache) is tests/test_gemm_choice.c's. */
 #include "ops/cpu/bf16.h"
+#include "ops/cpu/conv.h"
 #include "ops/cpu/gemm.h"
 #include "ops/harness.h"
 #include "testutil.h"
@@ -14,6 +15,7 @@ int main(void) {
   int n = 0;
   const cpu_gemm_provider *list = cpu_gemm_list(&n);
   hx_opts o = {.only = "gemm,conv2d_forward,conv2d_backward", .seed = 7};
+  CHECK_OK(cpu_conv_force("im2col"));
   for (int i = 0; i < n; i++) {
     CHECK_OK(cpu_gemm_force(list[i].name));
     CHECK(strcmp(pmap_gemm_provider(), list[i].name) == 0, "forcing %s: %s in use", list[i].name,

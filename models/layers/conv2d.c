@@ -15,11 +15,16 @@ static const pmap_conv_shape *shape_of(const layer *l) {
 
 static int64_t fan_in(const pmap_conv_shape *s) { return s->c * s->kh * s->kw; }
 
-/* The bf16 policy (docs/precision.md): the convolution's operands (input, weights, output
+/* A ReLU after it is applied by the convolution itself (bias and ReLU in its epilogue), writing
+ * the ReLU layer's output alone: nothing reads the value before the ReLU, whose gradient needs
+ * only its output. Another activation after it runs as its own op on the convolution's output.
+ *
+ * The bf16 policy (docs/precision.md): the convolution's operands (input, weights, output
  * gradient) rounded to bfloat16 values held as floats, through the float kernels, whose
  * products of such values are exact: bfloat16 semantics, float speed. The input and weights so
  * rounded stay in r->aux[i] (bd x C H W, then the weights) from forward to backward; dy's
- * rounding takes the shared scratch. */
+ * rounding takes the shared scratch (the bias gradient, which the kernel sums from the dy it
+ * is given, then sums the rounded values). */
 static void rows16(const layer *l, size_t *aux, size_t *fixed, size_t *tmp) {
   *aux = (size_t)l->in_size;
   *fixed = l->w_size;
@@ -28,30 +33,46 @@ static void rows16(const layer *l, size_t *aux, size_t *fixed, size_t *tmp) {
 
 static pmap_status forward(pmap_device *dev, const layer *l, replica *r, int i, const float *in,
                            float *y, const float **out, int64_t bd) {
-  (void)dev, (void)out;
+  (void)dev;
   const pmap_conv_shape *s = shape_of(l);
-  const float *w = r->w + l->w_off;
+  const float *w = r->w + l->w_off, *b = r->w + l->b_off;
   if (r->w16) {
     float *x16 = r->aux[i], *w16 = x16 + (size_t)(bd * l->in_size);
     PMAP_TRY(r->ops->round_bf16(r->q, in, NULL, x16, (size_t)(bd * l->in_size)));
     PMAP_TRY(r->ops->widen_bf16(r->q, r->w16 + l->w_off, w16, l->w_size));
     in = x16, w = w16;
   }
-  PMAP_TRY(r->ops->conv2d_forward(r->q, s, bd, in, w, y, r->col));
-  return r->ops->bias_forward(r->q, y, r->w + l->b_off, bd, s->oc, s->oh * s->ow);
+  if (l->epilogue == PMAP_ACT_RELU + 1) {
+    *out = r->act[i + 1];
+    return r->ops->conv2d_forward(r->q, s, bd, in, w, b, 1, r->act[i + 1], r->col);
+  }
+  PMAP_TRY(r->ops->conv2d_forward(r->q, s, bd, in, w, b, 0, y, r->col));
+  if (!l->epilogue) return PMAP_SUCCESS;
+  return r->ops->act_forward(r->q, (pmap_act)(l->epilogue - 1), y, r->act[i + 1],
+                             (size_t)(bd * l->out_size));
 }
 
+/* dy: the gradient of the activation's output where one is folded in. */
 static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i, const float *dy,
                             float *dx, const float **dx_out, int64_t bd) {
   (void)dev, (void)dx_out;
   const pmap_conv_shape *s = shape_of(l);
-  const float *x = r->in[i], *w = r->w + l->w_off, *d = dy;
-  if (r->w16) {
-    x = r->aux[i], w = x + (size_t)(bd * l->in_size), d = r->tmp;
-    PMAP_TRY(r->ops->round_bf16(r->q, dy, NULL, r->tmp, (size_t)(bd * l->out_size)));
+  const float *relu_out = NULL;
+  if (l->epilogue == PMAP_ACT_RELU + 1) {
+    relu_out = r->out[i + 1];
+  } else if (l->epilogue) {
+    PMAP_TRY(r->ops->act_backward(r->q, (pmap_act)(l->epilogue - 1), r->out[i], r->out[i + 1], dy,
+                                  r->dact[i], (size_t)(bd * l->out_size)));
+    dy = r->dout[i] = r->dact[i];
   }
-  PMAP_TRY(r->ops->conv2d_backward(r->q, s, bd, x, w, d, dx, r->g + l->w_off, r->col, r->dcol));
-  return r->ops->bias_backward(r->q, dy, r->g + l->b_off, bd, s->oc, s->oh * s->ow);
+  const float *x = r->in[i], *w = r->w + l->w_off;
+  if (r->w16) {
+    x = r->aux[i], w = x + (size_t)(bd * l->in_size);
+    PMAP_TRY(r->ops->round_bf16(r->q, dy, NULL, r->tmp, (size_t)(bd * l->out_size)));
+    dy = r->tmp;
+  }
+  return r->ops->conv2d_backward(r->q, s, bd, x, w, relu_out, dy, dx, r->g + l->w_off,
+                                 r->g + l->b_off, r->col, r->dcol);
 }
 
 static void init(const layer *l, double gain, struct pmap_rng *rng, float *w) {
@@ -85,6 +106,7 @@ static int blocks(const layer *l, layer_block *b) {
 static const layer_class conv2d_class = {
     .name = "conv2d",
     .code = 3,
+    .takes_act = 1,
     .bf16_rows = rows16,
     .forward = forward,
     .backward = backward,

@@ -1,4 +1,5 @@
-/* relu.c: y = max(x, 0), any shape; the layer before it draws its weights with He's gain. */
+/* relu.c: y = max(x, 0), any shape; the layer before it draws its weights with He's gain, and a
+ * dense or conv2d layer before it applies it in its own pass (layer.h, epilogue). */
 #include "models/model.h"
 #include "base/error.h"
 
@@ -19,6 +20,7 @@ static const layer_class relu_class = {
     .name = "relu",
     .code = 2,
     .init_gain = 2.0, /* He normal in front of a ReLU */
+    .act_epilogue = PMAP_ACT_RELU + 1,
     .forward = forward,
     .backward = backward,
 };

@@ -54,8 +54,9 @@ CPU_SIMD_CLONES pmap_status cpu_causal_softmax_backward(op_queue *q, const float
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_embedding_forward(op_queue *q, const int32_t *ids, const float *table, int64_t n,
-                                  int64_t v, int64_t d, float *y) {
+CPU_SIMD_CLONES pmap_status cpu_embedding_forward(op_queue *q, const int32_t *ids,
+                                                  const float *table, int64_t n, int64_t v,
+                                                  int64_t d, float *y) {
   (void)q;
   for (int64_t i = 0; i < n; i++) {
     int64_t id = ids[i];
@@ -64,8 +65,8 @@ pmap_status cpu_embedding_forward(op_queue *q, const int32_t *ids, const float *
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_embedding_backward(op_queue *q, const int32_t *ids, const float *dy, int64_t n,
-                                   int64_t v, int64_t d, float *dtable) {
+CPU_SIMD_CLONES pmap_status cpu_embedding_backward(op_queue *q, const int32_t *ids, const float *dy,
+                                                   int64_t n, int64_t v, int64_t d, float *dtable) {
   (void)q;
   for (int64_t i = 0; i < n; i++) {
     int64_t id = ids[i];

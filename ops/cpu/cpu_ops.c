@@ -6,7 +6,7 @@
 #include "cpu_ops.h"
 #include "ops/op_math.h"
 
-pmap_status cpu_fill(op_queue *q, float *x, float value, size_t n) {
+CPU_SIMD_CLONES pmap_status cpu_fill(op_queue *q, float *x, float value, size_t n) {
   (void)q;
   if (value == 0.0f) {
     if (n) memset(x, 0, n * sizeof *x);
@@ -22,8 +22,8 @@ pmap_status cpu_copy(op_queue *q, const float *x, float *y, size_t n) {
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_bias_forward(op_queue *q, float *y, const float *b, int64_t outer, int64_t ch,
-                             int64_t inner) {
+CPU_SIMD_CLONES pmap_status cpu_bias_forward(op_queue *q, float *y, const float *b, int64_t outer,
+                                             int64_t ch, int64_t inner) {
   (void)q;
   if (inner == 1) { /* dense: a vector loop along each row rather than a loop of one */
     for (int64_t o = 0; o < outer; o++) {
@@ -40,8 +40,8 @@ pmap_status cpu_bias_forward(op_queue *q, float *y, const float *b, int64_t oute
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_bias_backward(op_queue *q, const float *dy, float *db, int64_t outer, int64_t ch,
-                              int64_t inner) {
+CPU_SIMD_CLONES pmap_status cpu_bias_backward(op_queue *q, const float *dy, float *db,
+                                              int64_t outer, int64_t ch, int64_t inner) {
   (void)q;
   if (inner == 1) {
     for (int64_t o = 0; o < outer; o++)
@@ -58,13 +58,14 @@ pmap_status cpu_bias_backward(op_queue *q, const float *dy, float *db, int64_t o
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_relu_forward(op_queue *q, const float *x, float *y, size_t n) {
+CPU_SIMD_CLONES pmap_status cpu_relu_forward(op_queue *q, const float *x, float *y, size_t n) {
   (void)q;
   for (size_t i = 0; i < n; i++) y[i] = pmap_relu(x[i]);
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_relu_backward(op_queue *q, const float *y, const float *dy, float *dx, size_t n) {
+CPU_SIMD_CLONES pmap_status cpu_relu_backward(op_queue *q, const float *y, const float *dy,
+                                              float *dx, size_t n) {
   (void)q;
   for (size_t i = 0; i < n; i++) dx[i] = pmap_relu_grad(y[i], dy[i]);
   return PMAP_SUCCESS;
@@ -95,8 +96,8 @@ CPU_SIMD_CLONES pmap_status cpu_softmax_xent(op_queue *q, const float *logits,
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_sgd_step(op_queue *q, float *w, const float *g, float *v, size_t n,
-                         const pmap_step_hyper *h) {
+CPU_SIMD_CLONES pmap_status cpu_sgd_step(op_queue *q, float *w, const float *g, float *v, size_t n,
+                                         const pmap_step_hyper *h) {
   (void)q;
   const float lr = h->lr, momentum = h->momentum, wd = h->weight_decay;
   if (momentum == 0.0f && wd == 0.0f) {
@@ -127,7 +128,7 @@ CPU_SIMD_CLONES pmap_status cpu_adam_step(op_queue *q, float *w, const float *g,
 
 /* Eight partial sums, added in a fixed order at the end: deterministic, and eight independent
  * chains instead of one, so the pass runs at memory speed rather than at one add's latency. */
-pmap_status cpu_norm2(op_queue *q, const float *x, size_t n, float *norm) {
+CPU_SIMD_CLONES pmap_status cpu_norm2(op_queue *q, const float *x, size_t n, float *norm) {
   (void)q;
   double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   size_t i = 0;
@@ -139,13 +140,13 @@ pmap_status cpu_norm2(op_queue *q, const float *x, size_t n, float *norm) {
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_scale(op_queue *q, float *x, float s, size_t n) {
+CPU_SIMD_CLONES pmap_status cpu_scale(op_queue *q, float *x, float s, size_t n) {
   (void)q;
   for (size_t i = 0; i < n; i++) x[i] *= s;
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_axpy(op_queue *q, float alpha, const float *x, float *y, size_t n) {
+CPU_SIMD_CLONES pmap_status cpu_axpy(op_queue *q, float alpha, const float *x, float *y, size_t n) {
   (void)q;
   for (size_t i = 0; i < n; i++) y[i] += alpha * x[i];
   return PMAP_SUCCESS;

@@ -22,14 +22,25 @@ void cpu_gemm_portable(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k
 int cpu_gemm_threads_set(int n);
 
 /* Element-wise loops are written for the vectorizer (ops/op_math.h's transcendentals are
- * straight-line code). CPU_SIMD_CLONES builds a kernel twice, for AVX2 and for the baseline, and
- * the loader picks one per process (an ifunc: never per thread); both do the same float
- * operations in the same order (C11 mode contracts no FMA), so they give the same bits.
- * CPU_IVDEP: the loop after it has no dependence between iterations (outputs may equal inputs
- * element for element, which the vectorizer cannot prove). */
+ * straight-line code). CPU_SIMD_CLONES builds a kernel three times, for x86-64-v4 (AVX-512:
+ * F, BW, CD, DQ, VL), for AVX2 and for the baseline, and the loader picks one per process (an
+ * ifunc: never per thread); all do the same float operations in the same order (C11 mode
+ * contracts no FMA, and no reduction is reassociated), so they give the same bits
+ * (tests/ops/simd_check.c compares them). CPU_IVDEP: the loop after it has no dependence
+ * between iterations (outputs may equal inputs element for element, which the vectorizer cannot
+ * prove). */
 /* Not under ThreadSanitizer: the loader runs an ifunc's resolver before TSan's runtime is up,
- * and the instrumented resolver crashes the process at load. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
+ * and the instrumented resolver crashes the process at load. CPU_SIMD_ONLY (a target string)
+ * or CPU_SIMD_BASELINE builds one target alone, without a dispatcher: the clone check's copies
+ * of the kernels. */
+#if defined(CPU_SIMD_BASELINE)
+#define CPU_SIMD_CLONES
+#elif defined(CPU_SIMD_ONLY)
+#define CPU_SIMD_CLONES __attribute__((target(CPU_SIMD_ONLY)))
+#elif defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && defined(__x86_64__) && \
+    defined(__linux__) && !defined(__SANITIZE_THREAD__)
+#define CPU_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#elif defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
     !defined(__SANITIZE_THREAD__)
 #define CPU_SIMD_CLONES __attribute__((target_clones("avx2", "default")))
 #else

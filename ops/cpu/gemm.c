@@ -22,9 +22,9 @@
 
 #define KBLOCK 256
 
-void cpu_gemm_portable(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
-                       int64_t lda, const float *b, int64_t ldb, float beta, float *c,
-                       int64_t ldc) {
+CPU_SIMD_CLONES void cpu_gemm_portable(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
+                                       const float *a, int64_t lda, const float *b, int64_t ldb,
+                                       float beta, float *c, int64_t ldc) {
   for (int64_t i = 0; i < m; i++) {
     float *ci = c + i * ldc;
     if (beta == 0.0f)

@@ -12,6 +12,8 @@ CPU_INLINE void act_rows(pmap_act act, const float *x, float *y, size_t n) {
     CPU_IVDEP for (size_t i = 0; i < n; i++) y[i] = pmap_tanh(x[i]);
   } else if (act == PMAP_ACT_SIGMOID) {
     CPU_IVDEP for (size_t i = 0; i < n; i++) y[i] = pmap_sigmoid(x[i]);
+  } else if (act == PMAP_ACT_RELU) {
+    CPU_IVDEP for (size_t i = 0; i < n; i++) y[i] = pmap_relu(x[i]);
   } else {
     CPU_IVDEP for (size_t i = 0; i < n; i++) y[i] = pmap_gelu(x[i]);
   }
@@ -23,6 +25,8 @@ CPU_INLINE void act_grad_rows(pmap_act act, const float *x, const float *y, cons
     CPU_IVDEP for (size_t i = 0; i < n; i++) dx[i] = pmap_tanh_grad(y[i], dy[i]);
   } else if (act == PMAP_ACT_SIGMOID) {
     CPU_IVDEP for (size_t i = 0; i < n; i++) dx[i] = pmap_sigmoid_grad(y[i], dy[i]);
+  } else if (act == PMAP_ACT_RELU) {
+    CPU_IVDEP for (size_t i = 0; i < n; i++) dx[i] = pmap_relu_grad(y[i], dy[i]);
   } else {
     CPU_IVDEP for (size_t i = 0; i < n; i++) dx[i] = pmap_gelu_grad(x[i], dy[i]);
   }
@@ -68,15 +72,16 @@ CPU_SIMD_CLONES pmap_status cpu_act_bias_backward(op_queue *q, pmap_act act, con
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_add(op_queue *q, const float *a, const float *b, float *y, size_t n) {
+CPU_SIMD_CLONES pmap_status cpu_add(op_queue *q, const float *a, const float *b, float *y,
+                                    size_t n) {
   (void)q;
   for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_layernorm_forward(op_queue *q, const float *x, const float *gamma,
-                                  const float *beta, int64_t rows, int64_t f, float eps, float *y,
-                                  float *stats) {
+CPU_SIMD_CLONES pmap_status cpu_layernorm_forward(op_queue *q, const float *x, const float *gamma,
+                                                  const float *beta, int64_t rows, int64_t f,
+                                                  float eps, float *y, float *stats) {
   (void)q;
   for (int64_t r = 0; r < rows; r++) {
     const float *xr = x + r * f;
@@ -96,9 +101,10 @@ pmap_status cpu_layernorm_forward(op_queue *q, const float *x, const float *gamm
  * same row-major pass as dx where the column sums fit a stack array: one pass over x and dy,
  * the same bits. */
 #define LN_STACK_COLS 1024
-pmap_status cpu_layernorm_backward(op_queue *q, const float *x, const float *gamma,
-                                   const float *stats, const float *dy, int64_t rows, int64_t f,
-                                   float *dx, float *dgamma, float *dbeta) {
+CPU_SIMD_CLONES pmap_status cpu_layernorm_backward(op_queue *q, const float *x, const float *gamma,
+                                                   const float *stats, const float *dy,
+                                                   int64_t rows, int64_t f, float *dx,
+                                                   float *dgamma, float *dbeta) {
   (void)q;
   double colg[LN_STACK_COLS], colb[LN_STACK_COLS];
   int fused = f <= LN_STACK_COLS;
@@ -142,8 +148,8 @@ pmap_status cpu_layernorm_backward(op_queue *q, const float *x, const float *gam
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_pool2d_forward(op_queue *q, int is_max, const pmap_pool_shape *s, int64_t bd,
-                               const float *x, float *y) {
+CPU_SIMD_CLONES pmap_status cpu_pool2d_forward(op_queue *q, int is_max, const pmap_pool_shape *s,
+                                               int64_t bd, const float *x, float *y) {
   (void)q;
   for (int64_t p = 0; p < bd * s->c; p++)
     for (int64_t oy = 0; oy < s->oh; oy++)
@@ -156,8 +162,8 @@ pmap_status cpu_pool2d_forward(op_queue *q, int is_max, const pmap_pool_shape *s
 /* Windows that tile without overlap (stride = kernel, the usual pooling): each window hands its
  * gradient to its own elements once, instead of every element searching the windows that hold
  * it. The values are pmap_pool_dx's: 0 + the one term (0 + -0 is +0, as there). */
-static void pool2d_backward_tiled(int is_max, const pmap_pool_shape *s, int64_t bd, const float *x,
-                                  const float *dy, float *dx) {
+CPU_INLINE void pool2d_backward_tiled(int is_max, const pmap_pool_shape *s, int64_t bd,
+                                      const float *x, const float *dy, float *dx) {
   const int64_t hw = s->h * s->w;
   const float area = (float)(s->kh * s->kw);
   for (int64_t p = 0; p < bd * s->c; p++) {
@@ -180,8 +186,9 @@ static void pool2d_backward_tiled(int is_max, const pmap_pool_shape *s, int64_t 
   }
 }
 
-pmap_status cpu_pool2d_backward(op_queue *q, int is_max, const pmap_pool_shape *s, int64_t bd,
-                                const float *x, const float *dy, float *dx) {
+CPU_SIMD_CLONES pmap_status cpu_pool2d_backward(op_queue *q, int is_max, const pmap_pool_shape *s,
+                                                int64_t bd, const float *x, const float *dy,
+                                                float *dx) {
   (void)q;
   if (s->stride == s->kh && s->stride == s->kw) {
     pool2d_backward_tiled(is_max, s, bd, x, dy, dx);
@@ -196,22 +203,22 @@ pmap_status cpu_pool2d_backward(op_queue *q, int is_max, const pmap_pool_shape *
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_dropout_forward(op_queue *q, const float *x, float *y, size_t n, float rate,
-                                uint64_t key, uint64_t first) {
+CPU_SIMD_CLONES pmap_status cpu_dropout_forward(op_queue *q, const float *x, float *y, size_t n,
+                                                float rate, uint64_t key, uint64_t first) {
   (void)q;
   for (size_t i = 0; i < n; i++) y[i] = x[i] * pmap_dropout_factor(key, first + i, rate);
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_dropout_backward(op_queue *q, const float *dy, float *dx, size_t n, float rate,
-                                 uint64_t key, uint64_t first) {
+CPU_SIMD_CLONES pmap_status cpu_dropout_backward(op_queue *q, const float *dy, float *dx, size_t n,
+                                                 float rate, uint64_t key, uint64_t first) {
   (void)q;
   for (size_t i = 0; i < n; i++) dx[i] = dy[i] * pmap_dropout_factor(key, first + i, rate);
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_bn_stats(op_queue *q, const float *x, int64_t outer, int64_t c, int64_t inner,
-                         const float *prev, float *stats) {
+CPU_SIMD_CLONES pmap_status cpu_bn_stats(op_queue *q, const float *x, int64_t outer, int64_t c,
+                                         int64_t inner, const float *prev, float *stats) {
   (void)q;
   for (int64_t ch = 0; ch < c; ch++) {
     float shift = 0.0f, var;
@@ -232,10 +239,11 @@ pmap_status cpu_bn_stats(op_queue *q, const float *x, int64_t outer, int64_t c, 
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_bn_forward(op_queue *q, const float *x, const float *stats, const float *run_stats,
-                           float *running, const float *gamma, const float *beta, int64_t outer,
-                           int64_t c, int64_t inner, float eps, float momentum, int training,
-                           float *y) {
+CPU_SIMD_CLONES pmap_status cpu_bn_forward(op_queue *q, const float *x, const float *stats,
+                                           const float *run_stats, float *running,
+                                           const float *gamma, const float *beta, int64_t outer,
+                                           int64_t c, int64_t inner, float eps, float momentum,
+                                           int training, float *y) {
   (void)q;
   for (int64_t ch = 0; ch < c; ch++) {
     float mean, var;
@@ -259,8 +267,9 @@ pmap_status cpu_bn_forward(op_queue *q, const float *x, const float *stats, cons
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_bn_backward_sums(op_queue *q, const float *x, const float *dy, const float *stats,
-                                 int64_t outer, int64_t c, int64_t inner, float eps, float *sums) {
+CPU_SIMD_CLONES pmap_status cpu_bn_backward_sums(op_queue *q, const float *x, const float *dy,
+                                                 const float *stats, int64_t outer, int64_t c,
+                                                 int64_t inner, float eps, float *sums) {
   (void)q;
   for (int64_t ch = 0; ch < c; ch++) {
     float mean, var;
@@ -278,9 +287,10 @@ pmap_status cpu_bn_backward_sums(op_queue *q, const float *x, const float *dy, c
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_bn_backward_dx(op_queue *q, const float *x, const float *dy, const float *stats,
-                               const float *gamma, const float *sums, int64_t outer, int64_t c,
-                               int64_t inner, float eps, float *dx) {
+CPU_SIMD_CLONES pmap_status cpu_bn_backward_dx(op_queue *q, const float *x, const float *dy,
+                                               const float *stats, const float *gamma,
+                                               const float *sums, int64_t outer, int64_t c,
+                                               int64_t inner, float eps, float *dx) {
   (void)q;
   float count = stats[2 * c];
   for (int64_t ch = 0; ch < c; ch++) {

@@ -1,6 +1,7 @@
 /* conv2d.cu: 2-D convolution over NCHW examples (ops/ops.h conv2d_*) as im2col + cuBLAS, one
  * GEMM per chunk of cb examples: columns (C*KH*KW, cb, OH*OW), outputs (OC, cb, OH*OW), and a
- * swap of the two outer axes to and from the (cb, OC, OH*OW) layout of y and dy. */
+ * swap of the two outer axes to and from the (cb, OC, OH*OW) layout of y and dy; the bias and
+ * the ReLU (and their gradients) by the bias and ReLU kernels. */
 #include "cuda_common.cuh"
 
 /* A chunk's workspace stays under this many floats (256 MiB) unless one example needs more. */
@@ -94,7 +95,8 @@ static int64_t chunk_of(int64_t bd, size_t per_example) {
 }
 
 extern "C" pmap_status cuda_conv2d_forward(op_queue *q, const pmap_conv_shape *s, int64_t bd,
-                                           const float *x, const float *w, float *y, float *col) {
+                                           const float *x, const float *w, const float *b, int relu,
+                                           float *y, float *col) {
   (void)col;
   int64_t ckk = s->c * s->kh * s->kw, ohw = s->oh * s->ow, chw = s->c * s->h * s->w;
   if (bd <= 0) return PMAP_SUCCESS;
@@ -116,25 +118,36 @@ extern "C" pmap_status cuda_conv2d_forward(op_queue *q, const pmap_conv_shape *s
       CUDA_CHECK_LAUNCH(q, "swap_axes_kernel");
     }
   }
+  /* The epilogue as the bias and ReLU ops give it. */
+  if (b) PMAP_TRY(cuda_bias_forward(q, y, b, bd, s->oc, ohw));
+  if (relu) PMAP_TRY(cuda_relu_forward(q, y, y, (size_t)(bd * s->oc * ohw)));
   return PMAP_SUCCESS;
 }
 
 extern "C" pmap_status cuda_conv2d_backward(op_queue *q, const pmap_conv_shape *s, int64_t bd,
-                                            const float *x, const float *w, const float *dy,
-                                            float *dx, float *dw, float *col, float *dcol) {
+                                            const float *x, const float *w, const float *y,
+                                            const float *dy, float *dx, float *dw, float *db,
+                                            float *col, float *dcol) {
   (void)col;
   (void)dcol;
   int64_t ckk = s->c * s->kh * s->kw, ohw = s->oh * s->ow, chw = s->c * s->h * s->w;
   if (bd <= 0) return PMAP_SUCCESS;
-  size_t per = (size_t)((ckk + s->oc + (dx ? ckk : 0)) * ohw);
+  size_t per = (size_t)((ckk + s->oc + (dx ? ckk : 0) + (y ? s->oc : 0)) * ohw);
   int64_t chunk = chunk_of(bd, per);
   PMAP_TRY(cuda_work_reserve(q, (size_t)chunk * per));
   float *colp = q->work;
   float *dyp = colp + chunk * ckk * ohw;
   float *dcolp = dyp + chunk * s->oc * ohw;
+  float *gp = dcolp + (dx ? chunk * ckk * ohw : 0); /* a chunk's gradient through the ReLU */
+  if (!y && db) PMAP_TRY(cuda_bias_backward(q, dy, db, bd, s->oc, ohw));
   for (int64_t b0 = 0; b0 < bd; b0 += chunk) {
     int64_t cb = bd - b0 < chunk ? bd - b0 : chunk, cols = cb * ohw;
     const float *dyb = dy + b0 * s->oc * ohw, *dyc = dyb;
+    if (y) { /* the ReLU's backward, then the bias gradient, as those ops give them */
+      PMAP_TRY(cuda_relu_backward(q, y + b0 * s->oc * ohw, dyb, gp, (size_t)(cb * s->oc * ohw)));
+      if (db) PMAP_TRY(cuda_bias_backward(q, gp, db, cb, s->oc, ohw));
+      dyb = dyc = gp;
+    }
     im2col_launch(q->stream, s, x + b0 * chw, cb, colp);
     CUDA_CHECK_LAUNCH(q, "im2col_kernel");
     if (cb > 1 && s->oc > 1) {

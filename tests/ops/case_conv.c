@@ -1,6 +1,7 @@
 /* case_conv.c: the op harness's cases for the ops over NCHW images: 2-D convolution (strides,
- * padding, 1x1 and windows wider than the image with padding, scratch that starts as NaN, dx
- * NULL) and pooling (max and mean; overlapping, tiling, identity and global windows). */
+ * padding, 1x1 and windows wider than the image with padding, large channel counts, with and
+ * without the bias and the ReLU, NaN through the ReLU, scratch that starts as NaN, dx NULL) and
+ * pooling (max and mean; overlapping, tiling, identity and global windows). */
 #include "harness.h"
 #include "ops/op_math.h"
 
@@ -10,20 +11,23 @@
 typedef struct conv_args {
   pmap_conv_shape s;
   int64_t bd;
-  hx_buf *x, *w, *y, *col, *dy, *dx, *dw, *dcol;
-  const double *xd, *wd, *rd; /* the float64 loss's arrays */
-  double *yd;                 /* its scratch */
+  int relu; /* forward: apply the ReLU; backward: y is its output */
+  hx_buf *x, *w, *b, *y, *col, *dy, *dx, *dw, *db, *dcol; /* b, db: NULL for none */
+  const double *xd, *wd, *rd;                             /* the float64 loss's arrays */
+  double *yd;                                             /* its scratch */
 } conv_args;
 
 static pmap_status call_conv_forward(const pmap_ops *o, op_queue *q, void *arg) {
   conv_args *a = arg;
-  return o->conv2d_forward(q, &a->s, a->bd, HX_F(a->x), HX_F(a->w), HX_F(a->y), HX_F(a->col));
+  return o->conv2d_forward(q, &a->s, a->bd, HX_F(a->x), HX_F(a->w), a->b ? HX_F(a->b) : NULL,
+                           a->relu, HX_F(a->y), HX_F(a->col));
 }
 
 static pmap_status call_conv_backward(const pmap_ops *o, op_queue *q, void *arg) {
   conv_args *a = arg;
-  return o->conv2d_backward(q, &a->s, a->bd, HX_F(a->x), HX_F(a->w), HX_F(a->dy),
-                            a->dx ? HX_F(a->dx) : NULL, HX_F(a->dw), HX_F(a->col), HX_F(a->dcol));
+  return o->conv2d_backward(q, &a->s, a->bd, HX_F(a->x), HX_F(a->w), a->relu ? HX_F(a->y) : NULL,
+                            HX_F(a->dy), a->dx ? HX_F(a->dx) : NULL, HX_F(a->dw),
+                            a->db ? HX_F(a->db) : NULL, HX_F(a->col), HX_F(a->dcol));
 }
 
 /* y (bd, oc, oh, ow) = conv(x (bd, c, h, w), w (oc, c, kh, kw)) with zero padding. */
@@ -49,6 +53,7 @@ static void ref_conv(const pmap_conv_shape *s, int64_t bd, const double *x, cons
         }
 }
 
+/* sum of rd y over the convolution's outputs (rd: the gradient through the ReLU). */
 static double conv_loss(const void *ctx, size_t moved) {
   const conv_args *a = ctx;
   (void)moved;
@@ -59,12 +64,16 @@ static double conv_loss(const void *ctx, size_t moved) {
   return sum;
 }
 
-/* bd, c, h, w, oc, kh, kw, stride, pad */
+/* bd, c, h, w, oc, kh, kw, stride, pad: odd sizes, strides 1-3 with and without padding, 1x1
+ * (at strides 1 and 2), windows wider than the image, large channel counts (past the blocks of
+ * 8 and 16 channels that oneDNN's layouts use, and not multiples of them). */
 static const int conv_fixed[][9] = {
-    {2, 3, 7, 9, 4, 3, 3, 1, 1},   {3, 2, 9, 7, 5, 3, 3, 2, 1}, {2, 4, 6, 5, 3, 1, 1, 1, 0},
-    {1, 3, 11, 8, 2, 5, 3, 2, 2},  {2, 1, 5, 5, 1, 3, 3, 1, 0}, {2, 2, 8, 10, 3, 5, 3, 1, 2},
-    {1, 3, 7, 7, 2, 1, 1, 2, 0},   {2, 2, 5, 6, 3, 3, 3, 2, 0}, {1, 2, 4, 4, 2, 5, 5, 1, 2},
-    {2, 6, 10, 10, 8, 3, 3, 1, 1}, {1, 1, 1, 1, 1, 1, 1, 1, 0}, {2, 3, 9, 9, 4, 3, 5, 2, 2},
+    {2, 3, 7, 9, 4, 3, 3, 1, 1},   {3, 2, 9, 7, 5, 3, 3, 2, 1},   {2, 4, 6, 5, 3, 1, 1, 1, 0},
+    {1, 3, 11, 8, 2, 5, 3, 2, 2},  {2, 1, 5, 5, 1, 3, 3, 1, 0},   {2, 2, 8, 10, 3, 5, 3, 1, 2},
+    {1, 3, 7, 7, 2, 1, 1, 2, 0},   {2, 2, 5, 6, 3, 3, 3, 2, 0},   {1, 2, 4, 4, 2, 5, 5, 1, 2},
+    {2, 6, 10, 10, 8, 3, 3, 1, 1}, {1, 1, 1, 1, 1, 1, 1, 1, 0},   {2, 3, 9, 9, 4, 3, 5, 2, 2},
+    {2, 16, 8, 8, 32, 3, 3, 2, 1}, {2, 33, 7, 9, 40, 3, 3, 2, 1}, {1, 64, 5, 5, 96, 1, 1, 1, 0},
+    {3, 17, 6, 7, 20, 1, 1, 2, 0}, {2, 24, 6, 6, 19, 3, 3, 1, 0}, {1, 3, 12, 12, 16, 3, 3, 1, 1},
     {0, 2, 5, 5, 3, 3, 3, 1, 1}, /* no examples */
 };
 /* A GPU's larger images, with 5 examples and with 1 (one GEMM over the batch, or direct). */
@@ -77,7 +86,8 @@ static const int conv_large[][9] = {
 #define NFIXED (int)(sizeof conv_fixed / sizeof conv_fixed[0])
 #define NLARGE (int)(sizeof conv_large / sizeof conv_large[0])
 
-/* Trial t's geometry: the fixed ones, a GPU's larger ones, then random ones. */
+/* Trial t's geometry: the fixed ones, a GPU's larger ones, then random ones; odd trials with
+ * the bias and the ReLU, even ones without. */
 static int conv_geometry(hx *h, int t, conv_args *a) {
   int g[9];
   if (t < NFIXED) {
@@ -91,10 +101,10 @@ static int conv_geometry(hx *h, int t, conv_args *a) {
     int64_t hh = hx_int(h, kh > 2 * pad ? kh - 2 * pad : 1, 12);
     int64_t ww = hx_int(h, kw > 2 * pad ? kw - 2 * pad : 1, 12);
     int rnd[9] = {(int)hx_int(h, 1, 3),
-                  (int)hx_int(h, 1, 4),
+                  (int)hx_int(h, 1, 20),
                   (int)hh,
                   (int)ww,
-                  (int)hx_int(h, 1, 4),
+                  (int)hx_int(h, 1, 20),
                   kh,
                   kw,
                   stride,
@@ -113,10 +123,11 @@ static int conv_geometry(hx *h, int t, conv_args *a) {
                        .pad = g[8]};
   a->s = s;
   a->bd = g[0];
+  a->relu = t % 2;
   hx_trial(h,
            "bd=%" PRId64 " c=%" PRId64 " %" PRId64 "x%" PRId64 " oc=%" PRId64
-           " k=%dx%d stride=%d pad=%d",
-           a->bd, s.c, s.h, s.w, s.oc, s.kh, s.kw, s.stride, s.pad);
+           " k=%dx%d stride=%d pad=%d%s",
+           a->bd, s.c, s.h, s.w, s.oc, s.kh, s.kw, s.stride, s.pad, a->relu ? " bias relu" : "");
   return 1;
 }
 
@@ -128,21 +139,51 @@ static size_t conv_sizes(const conv_args *a, size_t *nx, size_t *nw, size_t *ny)
   return (size_t)(s->c * s->kh * s->kw * s->oh * s->ow); /* the scratch */
 }
 
+/* want (ny) = relu(conv + b) in float64, pmap_relu's way (NaN passes). */
+static void ref_forward(hx *h, const conv_args *a, size_t nx, size_t nw, double *want) {
+  const pmap_conv_shape *s = &a->s;
+  ref_conv(s, a->bd, hx_to_double(h, a->x->init, nx), hx_to_double(h, a->w->init, nw), want);
+  int64_t ohw = s->oh * s->ow;
+  for (int64_t i = 0; a->b && i < a->bd * s->oc * ohw; i++) {
+    want[i] += a->b->init[(i / ohw) % s->oc];
+    if (a->relu) want[i] = want[i] < 0.0 ? 0.0 : want[i];
+  }
+}
+
 void opcase_conv2d_forward(hx *h) {
   conv_args a;
   for (int t = 0; conv_geometry(h, t, &a); t++, hx_release(h)) {
     size_t nx, nw, ny, ncol = conv_sizes(&a, &nx, &nw, &ny);
     a.x = hx_in(h, nx, -1.0f, 1.0f, "x");
     a.w = hx_in(h, nw, -1.0f, 1.0f, "w");
+    a.b = a.relu ? hx_in(h, (size_t)a.s.oc, -1.0f, 1.0f, "b") : NULL;
     a.y = hx_out(h, ny, "y");
     a.col = hx_scratch(h, ncol, "col");
     double scale = sqrt((double)(a.s.c * a.s.kh * a.s.kw)) / 3.0; /* see case_dense.c's gemm */
     a.y->tol_cpu = h->tol_gemm;
     a.y->scale_cpu = scale;
-    HX_RUN(h, call_conv_forward, &a, a.x, a.w, a.y, a.col);
+    if (a.b)
+      HX_RUN(h, call_conv_forward, &a, a.x, a.w, a.b, a.y, a.col);
+    else
+      HX_RUN(h, call_conv_forward, &a, a.x, a.w, a.y, a.col);
     double *want = hx_doubles(h, ny);
-    ref_conv(&a.s, a.bd, hx_to_double(h, a.x->init, nx), hx_to_double(h, a.w->init, nw), want);
+    ref_forward(h, &a, nx, nw, want);
     hx_close_scale(h, "y", a.y->got, want, ny, h->tol_gemm, scale);
+    if (!a.relu || !nx) continue;
+    /* A NaN and an infinity in x: NaN in every output that reads it, through the ReLU too (a
+     * ReLU that maps NaN to 0 would hide it from the numeric guard). */
+    conv_args n = a;
+    n.x = hx_new(h, HX_IN, nx, "x (NaN, inf)");
+    memcpy(n.x->init, a.x->init, nx * sizeof(float));
+    n.x->init[nx / 2] = NAN;
+    n.x->init[nx / 3] = INFINITY;
+    n.y = hx_out(h, ny, "y (NaN, inf)");
+    n.y->keep_nan = 1;
+    n.y->tol_cpu = h->tol_gemm;
+    n.y->scale_cpu = scale;
+    HX_RUN(h, call_conv_forward, &n, n.x, n.w, n.b, n.y, n.col);
+    ref_forward(h, &n, nx, nw, want);
+    hx_close_scale(h, "y (NaN, inf)", n.y->got, want, ny, h->tol_gemm, scale);
   }
 }
 
@@ -160,10 +201,27 @@ void opcase_conv2d_backward(hx *h) {
     a.dcol = hx_scratch(h, ncol, "dcol");
     a.dx->tol_cpu = a.dw->tol_cpu = h->tol_gemm;
     a.dx->scale_cpu = sqrt((double)(a.s.oc * a.s.kh * a.s.kw)) / 3.0;
-    HX_RUN(h, call_conv_backward, &a, a.x, a.w, a.dy, a.dx, a.dw, a.col, a.dcol);
+    /* With the ReLU: its output y, 0 at about a third of the outputs (the gradient stops
+     * there), and the bias gradient. */
+    a.y = a.db = NULL;
+    double *g = hx_doubles(h, ny); /* the gradient through the ReLU */
+    for (size_t i = 0; i < ny; i++) g[i] = a.dy->init[i];
+    if (a.relu) {
+      a.y = hx_new(h, HX_IN, ny, "y");
+      for (size_t i = 0; i < ny; i++) {
+        float v = hx_uniform(h, -0.5f, 1.0f);
+        a.y->init[i] = v < 0.0f ? 0.0f : v;
+        if (a.y->init[i] <= 0.0f) g[i] = 0.0;
+      }
+      a.db = hx_inout(h, (size_t)a.s.oc, -3.0f, 3.0f, "db");
+      a.db->tol_cpu = h->tol_gemm;
+      HX_RUN(h, call_conv_backward, &a, a.x, a.w, a.y, a.dy, a.dx, a.dw, a.db, a.col, a.dcol);
+    } else {
+      HX_RUN(h, call_conv_backward, &a, a.x, a.w, a.dy, a.dx, a.dw, a.col, a.dcol);
+    }
     a.xd = hx_to_double(h, a.x->init, nx);
     a.wd = hx_to_double(h, a.w->init, nw);
-    a.rd = hx_to_double(h, a.dy->init, ny);
+    a.rd = g;
     a.yd = hx_doubles(h, ny);
     /* Held to the rms of their sums (see case_dense.c's gemm), which may cancel far below. */
     double dw_scale = sqrt((double)(a.bd * a.s.oh * a.s.ow)) / 3.0;
@@ -171,6 +229,12 @@ void opcase_conv2d_backward(hx *h) {
                 dw_scale);
     hx_fd_scale(h, "dx", conv_loss, &a, (double *)a.xd, nx, a.dx->got, NULL, 1e-3, tol,
                 a.dx->scale_cpu);
+    if (a.db) {
+      double *want = hx_doubles(h, (size_t)a.s.oc);
+      int64_t ohw = a.s.oh * a.s.ow;
+      for (size_t i = 0; i < ny; i++) want[(i / (size_t)ohw) % (size_t)a.s.oc] += g[i];
+      hx_gain_scale(h, "db (+=)", a.db->got, a.db->init, want, (size_t)a.s.oc, tol, dw_scale);
+    }
     /* dx NULL (a first layer): dw alone, still accumulated, by the same amount. */
     double *gain = hx_doubles(h, nw);
     for (size_t i = 0; i < nw; i++) gain[i] = (double)a.dw->got[i] - a.dw->init[i];
@@ -178,7 +242,13 @@ void opcase_conv2d_backward(hx *h) {
     b.dx = NULL;
     b.dw = hx_inout(h, nw, -3.0f, 3.0f, "dw (dx NULL)");
     b.dw->tol_cpu = h->tol_gemm;
-    HX_RUN(h, call_conv_backward, &b, b.x, b.w, b.dy, b.dw, b.col, b.dcol);
+    if (b.relu) {
+      b.db = hx_inout(h, (size_t)b.s.oc, -3.0f, 3.0f, "db (dx NULL)");
+      b.db->tol_cpu = h->tol_gemm;
+      HX_RUN(h, call_conv_backward, &b, b.x, b.w, b.y, b.dy, b.dw, b.db, b.col, b.dcol);
+    } else {
+      HX_RUN(h, call_conv_backward, &b, b.x, b.w, b.dy, b.dw, b.col, b.dcol);
+    }
     hx_gain_scale(h, "dw (+=) with dx NULL", b.dw->got, b.dw->init, gain, nw, 1e-5,
                   fmax(dw_scale, hx_base_scale(a.dw->init, nw, 1e-5))); /* and a.dw's rounding */
   }

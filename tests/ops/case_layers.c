@@ -1,5 +1,5 @@
 /* case_layers.c: the op harness's cases for the ops of the layers beyond dense and conv:
- * activations (tanh, sigmoid, GELU; in place; extreme inputs finite), the residual add, layer
+ * activations (tanh, sigmoid, GELU, ReLU; in place; extreme inputs finite), the residual add, layer
  * norm (forward and its statistics; dx, dgamma and dbeta against finite differences; dgamma
  * and dbeta accumulating with dx NULL) and dropout (the mask's rate, its independence of how
  * the elements are split, the same mask backward). */
@@ -9,11 +9,13 @@
 /* ------------------------------------------------------------------------------------------ */
 /* act_forward, act_backward, add                                                             */
 
-static const char *const act_names[] = {"tanh", "sigmoid", "gelu"};
+static const char *const act_names[] = {"tanh", "sigmoid", "gelu", "relu"};
+#define NACTS 4
 
 static double ref_act(int act, double x) {
   if (act == PMAP_ACT_TANH) return tanh(x);
   if (act == PMAP_ACT_SIGMOID) return 1.0 / (1.0 + exp(-x));
+  if (act == PMAP_ACT_RELU) return x < 0.0 ? 0.0 : x;
   return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
 }
 
@@ -40,7 +42,7 @@ static double act_term(const void *ctx, size_t i) {
 }
 
 void opcase_act_forward(hx *h) {
-  for (int act = 0; act < 3; act++)
+  for (int act = 0; act < NACTS; act++)
     for (int t = 0; t <= hx_vec_trials(h); t++, hx_release(h)) {
       int extremes = t == hx_vec_trials(h);
       act_args a = {.act = (pmap_act)act, .n = extremes ? 4 : hx_vec_size(h, t)};
@@ -67,11 +69,13 @@ void opcase_act_forward(hx *h) {
 }
 
 void opcase_act_backward(hx *h) {
-  for (int act = 0; act < 3; act++)
+  for (int act = 0; act < NACTS; act++)
     for (int t = 0; t < hx_vec_trials(h); t++, hx_release(h)) {
       act_args a = {.act = (pmap_act)act, .n = hx_vec_size(h, t)};
       hx_trial(h, "%s n=%zu", act_names[act], a.n);
-      a.x = hx_in(h, a.n, -4.0f, 4.0f, "x");
+      /* The ReLU's inputs off its kink, where finite differences would straddle it. */
+      a.x = act == PMAP_ACT_RELU ? hx_in_away(h, a.n, 1e-2f, 4.0f, "x")
+                                 : hx_in(h, a.n, -4.0f, 4.0f, "x");
       a.y = hx_new(h, HX_IN, a.n, "y"); /* the forward's output, rounded from float64 */
       for (size_t i = 0; i < a.n; i++) a.y->init[i] = (float)ref_act(act, a.x->init[i]);
       a.dy = hx_in(h, a.n, -1.0f, 1.0f, "dy");
@@ -457,7 +461,7 @@ static void fused_shape(hx *h, int t, int64_t *outer, int64_t *ch) {
 #define FUSED_TRIALS(h) (4 + hx_rounds((h), 3))
 
 void opcase_bias_act_forward(hx *h) {
-  for (int act = 0; act < 3; act++)
+  for (int act = 0; act < NACTS; act++)
     for (int t = 0; t < FUSED_TRIALS(h); t++, hx_release(h)) {
       fused_args a = {.act = (pmap_act)act};
       fused_shape(h, t, &a.outer, &a.ch);
@@ -481,7 +485,7 @@ void opcase_bias_act_forward(hx *h) {
 }
 
 void opcase_act_bias_backward(hx *h) {
-  for (int act = 0; act < 3; act++)
+  for (int act = 0; act < NACTS; act++)
     for (int t = 0; t < FUSED_TRIALS(h); t++, hx_release(h)) {
       fused_args a = {.act = (pmap_act)act};
       fused_shape(h, t, &a.outer, &a.ch);
@@ -506,7 +510,9 @@ void opcase_act_bias_backward(hx *h) {
       double *want = hx_doubles(h, n), *sum = hx_doubles(h, C);
       for (size_t k = 0; k < n; k++) {
         double x = a.x->init[k], e = 1e-4 * (fabs(x) > 1.0 ? fabs(x) : 1.0);
-        want[k] = (ref_act(act, x + e) - ref_act(act, x - e)) / (2.0 * e) * a.dz->init[k];
+        double d = act == PMAP_ACT_RELU ? (x > 0.0) /* exact: no difference across the kink */
+                                        : (ref_act(act, x + e) - ref_act(act, x - e)) / (2.0 * e);
+        want[k] = d * a.dz->init[k];
         sum[k % C] += want[k];
       }
       hx_close_scale(h, "dx", a.dx->got, want, n, HX_TOL_GRAD, 0.1);
