@@ -18,6 +18,8 @@ typedef struct bench_opts {
   const char *models, *backend, *csv, *dump, *trace;
   int64_t devs[CLI_MAX_LIST], batch, weak_batch, steps, warmup, rounds;
   int ndev, json, ref, modes[2], guard, shard, compare;
+  const char *precision;    /* --precision: "fp32", "bf16" or both, comma-separated */
+  int precisions[2], nprec; /* the pmap_precision of each, in order */
   uint64_t seed;
   double timeout_s; /* pmap_config.timeout_s (0: the library's default) */
 } bench_opts;
@@ -136,6 +138,9 @@ typedef struct bench_row {
   bench_stats opt;       /* the step's optimizer alone, every device at once */
   double opt_share, coll_share; /* opt.med / step.med, allreduce.med / step.med */
   int sharded;                  /* the optimizer sharded (pmap_config.shard_optimizer) */
+  int precision;                /* the row's pmap_precision */
+  double vs_fp32;               /* a bf16 row: the fp32 row's step time (same devices and
+                                   optimizer) over this row's; 0 where there is none */
   size_t state_bytes;           /* optimizer state per device (pmap_params_optimizer_bytes) */
   float loss0, loss;            /* loss of step 0 (the initial parameters) and the final loss */
   int identical;                /* every replica bitwise equal after the run */

@@ -1,5 +1,6 @@
 /* bench_args.c: pmap-bench's command line: its option table (tools/cli.h: each option's kind,
  * range and help) and what the options imply (the model list of "all", the tables to print). */
+#include <stdio.h>
 #include <string.h>
 
 #include "bench.h"
@@ -18,7 +19,8 @@ int bench_parse(int argc, char **argv, bench_opts *o) {
                     .ndev = 3,
                     .ref = 1,
                     .guard = PMAP_GUARD_ON,
-                    .shard = PMAP_SHARD_AUTO};
+                    .shard = PMAP_SHARD_AUTO,
+                    .precision = "fp32"};
   const cli_option table[] = {
       {.name = "--model",
        .kind = CLI_STRING,
@@ -110,6 +112,13 @@ int bench_parse(int argc, char **argv, bench_opts *o) {
        .flag = PMAP_SHARD_OFF,
        .help = "replicate the optimizer on every device (default: PMAP_SHARD_OPTIMIZER when set, "
                "else sharded from 65536 parameters on)"},
+      {.name = "--precision",
+       .kind = CLI_STRING,
+       .dest = &o->precision,
+       .arg = "fp32,bf16",
+       .help = "the numeric policies, comma-separated: a row of each for every device count, "
+               "measured in the same interleaved rounds, bf16 against fp32 side by side "
+               "(docs/precision.md; default fp32)"},
       {.name = "--compare-shard",
        .kind = CLI_FLAG,
        .dest = &o->compare,
@@ -156,6 +165,27 @@ int bench_parse(int argc, char **argv, bench_opts *o) {
   int r = cli_parse(&spec, argc, argv);
   if (r) return r;
   if (!strcmp(o->models, "all")) o->models = BENCH_ALL_MODELS;
+  /* --precision: fp32, bf16, or both once each, in the order given. */
+  o->nprec = 0;
+  for (const char *p = o->precision; *p;) {
+    size_t len = strcspn(p, ",");
+    char name[8] = "";
+    pmap_precision pr = PMAP_PRECISION_FP32;
+    if (len < sizeof name) memcpy(name, p, len);
+    if (len >= sizeof name || pmap_precision_parse(name, &pr) || (p[len] == ',' && !p[len + 1]) ||
+        (o->nprec == 1 && o->precisions[0] == (int)pr) || o->nprec == 2) {
+      fprintf(stderr,
+              "pmap-bench: --precision \"%s\": fp32, bf16 or both, each once, comma-separated\n",
+              o->precision);
+      return -1;
+    }
+    o->precisions[o->nprec++] = (int)pr;
+    p += len + (p[len] == ',');
+  }
+  if (!o->nprec) {
+    fprintf(stderr, "pmap-bench: --precision is empty (fp32, bf16 or fp32,bf16)\n");
+    return -1;
+  }
   o->modes[BENCH_STRONG] = scaling != 1;
   o->modes[BENCH_WEAK] = scaling != 0;
   return 0;

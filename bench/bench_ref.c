@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "ops/op_math.h"
 #include "models/model.h"
 #include "models/params.h"
 #include "ops/cpu/cpu_ops.h"
@@ -143,6 +144,7 @@ struct bench_probe {
   bench_gemm g[BENCH_MAX_GEMMS];
   int ng;
   int64_t inner; /* passes over the GEMMs per timed rep, so that tiny shapes time well */
+  int bf16;      /* the params' policy is bf16: the GEMMs take bfloat16 operands */
   size_t count;  /* all-reduce floats, or the sharded step's padded buffer */
   const pmap_params *params;              /* the step's settings: optimizer, sharding, parts */
   float *(*ops)[SLOTS * BENCH_MAX_GEMMS]; /* (N) each GEMM's or convolution's operands */
@@ -175,8 +177,10 @@ static size_t gemm_size(const bench_gemm *g, int which) {
   return (size_t)n[which];
 }
 
-/* One GEMM or convolution of the probe on its operands o. */
-static pmap_status probe_one(const replica *rp, const bench_gemm *g, float *const *o) {
+/* One GEMM or convolution of the probe on its operands o; bf16: a GEMM on bfloat16 operands (the
+ * first halves of o[0] and o[1]), as the step's under the bf16 policy (its convolutions run the
+ * float kernels). */
+static pmap_status probe_one(const replica *rp, const bench_gemm *g, float *const *o, int bf16) {
   if (g->conv == BENCH_CONV_FORWARD)
     return rp->ops->conv2d_forward(rp->q, &g->cs, g->bd, o[SLOT_X], o[SLOT_W], o[SLOT_DB], g->relu,
                                    o[SLOT_Y], o[SLOT_COL]);
@@ -185,9 +189,14 @@ static pmap_status probe_one(const replica *rp, const bench_gemm *g, float *cons
                                     g->relu ? o[SLOT_Y] : NULL, o[SLOT_DY],
                                     g->conv == BENCH_CONV_BACKWARD ? o[SLOT_DX] : NULL, o[SLOT_DW],
                                     o[SLOT_DB], o[SLOT_COL], o[SLOT_DCOL]);
+  int64_t lda = g->ta ? g->m : g->k, ldb = g->tb ? g->k : g->n;
+  float beta = g->beta1 ? 1.0f : 0.0f;
   for (int64_t k = 0; k < g->repeat; k++)
-    PMAP_TRY(rp->ops->gemm(rp->q, g->ta, g->tb, g->m, g->n, g->k, 1.0f, o[0], g->ta ? g->m : g->k,
-                           o[1], g->tb ? g->k : g->n, g->beta1 ? 1.0f : 0.0f, o[2], g->n));
+    PMAP_TRY(bf16 ? rp->ops->gemm_bf16(rp->q, g->ta, g->tb, g->m, g->n, g->k, 1.0f,
+                                       (const pmap_bf16 *)(void *)o[0], lda,
+                                       (const pmap_bf16 *)(void *)o[1], ldb, beta, o[2], g->n)
+                  : rp->ops->gemm(rp->q, g->ta, g->tb, g->m, g->n, g->k, 1.0f, o[0], lda, o[1], ldb,
+                                  beta, o[2], g->n));
   return PMAP_SUCCESS;
 }
 
@@ -231,7 +240,8 @@ static pmap_status probe_gemms(pmap_device *dev, bench_probe *p) {
     PMAP_TRY(pmap_barrier(dev));
     double t0 = cli_now();
     for (int64_t pass = 0; pass < p->inner; pass++)
-      for (int i = 0; i < p->ng; i++) PMAP_TRY(probe_one(rp, &p->g[i], &p->ops[d][SLOTS * i]));
+      for (int i = 0; i < p->ng; i++)
+        PMAP_TRY(probe_one(rp, &p->g[i], &p->ops[d][SLOTS * i], p->bf16));
     /* A download completes the device's queued work (CUDA); on CPU it is a 4-byte copy. */
     PMAP_TRY(pmap_device_download(dev, &sink, p->ops[d][SLOTS * (p->ng - 1)], 1));
     PMAP_TRY(pmap_barrier(dev));
@@ -327,8 +337,15 @@ int bench_probe_open(pmap_ctx *ctx, const bench_gemm *g, int n, const pmap_param
   p->state = calloc((size_t)nd, sizeof *p->state);
   p->host = malloc(largest * sizeof *p->host);
   if (!p->ops || !p->grad || !p->w || !p->state || !p->host) goto oom;
-  for (size_t i = 0; i < largest; i++) /* small, varied, never denormal */
-    p->host[i] = (float)((int)(i * 2654435761u % 2001u) - 1000) / 1000.0f;
+  p->bf16 = pmap_params_precision(params) == PMAP_PRECISION_BF16;
+  for (size_t i = 0; i < largest; i++) { /* small, varied, never denormal */
+    float v = (float)((int)(i * 2654435761u % 2001u) - 1000) / 1000.0f;
+    /* bf16: both halves of each float the bfloat16 of v, so that the GEMMs' bfloat16 operands
+     * hold the same values (the float is then v to within a bfloat16 step) */
+    uint32_t h = pmap_bf16_round(v), u = (h << 16) | h;
+    if (p->bf16) memcpy(&v, &u, sizeof v);
+    p->host[i] = v;
+  }
   p->mode = PROBE_ALLOC;
   if (params_dispatch((pmap_params *)p->params, probe_job, p)) {
     fprintf(stderr, "pmap-bench: cannot allocate the probe buffers: %s\n", pmap_last_error());

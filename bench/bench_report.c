@@ -15,9 +15,12 @@ static const bench_link links[] = {
 };
 #define NLINKS ((int)(sizeof links / sizeof *links))
 
+/* The first row's policy: the prediction and its lines are of that policy's rows alone. */
 static const bench_row *one_device_row(const bench_result *r) {
   for (int i = 0; i < r->nrows[BENCH_STRONG]; i++)
-    if (r->rows[BENCH_STRONG][i].devices == 1) return &r->rows[BENCH_STRONG][i];
+    if (r->rows[BENCH_STRONG][i].devices == 1 &&
+        r->rows[BENCH_STRONG][i].precision == r->rows[BENCH_STRONG][0].precision)
+      return &r->rows[BENCH_STRONG][i];
   return NULL;
 }
 
@@ -33,8 +36,9 @@ static void table(FILE *f, const bench_result *r, int mode) {
   fprintf(f, "; median of %lld steps in interleaved rounds after %lld warm-up\n",
           (long long)r->steps, (long long)r->warmup);
   fprintf(f,
-          "%7s %5s %7s %7s %9s %10s %10s %10s %11s %8s %7s %6s %9s %6s %9s %6s %9s %6s %9s %5s\n",
-          "devices", "opt", "batch", "per_dev", "step0_ms", "median_ms", "p10_ms", "p90_ms",
+          "%7s %5s %4s %7s %7s %9s %10s %10s %10s %11s %8s %7s %6s %9s %6s %9s %6s %9s %6s %9s "
+          "%5s\n",
+          "devices", "opt", "prec", "batch", "per_dev", "step0_ms", "median_ms", "p10_ms", "p90_ms",
           "samples/s", "GFLOP/s", "speedup", "eff", "gemm_ms", "gemm%", "coll_ms", "coll%",
           "opt_ms", "opt%", "state_MB", "same");
   for (int i = 0; i < r->nrows[mode]; i++) {
@@ -54,13 +58,25 @@ static void table(FILE *f, const bench_result *r, int mode) {
       snprintf(opt, sizeof opt, "%.1f%%", 100.0 * w->opt_share);
     }
     fprintf(f,
-            "%7d %5s %7lld %7lld %9.4g %10.4g %10.4g %10.4g %11.5g %8.4g %7.3f %6.3f %9s %6s %9s "
-            "%6s %9s %6s %9.4g %5s\n",
-            w->devices, w->sharded ? "shard" : "repl", (long long)w->global_batch,
+            "%7d %5s %4s %7lld %7lld %9.4g %10.4g %10.4g %10.4g %11.5g %8.4g %7.3f %6.3f %9s %6s "
+            "%9s %6s %9s %6s %9.4g %5s\n",
+            w->devices, w->sharded ? "shard" : "repl",
+            pmap_precision_name((pmap_precision)w->precision), (long long)w->global_batch,
             (long long)w->per_device_batch, w->step0_ms, w->step.med, w->step.p10, w->step.p90,
             w->sps, w->gflops, w->speedup, w->eff, gemm_ms, share, coll_ms, coll, opt_ms, opt,
             (double)w->state_bytes / 1e6, w->identical ? "yes" : "NO");
   }
+  /* bf16 beside fp32: each bf16 row against the fp32 row of its device count. */
+  int any = 0;
+  for (int i = 0; i < r->nrows[mode]; i++) {
+    const bench_row *w = &rows[i];
+    if (!(w->vs_fp32 > 0.0)) continue;
+    fprintf(f, "%s %d dev%s %.4g ms, %.3fx the fp32 step",
+            any ? "," : "bf16 against fp32:", w->devices, w->sharded ? " (sharded)" : "",
+            w->step.med, w->vs_fp32);
+    any = 1;
+  }
+  if (any) fprintf(f, "\n");
 }
 
 /* Each device count of the strong table after the first, predicted for every link, then
@@ -68,8 +84,10 @@ static void table(FILE *f, const bench_result *r, int mode) {
 static void prediction(FILE *f, const bench_result *r) {
   const bench_row *one = one_device_row(r);
   const bench_row *rows = r->rows[BENCH_STRONG];
-  int n = r->nrows[BENCH_STRONG];
-  if (!one || n < 2) return;
+  int n = r->nrows[BENCH_STRONG], more = 0;
+  for (int i = 0; one && i < n; i++)
+    more |= rows[i].devices > 1 && rows[i].precision == one->precision;
+  if (!one || !more) return;
   double t1 = one->step.med * 1e-3, t_opt = r->hand.n ? r->hand_opt_ms * 1e-3 : 0.0;
   fprintf(f,
           "prediction of the strong-scaling efficiency E(N) = T1 / (N T(N)) with a ring "
@@ -78,13 +96,14 @@ static void prediction(FILE *f, const bench_result *r) {
           grad_bytes(r) / 1e6, one->step.med, t_opt * 1e3);
   fprintf(f, "%-36s", "link");
   for (int i = 0; i < n; i++)
-    if (rows[i].devices > 1) fprintf(f, "   E(%d)", rows[i].devices);
+    if (rows[i].devices > 1 && rows[i].precision == one->precision)
+      fprintf(f, "   E(%d)", rows[i].devices);
   fprintf(f, "\n");
   for (int k = 0; k < NLINKS; k++) {
     fprintf(f, "%-36s", links[k].name);
     for (int i = 0; i < n; i++) {
       int d = rows[i].devices;
-      if (d > 1)
+      if (d > 1 && rows[i].precision == one->precision)
         fprintf(f, " %6.3f", t1 / (d * bench_predict_step(t1, t_opt, grad_bytes(r), d, &links[k])));
     }
     fprintf(f, "\n");
@@ -95,7 +114,8 @@ static void prediction(FILE *f, const bench_result *r) {
     fprintf(f, "%-36s", "this machine's GEMMs alone (ceiling)");
     for (int i = 0; i < n; i++) {
       int d = rows[i].devices;
-      if (d > 1) fprintf(f, " %6.3f", one->gemm.med / (d * rows[i].gemm.med));
+      if (d > 1 && rows[i].precision == one->precision)
+        fprintf(f, " %6.3f", one->gemm.med / (d * rows[i].gemm.med));
     }
     fprintf(f, "\n");
   }
@@ -103,7 +123,7 @@ static void prediction(FILE *f, const bench_result *r) {
     fprintf(f, "%-36s", "this machine's measured all-reduce");
     for (int i = 0; i < n; i++) {
       int d = rows[i].devices;
-      if (d > 1)
+      if (d > 1 && rows[i].precision == one->precision)
         fprintf(f, " %6.3f", t1 / (d * ((t1 - t_opt) / d + t_opt + rows[i].allreduce.med * 1e-3)));
     }
     fprintf(f, "\n");
@@ -111,7 +131,8 @@ static void prediction(FILE *f, const bench_result *r) {
   fprintf(f, "%-36s", "measured");
   for (int i = 0; i < n; i++) {
     int d = rows[i].devices;
-    if (d > 1) fprintf(f, " %6.3f", one->step.med / (d * rows[i].step.med));
+    if (d > 1 && rows[i].precision == one->precision)
+      fprintf(f, " %6.3f", one->step.med / (d * rows[i].step.med));
   }
   fprintf(f, "\n");
 }
@@ -143,15 +164,17 @@ void bench_report_text(FILE *f, const bench_result *r, const char *backend, int 
             "raw GEMM rate at the step's shapes, every device at once (gemm_ms; gemm%% = "
             "gemm_ms / median_ms):");
     for (int i = 0; i < r->nrows[BENCH_STRONG]; i++)
-      fprintf(f, " %d dev %.4g GFLOP/s%s", r->rows[BENCH_STRONG][i].devices,
+      fprintf(f, " %d dev%s%s %.4g GFLOP/s%s", r->rows[BENCH_STRONG][i].devices,
+              r->rows[BENCH_STRONG][i].precision == PMAP_PRECISION_BF16 ? " " : "",
+              r->rows[BENCH_STRONG][i].precision == PMAP_PRECISION_BF16 ? "bf16" : "",
               r->rows[BENCH_STRONG][i].gemm_gflops, i + 1 < r->nrows[BENCH_STRONG] ? "," : "\n");
   }
   if (r->tokens)
     for (int m = 0; m < 2; m++)
       for (int i = 0; i < r->nrows[m]; i++) {
         const bench_row *w = &r->rows[m][i];
-        fprintf(f, "%s %d dev: %.5g tokens/s", m == BENCH_STRONG ? "strong" : "weak", w->devices,
-                w->tps);
+        fprintf(f, "%s %d dev%s: %.5g tokens/s", m == BENCH_STRONG ? "strong" : "weak", w->devices,
+                w->precision == PMAP_PRECISION_BF16 ? " bf16" : "", w->tps);
         if (w->mfu > 0.0)
           fprintf(f, ", model FLOPs utilisation %.1f%% of the raw GEMM rate (%.4g of %.4g GFLOP/s)",
                   100.0 * w->mfu, w->gflops, w->gemm_gflops);
@@ -166,7 +189,8 @@ void bench_report_csv_header(FILE *f) {
           "model,scaling,backend,gemm,devices,global_batch,per_device_batch,total_steps,"
           "step0_ms,median_ms,p10_ms,p90_ms,samples_per_sec,gflops,speedup,efficiency,gemm_ms,"
           "gemm_gflops,gemm_share,allreduce_ms,loss0,loss,replicas_identical,sharded,"
-          "optimizer_ms,optimizer_share,collective_share,optimizer_state_bytes\n");
+          "optimizer_ms,optimizer_share,collective_share,optimizer_state_bytes,precision,"
+          "vs_fp32\n");
 }
 
 void bench_report_csv(FILE *f, const bench_result *r, const char *backend) {
@@ -175,15 +199,16 @@ void bench_report_csv(FILE *f, const bench_result *r, const char *backend) {
       const bench_row *w = &r->rows[mode][i];
       fprintf(f,
               "%s,%s,%s,%s,%d,%lld,%lld,%lld,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,"
-              "%.6g,%.6g,%.9g,%.9g,%d,%d,%.6g,%.6g,%.6g,%zu\n",
+              "%.6g,%.6g,%.9g,%.9g,%d,%d,%.6g,%.6g,%.6g,%zu,%s,%.6g\n",
               r->model, scaling_name[mode], backend, pmap_gemm_provider(), w->devices,
               (long long)w->global_batch, (long long)w->per_device_batch, (long long)w->total_steps,
               w->step0_ms, w->step.med, w->step.p10, w->step.p90, w->sps, w->gflops, w->speedup,
               w->eff, w->gemm.n ? w->gemm.med : -1.0, w->gemm.n ? w->gemm_gflops : -1.0,
               w->gemm.n ? w->gemm_share : -1.0, w->allreduce.med, (double)w->loss0, (double)w->loss,
               w->identical, w->sharded, w->opt.n ? w->opt.med : -1.0,
-              w->opt.n ? w->opt_share : -1.0, w->allreduce.n ? w->coll_share : -1.0,
-              w->state_bytes);
+              w->opt.n ? w->opt_share : -1.0, w->allreduce.n ? w->coll_share : -1.0, w->state_bytes,
+              pmap_precision_name((pmap_precision)w->precision),
+              w->vs_fp32 > 0.0 ? w->vs_fp32 : -1.0);
     }
 }
 
@@ -228,6 +253,8 @@ void bench_report_json_rows(FILE *f, const bench_result *r, int *first_row) {
       num(f, "loss0", (double)w->loss0), fputs(", ", f);
       num(f, "loss", (double)w->loss), fputs(", ", f);
       num(f, "loss_rel_diff", mode == BENCH_STRONG ? w->loss_rel_diff : NAN);
+      fprintf(f, ", \"precision\": \"%s\", ", pmap_precision_name((pmap_precision)w->precision));
+      num(f, "vs_fp32", w->vs_fp32 > 0.0 ? w->vs_fp32 : NAN);
       fprintf(f, ", \"replicas_identical\": %s}", w->identical ? "true" : "false");
     }
 }

@@ -36,9 +36,10 @@ COSTS_FROM="estimates"
 # name stage eager lazy ctx1 ctxn waits work | what the waits and the work are
 PLAN=(
   "configure a 0 0 0 0 0 12 | meson setup with nvcc's, cuBLAS's and NCCL's checks: 5 s measured here, 12 s allowed (its failure loses every step)"
-  "build a 0 0 0 0 0 60 | the plugin, 6 tests, 3 benchmarks: 102 s of CPU measured here, 7 s on 16 cores, behind nvcc's longest compile (10-20 s here); 60 s allowed (its failure loses every step)"
+  "build a 0 0 0 0 0 60 | the plugin, 7 tests, 3 benchmarks: 103 s of CPU measured here, 7 s on 16 cores, behind nvcc's longest compile (10-20 s here); 60 s allowed (its failure loses every step)"
   "probe b 1 0 1 1 0.2 0 | the GPU's facts, a 100 ms kernel before the blocking-sync wait"
   "gpu-ops-1 b 0 1 2 0 0 5 | every op twice against float64 and the CPU oracle: 1.7 s of CPU here (test_ops --as-device), x1.5, and 2.5 s of launches and waits"
+  "gpu-bf16-1 b 0 1 3 0 0 3 | 4 models under bf16 on the GPU against the CPU (mlp-1024 3 CPU steps at batch 64, res-mlp 20, cifar-cnn 3 at 16, gpt-mini 2 at 8: 1.24 s of CPU here with the portable GEMMs, x1.5), the GPU's fp32 alike, gpt-mini plain and captured (a context each), 1 s of GPU steps"
   "gpu-pmap-1 b 0 1 2 0 0 15 | 7 models x 20 CPU steps, gpt-mini x 3 (0.94 s a step here with the portable GEMM): 8 s x1.5; the convergence runs, 2200 GPU steps: 3 s"
   "nccl-2 c 1 0 0 1 0 1 | all-reduces of 8 B to 1 MiB, NCCL_DEBUG=INFO"
   "nccl-2-nocumem c 1 0 0 1 0 1 | the same without cuMem (only where nccl-2 failed)"
@@ -51,7 +52,7 @@ PLAN=(
   "gpu-fast-4 d 1 0 1 6 0 1 | 5 runs of 16 steps, a context each"
   "step-mlp-1024 e 1 0 3 3 0 2 | 3 variants x 35 steps on 1 and on 2 devices, one context each"
   "step-mlp e 1 0 2 2 0 1 | 2 variants x 210 steps on 1 and on 4 devices, one context each"
-  "step-gpt-mini e 1 0 3 3 0 2 | 3 variants x 13 steps on 1 and on 2 devices, one context each"
+  "step-gpt-mini e 1 0 4 4 0 2 | 4 variants (plain, graph, overlap, bf16) x 13 steps on 1 and on 2 devices, one context each"
   "allreduce e 1 0 0 2 0 3 | 8 B to 64 MiB on 2 and on 4 devices, 25 times each, every value checked"
   "jax-compare f 0 1 1 0 0 17 | JAX's start and XLA's compilation of mlp-1024 (15 s, an estimate), 23 steps of each"
 )

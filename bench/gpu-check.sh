@@ -336,7 +336,7 @@ SETUP=("${MESON[@]}" setup "$BUILD" "$SRC" -Dcuda=enabled -Dmpi=disabled -Dbuild
 SETUP+=("-Dnccl_root=$NCCL_ROOT") # also when empty: a reused build folder forgets an old one
 [ -f "$BUILD/build.ninja" ] && SETUP+=(--reconfigure)
 TARGETS=(libpmap-cuda.so tests/gpu/gpu_probe tests/ops/test_ops tests/gpu/test_gpu_coll
-  tests/gpu/test_gpu_pmap tests/gpu/test_gpu_fast tests/gpu/test_gpu_fallback bench/pmap-step
+  tests/gpu/test_gpu_pmap tests/gpu/test_gpu_bf16 tests/gpu/test_gpu_fast tests/gpu/test_gpu_fallback bench/pmap-step
   bench/pmap-allreduce bench/pmap-bench)
 # The CUDA plugin of this build, for the programs linked with the static library.
 export PMAP_PLUGIN_DIR=$BUILD
@@ -393,9 +393,9 @@ STEP1024=(--backend cuda --model mlp-1024 --devices 1,2 --variants plain,graph,o
 STEPMLP=(--backend cuda --model mlp --devices 1,4 --variants plain,graph --steps 200 --warmup 10
   --json)
 # gpt-mini: the transformer's ops (embedding gathers, strided GEMM batches, causal softmax) in a
-# whole step, captured as a graph and overlapped.
-STEPGPT=(--backend cuda --model gpt-mini --devices 1,2 --variants plain,graph,overlap --steps 10
-  --warmup 3 --json)
+# whole step, captured as a graph and overlapped, and under bf16 (cuBLAS's bf16 GEMMs).
+STEPGPT=(--backend cuda --model gpt-mini --devices 1,2 --variants plain,graph,overlap,bf16
+  --steps 10 --warmup 3 --json)
 ALLRED=(--backend cuda -d 2,4 -b 8 -e 64M -f 8 -n 20 -w 5 --json)
 JAX_ARGS=(--pmap-bench "$B/pmap-bench" --platform gpu --devices 1 --models mlp-1024 --steps 20
   --warmup 3 --repeat 1 --precision fp32 --out "$LOGS/jax")
@@ -437,6 +437,9 @@ if ((DRY || (BUILT && HAVE_GPU))); then
   # where it finds no usable GPU after the probe did).
   run_step gpu-ops-1 "${ONE_ENV[@]}" "$BUILD/tests/ops/test_ops" "${OPS_ARGS[@]}"
   run_step gpu-pmap-1 "${ONE_ENV[@]}" PMAP_GPU_TEST_DEVICES=1 "$T/test_gpu_pmap"
+  # The bf16 policy: cuBLAS's bf16 GEMMs in training against the CPU's bf16, graphs, the plan
+  # (its ops ran in gpu-ops-1: every op of ops/op_list.h, the bf16 ones included).
+  run_step gpu-bf16-1 "${ONE_ENV[@]}" PMAP_GPU_TEST_DEVICES=1 "$T/test_gpu_bf16"
   # (c) 2 and (d) 4 logical devices (on one GPU where there is one). First the least that
   # proves NCCL with two ranks, with NCCL's report of its configuration (the channel limits as
   # it took them); where that fails, once more without NCCL's cuMem allocations (the usual

@@ -14,13 +14,18 @@ import tempfile
 import time
 
 LOSS_TOL = 1e-3  # see loss_diff: both sides sum in float32, in different orders
-# With TF32 GEMMs (10 mantissa bits in the products) on both sides the losses drift further apart.
+# With TF32 GEMMs (10 mantissa bits in the products) on both sides the losses drift further apart,
+# and with bfloat16 operands (8 bits) too: each side rounds at its own places.
 LOSS_TOL_TF32 = 2e-2
+LOSS_TOL_BF16 = 2e-2
 # The GEMM precision of each side for --precision on the GPU: pmap's PMAP_CUDA_TF32 and JAX's
 # default matmul precision (which also governs its convolutions; on the GPU JAX's own default
 # lets XLA use TF32 for float32, so the comparison sets it explicitly on both sides).
+# bf16: pmap's bf16 policy (pmap-bench --precision bf16) against JAX with every matmul and
+# convolution on bfloat16 operands and float32 results (preferred_element_type), the rest float32.
 PRECISIONS = {"fp32": {"PMAP_CUDA_TF32": "0", "JAX_DEFAULT_MATMUL_PRECISION": "float32"},
-              "tf32": {"PMAP_CUDA_TF32": "1", "JAX_DEFAULT_MATMUL_PRECISION": "tensorfloat32"}}
+              "tf32": {"PMAP_CUDA_TF32": "1", "JAX_DEFAULT_MATMUL_PRECISION": "tensorfloat32"},
+              "bf16": {"PMAP_CUDA_TF32": "0", "JAX_DEFAULT_MATMUL_PRECISION": "float32"}}
 
 
 def parse_cores(spec):
@@ -80,6 +85,13 @@ def jax_worker(args):
         params = [flat[b["offset"]:b["offset"] + b["count"]].reshape(b["shape"]) for b in blocks]
         where = {(b["layer"], b["block"]): i for i, b in enumerate(blocks)}
         layers, loss_kind, opt = spec["layers"], spec["loss"], spec["optimizer"]
+        bf16 = plan.get("precision") == "bf16"
+
+        def mm(a, b):  # a matmul: float32, or bfloat16 operands with float32 results
+            if not bf16:
+                return a @ b
+            return jnp.matmul(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
+                              preferred_element_type=jnp.float32)
 
         def batchnorm(h, g, b, layer):
             # Training-mode statistics: of the global batch across the pmap axis when
@@ -101,13 +113,13 @@ def jax_worker(args):
         def attention(h, wqkv, wo, bqkv, bo, layer):
             t, nh, hs = h.shape[1], layer["heads"], layer["head_size"]
             e = nh * hs
-            qkv = h @ wqkv + bqkv
+            qkv = mm(h, wqkv) + bqkv
             q, kk, v = (qkv[..., j * e:(j + 1) * e].reshape(h.shape[0], t, nh, hs)
                         .transpose(0, 2, 1, 3) for j in range(3))
-            s = q @ kk.transpose(0, 1, 3, 2) / jnp.sqrt(jnp.float32(hs))
+            s = mm(q, kk.transpose(0, 1, 3, 2)) / jnp.sqrt(jnp.float32(hs))
             s = jnp.where(jnp.tril(jnp.ones((t, t), bool)), s, -jnp.inf)
-            o = jax.nn.softmax(s, axis=-1) @ v
-            return o.transpose(0, 2, 1, 3).reshape(h.shape[0], t, e) @ wo + bo
+            o = mm(jax.nn.softmax(s, axis=-1), v)
+            return mm(o.transpose(0, 2, 1, 3).reshape(h.shape[0], t, e), wo) + bo
 
         def forward(ps, h):
             skips = []
@@ -122,7 +134,7 @@ def jax_worker(args):
                 elif k == "pos_embedding":
                     h = h + w("table")
                 elif k in ("token_dense", "dense"):
-                    h = h @ w("w") + w("b")
+                    h = mm(h, w("w")) + w("b")
                 elif k == "token_layernorm":
                     mean = jnp.mean(h, axis=-1, keepdims=True)
                     var = jnp.mean((h - mean) ** 2, axis=-1, keepdims=True)
@@ -131,15 +143,17 @@ def jax_worker(args):
                     h = attention(h, w("wqkv"), w("wo"), w("bqkv"), w("bo"), layer)
                 elif k == "lm_head":
                     if layer["tied"]:  # the token embedding's table, layer 0's
-                        h = h @ ps[where[(0, "table")]].T
+                        h = mm(h, ps[where[(0, "table")]].T)
                     else:
-                        h = h @ w("w") + w("b")
+                        h = mm(h, w("w")) + w("b")
                 elif k == "relu":
                     h = jnp.maximum(h, 0.0)
                 elif k == "conv2d":
                     s, p = layer["stride"], layer["pad"]
-                    h = lax.conv_general_dilated(h, w("w"), (s, s), [(p, p), (p, p)],
-                                                 dimension_numbers=("NCHW", "OIHW", "NCHW"))
+                    cast = (lambda a: a.astype(jnp.bfloat16)) if bf16 else (lambda a: a)
+                    h = lax.conv_general_dilated(cast(h), cast(w("w")), (s, s), [(p, p), (p, p)],
+                                                 dimension_numbers=("NCHW", "OIHW", "NCHW"),
+                                                 preferred_element_type=jnp.float32)
                     h = h + w("b")[None, :, None, None]
                 elif k == "flatten":
                     h = h.reshape(h.shape[0], -1)
@@ -279,7 +293,8 @@ def pinned(cores):
 
 def run_pmap(args, n, cores, dump):
     cmd = [args.pmap_bench, "--model", args.models, "--devices", str(n), "--scaling", "strong",
-           "--no-ref", "--json", "--backend", "cuda" if args.gpu else "cpu"]
+           "--no-ref", "--json", "--backend", "cuda" if args.gpu else "cpu",
+           "--precision", "bf16" if args.precision_now == "bf16" else "fp32"]
     if args.steps:
         cmd += ["--steps", str(args.steps)]
     if args.warmup is not None:
@@ -306,7 +321,7 @@ def run_jax(args, plan, n, cores, one_thread):
         if one_thread:
             flags += " --xla_cpu_multi_thread_eigen=false"
         env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
-    plan = dict(plan, devices=[n])
+    plan = dict(plan, devices=[n], precision=args.precision_now)
     p = subprocess.run([sys.executable, __file__, "--worker", json.dumps(plan)], env=env,
                        capture_output=True, text=True, preexec_fn=pinned(cores))
     if p.returncode != 0:
@@ -338,10 +353,12 @@ def main():
     ap.add_argument("--platform", choices=["auto", "cpu", "gpu"], default="auto",
                     help="gpu: pmap's CUDA backend against JAX on the GPUs; auto: gpu where "
                          "this Python's JAX sees a GPU, else cpu")
-    ap.add_argument("--precision", choices=["fp32", "tf32", "both"], default="both",
-                    help="on the GPU: FP32 GEMMs on both sides (PMAP_CUDA_TF32=0, JAX matmul "
-                         "precision float32), TF32 on both, or both in turn (default); the CPU "
-                         "has only FP32")
+    ap.add_argument("--precision", choices=["fp32", "tf32", "bf16", "both"], default="both",
+                    help="FP32 GEMMs on both sides (PMAP_CUDA_TF32=0, JAX matmul precision "
+                         "float32), on the GPU TF32 on both, bf16 (pmap's bf16 policy against "
+                         "JAX's matmuls and convolutions on bfloat16 operands with float32 "
+                         "results), or both (fp32 then tf32 on the GPU, fp32 on the CPU; the "
+                         "default)")
     ap.add_argument("--out", default=None, help="write jax_compare.csv and .json here")
     ap.add_argument("--dry-run", action="store_true",
                     help="check the arguments and that numpy and jax import; run nothing")
@@ -387,8 +404,8 @@ def main():
     if not devices:
         raise SystemExit("jax_compare: no device count left to compare")
     precisions = ["fp32", "tf32"] if args.precision == "both" else [args.precision]
-    if not args.gpu:
-        precisions = ["fp32"]
+    if not args.gpu and "tf32" in precisions:
+        precisions = ["fp32"]  # the CPU has no TF32
     dump = tempfile.mkdtemp(prefix="pmap-jax-")
     rc, rows, meta = 0, [], {}
     try:
@@ -443,13 +460,16 @@ def compare(args, cores, devices, configs, names, dump):
                     jx[c].setdefault((row["model"], n), []).append(row)
 
     prec = args.precision_now
-    tol = LOSS_TOL_TF32 if prec == "tf32" else LOSS_TOL
+    tol = {"tf32": LOSS_TOL_TF32, "bf16": LOSS_TOL_BF16}.get(prec, LOSS_TOL)
     print("pmap against JAX %s (jax.pmap + lax.pmean) on %s; N devices run on %s cores (%s) "
           "on both sides; medians of %d turns"
           % (jax_version, "the GPU" if args.gpu else "CPU",
              ("all %d" if args.gpu else "min(N, %d)") % len(cores), ",".join(map(str, cores)),
              args.repeat))
-    if args.gpu:
+    if prec == "bf16":
+        print("  bf16 on both sides: pmap's bf16 policy (--precision bf16), JAX's matmuls and "
+              "convolutions on bfloat16 operands with float32 results")
+    elif args.gpu:
         print("  GEMM precision %s on both sides: pmap PMAP_CUDA_TF32=%s, JAX "
               "JAX_DEFAULT_MATMUL_PRECISION=%s" % (prec, PRECISIONS[prec]["PMAP_CUDA_TF32"],
                                                     PRECISIONS[prec]["JAX_DEFAULT_MATMUL_PRECISION"]))

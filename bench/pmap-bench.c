@@ -106,7 +106,8 @@ static pmap_status params_make(pmap_ctx *ctx, const char *name, const pmap_model
 
 static int setup_open(setup *s, const char *name, const pmap_model *model,
                       const pmap_optimizer *opt, const bench_opts *o, pmap_backend backend,
-                      int devices, int shard, int64_t bd, int64_t warmup, int cap, bench_row *r) {
+                      int devices, int shard, int precision, int64_t bd, int64_t warmup, int cap,
+                      bench_row *r) {
   pmap_config cfg = {.backend = backend,
                      .num_devices = devices,
                      .timeout_s = o->timeout_s,
@@ -133,6 +134,8 @@ static int setup_open(setup *s, const char *name, const pmap_model *model,
   r->global_batch = bd * devices * procs;
   if (params_make(s->ctx, name, model, opt, o->seed, &s->params))
     return fail("cannot create the parameters");
+  r->precision = precision;
+  if (pmap_params_set_precision(s->params, (pmap_precision)precision)) return fail("--precision");
   r->sharded = s->params->shard;
   r->state_bytes = pmap_params_optimizer_bytes(s->params);
   if (pmap_example_data(data_name(name), o->seed + 1, bd * devices, &s->xs, &s->ys))
@@ -146,8 +149,8 @@ static int setup_open(setup *s, const char *name, const pmap_model *model,
     char path[4096];
     size_t len = strlen(o->trace);
     int cut = len >= 5 && !strcmp(o->trace + len - 5, ".json") ? (int)len - 5 : (int)len;
-    snprintf(path, sizeof path, "%.*s.%s-%dd%s.json", cut, o->trace, name, r->devices,
-             r->sharded ? "-sharded" : "");
+    snprintf(path, sizeof path, "%.*s.%s-%dd%s%s.json", cut, o->trace, name, r->devices,
+             r->sharded ? "-sharded" : "", precision == PMAP_PRECISION_BF16 ? "-bf16" : "");
     if (pmap_trace_start(s->ctx, path, NULL)) return fail("--trace");
     s->tracing = 1;
   }
@@ -210,6 +213,14 @@ static double rel_diff(float a, float b) {
   return d / (s > 1e-3 ? s : 1e-3);
 }
 
+/* The first row of the table under precision p: the one a row's speedup and loss answer to (a
+ * bf16 row's loss differs from fp32's by more than summation order). */
+static const bench_row *first_of(const bench_row *rows, int n, int p) {
+  for (int i = 0; i < n; i++)
+    if (rows[i].precision == p) return &rows[i];
+  return &rows[0];
+}
+
 /* Statistics, derived columns and checks of one table. */
 static void finish_table(bench_result *res, int mode, setup *su, double flops_per_example) {
   bench_row *rows = res->rows[mode];
@@ -217,6 +228,11 @@ static void finish_table(bench_result *res, int mode, setup *su, double flops_pe
     bench_row *w = &rows[i];
     setup *s = &su[i];
     w->step = bench_summarise(s->t, s->nt);
+  }
+  for (int i = 0; i < res->nrows[mode]; i++) {
+    bench_row *w = &rows[i];
+    setup *s = &su[i];
+    const bench_row *first = first_of(rows, res->nrows[mode], w->precision);
     w->sps = (double)w->global_batch / (w->step.med * 1e-3);
     w->gflops = flops_per_example * (double)w->global_batch / (w->step.med * 1e-3) / 1e9;
     w->gemm = bench_summarise(s->tg, s->ntg);
@@ -229,12 +245,17 @@ static void finish_table(bench_result *res, int mode, setup *su, double flops_pe
     w->tps = w->sps * (double)res->tokens;
     w->mfu = w->gemm.n && w->gemm_gflops > 0.0 ? w->gflops / w->gemm_gflops : 0.0;
     if (mode == BENCH_STRONG) {
-      w->speedup = rows[0].step.med / w->step.med;
-      w->eff = w->speedup / ((double)w->devices / rows[0].devices);
+      w->speedup = first->step.med / w->step.med;
+      w->eff = w->speedup / ((double)w->devices / first->devices);
     } else { /* the work grows with the devices: ideal is a constant step time */
-      w->speedup = w->sps / rows[0].sps;
-      w->eff = rows[0].step.med / w->step.med;
+      w->speedup = w->sps / first->sps;
+      w->eff = first->step.med / w->step.med;
     }
+    w->vs_fp32 = 0.0;
+    for (int j = 0; w->precision == PMAP_PRECISION_BF16 && j < res->nrows[mode]; j++)
+      if (rows[j].precision == PMAP_PRECISION_FP32 && rows[j].devices == w->devices &&
+          rows[j].sharded == w->sharded)
+        w->vs_fp32 = rows[j].step.med / w->step.med;
     int local = pmap_ctx_num_devices(s->ctx);
     if (replicas_identical(s->params, pmap_ctx_process_index(s->ctx) * local, local,
                            &w->identical) ||
@@ -248,12 +269,12 @@ static void finish_table(bench_result *res, int mode, setup *su, double flops_pe
               (double)w->loss);
       res->failed = 1;
     }
-    w->loss_rel_diff = rel_diff(w->loss, rows[0].loss);
+    w->loss_rel_diff = rel_diff(w->loss, first->loss);
     if (mode == BENCH_STRONG && w->loss_rel_diff > LOSS_TOL) {
       fprintf(stderr,
               "%s: %s: the loss on %d devices, %.9g, differs from %.9g on %d by %.3g "
               "(relative; allowed %g)\n",
-              prog, res->model, w->devices, (double)w->loss, (double)rows[0].loss, rows[0].devices,
+              prog, res->model, w->devices, (double)w->loss, (double)first->loss, first->devices,
               w->loss_rel_diff, LOSS_TOL);
       res->failed = 1;
     }
@@ -322,26 +343,37 @@ static int bench_model(const char *name, const bench_opts *o, pmap_backend backe
   pmap_array hx = {0}, hy = {0};
   double *th = NULL, *topt = NULL;
   int nth = 0, ntopt = 0;
-  /* The rows: each device count, and with --compare-shard above one device a replicated and
-   * a sharded row. */
-  int row_dev[CLI_MAX_LIST], row_shard[CLI_MAX_LIST], nrow = 0;
+  /* The rows: each device count, under each --precision (a user's gradient function has no
+   * bf16 policy: its fp32 rows alone), and with --compare-shard above one device a replicated
+   * and a sharded row. */
+  int row_dev[CLI_MAX_LIST], row_shard[CLI_MAX_LIST], row_prec[CLI_MAX_LIST], nrow = 0;
   for (int i = 0; i < o->ndev; i++)
-    for (int k = 0; k < (o->compare && o->devs[i] > 1 ? 2 : 1); k++) {
-      if (nrow == CLI_MAX_LIST) {
-        fprintf(stderr, "%s: --compare-shard: at most %d rows\n", prog, CLI_MAX_LIST);
-        pmap_model_destroy(model);
-        return -1;
+    for (int p = 0; p < o->nprec; p++)
+      for (int k = 0; k < (o->compare && o->devs[i] > 1 ? 2 : 1); k++) {
+        if (is_custom(name) && o->precisions[p] != PMAP_PRECISION_FP32) continue;
+        if (nrow == CLI_MAX_LIST) {
+          fprintf(stderr, "%s: --compare-shard and --precision: at most %d rows\n", prog,
+                  CLI_MAX_LIST);
+          pmap_model_destroy(model);
+          return -1;
+        }
+        row_dev[nrow] = (int)o->devs[i];
+        row_prec[nrow] = o->precisions[p];
+        row_shard[nrow++] = o->compare ? (k ? PMAP_SHARD_ON : PMAP_SHARD_OFF) : o->shard;
       }
-      row_dev[nrow] = (int)o->devs[i];
-      row_shard[nrow++] = o->compare ? (k ? PMAP_SHARD_ON : PMAP_SHARD_OFF) : o->shard;
-    }
+  if (!nrow) {
+    fprintf(stderr, "%s: %s: no row to run (a gradient function's model runs under fp32)\n", prog,
+            name);
+    pmap_model_destroy(model);
+    return -1;
+  }
   for (int mode = 0; mode < 2 && !code; mode++) {
     if (!o->modes[mode]) continue;
     for (int i = 0; i < nrow && !code; i++) {
       int64_t bd = mode == BENCH_STRONG ? res->batch / row_dev[i] : res->weak_batch;
       res->nrows[mode] = i + 1;
       code = setup_open(&su[mode][i], name, model, &info.opt, o, backend, row_dev[i], row_shard[i],
-                        bd, res->warmup, cap, &res->rows[mode][i]);
+                        row_prec[i], bd, res->warmup, cap, &res->rows[mode][i]);
       if (!code) *bname = pmap_backend_name(pmap_ctx_backend(su[mode][i].ctx));
     }
   }
@@ -384,7 +416,8 @@ static int bench_model(const char *name, const bench_opts *o, pmap_backend backe
       res->hand_opt_ms = bench_summarise(topt, ntopt).med;
       for (int i = 0; i < res->nrows[BENCH_STRONG]; i++) {
         const bench_row *w = &res->rows[BENCH_STRONG][i];
-        if (w->devices == 1 && w->total_steps == res->hand_steps)
+        if (w->devices == 1 && w->total_steps == res->hand_steps &&
+            w->precision == PMAP_PRECISION_FP32) /* the loop's policy */
           res->hand_rel_diff = rel_diff(res->hand_loss, w->loss);
       }
       if (res->hand_rel_diff > LOSS_TOL) {
@@ -471,6 +504,8 @@ int main(int argc, char **argv) {
       "forward multiply-adds\n",
       cores, pmap_gemm_provider(), pmap_gemm_reason(), pmap_gemm_providers(), cpu_conv_path(),
       cpu_conv_paths());
+  printf("pmap-bench: precision %s; CPU bf16 instructions %s, bf16 GEMM %s (%s)\n", o.precision,
+         pmap_cpu_bf16(), pmap_bf16_provider(), pmap_bf16_reason());
   if (csv) bench_report_csv_header(csv);
   for (int m = 0; m < nmodels && !code; m++) {
     code = bench_model(model[m], &o, backend, &bname, &res[m]);
@@ -487,11 +522,15 @@ int main(int argc, char **argv) {
   if (o.json && !code) {
     printf(
         "{\"model\": \"%s\", \"backend\": \"%s\", \"gemm\": \"%s\", \"gemm_reason\": \"%s\", "
-        "\"gemm_providers\": \"%s\", \"conv\": \"%s\", \"conv_paths\": \"%s\", \"cores\": %ld, "
+        "\"gemm_providers\": \"%s\", \"conv\": \"%s\", \"conv_paths\": \"%s\", \"precision\": "
+        "\"%s\", "
+        "\"cpu_bf16\": \"%s\", \"bf16_gemm\": \"%s\", \"bf16_gemm_reason\": \"%s\", \"cores\": "
+        "%ld, "
         "\"global_batch\": %lld, \"steps\": %lld, \"warmup\": %lld, "
         "\"flops_per_example\": \"6 x forward multiply-adds\", \"models\": [",
         o.models, bname, pmap_gemm_provider(), pmap_gemm_reason(), pmap_gemm_providers(),
-        cpu_conv_path(), cpu_conv_paths(), cores, (long long)res[0].batch, (long long)res[0].steps,
+        cpu_conv_path(), cpu_conv_paths(), o.precision, pmap_cpu_bf16(), pmap_bf16_provider(),
+        pmap_bf16_reason(), cores, (long long)res[0].batch, (long long)res[0].steps,
         (long long)res[0].warmup);
     for (int m = 0; m < nmodels; m++) {
       if (m) printf(", ");

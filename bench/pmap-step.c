@@ -1,7 +1,7 @@
 /* pmap-step: the ways one CUDA step can run, against each other: plain, the whole step as a
  * replayed CUDA graph, the gradient all-reduce overlapped with backward in buckets, both, and
  * the sharded optimizer (reduce-scatter, each device's part, all-gather; the others replicate
- * the optimizer, which the fast paths need);
+ * the optimizer, which the fast paths need), and the plain and captured steps under bf16;
  * on each device count, from the same initial parameters on the same batches. For each it
  * reports the step time (wall time of the timed steps over their count, the work drained at
  * the end), the host time of a step (the median time a pmap_update call takes to return: with
@@ -13,7 +13,8 @@
  * (max |w - w_plain| and the relative L2 difference).
  *
  *   pmap-step [--backend cuda] [--model mlp] [--devices 1,2,4] [--batch B] [--steps 50]
- *             [--warmup 5] [--variants plain,graph,overlap,graph+overlap,sharded]
+ *             [--warmup 5] [--variants plain,graph,overlap,graph+overlap,sharded,bf16,
+ *             graph-bf16]
  *             [--bucket-mb 25]
  *             [--numeric-guard] [--loss] [--json]
  *
@@ -36,14 +37,20 @@
 typedef struct variant {
   const char *name;
   int graphs, overlap, shard;
+  pmap_precision precision;
 } variant;
 
-#define N_VARIANTS 5
-static const variant all_variants[N_VARIANTS] = {{"plain", -1, -1, PMAP_SHARD_OFF},
-                                                 {"graph", 1, -1, PMAP_SHARD_OFF},
-                                                 {"overlap", -1, 1, PMAP_SHARD_OFF},
-                                                 {"graph+overlap", 1, 1, PMAP_SHARD_OFF},
-                                                 {"sharded", -1, -1, PMAP_SHARD_ON}};
+/* bf16 and graph-bf16: the plain and captured steps under the bf16 policy (docs/precision.md),
+ * whose agreement with plain (fp32) is that of the two policies. */
+#define N_VARIANTS 7
+static const variant all_variants[N_VARIANTS] = {
+    {"plain", -1, -1, PMAP_SHARD_OFF, PMAP_PRECISION_FP32},
+    {"graph", 1, -1, PMAP_SHARD_OFF, PMAP_PRECISION_FP32},
+    {"overlap", -1, 1, PMAP_SHARD_OFF, PMAP_PRECISION_FP32},
+    {"graph+overlap", 1, 1, PMAP_SHARD_OFF, PMAP_PRECISION_FP32},
+    {"sharded", -1, -1, PMAP_SHARD_ON, PMAP_PRECISION_FP32},
+    {"bf16", -1, -1, PMAP_SHARD_OFF, PMAP_PRECISION_BF16},
+    {"graph-bf16", 1, -1, PMAP_SHARD_OFF, PMAP_PRECISION_BF16}};
 
 typedef struct opts {
   pmap_backend backend;
@@ -89,7 +96,8 @@ static int run_variant(const opts *o, const variant *v, int n, const pmap_array 
                      .cuda_bucket_mb = (int)o->bucket_mb,
                      .shard_optimizer = v->shard};
   if (!host || pmap_example_info_get(o->model, &info) || pmap_example_model(o->model, &m) ||
-      pmap_ctx_create(&cfg, &ctx) || pmap_params_create(ctx, m, &info.opt, 0, &p)) {
+      pmap_ctx_create(&cfg, &ctx) || pmap_params_create(ctx, m, &info.opt, 0, &p) ||
+      pmap_params_set_precision(p, v->precision)) {
     fprintf(stderr, PROG ": %s on %d devices: %s\n", v->name, n, pmap_last_error());
     goto out;
   }
@@ -158,9 +166,11 @@ static int variants_check(const char *prog, const cli_option *o, const char *v) 
            (strlen(all_variants[k].name) != len || strncmp(t, all_variants[k].name, len)))
       k++;
     if (len && k == N_VARIANTS)
-      return cli_error(prog,
-                       "--variants: unknown %.*s (plain, graph, overlap, graph+overlap, sharded)",
-                       (int)len, t);
+      return cli_error(
+          prog,
+          "--variants: unknown %.*s (plain, graph, overlap, graph+overlap, sharded, bf16, "
+          "graph-bf16)",
+          (int)len, t);
     t += len + (t[len] == ',');
   }
   return 0;
@@ -215,7 +225,7 @@ static int parse(int argc, char **argv, opts *o) {
       {.name = "--variants",
        .kind = CLI_STRING,
        .dest = &variants,
-       .arg = "plain,graph,overlap,graph+overlap,sharded",
+       .arg = "plain,graph,overlap,graph+overlap,sharded,bf16,graph-bf16",
        .help = "the variants to time (default all); plain always runs, as the reference of the "
                "agreement",
        .check = variants_check},

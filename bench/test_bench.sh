@@ -2,8 +2,9 @@
 # test_bench.sh: pmap-bench's reference measurements on a few steps of the CPU backend: the
 # hand-written 1-device loop (the models' own forward and backward without the runtime) runs for
 # the models without collectives and ends bitwise at pmap's 1-device loss, is left out for batch
-# norm across devices, the step's GEMMs are listed for every model, and --dump writes its files,
-# which bench/jax_compare.py maps by their blocks.
+# norm across devices, the step's GEMMs are listed for every model, --dump writes its files,
+# which bench/jax_compare.py maps by their blocks, and --precision fp32,bf16 puts a bf16 row beside
+# each fp32 row.
 set -u
 bench=${1:?usage: test_bench.sh path/to/pmap-bench}
 tmp=$(mktemp -d)
@@ -90,6 +91,25 @@ for name in sorted(os.listdir(sys.argv[1])):
     seen += 1
 assert seen >= 4, seen
 PY
+# --precision fp32,bf16: a bf16 row beside each fp32 row, each against its fp32 row (vs_fp32),
+# its GEMMs probed, its replicas identical; the CPU's bf16 support named.
+if ! "$bench" --model res-mlp --devices 1,2 --scaling strong --batch 16 --steps 4 --warmup 1 \
+  --rounds 2 --backend cpu --precision fp32,bf16 --json >"$tmp/prec" 2>"$tmp/err"; then
+  bad "pmap-bench --precision fp32,bf16 exited non-zero: $(tail -5 "$tmp/err")"
+else
+  python3 -c "
+import json, sys
+j = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+assert j['cpu_bf16'] in ('amx_bf16', 'avx512_bf16', 'none') and j['bf16_gemm'] in ('onednn', 'portable'), j
+rows = j['rows']
+assert [(r['devices'], r['precision']) for r in rows] == [(1, 'fp32'), (1, 'bf16'), (2, 'fp32'), (2, 'bf16')], rows
+for r in rows:
+    assert r['replicas_identical'] and r['gemm_ms'] is not None, r
+    assert (r['vs_fp32'] is None) == (r['precision'] == 'fp32'), r
+    assert r['precision'] == 'fp32' or r['vs_fp32'] > 0, r
+" "$tmp/prec" || bad "--precision fp32,bf16: $(tail -n 1 "$tmp/prec")"
+  grep -q '^bf16 against fp32: 1 dev ' "$tmp/prec" || bad "no bf16 against fp32 line: $(cat "$tmp/prec")"
+fi
 if [ "$fails" -ne 0 ]; then
   echo "test_bench: $fails failed" >&2
   exit 1

@@ -35,7 +35,7 @@ help() {
 forms=" (decimal digits, with an optional fraction and K, M or G: powers of 1024)"
 help "$bench" --model --devices --batch --weak-batch --scaling --steps --warmup --rounds \
   --backend --seed --no-ref --no-numeric-guard --shard-optimizer --no-shard-optimizer \
-  --compare-shard --csv --dump --timeout --json
+  --compare-shard --precision --csv --dump --timeout --json
 help "$allreduce" -b -e -f -d -n -w -o -c --backend --copy-bytes --csv --json
 help "$step" --backend --model --devices --batch --steps --warmup --variants --bucket-mb \
   --numeric-guard --loss --json
@@ -50,6 +50,11 @@ expect_error "$bench" '--devices "0,1" is not a list of at most 16 integers in [
 expect_error "$bench" '--rounds "101" is not an integer in [1, 100]' --rounds 101
 expect_error "$bench" '--timeout "-1" is not a number of seconds > 0 (inf: never)' --timeout -1
 expect_error "$bench" '--seed "x" is not a non-negative integer' --seed x
+for v in fp16 bf16,bf16 fp32,bf16,fp32 fp32,; do
+  expect_error "$bench" "--precision \"$v\": fp32, bf16 or both, each once, comma-separated" \
+    --precision "$v"
+done
+expect_error "$bench" '--precision is empty (fp32, bf16 or fp32,bf16)' --precision ""
 expect_error "$allreduce" "-b \"3\" is not a size in bytes from 4 to 4G$forms" -b 3
 expect_error "$allreduce" "-e \"5G\" is not a size in bytes from 4 to 4G$forms" -e 5G
 expect_error "$allreduce" "-b \"1X\" is not a size in bytes from 4 to 4G$forms" -b 1X
@@ -58,7 +63,7 @@ expect_error "$allreduce" '-o "prod" is not sum, mean, max or all' -o prod
 expect_error "$allreduce" '-c "2" is not an integer in [0, 1]' -c 2
 expect_error "$allreduce" '--backend: unknown backend "tpu" (expected auto, cpu or cuda)' --backend tpu
 expect_error "$step" '--backend tpu: cuda, cpu or auto' --backend tpu
-expect_error "$step" '--variants: unknown fast (plain, graph, overlap, graph+overlap, sharded)' \
+expect_error "$step" '--variants: unknown fast (plain, graph, overlap, graph+overlap, sharded, bf16, graph-bf16)' \
   --variants plain,fast
 expect_error "$step" '--bucket-mb "5000" is not an integer in [1, 4096]' --bucket-mb 5000
 

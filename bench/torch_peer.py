@@ -2,7 +2,7 @@
 """torch_peer.py: gpt-mini in PyTorch beside pmap, from pmap's own initial parameters.
 
   PMAP_LIBRARY=build/libpmap.so PYTHONPATH=python python3 bench/torch_peer.py [--steps 20]
-      [--bench ROUNDS] [--devices 1,2] [--threads 2] [--ddp 2]
+      [--bench ROUNDS] [--devices 1,2] [--threads 2] [--ddp 2] [--precision fp32|bf16]
 
 Builds the same transformer in both (pmap.Model and torch.nn.Module: embedding, positions, pre-
 norm blocks of causal attention and a GELU MLP, a head tied to the embedding), copies pmap's
@@ -12,7 +12,11 @@ copy-task batches and compares every step's loss (exit 1 beyond --tol, default 1
 on --threads threads in this process, and with --ddp N of PyTorch's DistributedDataParallel on N
 processes of one thread each (gloo, the batch split in N, as pmap splits it over devices; each
 rank's OpenBLAS held to one thread), and
-prints the medians in tokens/s with the load average before and after."""
+prints the medians in tokens/s with the load average before and after.
+--precision bf16 trains pmap under its bf16 policy (Params.set_precision) and PyTorch under
+torch.autocast("cpu", dtype=torch.bfloat16) (bfloat16 matmuls, float master weights and Adam),
+and compares the loss curves instead: every step's loss relative to PyTorch's (default --tol
+2e-2) and the mean of the last fifth of the steps."""
 import argparse
 import math
 import os
@@ -92,7 +96,10 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=0.003)
-    ap.add_argument("--tol", type=float, default=1e-4)
+    ap.add_argument("--tol", type=float, default=None,
+                    help="the largest loss difference allowed: absolute under fp32 (default "
+                         "1e-4), relative under bf16 (default 2e-2)")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--bench", type=int, default=0, metavar="ROUNDS")
     ap.add_argument("--bench-steps", type=int, default=5)
     ap.add_argument("--devices", default="1,2")
@@ -102,29 +109,40 @@ def main():
     a = ap.parse_args()
     if a.ddp < 0 or (a.ddp and a.batch % a.ddp):
         ap.error(f"--ddp {a.ddp}: a count of ranks that divides --batch {a.batch}")
+    bf16 = a.precision == "bf16"
+    if a.tol is None:
+        a.tol = 2e-2 if bf16 else 1e-4
     torch.set_num_threads(a.threads)
     batches = [copy_task(a.batch, s) for s in (1, 2)]
     with pmap.Context(backend="cpu", devices=1) as ctx:
         params = ctx.params(pmap_model(), pmap.adam(a.lr), seed=0)
+        params.set_precision(a.precision)
         peer = Peer(params.named())
         opt = torch.optim.Adam(peer.parameters(), lr=a.lr, betas=(0.9, 0.999), eps=1e-8)
-        worst = 0.0
-        print(f"{'step':>4} {'pmap loss':>12} {'torch loss':>12} {'|diff|':>10}")
+        worst, lps, lts = 0.0, [], []
+        diff = "|rel diff|" if bf16 else "|diff|"
+        print(f"{'step':>4} {'pmap loss':>12} {'torch loss':>12} {diff:>10}  ({a.precision})")
         for s in range(a.steps):
             x, y = batches[s % 2]
             lp = params.update(x, y)
             opt.zero_grad()
-            out = peer(torch.from_numpy(x).long())
-            loss = F.cross_entropy(out.reshape(-1, V), torch.from_numpy(y).long().reshape(-1))
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                out = peer(torch.from_numpy(x).long())
+            loss = F.cross_entropy(out.float().reshape(-1, V),
+                                   torch.from_numpy(y).long().reshape(-1))
             loss.backward()
             opt.step()
-            d = abs(lp - loss.item())
+            d = abs(lp - loss.item()) / (abs(loss.item()) if bf16 else 1.0)
             worst = max(worst, d)
+            lps.append(lp), lts.append(loss.item())
             print(f"{s:4d} {lp:12.6f} {loss.item():12.6f} {d:10.2e}")
     ok = worst <= a.tol
-    print(f"torch_peer: {a.steps} steps, largest loss difference {worst:.3g} "
-          f"({'within' if ok else 'BEYOND'} {a.tol:g}); torch {torch.__version__}, "
-          f"{a.threads} threads")
+    tail = max(len(lps) // 5, 1)
+    mp_, mt = statistics.mean(lps[-tail:]), statistics.mean(lts[-tail:])
+    print(f"torch_peer: {a.steps} steps under {a.precision}, largest loss difference {worst:.3g}"
+          f"{' (relative)' if bf16 else ''} ({'within' if ok else 'BEYOND'} {a.tol:g}); mean of "
+          f"the last {tail} losses: pmap {mp_:.6f}, torch {mt:.6f} ({100 * (mp_ - mt) / mt:+.3f} "
+          f"%); torch {torch.__version__}, {a.threads} threads")
     if a.bench:
         bench(a, batches[0])
     return 0 if ok else 1
@@ -134,20 +152,25 @@ def bench(a, batch):
     """Interleaved rounds: each round times bench_steps steps of every contender."""
     x, y = batch
     devs = [int(d) for d in a.devices.split(",")]
+    bf16 = a.precision == "bf16"
     ctxs = [pmap.Context(backend="cpu", devices=d) for d in devs]
     ps = [c.params(pmap_model(), pmap.adam(a.lr), seed=0) for c in ctxs]
+    for p in ps:
+        p.set_precision(a.precision)
     peer = Peer(ps[0].named())
     opt = torch.optim.Adam(peer.parameters(), lr=a.lr)
     xt, yt = torch.from_numpy(x).long(), torch.from_numpy(y).long().reshape(-1)
 
     def torch_step():
         opt.zero_grad()
-        F.cross_entropy(peer(xt).reshape(-1, V), yt).backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = peer(xt)
+        F.cross_entropy(out.float().reshape(-1, V), yt).backward()
         opt.step()
 
     steps = {f"pmap {d} dev": (lambda p=p: p.update(x, y)) for d, p in zip(devs, ps)}
     steps[f"torch {a.threads} threads"] = torch_step
-    ddp = DDPGroup(a.ddp, ps[0].named(), x, y, a.lr) if a.ddp else None
+    ddp = DDPGroup(a.ddp, ps[0].named(), x, y, a.lr, bf16) if a.ddp else None
     if ddp:
         steps[f"torch DDP {a.ddp}x1"] = ddp.step
     try:
@@ -167,7 +190,8 @@ def bench(a, batch):
         load1 = os.getloadavg()
         tokens = a.batch * T
         print(f"bench: {a.bench} interleaved rounds of {a.bench_steps} steps, batch {a.batch} x "
-              f"{T} tokens; load average {load0[0]:.2f} before, {load1[0]:.2f} after")
+              f"{T} tokens, {a.precision}; load average {load0[0]:.2f} before, {load1[0]:.2f} "
+              "after")
         base = None
         for k, ts in times.items():
             med = statistics.median(ts)
@@ -183,7 +207,7 @@ def bench(a, batch):
         c.close()
 
 
-def ddp_rank(rank, ranks, rendezvous, named, x, y, lr, cmds, results):
+def ddp_rank(rank, ranks, rendezvous, named, x, y, lr, bf16, cmds, results):
     """One DDP rank: one thread, rows rank/ranks of the batch; runs the steps it is sent."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="file://" + rendezvous, rank=rank,
@@ -201,7 +225,9 @@ def ddp_rank(rank, ranks, rendezvous, named, x, y, lr, cmds, results):
         t0 = time.perf_counter()
         for _ in range(n):
             opt.zero_grad()
-            F.cross_entropy(model(xt).reshape(-1, V), yt).backward()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                out = model(xt)
+            F.cross_entropy(out.float().reshape(-1, V), yt).backward()
             opt.step()
         dist.barrier()
         if rank == 0:
@@ -214,15 +240,15 @@ class DDPGroup:
     ranks meet through a file (no port to collide with); they are daemons, and close() ends any
     that has not, so an error on either side never leaves the script waiting."""
 
-    def __init__(self, ranks, named, x, y, lr):
+    def __init__(self, ranks, named, x, y, lr, bf16=False):
         ctx = mp.get_context("spawn")
         self.cmds = [ctx.Queue() for _ in range(ranks)]
         self.results = ctx.Queue()
         self.dir = tempfile.mkdtemp(prefix="torch-peer-")
         rendezvous = os.path.join(self.dir, "rendezvous")
         self.procs = [ctx.Process(target=ddp_rank, daemon=True,
-                                  args=(r, ranks, rendezvous, named, x, y, lr, self.cmds,
-                                        self.results))
+                                  args=(r, ranks, rendezvous, named, x, y, lr, bf16,
+                                        self.cmds, self.results))
                       for r in range(ranks)]
         # One core per rank: Debian's torch multiplies with OpenBLAS's pthread build, which
         # otherwise starts a thread per core in every rank (the ranks then slow each other).

@@ -264,6 +264,21 @@ PMAP_API const char *pmap_gemm_providers(void);
  * measure)", or "invalid PMAP_GEMM" / "invalid PMAP_GEMM_CACHE" (provider "none"). Makes the choice like
  * pmap_gemm_provider. Never NULL; the string is static. */
 PMAP_API const char *pmap_gemm_reason(void);
+/* The CPU's bfloat16 instructions: "amx_bf16" (AMX tiles), "avx512_bf16" or "none" (CPUID, with
+ * the registers saved by the OS). Never NULL; the string is static. */
+PMAP_API const char *pmap_cpu_bf16(void);
+/* The CPU GEMM of PMAP_PRECISION_BF16: "onednn" (oneDNN's bf16 matmul, a primitive per shape
+ * made at its first use on each device), or "portable" (the bfloat16 operands widened to float,
+ * exactly, and multiplied by pmap_gemm_provider()'s GEMM: the same products and float sums, at
+ * about the float speed), chosen once per process: the environment variable PMAP_GEMM_BF16
+ * (auto, onednn, portable) when set, else onednn where the CPU has bf16 instructions and the
+ * build has oneDNN. "none" when PMAP_GEMM_BF16 is invalid or names onednn in a build without
+ * it: pmap_ctx_create of a CPU context then fails naming it. Never NULL; static. */
+PMAP_API const char *pmap_bf16_provider(void);
+/* Why: "the CPU has AVX512_BF16", "the CPU has AMX", "the CPU has no bf16 instructions", "no
+ * oneDNN in this build", "forced by PMAP_GEMM_BF16", "forced" (in-process, by the tests), or
+ * "invalid PMAP_GEMM_BF16". Never NULL; static. */
+PMAP_API const char *pmap_bf16_reason(void);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Host arrays                                                                                */
@@ -587,6 +602,32 @@ PMAP_API pmap_status pmap_update(pmap_params *params, const pmap_array *xs, cons
  * as many pieces. */
 PMAP_API pmap_status pmap_params_set_micro_batches(pmap_params *params, int k);
 
+/* The numeric policy of a step and a prediction (docs/precision.md says what each part computes
+ * in which format). */
+typedef enum pmap_precision {
+  PMAP_PRECISION_FP32 = 0, /* everything in float (the default) */
+  PMAP_PRECISION_BF16 = 1  /* mixed: GEMM operands in bfloat16, the rest in float */
+} pmap_precision;
+/* Sets params' policy; it applies from the next pmap_update or pmap_predict on. Under
+ * PMAP_PRECISION_BF16 the operands of every GEMM (dense, token_dense, lm_head, the attention's
+ * projections and per-head products) are rounded to bfloat16 (to nearest, ties to even) and
+ * multiplied with float sums, from a bfloat16 copy of the weights made before each step; the
+ * parameters (float masters), gradients, their all-reduce, the optimizer and its state, the
+ * losses, softmax, norms, biases and residual sums stay float. Activations read only as GEMM
+ * operands are kept in bfloat16 (pmap_params_memory counts what that saves, and the weights'
+ * copy). Replicas stay bitwise identical, and runs repeat bitwise on the same machine, device
+ * count and GEMM providers. Checkpoints hold the float parameters and record the policy; a
+ * file saved under one loads under the other. Returns PMAP_ERR_INVALID_ARGUMENT (NULL, a value
+ * outside the enum, bf16 for params of pmap_params_create_custom), PMAP_ERR_OUT_OF_MEMORY
+ * (nothing changed). */
+PMAP_API pmap_status pmap_params_set_precision(pmap_params *params, pmap_precision precision);
+/* params' policy; PMAP_PRECISION_FP32 for NULL. */
+PMAP_API pmap_precision pmap_params_precision(const pmap_params *params);
+/* "fp32", "bf16"; NULL for a value outside the enum. */
+PMAP_API const char *pmap_precision_name(pmap_precision precision);
+/* Parses "fp32" or "bf16" into *out; PMAP_ERR_INVALID_ARGUMENT naming the string else. */
+PMAP_API pmap_status pmap_precision_parse(const char *name, pmap_precision *out);
+
 /* Sharded forward pass: out (B, output shape...) f32, written in batch order. xs as for
  * pmap_update. Returns the same statuses as pmap_update; out->shape must match exactly. */
 PMAP_API pmap_status pmap_predict(pmap_params *params, const pmap_array *xs, pmap_array *out);
@@ -838,12 +879,14 @@ PMAP_API pmap_status pmap_ctx_waits(pmap_ctx *ctx, pmap_device_waits *out, int c
 /* The device memory a training step of pmap_update at a global batch needs on each device of
  * this process (the most any one device needs), in bytes: */
 typedef struct pmap_memory_plan {
-  size_t params;      /* the trained parameters (padded to equal parts when sharded) */
+  size_t params;      /* the trained parameters (padded to equal parts when sharded), and their
+                         bfloat16 copy under PMAP_PRECISION_BF16 */
   size_t grads;       /* gradients, with the loss and guard values reduced alongside */
   size_t optimizer;   /* optimizer state: the device's part when sharded */
   size_t state;       /* non-trained state (batch norm's statistics), and the pending copy a
                          step computes before committing it */
-  size_t activations; /* activations and their gradients at the rows of one micro-batch */
+  size_t activations; /* activations and their gradients at the rows of one micro-batch (under
+                         PMAP_PRECISION_BF16 those kept in bfloat16 count 2 bytes each) */
   size_t staging;     /* device buffers the backend stages the batch's rows into (0 on CPU) */
   size_t total;       /* the sum */
   int optimizer_sharded;

@@ -143,6 +143,9 @@ static pmap_status load(pmap_params *p, const char *path, void *user, size_t use
                   "%s: \"%s\" holds a user section of %zu bytes; the buffer holds %zu", call, path,
                   f.user_bytes, user_cap);
   if (!st) st = host_state(p, &c.h, call);
+  /* The policy the state was trained under comes back with it, before any replica changes (a
+   * failure to make its buffers changes nothing). */
+  if (!st) st = params_precision_set(p, f.precision, call);
   if (!st) {
     ckpt_decode(p, &f, &c.h);
     st = params_dispatch(p, upload_job, &c);

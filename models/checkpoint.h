@@ -23,6 +23,7 @@ pmap_status ckpt_encode(const pmap_params *p, const ckpt_host *h, const void *us
 typedef struct ckpt_file {
   unsigned char *bytes;        /* the file */
   int64_t step;                /* its step count */
+  pmap_precision precision;    /* the policy it was saved under (version 1: fp32) */
   const unsigned char *params; /* P little-endian floats */
   const unsigned char *state;  /* slots x P */
   const unsigned char *user;

@@ -15,7 +15,10 @@
 #include "crc32c.h"
 
 #define CKPT_MAGIC "PMAPCKPT"
+/* Version 1: float training; version 2 (written for bf16 training alone, so that a float
+ * run's files stay readable by earlier builds) adds the precision policy to OPTM. */
 #define CKPT_VERSION 1u
+#define CKPT_VERSION_BF16 2u
 #define HEADER_BYTES 32u  /* magic, version, sections, file bytes, flags, header CRC */
 #define SECTION_BYTES 16u /* tag, CRC, payload bytes */
 #define LAYER_BYTES 64u
@@ -170,8 +173,9 @@ static void end_section(wbuf *b, size_t at) {
 static void encode(wbuf *b, const pmap_params *p, const ckpt_host *h, const void *user,
                    size_t user_bytes) {
   size_t P = p->n_params, S = (size_t)p->opt_slots * P;
+  int bf16 = p->precision == PMAP_PRECISION_BF16;
   put(b, CKPT_MAGIC, 8);
-  put_u32(b, CKPT_VERSION);
+  put_u32(b, bf16 ? CKPT_VERSION_BF16 : CKPT_VERSION);
   put_u32(b, N_SECTIONS);
   put_u64(b, 0); /* file bytes, filled in below */
   put_u32(b, 0); /* flags */
@@ -190,6 +194,7 @@ static void encode(wbuf *b, const pmap_params *p, const ckpt_host *h, const void
   put_f32(b, o->eps);
   put_f32(b, o->clip_norm);
   put_u64(b, (uint64_t)p->step);
+  if (bf16) put_u32(b, 2u); /* the policy: 1 fp32, 2 bf16 */
   end_section(b, at);
   at = begin_section(b, SEC_PARAMS);
   put_u64(b, (uint64_t)P);
@@ -235,11 +240,11 @@ static pmap_status check_header(const char *path, const unsigned char *f, size_t
                     "number)",
                     call, path);
   uint32_t version = load_u32(f + 8);
-  if (version != CKPT_VERSION)
+  if (version != CKPT_VERSION && version != CKPT_VERSION_BF16)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "%s: \"%s\" is checkpoint version %u; this build "
-                    "reads version %u",
-                    call, path, version, CKPT_VERSION);
+                    "reads versions %u and %u",
+                    call, path, version, CKPT_VERSION, CKPT_VERSION_BF16);
   uint32_t hcrc = crc32c_update(0, f, 28);
   if (load_u32(f + 28) != hcrc)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
@@ -256,7 +261,7 @@ static pmap_status check_header(const char *path, const unsigned char *f, size_t
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "%s: \"%s\" has %u sections and flags 0x%x; "
                     "version %u has %d sections and no flags",
-                    call, path, load_u32(f + 12), load_u32(f + 24), CKPT_VERSION, N_SECTIONS);
+                    call, path, load_u32(f + 12), load_u32(f + 24), version, N_SECTIONS);
   return PMAP_SUCCESS;
 }
 
@@ -395,13 +400,21 @@ static pmap_status check_model_section(const pmap_params *p, const section *s, c
 
 /* Optimizer kind, state layout and step; the state sizes against the parameter count. */
 static pmap_status check_state_sections(const pmap_params *p, const section *sec, const char *path,
-                                        int64_t *step, const char *call) {
+                                        uint32_t version, int64_t *step, pmap_precision *prec,
+                                        const char *call) {
   const section *o = &sec[SEC_OPT];
-  if (o->bytes != 40)
+  size_t want = version == CKPT_VERSION ? 40 : 44;
+  if (o->bytes != want)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "%s: \"%s\": optimizer section of %zu bytes, "
-                    "expected 40",
-                    call, path, o->bytes);
+                    "expected %zu (version %u)",
+                    call, path, o->bytes, want, version);
+  uint32_t policy = version == CKPT_VERSION ? 1u : load_u32(o->data + 40);
+  if (policy != 1u && policy != 2u)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: \"%s\": precision policy %u is neither 1 (fp32) nor 2 (bf16)", call, path,
+                    policy);
+  *prec = policy == 2u ? PMAP_PRECISION_BF16 : PMAP_PRECISION_FP32;
   uint32_t kind = load_u32(o->data), slots = load_u32(o->data + 4);
   uint32_t want_kind = opt_code(p->opt.kind), want_slots = (uint32_t)p->opt_slots;
   if (kind != want_kind || slots != want_slots)
@@ -440,15 +453,17 @@ pmap_status ckpt_read(const pmap_params *p, const char *path, const char *call, 
   PMAP_TRY(read_file(path, &f, &n, call));
   section sec[N_SECTIONS];
   int64_t step = 0;
+  pmap_precision prec = PMAP_PRECISION_FP32;
   pmap_status st = check_frames(path, f, n, sec, call);
   if (!st) st = check_model_section(p, &sec[SEC_MODEL], path, call);
-  if (!st) st = check_state_sections(p, sec, path, &step, call);
+  if (!st) st = check_state_sections(p, sec, path, load_u32(f + 8), &step, &prec, call);
   if (st) {
     free(f);
     return st;
   }
   out->bytes = f;
   out->step = step;
+  out->precision = prec;
   out->params = sec[SEC_PARAMS].data + 8;
   out->state = sec[SEC_STATE].data + 16;
   out->user = sec[SEC_USER].data;

@@ -45,6 +45,9 @@ void replica_unplace(replica *r) {
   free(r->in);
   free(r->out);
   free(r->dout);
+  free(r->in16);
+  r->in16 = NULL;
+  r->tmp = NULL;
   r->act = r->dact = r->aux = NULL;
   r->in = r->out = r->dout = NULL;
   r->arena = NULL;
@@ -56,17 +59,25 @@ void replica_release(pmap_device *dev, replica *r) {
   replica_unplace(r);
 }
 
+/* Floats per example of layer l's own part of the arena: its output (unless a view or, under
+ * bf16, transient), its output gradient, its scratch and its input's bfloat16 copy. */
+static size_t layer_rows(const pmap_model *m, const layer *l) {
+  size_t copies = layer_is_view(l) || l->transient ? 1 : 2;
+  size_t in16 = l->in16 ? ((size_t)l->in_size + 1) / 2 : 0;
+  return (size_t)l->out_size * copies + layer_aux_rows(l, m->bf16) + in16;
+}
+
 int model_arena_floats(const pmap_model *m, int64_t bd, size_t *out) {
   size_t total = 0, per = 0, col = model_col_size(m);
-  if (bd < 0 || __builtin_mul_overflow(col, (size_t)2, &total)) return -1;
+  if (bd < 0 || __builtin_mul_overflow(col, (size_t)2, &total) ||
+      __builtin_mul_overflow(model_tmp_rows(m), (size_t)bd, &per) ||
+      __builtin_add_overflow(total, per, &total))
+    return -1;
   for (int i = 0; i < m->n_layers; i++) {
     const layer *l = &m->layers[i];
-    size_t copies = layer_is_view(l) ? 1 : 2, aux = 0;
-    if (__builtin_mul_overflow((size_t)l->out_size, (size_t)bd, &per) ||
-        __builtin_mul_overflow(per, copies, &per) || __builtin_add_overflow(total, per, &total) ||
-        __builtin_mul_overflow(l->aux_rows, (size_t)bd, &aux) ||
-        __builtin_add_overflow(aux, l->aux_fixed, &aux) ||
-        __builtin_add_overflow(total, aux, &total))
+    if (__builtin_mul_overflow(layer_rows(m, l), (size_t)bd, &per) ||
+        __builtin_add_overflow(total, per, &total) ||
+        __builtin_add_overflow(total, layer_aux_fixed(l, m->bf16), &total))
       return -1;
   }
   *out = total;
@@ -84,7 +95,8 @@ static pmap_status place_arrays(const pmap_model *m, replica *r, int device) {
   r->in = calloc(L, sizeof *r->in);
   r->out = calloc(L, sizeof *r->out);
   r->dout = calloc(L, sizeof *r->dout);
-  if (r->act && r->dact && r->aux && r->in && r->out && r->dout) return PMAP_SUCCESS;
+  r->in16 = calloc(L, sizeof *r->in16);
+  if (r->act && r->dact && r->aux && r->in && r->out && r->dout && r->in16) return PMAP_SUCCESS;
   replica_unplace(r);
   if (device < 0)
     return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "out of memory for %zu layer pointers", L);
@@ -92,23 +104,32 @@ static pmap_status place_arrays(const pmap_model *m, replica *r, int device) {
                   L);
 }
 
-/* Each layer's output, output gradient and scratch, then the shared conv scratch, in arena. */
+/* Each layer's output, output gradient, scratch and bfloat16 input, then the shared conv
+ * scratch and the shared scratch of the bf16 policy (where transient outputs live), in arena. */
 static void place_arena(const pmap_model *m, replica *r, float *arena, int64_t bd) {
-  float *p = arena;
+  size_t B = (size_t)bd;
+  float *p = arena, *tmp = arena + model_col_size(m) * 2;
+  for (int i = 0; i < m->n_layers; i++)
+    tmp += layer_rows(m, &m->layers[i]) * B + layer_aux_fixed(&m->layers[i], m->bf16);
   for (int i = 0; i < m->n_layers; i++) {
     const layer *l = &m->layers[i];
-    size_t per = (size_t)l->out_size * (size_t)bd;
-    if (!layer_is_view(l)) {
+    size_t per = (size_t)l->out_size * B;
+    if (l->transient) {
+      r->act[i] = tmp;
+    } else if (!layer_is_view(l)) {
       r->act[i] = p;
       p += per;
     }
     r->dact[i] = p;
     p += per;
     r->aux[i] = p;
-    p += l->aux_rows * (size_t)bd + l->aux_fixed;
+    p += layer_aux_rows(l, m->bf16) * B + layer_aux_fixed(l, m->bf16);
+    r->in16[i] = l->in16 ? (pmap_bf16 *)(void *)p : NULL;
+    p += l->in16 ? ((size_t)l->in_size + 1) / 2 * B : 0;
   }
   r->col = p;
   r->dcol = p + model_col_size(m);
+  r->tmp = model_tmp_rows(m) ? tmp : NULL;
   r->arena = arena;
   r->rows = bd;
 }

@@ -8,6 +8,18 @@
 #include "base/error.h"
 int layer_is_view(const layer *l) { return l->cls->is_view; }
 
+size_t layer_aux_rows(const layer *l, int bf16) {
+  size_t aux = l->aux_rows, fixed = l->aux_fixed, tmp = 0;
+  if (bf16 && l->cls->bf16_rows) l->cls->bf16_rows(l, &aux, &fixed, &tmp);
+  return aux;
+}
+
+size_t layer_aux_fixed(const layer *l, int bf16) {
+  size_t aux = l->aux_rows, fixed = l->aux_fixed, tmp = 0;
+  if (bf16 && l->cls->bf16_rows) l->cls->bf16_rows(l, &aux, &fixed, &tmp);
+  return fixed;
+}
+
 void layer_init(const layer *l, const layer *next, pmap_rng *rng, float *w) {
   double gain = next && next->cls->init_gain > 0.0 ? next->cls->init_gain : 1.0;
   if (l->cls->init) l->cls->init(l, gain, rng, w);
@@ -52,6 +64,8 @@ pmap_status layer_forward(pmap_device *dev, const pmap_model *m, replica *r, int
     r->out[i] = r->act[i];
     return PMAP_SUCCESS;
   }
+  /* bf16: the input's bfloat16 copy, kept for backward (the input may be transient). */
+  if (l->in16) PMAP_TRY(r->ops->round_bf16(r->q, in, r->in16[i], NULL, (size_t)(bd * l->in_size)));
   const float *out = r->act[i];
   PMAP_TRY(l->cls->forward(dev, l, r, i, in, r->act[i], &out, bd));
   r->out[i] = out;

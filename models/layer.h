@@ -42,6 +42,13 @@ struct layer {
    * into its own); folded: 1 when the layer before does this layer's work, so that layer.c
    * skips its forward and passes its output gradient through. */
   int epilogue, folded;
+  /* The bf16 policy (models/precision.c sets these on the params' copy of the model; 0 under
+   * fp32): in16, its input's bfloat16 copy is kept (replica.in16[i]: its class reads its input
+   * as GEMM operands only, gemm_in); transient, its float output lives in the shared scratch
+   * (replica.tmp) until the next layer, which reads it only through its bfloat16 copy, has made
+   * that copy; tmp_rows, floats per example it needs of the shared scratch. */
+  int in16, transient;
+  size_t tmp_rows;
   /* The kind's settings: a struct of its own file's, read with LAYER_SETTINGS. */
   _Alignas(max_align_t) unsigned char settings[LAYER_SETTINGS_BYTES];
 };
@@ -96,6 +103,16 @@ struct layer_class {
   int act_epilogue;
   /* (optional, 0: no) 1: forward and backward apply layer.epilogue when it is set. */
   int takes_act;
+  /* (optional, 0: no) The bf16 policy (docs/precision.md). gemm_in: 1 when forward and backward
+   * read the input only as GEMM operands; under bf16 they then read replica.in16[i] (layer.c
+   * rounds the input there before forward) and never `in` or r->in[i]. out_unused: 1 when no
+   * backward reads this layer's output (r->out[i], its own or, for an activation folded into
+   * the layer before, that layer's), so that it need not be kept in float. */
+  int gemm_in, out_unused;
+  /* (optional, NULL: aux_rows and aux_fixed, and no shared scratch) Under bf16: its own scratch
+   * (r->aux[i]: floats per example and of its own) and floats per example of the shared scratch
+   * (r->tmp), which precision.c sizes for the bfloat16 output gradient of a gemm_in layer. */
+  void (*bf16_rows)(const layer *l, size_t *aux_rows, size_t *aux_fixed, size_t *tmp_rows);
   /* (optional, 0: 1) The gain the layer before it draws its weights with, std = sqrt(gain /
    * fan_in): 2 behind a ReLU (He), 1 elsewhere (LeCun). */
   double init_gain;
@@ -134,6 +151,9 @@ struct layer_class {
 
 /* layer.c: the class's members with their defaults, and what the builders share. */
 int layer_is_view(const layer *l);
+/* l's own scratch (r->aux[i]) under the policy (bf16: 1): floats per example, and of its own. */
+size_t layer_aux_rows(const layer *l, int bf16);
+size_t layer_aux_fixed(const layer *l, int bf16);
 /* l's parameters and state in w; next: the layer after it (NULL for the last). */
 void layer_init(const layer *l, const layer *next, struct pmap_rng *rng, float *w);
 void layer_geometry(const layer *l, uint32_t g[4]);

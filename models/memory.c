@@ -46,6 +46,9 @@ pmap_status pmap_params_memory(const pmap_params *p, int64_t batch, pmap_memory_
             add_floats(&m.state, 2 * model->n_state);
   if (!p->grad_fn)
     bad = bad || model_arena_floats(model, piece, &act) || add_floats(&m.activations, act);
+  /* bf16: the weights' bfloat16 copy. */
+  if (p->precision == PMAP_PRECISION_BF16)
+    bad = bad || __builtin_add_overflow(m.params, p->n_params * sizeof(pmap_bf16), &m.params);
   if (runtime_stages(p->ctx)) {
     /* One buffer per slot, of a piece's rows: the inputs (f32) and the labels (i32 class or
      * f32 targets). */

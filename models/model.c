@@ -133,6 +133,31 @@ size_t model_col_size(const pmap_model *m) {
   return best;
 }
 
+/* The bf16 policy's layout (docs/precision.md). */
+void model_set_precision(pmap_model *m, int bf16) {
+  m->bf16 = bf16;
+  for (int i = 0; i < m->n_layers; i++) {
+    layer *l = &m->layers[i];
+    const layer *next = i + 1 < m->n_layers ? &m->layers[i + 1] : NULL;
+    l->in16 = bf16 && l->cls->gemm_in;
+    /* Read by nothing but the next layer's bfloat16 copy of it: its float form need not be
+     * kept (the last layer's output is the model's, always kept). */
+    l->transient = bf16 && next && next->cls->gemm_in && !next->folded && !layer_is_view(l) &&
+                   l->cls->out_unused;
+    size_t aux = 0, fixed = 0, own = l->in16 ? ((size_t)l->out_size + 1) / 2 : 0; /* dy's copy */
+    if (bf16 && l->cls->bf16_rows) l->cls->bf16_rows(l, &aux, &fixed, &own);
+    size_t held = l->transient ? (size_t)l->out_size : 0;
+    l->tmp_rows = held > own ? held : own;
+  }
+}
+
+size_t model_tmp_rows(const pmap_model *m) {
+  size_t most = 0;
+  for (int i = 0; i < m->n_layers; i++)
+    most = m->layers[i].tmp_rows > most ? m->layers[i].tmp_rows : most;
+  return most;
+}
+
 int model_has_collectives(const pmap_model *m) {
   for (int i = 0; i < m->n_layers; i++)
     if (m->layers[i].cls->collectives) return 1;

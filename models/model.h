@@ -25,6 +25,7 @@ struct pmap_model {
   size_t n_state;              /* floats of it that are state (layer.s_size summed) */
   int open[MODEL_MAX_NESTING]; /* the start layer of each open residual block */
   int n_open;
+  int bf16; /* the params' copy: its policy is bf16 (models/precision.c); 0 in a user's model */
 };
 
 /* The current output shape: that of the last layer, or the input (models/layer.c). */
@@ -85,7 +86,14 @@ struct replica {
   int64_t rows;
   float **act, **dact; /* (n_layers) */
   float *col, *dcol;   /* conv scratch (model_col_size) */
-  float **aux;         /* (n_layers) each layer's scratch (layer.aux_rows, aux_fixed) */
+  /* The bf16 policy (NULL under fp32): w16 (P) the bfloat16 copy of w made before each step's
+   * first forward pass (model_weights16); in16[i] layer i's input in bfloat16 (layer.in16), and
+   * the scratch all layers share (model_tmp_rows floats per example: transient outputs, rounded
+   * output gradients, attention's intermediates). */
+  pmap_bf16 *w16;
+  pmap_bf16 **in16; /* (n_layers) */
+  float *tmp;
+  float **aux; /* (n_layers) each layer's scratch (layer.aux_rows, aux_fixed) */
   /* Per call: the input and output of each layer (flatten aliases its input), and in backward
    * the gradient of each layer's output. */
   const float **in, **out; /* (n_layers) */
@@ -110,6 +118,35 @@ struct replica {
     int watch, seen, sent;
   } source;
 };
+
+/* The bf16 policy. model_set_precision (model.c) lays m out for it (bf16 1) or for fp32:
+ * layer.in16, transient and tmp_rows; model_tmp_rows is the most tmp_rows of any layer. */
+void model_set_precision(pmap_model *m, int bf16);
+size_t model_tmp_rows(const pmap_model *m);
+/* precision.c: r->w16 = r->w rounded (nothing under fp32): before the first forward pass of a
+ * step or call. */
+pmap_status model_weights16(const pmap_model *m, replica *r);
+
+/* A GEMM operand of a layer under either policy: f (float, fp32) or h (bfloat16, bf16). */
+typedef struct layer_mat {
+  const float *f;
+  const pmap_bf16 *h;
+} layer_mat;
+/* Layer i's input (in under fp32, r->in16[i] under bf16) and its weights at off of the flat
+ * vector (r->w or r->w16). */
+layer_mat layer_input(const replica *r, int i, const float *in);
+layer_mat layer_weights(const replica *r, size_t off);
+/* x (n floats) as an operand: x itself under fp32, else rounded into at (n bfloat16s). */
+pmap_status layer_operand(const replica *r, const float *x, size_t n, pmap_bf16 *at,
+                          layer_mat *out);
+/* c = op(a) op(b) + beta c: gemm (fp32) or gemm_bf16 (bf16: both operands bfloat16). */
+pmap_status layer_gemm(const replica *r, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                       layer_mat a, int64_t lda, layer_mat b, int64_t ldb, float beta, float *c,
+                       int64_t ldc);
+pmap_status layer_gemm_strided(const replica *r, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                               layer_mat a, int64_t lda, int64_t sa, layer_mat b, int64_t ldb,
+                               int64_t sb, float beta, float *c, int64_t ldc, int64_t sc,
+                               int64_t batch);
 
 /* A layer's exchange of values between the devices: an all-reduce (sum) of x (n) in place.
  * Every layer that exchanges values goes through it, so that the numeric guard can tell the

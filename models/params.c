@@ -148,7 +148,9 @@ static pmap_status destroy_job(pmap_device *dev, void *arg) {
   backend_free(dev, r->g);
   backend_free(dev, r->opt);
   backend_free(dev, r->pending);
+  backend_free(dev, r->w16);
   r->w = r->g = r->opt = r->pending = NULL;
+  r->w16 = NULL;
   return PMAP_SUCCESS;
 }
 

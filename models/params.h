@@ -53,6 +53,8 @@ struct pmap_params {
   int guard;         /* the numeric guard is on (pmap_config.numeric_guard) */
   int shard;         /* the optimizer is sharded (pmap_config.shard_optimizer, G > 1) */
   grad_layout gl;
+  /* The numeric policy (models/precision.c). */
+  pmap_precision precision;
   size_t w_len;           /* floats of a replica's parameter buffer: P, or G * chunk when sharded */
   size_t state_len;       /* floats of each optimizer slot on a device: P, or chunk when sharded */
   float *guard_host;      /* (D, gl.host_len) each device's host copy of its tail (scratch) */
@@ -95,6 +97,9 @@ static inline void params_device_rows(int64_t batch, int n, int d, int64_t *lo, 
   *lo = q * d + (d < r ? d : r);
   *rows = q + (d < r);
 }
+
+/* precision.c: pmap_params_set_precision with the context's lock held and errors naming call. */
+pmap_status params_precision_set(pmap_params *p, pmap_precision precision, const char *call);
 
 /* optimizer.c: validation naming `call`; state buffers per parameter; the settings of step t
  * (t >= 1) after the schedule; the step over n parameters of a replica. */

@@ -25,6 +25,7 @@ static pmap_status predict_job(pmap_device *dev, void *arg) {
   size_t k = (size_t)m->layers[m->n_layers - 1].out_size;
   int64_t piece = (rows + p->micro_batches - 1) / p->micro_batches;
   PMAP_TRY(replica_reserve(dev, m, r, piece));
+  PMAP_TRY(model_weights16(m, r));
   r->inference = 1; /* batch norm: running statistics; dropout: the identity */
   for (int64_t a = 0; a < rows; a += piece) {
     int64_t len = rows - a < piece ? rows - a : piece;

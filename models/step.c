@@ -84,6 +84,7 @@ static pmap_status device_grads(pmap_device *dev, step_call *c, replica *r) {
   int64_t k = p->micro_batches < limit ? p->micro_batches : limit;
   double share = runtime_uneven(p->ctx) ? (double)rows * n / (double)c->batch : 1.0;
   if (!p->grad_fn) PMAP_TRY(replica_reserve(dev, p->model, r, (rows + k - 1) / k));
+  PMAP_TRY(model_weights16(p->model, r));
   PMAP_TRY(model_state_begin(p->model, r));
   for (int64_t i = 0; i < k; i++) {
     int64_t a = rows * i / k, b = rows * (i + 1) / k;

@@ -155,4 +155,25 @@ PMAP_OP(embedding_forward, (op_queue *q, const int32_t *ids, const float *table,
  * of range are skipped. */
 PMAP_OP(embedding_backward, (op_queue *q, const int32_t *ids, const float *dy, int64_t n,
                              int64_t v, int64_t d, float *dtable))
+/* Mixed precision (the bf16 policy, docs/precision.md). A pmap_bf16 is a bfloat16: the top 16
+ * bits of a float (8 exponent bits, 7 fraction bits).
+ * y16 (n) = x rounded to bfloat16, to nearest with ties to even (NaN stays NaN, quiet, with its
+ * sign; values past the largest bfloat16's rounding range become infinities), and/or y32 (n) =
+ * those values as floats; either may be NULL (not both), y32 may equal x. */
+PMAP_OP(round_bf16, (op_queue *q, const float *x, pmap_bf16 *y16, float *y32, size_t n))
+/* y (n) = x as floats (exact). */
+PMAP_OP(widen_bf16, (op_queue *q, const pmap_bf16 *x, float *y, size_t n))
+/* gemm's contract with bfloat16 operands: c (m, n) = alpha op(a) op(b) + beta c, the products
+ * exact and summed in float (c is float). Backends may flush bfloat16 subnormals to zero. */
+PMAP_OP(gemm_bf16, (op_queue *q, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                    float alpha, const pmap_bf16 *a, int64_t lda, const pmap_bf16 *b, int64_t ldb,
+                    float beta, float *c, int64_t ldc))
+/* gemm_strided's contract with bfloat16 operands (float c), as gemm_bf16, over groups of
+ * batches: for g < groups and i < batch, c_gi = alpha op(a_gi) op(b_gi) + beta c_gi where
+ * x_gi = x + g group_x + i stride_x (attention: the examples' heads in one call). */
+PMAP_OP(gemm_strided_bf16, (op_queue *q, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                            float alpha, const pmap_bf16 *a, int64_t lda, int64_t stride_a,
+                            const pmap_bf16 *b, int64_t ldb, int64_t stride_b, float beta,
+                            float *c, int64_t ldc, int64_t stride_c, int64_t batch, int64_t groups,
+                            int64_t group_a, int64_t group_b, int64_t group_c))
 /* clang-format on */

@@ -71,6 +71,21 @@ PMAP_HD static inline uint32_t pmap_bits_of_float(float f) {
   memcpy(&u, &f, sizeof u);
   return u;
 }
+/* bfloat16 (the bf16 policy): x rounded to its top 16 bits, to nearest with ties to even; a NaN
+ * stays a NaN of the same sign, made quiet (its top fraction bit set), so it never rounds to an
+ * infinity. Branch-free integer code: a loop over it vectorizes, and every backend and SIMD
+ * width gives the same bits. */
+PMAP_HD static inline uint16_t pmap_bf16_round(float x) {
+  uint32_t u = pmap_bits_of_float(x);
+  uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
+  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  uint32_t quiet = (u >> 16) | 0x40u;
+  uint32_t m = 0u - nan;
+  return (uint16_t)((quiet & m) | (rounded & ~m));
+}
+PMAP_HD static inline float pmap_bf16_widen(uint16_t h) {
+  return pmap_float_of_bits((uint32_t)h << 16);
+}
 /* c ? a : b as a bit mask: both arms are then computed unconditionally, so the compiler neither
  * sinks one into a branch nor, under trapping maths, refuses to vectorize the loop. */
 PMAP_HD static inline float pmap_sel(int c, float a, float b) {

@@ -40,6 +40,9 @@ typedef struct pmap_pool_shape {
   int kh, kw, stride;
 } pmap_pool_shape;
 
+/* A bfloat16 value: the top 16 bits of a float (ops/op_math.h pmap_bf16_round). */
+typedef uint16_t pmap_bf16;
+
 /* Element-wise activations (formulas in ops/op_math.h): those of the act_* ops, and the ReLU a
  * dense layer folds (bias_act_forward, act_bias_backward; its gradient from the output alone). */
 typedef enum pmap_act {

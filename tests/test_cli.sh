@@ -180,6 +180,27 @@ if last_json --model linear --backend cpu --steps 9 --save-every 4 --save "$ck" 
 else
   bad "--save-every / resume at the end: ${res:-}"
 fi
+# --precision bf16: the policy, the CPU's bf16 instructions and the bf16 GEMM in the JSON; a
+# checkpoint of bf16 training resumes under bf16 (bitwise as the run never stopped) unless
+# --precision says otherwise.
+json_check --backend cpu --model mlp --devices 2 --steps 30 --precision bf16 -- \
+  "j['precision'] == 'bf16' and j['cpu_bf16'] in ('amx_bf16', 'avx512_bf16', 'none') and j['bf16_gemm'] in ('onednn', 'portable') and j['final_loss'] < 2.5"
+json_check --backend cpu --model mlp --devices 2 --steps 3 -- "j['precision'] == 'fp32'"
+common=(--model res-mlp --backend cpu --log-every 0 --batch 16 --samples 64 --seed 3 --devices 2)
+rm -f "$ck"
+if full=$(last_json "${common[@]}" --precision bf16 --steps 40) &&
+   last_json "${common[@]}" --precision bf16 --steps 20 --save "$ck" >/dev/null &&
+   res=$(last_json "${common[@]}" --steps 40 --resume "$ck") &&
+   same_json "$res" "$full" final_loss 0 &&
+   python3 -c "import json, sys; assert json.loads(sys.argv[1])['precision'] == 'bf16'" "$res" &&
+   res=$(last_json "${common[@]}" --steps 40 --resume "$ck" --precision fp32) &&
+   python3 -c "import json, sys; j = json.loads(sys.argv[1]); assert j['precision'] == 'fp32' and j['final_loss'] < 1" "$res"; then
+  ok
+else
+  bad "bf16 resume: ${res:-} vs ${full:-}"
+fi
+expect_error '--precision "fp16"' --backend cpu --precision fp16
+
 # --verify-every on healthy replicas, and on a replica the fault injection perturbs.
 json_check --model mlp --devices 3 --batch 48 --steps 6 --verify-every 2 --backend cpu -- "j['steps'] == 6"
 PMAP_FAULT=drift:device=1:step=2 expect_error '--verify-every: pmap_params_verify' \

@@ -2,7 +2,9 @@
  * runs this program again as a child with its own environment: PMAP_GEMM forces a provider, or
  * fails the context's creation naming the value and the built providers; the cache is written
  * and read by the next process, survives corruption and a folder it cannot write, keeps other
- * machines' lines; PMAP_GEMM_CACHE=0 skips it; threads asking at once get one answer. */
+ * machines' lines; PMAP_GEMM_CACHE=0 skips it; threads asking at once get one answer; the bf16
+ * GEMM is oneDNN's matmul exactly where the CPU has bf16 instructions, PMAP_GEMM_BF16 forces it
+ * or the portable path, and a bad value fails the context naming it. */
 #include <ftw.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -49,8 +51,9 @@ static int child(const char *mode) {
   pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 1};
   pmap_ctx *ctx = NULL;
   pmap_status st = pmap_ctx_create(&cfg, &ctx);
-  printf("status %d\nprovider %s\nreason %s\nerror %s\n", (int)st, pmap_gemm_provider(),
-         pmap_gemm_reason(), st ? pmap_last_error() : "");
+  printf("status %d\nprovider %s\nreason %s\nbf16 %s\nbf16_reason %s\ncpu_bf16 %s\nerror %s\n",
+         (int)st, pmap_gemm_provider(), pmap_gemm_reason(), pmap_bf16_provider(),
+         pmap_bf16_reason(), pmap_cpu_bf16(), st ? pmap_last_error() : "");
   pmap_ctx_destroy(ctx);
   return 0;
 }
@@ -62,7 +65,8 @@ typedef struct report {
   char out[OUT_CAP];
   int status;
   char provider[64], reason[64];
-  const char *error; /* into out */
+  char bf16[64], bf16_reason[64], cpu_bf16[64]; /* the bf16 GEMM's choice */
+  const char *error;                            /* into out */
 } report;
 
 static char tmp[64];
@@ -81,6 +85,7 @@ static void run_child(const char *mode, const char *cache, const char *const *en
     close(fd[0]);
     unsetenv("PMAP_GEMM");
     unsetenv("PMAP_GEMM_CACHE");
+    unsetenv("PMAP_GEMM_BF16");
     setenv("XDG_CACHE_HOME", cache, 1);
     for (int i = 0; env && env[i]; i++) putenv((char *)env[i]);
     execl("/proc/self/exe", "test_gemm_choice", "child", mode, (char *)NULL);
@@ -102,6 +107,12 @@ static void run_child(const char *mode, const char *cache, const char *const *en
   if (s) sscanf(s, "provider %63s", r->provider);
   s = strstr(r->out, "reason ");
   if (s) sscanf(s, "reason %63[^\n]", r->reason);
+  s = strstr(r->out, "\nbf16 ");
+  if (s) sscanf(s, "\nbf16 %63s", r->bf16);
+  s = strstr(r->out, "bf16_reason ");
+  if (s) sscanf(s, "bf16_reason %63[^\n]", r->bf16_reason);
+  s = strstr(r->out, "cpu_bf16 ");
+  if (s) sscanf(s, "cpu_bf16 %63s", r->cpu_bf16);
   r->error = strstr(r->out, "error ");
   if (!r->error) r->error = "";
 }
@@ -189,6 +200,37 @@ static void test_env_values(void) {
   const char *cache2[] = {"PMAP_GEMM_CACHE=2", NULL};
   run_child("plain", tmp, cache2, &r);
   expect(&r, PMAP_ERR_INVALID_ARGUMENT, "none", "invalid PMAP_GEMM_CACHE", "PMAP_GEMM_CACHE=2");
+}
+
+/* PMAP_GEMM_BF16: unset, oneDNN's matmul exactly where the CPU has bf16 instructions and the
+ * build has oneDNN; each value forces its provider; a bad one fails the context naming it. */
+static void test_bf16_env(void) {
+  report r;
+  int onednn = built("onednn");
+  run_child("plain", tmp, NULL, &r);
+  int has = strcmp(r.cpu_bf16, "none") != 0;
+  CHECK(r.status == PMAP_SUCCESS && !strcmp(r.bf16, onednn && has ? "onednn" : "portable"),
+        "bf16 GEMM %s (%s) on a CPU with %s", r.bf16, r.bf16_reason, r.cpu_bf16);
+  printf("bf16: CPU %s, GEMM %s (%s)\n", r.cpu_bf16, r.bf16, r.bf16_reason);
+  static const char *const set[] = {"PMAP_GEMM_BF16=portable", "PMAP_GEMM_BF16=onednn",
+                                    "PMAP_GEMM_BF16=auto", "PMAP_GEMM_BF16=bogus"};
+  for (int i = 0; i < 4; i++) {
+    const char *env[] = {set[i], NULL};
+    run_child("plain", tmp, env, &r);
+    if (i == 3 || (i == 1 && !onednn)) {
+      CHECK(r.status == (i == 3 ? PMAP_ERR_INVALID_ARGUMENT : PMAP_ERR_UNAVAILABLE) &&
+                !strcmp(r.bf16, "none") && strstr(r.error, "PMAP_GEMM_BF16=\"") &&
+                strstr(r.error, "pmap_ctx_create"),
+            "%s: status %d, bf16 %s, message %s", set[i], r.status, r.bf16, r.error);
+    } else if (i < 2) {
+      CHECK(r.status == PMAP_SUCCESS && !strcmp(r.bf16, i ? "onednn" : "portable") &&
+                !strcmp(r.bf16_reason, "forced by PMAP_GEMM_BF16"),
+            "%s: status %d, bf16 %s (%s)", set[i], r.status, r.bf16, r.bf16_reason);
+    } else {
+      CHECK(r.status == PMAP_SUCCESS && !strcmp(r.bf16, onednn && has ? "onednn" : "portable"),
+            "%s: status %d, bf16 %s", set[i], r.status, r.bf16);
+    }
+  }
 }
 
 static void test_cache(void) {
@@ -341,6 +383,7 @@ int main(int argc, char **argv) {
   if (!mkdtemp(tmp)) return 2;
   printf("built providers: %s\n", pmap_gemm_providers());
   test_env_values();
+  test_bf16_env();
   if (strchr(pmap_gemm_providers(), ',')) {
     test_cache();
     test_cache_unusable();

@@ -99,6 +99,17 @@ static inline int test_close_f(const char *what, const float *a, const float *b,
   return ok;
 }
 
+/* ||a - b|| / max(||b||, tiny) in double; infinity when a sum is not finite. */
+static inline double test_rel_err(const float *a, const float *b, size_t n) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < n; i++) {
+    double e = (double)a[i] - (double)b[i];
+    num += e * e;
+    den += (double)b[i] * b[i];
+  }
+  return isfinite(num) ? sqrt(num / (den > 1e-30 ? den : 1e-30)) : INFINITY;
+}
+
 /* Bitwise equality; prints the first differing index. */
 static inline int test_same_bits(const char *what, const float *a, const float *b, size_t n) {
   test_checks++;

@@ -35,10 +35,11 @@ typedef struct result {
   double eval_loss, eval_accuracy; /* NaN without held-out rows (or labels, for accuracy) */
   int have_plan;
   pmap_memory_plan plan;
-  watch_waits waits;   /* dev NULL until read */
-  double mfu;          /* NaN when not known */
-  double tps, gflops;  /* language models: tokens/s; model FLOP/s / 1e9 */
-  watch_progress *bar; /* ended before any message, so that each starts a line (NULL: none) */
+  watch_waits waits;     /* dev NULL until read */
+  double mfu;            /* NaN when not known */
+  double tps, gflops;    /* language models: tokens/s; model FLOP/s / 1e9 */
+  watch_progress *bar;   /* ended before any message, so that each starts a line (NULL: none) */
+  const char *precision; /* the params' policy once known (a resume may restore bf16) */
 } result;
 
 /* Records the run's failure (the first one) and prints it; returns 1, the exit status. */
@@ -76,6 +77,15 @@ static void print_json(const opts *o, const result *r) {
   json_string(stdout, pmap_gemm_provider());
   printf(", \"gemm_reason\": ");
   json_string(stdout, pmap_gemm_reason());
+  printf(", \"precision\": ");
+  json_string(stdout,
+              r->precision ? r->precision : pmap_precision_name((pmap_precision)o->precision));
+  printf(", \"cpu_bf16\": ");
+  json_string(stdout, pmap_cpu_bf16());
+  printf(", \"bf16_gemm\": ");
+  json_string(stdout, pmap_bf16_provider());
+  printf(", \"bf16_gemm_reason\": ");
+  json_string(stdout, pmap_bf16_reason());
   printf(", \"devices\": ");
   json_count(r->devices);
   printf(", \"processes\": ");
@@ -461,6 +471,13 @@ int main(int argc, char **argv) {
   }
   float loss = NAN;
   if (o.resume && load(&r, &o, o.resume, "--resume", params, batches, &loss)) goto out;
+  /* A resumed run keeps its checkpoint's policy unless --precision says otherwise. */
+  if ((!o.resume || o.have_precision) &&
+      pmap_params_set_precision(params, (pmap_precision)o.precision)) {
+    fail(&r, "--precision");
+    goto out;
+  }
+  r.precision = pmap_precision_name(pmap_params_precision(params));
   int64_t start = pmap_params_step(params);
   r.start = start;
   r.loss = loss;
@@ -475,6 +492,8 @@ int main(int argc, char **argv) {
       : info.opt.kind == PMAP_OPT_ADAM ? "Adam"
                                        : "AdamW",
       (double)info.opt.lr, (unsigned long long)o.seed);
+  printf("pmap-train: precision %s (CPU bf16 instructions: %s; bf16 GEMM %s, %s)\n", r.precision,
+         pmap_cpu_bf16(), pmap_bf16_provider(), pmap_bf16_reason());
   /* pmap-launch reads this line to know that the run got past its setup: out at once, also
    * where stdout is a pipe (block-buffered). */
   fflush(stdout);

@@ -31,6 +31,7 @@ static int clip_check(const char *p, const cli_option *o, const char *v) {
 }
 
 static const char *const progress_choices[] = {"auto", "bar", "lines", NULL};
+static const char *const precision_choices[] = {"fp32", "bf16", NULL}; /* pmap_precision's order */
 
 #define STEPS_MAX (INT64_C(1) << 40)
 #define ROWS_MAX (INT64_C(1) << 24)
@@ -345,6 +346,15 @@ int train_parse(int argc, char **argv, opts *o) {
                "terminal; plain lines into a file or a pipe, and under an MPI or batch launcher, "
                "whose terminal is the launcher's), bar or lines",
        .choices = progress_choices},
+      {.name = "--precision",
+       .kind = CLI_CHOICE,
+       .dest = &o->precision,
+       .arg = NULL,
+       .help = "fp32 (the default) or bf16: the GEMMs' operands in bfloat16 with float master "
+               "weights, sums, optimizer and all-reduce (docs/precision.md); with --resume, the "
+               "checkpoint's policy unless given",
+       .choices = precision_choices,
+       .given = &o->have_precision},
   };
   const cli_spec spec = {prog, table, (int)(sizeof table / sizeof table[0]),
                          "Trains a model on N devices (threads on the CPU, GPUs) from one process, "

@@ -34,8 +34,10 @@ static const layer_class sigmoid_class = {.name = "sigmoid",
                                           .code = 6,
                                           .forward = forward,
                                           .backward = backward};
+/* GELU's gradient is a function of its input alone (tanh's and sigmoid's read the output). */
 static const layer_class gelu_class = {.name = "gelu",
                                        .act_epilogue = PMAP_ACT_GELU + 1,
+                                       .out_unused = 1,
                                        .code = 7,
                                        .forward = forward,
                                        .backward = backward};

@@ -45,9 +45,16 @@ static attn_buf bufs_of(const attn_dims *a, float *aux, int64_t bd) {
   return b;
 }
 
+/* The bf16 policy's passes (below). */
+static pmap_status forward16(const layer *l, replica *r, int i, const float *in, float *y,
+                             int64_t bd);
+static pmap_status backward16(const layer *l, replica *r, int i, const float *dy, float *dx,
+                              int64_t bd);
+
 static pmap_status forward(pmap_device *dev, const layer *l, replica *r, int i, const float *in,
                            float *y, const float **out, int64_t bd) {
   (void)dev, (void)out;
+  if (r->w16) return forward16(l, r, i, in, y, bd);
   const pmap_ops *ops = r->ops;
   attn_dims a = dims_of(l, bd);
   attn_buf b = bufs_of(&a, r->aux[i], bd);
@@ -74,6 +81,7 @@ static pmap_status forward(pmap_device *dev, const layer *l, replica *r, int i, 
 static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i, const float *dy,
                             float *dx, const float **dx_out, int64_t bd) {
   (void)dev, (void)dx_out;
+  if (r->w16) return backward16(l, r, i, dy, dx, bd);
   const pmap_ops *ops = r->ops;
   attn_dims a = dims_of(l, bd);
   attn_buf b = bufs_of(&a, r->aux[i], bd);
@@ -108,6 +116,111 @@ static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i,
   PMAP_TRY(ops->bias_backward(r->q, b.dqkv, gbqkv, a.rows, e3, 1));
   if (!dx) return PMAP_SUCCESS;
   return ops->gemm(r->q, 0, 1, a.rows, a.d, e3, 1.0f, b.dqkv, e3, wqkv, e3, 0.0f, dx, a.d);
+}
+
+/* ---- the bf16 policy: every product on bfloat16 operands, the softmax and sums in float ---- */
+
+/* r->aux[i] keeps qkv, P and O in bfloat16 from forward to backward; the float intermediates
+ * and the rounded gradients live in the shared scratch (r->tmp), in four regions: f1 (rows, 3E)
+ * qkv, then dqkv; f2 S and P, then O, in backward dO, then dP and dS; f3 P widened for the
+ * softmax's backward; h4 the bfloat16 dy, dO, dS, dqkv in turn. */
+typedef struct attn_buf16 {
+  pmap_bf16 *qkv, *p, *o;
+  float *f1, *f2, *f3;
+  pmap_bf16 *h4;
+} attn_buf16;
+
+static int64_t max2(int64_t a, int64_t b) { return a > b ? a : b; }
+
+static void rows16(const layer *l, size_t *aux, size_t *fixed, size_t *tmp) {
+  (void)fixed;
+  attn_dims a = dims_of(l, 1);
+  int64_t tt = a.h * a.t * a.t, te = a.t * a.e;
+  *aux = (size_t)((4 * te + tt + 1) / 2);
+  int64_t h4 = max2(max2(a.t * a.d, 3 * te), tt);
+  *tmp = (size_t)(3 * te + max2(tt, te) + tt + (h4 + 1) / 2);
+}
+
+static attn_buf16 bufs16_of(const attn_dims *a, float *aux, float *tmp, int64_t bd) {
+  int64_t tt = a->h * a->t * a->t, te = a->t * a->e;
+  attn_buf16 b;
+  b.qkv = (pmap_bf16 *)(void *)aux;
+  b.p = b.qkv + bd * 3 * te;
+  b.o = b.p + bd * tt;
+  b.f1 = tmp;
+  b.f2 = b.f1 + bd * 3 * te;
+  b.f3 = b.f2 + bd * max2(tt, te);
+  b.h4 = (pmap_bf16 *)(void *)(b.f3 + bd * tt);
+  return b;
+}
+
+static pmap_status forward16(const layer *l, replica *r, int i, const float *in, float *y,
+                             int64_t bd) {
+  const pmap_ops *ops = r->ops;
+  attn_dims a = dims_of(l, bd);
+  attn_buf16 b = bufs16_of(&a, r->aux[i], r->tmp, bd);
+  int64_t e3 = 3 * a.e, tt = a.t * a.t;
+  const float *bqkv = r->w + l->b_off, *bo = bqkv + e3;
+  layer_mat wqkv = layer_weights(r, l->w_off), wo = layer_weights(r, l->w_off + (size_t)(a.d * e3));
+  PMAP_TRY(
+      layer_gemm(r, 0, 0, a.rows, e3, a.d, layer_input(r, i, in), a.d, wqkv, e3, 0.0f, b.f1, e3));
+  PMAP_TRY(ops->bias_forward(r->q, b.f1, bqkv, a.rows, e3, 1));
+  PMAP_TRY(ops->round_bf16(r->q, b.f1, b.qkv, NULL, (size_t)(a.rows * e3)));
+  int64_t gq = a.t * e3, gp = a.h * tt, go = a.t * a.e; /* one example's qkv, P, O */
+  /* S_h = Q_h K_h^T, every example's heads at once */
+  PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 1, a.t, a.t, a.hs, 1.0f, b.qkv, e3, a.hs, b.qkv + a.e,
+                                  e3, a.hs, 0.0f, b.f2, a.t, tt, a.h, bd, gq, gq, gp));
+  PMAP_TRY(ops->causal_softmax_forward(r->q, b.f2, b.f2, bd * a.h, a.t, a.scale));
+  PMAP_TRY(ops->round_bf16(r->q, b.f2, b.p, NULL, (size_t)(bd * a.h * tt)));
+  /* O_h = P_h V_h */
+  PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 0, a.t, a.hs, a.t, 1.0f, b.p, a.t, tt, b.qkv + 2 * a.e,
+                                  e3, a.hs, 0.0f, b.f2, a.e, a.hs, a.h, bd, gp, gq, go));
+  PMAP_TRY(ops->round_bf16(r->q, b.f2, b.o, NULL, (size_t)(a.rows * a.e)));
+  PMAP_TRY(
+      layer_gemm(r, 0, 0, a.rows, a.d, a.e, (layer_mat){NULL, b.o}, a.e, wo, a.d, 0.0f, y, a.d));
+  return ops->bias_forward(r->q, y, bo, a.rows, a.d, 1);
+}
+
+static pmap_status backward16(const layer *l, replica *r, int i, const float *dy, float *dx,
+                              int64_t bd) {
+  const pmap_ops *ops = r->ops;
+  attn_dims a = dims_of(l, bd);
+  attn_buf16 b = bufs16_of(&a, r->aux[i], r->tmp, bd);
+  int64_t e3 = 3 * a.e, tt = a.t * a.t;
+  layer_mat wqkv = layer_weights(r, l->w_off), wo = layer_weights(r, l->w_off + (size_t)(a.d * e3));
+  float *gwqkv = r->g + l->w_off, *gwo = gwqkv + a.d * e3;
+  float *gbqkv = r->g + l->b_off, *gbo = gbqkv + e3;
+  layer_mat d16, o16 = {NULL, b.o};
+  /* the output projection: dWo += O^T dy, dbo += sum dy, dO = dy Wo^T */
+  PMAP_TRY(layer_operand(r, dy, (size_t)(a.rows * a.d), b.h4, &d16));
+  PMAP_TRY(layer_gemm(r, 1, 0, a.e, a.d, a.rows, o16, a.e, d16, a.d, 1.0f, gwo, a.d));
+  PMAP_TRY(ops->bias_backward(r->q, dy, gbo, a.rows, a.d, 1));
+  PMAP_TRY(layer_gemm(r, 0, 1, a.rows, a.e, a.d, d16, a.d, wo, a.d, 0.0f, b.f2, a.e));
+  PMAP_TRY(ops->round_bf16(r->q, b.f2, b.h4, NULL, (size_t)(a.rows * a.e)));
+  int64_t gq = a.t * e3, gp = a.h * tt, go = a.t * a.e; /* one example's qkv, P, O */
+  /* dP_h = dO_h V_h^T, dV_h = P_h^T dO_h, every example's heads at once */
+  PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 1, a.t, a.t, a.hs, 1.0f, b.h4, a.e, a.hs,
+                                  b.qkv + 2 * a.e, e3, a.hs, 0.0f, b.f2, a.t, tt, a.h, bd, go, gq,
+                                  gp));
+  PMAP_TRY(ops->gemm_strided_bf16(r->q, 1, 0, a.t, a.hs, a.t, 1.0f, b.p, a.t, tt, b.h4, a.e, a.hs,
+                                  0.0f, b.f1 + 2 * a.e, e3, a.hs, a.h, bd, gp, go, gq));
+  /* The softmax's backward in float from the kept (bfloat16) probabilities. */
+  PMAP_TRY(ops->widen_bf16(r->q, b.p, b.f3, (size_t)(bd * a.h * tt)));
+  PMAP_TRY(ops->causal_softmax_backward(r->q, b.f3, b.f2, b.f2, bd * a.h, a.t, a.scale));
+  PMAP_TRY(ops->round_bf16(r->q, b.f2, b.h4, NULL, (size_t)(bd * a.h * tt)));
+  /* dQ_h = dS_h K_h, dK_h = dS_h^T Q_h */
+  PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 0, a.t, a.hs, a.t, 1.0f, b.h4, a.t, tt, b.qkv + a.e, e3,
+                                  a.hs, 0.0f, b.f1, e3, a.hs, a.h, bd, gp, gq, gq));
+  PMAP_TRY(ops->gemm_strided_bf16(r->q, 1, 0, a.t, a.hs, a.t, 1.0f, b.h4, a.t, tt, b.qkv, e3, a.hs,
+                                  0.0f, b.f1 + a.e, e3, a.hs, a.h, bd, gp, gq, gq));
+  /* the input projection: dWqkv += x^T dqkv, dbqkv += sum dqkv, dx = dqkv Wqkv^T */
+  PMAP_TRY(ops->bias_backward(r->q, b.f1, gbqkv, a.rows, e3, 1));
+  PMAP_TRY(ops->round_bf16(r->q, b.f1, b.h4, NULL, (size_t)(a.rows * e3)));
+  layer_mat dq16 = {NULL, b.h4};
+  PMAP_TRY(layer_gemm(r, 1, 0, a.d, e3, a.rows, layer_input(r, i, r->in[i]), a.d, dq16, e3, 1.0f,
+                      gwqkv, e3));
+  if (!dx) return PMAP_SUCCESS;
+  return layer_gemm(r, 0, 1, a.rows, a.d, e3, dq16, e3, wqkv, e3, 0.0f, dx, a.d);
 }
 
 /* Both projections ~ N(0, gain / D) and N(0, 1 / E) by their fan-in, biases 0. */
@@ -156,6 +269,8 @@ static int blocks(const layer *l, layer_block *b) {
 static const layer_class attention_class = {
     .name = "causal_attention",
     .code = 17,
+    .gemm_in = 1,
+    .bf16_rows = rows16,
     .forward = forward,
     .backward = backward,
     .init = init,

@@ -17,12 +17,31 @@ static int64_t fan_in(const pmap_conv_shape *s) { return s->c * s->kh * s->kw; }
 
 /* A ReLU after it is applied by the convolution itself (bias and ReLU in its epilogue), writing
  * the ReLU layer's output alone: nothing reads the value before the ReLU, whose gradient needs
- * only its output. Another activation after it runs as its own op on the convolution's output. */
+ * only its output. Another activation after it runs as its own op on the convolution's output.
+ *
+ * The bf16 policy (docs/precision.md): the convolution's operands (input, weights, output
+ * gradient) rounded to bfloat16 values held as floats, through the float kernels, whose
+ * products of such values are exact: bfloat16 semantics, float speed. The input and weights so
+ * rounded stay in r->aux[i] (bd x C H W, then the weights) from forward to backward; dy's
+ * rounding takes the shared scratch (the bias gradient, which the kernel sums from the dy it
+ * is given, then sums the rounded values). */
+static void rows16(const layer *l, size_t *aux, size_t *fixed, size_t *tmp) {
+  *aux = (size_t)l->in_size;
+  *fixed = l->w_size;
+  *tmp = (size_t)l->out_size;
+}
+
 static pmap_status forward(pmap_device *dev, const layer *l, replica *r, int i, const float *in,
                            float *y, const float **out, int64_t bd) {
   (void)dev;
   const pmap_conv_shape *s = shape_of(l);
   const float *w = r->w + l->w_off, *b = r->w + l->b_off;
+  if (r->w16) {
+    float *x16 = r->aux[i], *w16 = x16 + (size_t)(bd * l->in_size);
+    PMAP_TRY(r->ops->round_bf16(r->q, in, NULL, x16, (size_t)(bd * l->in_size)));
+    PMAP_TRY(r->ops->widen_bf16(r->q, r->w16 + l->w_off, w16, l->w_size));
+    in = x16, w = w16;
+  }
   if (l->epilogue == PMAP_ACT_RELU + 1) {
     *out = r->act[i + 1];
     return r->ops->conv2d_forward(r->q, s, bd, in, w, b, 1, r->act[i + 1], r->col);
@@ -46,8 +65,14 @@ static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i,
                                   r->dact[i], (size_t)(bd * l->out_size)));
     dy = r->dout[i] = r->dact[i];
   }
-  return r->ops->conv2d_backward(r->q, s, bd, r->in[i], r->w + l->w_off, relu_out, dy, dx,
-                                 r->g + l->w_off, r->g + l->b_off, r->col, r->dcol);
+  const float *x = r->in[i], *w = r->w + l->w_off;
+  if (r->w16) {
+    x = r->aux[i], w = x + (size_t)(bd * l->in_size);
+    PMAP_TRY(r->ops->round_bf16(r->q, dy, NULL, r->tmp, (size_t)(bd * l->out_size)));
+    dy = r->tmp;
+  }
+  return r->ops->conv2d_backward(r->q, s, bd, x, w, relu_out, dy, dx, r->g + l->w_off,
+                                 r->g + l->b_off, r->col, r->dcol);
 }
 
 static void init(const layer *l, double gain, struct pmap_rng *rng, float *w) {
@@ -82,6 +107,7 @@ static const layer_class conv2d_class = {
     .name = "conv2d",
     .code = 3,
     .takes_act = 1,
+    .bf16_rows = rows16,
     .forward = forward,
     .backward = backward,
     .init = init,

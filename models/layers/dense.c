@@ -5,10 +5,10 @@
 
 static pmap_status forward(pmap_device *dev, const layer *l, replica *r, int i, const float *in,
                            float *y, const float **out, int64_t bd) {
-  (void)dev, (void)i, (void)out;
+  (void)dev, (void)out;
   const pmap_ops *ops = r->ops;
-  PMAP_TRY(ops->gemm(r->q, 0, 0, bd, l->out_size, l->in_size, 1.0f, in, l->in_size, r->w + l->w_off,
-                     l->out_size, 0.0f, y, l->out_size));
+  PMAP_TRY(layer_gemm(r, 0, 0, bd, l->out_size, l->in_size, layer_input(r, i, in), l->in_size,
+                      layer_weights(r, l->w_off), l->out_size, 0.0f, y, l->out_size));
   if (l->epilogue) /* the activation after it, into that layer's output */
     return ops->bias_act_forward(r->q, (pmap_act)(l->epilogue - 1), y, r->w + l->b_off, bd,
                                  l->out_size, r->act[i + 1]);
@@ -26,13 +26,15 @@ static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i,
   } else {
     PMAP_TRY(ops->bias_backward(r->q, dy, r->g + l->b_off, bd, l->out_size, 1)); /* db */
   }
+  layer_mat d;
+  PMAP_TRY(layer_operand(r, dy, (size_t)(bd * l->out_size), (pmap_bf16 *)(void *)r->tmp, &d));
   /* dW (F, units) += in^T (F, bd) dy (bd, units) */
-  PMAP_TRY(ops->gemm(r->q, 1, 0, l->in_size, l->out_size, bd, 1.0f, r->in[i], l->in_size, dy,
-                     l->out_size, 1.0f, r->g + l->w_off, l->out_size));
+  PMAP_TRY(layer_gemm(r, 1, 0, l->in_size, l->out_size, bd, layer_input(r, i, r->in[i]), l->in_size,
+                      d, l->out_size, 1.0f, r->g + l->w_off, l->out_size));
   /* dx (bd, F) = dy (bd, units) W^T (units, F) */
   if (!dx) return PMAP_SUCCESS;
-  return ops->gemm(r->q, 0, 1, bd, l->in_size, l->out_size, 1.0f, dy, l->out_size, r->w + l->w_off,
-                   l->out_size, 0.0f, dx, l->in_size);
+  return layer_gemm(r, 0, 1, bd, l->in_size, l->out_size, d, l->out_size,
+                    layer_weights(r, l->w_off), l->out_size, 0.0f, dx, l->in_size);
 }
 
 static void init(const layer *l, double gain, struct pmap_rng *rng, float *w) {
@@ -55,6 +57,7 @@ static const layer_class dense_class = {
     .name = "dense",
     .code = 1,
     .takes_act = 1,
+    .gemm_in = 1,
     .forward = forward,
     .backward = backward,
     .init = init,

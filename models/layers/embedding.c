@@ -143,12 +143,13 @@ pmap_status pmap_model_add_pos_embedding(pmap_model *m) {
 
 static pmap_status head_forward(pmap_device *dev, const layer *l, replica *r, int i,
                                 const float *in, float *y, const float **out, int64_t bd) {
-  (void)dev, (void)i, (void)out;
+  (void)dev, (void)out;
   const embed_settings *s = cfg(l);
   int64_t rows = bd * l->in_shape[0], d = l->in_shape[1], v = s->vocab;
+  layer_mat x = layer_input(r, i, in);
   if (s->tied)
-    return r->ops->gemm(r->q, 0, 1, rows, v, d, 1.0f, in, d, r->w + s->table_off, d, 0.0f, y, v);
-  PMAP_TRY(r->ops->gemm(r->q, 0, 0, rows, v, d, 1.0f, in, d, r->w + l->w_off, v, 0.0f, y, v));
+    return layer_gemm(r, 0, 1, rows, v, d, x, d, layer_weights(r, s->table_off), d, 0.0f, y, v);
+  PMAP_TRY(layer_gemm(r, 0, 0, rows, v, d, x, d, layer_weights(r, l->w_off), v, 0.0f, y, v));
   return r->ops->bias_forward(r->q, y, r->w + l->b_off, rows, v, 1);
 }
 
@@ -160,17 +161,18 @@ static pmap_status head_backward(pmap_device *dev, const layer *l, replica *r, i
   const embed_settings *s = cfg(l);
   const pmap_ops *ops = r->ops;
   int64_t rows = bd * l->in_shape[0], d = l->in_shape[1], v = s->vocab;
+  layer_mat g, x = layer_input(r, i, r->in[i]);
+  PMAP_TRY(layer_operand(r, dy, (size_t)(rows * v), (pmap_bf16 *)(void *)r->tmp, &g));
   if (s->tied) {
     /* dE (V, D) += dy^T (V, rows) x (rows, D); dx (rows, D) = dy (rows, V) E (V, D) */
-    PMAP_TRY(
-        ops->gemm(r->q, 1, 0, v, d, rows, 1.0f, dy, v, r->in[i], d, 1.0f, r->g + s->table_off, d));
+    PMAP_TRY(layer_gemm(r, 1, 0, v, d, rows, g, v, x, d, 1.0f, r->g + s->table_off, d));
     if (!dx) return PMAP_SUCCESS;
-    return ops->gemm(r->q, 0, 0, rows, d, v, 1.0f, dy, v, r->w + s->table_off, d, 0.0f, dx, d);
+    return layer_gemm(r, 0, 0, rows, d, v, g, v, layer_weights(r, s->table_off), d, 0.0f, dx, d);
   }
-  PMAP_TRY(ops->gemm(r->q, 1, 0, d, v, rows, 1.0f, r->in[i], d, dy, v, 1.0f, r->g + l->w_off, v));
+  PMAP_TRY(layer_gemm(r, 1, 0, d, v, rows, x, d, g, v, 1.0f, r->g + l->w_off, v));
   PMAP_TRY(ops->bias_backward(r->q, dy, r->g + l->b_off, rows, v, 1));
   if (!dx) return PMAP_SUCCESS;
-  return ops->gemm(r->q, 0, 1, rows, d, v, 1.0f, dy, v, r->w + l->w_off, v, 0.0f, dx, d);
+  return layer_gemm(r, 0, 1, rows, d, v, g, v, layer_weights(r, l->w_off), v, 0.0f, dx, d);
 }
 
 static void head_init(const layer *l, double gain, struct pmap_rng *rng, float *w) {
@@ -202,6 +204,7 @@ static int head_blocks(const layer *l, layer_block *b) {
 static const layer_class head_class = {
     .name = "lm_head",
     .code = 20,
+    .gemm_in = 1,
     .forward = head_forward,
     .backward = head_backward,
     .init = head_init,

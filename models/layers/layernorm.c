@@ -46,6 +46,7 @@ static int blocks(const layer *l, layer_block *b) {
 static const layer_class layernorm_class = {
     .name = "layernorm",
     .code = 8,
+    .out_unused = 1, /* its backward reads its input and statistics */
     .forward = forward,
     .backward = backward,
     .init = init,

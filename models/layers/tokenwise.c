@@ -9,9 +9,10 @@
 
 static pmap_status dense_forward(pmap_device *dev, const layer *l, replica *r, int i,
                                  const float *in, float *y, const float **out, int64_t bd) {
-  (void)dev, (void)i, (void)out;
+  (void)dev, (void)out;
   int64_t rows = bd * l->in_shape[0], f = l->in_shape[1], u = l->out_shape[1];
-  PMAP_TRY(r->ops->gemm(r->q, 0, 0, rows, u, f, 1.0f, in, f, r->w + l->w_off, u, 0.0f, y, u));
+  PMAP_TRY(layer_gemm(r, 0, 0, rows, u, f, layer_input(r, i, in), f, layer_weights(r, l->w_off), u,
+                      0.0f, y, u));
   return r->ops->bias_forward(r->q, y, r->w + l->b_off, rows, u, 1);
 }
 
@@ -20,10 +21,13 @@ static pmap_status dense_backward(pmap_device *dev, const layer *l, replica *r, 
   (void)dev, (void)dx_out;
   const pmap_ops *ops = r->ops;
   int64_t rows = bd * l->in_shape[0], f = l->in_shape[1], u = l->out_shape[1];
-  PMAP_TRY(ops->gemm(r->q, 1, 0, f, u, rows, 1.0f, r->in[i], f, dy, u, 1.0f, r->g + l->w_off, u));
+  layer_mat d;
+  PMAP_TRY(layer_operand(r, dy, (size_t)(rows * u), (pmap_bf16 *)(void *)r->tmp, &d));
+  PMAP_TRY(layer_gemm(r, 1, 0, f, u, rows, layer_input(r, i, r->in[i]), f, d, u, 1.0f,
+                      r->g + l->w_off, u));
   PMAP_TRY(ops->bias_backward(r->q, dy, r->g + l->b_off, rows, u, 1));
   if (!dx) return PMAP_SUCCESS;
-  return ops->gemm(r->q, 0, 1, rows, f, u, 1.0f, dy, u, r->w + l->w_off, u, 0.0f, dx, f);
+  return layer_gemm(r, 0, 1, rows, f, u, d, u, layer_weights(r, l->w_off), u, 0.0f, dx, f);
 }
 
 static void dense_init(const layer *l, double gain, struct pmap_rng *rng, float *w) {
@@ -46,6 +50,7 @@ static int dense_blocks(const layer *l, layer_block *b) {
 static const layer_class token_dense_class = {
     .name = "token_dense",
     .code = 18,
+    .gemm_in = 1,
     .forward = dense_forward,
     .backward = dense_backward,
     .init = dense_init,
@@ -106,6 +111,7 @@ static int norm_blocks(const layer *l, layer_block *b) {
 static const layer_class token_norm_class = {
     .name = "token_layernorm",
     .code = 19,
+    .out_unused = 1, /* its backward reads its input and statistics */
     .forward = norm_forward,
     .backward = norm_backward,
     .init = norm_init,

@@ -8,6 +8,7 @@
 #include "conv.h"
 #include "cpu_cache.h"
 #include "cpu_ops.h"
+#include "bf16.h"
 #include "gemm.h"
 
 const pmap_ops pmap_cpu_ops = {
@@ -41,10 +42,12 @@ static void cpu_queue_destroy(op_queue *q) {
 static int cpu_enter(void) { return cpu_gemm_threads_set(1); }
 static void cpu_leave(int saved) { cpu_gemm_threads_set(saved); }
 
-/* The GEMM provider is chosen before the devices run any op: they would disturb its
- * measurement, and a bad PMAP_GEMM or PMAP_CONV is an error before anything starts. */
+/* The GEMM providers are chosen before the devices run any op: they would disturb the float
+ * one's measurement, and a bad PMAP_GEMM, PMAP_GEMM_BF16 or PMAP_CONV is an error before
+ * anything starts. */
 static pmap_status cpu_ready(const char *call) {
   PMAP_TRY(cpu_gemm_ready(call));
+  PMAP_TRY(cpu_bf16_ready(call));
   return cpu_conv_ready(call);
 }
 

@@ -15,11 +15,11 @@ child the parent's contexts and params raise pmap.Error. docs/python.md is the r
         loss = params.update(xs, ys)        # one step over the global batch
 """
 from ._lib import ArgumentError, ArgumentTypeError, Error, version
-from ._api import Context, CustomParams, Model, Params
+from ._api import Context, CustomParams, Model, Params, bf16_support
 from ._custom import StepInfo
 from ._optim import adam, adamw, sgd
 
 __version__ = version()  # the loaded library's pmap_version(), the project's version
 
 __all__ = ["Context", "Model", "Params", "CustomParams", "StepInfo", "Error", "ArgumentError",
-           "ArgumentTypeError", "sgd", "adam", "adamw", "version", "__version__"]
+           "ArgumentTypeError", "sgd", "adam", "adamw", "bf16_support", "version", "__version__"]

@@ -371,6 +371,16 @@ class Context:
 _destroy_params = lib.pmap_params_destroy  # the C call itself (Handle._close_locked says why)
 
 
+_PRECISIONS = ("fp32", "bf16")  # pmap_precision's order
+
+
+def bf16_support():
+    """The CPU's bfloat16 support: a dict of cpu (its instructions: "amx_bf16", "avx512_bf16" or
+    "none"), gemm (the CPU GEMM of the bf16 policy: "onednn" or "portable") and reason."""
+    return {"cpu": lib.pmap_cpu_bf16().decode(), "gemm": lib.pmap_bf16_provider().decode(),
+            "reason": lib.pmap_bf16_reason().decode()}
+
+
 class Params:
     """Replicated training state, made by Context.params(model, optimizer, seed). Any thread may
     use it; calls run one after the other, and close() (or closing its context) waits for a
@@ -521,6 +531,18 @@ class Params:
     def set_micro_batches(self, k):
         k = integer("micro-batches", k, *INT32)
         check(self._call("Params.set_micro_batches", lib.pmap_params_set_micro_batches, k))
+
+    def set_precision(self, precision):
+        """The numeric policy of the following steps and predictions: "fp32" (the default) or
+        "bf16" (GEMM operands in bfloat16; float master weights, sums, optimizer and all-reduce:
+        docs/precision.md). A checkpoint records it and load() restores it."""
+        code = choice("precision", precision, {"fp32": 0, "bf16": 1})
+        check(self._call("Params.set_precision", lib.pmap_params_set_precision, code))
+
+    @property
+    def precision(self):
+        """The numeric policy: "fp32" or "bf16"."""
+        return _PRECISIONS[self._call("Params.precision", lib.pmap_params_precision)]
 
     def save(self, path):
         """Checkpoints the whole training state to path (str, bytes or os.PathLike; atomic)."""

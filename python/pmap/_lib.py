@@ -255,6 +255,14 @@ if _HAVE_OBSERVE:
     _decl("pmap_trace_stop", _status, _p)
     _decl("pmap_ctx_waits", _status, _p, ctypes.POINTER(DeviceWaits), ctypes.c_int)
     _decl("pmap_params_memory", _status, _p, ctypes.c_int64, ctypes.POINTER(MemoryPlan))
+_HAVE_PRECISION = hasattr(lib, "pmap_params_set_precision")
+if _HAVE_PRECISION:
+    _decl("pmap_params_set_precision", _status, _p, ctypes.c_int)
+    _decl("pmap_params_precision", ctypes.c_int, _p)
+    _decl("pmap_precision_name", ctypes.c_char_p, ctypes.c_int)
+    _decl("pmap_cpu_bf16", ctypes.c_char_p)
+    _decl("pmap_bf16_provider", ctypes.c_char_p)
+    _decl("pmap_bf16_reason", ctypes.c_char_p)
 _HAVE_VERSION = hasattr(lib, "pmap_version")
 if _HAVE_VERSION:
     _decl("pmap_version", ctypes.c_char_p)

@@ -115,6 +115,17 @@ int hx_same(hx *h, const char *what, const float *got, const float *want, size_t
   return 1;
 }
 
+int hx_same16(hx *h, const char *what, const pmap_bf16 *got, const pmap_bf16 *want, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (got[i] != want[i]) {
+      hx_check(h, 0, "%s: differs at %zu of %zu: got bfloat16 0x%04x, want 0x%04x", what, i, n,
+               (unsigned)got[i], (unsigned)want[i]);
+      return 0;
+    }
+  hx_check(h, 1, "%s", what);
+  return 1;
+}
+
 void hx_fd_scale(hx *h, const char *what, hx_loss f, const void *ctx, double *x, size_t n,
                  const float *got, const float *base, double step, double tol, double scale) {
   size_t cnt = n <= h->fd_samples ? n : h->fd_samples;

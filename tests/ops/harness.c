@@ -9,6 +9,7 @@
 
 #include "../gpu/gpu_util.h"
 #include "harness.h"
+#include "ops/op_math.h"
 
 static const struct hx_case {
   const char *name;
@@ -196,6 +197,20 @@ hx_buf *hx_labels(hx *h, size_t rows, int64_t k, const char *name) {
   return b;
 }
 
+hx_buf *hx_new16(hx *h, hx_role role, size_t n, const char *name) {
+  hx_buf *b = hx_new(h, role, (n + 1) / 2, name);
+  b->n16 = n;
+  b->tol_cpu = 0.0; /* bfloat16 results are rounded the same way everywhere */
+  return b;
+}
+
+hx_buf *hx_in16(hx *h, size_t n, float lo, float hi, const char *name) {
+  hx_buf *b = hx_new16(h, HX_IN, n, name);
+  pmap_bf16 *v = HX_H16(b->init);
+  for (size_t i = 0; i < n; i++) v[i] = pmap_bf16_round(hx_uniform(h, lo, hi));
+  return b;
+}
+
 void hx_release(hx *h) {
   while (h->bufs) {
     hx_buf *b = h->bufs;
@@ -213,10 +228,26 @@ void hx_release(hx *h) {
 
 /* ---- one run of an op ---- */
 
-static float *nan_stage(hx *h, size_t n) {
-  float *s = hx_floats(h, n);
-  for (size_t i = 0; i < n; i++) s[i] = NAN;
+/* What an output starts as: NaN floats, or for bfloat16s NaN bfloat16s (a float NaN holds one
+ * in its high half only). */
+static float *nan_stage(hx *h, const hx_buf *x) {
+  float *s = hx_floats(h, x->n);
+  for (size_t i = 0; i < x->n; i++) s[i] = NAN;
+  if (x->n16)
+    for (size_t i = 0; i < 2 * x->n; i++) HX_H16(s)[i] = 0x7fc1u;
   return s;
+}
+
+/* The first element of an output left unwritten (still NaN), or its count. */
+static size_t first_nan(const hx_buf *x) {
+  size_t i = 0;
+  if (x->n16) {
+    const pmap_bf16 *v = HX_H16(x->got);
+    while (i < x->n16 && (v[i] & 0x7fffu) <= 0x7f80u) i++;
+    return i;
+  }
+  while (i < x->n && !isnan(x->got[i])) i++;
+  return i;
 }
 
 static int copy_ok(hx *h, pmap_status st, const char *what, const hx_buf *b) {
@@ -248,7 +279,7 @@ static int guards_kept(hx *h, hx_buf *const *bufs) {
 static int run_once(hx *h, hx_call fn, void *arg, hx_buf *const *bufs, int pass) {
   for (hx_buf *const *b = bufs; *b; b++) {
     hx_buf *x = *b;
-    const float *src = x->role == HX_IN || x->role == HX_INOUT ? x->init : nan_stage(h, x->n);
+    const float *src = x->role == HX_IN || x->role == HX_INOUT ? x->init : nan_stage(h, x);
     if (!copy_ok(h, pmap_device_upload(h->dev, x->dev, src, x->n), "upload", x)) return 0;
     x->p = x->dev;
   }
@@ -280,11 +311,13 @@ void hx_run(hx *h, hx_call fn, void *arg, hx_buf *const *bufs) {
       continue;
     }
     snprintf(what, sizeof what, "%s: a second run gives other bits", x->name);
-    hx_same(h, what, x->again, x->got, x->n);
+    if (x->n16)
+      hx_same16(h, what, HX_H16(x->again), HX_H16(x->got), x->n16);
+    else
+      hx_same(h, what, x->again, x->got, x->n);
     if (x->role == HX_OUT && !x->keep_nan) {
-      size_t i = 0;
-      while (i < x->n && !isnan(x->got[i])) i++;
-      HX_CHECK(h, i == x->n, "%s: element %zu of %zu not written (still NaN)", x->name, i, x->n);
+      size_t i = first_nan(x), n = x->n16 ? x->n16 : x->n;
+      HX_CHECK(h, i == n, "%s: element %zu of %zu not written (still NaN)", x->name, i, n);
     }
   }
   if (h->oracle) return;
@@ -294,7 +327,7 @@ void hx_run(hx *h, hx_call fn, void *arg, hx_buf *const *bufs) {
     if (x->role == HX_IN || x->role == HX_INOUT)
       memcpy(x->cpu, x->init, x->n * sizeof(float));
     else
-      for (size_t i = 0; i < x->n; i++) x->cpu[i] = NAN;
+      memcpy(x->cpu, nan_stage(h, x), x->n * sizeof(float));
     x->p = x->cpu;
   }
   pmap_status st = fn(&pmap_cpu_ops, NULL, arg);
@@ -304,7 +337,9 @@ void hx_run(hx *h, hx_call fn, void *arg, hx_buf *const *bufs) {
     hx_buf *x = *b;
     if (x->role != HX_OUT && x->role != HX_INOUT) continue;
     snprintf(what, sizeof what, "%s against the CPU kernels", x->name);
-    if (x->tol_cpu == 0.0) {
+    if (x->n16) {
+      hx_same16(h, what, HX_H16(x->got), HX_H16(x->cpu), x->n16);
+    } else if (x->tol_cpu == 0.0) {
       hx_same(h, what, x->got, x->cpu, x->n);
     } else {
       double *want = xalloc(x->n * sizeof *want);
@@ -425,7 +460,7 @@ int hx_backend_run(const char *name, const hx_opts *o, int *checks, int *failure
   if (strcmp(name, "cpu") == 0) {
     h.oracle = !o->as_device;
     h.large = o->as_device;
-    h.tol_gemm = 1e-5;
+    h.tol_gemm = h.tol_gemm16 = 1e-5;
     pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 1};
     pmap_status st = pmap_ctx_create(&cfg, &ctx);
     if (st != PMAP_SUCCESS) {
@@ -444,6 +479,7 @@ int hx_backend_run(const char *name, const hx_opts *o, int *checks, int *failure
     const char *tf32 = getenv("PMAP_CUDA_TF32");
     h.large = 1;
     h.tol_gemm = tf32 && strcmp(tf32, "0") != 0 ? 5e-3 : 2e-5;
+    h.tol_gemm16 = 1e-4;
   } else {
     fprintf(stderr, "test_ops: no backend \"%s\" (cpu, cuda)\n", name);
     if (failures) ++*failures;

@@ -55,12 +55,17 @@ typedef struct hx_buf {
   double tol_cpu;   /* relative tolerance of got against cpu; 0: the same bits (default 1e-6) */
   double scale_cpu; /* ... relative to at least this scale (see hx_close_scale; default 0) */
   int keep_nan;     /* HX_OUT: NaN may come back (a NaN input propagates); the case checks */
+  size_t n16;       /* a buffer of bfloat16s (hx_new16): their count, held two to a float of
+                       the n; unwritten ones start as a bfloat16 NaN. 0: floats */
   struct hx_buf *next;
 } hx_buf;
 
 /* The pointer an op gets for b in the current call. */
 #define HX_F(b) ((float *)(b)->p)
 #define HX_I(b) ((const int32_t *)(b)->p)
+#define HX_H(b) ((pmap_bf16 *)(b)->p)
+/* The bfloat16 elements of one of b's host arrays (init, got, again, cpu). */
+#define HX_H16(x) ((pmap_bf16 *)(void *)(x))
 
 /* One backend's run of the cases. */
 typedef struct hx {
@@ -69,6 +74,8 @@ typedef struct hx {
   int large;           /* also the large sizes (a GPU's multi-block and per-channel paths) */
   int quick;           /* fewer random shapes and finite-difference samples */
   double tol_gemm;     /* GEMM-based ops against float64 (FP32 sums in another order; TF32) */
+  double tol_gemm16;   /* the bfloat16 GEMMs against float64 sums of their operands
+                          (case_bf16.c says why) */
   size_t fd_samples;   /* finite differences at most at this many entries of an array */
   const pmap_ops *ops; /* the backend's table, run on q of dev */
   op_queue *q;
@@ -113,6 +120,9 @@ hx_buf *hx_out(hx *h, size_t n, const char *name);
 hx_buf *hx_inout(hx *h, size_t n, float lo, float hi, const char *name); /* uniform start */
 hx_buf *hx_scratch(hx *h, size_t n, const char *name);
 hx_buf *hx_labels(hx *h, size_t rows, int64_t k, const char *name); /* in [0, k) */
+/* n bfloat16s (init zeroed), and n of them uniform in [lo, hi) rounded to bfloat16. */
+hx_buf *hx_new16(hx *h, hx_role role, size_t n, const char *name);
+hx_buf *hx_in16(hx *h, size_t n, float lo, float hi, const char *name);
 /* Host arrays of the case, zeroed. */
 double *hx_doubles(hx *h, size_t n);
 float *hx_floats(hx *h, size_t n);
@@ -159,6 +169,8 @@ int hx_gain_scale(hx *h, const char *what, const float *got, const float *base, 
 double hx_base_scale(const float *base, size_t n, double tol);
 /* The same bits (NaN payloads aside). */
 int hx_same(hx *h, const char *what, const float *got, const float *want, size_t n);
+/* The same bits of n bfloat16s, NaN payloads included. */
+int hx_same16(hx *h, const char *what, const pmap_bf16 *got, const pmap_bf16 *want, size_t n);
 void hx_check(hx *h, int ok, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 #define HX_CHECK(h, cond, ...) hx_check((h), (cond) ? 1 : 0, __VA_ARGS__)
 

@@ -1,0 +1,41 @@
+/* bf16.h: what the CPU's bfloat16 GEMMs share (ops/cpu/bf16.c, the kernels; bf16_choice.c, the
+ * CPU's bf16 instructions, the provider in use and the oneDNN matmul primitives it caches per
+ * thread). */
+#ifndef PMAP_CPU_BF16_H
+#define PMAP_CPU_BF16_H
+
+#include "cpu_ops.h"
+
+/* One call of gemm_bf16 (batch 1, strides 0) or gemm_strided_bf16: the cache's key, compared
+ * bytewise (zero it before filling it). */
+typedef struct bf16_gemm {
+  int ta, tb;
+  int64_t m, n, k, lda, ldb, ldc;
+  int64_t sa, sb, sc, batch;
+  int64_t ga, gb, gc, groups; /* groups of batches (gemm_strided_bf16) */
+  float alpha, beta;
+} bf16_gemm;
+
+/* Below this many multiply-adds a GEMM takes the portable path (the library call costs more). */
+#define CPU_BF16_SMALL_MACS 4096
+
+/* Whether the bf16 provider in use is oneDNN's matmul (made once, as cpu_gemm_active is);
+ * PMAP_ERR_* when PMAP_GEMM_BF16 is invalid. */
+pmap_status cpu_bf16_native(int *native);
+/* Validates PMAP_GEMM_BF16 and makes the choice; errors start with `call`. */
+pmap_status cpu_bf16_ready(const char *call);
+/* Makes `name` ("onednn", "portable") the provider from now on, for tests and benchmarks that
+ * compare both in one process. PMAP_ERR_INVALID_ARGUMENT when it is not built. */
+pmap_status cpu_bf16_force(const char *name);
+/* g on oneDNN's matmul through this thread's cached primitive for its shape: *done 0 when the
+ * shape has no bf16 implementation there (or only oneDNN's reference one): the caller then takes
+ * the portable path. */
+pmap_status cpu_bf16_onednn(const bf16_gemm *g, const pmap_bf16 *a, const pmap_bf16 *b, float *c,
+                            int *done);
+/* g on the portable path. */
+pmap_status cpu_bf16_portable(const bf16_gemm *g, const pmap_bf16 *a, const pmap_bf16 *b, float *c);
+/* The calling thread's scratch of at least n floats (kept, grown as needed, freed when the
+ * thread ends); NULL when out of memory. */
+float *cpu_bf16_scratch(size_t n);
+
+#endif
