@@ -255,6 +255,9 @@ if _HAVE_OBSERVE:
     _decl("pmap_trace_stop", _status, _p)
     _decl("pmap_ctx_waits", _status, _p, ctypes.POINTER(DeviceWaits), ctypes.c_int)
     _decl("pmap_params_memory", _status, _p, ctypes.c_int64, ctypes.POINTER(MemoryPlan))
+_HAVE_REFUSE = hasattr(lib, "pmap_update_refuse")
+if _HAVE_REFUSE:
+    _decl("pmap_update_refuse", _status, _p, ctypes.c_int, ctypes.c_char_p)
 _HAVE_VERSION = hasattr(lib, "pmap_version")
 if _HAVE_VERSION:
     _decl("pmap_version", ctypes.c_char_p)

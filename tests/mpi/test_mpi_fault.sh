@@ -11,6 +11,8 @@
 #   refuse    test_mpi_refuse update and calls at 2 x 1, 2 x 2, 3 x 1 and 3 x 2: a call one
 #             process refuses by its own checks fails on every process, changes nothing, and
 #             the processes stay in step
+#   refusepy  the same through the Python package (test_refuse.py, TEST_MPI_FAULT unused), with
+#             $PMAP_PYTHON, else $PMAP_TEST_PYTHON (the build's); exits 77 without numpy
 # Usage: test_mpi_fault.sh MPIRUN TEST_MPI_FAULT PART... ($PMAP_TRAIN names pmap-train).
 set -u
 mpirun=$1
@@ -74,6 +76,22 @@ for part in "$@"; do
         verdict $rc "a refused $mode on $1 x $2"
         [ $rc -eq 0 ] && grep '^process 0:' "$out" | head -n 3 | cut -c1-300 | sed 's/^/    /'
       done
+    done
+    ;;
+  refusepy)
+    py=${PMAP_PYTHON:-${PMAP_TEST_PYTHON:-}}
+    if [ -z "$py" ] || ! "$py" -c 'import numpy' >/dev/null 2>&1; then
+      echo "SKIP: no Python with numpy (set PMAP_PYTHON)"
+      exit 77
+    fi
+    script=$(dirname "$0")/test_refuse.py
+    for layout in "2 1" "3 1" "2 2"; do
+      set -- $layout
+      bounded 120 -np "$1" -x PYTHONPATH -x PMAP_LIBRARY "$py" "$script" "$2"
+      rc=$?
+      skip_if_no_mpi
+      verdict $rc "a batch refused on one process, from Python, on $1 x $2"
+      [ $rc -eq 0 ] && grep '^process 0:' "$out" | head -n 2 | cut -c1-300 | sed 's/^/    /'
     done
     ;;
   toolfail)
