@@ -91,8 +91,10 @@ pmap_status pmap_ctx_exchange(pmap_ctx *ctx, const char *call, pmap_status refus
   if (!ctx->dist || (refused && dist_broken(ctx->dist))) return refused;
   char own[1024] = "";
   if (refused) pmap_error_save(own, sizeof own);
-  size_t rec = sizeof(refusal) + bytes, nproc = (size_t)ctx->nproc;
-  if (bytes > SIZE_MAX / nproc - sizeof(refusal) || !grow(&ctx->xsend, &ctx->xsend_cap, rec) ||
+  /* Each record padded to 16 bytes, so that every process's refusal and payload are aligned
+   * where they arrive, one after the other. */
+  size_t nproc = (size_t)ctx->nproc, rec = sizeof(refusal) + (bytes + 15) / 16 * 16;
+  if (bytes > SIZE_MAX / nproc - sizeof(refusal) - 16 || !grow(&ctx->xsend, &ctx->xsend_cap, rec) ||
       !grow(&ctx->xall, &ctx->xall_cap, nproc * bytes + 1)) {
     /* Staying away would leave the others' exchange paired with this process's next one: the
      * processes are out of step, and the others are told at once. */
