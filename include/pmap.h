@@ -215,7 +215,9 @@ typedef struct pmap_ctx pmap_ctx;
  * others do not share outside pmap_run (a device failed in its pmap_update, say), the context
  * is broken: the other processes are told at once, and every later call fails at once with the
  * failure's message naming the process; destroy the context and end the program
- * (docs/distributed.md). A failing pmap_run leaves it usable (see there). */
+ * (docs/distributed.md). A failing pmap_run leaves it usable (see there), and so does a
+ * collective call that one process refuses by its own checks before the exchange (bad input,
+ * NULL): every process refuses it (pmap_update). */
 PMAP_API pmap_status pmap_ctx_create(const pmap_config *cfg, pmap_ctx **out);
 
 /* Stops the workers and frees the context. Accepts NULL (PMAP_SUCCESS). Every pmap_params created
@@ -520,7 +522,9 @@ typedef struct pmap_params pmap_params;
  * the host from seed (He or LeCun normal weights, zero biases) and copied to every replica,
  * gradients and optimizer state zeroed. The model and the optimizer are copied: the caller
  * keeps ownership of both. Returns PMAP_ERR_INVALID_ARGUMENT (NULL, empty model, optimizer
- * settings out of range: lr <= 0 or not finite, ...), PMAP_ERR_OUT_OF_MEMORY, PMAP_ERR_DEVICE. */
+ * settings out of range: lr <= 0 or not finite, ...), PMAP_ERR_OUT_OF_MEMORY, PMAP_ERR_DEVICE.
+ * Distributed: a collective call (device 0's parameters are broadcast); a create that one
+ * process refuses, or of another parameter count, fails on every process (named). */
 PMAP_API pmap_status pmap_params_create(pmap_ctx *ctx, const pmap_model *model,
                                         const pmap_optimizer *opt, uint64_t seed,
                                         pmap_params **out);
@@ -589,9 +593,20 @@ PMAP_API int64_t pmap_params_step(const pmap_params *params);
  * sharded optimizer: when the all-gather of the parameters after the optimizer fails twice, the
  * step was taken (pmap_params_step() counts it, *loss is written, the message says "step S was
  * taken") and the next call on params completes the all-gather before anything else; compare
- * pmap_params_step() before and after to know whether to retry a batch. */
+ * pmap_params_step() before and after to know whether to retry a batch.
+ * Distributed: a call one process refuses by itself (its rows fail a check above, a NULL xs
+ * or ys included; not a NULL params, which names no context) still takes part in the step
+ * check, so every process refuses that step, the others with PMAP_ERR_INVALID_ARGUMENT naming
+ * the process, its host and why; nothing changes on any, and the next calls pair with each
+ * other (skipping a bad batch with a caught error is safe). */
 PMAP_API pmap_status pmap_update(pmap_params *params, const pmap_array *xs, const pmap_array *ys,
                                  float *loss);
+/* In place of pmap_update, for a step whose batch this process's own checks refused (a data
+ * loader's, a binding's): takes part in the step check without a batch, so that the other
+ * processes' pmap_update of that step fails as above, naming this process and why. Returns
+ * status (PMAP_ERR_INVALID_ARGUMENT for PMAP_SUCCESS) with why as its message, or the failure
+ * of the exchange; in one process it returns at once. PMAP_ERR_INVALID_ARGUMENT for NULL params. */
+PMAP_API pmap_status pmap_update_refuse(pmap_params *params, pmap_status status, const char *why);
 
 /* Splits each device's rows into k micro-batches (1..65536; 1, the default, is one piece):
  * forward and backward run once per piece, the gradients accumulate, and the step still does
@@ -599,7 +614,7 @@ PMAP_API pmap_status pmap_update(pmap_params *params, const pmap_array *xs, cons
  * activation memory drops by k. A device with fewer than k rows takes one row per piece; for a
  * model with collectives inside (batch norm across replicas) or a gradient function (which may
  * call collectives), k is capped at the fewest rows of any device, so that every device runs
- * as many pieces. */
+ * as many pieces; across processes they must set the same k then (pmap_update's step check). */
 PMAP_API pmap_status pmap_params_set_micro_batches(pmap_params *params, int k);
 
 /* The numeric policy of a step and a prediction (docs/precision.md says what each part computes
@@ -686,7 +701,7 @@ PMAP_API pmap_status pmap_params_load_user(pmap_params *params, const char *path
  * (replicas must never drift: this is a check for hardware or memory faults). Distributed: a
  * collective call of every process that compares every replica of every process (the processes
  * exchange their checksums) and names devices by global index, process and host, alike on every
- * process. */
+ * process; one that fails before its checksums takes part all the same, failing every process. */
 PMAP_API pmap_status pmap_params_verify(const pmap_params *params);
 
 /* Releases the activation memory, which is sized for the largest batch seen so far; the next
@@ -760,9 +775,9 @@ typedef pmap_status (*pmap_fn)(pmap_device *dev, void *arg);
  * process that returned), a failure on one process, or the same invalid call on every process,
  * fails pmap_run on every process with the same status and message (the first process's own
  * failure, else the first failure), and the context stays usable; collectives of one pmap_run
- * never pair with another's. A process that called something else than pmap_run (pmap_update,
- * say) fails that call. Messages name devices by global index, process and host. Not
- * re-entrant: fn
+ * never pair with another's; fn NULL on one process is such a failure. A process that called
+ * something else than pmap_run (pmap_update, say) fails that call. Messages name devices by
+ * global index, process and host. Not re-entrant: fn
  * calling any public function on the same context (pmap_run, pmap_update, pmap_params_read,
  * pmap_ctx_destroy, ...) gets PMAP_ERR_INVALID_ARGUMENT. */
 PMAP_API pmap_status pmap_run(pmap_ctx *ctx, pmap_fn fn, void *arg);
@@ -872,8 +887,9 @@ typedef struct pmap_device_waits {
  * pmap_ctx_num_processes). Among the devices of a process, the one with the largest held_s is
  * the straggler; across processes, the process whose devices wait least (wait_s) is the one the
  * others wait for. Distributed: a collective call of every process (the records are exchanged).
- * PMAP_ERR_INVALID_ARGUMENT for ctx or out NULL or another count; across processes the failures
- * of an exchange (PMAP_ERR_TIMEOUT naming the process that did not call it, ...). */
+ * PMAP_ERR_INVALID_ARGUMENT for ctx or out NULL or another count (on one process: every
+ * process fails, naming it); across processes the failures of an exchange (PMAP_ERR_TIMEOUT
+ * naming the process that did not call it, ...). */
 PMAP_API pmap_status pmap_ctx_waits(pmap_ctx *ctx, pmap_device_waits *out, int count);
 
 /* The device memory a training step of pmap_update at a global batch needs on each device of

@@ -174,10 +174,9 @@ void pmap_params_destroy(pmap_params *p) {
   pmap_ctx_unlock(ctx);
 }
 
-/* Creates params around p->model (already set) with init as the initial parameters. */
-static pmap_status params_open(pmap_ctx *ctx, pmap_params *p, const pmap_optimizer *opt,
-                               const float *init, const char *call) {
-  pmap_status st = PMAP_ERR_OUT_OF_MEMORY;
+/* The params' fields from the context and the optimizer, and their host buffers. */
+static pmap_status params_setup(pmap_ctx *ctx, pmap_params *p, const pmap_optimizer *opt,
+                                const char *call) {
   p->ctx = ctx;
   p->n = pmap_ctx_num_devices(ctx);
   p->first = pmap_ctx_process_index(ctx) * p->n;
@@ -190,8 +189,44 @@ static pmap_status params_open(pmap_ctx *ctx, pmap_params *p, const pmap_optimiz
   p->rep = calloc((size_t)p->n, sizeof *p->rep);
   p->guard_host = calloc((size_t)p->n * p->gl.host_len, sizeof *p->guard_host);
   p->spans = calloc((size_t)p->model->n_layers + 1, sizeof *p->spans);
-  if (!p->rep || !p->guard_host || !p->spans) return PMAP_ERR(st, "%s: out of memory", call);
+  if (!p->rep || !p->guard_host || !p->spans)
+    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "%s: out of memory", call);
   p->n_spans = model_trained_spans(p->model, p->spans);
+  return PMAP_SUCCESS;
+}
+
+/* Across processes, before the broadcast of the initial parameters: every process creates as
+ * many parameters, and none refused its create. A process that refused takes part all the
+ * same: had it stayed away, the others' broadcast would pair with its next call. */
+static pmap_status params_agree(pmap_ctx *ctx, const pmap_params *p, pmap_status refused,
+                                const char *call) {
+  if (!runtime_distributed(ctx)) return refused;
+  int64_t mine = refused ? 0 : (int64_t)p->n_params;
+  const void *got = NULL;
+  PMAP_TRY(
+      pmap_ctx_exchange(ctx, "the check of a params creation", refused, &mine, sizeof mine, &got));
+  const int64_t *all = got;
+  int differ = 0;
+  for (int r = 0; r < pmap_ctx_num_processes(ctx); r++) differ |= all[r] != mine;
+  if (!differ) return PMAP_SUCCESS;
+  char list[700], name[128];
+  size_t len = 0;
+  list[0] = '\0';
+  for (int r = 0; r < pmap_ctx_num_processes(ctx) && len < sizeof list; r++)
+    len += (size_t)snprintf(list + len, sizeof list - len, "%s%s: %lld", r ? "; " : "",
+                            pmap_proc_name(ctx, r, name, sizeof name), (long long)all[r]);
+  return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                  "%s: the processes create params of different sizes (%s parameters): every "
+                  "process must create the same model (nothing was created)",
+                  call, list);
+}
+
+/* Creates params around p->model (already set) with init as the initial parameters; st: a
+ * failure before (p may then be NULL), which the processes' check still hears of. */
+static pmap_status params_open(pmap_ctx *ctx, pmap_params *p, const pmap_optimizer *opt,
+                               const float *init, const char *call, pmap_status st) {
+  if (!st) st = params_setup(ctx, p, opt, call);
+  PMAP_TRY(params_agree(ctx, p, st, call));
   create_call c = {p, init};
   return params_dispatch(p, create_job, &c);
 }
@@ -207,20 +242,19 @@ static pmap_status params_close_create(pmap_ctx *ctx, pmap_params *p, pmap_statu
   }
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", pmap_last_error());
-  params_free(p);
+  if (p) params_free(p);
   pmap_ctx_unlock(ctx);
   return pmap_error_set(st, "%s", msg);
 }
 
-pmap_status pmap_params_create(pmap_ctx *ctx, const pmap_model *model, const pmap_optimizer *opt,
-                               uint64_t seed, pmap_params **out) {
-  const char *call = "pmap_params_create";
-  if (!ctx || !model || !opt || !out)
+/* The arguments of pmap_params_create, checked under the context's lock. */
+static pmap_status create_checks(const pmap_model *model, const pmap_optimizer *opt,
+                                 pmap_params **out, const char *call) {
+  if (!model || !opt || !out)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL", call,
-                    !ctx     ? "ctx"
-                    : !model ? "model"
-                    : !opt   ? "opt"
-                             : "out");
+                    !model ? "model"
+                    : !opt ? "opt"
+                           : "out");
   if (model->n_layers == 0 || model->n_params == 0)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "%s: the model has %d layers and %zu parameters; it needs at least one "
@@ -232,61 +266,69 @@ pmap_status pmap_params_create(pmap_ctx *ctx, const pmap_model *model, const pma
                     "%s: the model's output has rank %d; the loss needs rank %d (%s)", call,
                     last->out_rank, model->loss == PMAP_LOSS_TOKEN_XENT ? 2 : 1,
                     model->loss == PMAP_LOSS_TOKEN_XENT ? "(T, V) logits" : "add flatten");
-  PMAP_TRY(optimizer_check(opt, call));
-  pmap_params *p = calloc(1, sizeof *p);
-  float *init = malloc(model->n_params * sizeof *init);
-  if (!p || !init) {
-    free(p);
-    free(init);
-    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "%s: out of memory for %zu parameters", call,
+  return optimizer_check(opt, call);
+}
+
+/* Every check after the lock: across processes a refusal is brought to the processes' check
+ * before the broadcast (params_open). */
+pmap_status pmap_params_create(pmap_ctx *ctx, const pmap_model *model, const pmap_optimizer *opt,
+                               uint64_t seed, pmap_params **out) {
+  const char *call = "pmap_params_create";
+  if (!ctx) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: ctx is NULL", call);
+  PMAP_TRY(pmap_ctx_lock(ctx, call));
+  pmap_params *p = NULL;
+  float *init = NULL;
+  pmap_status st = create_checks(model, opt, out, call);
+  if (!st) {
+    p = calloc(1, sizeof *p);
+    init = malloc(model->n_params * sizeof *init);
+    if (!p || !init)
+      st = PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "%s: out of memory for %zu parameters", call,
                     model->n_params);
   }
-  pmap_status st = pmap_ctx_lock(ctx, call);
-  if (st) {
-    free(p);
-    free(init);
-    return st;
-  }
-  p->n_params = model->n_params;
-  st = model_clone(model, &p->model);
   if (!st) {
-    model_init_params(model, seed, init);
-    st = params_open(ctx, p, opt, init, call);
+    p->n_params = model->n_params;
+    st = model_clone(model, &p->model);
   }
+  if (!st) model_init_params(model, seed, init);
+  st = params_open(ctx, p, opt, init, call, st);
   free(init);
   return params_close_create(ctx, p, st, out);
+}
+
+static pmap_status create_custom_checks(size_t num_params, const float *init, pmap_grad_fn fn,
+                                        const pmap_optimizer *opt, pmap_params **out,
+                                        const char *call) {
+  if (!init || !fn || !opt || !out)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL", call,
+                    !init  ? "init"
+                    : !fn  ? "fn"
+                    : !opt ? "opt"
+                           : "out");
+  if (num_params == 0 || num_params > ((size_t)1 << 31))
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: num_params %zu is outside 1..%zu", call,
+                    num_params, (size_t)1 << 31);
+  return optimizer_check(opt, call);
 }
 
 pmap_status pmap_params_create_custom(pmap_ctx *ctx, size_t num_params, const float *init,
                                       pmap_grad_fn fn, void *user, const pmap_optimizer *opt,
                                       pmap_params **out) {
   const char *call = "pmap_params_create_custom";
-  if (!ctx || !init || !fn || !opt || !out)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL", call,
-                    !ctx    ? "ctx"
-                    : !init ? "init"
-                    : !fn   ? "fn"
-                    : !opt  ? "opt"
-                            : "out");
-  if (num_params == 0 || num_params > ((size_t)1 << 31))
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: num_params %zu is outside 1..%zu", call,
-                    num_params, (size_t)1 << 31);
-  PMAP_TRY(optimizer_check(opt, call));
-  pmap_params *p = calloc(1, sizeof *p);
-  if (!p) return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "%s: out of memory", call);
-  pmap_status st = pmap_ctx_lock(ctx, call);
-  if (st) {
-    free(p);
-    return st;
-  }
-  p->n_params = num_params;
-  p->grad_fn = fn;
-  p->grad_user = user;
-  int64_t one = 1;
-  st = pmap_model_create(1, &one, &p->model);
+  if (!ctx) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: ctx is NULL", call);
+  PMAP_TRY(pmap_ctx_lock(ctx, call));
+  pmap_params *p = NULL;
+  pmap_status st = create_custom_checks(num_params, init, fn, opt, out, call);
+  if (!st && !(p = calloc(1, sizeof *p)))
+    st = PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "%s: out of memory", call);
   if (!st) {
-    p->model->n_params = num_params; /* no layers: the parameters are fn's */
-    st = params_open(ctx, p, opt, init, call);
+    p->n_params = num_params;
+    p->grad_fn = fn;
+    p->grad_user = user;
+    int64_t one = 1;
+    st = pmap_model_create(1, &one, &p->model);
   }
+  if (!st) p->model->n_params = num_params; /* no layers: the parameters are fn's */
+  st = params_open(ctx, p, opt, init, call, st);
   return params_close_create(ctx, p, st, out);
 }

@@ -470,18 +470,20 @@ static pmap_status finish_stepped(pmap_params *p, pmap_status st, int64_t t) {
 pmap_status pmap_update(pmap_params *p, const pmap_array *xs, const pmap_array *ys, float *loss) {
   const char *call = "pmap_update";
   if (!p) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: params is NULL", call);
-  if (!ys) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: ys is NULL", call);
   PMAP_TRY(pmap_ctx_lock(p->ctx, call));
   step_call c = {.p = p, .xs = xs, .ys = ys, .want_loss = loss != NULL};
   atomic_init(&c.stepped, 0);
-  pmap_status st = batch_check(p, xs, ys, call, &c.batch);
+  pmap_status st = ys ? batch_check(p, xs, ys, call, &c.batch)
+                      : PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: ys is NULL", call);
   if (!st && p->step >= PARAMS_STEP_MAX)
     st = PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                   "%s: the step count %lld is the highest a checkpoint holds (2^63 - 2); it "
                   "cannot grow any further (nothing was changed)",
                   call, (long long)p->step);
   if (!st) st = params_mend(p, call);
-  if (!st) st = step_check_processes(&c);
+  /* A refusal here is this process's alone: it still takes part in the step check, so every
+   * process refuses the step and the next calls pair with each other. */
+  st = step_check_processes(&c, st);
   if (!st) {
     c.t = p->step + 1;
     c.hyper = optimizer_hyper(&p->opt, c.t);

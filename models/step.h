@@ -49,8 +49,11 @@ static inline void batch_device_rows(int64_t batch, int n, int d, int64_t *lo, i
 }
 
 /* step_procs.c. Across processes, before any device works: every process passes as many rows,
- * at the same step, with the same optimizer settings (else PMAP_ERR_INVALID_ARGUMENT naming each
- * process's value, nothing changed). Nothing to do in one process. */
-pmap_status step_check_processes(const step_call *c);
+ * at the same step, with the same optimizer settings and, where the devices exchange values
+ * inside the step, as many micro-batches (else PMAP_ERR_INVALID_ARGUMENT naming each process's
+ * value, nothing changed). refused: this process's own refusal of the call (its message the
+ * thread's), which it brings to the exchange all the same, so that every process refuses the
+ * step (pmap_ctx_exchange). One process: returns refused. */
+pmap_status step_check_processes(const step_call *c, pmap_status refused);
 
 #endif

@@ -69,7 +69,7 @@ static int describe(const pmap_params *p, const uint32_t *sums, char *msg, size_
   return bad;
 }
 
-static pmap_status verify(pmap_params *p);
+static pmap_status verify(pmap_params *p, pmap_status st);
 
 /* Under the context's lock, as every public call. */
 pmap_status pmap_params_verify(const pmap_params *cp) {
@@ -77,24 +77,26 @@ pmap_status pmap_params_verify(const pmap_params *cp) {
   if (!cp) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: params is NULL", call);
   pmap_params *p = (pmap_params *)cp; /* a torn step is completed: its replicas change */
   PMAP_TRY(pmap_ctx_lock(p->ctx, call));
-  pmap_status st = params_mend(p, call);
-  if (!st) st = verify(p);
+  pmap_status st = verify(p, params_mend(p, call));
   pmap_ctx_unlock(p->ctx);
   return st;
 }
 
-static pmap_status verify(pmap_params *p) {
+/* st: a failure before the check (completing a torn step); the process takes part in the
+ * exchange of checksums all the same, refusing it. */
+static pmap_status verify(pmap_params *p, pmap_status st) {
   const char *call = "pmap_params_verify";
   int n = p->n;
   verify_call c = {p, calloc((size_t)n, sizeof *c.sums), malloc((size_t)n * VERIFY_CHUNK)};
-  pmap_status st = PMAP_SUCCESS;
-  if (!c.sums || !c.buf)
+  if (!st && (!c.sums || !c.buf))
     st = PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "%s: out of memory for %d download buffers", call, n);
   if (!st) st = params_dispatch(p, verify_job, &c);
-  /* Across processes every process's checksums: (P, D) in process order is the global order. */
+  /* Across processes every process's checksums: (P, D) in process order is the global order. A
+   * process that failed before comparing still sends its record, so that every process fails
+   * this check rather than pairing it with its next exchange. */
   const void *all = c.sums;
-  if (!st)
-    st = pmap_ctx_exchange(p->ctx, "pmap_params_verify", c.sums, (size_t)n * sizeof *c.sums, &all);
+  st =
+      pmap_ctx_exchange(p->ctx, "pmap_params_verify", st, c.sums, (size_t)n * sizeof *c.sums, &all);
   const uint32_t *sums = all;
   char list[768], where[160] = "";
   int bad = st ? 0 : describe(p, sums, list, sizeof list);

@@ -176,6 +176,8 @@ struct pmap_ctx {
    * and the process count. Global device index = proc * n + local index. */
   struct pmap_dist *dist;
   int proc, nproc;
+  unsigned char *xsend, *xall; /* pmap_ctx_exchange's record out and every process's payload */
+  size_t xsend_cap, xall_cap;
   /* The process that created the context. Its worker threads exist only there (fork copies
    * the calling thread alone), so every call from another process is refused at once. */
   long pid;

@@ -595,6 +595,8 @@ pmap_status pmap_ctx_destroy(pmap_ctx *ctx) {
   }
   pmap_fault_free(ctx->fault);
   free(ctx->desc);
+  free(ctx->xsend);
+  free(ctx->xall);
   free(ctx->threads);
   for (int i = 0; ctx->dev && i < ctx->n; i++) free(ctx->dev[i].queued);
   free(ctx->dev);
@@ -647,13 +649,20 @@ pmap_status pmap_backend_parse(const char *name, pmap_backend *out) {
 int pmap_backend_built(pmap_backend b) { return b == PMAP_BACKEND_AUTO || backend_find(b) != NULL; }
 
 pmap_status pmap_run(pmap_ctx *ctx, pmap_fn fn, void *arg) {
-  if (!ctx || !fn)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_run: %s is NULL", ctx ? "fn" : "ctx");
+  if (!ctx) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_run: ctx is NULL");
   PMAP_TRY(pmap_ctx_lock(ctx, "pmap_run"));
-  int own = 0;
+  int own = 1;
   uint64_t seq0 = dist_seq(ctx->dist);
+  pmap_status st = PMAP_SUCCESS;
+  /* Refused, the run still ends at the processes' meeting: the others' collectives fail there
+   * instead of pairing with this process's next call. */
+  if (!fn && ctx->dist)
+    st = PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_run: process %d of %d (host %s): fn is NULL",
+                  ctx->proc, ctx->nproc, dist_host(ctx->dist, ctx->proc));
+  else if (!fn)
+    st = PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_run: fn is NULL");
   ctx->meets = ctx->dist != NULL;
-  pmap_status st = dispatch(ctx, fn, arg, &own);
+  if (fn) st = dispatch(ctx, fn, arg, &own);
   ctx->meets = 0;
   if (ctx->dist) st = procs_end_job(ctx, st, own, seq0);
   pmap_ctx_unlock(ctx);

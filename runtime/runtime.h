@@ -65,9 +65,14 @@ const char *pmap_proc_host(const pmap_ctx *ctx, int proc);
 const char *pmap_proc_name(const pmap_ctx *ctx, int proc, char *buf, size_t size);
 /* Outside jobs, on the calling thread (the context's lock held): `bytes` bytes of every process,
  * agreed first like a collective (`call` names it in messages); *all (P, bytes) in process
- * order, owned by the context until its next exchange. One process: *all is mine. */
-pmap_status pmap_ctx_exchange(pmap_ctx *ctx, const char *call, const void *mine, size_t bytes,
-                              const void **all);
+ * order, owned by the context until its next exchange. One process: *all is mine.
+ * refused: PMAP_SUCCESS, or this process's own failure of the public call before its exchange
+ * (the thread's message says why; mine may then be NULL). The process takes part all the same,
+ * and when any process refused, every process fails: a refusing one with its own status and
+ * message, the others with PMAP_ERR_INVALID_ARGUMENT naming each process that refused, its host
+ * and why. Nothing was exchanged then, and the processes stay in step. */
+pmap_status pmap_ctx_exchange(pmap_ctx *ctx, const char *call, pmap_status refused,
+                              const void *mine, size_t bytes, const void **all);
 /* ---- the timeline and the waits (runtime/trace_ctx.c) ---- */
 /* The context's recording (base/trace.h), NULL when off: track pmap_local_index(dev) is a
  * device's, track runtime_trace_caller(ctx) the caller's (outside jobs, the lock held). */

@@ -205,24 +205,24 @@ void runtime_trace_flush(pmap_device *dev, int keep) {
 
 pmap_status pmap_ctx_waits(pmap_ctx *ctx, pmap_device_waits *out, int count) {
   const char *call = "pmap_ctx_waits";
-  if (!ctx || !out)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %s is NULL", call, !ctx ? "ctx" : "out");
+  if (!ctx) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: ctx is NULL", call);
+  PMAP_TRY(pmap_ctx_lock(ctx, call));
   int n = ctx->n, total = ctx->n * ctx->nproc;
-  if (count != total)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                    "%s: count %d is not the context's %d devices (of every process)", call, count,
-                    total);
   dev_waits *mine = calloc((size_t)n, sizeof *mine);
-  if (!mine) return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "%s: out of memory", call);
-  pmap_status st = pmap_ctx_lock(ctx, call);
-  if (st) {
-    free(mine);
-    return st;
-  }
-  for (int i = 0; i < n; i++) mine[i] = ctx->dev[i].waits;
-  /* Every process's records, in process order (one process: its own). */
+  pmap_status st = PMAP_SUCCESS;
+  if (!out)
+    st = PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: out is NULL", call);
+  else if (count != total)
+    st = PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                  "%s: count %d is not the context's %d devices (of every process)", call, count,
+                  total);
+  else if (!mine)
+    st = PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "%s: out of memory", call);
+  for (int i = 0; !st && i < n; i++) mine[i] = ctx->dev[i].waits;
+  /* Every process's records, in process order (one process: its own); a process that refused
+   * the call takes part all the same, so every process refuses it. */
   const void *all = NULL;
-  st = pmap_ctx_exchange(ctx, call, mine, (size_t)n * sizeof *mine, &all);
+  st = pmap_ctx_exchange(ctx, call, st, mine, (size_t)n * sizeof *mine, &all);
   if (!st) {
     const dev_waits *w = all;
     for (int g = 0; g < total; g++)

@@ -458,12 +458,28 @@ class Params:
         range is refused); labels (softmax_xent) are integers in [0, K). Complex, object or
         string arrays are refused."""
         keep = []
-        x = self._xs(xs, keep)
-        y = self._ys(ys, keep)
+        try:
+            x = self._xs(xs, keep)
+            y = self._ys(ys, keep)
+        except ArgumentError as e:
+            self._refuse_step("Params.update", e)
+            raise
         loss = ctypes.c_float()
         check(self._call("Params.update", lib.pmap_update, ctypes.byref(x), ctypes.byref(y),
                          ctypes.byref(loss)))
         return float(loss.value)
+
+    def _refuse_step(self, call, e):
+        """Across processes, a batch refused here still takes part in the step (the library's
+        pmap_update_refuse), so that every process refuses it and they stay in step; the
+        caller raises e. A failure of that call shows in the next one."""
+        if not _lib._HAVE_REFUSE or not self._handle.ptr:
+            return
+        try:
+            if self._ctx._handle.call(call, lib.pmap_ctx_num_processes) > 1:
+                self._call(call, lib.pmap_update_refuse, 1, e.message.encode("utf-8", "replace"))
+        except Error:
+            pass
 
     def predict(self, xs, batch_size=None):
         """The model's outputs for xs, an ndarray (rows, outputs...) float32, for any number of

@@ -183,9 +183,13 @@ def set_named(flat, layout, values):
 def update(p, xs, ys, call):
     """One step of custom params p: pmap_update, and the function's exception when it failed."""
     keep = []
-    x = array(xs, F32, "xs", keep)
-    y_in = ys if isinstance(ys, np.ndarray) else np.asarray(ys)
-    y = array(y_in, I32 if y_in.dtype.kind in "iu" else F32, "ys", keep)
+    try:
+        x = array(xs, F32, "xs", keep)
+        y_in = ys if isinstance(ys, np.ndarray) else _convert._asarray(ys, "ys")
+        y = array(y_in, I32 if y_in.dtype.kind in "iu" else F32, "ys", keep)
+    except ArgumentError as e:
+        p._refuse_step(call, e)
+        raise
     loss = ctypes.c_float()
     with p._handle.hold(call):
         h, grad = p._handle.get(call), p._handle.keep

@@ -263,6 +263,9 @@ if _HAVE_PRECISION:
     _decl("pmap_cpu_bf16", ctypes.c_char_p)
     _decl("pmap_bf16_provider", ctypes.c_char_p)
     _decl("pmap_bf16_reason", ctypes.c_char_p)
+_HAVE_REFUSE = hasattr(lib, "pmap_update_refuse")
+if _HAVE_REFUSE:
+    _decl("pmap_update_refuse", _status, _p, ctypes.c_int, ctypes.c_char_p)
 _HAVE_VERSION = hasattr(lib, "pmap_version")
 if _HAVE_VERSION:
     _decl("pmap_version", ctypes.c_char_p)

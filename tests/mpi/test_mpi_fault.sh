@@ -8,6 +8,11 @@
 #   toolfail  pmap-train: --timeout and PMAP_TIMEOUT end a stalled job naming the process; an
 #             unwritable --save on process 0 ends the job within seconds; a replica perturbed on
 #             process 1 fails the final check and --verify-every, naming its global device
+#   refuse    test_mpi_refuse update and calls at 2 x 1, 2 x 2, 3 x 1 and 3 x 2: a call one
+#             process refuses by its own checks fails on every process, changes nothing, and
+#             the processes stay in step
+#   refusepy  the same through the Python package (test_refuse.py, TEST_MPI_FAULT unused), with
+#             $PMAP_PYTHON, else $PMAP_TEST_PYTHON (the build's); exits 77 without numpy
 # Usage: test_mpi_fault.sh MPIRUN TEST_MPI_FAULT PART... ($PMAP_TRAIN names pmap-train).
 set -u
 mpirun=$1
@@ -60,6 +65,34 @@ for part in "$@"; do
     [ "$(grep -c '^OK after-send' "$out")" -eq 2 ] && [ $took -lt 20 ]
     verdict $? "a process dead after sending its part is named"
     grep '^process 0:' "$out" | cut -c1-300 | sed 's/^/    /'
+    ;;
+  refuse)
+    for layout in "2 1" "2 2" "3 1" "3 2"; do
+      set -- $layout
+      for mode in update calls; do
+        bounded 120 -np "$1" "$prog" "$mode" "$2"
+        rc=$?
+        skip_if_no_mpi
+        verdict $rc "a refused $mode on $1 x $2"
+        [ $rc -eq 0 ] && grep '^process 0:' "$out" | head -n 3 | cut -c1-300 | sed 's/^/    /'
+      done
+    done
+    ;;
+  refusepy)
+    py=${PMAP_PYTHON:-${PMAP_TEST_PYTHON:-}}
+    if [ -z "$py" ] || ! "$py" -c 'import numpy' >/dev/null 2>&1; then
+      echo "SKIP: no Python with numpy (set PMAP_PYTHON)"
+      exit 77
+    fi
+    script=$(dirname "$0")/test_refuse.py
+    for layout in "2 1" "3 1" "2 2"; do
+      set -- $layout
+      bounded 120 -np "$1" -x PYTHONPATH -x PMAP_LIBRARY "$py" "$script" "$2"
+      rc=$?
+      skip_if_no_mpi
+      verdict $rc "a batch refused on one process, from Python, on $1 x $2"
+      [ $rc -eq 0 ] && grep '^process 0:' "$out" | head -n 2 | cut -c1-300 | sed 's/^/    /'
+    done
     ;;
   toolfail)
     train=${PMAP_TRAIN:?PMAP_TRAIN names pmap-train}
