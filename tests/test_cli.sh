@@ -246,6 +246,26 @@ expect_error 'this run differs in --samples' --model linear --samples 256 --resu
 expect_error 'holds another model' --model mlp --resume "$ck"
 expect_error 'is at step 20, beyond --steps 10' --model linear --steps 10 --resume "$ck"
 expect_error 'cannot create a temporary file' --steps 2 --save "$tmp/no/such/dir/x.ckpt"
+# A --save the saves cannot write fails before the header and step 1 (pmap-launch knows a
+# restart would fail alike), not after the steps before the first save; nothing is left.
+mkdir "$tmp/savedir"
+mkfifo "$tmp/savedir/fifo"
+ln -s "no-folder/x.ckpt" "$tmp/savedir/into-missing"
+for target in "$tmp/no/such/dir/x.ckpt" "$tmp/savedir/fifo" "$tmp/savedir" \
+  "$tmp/savedir/into-missing"; do
+  expect_error '--save: pmap_params_save_check: ' --backend cpu --model linear --steps 100000 \
+    --save "$target"
+  if grep -q 'pmap-train: model\|^step' "$tmp/out"; then bad "--save $target: trained first"; else ok; fi
+done
+if [ "$(find "$tmp/savedir" | wc -l)" -eq 3 ]; then ok; else bad "--save checks left: $(ls -A "$tmp/savedir")"; fi
+# A symbolic link to a file not there yet: the save creates that file, the link stays.
+ln -s "made.ckpt" "$tmp/savedir/link.ckpt"
+if "$train" --model linear --backend cpu --steps 2 --log-every 0 --save "$tmp/savedir/link.ckpt" \
+  >"$tmp/out" 2>"$tmp/err" && [ -L "$tmp/savedir/link.ckpt" ] && [ -f "$tmp/savedir/made.ckpt" ]; then
+  ok
+else
+  bad "--save through a link to a file not there yet: $(cat "$tmp/err")"
+fi
 head -c 100 "$ck" >"$tmp/short.ckpt"
 expect_error 'is truncated' --resume "$tmp/short.ckpt"
 printf 'not a checkpoint, but long enough to hold a header' >"$tmp/junk.ckpt"

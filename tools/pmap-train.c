@@ -437,6 +437,13 @@ int main(int argc, char **argv) {
     failf(&r, "global batch %lld is not divisible by %d devices", (long long)o.batch, n * procs);
     goto out;
   }
+  /* A --save path the saves cannot write fails now, before the header (pmap-launch then knows
+   * that a restart would fail alike), not after the steps before the first save; process 0
+   * alone writes, so it alone checks. */
+  if (o.save && me == 0 && pmap_params_save_check(o.save)) {
+    failf(&r, "--save: %s; nothing was run", pmap_last_error());
+    goto out;
+  }
   if (make_model(&o, &data, &model, why, sizeof why)) {
     failf(&r, "cannot build the model: %s", why);
     goto out;

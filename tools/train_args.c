@@ -241,7 +241,9 @@ int train_parse(int argc, char **argv, opts *o) {
        .dest = &o->save,
        .arg = "FILE",
        .help =
-           "write a checkpoint to FILE at the end (atomically: a crash keeps the previous one)"},
+           "write a checkpoint to FILE at the end (atomically: a crash keeps the previous one); "
+           "checked before step 1 as the saves write it (its folder exists and takes a new "
+           "file; a symbolic link is written through, creating the file it names)"},
       {.name = "--save-every",
        .kind = CLI_INT,
        .dest = &o->save_every,
