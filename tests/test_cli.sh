@@ -362,6 +362,17 @@ expect_error 'No such file' --backend cpu --data "$tmp/none.npy" --labels "$tmp/
 expect_error '--eval-fraction "1" is outside [0, 1)' --backend cpu --eval-fraction 1
 expect_error 'larger than the 240 training rows' --backend cpu --data "$tmp/x.npy" --labels "$tmp/y.npy" --eval-fraction 0.2 --batch 256 --devices 4
 expect_error '--micro-batches "0"' --backend cpu --micro-batches 0
+# What only --data (or --text) uses is refused where it would be dropped without a word.
+expect_error '--hidden sizes the MLP of --data and needs --data' --backend cpu --model mlp --hidden 8
+expect_error '--hidden sizes the MLP of --data' --backend cpu --text "$tmp/x.npy" --hidden 8
+expect_error '--eval-fraction holds out rows of --data or bytes of --text' --backend cpu --model mlp \
+  --eval-fraction 0.2
+expect_error '--eval-fraction holds out' --backend cpu --model gpt-mini --eval-fraction 0.2
+# BYTES: a fraction needs a digit after the point and K, M or G (not 1 byte, not 1024).
+expect_error '--max-memory "1.5" is not a size in bytes' --backend cpu --max-memory 1.5
+expect_error 'a fraction needs K, M or G after it' --backend cpu --max-memory 1.5
+expect_error '--max-memory "1.K" is not a size in bytes' --backend cpu --max-memory 1.K
+expect_error 'a fraction needs digits after the point' --backend cpu --max-memory 1.K
 
 # Language models: --text on a small repetitive file (the tiny transformer learns it well below
 # the 5.55 nats of a uniform byte), the same run on 1 and 2 devices, --sample from the trained

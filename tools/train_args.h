@@ -15,7 +15,7 @@ typedef struct opts {
   int progress;                    /* --progress: 0 auto (a bar on a terminal), 1 bar, 2 lines */
   int64_t devices, steps, batch, samples, log_every, save_every, verify_every, micro;
   int64_t hidden[CLI_MAX_LIST];
-  int n_hidden, have_model;
+  int n_hidden, have_model, have_hidden;
   float eval_fraction;
   double timeout_s; /* pmap_config.timeout_s: 0 means the library's ($PMAP_TIMEOUT, else 300 s) */
   float lr, clip_norm;
