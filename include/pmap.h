@@ -505,7 +505,8 @@ typedef struct pmap_params pmap_params;
  * the host from seed (He or LeCun normal weights, zero biases) and copied to every replica,
  * gradients and optimizer state zeroed. The model and the optimizer are copied: the caller
  * keeps ownership of both. Returns PMAP_ERR_INVALID_ARGUMENT (NULL, empty model, optimizer
- * settings out of range: lr <= 0 or not finite, ...), PMAP_ERR_OUT_OF_MEMORY, PMAP_ERR_DEVICE. */
+ * settings out of range: lr <= 0 or not finite, ...; PMAP_FAULT=gather for params whose
+ * optimizer is replicated, where it would never fire), PMAP_ERR_OUT_OF_MEMORY, PMAP_ERR_DEVICE. */
 PMAP_API pmap_status pmap_params_create(pmap_ctx *ctx, const pmap_model *model,
                                         const pmap_optimizer *opt, uint64_t seed,
                                         pmap_params **out);
