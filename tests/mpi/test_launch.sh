@@ -406,8 +406,9 @@ args)
     SIG=$sig MODE=early launched "early$sig" 120 --np 2 --max-restarts 1 -- \
       "$tmp/wrap.sh" "$train" "${args[@]}" --save "$tmp/early$sig.ckpt"
     rc=$?
-    [ $rc -eq 0 ] && grep -q "run 1 ended by signal .* before pmap-train began training.*restarted" \
-      "$tmp/early$sig.log" && grep -q 'run 2 finished' "$tmp/early$sig.log" && clean
+    [ $rc -eq 0 ] &&
+      grep -q "run 1 ended by signal .* before pmap-train began training.*restarted" \
+        "$tmp/early$sig.log" && grep -q 'run 2 finished' "$tmp/early$sig.log" && clean
     verdict $? "a rank killed by SIG$sig before the header: restarted, and the job finishes"
   done
   SIG=SEGV MODE=early launched earlySEGV 60 --np 2 --max-restarts 3 -- \
@@ -431,7 +432,7 @@ exit 1
 EOF
   chmod +x "$tmp/order-mpirun.sh"
   launched order 30 --mpirun "$tmp/order-mpirun.sh" --max-restarts 0 -- "${p[@]}"
-  grep -q 'status 1: pmap-train: step 2: --save: .*device; Exit code: 1; pmap-train: step 2: .*destroyed' \
+  grep -q 'status 1: pmap-train: step 2: --save: .*device; Exit code: 1; pmap-train: .*destroyed' \
     "$tmp/order.log"
   verdict $? "why a run failed: the failing process's message first, the others' after"
   show_log order
