@@ -14,7 +14,8 @@
 #           run is alive when the next one starts or the launcher ends, and a restart resumes at
 #           the step the log names.
 #  check    damaged checkpoints (garbled, truncated, a FIFO, a complete FILE.tmp.* left by a save
-#           cut short, also beside the file a symbolic link FILE names, created by the first save),
+#           cut short, also beside the file a symbolic link FILE names: one the first save
+#           created, and one not there yet beside which a first save was cut short),
 #           and a job whose environment holds PMAP_FAULT: the check picks the right file, and the
 #           restart ends bitwise where an uninterrupted run ends.
 #  args     every option's missing value (the program's --save, --resume and --save-every last
@@ -62,6 +63,7 @@ if [ "$a" = 0 ]; then
   stop:1) (waitfile; kill -STOP $me) & ;;
   hold:1) export PMAP_FAULT=stall:device=2:step=35 ;;
   early:1) ulimit -c 0; kill -"$SIG" $$ ;; # before pmap-train starts: before its header
+  nan1:*) export PMAP_FAULT=nan:device=0:step=1 ;; # fails at step 1, before any save
   corrupt:1)
     export PMAP_FAULT=stall:device=2:step=35
     (waitfile; sleep 1; sh "$d/corrupt.sh"; kill -9 $me) & ;;
@@ -324,6 +326,22 @@ EOF
     cmp -s "$tmp/ref.ckpt" "$tmp/real/target.ckpt" && clean
   verdict $? "--save through a symbolic link: the save cut short found beside its target"
   show_log link
+
+  # The link's file is not there yet, but a complete save of step 30 cut short before its first
+  # rename is, beside it: the launcher finds it there, renames it to the link's file and
+  # resumes from step 30.
+  reference half 2 "${args[@]}" --steps 30
+  mkdir "$tmp/real2"
+  ln -s real2/t.ckpt "$tmp/link2.ckpt"
+  cp "$tmp/half.ckpt" "$tmp/real2/t.ckpt.tmp.AAAAAA"
+  MODE=nan1 launched link2 120 --np 2 --max-restarts 1 -- \
+    "$tmp/wrap.sh" "$train" "${args[@]}" --save "$tmp/link2.ckpt"
+  rc=$?
+  [ $rc -eq 0 ] && grep -q 'real2/t.ckpt.tmp.AAAAAA (step 30) is a save cut short' "$tmp/link2.log" &&
+    grep -q 'restart 1 of 1 on 2 processes, from .*link2.ckpt (step 30)' "$tmp/link2.log" &&
+    [ -L "$tmp/link2.ckpt" ] && cmp -s "$tmp/ref.ckpt" "$tmp/real2/t.ckpt" && clean
+  verdict $? "a link to a file not there yet: the save cut short beside it resumed from"
+  show_log link2
 
   # The job's environment holds a fault for device 3 at step 31 (and a trace): the check loads
   # the checkpoint of step 30 alone, on one device, and the restart resumes from it.
