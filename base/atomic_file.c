@@ -1,6 +1,7 @@
 /* atomic_file.c: writing a whole file so that a crash leaves either the old file or the new one:
  * a temporary file in the same folder, fsync'ed, renamed over the path, then the folder fsync'ed
- * (atomic_file.h). Used by the checkpoints, the traces and the GEMM cache. */
+ * (atomic_file.h); and the same checks made beforehand, writing nothing. Used by the
+ * checkpoints, the traces and the GEMM cache. */
 #include "atomic_file.h"
 
 #include <errno.h>
@@ -43,11 +44,54 @@ static int sync_folder(const char *path) {
   return rc;
 }
 
-static pmap_status atomic_replace(const char *path, const unsigned char *buf, size_t n, mode_t mode,
-                                  const char *call);
+#define LINKS_MAX 40 /* symbolic links followed at most, as the kernel's limit on one path */
+
+/* The end of the chain of symbolic links at path, where that chain names nothing yet (*end,
+ * malloc'ed): a link whose folder exists but whose file does not is a common setup (`ln -s
+ * /big/disk/run.ckpt run.ckpt` before the first run), and the writer creates the file there.
+ * A link names its target relative to the link's own folder. */
+static pmap_status link_end(const char *path, const char *call, char **end) {
+  char *cur = strdup(path);
+  for (int i = 0; cur && i <= LINKS_MAX; i++) {
+    struct stat st;
+    if (lstat(cur, &st) != 0) {
+      if (errno == ENOENT) {
+        *end = cur;
+        return PMAP_SUCCESS;
+      }
+      break;
+    }
+    if (!S_ISLNK(st.st_mode)) {
+      errno = ENOENT; /* it came into being meanwhile: a race, reported as what was seen */
+      break;
+    }
+    char text[4096];
+    ssize_t len = readlink(cur, text, sizeof text);
+    if (len < 0 || (size_t)len >= sizeof text) {
+      if (len >= 0) errno = ENAMETOOLONG;
+      break;
+    }
+    const char *slash = strrchr(cur, '/');
+    size_t dir = text[0] == '/' || !slash ? 0 : (size_t)(slash - cur) + 1; /* with its '/' */
+    char *next = malloc(dir + (size_t)len + 1);
+    if (next) {
+      memcpy(next, cur, dir);
+      memcpy(next + dir, text, (size_t)len);
+      next[dir + (size_t)len] = '\0';
+    }
+    free(cur);
+    cur = next;
+    if (i == LINKS_MAX) errno = ELOOP;
+  }
+  int e = cur ? errno : ENOMEM;
+  free(cur);
+  return PMAP_ERR(PMAP_ERR_UNAVAILABLE, "%s: \"%s\" is a symbolic link to nothing usable: %s", call,
+                  path, strerror(e));
+}
 
 /* What is at path now: nothing (*target = NULL), a regular file we may write (*target its own
- * path, through symbolic links: the file is replaced, not the link; *mode its permissions), or
+ * path, through symbolic links: the file is replaced, not the link; *mode its permissions), a
+ * symbolic link to a file not there yet (*target the path its chain ends at, created there), or
  * a refusal: a device, a FIFO, a folder or a socket is never replaced by a regular file (a root
  * process would otherwise turn /dev/null into one), nor a file we may not write. */
 static pmap_status existing_target(const char *path, const char *call, char **target,
@@ -60,9 +104,11 @@ static pmap_status existing_target(const char *path, const char *call, char **ta
     return PMAP_ERR(PMAP_ERR_UNAVAILABLE, "%s: cannot examine \"%s\": %s", call, path,
                     strerror(errno));
   }
-  if (S_ISLNK(st.st_mode) && stat(path, &st) != 0)
+  if (S_ISLNK(st.st_mode) && stat(path, &st) != 0) {
+    if (errno == ENOENT) return link_end(path, call, target);
     return PMAP_ERR(PMAP_ERR_UNAVAILABLE, "%s: \"%s\" is a symbolic link to nothing usable: %s",
                     call, path, strerror(errno));
+  }
   if (!S_ISREG(st.st_mode))
     return PMAP_ERR(PMAP_ERR_UNAVAILABLE,
                     "%s: cannot write \"%s\": not a regular file (a device, FIFO, folder or "
@@ -79,33 +125,34 @@ static pmap_status existing_target(const char *path, const char *call, char **ta
   return PMAP_SUCCESS;
 }
 
-pmap_status atomic_file_write(const char *path, const unsigned char *buf, size_t n,
-                              const char *call) {
-  char *resolved;
-  mode_t mode;
-  PMAP_TRY(existing_target(path, call, &resolved, &mode));
-  pmap_status st = atomic_replace(resolved ? resolved : path, buf, n, mode, call);
-  free(resolved);
-  return st;
+/* Creates the temporary file beside path (the file written, given as `asked`: its name in
+ * messages): *tmp (malloc'ed) and *fd. */
+static pmap_status make_temp(const char *path, const char *asked, const char *call, char **tmp,
+                             int *fd) {
+  size_t len = strlen(path);
+  *tmp = malloc(len + sizeof ".tmp.XXXXXX");
+  if (!*tmp) return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "%s: out of memory", call);
+  memcpy(*tmp, path, len);
+  memcpy(*tmp + len, ".tmp.XXXXXX", sizeof ".tmp.XXXXXX");
+  *fd = mkostemp(*tmp, O_CLOEXEC);
+  if (*fd >= 0) return PMAP_SUCCESS;
+  int e = errno;
+  free(*tmp);
+  *tmp = NULL;
+  if (strcmp(path, asked))
+    return PMAP_ERR(PMAP_ERR_UNAVAILABLE,
+                    "%s: cannot create a temporary file beside \"%s\" (the file the symbolic "
+                    "link \"%s\" names): %s",
+                    call, path, asked, strerror(e));
+  return PMAP_ERR(PMAP_ERR_UNAVAILABLE, "%s: cannot create a temporary file beside \"%s\": %s",
+                  call, path, strerror(e));
 }
 
-static pmap_status atomic_replace(const char *path, const unsigned char *buf, size_t n, mode_t mode,
-                                  const char *call) {
-  size_t len = strlen(path);
-  char *tmp = malloc(len + sizeof ".tmp.XXXXXX");
-  if (!tmp) return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "%s: out of memory", call);
-  memcpy(tmp, path, len);
-  memcpy(tmp + len, ".tmp.XXXXXX", sizeof ".tmp.XXXXXX");
-  int fd = mkostemp(tmp, O_CLOEXEC);
-  if (fd < 0) {
-    int e = errno;
-    pmap_status st = PMAP_ERR(PMAP_ERR_UNAVAILABLE,
-                              "%s: cannot create a temporary file beside "
-                              "\"%s\": %s",
-                              call, path, strerror(e));
-    free(tmp);
-    return st;
-  }
+static pmap_status atomic_replace(const char *path, const char *asked, const unsigned char *buf,
+                                  size_t n, mode_t mode, const char *call) {
+  char *tmp;
+  int fd;
+  PMAP_TRY(make_temp(path, asked, call, &tmp, &fd));
   const char *what = "write";
   int ok = fchmod(fd, mode) == 0 || (what = "chmod", 0);
   ok = ok && (write_all(fd, buf, n) == PMAP_SUCCESS || (what = "write", 0));
@@ -127,4 +174,29 @@ static pmap_status atomic_replace(const char *path, const unsigned char *buf, si
                     "synced: %s",
                     call, path, strerror(errno));
   return PMAP_SUCCESS;
+}
+
+pmap_status atomic_file_write(const char *path, const unsigned char *buf, size_t n,
+                              const char *call) {
+  char *resolved;
+  mode_t mode;
+  PMAP_TRY(existing_target(path, call, &resolved, &mode));
+  pmap_status st = atomic_replace(resolved ? resolved : path, path, buf, n, mode, call);
+  free(resolved);
+  return st;
+}
+
+pmap_status atomic_file_check(const char *path, const char *call) {
+  char *resolved, *tmp;
+  mode_t mode;
+  int fd;
+  PMAP_TRY(existing_target(path, call, &resolved, &mode));
+  pmap_status st = make_temp(resolved ? resolved : path, path, call, &tmp, &fd);
+  if (!st) {
+    close(fd);
+    unlink(tmp);
+    free(tmp);
+  }
+  free(resolved);
+  return st;
 }

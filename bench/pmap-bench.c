@@ -462,7 +462,16 @@ int main(int argc, char **argv) {
       return 1;
     }
     if (model_info(tok, &info)) {
-      fail("--model");
+      /* The library knows its example models; tanh-custom is this program's own. */
+      char known[2 * sizeof BENCH_ALL_MODELS];
+      size_t k = 0;
+      for (const char *c = BENCH_ALL_MODELS; *c; c++) {
+        known[k++] = *c;
+        if (*c == ',') known[k++] = ' ';
+      }
+      known[k] = '\0';
+      fprintf(stderr, "%s: --model: unknown model \"%s\" (expected one of: %s, or all)\n", prog,
+              tok, known);
       return 1;
     }
     model[nmodels++] = info.name;

@@ -46,6 +46,7 @@ for p in "$bench" "$allreduce" "$step"; do
 done
 expect_error "$bench" 'option --csv needs a value' --csv
 expect_error "$bench" '--scaling "x" is not strong, weak or both' --scaling x
+expect_error "$bench" '--model: unknown model "nosuch" (expected one of: linear, mlp, convnet, mlp-1024, cifar-cnn, res-mlp, cifar-bn, gpt-mini, tanh-custom, or all)' --model mlp,nosuch
 expect_error "$bench" '--devices "0,1" is not a list of at most 16 integers in [1, 64]' --devices 0,1
 expect_error "$bench" '--rounds "101" is not an integer in [1, 100]' --rounds 101
 expect_error "$bench" '--timeout "-1" is not a number of seconds > 0 (inf: never)' --timeout -1
@@ -71,6 +72,10 @@ expect_error "$step" '--bucket-mb "5000" is not an integer in [1, 4096]' --bucke
 for v in " 4K" "+4K" "0x1000" "4e3" "inf" "4KB"; do
   expect_error "$allreduce" "-b \"$v\" is not a size in bytes from 4 to 4G$forms" -b "$v"
 done
+# A fraction needs a digit after the point and K, M or G after it: not 4.5 bytes, not 1.K.
+expect_error "$allreduce" "-b \"4.5\" is not a size in bytes from 4 to 4G$forms; a fraction needs K, M or G after it (1.5K is 1536 bytes)" -b 4.5
+expect_error "$allreduce" "-e \"8.0\" is not a size in bytes from 4 to 4G$forms; a fraction needs K, M or G after it (1.5K is 1536 bytes)" -e 8.0
+expect_error "$allreduce" "-b \"1.K\" is not a size in bytes from 4 to 4G$forms; a fraction needs digits after the point" -b 1.K
 # --trace: the files are named as --help says (FILE without its .json, the model, the devices).
 grep -qF 'run.mlp-1024-4d.json' <("$bench" --help) || bad "pmap-bench --help does not name its trace files"
 if "$bench" --model linear --devices 1 --scaling strong --steps 2 --warmup 0 --rounds 1 --no-ref \

@@ -522,7 +522,8 @@ typedef struct pmap_params pmap_params;
  * the host from seed (He or LeCun normal weights, zero biases) and copied to every replica,
  * gradients and optimizer state zeroed. The model and the optimizer are copied: the caller
  * keeps ownership of both. Returns PMAP_ERR_INVALID_ARGUMENT (NULL, empty model, optimizer
- * settings out of range: lr <= 0 or not finite, ...), PMAP_ERR_OUT_OF_MEMORY, PMAP_ERR_DEVICE.
+ * settings out of range: lr <= 0 or not finite, ...; PMAP_FAULT=gather for params whose
+ * optimizer is replicated, where it would never fire), PMAP_ERR_OUT_OF_MEMORY, PMAP_ERR_DEVICE.
  * Distributed: a collective call (device 0's parameters are broadcast); a create that one
  * process refuses, or of another parameter count, fails on every process (named). */
 PMAP_API pmap_status pmap_params_create(pmap_ctx *ctx, const pmap_model *model,
@@ -672,7 +673,10 @@ PMAP_API pmap_status pmap_params_write(pmap_params *params, const float *src, si
  * saves of the same state are byte-identical. The file does not depend on the device count.
  * A device, FIFO, folder or socket at `path` is never replaced (PMAP_ERR_UNAVAILABLE), nor a
  * file the process may not write; through a symbolic link the file it names is replaced (the
- * link stays), and a file replaced keeps its permissions (a new one gets 0644).
+ * link stays), and a link to a file that does not exist yet has that file created, so that
+ * `ln -s /big/disk/run.ckpt run.ckpt` works before the first save (the folder of the file it
+ * names must exist: a link into a missing folder, or a loop, is PMAP_ERR_UNAVAILABLE); a file
+ * replaced keeps its permissions (a new one gets 0644).
  * pmap_params_load reads only a regular file (a FIFO or a folder is refused at once, never
  * waited on) and validates the whole file first (magic, version, every checksum and size, the
  * model description against params' model, the optimizer kind and state layout) and only then
@@ -693,6 +697,15 @@ PMAP_API pmap_status pmap_params_save_user(const pmap_params *params, const char
                                            const void *user, size_t user_bytes);
 PMAP_API pmap_status pmap_params_load_user(pmap_params *params, const char *path, void *user,
                                            size_t user_cap, size_t *user_bytes);
+/* Whether pmap_params_save could write `path` now, checked before training so that a path it
+ * cannot write fails at the start, not at the first save: the rules above (the folder exists and
+ * takes a new file, no device, FIFO, folder or socket at path, a file there writable, symbolic
+ * links followed as the save follows them), with the temporary file created beside the file and
+ * removed at once: nothing is written and nothing is left behind. It does not reserve the space
+ * a save needs. Returns PMAP_SUCCESS, PMAP_ERR_INVALID_ARGUMENT (path NULL or empty),
+ * PMAP_ERR_UNAVAILABLE (what the save would fail with: the system's reason),
+ * PMAP_ERR_OUT_OF_MEMORY. */
+PMAP_API pmap_status pmap_params_save_check(const char *path);
 
 /* Compares every replica (parameters and optimizer state; the parameters only when the optimizer
  * is sharded, each device's part of the state being its own): each device computes a checksum of

@@ -126,6 +126,13 @@ pmap_status pmap_params_save(const pmap_params *p, const char *path) {
   return save_locked(p, path, NULL, 0, "pmap_params_save");
 }
 
+pmap_status pmap_params_save_check(const char *path) {
+  if (!path || !*path)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_params_save_check: path is %s",
+                    path ? "empty" : "NULL");
+  return atomic_file_check(path, "pmap_params_save_check");
+}
+
 static pmap_status load(pmap_params *p, const char *path, void *user, size_t user_cap,
                         size_t *user_bytes, int want_user) {
   const char *call = want_user ? "pmap_params_load_user" : "pmap_params_load";

@@ -186,6 +186,14 @@ static pmap_status params_setup(pmap_ctx *ctx, pmap_params *p, const pmap_optimi
   p->micro_batches = 1;
   p->guard = runtime_guard(ctx);
   params_layout(p);
+  if (!p->shard && runtime_fault_is(ctx, FAULT_GATHER))
+    return PMAP_ERR(
+        PMAP_ERR_INVALID_ARGUMENT,
+        "%s: the environment variable PMAP_FAULT asks for a gather fault, which fires "
+        "in the all-gather of a sharded optimizer, and these params' optimizer state is "
+        "replicated (%zu parameters; sharded from 65536 with optimizer state, or with "
+        "PMAP_SHARD_ON): the fault would never fire",
+        call, p->n_params);
   p->rep = calloc((size_t)p->n, sizeof *p->rep);
   p->guard_host = calloc((size_t)p->n * p->gl.host_len, sizeof *p->guard_host);
   p->spans = calloc((size_t)p->model->n_layers + 1, sizeof *p->spans);

@@ -521,7 +521,8 @@ static pmap_status ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
                   "pmap_ctx_create: %d processes x %d devices is too many", ctx->nproc, n);
     goto fail;
   }
-  PMAP_TRY_GOTO(st, pmap_fault_bind(ctx->fault, n, ctx->proc, ctx->nproc), fail);
+  PMAP_TRY_GOTO(st, pmap_fault_bind(ctx->fault, n, ctx->proc, ctx->nproc, shard == PMAP_SHARD_OFF),
+                fail);
   PMAP_TRY_GOTO(st, procs_check_settings(ctx), fail);
 
   PMAP_TRY_GOTO(st, backend_ctx_init(ctx, &cfg), fail);
@@ -617,6 +618,10 @@ int runtime_aborting(const pmap_ctx *ctx) { return atomic_load(&ctx->abort) != 0
 void runtime_params_live(pmap_ctx *ctx, int delta) { atomic_fetch_add(&ctx->live_params, delta); }
 uint64_t runtime_coll_seq(const pmap_ctx *ctx) { return ctx->dev[0].xseq; }
 int runtime_faults(const pmap_ctx *ctx) { return ctx->fault != NULL; }
+
+int runtime_fault_is(const pmap_ctx *ctx, fault_kind kind) {
+  return pmap_fault_is(ctx->fault, kind);
+}
 
 int runtime_fault(pmap_device *dev, fault_kind kind, int64_t step) {
   return pmap_fault_fires(dev->ctx->fault, kind, dev->index, step);

@@ -50,8 +50,9 @@ void runtime_params_live(pmap_ctx *ctx, int delta);
 /* Whether injected fault `kind` (PMAP_FAULT, runtime/fault.h) fires now on this device at update
  * step `step`. */
 int runtime_fault(pmap_device *dev, fault_kind kind, int64_t step);
-/* Whether faults are injected on the context (PMAP_FAULT). */
+/* Whether faults are injected on the context (PMAP_FAULT); whether the one injected is `kind`. */
 int runtime_faults(const pmap_ctx *ctx);
+int runtime_fault_is(const pmap_ctx *ctx, fault_kind kind);
 /* The number of the last collective the context's processes exchanged (messages). */
 uint64_t runtime_coll_seq(const pmap_ctx *ctx);
 

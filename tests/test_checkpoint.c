@@ -1,8 +1,11 @@
 /* test_checkpoint.c: pmap_params_save / pmap_params_load: round trips on 1, 2 and 3 devices,
  * byte-identical saves, and every kind of bad file (a bit flip anywhere, a truncation at every
  * length, another version, magic, model or optimizer, a user buffer too small, NULLs, unwritable
- * paths, a folder, FIFO or dangling link never replaced, a link written through) rejected with its own message and the training state left bitwise unchanged; every kind
- * of layer recorded with the format's code and geometry. */
+ * paths, a folder or FIFO never replaced, a link written through, also to a file not there yet,
+ * a link into a missing folder or a loop refused) rejected with its own message and the training
+ * state left bitwise unchanged; pmap_params_save_check under the same rules, leaving nothing;
+ * every kind of layer recorded with the format's code and geometry. */
+#include <dirent.h>
 #include <sys/stat.h>
 
 #include "ckpt_util.h"
@@ -369,14 +372,96 @@ static void bad_arguments(void) {
           (unsigned)(st.st_mode & 0777));
     CHECK_OK(pmap_params_load(s.params, link));
     remove(link);
-    /* A link to nothing: refused, the link left. */
-    CHECK(symlink("no-such-target", link) == 0, "symlink %s", link);
-    CHECK_FAILS(pmap_params_save(s.params, link), PMAP_ERR_UNAVAILABLE, "symbolic link");
+    /* A link to a file not there yet (`ln -s /big/disk/run.ckpt run.ckpt` before the first
+     * save): the check passes and creates nothing, the save creates the file it names (0644),
+     * the link stays. */
+    char fresh[600];
+    snprintf(fresh, sizeof fresh, "%s/fresh.ckpt", dir);
+    CHECK(symlink("fresh.ckpt", link) == 0, "symlink %s", link);
+    CHECK_OK(pmap_params_save_check(link));
+    CHECK(lstat(fresh, &st) != 0, "the check left %s behind", fresh);
+    CHECK_OK(pmap_params_save(s.params, link));
+    CHECK(lstat(link, &st) == 0 && S_ISLNK(st.st_mode), "the link %s was replaced", link);
+    CHECK(stat(fresh, &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 0777) == 0644,
+          "the file the link names was not created 0644");
+    CHECK_OK(pmap_params_load(s.params, link));
+    remove(link);
+    remove(fresh);
+    /* Through two links, the second relative to its own folder. */
+    char sub2[500], mid[520];
+    snprintf(sub2, sizeof sub2, "%s/deep", dir);
+    snprintf(mid, sizeof mid, "%s/mid.ckpt", sub2);
+    mkdir(sub2, 0755);
+    CHECK(symlink("deep/mid.ckpt", link) == 0 && symlink("end.ckpt", mid) == 0, "symlinks");
+    CHECK_OK(pmap_params_save(s.params, link));
+    snprintf(fresh, sizeof fresh, "%s/end.ckpt", sub2);
+    CHECK(stat(fresh, &st) == 0 && S_ISREG(st.st_mode), "a chain of links: %s not written", fresh);
+    remove(fresh);
+    remove(mid);
+    rmdir(sub2);
+    remove(link);
+    /* A link into a folder that does not exist, or a loop: refused by the save and the check
+     * alike, the link left. */
+    CHECK(symlink("no-such-folder/x.ckpt", link) == 0, "symlink %s", link);
+    CHECK_FAILS(pmap_params_save(s.params, link), PMAP_ERR_UNAVAILABLE,
+                "(the file the symbolic link");
+    CHECK_FAILS(pmap_params_save_check(link), PMAP_ERR_UNAVAILABLE, "(the file the symbolic link");
     CHECK(lstat(link, &st) == 0 && S_ISLNK(st.st_mode), "the dangling link %s was replaced", link);
+    remove(link);
+    CHECK(symlink("link.ckpt", link) == 0, "symlink %s", link);
+    CHECK_FAILS(pmap_params_save(s.params, link), PMAP_ERR_UNAVAILABLE, "symbolic link");
+    CHECK_FAILS(pmap_params_save_check(link), PMAP_ERR_UNAVAILABLE, "symbolic link");
     remove(link);
   }
   remove(target);
   state_close(&s);
+}
+
+/* Entries of folder d other than . and .. (-1 when it cannot be read). */
+static int entries(const char *d) {
+  DIR *f = opendir(d);
+  if (!f) return -1;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(f));) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+  closedir(f);
+  return n;
+}
+
+/* pmap_params_save_check: the save's rules, checked before any save, writing nothing. */
+static void save_check(void) {
+  char d[400], p[500];
+  snprintf(d, sizeof d, "%s/check", dir);
+  mkdir(d, 0755);
+  CHECK_FAILS(pmap_params_save_check(NULL), PMAP_ERR_INVALID_ARGUMENT, "path is NULL");
+  CHECK_FAILS(pmap_params_save_check(""), PMAP_ERR_INVALID_ARGUMENT, "path is empty");
+  snprintf(p, sizeof p, "%s/new.ckpt", d);
+  CHECK_OK(pmap_params_save_check(p));
+  CHECK(entries(d) == 0, "the check of a new file left %d entries in %s", entries(d), d);
+  file_write(p, (const unsigned char *)"old", 3);
+  CHECK_OK(pmap_params_save_check(p));
+  size_t n = 0;
+  unsigned char *back = file_read(p, &n);
+  CHECK(back && n == 3 && !memcmp(back, "old", 3) && entries(d) == 1,
+        "the check changed the file there or left a file beside it");
+  free(back);
+  remove(p);
+  snprintf(p, sizeof p, "%s/no-such-folder/x.ckpt", d);
+  CHECK_FAILS(pmap_params_save_check(p), PMAP_ERR_UNAVAILABLE, "cannot create a temporary file");
+  CHECK_FAILS(pmap_params_save_check(d), PMAP_ERR_UNAVAILABLE, "not a regular file");
+  CHECK_FAILS(pmap_params_save_check("/dev/null"), PMAP_ERR_UNAVAILABLE, "not a regular file");
+  snprintf(p, sizeof p, "%s/fifo", d);
+  if (mkfifo(p, 0600) == 0) {
+    CHECK_FAILS(pmap_params_save_check(p), PMAP_ERR_UNAVAILABLE, "not a regular file");
+    remove(p);
+  }
+  /* A read-only folder (root ignores permissions, so only where the mode has effect). */
+  chmod(d, 0555);
+  snprintf(p, sizeof p, "%s/x.ckpt", d);
+  if (access(d, W_OK) != 0)
+    CHECK_FAILS(pmap_params_save_check(p), PMAP_ERR_UNAVAILABLE, "Permission denied");
+  chmod(d, 0755);
+  CHECK(entries(d) == 0, "%s holds leftovers", d);
+  rmdir(d);
 }
 
 /* The model section's record of every kind of layer: its code and four geometry words are the
@@ -476,6 +561,7 @@ int main(void) {
   corruptions();
   mismatches();
   bad_arguments();
+  save_check();
   remove(path_a);
   remove(path_b);
   remove(scratch);

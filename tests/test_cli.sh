@@ -267,6 +267,26 @@ expect_error 'this run differs in --samples' --model linear --samples 256 --resu
 expect_error 'holds another model' --model mlp --resume "$ck"
 expect_error 'is at step 20, beyond --steps 10' --model linear --steps 10 --resume "$ck"
 expect_error 'cannot create a temporary file' --steps 2 --save "$tmp/no/such/dir/x.ckpt"
+# A --save the saves cannot write fails before the header and step 1 (pmap-launch knows a
+# restart would fail alike), not after the steps before the first save; nothing is left.
+mkdir "$tmp/savedir"
+mkfifo "$tmp/savedir/fifo"
+ln -s "no-folder/x.ckpt" "$tmp/savedir/into-missing"
+for target in "$tmp/no/such/dir/x.ckpt" "$tmp/savedir/fifo" "$tmp/savedir" \
+  "$tmp/savedir/into-missing"; do
+  expect_error '--save: pmap_params_save_check: ' --backend cpu --model linear --steps 100000 \
+    --save "$target"
+  if grep -q 'pmap-train: model\|^step' "$tmp/out"; then bad "--save $target: trained first"; else ok; fi
+done
+if [ "$(find "$tmp/savedir" | wc -l)" -eq 3 ]; then ok; else bad "--save checks left: $(ls -A "$tmp/savedir")"; fi
+# A symbolic link to a file not there yet: the save creates that file, the link stays.
+ln -s "made.ckpt" "$tmp/savedir/link.ckpt"
+if "$train" --model linear --backend cpu --steps 2 --log-every 0 --save "$tmp/savedir/link.ckpt" \
+  >"$tmp/out" 2>"$tmp/err" && [ -L "$tmp/savedir/link.ckpt" ] && [ -f "$tmp/savedir/made.ckpt" ]; then
+  ok
+else
+  bad "--save through a link to a file not there yet: $(cat "$tmp/err")"
+fi
 head -c 100 "$ck" >"$tmp/short.ckpt"
 expect_error 'is truncated' --resume "$tmp/short.ckpt"
 printf 'not a checkpoint, but long enough to hold a header' >"$tmp/junk.ckpt"
@@ -363,6 +383,17 @@ expect_error 'No such file' --backend cpu --data "$tmp/none.npy" --labels "$tmp/
 expect_error '--eval-fraction "1" is outside [0, 1)' --backend cpu --eval-fraction 1
 expect_error 'larger than the 240 training rows' --backend cpu --data "$tmp/x.npy" --labels "$tmp/y.npy" --eval-fraction 0.2 --batch 256 --devices 4
 expect_error '--micro-batches "0"' --backend cpu --micro-batches 0
+# What only --data (or --text) uses is refused where it would be dropped without a word.
+expect_error '--hidden sizes the MLP of --data and needs --data' --backend cpu --model mlp --hidden 8
+expect_error '--hidden sizes the MLP of --data' --backend cpu --text "$tmp/x.npy" --hidden 8
+expect_error '--eval-fraction holds out rows of --data or bytes of --text' --backend cpu --model mlp \
+  --eval-fraction 0.2
+expect_error '--eval-fraction holds out' --backend cpu --model gpt-mini --eval-fraction 0.2
+# BYTES: a fraction needs a digit after the point and K, M or G (not 1 byte, not 1024).
+expect_error '--max-memory "1.5" is not a size in bytes' --backend cpu --max-memory 1.5
+expect_error 'a fraction needs K, M or G after it' --backend cpu --max-memory 1.5
+expect_error '--max-memory "1.K" is not a size in bytes' --backend cpu --max-memory 1.K
+expect_error 'a fraction needs digits after the point' --backend cpu --max-memory 1.K
 
 # Language models: --text on a small repetitive file (the tiny transformer learns it well below
 # the 5.55 nats of a uniform byte), the same run on 1 and 2 devices, --sample from the trained

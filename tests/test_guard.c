@@ -306,6 +306,46 @@ static void test_fault_drift(void) {
   CHECK_FAILS(pmap_ctx_create(&two, &ctx), PMAP_ERR_INVALID_ARGUMENT,
               "pmap_ctx_create: environment variable PMAP_FAULT names device 7");
   CHECK(ctx == NULL, "a failed create returned a context");
+  /* What would be ignored without a word: a key twice, after= where the kind fires once,
+   * step= on alloc (it counts allocations). */
+  static const char *const ignored[][2] = {
+      {"nan:device=1:step=2:step=3", "gives step= twice"},
+      {"alloc:device=0:device=1", "gives device= twice"},
+      {"collective:device=1:after=2", "after=A is for alloc"},
+      {"stall:step=2:after=0", "a stall fault fires once"},
+      {"alloc:device=1:step=2", "counts allocations, not steps"},
+  };
+  for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) {
+    setenv("PMAP_FAULT", ignored[i][0], 1);
+    CHECK_FAILS(pmap_ctx_create(&two, &ctx), PMAP_ERR_INVALID_ARGUMENT, ignored[i][1]);
+  }
+  /* gather fires only in a sharded optimizer's all-gather: refused where none can be (one
+   * device, sharding off), and for params whose optimizer is replicated. */
+  setenv("PMAP_FAULT", "gather:device=0:step=2", 1);
+  pmap_config one = {.backend = PMAP_BACKEND_CPU, .num_devices = 1};
+  CHECK_FAILS(pmap_ctx_create(&one, &ctx), PMAP_ERR_INVALID_ARGUMENT,
+              "never shards one (one device)");
+  pmap_config off = {
+      .backend = PMAP_BACKEND_CPU, .num_devices = 2, .shard_optimizer = PMAP_SHARD_OFF};
+  CHECK_FAILS(pmap_ctx_create(&off, &ctx), PMAP_ERR_INVALID_ARGUMENT, "PMAP_SHARD_OFF");
+  pmap_model *m = NULL;
+  CHECK_OK(pmap_example_model("linear", &m));
+  pmap_optimizer adam = pmap_adam(0.01f);
+  for (int shard = PMAP_SHARD_AUTO; m && shard <= PMAP_SHARD_ON; shard += PMAP_SHARD_ON) {
+    pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 2, .shard_optimizer = shard};
+    pmap_params *p = NULL;
+    CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+    if (!ctx) continue;
+    if (shard == PMAP_SHARD_AUTO) /* 2 parameters: replicated */
+      CHECK_FAILS(pmap_params_create(ctx, m, &adam, 0, &p), PMAP_ERR_INVALID_ARGUMENT,
+                  "optimizer state is replicated (2 parameters");
+    else
+      CHECK_OK(pmap_params_create(ctx, m, &adam, 0, &p));
+    pmap_params_destroy(p);
+    CHECK_OK(pmap_ctx_destroy(ctx));
+    ctx = NULL;
+  }
+  pmap_model_destroy(m);
   unsetenv("PMAP_FAULT");
 }
 

@@ -6,7 +6,8 @@ launcher's variables set (Open MPI gives its processes one, which ends up in a l
 output is plain lines, without carriage returns or escape codes; --progress bar still draws it;
 the --json line and every error message start a line of their own, also when a run fails with
 the bar drawn. And the step numbers agree: progress lines, the bar, traces and their windows,
-checkpoints and --inspect, a resumed run and the messages of a failed step all count steps from
+checkpoints and --inspect, a resumed run (its bar filled as it reads, a trace window it misses
+noted, no rate when it takes no step) and the messages of a failed step all count steps from
 1. Usage: test_progress.py path/to/pmap-train
 """
 import json
@@ -170,6 +171,30 @@ with tempfile.TemporaryDirectory() as tmp:
     j = json.loads(out.strip().split("\n")[-1])
     check(rc == 0 and step_lines(out) == [4, 5] and j["start_step"] == 3 and
           "after step 3: steps 4 to 5 follow" in out, "resumed after step 3: steps 4 and 5", out)
+    # The bar of a resumed run is filled as its label reads: step t of the whole run.
+    rc, out = on_terminal(["--backend", "cpu", "--model", "mlp", "--devices", "2", "--steps", "5",
+                           "--resume", ck, "--progress", "bar"], base_env())
+    drawn = [part.split() for part in out.split("\r") if part.startswith("[")]
+    fills = [(d[0].count("#"), d[2]) for d in drawn]
+    check(rc == 0 and fills and fills[0][1] == "4/5" and
+          all(n == 20 * int(t.split("/")[0]) // 5 for n, t in fills),
+          "a resumed run's bar: filled to step t of 5, as it reads", repr(fills))
+    # A window of steps the resumed run does not take: a note says so (the trace holds none).
+    rc, out, err = plain(["--steps", "5", "--resume", ck, "--trace", trace, "--trace-steps",
+                          "1..3", "--log-every", "0"])
+    check(rc == 0 and "note: --trace-steps 1..3: this run takes steps 4 to 5 (resumed after "
+          "step 3); the trace will hold none of them" in err and trace_steps(trace) == [],
+          "--trace-steps 1..3 resumed after step 3: a note, an empty trace", err)
+    rc, out, err = plain(["--steps", "5", "--resume", ck, "--trace", trace, "--trace-steps",
+                          "2..4", "--log-every", "0"])
+    check(rc == 0 and "the trace will hold steps 4 to 4" in err and trace_steps(trace) == [4],
+          "--trace-steps 2..4 resumed after step 3: a note, step 4 traced", err)
+    # Resumed at its last step: no step, and no rate made of nothing.
+    rc, out, err = plain(["--steps", "3", "--resume", ck, "--json"])
+    j = json.loads(out.strip().split("\n")[-1])
+    check(rc == 0 and "nan" not in out.lower() and "no step follows" in out and
+          "after 3 steps (none in this run)" in out and j["samples_per_sec"] is None,
+          "resumed at its last step: no step, no nan samples/s", out)
     # A fault at step 3 (PMAP_FAULT counts alike): the lines stop at 2, both messages say 3.
     rc, out, err = plain(["--steps", "5", "--log-every", "1"],
                          base_env(PMAP_FAULT="nan:device=1:step=3"))

@@ -133,16 +133,32 @@ static void size_text(int64_t v, char *buf, size_t size) {
   snprintf(buf, size, "%lld", (long long)v);
 }
 
-/* Whether s is decimal digits with an optional fraction (".5") and then one K, M or G, any
- * case: nothing else (no space, sign, exponent, hex, inf or nan, which strtod would read). */
+/* Whether s is decimal digits, or digits with a fraction (".5", a digit at least) and then one
+ * K, M or G, any case, or digits and a unit: nothing else (no space, sign, exponent, hex, inf or
+ * nan, which strtod would read; no "1." and no fraction of a byte, "1.5"). */
 static int bytes_form(const char *s) {
-  const char *p = s;
+  const char *p = s, *point = NULL;
   while (*p >= '0' && *p <= '9') p++;
   if (p == s) return 0;
-  if (*p == '.')
-    for (p++; *p >= '0' && *p <= '9';) p++;
-  if (*p && strchr("KkMmGg", *p)) p++;
+  if (*p == '.') {
+    point = ++p;
+    while (*p >= '0' && *p <= '9') p++;
+    if (p == point) return 0;
+  }
+  if (*p && strchr("KkMmGg", *p))
+    p++;
+  else if (point)
+    return 0;
   return *p == '\0';
+}
+
+/* What is wrong with a fraction in s, for the message ("" when none is). */
+static const char *fraction_hint(const char *s) {
+  const char *point = strchr(s, '.');
+  if (!point) return "";
+  if (!(point[1] >= '0' && point[1] <= '9')) return "; a fraction needs digits after the point";
+  if (!strpbrk(s, "KkMmGg")) return "; a fraction needs K, M or G after it (1.5K is 1536 bytes)";
+  return "";
 }
 
 static int read_bytes(const char *prog, const cli_option *o, const char *s) {
@@ -178,8 +194,8 @@ static int read_bytes(const char *prog, const cli_option *o, const char *s) {
     size_text(o->hi, hi, sizeof hi);
     return cli_error(prog,
                      "%s \"%s\" is not a size in bytes from %s to %s (decimal digits, with an "
-                     "optional fraction and K, M or G: powers of 1024)",
-                     o->name, s, lo, hi);
+                     "optional fraction and K, M or G: powers of 1024)%s",
+                     o->name, s, lo, hi, fraction_hint(s));
   }
   *(int64_t *)o->dest = (int64_t)(v * mult);
   return 0;

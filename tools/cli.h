@@ -21,9 +21,10 @@ typedef enum cli_kind {
   CLI_STRING,  /* const char *, the value as given */
   CLI_LIST,    /* int64_t[CLI_MAX_LIST], comma-separated integers in [lo, hi]; *count of them */
   CLI_CHOICE,  /* int, the index of the value among .choices */
-  CLI_BYTES,   /* int64_t, bytes in [lo, hi]: decimal digits with an optional fraction and an
-                  optional K, M or G (any case; powers of 1024), e.g. 8, 1.5M, 4g; a fraction
-                  of a byte is dropped (1.0001K is 1025) */
+  CLI_BYTES,   /* int64_t, bytes in [lo, hi]: decimal digits with an optional K, M or G (any
+                  case; powers of 1024), or digits with a fraction (a digit after the point)
+                  and one of them, e.g. 8, 1.5M, 4g; 1.5 and 1.K are refused; a fraction of a
+                  byte is dropped (1.0001K is 1025) */
 } cli_kind;
 
 typedef struct cli_option cli_option;

@@ -5,6 +5,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,17 +106,28 @@ static const char *const telling[] = {"noticed that process rank",
                                       "Error:",
                                       NULL};
 
-void launch_why_failed(const char *err, size_t n, int st, char *buf, size_t size) {
-  size_t len = 0;
-  buf[0] = '\0';
-  int joined = 0;
-  if (WIFSIGNALED(st))
-    len += (size_t)snprintf(buf, size, "mpirun itself ended by signal %d (%s)", WTERMSIG(st),
-                            strsignal(WTERMSIG(st)));
-  const char *lines[4];
-  size_t lens[4];
-  int nl = 0, any_signal = 0;
-  for (const char *p = err, *end = err + n; p < end && nl < 4;) {
+/* The program's message that only reports the end of another process, which the runtime words
+ * "process K (...) destroyed its context after N collectives" (or "ended with its context
+ * open", "gave up"): the failing process said why itself, in a line of its own. */
+static int reports_another(const char *s, size_t l) {
+  static const char *const ends[] = {"destroyed its context after ",
+                                     "ended with its context open after ", "gave up after ", NULL};
+  if (l < 12 || memcmp(s, "pmap-train: ", 12)) return 0;
+  for (int k = 0; ends[k]; k++)
+    if (memmem(s, l, ends[k], strlen(ends[k]))) return 1;
+  return 0;
+}
+
+#define WHY_LINES 4   /* lines in a reason */
+#define SEEN_LINES 16 /* telling lines looked at */
+
+/* The telling lines of err[0..n), trimmed and without repeats, at most SEEN_LINES: lines[i] of
+ * lens[i] bytes; *any_signal when one of them names a signal. Returns the count. */
+static int telling_lines(const char *err, size_t n, const char **lines, size_t *lens,
+                         int *any_signal) {
+  int nl = 0;
+  *any_signal = 0;
+  for (const char *p = err, *end = err + n; p < end && nl < SEEN_LINES;) {
     const char *nlp = memchr(p, '\n', (size_t)(end - p));
     const char *e = nlp ? nlp : end;
     const char *s = p;
@@ -129,22 +141,70 @@ void launch_why_failed(const char *err, size_t n, int st, char *buf, size_t size
     for (int j = 0; j < nl && tells; j++)
       if (lens[j] == l && !memcmp(lines[j], s, l)) tells = 0;
     if (!tells) continue;
-    if (memmem(s, l, "signal", 6)) any_signal = 1;
+    if (memmem(s, l, "signal", 6)) *any_signal = 1;
     lines[nl] = s;
     lens[nl++] = l;
   }
+  return nl;
+}
+
+int launch_signal_of(const char *err, size_t n, int st) {
+  if (WIFSIGNALED(st)) return WTERMSIG(st);
+  const char *lines[SEEN_LINES];
+  size_t lens[SEEN_LINES];
+  int any_signal = 0;
+  telling_lines(err, n, lines, lens, &any_signal);
   if (WIFEXITED(st) && WEXITSTATUS(st) > 128 && WEXITSTATUS(st) < 128 + 65 && any_signal)
-    len += (size_t)snprintf(buf + len, size - len, "a process ended by signal %d",
-                            WEXITSTATUS(st) - 128);
+    return WEXITSTATUS(st) - 128;
+  return 0;
+}
+
+/* Signals sent to a process from outside it (a preemption, the out-of-memory killer, a person,
+ * a batch system's limit), after which a restart may well succeed; the rest (a crash: SIGSEGV,
+ * SIGBUS, SIGILL, SIGFPE, SIGABRT, ...) would come again at the start. */
+static int from_outside(int sig) {
+  return sig == SIGKILL || sig == SIGTERM || sig == SIGHUP || sig == SIGINT || sig == SIGQUIT;
+}
+
+int launch_outside_signal(const char *err, size_t n, int st) {
+  int sig = launch_signal_of(err, n, st);
+  /* Open MPI does not always print its line on a process killed (its status still says it). */
+  if (!sig && WIFEXITED(st) && WEXITSTATUS(st) > 128) sig = WEXITSTATUS(st) - 128;
+  return from_outside(sig) ? sig : 0;
+}
+
+void launch_why_failed(const char *err, size_t n, int st, char *buf, size_t size) {
+  size_t len = 0;
+  buf[0] = '\0';
+  int joined = 0;
+  if (WIFSIGNALED(st))
+    len += (size_t)snprintf(buf, size, "mpirun itself ended by signal %d (%s)", WTERMSIG(st),
+                            strsignal(WTERMSIG(st)));
+  const char *lines[SEEN_LINES];
+  size_t lens[SEEN_LINES];
+  int any_signal = 0, nl = telling_lines(err, n, lines, lens, &any_signal);
+  int sig = launch_signal_of(err, n, st);
+  if (sig && !WIFSIGNALED(st))
+    len += (size_t)snprintf(buf + len, size - len, "a process ended by signal %d", sig);
   joined = len > 0;
-  for (int j = 0; j < nl && len + 3 < size; j++, joined = 1) {
-    if (joined) len += (size_t)snprintf(buf + len, size - len, "; ");
-    /* Runs of blanks as one space ("Exit code:    1"), at most 400 characters a line. */
-    for (size_t i = 0; i < lens[j] && i < 400 && len + 1 < size; i++)
-      if (!(lines[j][i] == ' ' || lines[j][i] == '\t') || buf[len - 1] != ' ')
-        buf[len++] = lines[j][i] == '\t' ? ' ' : lines[j][i];
-    buf[len] = '\0';
-  }
+  /* The failing process's own message first, then mpirun's lines, then the messages of the
+   * processes that failed only because it ended (those reach mpirun in no fixed order). */
+  int shown = 0;
+  for (int pass = 0; pass < 3; pass++)
+    for (int j = 0; j < nl && shown < WHY_LINES && len + 3 < size; j++) {
+      int own = lens[j] >= 12 && !memcmp(lines[j], "pmap-train: ", 12);
+      int another = reports_another(lines[j], lens[j]);
+      if ((pass == 0 && !(own && !another)) || (pass == 1 && own) || (pass == 2 && !another))
+        continue;
+      if (joined) len += (size_t)snprintf(buf + len, size - len, "; ");
+      joined = 1;
+      shown++;
+      /* Runs of blanks as one space ("Exit code:    1"), at most 400 characters a line. */
+      for (size_t i = 0; i < lens[j] && i < 400 && len + 1 < size; i++)
+        if (!(lines[j][i] == ' ' || lines[j][i] == '\t') || buf[len - 1] != ' ')
+          buf[len++] = lines[j][i] == '\t' ? ' ' : lines[j][i];
+      buf[len] = '\0';
+    }
   if (!len) snprintf(buf, size, "no message (see above)");
 }
 
@@ -234,14 +294,36 @@ static int by_name(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* The file the saves write for FILE save (malloc'ed, NULL out of memory): save itself, or the
+ * file a symbolic link save names, through a chain of links, also where that file does not
+ * exist yet (the saves create it there: pmap_params_save's rule). */
+static char *saved_file(const char *save) {
+  struct stat st;
+  if (lstat(save, &st) != 0 || !S_ISLNK(st.st_mode)) return strdup(save);
+  char *cur = realpath(save, NULL);
+  if (cur) return cur;
+  cur = strdup(save);
+  for (int i = 0; cur && i < 40; i++) {
+    char text[4096];
+    ssize_t len = readlink(cur, text, sizeof text - 1);
+    if (len < 0) break; /* not a link: the end of the chain */
+    text[len] = '\0';
+    const char *slash = strrchr(cur, '/');
+    int dir = text[0] == '/' || !slash ? 0 : (int)(slash - cur) + 1;
+    size_t size = (size_t)dir + (size_t)len + 1;
+    char *next = malloc(size);
+    if (next) snprintf(next, size, "%.*s%s", dir, cur, text);
+    free(cur);
+    cur = next;
+  }
+  return cur;
+}
+
 /* FILE, then FILE.tmp.* in name order (beside the file a symbolic link FILE names: the saves
  * write there); *base: that file's path (malloc'ed). Returns the count, -1 out of memory. */
 static int candidates(const char *save, char ***out, char **base) {
-  struct stat st;
   *out = NULL;
-  *base = NULL;
-  if (lstat(save, &st) == 0 && S_ISLNK(st.st_mode)) *base = realpath(save, NULL);
-  if (!*base) *base = strdup(save);
+  *base = saved_file(save);
   char **v = calloc(1, sizeof *v);
   if (!*base || !v || !(v[0] = strdup(save))) {
     free(v);

@@ -43,9 +43,18 @@ char **launch_env(const char *extra, int clean);
 /* argv joined by spaces into buf (cut at size). */
 void launch_join(char *const *argv, char *buf, size_t size);
 
-/* Why a run failed, in a line: how mpirun ended (wait_status) and the lines of its standard
- * error err[0..n) that say which process ended how (mpirun's and the program's messages). */
+/* Why a run failed, in a line: how mpirun ended (wait_status) and at most 4 lines of its
+ * standard error err[0..n) that say which process ended how: the program's own messages first,
+ * then mpirun's, then the program's messages that only report another process's end. */
 void launch_why_failed(const char *err, size_t n, int wait_status, char *buf, size_t size);
+
+/* The signal that ended the run: mpirun's own, or a process's (mpirun's status 128 + S with a
+ * line of err[0..n) naming a signal); 0 when none did. */
+int launch_signal_of(const char *err, size_t n, int wait_status);
+/* That signal when it is one sent from outside (SIGKILL, SIGTERM, SIGHUP, SIGINT, SIGQUIT: a
+ * preemption, the out-of-memory killer, a person), also where mpirun's status 128 + S alone says
+ * so; 0 otherwise (none, or a crash: SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, ...). */
+int launch_outside_signal(const char *err, size_t n, int wait_status);
 
 /* Checks FILE and every FILE.tmp.* beside it (beside the file a symbolic link FILE names) with
  * the program's --inspect, run alone, and picks the one at the latest step: *path (malloc'ed;

@@ -59,10 +59,13 @@ static const char notes[] =
     "Each run gets PMAP_LAUNCH_ATTEMPT=k in its environment (0 for the first run); its standard "
     "input is /dev/null.\n"
     "Restarted: a run that fails once training began (a process killed, stopped or failed, a "
-    "machine lost, a timeout, mpirun killed). Not restarted: a first run that ends before "
-    "pmap-train printed its header line (\"pmap-train: model ...\"), i.e. its arguments, its "
-    "program, its data, its devices or mpirun's own arguments are wrong: a restart would fail "
-    "alike.\n"
+    "machine lost, a timeout, mpirun killed), and a first run that a signal sent from outside "
+    "ended before (SIGKILL, SIGTERM, SIGHUP, SIGINT or SIGQUIT, to a process or to mpirun: a "
+    "preemption, the out-of-memory killer). Not restarted: a first run that ends otherwise "
+    "before pmap-train printed its header line (\"pmap-train: model ...\"), i.e. its arguments "
+    "(an unwritable --save included), its program, its data, its devices or mpirun's own "
+    "arguments are wrong, or a process crashed at the start (SIGSEGV, SIGBUS, SIGILL, SIGFPE, "
+    "SIGABRT or any other signal): a restart would fail alike.\n"
     "Before a checkpoint is chosen every process of the failed run on this machine is gone: "
     "those that outlived mpirun (in its session, or orphans) get SIGTERM, and SIGKILL after 3 s. "
     "A --resume F in ARGS is the first run's: restarts replace it with the checkpoint chosen, or "
@@ -288,6 +291,8 @@ static int run_once(launch *L, int k, int procs, const char *resume, int *rc) {
   }
   char reason[2048];
   launch_why_failed(p.err.keep, p.err.kept, p.status, reason, sizeof reason);
+  int sig = launch_signal_of(p.err.keep, p.err.kept, p.status);
+  int outside = launch_outside_signal(p.err.keep, p.err.kept, p.status);
   say(L, "run %d failed after %.0f s with status %d: %s", k + 1, took, status, reason);
   int left = end_run(L, &p, k + 1, 0);
   proc_close(&p);
@@ -295,12 +300,20 @@ static int run_once(launch *L, int k, int procs, const char *resume, int *rc) {
   int began = p.out.marked;
   *rc = status;
   if (left) return -1;
-  if (k == 0 && !began) {
+  if (k == 0 && !began && outside) {
     say(L,
-        "run 1 ended before pmap-train began training (no \"%.*s\" line): not restarted, a "
+        "run 1 ended by signal %d (%s) before pmap-train began training: a signal sent from "
+        "outside (a preemption, the out-of-memory killer, a person), not a fault of the job: "
+        "restarted",
+        outside, strsignal(outside));
+  } else if (k == 0 && !began) {
+    char how[96] = "";
+    if (sig) snprintf(how, sizeof how, ", by signal %d (%s)", sig, strsignal(sig));
+    say(L,
+        "run 1 ended before pmap-train began training (no \"%.*s\" line)%s: not restarted, a "
         "restart would fail alike (check the program, its arguments and data, the devices "
         "and mpirun's arguments)",
-        (int)strlen(HEADER) - 1, HEADER);
+        (int)strlen(HEADER) - 1, HEADER, how);
     return -1;
   }
   return status;

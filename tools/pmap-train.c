@@ -285,6 +285,33 @@ static int make_model(const opts *o, const train_data *data, pmap_model **m, cha
   return st ? -1 : 0;
 }
 
+/* A note on stderr when --trace-steps A..B misses some of this run's steps start + 1 to
+ * o->steps (a resumed run): the trace holds only what both cover, maybe nothing. Not an error:
+ * pmap-launch resumes a job from later checkpoints with the same arguments. */
+static void trace_note(const opts *o, int64_t start) {
+  long long a = 0, b = 0;
+  char end = 0;
+  const char *w = o->trace_steps;
+  if (!w || sscanf(w, "%lld..%lld%c", &a, &b, &end) != 2 || a < 1 || b < a) return;
+  long long lo = a > start + 1 ? a : start + 1, hi = b < o->steps ? b : o->steps;
+  if (lo == a && hi == b) return;
+  char took[96], resumed[48] = "";
+  if (start) snprintf(resumed, sizeof resumed, " (resumed after step %lld)", (long long)start);
+  if (start >= o->steps)
+    snprintf(took, sizeof took, "takes no step%s", resumed);
+  else
+    snprintf(took, sizeof took, "takes steps %lld to %lld%s", (long long)start + 1,
+             (long long)o->steps, resumed);
+  if (lo > hi)
+    fprintf(stderr, "%s: note: --trace-steps %s: this run %s; the trace will hold none of them\n",
+            prog, w, took);
+  else
+    fprintf(stderr,
+            "%s: note: --trace-steps %s: this run %s; the trace will hold steps %lld to "
+            "%lld\n",
+            prog, w, took, lo, hi);
+}
+
 /* --sample: n bytes after the prompt (--prompt, the held-out text's first context / 2 bytes, or
  * a copy-task sequence up to its separator). */
 static int sample(result *r, const opts *o, pmap_params *params, int n, text_data *text) {
@@ -447,6 +474,13 @@ int main(int argc, char **argv) {
     failf(&r, "global batch %lld is not divisible by %d devices", (long long)o.batch, n * procs);
     goto out;
   }
+  /* A --save path the saves cannot write fails now, before the header (pmap-launch then knows
+   * that a restart would fail alike), not after the steps before the first save; process 0
+   * alone writes, so it alone checks. */
+  if (o.save && me == 0 && pmap_params_save_check(o.save)) {
+    failf(&r, "--save: %s; nothing was run", pmap_last_error());
+    goto out;
+  }
   if (make_model(&o, &data, &model, why, sizeof why)) {
     failf(&r, "cannot build the model: %s", why);
     goto out;
@@ -508,9 +542,13 @@ int main(int argc, char **argv) {
     failf(&r, "%s", why);
     goto out;
   }
-  if (o.resume)
+  if (o.resume && start == o.steps)
+    printf("resumed from %s after step %lld: no step follows (--steps %lld: the run is done)\n",
+           o.resume, (long long)start, (long long)o.steps);
+  else if (o.resume)
     printf("resumed from %s after step %lld: steps %lld to %lld follow\n", o.resume,
            (long long)start, (long long)start + 1, (long long)o.steps);
+  if (o.trace) trace_note(&o, start);
   if (o.text)
     printf("text: %s, %lld bytes (%lld for training, %lld held out), context %lld\n", o.text,
            (long long)text.n, (long long)text.train_n, (long long)(text.n - text.train_n),
@@ -675,8 +713,12 @@ int main(int argc, char **argv) {
     goto out;
   }
   if (replicas_identical(&r, params, me * n, w0, P, why, sizeof why)) goto out;
-  printf("final loss %.6f after %lld steps, %.0f samples/s, replicas identical: %s\n", (double)loss,
-         (long long)o.steps, sps, r.identical ? "yes" : "NO");
+  if (isfinite(sps))
+    printf("final loss %.6f after %lld steps, %.0f samples/s, replicas identical: %s\n",
+           (double)loss, (long long)o.steps, sps, r.identical ? "yes" : "NO");
+  else /* resumed at its last step: no step, no rate */
+    printf("final loss %.6f after %lld steps (none in this run), replicas identical: %s\n",
+           (double)loss, (long long)o.steps, r.identical ? "yes" : "NO");
   if (lm && isfinite(sps)) {
     r.tps = sps * (double)o.context;
     r.gflops = sps * flops_per_sample / 1e9;

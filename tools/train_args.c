@@ -79,17 +79,19 @@ int train_parse(int argc, char **argv, opts *o) {
        .kind = CLI_LIST,
        .dest = o->hidden,
        .arg = "128,64",
-       .help = "hidden widths of the MLP of --data, ReLU after each (default 128,64)",
+       .help = "hidden widths of the MLP of --data, ReLU after each (default 128,64); only with "
+               "--data",
        .lo = 1,
        .hi = 1 << 20,
-       .count = &o->n_hidden},
+       .count = &o->n_hidden,
+       .given = &o->have_hidden},
       {.name = "--eval-fraction",
        .kind = CLI_FLOAT,
        .dest = &o->eval_fraction,
        .arg = "F",
        .help = "with --data: rows held out (after a shuffle from --seed) and evaluated at each "
-               "progress "
-               "line and at the end: loss, and accuracy for labels (default 0)",
+               "progress line and at the end: loss, and accuracy for labels (default 0); with "
+               "--text, the part of the file held out; refused with an example model",
        .check = fraction_check,
        .given = &o->have_eval},
       {.name = "--text",
@@ -242,7 +244,9 @@ int train_parse(int argc, char **argv, opts *o) {
        .dest = &o->save,
        .arg = "FILE",
        .help =
-           "write a checkpoint to FILE at the end (atomically: a crash keeps the previous one)"},
+           "write a checkpoint to FILE at the end (atomically: a crash keeps the previous one); "
+           "checked before step 1 as the saves write it (its folder exists and takes a new "
+           "file; a symbolic link is written through, creating the file it names)"},
       {.name = "--save-every",
        .kind = CLI_INT,
        .dest = &o->save_every,
@@ -333,9 +337,9 @@ int train_parse(int argc, char **argv, opts *o) {
        .dest = &o->max_memory,
        .arg = "BYTES",
        .help = "refuse to start when the memory plan of a device (printed before step 1) is over "
-               "BYTES, before any step runs: decimal digits with an optional fraction and K, M "
-               "or G (K = 1024 bytes, M = 1024 K, G = 1024 M; e.g. 300000, 1.5M, 4G) "
-               "(default: no limit)",
+               "BYTES, before any step runs: decimal digits with an optional K, M or G (K = 1024 "
+               "bytes, M = 1024 K, G = 1024 M), a fraction only before one of them (e.g. "
+               "300000, 1.5M, 4G; not 1.5) (default: no limit)",
        .lo = 1,
        .hi = INT64_MAX},
       {.name = "--progress",
@@ -366,6 +370,15 @@ int train_parse(int argc, char **argv, opts *o) {
   if (!o->data != !o->labels) return cli_error(prog, "--data and --labels go together");
   if (o->data && o->have_model)
     return cli_error(prog, "--data trains an MLP sized from the data; it does not take --model");
+  /* What only --data (or --text) uses would otherwise be dropped without a word. */
+  if (o->have_hidden && !o->data)
+    return cli_error(prog,
+                     "--hidden sizes the MLP of --data and needs --data (an example model and "
+                     "--text have layers of their own)");
+  if (o->have_eval && !o->data && !o->text)
+    return cli_error(prog,
+                     "--eval-fraction holds out rows of --data or bytes of --text and needs one "
+                     "of them (an example model's data has nothing held out)");
   if (o->data) o->model = "npy";
   if (o->text && (o->data || o->have_model))
     return cli_error(prog,

@@ -16,7 +16,7 @@ typedef struct opts {
   int precision, have_precision;   /* --precision: a pmap_precision (0 fp32, 1 bf16) */
   int64_t devices, steps, batch, samples, log_every, save_every, verify_every, micro;
   int64_t hidden[CLI_MAX_LIST];
-  int n_hidden, have_model;
+  int n_hidden, have_model, have_hidden;
   float eval_fraction;
   double timeout_s; /* pmap_config.timeout_s: 0 means the library's ($PMAP_TIMEOUT, else 300 s) */
   float lr, clip_norm;

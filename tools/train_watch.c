@@ -106,12 +106,14 @@ void watch_progress_step(watch_progress *w, int64_t s, float loss, double busy) 
   double now = cli_now();
   if (s + 1 < w->last && w->last_draw >= 0 && now - w->last_draw < 0.1) return;
   w->last_draw = now;
-  int64_t done = s + 1 - w->first, total = w->last - w->first;
+  int64_t done = s + 1 - w->first;
   double sps = busy > 0 ? (double)done * (double)w->batch / busy : NAN;
   double rate = (now - w->t0) / (double)done;
   char eta[32], bar[24];
   left(eta, sizeof eta, rate * (double)(w->last - s - 1));
-  int fill = total > 0 ? (int)(20 * done / total) : 20;
+  /* Filled as its label reads, step s + 1 of the whole run (a resumed run starts part full);
+   * the rate and the time left are this run's. */
+  int fill = w->last > 0 ? (int)(20 * (s + 1) / w->last) : 20;
   for (int i = 0; i < 20; i++) bar[i] = i < fill ? '#' : '.';
   bar[20] = '\0';
   printf("\r[%s] step %lld/%lld  loss %.5f  %.0f samples/s", bar, (long long)(s + 1),

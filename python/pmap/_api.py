@@ -405,6 +405,7 @@ class Params:
             lib.pmap_model_output_shape(m, ctypes.byref(out), shape)
             self._ctx = ctx
             self._classify = model._loss in ("softmax_xent", "token_xent")
+            self._next_tokens = model._loss == "token_xent"  # ys: token ids, not class labels
             self._tokens = model._tokens
             self._out = tuple(shape[i] for i in range(out.value))
             self._blocks = model._blocks(m)
@@ -444,12 +445,13 @@ class Params:
 
     def _xs(self, xs, keep):
         if self._tokens:  # token ids: integers, range-checked by the library
-            return array(xs, I32, "xs", keep, classes=self._out[-1])
+            return array(xs, I32, "xs", keep, classes=self._out[-1], kind="token ids")
         return array(xs, F32, "xs", keep)
 
     def _ys(self, ys, keep):
         if self._classify:
-            return array(ys, I32, "ys", keep, classes=self._out[-1])
+            return array(ys, I32, "ys", keep, classes=self._out[-1],
+                         kind="token ids" if self._next_tokens else "labels")
         return array(ys, F32, "ys", keep)
 
     def update(self, xs, ys):
@@ -648,6 +650,7 @@ class CustomParams(Params):
         grad = _custom._Gradient(fn, layout, flat.size, info)
         self._ctx = ctx
         self._loss, self._classify, self._tokens, self._out = None, False, False, ()
+        self._next_tokens = False
         self._layout = layout if layout is not None else [("params", (flat.size,))]
         raw = ctypes.c_void_p()
         self._handle = Handle("params", raw, _destroy_params, process_bound=True, keep=grad)

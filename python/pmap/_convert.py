@@ -49,7 +49,8 @@ def flag(name, v):
         return int(bool(v))
     if isinstance(v, numbers.Integral) and int(v) in (0, 1):
         return int(v)
-    raise ArgumentTypeError(f"{name} must be True or False, got {type(v).__name__} {v!r}")
+    raise ArgumentTypeError(f"{name} must be True or False (or 1 or 0), got {type(v).__name__} "
+                            f"{v!r}")
 
 
 def choice(name, v, table):
@@ -77,8 +78,9 @@ def _first(a, mask):
     return a[idx], f"row {idx[0]}" if a.ndim == 1 else f"index {idx}"
 
 
-def _numbers(a, name, labels):
-    """Refuses dtypes that do not hold real numbers, or labels that are not integers."""
+def _numbers(a, name, labels, kind="labels"):
+    """Refuses dtypes that do not hold real numbers, or labels (kind: "labels" or "token ids")
+    that are not integers."""
     k = a.dtype.kind
     if k == "c":
         raise ArgumentTypeError(f"{name}: complex values ({a.dtype}) are not accepted: their "
@@ -91,18 +93,21 @@ def _numbers(a, name, labels):
     if k not in "biuf":
         raise ArgumentTypeError(f"{name}: dtype {a.dtype} does not hold real numbers")
     if labels and k not in "iu":
-        raise ArgumentTypeError(f"{name}: labels must be integers, got {a.dtype}")
+        raise ArgumentTypeError(f"{name}: {kind} must be integers, got {a.dtype}")
 
 
-def _fit(a, name, labels, classes):
+def _fit(a, name, labels, classes, kind="labels"):
     """a converted to float32 or int32, refusing any value the conversion would change beyond
-    float32 rounding: labels outside int32, finite values beyond float32's range."""
+    float32 rounding: labels (or token ids) outside int32, finite values beyond float32's
+    range."""
     if labels:
         if a.size and a.dtype.itemsize >= 4 and a.dtype != np.int32:
             if a.max() > INT32[1] or a.min() < INT32[0]:
                 v, where = _first(a, (a > INT32[1]) | (a < INT32[0]))
-                raise ArgumentError(f"{name}: label {int(v)} at {where} does not fit int32; "
-                                    f"labels are class indices in [0, {classes})")
+                one, what = (("token id", "token ids are indices into the vocabulary")
+                             if kind == "token ids" else ("label", "labels are class indices"))
+                raise ArgumentError(f"{name}: {one} {int(v)} at {where} does not fit int32; "
+                                    f"{what} in [0, {classes})")
         return np.ascontiguousarray(a, dtype=np.int32)
     with np.errstate(over="ignore"):  # an overflow is reported below, by value and place
         out = np.ascontiguousarray(a, dtype=np.float32)
@@ -125,10 +130,10 @@ def _asarray(x, name):
         raise ArgumentError(f"{name}: not an array of numbers ({e})") from None
 
 
-def array(x, dtype, name, keep, classes=0):
+def array(x, dtype, name, keep, classes=0, kind="labels"):
     """A pmap_array over x: without a copy when x is an aligned C-contiguous array of the C dtype
-    (float32, or int32 for labels); otherwise over one checked conversion, kept alive in `keep`.
-    x itself is never written."""
+    (float32, or int32 for labels and token ids: kind names them in messages); otherwise over
+    one checked conversion, kept alive in `keep`. x itself is never written."""
     labels = dtype == I32
     a = x if type(x) is np.ndarray else _asarray(x, name)
     if a.ndim < 1 or a.ndim > _lib.MAX_RANK:
@@ -136,8 +141,8 @@ def array(x, dtype, name, keep, classes=0):
     flags = a.flags
     if a.dtype != (_I32_DTYPE if labels else _F32_DTYPE) or not (flags.c_contiguous and
                                                                    flags.aligned):
-        _numbers(a, name, labels)
-        a = _fit(a, name, labels, classes)
+        _numbers(a, name, labels, kind)
+        a = _fit(a, name, labels, classes, kind)
     keep.append(a)
     s = Array()
     s.data = a.ctypes.data

@@ -11,6 +11,7 @@ __cause__ (a KeyboardInterrupt or SystemExit it raises itself is raised again as
 import collections
 import collections.abc
 import ctypes
+import math
 import threading
 import traceback
 
@@ -26,6 +27,7 @@ index and the device count, the index of its first row in the global batch, the 
 gradient is for (Params.step before it) and the weight of these rows in the device's share (1
 unless micro-batches or an uneven batch split it; pmap applies it)."""
 
+_F32_MAX = float(np.finfo(np.float32).max)
 _CTYPES = {F32: ctypes.c_float, I32: ctypes.c_int32}
 _DTYPES = {F32: np.float32, I32: np.int32}
 
@@ -93,7 +95,14 @@ class _Gradient:
             raise _Returned(f"{what} has shape {a.shape}, the parameters {tuple(shape)}")
         if a.dtype.kind not in "iuf":
             raise _Returned(f"{what} has dtype {a.dtype}, not real numbers")
-        return _convert.values(a, what) if a.size else np.empty(0, np.float32)
+        if not a.size:
+            return np.empty(0, np.float32)
+        try:
+            return _convert.values(a, what)
+        except ArgumentError as e:  # the function returned it; it raised nothing
+            detail = e.message[len(what) + 2:] if e.message.startswith(what + ": ") else e.message
+            raise _Returned(f"the gradient function returned {what} that float32 cannot hold: "
+                            f"{detail}") from None
 
     @staticmethod
     def _loss(v):
@@ -101,7 +110,15 @@ class _Gradient:
         if a.size != 1 or a.dtype.kind not in "iuf":
             raise _Returned(f"the loss must be one real number, got {type(v).__name__} of shape "
                             f"{a.shape} and dtype {a.dtype}")
-        return float(a.reshape(()))
+        loss = float(a.reshape(()))
+        # NaN and inf go on to the numeric guard; a finite loss float32 cannot hold would reach
+        # it as inf, and the report would blame the values instead of the function's return.
+        with np.errstate(over="ignore"):
+            fits = np.isfinite(np.float32(loss))
+        if math.isfinite(loss) and not fits:
+            raise _Returned(f"the gradient function returned the loss {loss!r}, finite but "
+                            f"beyond float32's range (±{_F32_MAX:.4g})")
+        return loss
 
     def _call(self, args_p, user):
         d = -1
@@ -135,7 +152,7 @@ class _Gradient:
         with self.lock:
             self.errors[d] = e
         status = 1 if isinstance(e, ArgumentError) else 4
-        what = (str(e) if isinstance(e, _Returned)
+        what = (e.message if isinstance(e, _Returned)
                 else f"the gradient function raised {type(e).__name__}: {e}")
         lib.pmap_set_error(status, b"%s", what.encode("utf-8", "replace"))
         return status

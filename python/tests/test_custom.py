@@ -149,7 +149,9 @@ def test_wrong_return_values_are_refused_naming_what_is_wrong():
         (lambda: (0.1, np.ones(5)), "shape \\(5,\\), the parameters \\(4,\\)"),
         (lambda: (0.1, np.ones((2, 2))), "shape \\(2, 2\\)"),
         (lambda: (0.1, np.ones(4, complex)), "dtype complex128"),
-        (lambda: (0.1, np.full(4, 1e39)), "beyond float32"),
+        (lambda: (0.1, np.full(4, 1e39)), "returned the gradient that float32 cannot hold: value "
+         "1e\\+39 at row 0 is finite but beyond float32"),
+        (lambda: (1e39, np.ones(4)), "returned the loss 1e\\+39, finite but beyond float32"),
         (lambda: (0.1, {"w": np.ones(4)}), "shape \\(\\)"),
     ]
     with pmap.Context(backend="cpu", devices=2) as ctx:
@@ -157,6 +159,8 @@ def test_wrong_return_values_are_refused_naming_what_is_wrong():
             p = ctx.params_custom(lambda params, xs, ys: make(), np.zeros(4), pmap.adam(0.1))
             e = unchanged_after(p, x, y, ValueError, match)
             assert isinstance(e, pmap.ArgumentError) and "device" in e.message
+            # The function returned these: it raised nothing, and the status is said once.
+            assert "raised" not in e.message and "PMAP_ERR" not in e.message, e.message
             p.close()
         named = ctx.params_custom(lambda params, xs, ys: (0.1, {"w": np.ones(2)}),
                                   {"w": np.zeros(2), "b": np.zeros(1)}, pmap.sgd(0.1))

@@ -200,6 +200,23 @@ def test_integers_are_exact():
             pmap.Context(backend=["cpu"], devices=1)
 
 
+def test_flags_take_true_false_1_and_0_and_mean_what_the_keyword_says():
+    """numeric_guard=1 turns the guard on in Python (C's numeric_guard = 1 is PMAP_GUARD_OFF)."""
+    x, y = data()
+    x[0, 0] = np.nan
+    for on in (True, 1, np.bool_(True)):
+        with pmap.Context(backend="cpu", devices=2, numeric_guard=on) as ctx:
+            p = classifier(ctx)
+            e = refused(p, lambda: p.update(x, y))
+            assert e.status == "PMAP_ERR_NUMERIC", e
+    for off in (False, 0):
+        with pmap.Context(backend="cpu", devices=2, numeric_guard=off) as ctx:
+            assert np.isnan(classifier(ctx).update(x, y))
+    with pytest.raises(pmap.ArgumentTypeError, match=r"numeric_guard must be True or False "
+                       r"\(or 1 or 0\), got str 'off'"):
+        pmap.Context(backend="cpu", devices=1, numeric_guard="off")
+
+
 def test_paths_of_every_type(tmp_path):
     x, y = data()
     with pmap.Context(backend="cpu", devices=2) as ctx:

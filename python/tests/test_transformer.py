@@ -83,6 +83,19 @@ def test_bad_tokens_refused_nothing_changed():
         bad_y[1, 0] = -1
         with pytest.raises(pmap.Error, match="target -1 at example 1 position 0"):
             p.update(x, bad_y)
+        # Token ids are named as such, not as labels: floats, and integers beyond int32.
+        with pytest.raises(pmap.ArgumentTypeError,
+                           match="xs: token ids must be integers, got float32"):
+            p.update(x.astype(np.float32), y)
+        with pytest.raises(pmap.ArgumentTypeError,
+                           match="ys: token ids must be integers, got float64"):
+            p.update(x, y.astype(np.float64))
+        wide = x.astype(np.int64)
+        wide[0, 1] = 2 ** 33
+        with pytest.raises(pmap.ArgumentError, match=r"xs: token id 8589934592 at index \(0, 1\) "
+                           r"does not fit int32; token ids are indices into the vocabulary in "
+                           r"\[0, 40\)"):
+            p.update(wide, y)
         np.testing.assert_array_equal(p.read(), before)
         assert p.step == 0
         assert p.predict(x).shape == (4, T, V)

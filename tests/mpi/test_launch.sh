@@ -14,12 +14,16 @@
 #           run is alive when the next one starts or the launcher ends, and a restart resumes at
 #           the step the log names.
 #  check    damaged checkpoints (garbled, truncated, a FIFO, a complete FILE.tmp.* left by a save
-#           cut short, also beside the file a symbolic link FILE names), and a job whose
-#           environment holds PMAP_FAULT: the check picks the right file, and the restart ends
-#           bitwise where an uninterrupted run ends.
+#           cut short, also beside the file a symbolic link FILE names: one the first save
+#           created, and one not there yet beside which a first save was cut short),
+#           and a job whose environment holds PMAP_FAULT: the check picks the right file, and the
+#           restart ends bitwise where an uninterrupted run ends.
 #  args     every option's missing value (the program's --save, --resume and --save-every last
 #           included), a --log into a missing folder, a missing program or mpirun: refused at
-#           start; a bad pmap-train argument and mpirun's own failure: one run, no restart.
+#           start; a bad pmap-train argument, a --save into a missing folder, mpirun's own
+#           failure and a rank crashed (SIGSEGV) before the header: one run, no restart; a rank
+#           killed (SIGKILL, SIGTERM) before the header: restarted; the reason of a failed run
+#           names the failing process's message before the others'.
 # Every launcher runs under a timeout: a hang fails the test. Usage: test_launch.sh MPIRUN PART
 # ($PMAP_TRAIN names pmap-train, $PMAP_LAUNCH pmap-launch).
 set -u
@@ -58,6 +62,8 @@ if [ "$a" = 0 ]; then
   kill_mpirun:0) (waitfile; kill -9 "$PPID") & ;;
   stop:1) (waitfile; kill -STOP $me) & ;;
   hold:1) export PMAP_FAULT=stall:device=2:step=35 ;;
+  early:1) ulimit -c 0; kill -"$SIG" $$ ;; # before pmap-train starts: before its header
+  nan1:*) export PMAP_FAULT=nan:device=0:step=1 ;; # fails at step 1, before any save
   corrupt:1)
     export PMAP_FAULT=stall:device=2:step=35
     (waitfile; sleep 1; sh "$d/corrupt.sh"; kill -9 $me) & ;;
@@ -306,7 +312,7 @@ EOF
   # stays).
   mkdir "$tmp/real"
   ln -s real/target.ckpt "$tmp/link.ckpt"
-  : >"$tmp/real/target.ckpt" # the saves replace a file a link names, and need one
+  # No file at the link's end yet: the first save creates it there.
   cat >"$tmp/corrupt.sh" <<'EOF'
 t=$(dirname "$CKPT")/real/target.ckpt
 cp "$t" "$t.tmp.AAAAAA"
@@ -320,6 +326,22 @@ EOF
     cmp -s "$tmp/ref.ckpt" "$tmp/real/target.ckpt" && clean
   verdict $? "--save through a symbolic link: the save cut short found beside its target"
   show_log link
+
+  # The link's file is not there yet, but a complete save of step 30 cut short before its first
+  # rename is, beside it: the launcher finds it there, renames it to the link's file and
+  # resumes from step 30.
+  reference half 2 "${args[@]}" --steps 30
+  mkdir "$tmp/real2"
+  ln -s real2/t.ckpt "$tmp/link2.ckpt"
+  cp "$tmp/half.ckpt" "$tmp/real2/t.ckpt.tmp.AAAAAA"
+  MODE=nan1 launched link2 120 --np 2 --max-restarts 1 -- \
+    "$tmp/wrap.sh" "$train" "${args[@]}" --save "$tmp/link2.ckpt"
+  rc=$?
+  [ $rc -eq 0 ] && grep -q 'real2/t.ckpt.tmp.AAAAAA (step 30) is a save cut short' "$tmp/link2.log" &&
+    grep -q 'restart 1 of 1 on 2 processes, from .*link2.ckpt (step 30)' "$tmp/link2.log" &&
+    [ -L "$tmp/link2.ckpt" ] && cmp -s "$tmp/ref.ckpt" "$tmp/real2/t.ckpt" && clean
+  verdict $? "a link to a file not there yet: the save cut short beside it resumed from"
+  show_log link2
 
   # The job's environment holds a fault for device 3 at step 31 (and a trace): the check loads
   # the checkpoint of step 30 alone, on one device, and the restart resumes from it.
@@ -388,6 +410,50 @@ args)
     -- "${p[@]}"
   grep -q 'run 1 failed' "$tmp/once.log" && ! grep -q 'signal' "$tmp/once.log"
   verdict $? "mpirun unable to start the program: not reported as a signal"
+  # A --save the saves cannot write is refused before the header, not after the steps before
+  # the first save: one run, and nothing created.
+  once "a --save into a missing folder" --np 2 -- "$train" "${args[@]}" --save \
+    "$tmp/missing/a.ckpt"
+  grep -q -- '--save: pmap_params_save_check: cannot create a temporary file beside' "$out" &&
+    [ ! -e "$tmp/missing" ]
+  verdict $? "a --save into a missing folder: refused at the start, nothing created"
+
+  # A rank ended by a signal before pmap-train's header: one sent from outside (the
+  # out-of-memory killer, a preemption) is restarted, a crash is not.
+  for sig in KILL TERM; do
+    SIG=$sig MODE=early launched "early$sig" 120 --np 2 --max-restarts 1 -- \
+      "$tmp/wrap.sh" "$train" "${args[@]}" --save "$tmp/early$sig.ckpt"
+    rc=$?
+    [ $rc -eq 0 ] &&
+      grep -q "run 1 ended by signal .* before pmap-train began training.*restarted" \
+        "$tmp/early$sig.log" && grep -q 'run 2 finished' "$tmp/early$sig.log" && clean
+    verdict $? "a rank killed by SIG$sig before the header: restarted, and the job finishes"
+  done
+  SIG=SEGV MODE=early launched earlySEGV 60 --np 2 --max-restarts 3 -- \
+    "$tmp/wrap.sh" "$train" "${args[@]}" --save "$tmp/earlySEGV.ckpt"
+  rc=$?
+  # (", by signal 11 (...)" in that line when mpirun printed which signal: Open MPI does not always)
+  [ $rc -eq 139 ] && ! grep -q 'restart 1' "$tmp/earlySEGV.log" &&
+    grep -q 'run 1 ended before pmap-train began training.*not restarted' "$tmp/earlySEGV.log"
+  verdict $? "a rank crashed (SIGSEGV) before the header: not restarted, status 139"
+
+  # Why a run failed names the failing process's own message first: the lines of the processes
+  # that only report its end reach mpirun in no fixed order (a stand-in mpirun writes one first).
+  cat >"$tmp/order-mpirun.sh" <<'EOF'
+#!/bin/sh
+echo "pmap-train: model mlp (stand-in)"
+echo "pmap-train: step 2: pmap_update's step check on process 1 of 2 (host h): collective #9: \
+process 0 (host h, device 0) destroyed its context after 8 collectives" >&2
+echo "pmap-train: step 2: --save: pmap_params_save_user: cannot write: No space left on device" >&2
+echo "  Exit code:    1" >&2
+exit 1
+EOF
+  chmod +x "$tmp/order-mpirun.sh"
+  launched order 30 --mpirun "$tmp/order-mpirun.sh" --max-restarts 0 -- "${p[@]}"
+  grep -q 'status 1: pmap-train: step 2: --save: .*device; Exit code: 1; pmap-train: .*destroyed' \
+    "$tmp/order.log"
+  verdict $? "why a run failed: the failing process's message first, the others' after"
+  show_log order
   ;;
 *)
   echo "test_launch.sh: unknown part $part"

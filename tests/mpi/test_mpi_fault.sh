@@ -6,8 +6,9 @@
 #             process late to start is a timeout at pmap_ctx_create within seconds, and
 #             the job ends; a process that stops or dies after sending its part is named
 #   toolfail  pmap-train: --timeout and PMAP_TIMEOUT end a stalled job naming the process; an
-#             unwritable --save on process 0 ends the job within seconds; a replica perturbed on
-#             process 1 fails the final check and --verify-every, naming its global device
+#             unwritable --save on process 0 ends the job within seconds, refused before step 1
+#             or failing at a save; a replica perturbed on process 1 fails the final check and
+#             --verify-every, naming its global device
 #   refuse    test_mpi_refuse update and calls at 2 x 1, 2 x 2, 3 x 1 and 3 x 2: a call one
 #             process refuses by its own checks fails on every process, changes nothing, and
 #             the processes stay in step
@@ -111,11 +112,24 @@ for part in "$@"; do
     [ $rc -ne 0 ] && [ $took -lt 20 ] && grep -q 'process 1 (host.*did not arrive' "$out"
     verdict $? "PMAP_TIMEOUT=2 names the stalled process"
     # Process 0 cannot write its checkpoint: the job ends within seconds, not after the
-    # other's timeout (60 s).
+    # other's timeout (60 s). A --save into a missing folder is refused before step 1; a save
+    # that fails later (here: its folder removed after the first save) ends the job alike.
     bounded 120 -np 2 "$train" "${args[@]}" --timeout 60 --save-every 5 --save "$tmp/no/such/dir/ck"
     rc=$?
-    [ $rc -ne 0 ] && [ $took -lt 15 ] && grep -q -- '--save' "$out"
-    verdict $? "an unwritable --save on process 0 ends the job"
+    [ $rc -ne 0 ] && [ $took -lt 15 ] && grep -q -- '--save: pmap_params_save_check' "$out" &&
+      ! grep -q 'pmap-train: model' "$out"
+    verdict $? "a --save into a missing folder: refused on process 0 before step 1, the job ends"
+    mkdir "$tmp/vanish"
+    (while [ ! -s "$tmp/vanish/ck" ]; do sleep 0.02; done
+      while [ -d "$tmp/vanish" ]; do rm -rf "$tmp/vanish"; done) &
+    watcher=$!
+    bounded 120 -np 2 "$train" "${args[@]}" --steps 100000 --timeout 60 --save-every 5 \
+      --save "$tmp/vanish/ck"
+    rc=$?
+    kill $watcher 2>/dev/null
+    wait $watcher 2>/dev/null
+    [ $rc -ne 0 ] && [ $took -lt 15 ] && grep -q -- 'step [0-9]*: --save: .*No such file' "$out"
+    verdict $? "a save that fails on process 0 mid-run ends the job within seconds"
     # A replica perturbed on process 1: the final check and --verify-every see it.
     bounded 60 -np 1 "$train" "${args[@]}" --steps 20 --json : \
       -np 1 -x PMAP_FAULT=drift:device=1:step=3 "$train" "${args[@]}" --steps 20 --json
