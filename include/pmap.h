@@ -574,7 +574,9 @@ PMAP_API int64_t pmap_params_step(const pmap_params *params);
  * running statistics, optimizer state and step count unchanged, *loss not written) and the call
  * returns PMAP_ERR_NUMERIC naming the step and the devices whose own loss or gradients were
  * non-finite (by global index; across processes with their process and host) (a gradient whose
- * L2 norm exceeds FLT_MAX counts as non-finite). With layers that exchange values between
+ * L2 norm exceeds FLT_MAX counts as non-finite; under Adam and AdamW so does one whose norm, after
+ * clipping, exceeds 1e19, whose squares could overflow the second moment: the message names the
+ * norm; docs/reliability.md). With layers that exchange values between
  * devices (batch norm, also per device), a device's own values are what it sent into the first
  * exchange that returned a non-finite value: the step is computed once more to find them, and
  * the devices that only received non-finite values are said to (docs/reliability.md). NaN propagates through every op. With the guard off, non-finite values go

@@ -5,6 +5,7 @@
 
 #include "params.h"
 #include "base/error.h"
+#include "ops/op_math.h"
 
 pmap_optimizer pmap_sgd(float lr, float momentum) {
   pmap_optimizer o = {.kind = PMAP_OPT_SGD, .lr = lr, .momentum = momentum};
@@ -113,6 +114,10 @@ pmap_step_hyper optimizer_hyper(const pmap_optimizer *o, int64_t t) {
     h.bc2 = (float)(1.0 - pow((double)o->beta2, (double)t));
   }
   return h;
+}
+
+float params_norm_max(const pmap_params *p) {
+  return p->guard && p->opt.kind != PMAP_OPT_SGD ? PMAP_ADAM_NORM_MAX : 0.0f;
 }
 
 /* state: slot s of these n parameters at state + s * stride. */

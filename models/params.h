@@ -106,6 +106,9 @@ pmap_status params_precision_set(pmap_params *p, pmap_precision precision, const
 pmap_status optimizer_check(const pmap_optimizer *o, const char *call);
 int optimizer_slots(const pmap_optimizer *o);
 pmap_step_hyper optimizer_hyper(const pmap_optimizer *o, int64_t t);
+/* The largest gradient norm the guard lets p's optimizer take (PMAP_ADAM_NORM_MAX for Adam and
+ * AdamW with the guard on), 0 for no limit. */
+float params_norm_max(const pmap_params *p);
 pmap_status optimizer_apply(const replica *r, const pmap_optimizer *o, const pmap_step_hyper *h,
                             float *w, const float *g, float *state, size_t stride, size_t n);
 /* The step with settings h over the trained parameters among [lo, lo + len) of replica r, their

@@ -17,6 +17,7 @@
 
 #include "base/error.h"
 #include "base/trace.h"
+#include "ops/op_math.h"
 #include "runtime/runtime.h"
 #include "step.h"
 #include "step_fast.h"
@@ -141,6 +142,7 @@ static pmap_status inject(pmap_device *dev, const step_call *c, replica *r, faul
 typedef struct verdict {
   int skip;    /* the guard skips the step on every replica */
   float scale; /* the gradients' clipping scale (1: none) */
+  float over;  /* with skip: the finite norm over params_norm_max (0: a value was not finite) */
 } verdict;
 
 /* From this device's host tail h = [loss | flags (G) | part norms (G)], which every device
@@ -148,7 +150,7 @@ typedef struct verdict {
  * the guard's test and the clipping scale. */
 static verdict decide(const pmap_params *p, const float *h) {
   int G = p->gl.G;
-  verdict v = {0, 1.0f};
+  verdict v = {0, 1.0f, 0.0f};
   if (!p->guard && !(p->opt.clip_norm > 0.0f)) return v;
   double sum = 0.0;
   for (int k = 0; k < G; k++) sum += (double)h[G + 1 + k] * (double)h[G + 1 + k];
@@ -161,9 +163,14 @@ static verdict decide(const pmap_params *p, const float *h) {
       return v;
     }
   }
+  float clip = p->opt.clip_norm;
+  if (pmap_guard_norm_over(norm, clip, params_norm_max(p))) {
+    v.skip = 1;
+    v.over = norm;
+    return v;
+  }
   /* In double: clip / norm may underflow float (a tiny clip, a huge norm); the step still takes
    * its (tiny, or with the guard off and an infinite norm, NaN-making) scale. */
-  float clip = p->opt.clip_norm;
   if (clip > 0.0f && !(norm <= clip)) v.scale = (float)((double)clip / (double)norm);
   return v;
 }
@@ -206,7 +213,7 @@ static pmap_status replicated_step(pmap_device *dev, step_call *c, replica *r) {
   PMAP_TRY(
       backend_all_reduce(dev, "pmap_update's all-reduce", r->g, r->g, gl->reduced, PMAP_RED_MEAN));
   /* Decide. */
-  verdict v = {0, 1.0f};
+  verdict v = {0, 1.0f, 0.0f};
   int tail = p->guard || p->opt.clip_norm > 0.0f;
   float *h = host_tail(p, dev);
   if (tail) {
@@ -219,7 +226,7 @@ static pmap_status replicated_step(pmap_device *dev, step_call *c, replica *r) {
     v = decide(p, h);
   }
   if (v.skip) {
-    if (pmap_local_index(dev) == 0) c->skipped = 1;
+    if (pmap_local_index(dev) == 0) c->skipped = 1, c->over_norm = v.over;
     return PMAP_SUCCESS; /* nothing changes on any replica */
   }
   /* Apply. */
@@ -273,7 +280,7 @@ static pmap_status sharded_step(pmap_device *dev, step_call *c, replica *r) {
   PMAP_TRY(sharded_tail(dev, p, r, h));
   verdict v = decide(p, h);
   if (v.skip) {
-    if (pmap_local_index(dev) == 0) c->skipped = 1;
+    if (pmap_local_index(dev) == 0) c->skipped = 1, c->over_norm = v.over;
     return PMAP_SUCCESS;
   }
   /* Apply. Every device passed the exchange (one verdict), so every device steps its part now:
@@ -439,8 +446,36 @@ static pmap_status numeric_error(const pmap_params *p, const sources *s) {
                   (long long)p->step + 1, seq, what, (double)h[0]);
 }
 
+/* The message of a step the guard skipped for a finite gradient norm too large for its
+ * optimizer, naming the devices whose own norm (their flags) exceeds the limit too. */
+static pmap_status norm_error(const pmap_params *p, float norm) {
+  const float *h = p->guard_host;
+  int G = p->gl.G, dist = runtime_distributed(p->ctx);
+  float max = params_norm_max(p);
+  int *own = calloc((size_t)G, sizeof *own);
+  char devs[600] = "", what[700] = "";
+  int n_own = 0;
+  if (own) {
+    for (int g = 0; g < G; g++) own[g] = h[1 + g] * (float)G > max; /* a flag is a mean */
+    n_own = device_list(p, own, devs, sizeof devs);
+    free(own);
+  }
+  if (n_own)
+    snprintf(what, sizeof what, "; the local gradients of %s%s exceed it",
+             n_own > 1 ? (dist ? "" : "devices ") : (dist ? "" : "device "), devs);
+  return PMAP_ERR(PMAP_ERR_NUMERIC,
+                  "pmap_update: step %lld: the averaged gradient's L2 norm %g exceeds %g, the "
+                  "largest %s takes with the numeric guard on (the squares of its values could "
+                  "overflow the second moment to infinity)%s (averaged loss %g); the step was "
+                  "skipped on every replica: parameters, optimizer state and step count are "
+                  "unchanged",
+                  (long long)p->step + 1, (double)norm, (double)max,
+                  p->opt.kind == PMAP_OPT_ADAMW ? "AdamW" : "Adam", what, (double)h[0]);
+}
+
 /* A skipped step's error, after looking for the sources where layers exchange values. */
 static pmap_status skipped_error(pmap_params *p, step_call *c) {
+  if (c->over_norm > 0.0f) return norm_error(p, c->over_norm);
   sources s = {.c = c};
   if (model_has_collectives(p->model) && !p->grad_fn) {
     if (params_dispatch(p, sources_job, &s))

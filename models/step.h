@@ -19,6 +19,7 @@ typedef struct step_call {
   int want_loss;             /* the caller asked for the loss */
   float loss;                /* out: the averaged loss (device 0) */
   int skipped;               /* out: the numeric guard skipped the step (device 0) */
+  float over_norm;           /* out: with skipped, the finite norm over params_norm_max, else 0 */
   _Atomic int stepped;       /* out, sharded: a device stepped its part (the gather may follow) */
 } step_call;
 

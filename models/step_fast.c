@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "ops/op_math.h"
 #include "step_fast.h"
 
 typedef enum fast_mode {
@@ -216,7 +217,8 @@ static pmap_status step_body(pmap_device *dev, step_call *c, replica *r, step_gr
     /* One norm over every gradient (the plain step sums it from the parts: the two may differ
      * in the last bit), in the slot after the flags: [loss | flags | norm] contiguous. */
     PMAP_TRY(ops->norm2(r->q, r->g, P, r->g + p->gl.parts));
-    PMAP_TRY(p->ob->decide(r->q, r->g, P, r->g + p->gl.loss, n, p->guard, clip));
+    PMAP_TRY(
+        p->ob->decide(r->q, r->g, P, r->g + p->gl.loss, n, p->guard, clip, params_norm_max(p)));
   }
   /* After the device's verdict: a skipped step commits no state and steps nothing (copy and
    * the optimizer kernels read it). */
@@ -299,6 +301,8 @@ static pmap_status read_back(pmap_device *dev, step_call *c, replica *r) {
     PMAP_TRY(backend_download(dev, h, r->g + p->gl.loss, ((size_t)n + 2) * sizeof *h));
     int finite = 1;
     for (int i = 0; i < n + 2; i++) finite &= isfinite(h[i]) != 0;
+    if (finite && pmap_guard_norm_over(h[n + 1], p->opt.clip_norm, params_norm_max(p)))
+      c->over_norm = h[n + 1], finite = 0; /* as the device decided (ops/cuda/step_vals.cu) */
     c->skipped = !finite;
     c->loss = h[0];
     return PMAP_SUCCESS;

@@ -52,6 +52,19 @@ PMAP_HD static inline void pmap_adam_update(float *w, float g, float *m, float *
   if (wd != 0.0f) *w -= decay;
 }
 
+/* The largest global gradient L2 norm an Adam or AdamW step takes with the numeric guard on:
+ * below it every g^2, the second moment and its bias-corrected value stay inside float (their
+ * bound is the largest g^2 seen); above it the second moment could overflow to infinity, which
+ * would freeze its parameter for good (m / inf is 0), so the guard skips the step instead. */
+#define PMAP_ADAM_NORM_MAX 1e19f
+/* Whether the guard skips a step whose values are finite for the size of its gradient: the
+ * norm the optimizer would take (clip when clipping scales the gradient down to it) exceeds
+ * norm_max (0: no limit, as for SGD). */
+PMAP_HD static inline int pmap_guard_norm_over(float norm, float clip, float norm_max) {
+  float taken = clip > 0.0f && !(norm <= clip) ? clip : norm;
+  return norm_max > 0.0f && taken > norm_max;
+}
+
 /* Vectorizable transcendentals. On the CPU each is straight-line float code (no libm call, no
  * branch: selects), so a loop over an array becomes SIMD code, and the same operations in the
  * same order give the same bits on every machine and every SIMD width (no FMA contraction in
@@ -311,13 +324,6 @@ PMAP_HD static inline void pmap_moments(float sum, float sumsq, float count, flo
   *mean = shift + m;
   *var = v - v != 0.0f ? v - v : v > 0.0f ? v : 0.0f; /* v - v: 0, or NaN for inf and NaN */
 }
-/* The same from sums held in double (layer norm's rows): the subtraction happens in double. */
-PMAP_HD static inline void pmap_moments_d(double sum, double sumsq, double count, float *mean,
-                                          float *var) {
-  double m = sum / count, v = sumsq / count - m * m;
-  *mean = (float)m;
-  *var = v > 0.0 ? (float)v : 0.0f;
-}
 /* Batch norm statistics of channel ch: stats (3c + 1) = sums (c), sums of squares (c), count,
  * shifts (c), the sums taken of x - shift. */
 PMAP_HD static inline void pmap_bn_moments(const float *stats, int64_t c, int64_t ch, float *mean,
@@ -325,6 +331,18 @@ PMAP_HD static inline void pmap_bn_moments(const float *stats, int64_t c, int64_
   pmap_moments(stats[ch], stats[c + ch], stats[2 * c], stats[2 * c + 1 + ch], mean, var);
 }
 PMAP_HD static inline float pmap_rstd(float var, float eps) { return 1.0f / sqrtf(var + eps); }
+/* Layer norm's row moments from sums held in double (the subtraction happens in double): the
+ * mean and 1 / sqrt(var + eps). The variance is rounded to float and the reciprocal taken in
+ * float, as batch norm's, where it fits; a row whose variance passes FLT_MAX (|x| beyond about
+ * 1e19, whose squares the double sums still hold) takes it in double, so its rstd is the small
+ * finite value it is and not 1 / sqrt(inf) = 0, which would make the row's output beta. */
+PMAP_HD static inline void pmap_ln_moments(double sum, double sumsq, double count, float eps,
+                                           float *mean, float *rstd) {
+  double m = sum / count, v = sumsq / count - m * m;
+  float var = v > 0.0 ? (float)v : 0.0f;
+  *mean = (float)m;
+  *rstd = isfinite(var) || !isfinite(v) ? pmap_rstd(var, eps) : (float)(1.0 / sqrt(v + eps));
+}
 /* The moments a training step normalises channel ch with: those of stats, with a NaN variance
  * when the moments of run_stats (the global batch's, which move the running statistics; NULL:
  * none) are not finite. Per-device statistics (batch norm without cross_replica) can fit while

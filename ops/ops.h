@@ -95,10 +95,12 @@ typedef struct op_backend {
    * until a call with h NULL the optimizer, copy and dropout ops read them from there (so a
    * captured step does not bake them in) and change nothing once decide skipped the step.
    * decide: from the averaged [loss | flags (n) | norm] at tail, skip the step when check and a
-   * value is not finite, else scale g (P) by clip / norm when clip > 0 and the norm exceeds it. */
+   * value is not finite or the norm the optimizer would take exceeds norm_max (> 0; ops/op_math.h
+   * pmap_guard_norm_over), else scale g (P) by clip / norm when clip > 0 and the norm exceeds
+   * it. */
   pmap_status (*step_values)(op_queue *q, const pmap_step_hyper *h, int64_t step);
   pmap_status (*decide)(op_queue *q, float *g, size_t P, const float *tail, int n, int check,
-                        float clip);
+                        float clip, float norm_max);
 } op_backend;
 
 /* The op backend of the runtime backend `name` ("cpu"; "cuda" where it was built, from the CUDA

@@ -555,8 +555,97 @@ static void test_clip_extremes(void) {
   }
 }
 
+/* Adam and AdamW with the guard on skip a step whose gradient norm passes PMAP_ADAM_NORM_MAX
+ * (1e19), whose squares could overflow the second moment (and with it freeze the parameter for
+ * good): PMAP_ERR_NUMERIC naming the norm and the device whose own gradient passes it, nothing
+ * changed. Below the limit, with a clip that brings the gradient under it, with SGD and with
+ * the guard off the step is taken. Replicated and sharded optimizers. */
+typedef struct huge_grad {
+  float g; /* every gradient element of device `who` (the others: 1) */
+  int who;
+} huge_grad;
+
+static pmap_status huge_grad_fn(const pmap_grad_args *a, void *user) {
+  const huge_grad *h = user;
+  float g = pmap_axis_index(a->dev) == h->who ? h->g : 1.0f;
+  for (size_t i = 0; i < a->num_params; i++) a->grads[i] += a->scale * g;
+  *a->loss = 1.0f;
+  return PMAP_SUCCESS;
+}
+
+static void test_adam_norm(void) {
+  const struct {
+    float g, clip;
+    int kind, guard, skipped;
+  } cases[] = {
+      {4e19f, 0.0f, PMAP_OPT_ADAM, PMAP_GUARD_ON, 1},  /* vhat = g^2 / 4 overflows in step 1 */
+      {1e21f, 0.0f, PMAP_OPT_ADAMW, PMAP_GUARD_ON, 1}, /* the second moment itself overflows */
+      {3e18f, 0.0f, PMAP_OPT_ADAM, PMAP_GUARD_ON, 0},  /* norm 3e18: under the limit */
+      {1e21f, 10.0f, PMAP_OPT_ADAM, PMAP_GUARD_ON, 0}, /* clipped to 10 first */
+      {1e21f, 0.0f, PMAP_OPT_SGD, PMAP_GUARD_ON, 0},   /* no second moment */
+      {1e21f, 0.0f, PMAP_OPT_ADAM, PMAP_GUARD_OFF, 0}, /* the guard off: taken as it is */
+  };
+  for (int shard = 0; shard < 2; shard++)
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+      pmap_config cfg = {.backend = PMAP_BACKEND_CPU,
+                         .num_devices = 2,
+                         .numeric_guard = cases[c].guard,
+                         .shard_optimizer = shard ? PMAP_SHARD_ON : PMAP_SHARD_OFF};
+      pmap_ctx *ctx = NULL;
+      pmap_params *p = NULL;
+      pmap_optimizer opt = cases[c].kind == PMAP_OPT_SGD    ? pmap_sgd(1e-3f, 0.0f)
+                           : cases[c].kind == PMAP_OPT_ADAM ? pmap_adam(1e-3f)
+                                                            : pmap_adamw(1e-3f, 0.01f);
+      opt.clip_norm = cases[c].clip;
+      huge_grad hg = {cases[c].g, 1}; /* the mean over the 2 devices: about g / 2 */
+      float init[4] = {1.0f, -1.0f, 0.5f, 2.0f}, w[4], xs[2] = {0}, loss = 7.0f;
+      int64_t sh[1] = {2};
+      pmap_array x = pmap_array_f32(xs, 1, sh);
+      CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+      CHECK_OK(pmap_params_create_custom(ctx, 4, init, huge_grad_fn, &hg, &opt, &p));
+      pmap_status st = pmap_update(p, &x, &x, &loss);
+      const char *msg = pmap_last_error();
+      if (cases[c].skipped) {
+        CHECK(st == PMAP_ERR_NUMERIC, "shard %d case %zu: status %d (%s), not skipped", shard, c,
+              (int)st, msg);
+        CHECK(strstr(msg, "exceeds 1e+19") && strstr(msg, "device 1 exceed"),
+              "shard %d case %zu: message %s", shard, c, msg);
+        CHECK(pmap_params_step(p) == 0 && loss == 7.0f, "shard %d case %zu: step %lld loss %g",
+              shard, c, (long long)pmap_params_step(p), (double)loss);
+      } else {
+        CHECK(st == PMAP_SUCCESS, "shard %d case %zu: %s", shard, c, msg);
+        CHECK(pmap_params_step(p) == 1, "shard %d case %zu: step %lld", shard, c,
+              (long long)pmap_params_step(p));
+      }
+      for (int d = 0; d < 2; d++) {
+        CHECK_OK(pmap_params_read(p, d, w, 4));
+        for (int i = 0; i < 4; i++) {
+          if (cases[c].skipped)
+            CHECK(w[i] == init[i], "shard %d case %zu device %d: w[%d] %g changed", shard, c, d, i,
+                  (double)w[i]);
+          else if (cases[c].kind != PMAP_OPT_SGD && cases[c].guard == PMAP_GUARD_ON)
+            /* Adam's first step moves each weight by lr, whatever the gradient's size. */
+            CHECK(fabsf(w[i] - (init[i] - 1e-3f)) < 1e-5f, "shard %d case %zu: w[%d] %g, want %g",
+                  shard, c, i, (double)w[i], (double)(init[i] - 1e-3f));
+        }
+      }
+      /* A skipped step leaves the optimizer able to take the next (ordinary) gradient. */
+      if (cases[c].skipped) {
+        hg.g = 1.0f;
+        CHECK_OK(pmap_update(p, &x, &x, &loss));
+        CHECK_OK(pmap_params_read(p, 0, w, 4));
+        float want = init[0] - 1e-3f - (cases[c].kind == PMAP_OPT_ADAMW ? 1e-5f * init[0] : 0.0f);
+        CHECK(fabsf(w[0] - want) < 1e-6f, "shard %d case %zu: after: w %g, want %g", shard, c,
+              (double)w[0], (double)want);
+      }
+      pmap_params_destroy(p);
+      pmap_ctx_destroy(ctx);
+    }
+}
+
 int main(void) {
   test_clip_extremes();
+  test_adam_norm();
   for (int n = 1; n <= 4; n++) test_nan_input(n, PMAP_GUARD_ON);
   test_nan_input(2, PMAP_GUARD_OFF);
   test_huge_lr();

@@ -87,9 +87,8 @@ CPU_SIMD_CLONES pmap_status cpu_layernorm_forward(op_queue *q, const float *x, c
     const float *xr = x + r * f;
     double s = 0.0, ss = 0.0;
     for (int64_t j = 0; j < f; j++) s += xr[j], ss += (double)xr[j] * xr[j];
-    float mean, var;
-    pmap_moments_d(s, ss, (double)f, &mean, &var);
-    float rstd = pmap_rstd(var, eps);
+    float mean, rstd;
+    pmap_ln_moments(s, ss, (double)f, eps, &mean, &rstd);
     for (int64_t j = 0; j < f; j++) y[r * f + j] = (xr[j] - mean) * rstd * gamma[j] + beta[j];
     stats[2 * r] = mean;
     stats[2 * r + 1] = rstd;

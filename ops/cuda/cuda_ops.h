@@ -23,7 +23,7 @@ extern const pmap_ops pmap_cuda_ops;
  * [loss | flags (n) | norm] at tail, writes q->vals's skip and scale, and scales g (P) by it
  * when clip > 0. */
 pmap_status cuda_decide(op_queue *q, float *g, size_t P, const float *tail, int n, int check,
-                        float clip);
+                        float clip, float norm_max);
 /* The fast steps' values (op_backend.step_values): h's settings and the step number into
  * q->vals in stream order, read by the kernels from then on; h NULL: read no more. */
 pmap_status cuda_step_values(op_queue *q, const pmap_step_hyper *h, int64_t step);

@@ -15,10 +15,7 @@ static __global__ void layernorm_forward_kernel(const float *x, const float *gam
   __syncthreads();
   ss = cuda_block_sum(ss);
   if (threadIdx.x == 0) {
-    float mean, var;
-    pmap_moments_d(s, ss, (double)f, &mean, &var);
-    moments[0] = mean;
-    moments[1] = pmap_rstd(var, eps);
+    pmap_ln_moments(s, ss, (double)f, eps, &moments[0], &moments[1]);
     stats[2 * r] = moments[0];
     stats[2 * r + 1] = moments[1];
   }

@@ -7,11 +7,12 @@
 
 /* tail: [loss | flags (n) | norm] of the averaged gradient buffer. */
 static __global__ void decide_kernel(const float *tail, int n, int check, float clip,
-                                     cuda_step_vals *vals) {
+                                     float norm_max, cuda_step_vals *vals) {
   int finite = 1;
   if (check)
     for (int i = 0; i < n + 2; i++) finite &= isfinite(tail[i]) ? 1 : 0;
   float norm = tail[n + 1], scale = 1.0f;
+  if (check && pmap_guard_norm_over(norm, clip, norm_max)) finite = 0;
   /* In double, as on the host: clip / norm may underflow float. */
   if (clip > 0.0f && !(norm <= clip)) scale = (float)((double)clip / (double)norm);
   vals->skip = !finite;
@@ -25,10 +26,10 @@ static __global__ void scale_vals_kernel(float *x, size_t n, const cuda_step_val
 }
 
 extern "C" pmap_status cuda_decide(op_queue *q, float *g, size_t P, const float *tail, int n,
-                                   int check, float clip) {
+                                   int check, float clip, float norm_max) {
   if (!q->vals_on)
     return PMAP_ERR(PMAP_ERR_INTERNAL, "device %d: a decision outside a fast step", q->where.index);
-  decide_kernel<<<1, 1, 0, q->stream>>>(tail, n, check, clip, q->vals);
+  decide_kernel<<<1, 1, 0, q->stream>>>(tail, n, check, clip, norm_max, q->vals);
   CUDA_CHECK_LAUNCH(q, "decide_kernel");
   if (clip > 0.0f && P > 0) {
     scale_vals_kernel<<<cuda_grid(P), CUDA_BLOCK, 0, q->stream>>>(g, P, q->vals);
