@@ -415,6 +415,7 @@ class Params:
             # the call can leave the params unclosed.
             self._loss, self._uneven = model._loss, ctx._uneven
             self._local_devices = lib.pmap_ctx_num_devices(c)
+            self._first_device = lib.pmap_ctx_process_index(c) * self._local_devices
             st = lib.pmap_params_create(c, m, ctypes.byref(optimizer), seed, ctypes.byref(raw))
             self._handle.created(st)
             if st:
@@ -503,8 +504,12 @@ class Params:
         seed. The model sees the last T tokens of each row."""
         return _infer.generate(self, prompt, steps, temperature, seed, "Params.generate")
 
-    def read(self, device=0):
-        """A copy of device `device`'s replica of the parameters (float32, flat)."""
+    def read(self, device=None):
+        """A copy of device `device`'s replica of the parameters (float32, flat): a global device
+        index, one of this process's; None for this process's first device (0 in one
+        process)."""
+        if device is None:
+            device = self._first_device
         device = integer("device", device, *INT32)
         with self._handle.hold("Params.read"):
             h = self._handle.get("Params.read")
@@ -519,8 +524,8 @@ class Params:
         check(self._call("Params.write", lib.pmap_params_write,
                          a.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), a.size))
 
-    def named(self, device=0):
-        """{name: ndarray} of device `device`'s parameters, each block with its shape
+    def named(self, device=None):
+        """{name: ndarray} of device `device`'s parameters (as read()), each block with its shape
         ("3.causal_attention.wqkv": (D, 3E), ...; Model.parameter_shapes); copies."""
         flat = self.read(device)
         return {name: flat[at:at + int(np.prod(shape))].reshape(shape).copy()
@@ -531,7 +536,7 @@ class Params:
         replica, the rest unchanged; a name or shape that does not match is refused before
         anything changes."""
         where = {name: (at, shape) for name, shape, at in self._blocks}
-        self.write(_convert.assign_named(self.read(0), where, values, "Params.set_named"))
+        self.write(_convert.assign_named(self.read(), where, values, "Params.set_named"))
 
     def memory(self, batch):
         """The device memory a step of update() at this global batch needs on each device, in
@@ -658,6 +663,7 @@ class CustomParams(Params):
         with ctx._handle.hold(call):
             c = ctx._handle.get(call)
             self._local_devices, self._uneven = lib.pmap_ctx_num_devices(c), ctx._uneven
+            self._first_device = lib.pmap_ctx_process_index(c) * self._local_devices
             ctx._children.add(self._handle)
             st = lib.pmap_params_create_custom(c, flat.size, init_p, grad.c, None,
                                                ctypes.byref(optimizer), ctypes.byref(raw))
@@ -670,15 +676,15 @@ class CustomParams(Params):
         """One data-parallel step of fn on the global batch (xs, ys); returns the mean loss."""
         return _custom.update(self, xs, ys, "Params.update")
 
-    def named(self, device=0):
-        """{name: ndarray} of the parameters by init's blocks ({"params": flat} for a flat
+    def named(self, device=None):
+        """{name: ndarray} of device `device`'s parameters (as read()) by init's blocks ({"params": flat} for a flat
         init); copies."""
         return _custom.named(self.read(device), self._layout)
 
     def set_named(self, values):
         """Sets the blocks named in values on every replica, the rest unchanged; a name or shape
         that does not match is refused before anything changes."""
-        self.write(_custom.set_named(self.read(0), self._layout, values))
+        self.write(_custom.set_named(self.read(), self._layout, values))
 
     def _no_forward(self, call):
         raise ArgumentError(f"{call}: custom params have no forward pass pmap knows; compute "

@@ -54,8 +54,12 @@ def flag(name, v):
 
 
 def choice(name, v, table):
-    """table[v] for a str v that is one of table's keys."""
-    if not isinstance(v, str) or v not in table:
+    """table[v] for a str v that is one of table's keys (ArgumentTypeError for a v that is not a
+    str, ArgumentError for another str)."""
+    if not isinstance(v, str):
+        raise ArgumentTypeError(f"{name} must be a str, one of {sorted(table)}; got "
+                                f"{type(v).__name__} {v!r}")
+    if v not in table:
         raise ArgumentError(f"{name} {v!r} is not one of {sorted(table)}")
     return table[v]
 

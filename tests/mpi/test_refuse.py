@@ -87,7 +87,14 @@ def state(p, d, path):
     with open(path, "rb") as f:
         data = f.read()
     os.unlink(path)
-    return p.read(RANK * d), p.step, data
+    w = p.read(RANK * d)
+    # The defaults read this process's first device, on every process.
+    if not np.array_equal(p.read(), w):
+        fail(f"process {RANK}: read() is not read({RANK * d})")
+    flat = np.concatenate([v.ravel() for v in p.named().values()])
+    if flat.size != w.size or not np.array_equal(np.sort(flat), np.sort(w)):
+        fail(f"process {RANK}: named() does not hold read()'s values")
+    return w, p.step, data
 
 
 def case(ctx, d, kind, bad, custom, scratch):
