@@ -7,6 +7,7 @@
  * record the policy and resume under either; the memory plan shows the saving; the calls refuse
  * bad input. Prints what it measures; fails when a bound is exceeded. */
 #include "ops/cpu/bf16.h"
+#include "ops/cpu/conv.h"
 #include "pmap_examples.h"
 #include "testutil.h"
 
@@ -139,6 +140,105 @@ static void repeats(void) {
   test_same_bits("res-mlp bf16 on 2 devices, run twice", a.w, b.w, a.n);
   test_same_bits("res-mlp bf16 losses, run twice", a.loss, b.loss, 30);
   free(a.w), free(b.w), free(c.w);
+}
+
+/* conv2d's bias gradient under bf16 sums the float output gradient, as dense's does: only the
+ * convolution's operands are rounded. One conv2d (16 -> 16 channels, 3x3, 8x8, with and without
+ * its folded ReLU) under MSE against targets c below its outputs, every value a few bits wide so
+ * that the convolution is exact: dy = 2 c / (B OH OW OC) wherever the ReLU passes, and
+ * c = 1 + 3/1024 rounds to 1 in bfloat16, so a bias gradient from the rounded dy is 0.29 % short.
+ * SGD at rate 1 from bias b leaves b - db; on both CPU convolutions, 1 and 2 devices. */
+static void conv_bias_case(const char *path, int relu, int devices) {
+  const int64_t C = 16, OC = 16, H = 8, W = 8, B = 4, out = OC * H * W;
+  const double c = 1.0 + 3.0 / 1024.0;
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = devices};
+  int64_t in[3] = {C, H, W};
+  pmap_ctx *ctx = NULL;
+  pmap_model *m = NULL;
+  pmap_params *p = NULL;
+  pmap_optimizer opt = pmap_sgd(1.0f, 0.0f);
+  CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+  CHECK_OK(pmap_model_create(3, in, &m));
+  CHECK_OK(pmap_model_add_conv2d(m, OC, 3, 3, 1, 1));
+  if (relu) CHECK_OK(pmap_model_add_relu(m));
+  CHECK_OK(pmap_model_add_flatten(m));
+  CHECK_OK(pmap_model_set_loss(m, PMAP_LOSS_MSE));
+  CHECK_OK(pmap_params_create(ctx, m, &opt, 0, &p));
+  if (!p) return;
+  size_t nw = (size_t)(OC * C * 9), n = pmap_params_count(p);
+  CHECK(n == nw + (size_t)OC, "conv2d has %zu parameters, not %zu", n, nw + (size_t)OC);
+  float *w = calloc(n, sizeof *w), *x = calloc((size_t)(B * C * H * W), sizeof *x);
+  float *t = calloc((size_t)(B * out), sizeof *t), *after = calloc(n, sizeof *after);
+  double *z = calloc((size_t)(B * out), sizeof *z);
+  for (size_t j = 0; j < nw; j++) w[j] = (float)((int)((j * 5) % 7) - 3) / 8.0f;
+  for (int64_t o = 0; o < OC; o++) w[nw + (size_t)o] = (float)((int)(o % 5) - 2) / 4.0f;
+  for (int64_t j = 0; j < B * C * H * W; j++) x[j] = (float)((int)((j * 7) % 5) - 2) / 2.0f;
+  /* The convolution in float64 (exact here), the targets, and the reference gradient. */
+  double *db = calloc((size_t)OC, sizeof *db);
+  for (int64_t e = 0; e < B; e++)
+    for (int64_t o = 0; o < OC; o++)
+      for (int64_t oy = 0; oy < H; oy++)
+        for (int64_t ox = 0; ox < W; ox++) {
+          double v = w[nw + (size_t)o];
+          for (int64_t ci = 0; ci < C; ci++)
+            for (int ky = 0; ky < 3; ky++)
+              for (int kx = 0; kx < 3; kx++) {
+                int64_t iy = oy + ky - 1, ix = ox + kx - 1;
+                if (iy < 0 || iy >= H || ix < 0 || ix >= W) continue;
+                v += (double)w[(size_t)(((o * C + ci) * 3 + ky) * 3 + kx)] *
+                     x[((e * C + ci) * H + iy) * W + ix];
+              }
+          size_t at = (size_t)(e * out + (o * H + oy) * W + ox);
+          double y = relu && v <= 0 ? 0.0 : v;
+          t[at] = (float)(y - c);
+          z[at] = y - (double)t[at];
+          if (!relu || v > 0) db[o] += 2.0 * z[at] / (double)(B * out);
+        }
+  CHECK_OK(pmap_params_write(p, w, n));
+  CHECK_OK(pmap_params_set_precision(p, PMAP_PRECISION_BF16));
+  int64_t xs_shape[4] = {B, C, H, W}, ys_shape[2] = {B, out};
+  pmap_array xs = pmap_array_f32(x, 4, xs_shape), ys = pmap_array_f32(t, 2, ys_shape);
+  float loss = 0;
+  CHECK_OK(pmap_update(p, &xs, &ys, &loss));
+  CHECK_OK(pmap_params_verify(p));
+  CHECK_OK(pmap_params_read(p, devices - 1, after, n));
+  double worst = 0;
+  for (int64_t o = 0; o < OC; o++) {
+    double got = (double)w[nw + (size_t)o] - (double)after[nw + (size_t)o];
+    double e = fabs(got - db[o]) / fmax(fabs(db[o]), 1e-3);
+    if (e > worst) worst = e;
+  }
+  printf("conv2d bias gradient under bf16 (%s, %s, %d devices): %.2e from the float dy's\n", path,
+         relu ? "ReLU" : "no ReLU", devices, worst);
+  CHECK(worst <= 1e-5,
+        "%s%s, %d devices: conv2d's bias gradient under bf16 differs from the float dy's sum by "
+        "%.3g (relative; the rounded dy's is 2.9e-3 short)",
+        path, relu ? " with ReLU" : "", devices, worst);
+  free(w), free(x), free(t), free(after), free(z), free(db);
+  pmap_params_destroy(p);
+  pmap_model_destroy(m);
+  pmap_ctx_destroy(ctx);
+}
+
+static void conv_bias(void) {
+  const char *paths[] = {"im2col", "onednn"};
+  for (int i = 0; i < 2; i++) {
+    if (cpu_conv_force(paths[i]) != PMAP_SUCCESS) {
+      printf("conv2d bias gradient: no %s convolution in this build\n", paths[i]);
+      continue;
+    }
+    /* The shape the cases take is one oneDNN's primitives serve (not im2col's fallback). */
+    pmap_conv_shape s = {16, 8, 8, 16, 8, 8, 3, 3, 1, 1};
+    if (!strcmp(paths[i], "onednn"))
+      for (int64_t bd = 2; bd <= 4; bd += 2)
+        CHECK(conv_dnnl_serves(NULL, &s, bd), "oneDNN does not serve the case's shape at %lld",
+              (long long)bd);
+    for (int relu = 0; relu < 2; relu++)
+      for (int d = 1; d <= 2; d++) conv_bias_case(paths[i], relu, d);
+  }
+  const char *env = getenv("PMAP_CONV");
+  if (cpu_conv_force(env && *env && strcmp(env, "auto") ? env : "onednn"))
+    CHECK_OK(cpu_conv_force("im2col"));
 }
 
 /* Both CPU bf16 GEMMs compute the same products and float sums, in other orders: where a sum
@@ -401,6 +501,7 @@ int main(void) {
   guard();
   checkpoints();
   repeats();
+  conv_bias();
   providers();
   /* The models on the GEMM this process chose (PMAP_GEMM_BF16), which providers() changed. */
   const char *env = getenv("PMAP_GEMM_BF16");

@@ -23,8 +23,8 @@ static int64_t fan_in(const pmap_conv_shape *s) { return s->c * s->kh * s->kw; }
  * gradient) rounded to bfloat16 values held as floats, through the float kernels, whose
  * products of such values are exact: bfloat16 semantics, float speed. The input and weights so
  * rounded stay in r->aux[i] (bd x C H W, then the weights) from forward to backward; dy's
- * rounding takes the shared scratch (the bias gradient, which the kernel sums from the dy it
- * is given, then sums the rounded values). */
+ * rounding takes the shared scratch. The bias gradient is no GEMM operand: it sums the float dy
+ * (bias_backward, before the rounding), as dense's does, and the kernel is given no db. */
 static void rows16(const layer *l, size_t *aux, size_t *fixed, size_t *tmp) {
   *aux = (size_t)l->in_size;
   *fixed = l->w_size;
@@ -66,13 +66,23 @@ static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i,
     dy = r->dout[i] = r->dact[i];
   }
   const float *x = r->in[i], *w = r->w + l->w_off;
+  float *db = r->g + l->b_off;
   if (r->w16) {
+    /* The bias gradient from the float dy (through the ReLU first where it is folded), as
+     * dense's; the convolution then takes the rounded dy alone. Rounding commutes with the
+     * ReLU's mask, so the kernels' gradients are those of the rounded dy through it. */
+    size_t n = (size_t)(bd * l->out_size);
     x = r->aux[i], w = x + (size_t)(bd * l->in_size);
-    PMAP_TRY(r->ops->round_bf16(r->q, dy, NULL, r->tmp, (size_t)(bd * l->out_size)));
-    dy = r->tmp;
+    if (relu_out) {
+      PMAP_TRY(r->ops->relu_backward(r->q, relu_out, dy, r->tmp, n));
+      dy = r->tmp, relu_out = NULL;
+    }
+    PMAP_TRY(r->ops->bias_backward(r->q, dy, db, bd, s->oc, s->oh * s->ow));
+    PMAP_TRY(r->ops->round_bf16(r->q, dy, NULL, r->tmp, n));
+    dy = r->tmp, db = NULL;
   }
-  return r->ops->conv2d_backward(r->q, s, bd, x, w, relu_out, dy, dx, r->g + l->w_off,
-                                 r->g + l->b_off, r->col, r->dcol);
+  return r->ops->conv2d_backward(r->q, s, bd, x, w, relu_out, dy, dx, r->g + l->w_off, db, r->col,
+                                 r->dcol);
 }
 
 static void init(const layer *l, double gain, struct pmap_rng *rng, float *w) {
