@@ -43,6 +43,14 @@ int main(void) {
     CHECK(r == 1 && checks > 1000, "bf16 gemm %s: %d of %d checks failed", bf16[i], failures,
           checks);
     printf("bf16 gemm %s: %s\n", bf16[i], r == 1 ? "ok" : "FAILED");
+    /* The harness's GEMMs ran on this thread (the CPU backend's device 0 is the caller's), its
+     * largest past the portable path's bound: the widened operands stayed within it. */
+    size_t held = cpu_bf16_scratch_floats();
+    CHECK(held <= CPU_BF16_SCRATCH,
+          "bf16 gemm %s: the thread's scratch holds %zu floats, over "
+          "the bound of %d",
+          bf16[i], held, CPU_BF16_SCRATCH);
+    if (i == 1) CHECK(held > 0, "the portable path used no scratch");
   }
   CHECK_FAILS(cpu_bf16_force("bogus"), PMAP_ERR_INVALID_ARGUMENT, "bogus");
   CHECK(n >= 1, "no CPU GEMM provider listed");

@@ -44,23 +44,60 @@ CPU_SIMD_CLONES static void widen_matrix(const pmap_bf16 *x, int64_t ld, int64_t
   }
 }
 
-/* The portable path of one GEMM of a batch: both operands widened into the calling thread's
- * scratch, as stored (a transposed operand stays transposed), then the float GEMM in use. */
+/* rows x cols of op(x) starting at (r0, c0), where op(x) is x or, trans, x's transpose (x at
+ * leading dimension ld), widened into the packed y as stored: *ld_y is y's leading dimension. */
+static void widen_block(const pmap_bf16 *x, int64_t ld, int trans, int64_t r0, int64_t c0,
+                        int64_t rows, int64_t cols, float *y, int64_t *ld_y) {
+  if (trans) {
+    widen_matrix(x + c0 * ld + r0, ld, cols, rows, y);
+    *ld_y = rows;
+  } else {
+    widen_matrix(x + r0 * ld + c0, ld, rows, cols, y);
+    *ld_y = cols;
+  }
+}
+
+/* The portable path of one GEMM of a batch: the operands widened into the calling thread's
+ * scratch, as stored (a transposed operand stays transposed), then the float GEMM in use. When
+ * both fit in CPU_BF16_SCRATCH floats they are widened whole and multiplied by one call;
+ * otherwise k is cut into slices of at most CPU_BF16_BLOCK_K and c into tiles of as many rows and
+ * columns as keep a slice of both operands within the scratch (256 at least), each tile summed
+ * over the slices in order (c = alpha a b + beta c on the first, + c on the next): the scratch
+ * stays within CPU_BF16_SCRATCH floats whatever the shape. */
 static pmap_status portable_one(const bf16_gemm *g, const pmap_bf16 *a, const pmap_bf16 *b,
                                 float *c) {
-  int64_t ar = g->ta ? g->k : g->m, ac = g->ta ? g->m : g->k;
-  int64_t br = g->tb ? g->n : g->k, bc = g->tb ? g->k : g->n;
-  size_t na = (size_t)(ar * ac), nb = (size_t)(br * bc);
-  float *buf = cpu_bf16_scratch(na + nb);
+  int64_t m = g->m, n = g->n, k = g->k;
+  int whole = (double)k * (double)(m + n) <= (double)CPU_BF16_SCRATCH;
+  int64_t kb = whole || k < CPU_BF16_BLOCK_K ? k : CPU_BF16_BLOCK_K;
+  int64_t side = kb > 0 ? CPU_BF16_SCRATCH / 2 / kb : 0; /* rows of a tile, and columns */
+  int64_t mb = whole || m < side ? m : side, nb = whole || n < side ? n : side;
+  size_t na = (size_t)(mb * kb), nb_floats = (size_t)(kb * nb);
+  float *buf = cpu_bf16_scratch(na + nb_floats > 0 ? na + nb_floats : 1);
   if (!buf)
     return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY,
                     "gemm_bf16: out of memory for %zu floats of widened operands (m %lld n %lld k "
                     "%lld)",
-                    na + nb, (long long)g->m, (long long)g->n, (long long)g->k);
-  widen_matrix(a, g->lda, ar, ac, buf);
-  widen_matrix(b, g->ldb, br, bc, buf + na);
-  return cpu_gemm(NULL, g->ta, g->tb, g->m, g->n, g->k, g->alpha, buf, ac, buf + na, bc, g->beta, c,
-                  g->ldc);
+                    na + nb_floats, (long long)m, (long long)n, (long long)k);
+  for (int64_t i = 0; i < m; i += mb) {
+    int64_t mi = m - i < mb ? m - i : mb;
+    for (int64_t j = 0; j < n; j += nb) {
+      int64_t nj = n - j < nb ? n - j : nb;
+      float *cij = c + i * g->ldc + j;
+      /* k == 0 still runs once: c = beta c. */
+      for (int64_t p = 0; p < k || p == 0; p += kb) {
+        int64_t kp = k - p < kb ? k - p : kb;
+        int64_t lda = 1, ldb = 1;
+        if (kp > 0) {
+          widen_block(a, g->lda, g->ta, i, p, mi, kp, buf, &lda);
+          widen_block(b, g->ldb, g->tb, p, j, kp, nj, buf + na, &ldb);
+        }
+        PMAP_TRY(cpu_gemm(NULL, g->ta, g->tb, mi, nj, kp, g->alpha, buf, lda, buf + na, ldb,
+                          p == 0 ? g->beta : 1.0f, cij, g->ldc));
+        if (kp == 0) break;
+      }
+    }
+  }
+  return PMAP_SUCCESS;
 }
 
 pmap_status cpu_bf16_portable(const bf16_gemm *g, const pmap_bf16 *a, const pmap_bf16 *b,

@@ -19,6 +19,12 @@ typedef struct bf16_gemm {
 /* Below this many multiply-adds a GEMM takes the portable path (the library call costs more). */
 #define CPU_BF16_SMALL_MACS 4096
 
+/* The portable path's bound on each thread's scratch of widened operands, in floats (4 MiB): a
+ * GEMM whose operands do not fit is cut into slices of k of at most BLOCK_K and tiles of c
+ * (bf16.c). */
+#define CPU_BF16_BLOCK_K 2048
+#define CPU_BF16_SCRATCH (512 * CPU_BF16_BLOCK_K)
+
 /* Whether the bf16 provider in use is oneDNN's matmul (made once, as cpu_gemm_active is);
  * PMAP_ERR_* when PMAP_GEMM_BF16 is invalid. */
 pmap_status cpu_bf16_native(int *native);
@@ -37,5 +43,8 @@ pmap_status cpu_bf16_portable(const bf16_gemm *g, const pmap_bf16 *a, const pmap
 /* The calling thread's scratch of at least n floats (kept, grown as needed, freed when the
  * thread ends); NULL when out of memory. */
 float *cpu_bf16_scratch(size_t n);
+/* The floats the calling thread's scratch holds now (0 before its first use), for the test of the
+ * bound. */
+size_t cpu_bf16_scratch_floats(void);
 
 #endif

@@ -227,6 +227,11 @@ float *cpu_bf16_scratch(size_t n) {
   return p;
 }
 
+size_t cpu_bf16_scratch_floats(void) {
+  bf16_tls *t = tls_get();
+  return t ? t->cap : 0;
+}
+
 #if !defined(PMAP_GEMM_DNNL)
 pmap_status cpu_bf16_onednn(const bf16_gemm *g, const pmap_bf16 *a, const pmap_bf16 *b, float *c,
                             int *done) {
