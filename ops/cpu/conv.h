@@ -28,6 +28,10 @@ pmap_status conv_dnnl_forward(op_queue *q, const pmap_conv_shape *s, int64_t bd,
 pmap_status conv_dnnl_backward(op_queue *q, const pmap_conv_shape *s, int64_t bd, const float *x,
                                const float *w, const float *y, const float *dy, float *dx,
                                float *dw, float *db, int *done);
+/* oneDNN's primitives run on pieces of a call's rows whose input and output (channels padded to
+ * 16) take at most this many bytes (a row at least), so that the workspace stays within it plus
+ * the weights' layouts and oneDNN's scratchpad, whatever the batch. */
+#define CPU_CONV_PIECE_BYTES ((size_t)4 << 20)
 /* Whether oneDNN's primitives serve (s, bd) with a bias in q's cache (made now if need be): 1,
  * or 0 where the im2col path runs it (or the build has no oneDNN), for tests. */
 int conv_dnnl_serves(op_queue *q, const pmap_conv_shape *s, int64_t bd);

@@ -1,6 +1,7 @@
 /* conv_dnnl.c: the CPU convolutions on oneDNN's primitives (forward, backward data, backward
- * weights), made once per shape and batch in the queue's cache (cpu_cache.h) and run
- * single-threaded on the calling thread, in layouts of oneDNN's choice. Activations stay NCHW:
+ * weights), made once per shape and rows in the queue's cache (cpu_cache.h) and run
+ * single-threaded on the calling thread, in layouts of oneDNN's choice, on pieces of the rows
+ * (CPU_CONV_PIECE_BYTES) so that the workspace does not grow with the batch. Activations stay NCHW:
  * the input is reordered into the primitive's layout, the output leaves it through
  * conv_layout.c's loop, which applies the ReLU on the way (pmap_relu, which passes NaN on, where
  * oneDNN's eltwise post-op maps it to 0), and the output gradient enters it through the loop
@@ -423,15 +424,86 @@ static pmap_status backward(dconv *d, char *ws, const pmap_conv_shape *s, int64_
   return PMAP_SUCCESS;
 }
 
+/* The pieces the rows of a call are cut into, so that the workspace stays within about
+ * CPU_CONV_PIECE_BYTES whatever the batch: as many rows as keep a piece's input and output (their
+ * channels padded to 16, as the blocked layouts may) within it, one at least, the pieces as equal
+ * as they can be: `big` pieces of base + 1 rows first, then pieces of base rows (at most two
+ * shapes in the cache per layer). A piece's weight and bias gradients add to dw and db as the
+ * whole batch's would, in the pieces' order. */
+typedef struct pieces {
+  int64_t count, base, big;
+} pieces;
+
+static pieces pieces_of(const pmap_conv_shape *s, int64_t bd) {
+  double row = (double)sizeof(float) * ((double)((s->c + 15) / 16 * 16) * (double)(s->h * s->w) +
+                                        (double)((s->oc + 15) / 16 * 16) * (double)(s->oh * s->ow));
+  double fit = row > 0 ? (double)CPU_CONV_PIECE_BYTES / row : (double)bd;
+  int64_t most = fit >= (double)bd ? bd : fit >= 1.0 ? (int64_t)fit : 1;
+  pieces p = {.count = (bd + most - 1) / most};
+  p.base = bd / p.count;
+  p.big = bd % p.count;
+  return p;
+}
+
+static int64_t piece_rows(const pieces *p, int64_t i) { return p->base + (i < p->big); }
+
+/* Whether oneDNN serves every piece's shape (their entries made now): *ok 0 sends the whole
+ * call to the im2col path, before any piece ran. */
+static pmap_status pieces_served(op_queue *q, const pmap_conv_shape *s, const pieces *p, int bias,
+                                 int *ok) {
+  *ok = 0;
+  dconv *d = NULL;
+  char *ws = NULL;
+  if (p->big > 0) {
+    PMAP_TRY(entry_of(q, s, p->base + 1, bias, &d, &ws));
+    if (!d) return PMAP_SUCCESS;
+  }
+  if (p->count > p->big) {
+    PMAP_TRY(entry_of(q, s, p->base, bias, &d, &ws));
+    if (!d) return PMAP_SUCCESS;
+  }
+  *ok = 1;
+  return PMAP_SUCCESS;
+}
+
+static pmap_status forward_pieces(op_queue *q, const pmap_conv_shape *s, int64_t bd, const float *x,
+                                  const float *w, const float *b, int relu, float *y, int *done) {
+  pieces p = pieces_of(s, bd);
+  PMAP_TRY(pieces_served(q, s, &p, b != NULL, done));
+  int64_t chw = s->c * s->h * s->w, ohw = s->oc * s->oh * s->ow;
+  for (int64_t i = 0, row = 0; *done && i < p.count; row += piece_rows(&p, i), i++) {
+    int64_t rows = piece_rows(&p, i);
+    dconv *d = NULL;
+    char *ws = NULL;
+    PMAP_TRY(entry_of(q, s, rows, b != NULL, &d, &ws));
+    PMAP_TRY(forward(d, ws, s, rows, x + row * chw, w, b, relu, y + row * ohw));
+  }
+  return PMAP_SUCCESS;
+}
+
+static pmap_status backward_pieces(op_queue *q, const pmap_conv_shape *s, int64_t bd,
+                                   const float *x, const float *w, const float *y, const float *dy,
+                                   float *dx, float *dw, float *db, int *done) {
+  pieces p = pieces_of(s, bd);
+  PMAP_TRY(pieces_served(q, s, &p, db != NULL, done));
+  int64_t chw = s->c * s->h * s->w, ohw = s->oc * s->oh * s->ow;
+  for (int64_t i = 0, row = 0; *done && i < p.count; row += piece_rows(&p, i), i++) {
+    int64_t rows = piece_rows(&p, i);
+    dconv *d = NULL;
+    char *ws = NULL;
+    PMAP_TRY(entry_of(q, s, rows, db != NULL, &d, &ws));
+    PMAP_TRY(backward(d, ws, s, rows, x + row * chw, w, y ? y + row * ohw : NULL, dy + row * ohw,
+                      dx ? dx + row * chw : NULL, dw, db));
+  }
+  return PMAP_SUCCESS;
+}
+
 pmap_status conv_dnnl_forward(op_queue *q, const pmap_conv_shape *s, int64_t bd, const float *x,
                               const float *w, const float *b, int relu, float *y, int *done) {
   int saved = threads_pin();
-  dconv *d = NULL;
-  char *ws = NULL;
-  pmap_status st = entry_of(q, s, bd, b != NULL, &d, &ws);
-  if (!st && d) st = forward(d, ws, s, bd, x, w, b, relu, y);
+  *done = 0;
+  pmap_status st = forward_pieces(q, s, bd, x, w, b, relu, y, done);
   threads_restore(saved);
-  *done = d != NULL;
   return st;
 }
 
@@ -439,22 +511,18 @@ pmap_status conv_dnnl_backward(op_queue *q, const pmap_conv_shape *s, int64_t bd
                                const float *w, const float *y, const float *dy, float *dx,
                                float *dw, float *db, int *done) {
   int saved = threads_pin();
-  dconv *d = NULL;
-  char *ws = NULL;
-  pmap_status st = entry_of(q, s, bd, db != NULL, &d, &ws);
-  if (!st && d) st = backward(d, ws, s, bd, x, w, y, dy, dx, dw, db);
+  *done = 0;
+  pmap_status st = backward_pieces(q, s, bd, x, w, y, dy, dx, dw, db, done);
   threads_restore(saved);
-  *done = d != NULL;
   return st;
 }
 
 int conv_dnnl_serves(op_queue *q, const pmap_conv_shape *s, int64_t bd) {
-  int saved = threads_pin();
-  dconv *d = NULL;
-  char *ws = NULL;
-  pmap_status st = entry_of(q, s, bd, 1, &d, &ws);
+  int saved = threads_pin(), ok = 0;
+  pieces p = pieces_of(s, bd);
+  pmap_status st = pieces_served(q, s, &p, 1, &ok);
   threads_restore(saved);
-  return !st && d;
+  return !st && ok;
 }
 
 #endif

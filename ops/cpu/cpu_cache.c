@@ -82,6 +82,8 @@ pmap_status cpu_cache_workspace(cpu_cache *c, size_t bytes, const char *what, vo
   return PMAP_SUCCESS;
 }
 
+size_t cpu_cache_workspace_bytes(const cpu_cache *c) { return c ? c->work_cap : 0; }
+
 /* The caches of threads that call the kernels without a queue, freed when the thread ends. */
 static pthread_key_t thread_key;
 static pthread_once_t thread_once = PTHREAD_ONCE_INIT;

@@ -49,5 +49,7 @@ pmap_status cpu_cache_add(cpu_cache *c, const cpu_cache_key *key, void *entry,
  * the next call asks for more. It grows only when asked for more than ever before (an entry's
  * first use), so the steady state allocates nothing. PMAP_ERR_OUT_OF_MEMORY naming `what`. */
 pmap_status cpu_cache_workspace(cpu_cache *c, size_t bytes, const char *what, void **out);
+/* The bytes c's workspace holds now (0 before its first use), for the test of its bound. */
+size_t cpu_cache_workspace_bytes(const cpu_cache *c);
 
 #endif

@@ -16,6 +16,7 @@
 
 #include "harness.h"
 #include "ops/cpu/conv.h"
+#include "ops/cpu/cpu_cache.h"
 #include "ops/cpu/cpu_ops.h"
 #include "pmap_examples.h"
 
@@ -76,10 +77,13 @@ static void agree(const char *what, const float *a, const float *b, size_t n, do
 }
 
 static void compare_paths(void) {
-  /* bd, c, h, w, oc, k, stride, pad: cifar-cnn's three layers, odd sizes, 1x1, large channels */
+  /* bd, c, h, w, oc, k, stride, pad: cifar-cnn's three layers, odd sizes, 1x1, large channels,
+   * and rows whose input and output pass CPU_CONV_PIECE_BYTES (oneDNN's path runs them in pieces
+   * of 16, 16 and 15 rows, the weight and bias gradients summed over the pieces) */
   static const int shapes[][8] = {{16, 3, 32, 32, 16, 3, 1, 1},  {16, 16, 32, 32, 32, 3, 2, 1},
                                   {16, 32, 16, 16, 32, 3, 2, 0}, {3, 33, 9, 7, 40, 3, 2, 1},
-                                  {2, 64, 6, 6, 96, 1, 1, 0},    {5, 5, 11, 13, 7, 5, 3, 2}};
+                                  {2, 64, 6, 6, 96, 1, 1, 0},    {5, 5, 11, 13, 7, 5, 3, 2},
+                                  {47, 32, 24, 24, 48, 3, 1, 1}};
   for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++) {
     const int *g = shapes[t];
     pmap_conv_shape s = {g[1],
@@ -124,6 +128,15 @@ static void compare_paths(void) {
     for (int p = 0; p < 2; p++) free(o[p].y), free(o[p].dx), free(o[p].dw), free(o[p].db);
     free(x), free(w), free(b), free(dy);
   }
+  /* The workspace of this thread's cache, grown to the largest shape's need: the last one's
+   * rows whole would take 8.7 MB of input and output; in pieces it stays within the bound plus
+   * the weights' layouts (three copies of 55 kB here) and oneDNN's scratchpad (1 MiB of room). */
+  size_t ws = cpu_cache_workspace_bytes(cpu_cache_of(NULL));
+  printf("conv workspace of this thread: %zu bytes\n", ws);
+  if (strstr(cpu_conv_paths(), "onednn"))
+    EXPECT(ws <= CPU_CONV_PIECE_BYTES + ((size_t)1 << 20),
+           "the convolutions' workspace holds %zu bytes, over the pieces' bound %zu + 1 MiB", ws,
+           CPU_CONV_PIECE_BYTES);
 }
 
 /* ---- a training run, twice ---- */
