@@ -926,9 +926,12 @@ typedef struct pmap_memory_plan {
 } pmap_memory_plan;
 /* Fills *out for pmap_update at global batch `batch` (this process's rows under several
  * processes, as pmap_update takes them), with the params' micro-batches. On CPU the total is
- * exactly what the backend allocates for the params once a step at that batch ran; on CUDA
- * the op queues' scratch, cuBLAS's workspace and the captured graphs of the fast paths come on
- * top. Params of pmap_params_create_custom have no activations pmap knows (0). Returns
+ * exactly what the backend allocates for the params once a step at that batch ran. The kernels'
+ * own buffers come on top, bounded whatever the batch: on CPU, per device, oneDNN's convolution
+ * workspace (pieces of the rows whose input and output take 4 MiB at most, the weights in its
+ * layout and its scratchpad), the portable bf16 GEMM's widened operands (4 MiB at most) and the
+ * GEMM libraries' own buffers; on CUDA the op queues' scratch, cuBLAS's workspace and the
+ * captured graphs of the fast paths. Params of pmap_params_create_custom have no activations pmap knows (0). Returns
  * PMAP_ERR_INVALID_ARGUMENT (params or out NULL, batch < 1 or too large to plan, or not a
  * multiple of the devices where pmap_update would refuse it: uneven_batches off). */
 PMAP_API pmap_status pmap_params_memory(const pmap_params *params, int64_t batch,
