@@ -50,7 +50,9 @@ int main(void) {
           "bf16 gemm %s: the thread's scratch holds %zu floats, over "
           "the bound of %d",
           bf16[i], held, CPU_BF16_SCRATCH);
-    if (i == 1) CHECK(held > 0, "the portable path used no scratch");
+    /* The cut shapes went through it: 1 019 250 floats for the largest. */
+    if (i == 1)
+      CHECK(held > CPU_BF16_SCRATCH / 2, "the portable path's scratch holds only %zu floats", held);
   }
   CHECK_FAILS(cpu_bf16_force("bogus"), PMAP_ERR_INVALID_ARGUMENT, "bogus");
   CHECK(n >= 1, "no CPU GEMM provider listed");

@@ -428,8 +428,8 @@ static pmap_status backward(dconv *d, char *ws, const pmap_conv_shape *s, int64_
  * CPU_CONV_PIECE_BYTES whatever the batch: as many rows as keep a piece's input and output (their
  * channels padded to 16, as the blocked layouts may) within it, one at least, the pieces as equal
  * as they can be: `big` pieces of base + 1 rows first, then pieces of base rows (at most two
- * shapes in the cache per layer). A piece's weight and bias gradients add to dw and db as the
- * whole batch's would, in the pieces' order. */
+ * entries in the cache per layer and rows per device; bd >= 1). A piece's weight and bias
+ * gradients add to dw and db as the whole batch's would, in the pieces' order. */
 typedef struct pieces {
   int64_t count, base, big;
 } pieces;
@@ -518,6 +518,7 @@ pmap_status conv_dnnl_backward(op_queue *q, const pmap_conv_shape *s, int64_t bd
 }
 
 int conv_dnnl_serves(op_queue *q, const pmap_conv_shape *s, int64_t bd) {
+  if (bd < 1) return 0;
   int saved = threads_pin(), ok = 0;
   pieces p = pieces_of(s, bd);
   pmap_status st = pieces_served(q, s, &p, 1, &ok);

@@ -221,7 +221,9 @@ void opcase_gemm_bf16(hx *h) {
   g16_trial(h, 0, 0, 9, 11, 0, 1.0f, 0.5f, 1), hx_release(h);
   g16_trial(h, 1, 1, 1, 1, 1, 1.0f, 0.0f, 0), hx_release(h);
   /* Past the CPU portable path's scratch (k (m + n) > 512 x 2048 floats): k cut into slices of
-   * 2048 and a shorter last one; k whole and c in tiles, the last ones narrower. */
+   * 2048 and a shorter last one; k whole and c cut into tiles of rows, the last one shorter; k
+   * sliced and c cut into tiles of rows and of columns (256 each, then shorter ones). */
+  g16_trial(h, 0, 1, 280, 600, 2200, 1.0f, 0.5f, 1), hx_release(h);
   g16_trial(h, 1, 0, 90, 160, 4500, -1.5f, 0.75f, 3), hx_release(h);
   g16_trial(h, 0, 1, 70, 150, 4900, 1.0f, 0.0f, 0), hx_release(h);
   g16_trial(h, 0, 0, 1250, 1100, 450, 0.5f, 1.0f, 2), hx_release(h);
