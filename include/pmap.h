@@ -32,9 +32,10 @@
  * signal but those a thread's own action raises (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP,
  * SIGSYS, SIGABRT, SIGPIPE), and a thread calling into a context blocks the same set while it
  * runs device 0's part of the call (pmap_config.caller_waits: it runs none), then restores its
- * own mask; it leaves out SIGINT, SIGTERM, SIGHUP and SIGQUIT where no handler catches them at
- * the call (their default action ends the process at once, running nothing on the thread). A caught signal sent meanwhile (Ctrl-C in Python) goes to another thread, or is
- * delivered when device 0's part ends; none is lost. */
+ * own mask; it leaves out SIGINT, SIGTERM, SIGHUP and SIGQUIT where their action at the call is
+ * the default one (it ends the process at once, running nothing on the thread); caught or
+ * ignored, they are blocked with the rest. A caught signal sent meanwhile (Ctrl-C in Python)
+ * goes to another thread, or is delivered when device 0's part ends; none is lost. */
 #ifndef PMAP_H
 #define PMAP_H
 

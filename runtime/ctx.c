@@ -52,10 +52,10 @@ static void async_signals(sigset_t *set) {
 }
 
 /* What the calling thread blocks during device 0's part: the same, but for the signals that end
- * a program (SIGINT, SIGTERM, SIGHUP, SIGQUIT) while no handler catches them (looked at on every
- * call: a handler installed after the context was created is blocked too): their default action
- * runs no handler on the thread, and a Ctrl-C must not wait for the end of a job (one stuck in a
- * collective waits for the timeout). */
+ * a program (SIGINT, SIGTERM, SIGHUP, SIGQUIT) while their action is the default (looked at on
+ * every call: a handler installed after the context was created is blocked too; an ignored one is
+ * blocked, which changes nothing): their default action runs no handler on the thread, and a
+ * Ctrl-C must not wait for the end of a job (one stuck in a collective waits for the timeout). */
 static void caller_signals(sigset_t *set) {
   static const int stop[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
   async_signals(set);

@@ -398,6 +398,10 @@ static void test_caller_waits_misc(void) {
 }
 
 int main(void) {
+  /* The cases count on the stop signals' default action, which a launcher may have changed
+   * (nohup ignores SIGHUP, a shell's `&` SIGINT and SIGQUIT): an ignored one is blocked like a
+   * caught one, so each starts from SIG_DFL. */
+  for (int i = 0; i < NSTOP; i++) signal(stop_signals[i], SIG_DFL);
   test_terminate_during_a_job(); /* forks: before this process has threads of its own */
 #if defined(TEST_HAVE_ONEDNN)
   /* The GEMM whose kernels a signal frame corrupts, chosen before the first GEMM of the process. */
