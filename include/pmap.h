@@ -194,7 +194,10 @@ typedef struct pmap_ctx pmap_ctx;
 
 /* Creates a context of cfg->num_devices devices on cfg->backend and starts one worker thread per
  * device (device 0's work runs on the calling thread unless cfg->caller_waits, devices 1..N-1 on
- * persistent workers).
+ * persistent workers). The workers are named "pmap-dev<i>" (top -H, gdb, perf, /proc's comm; the
+ * calling thread keeps its name), the CUDA backend's NCCL watchdog "pmap-watchdog"; all are
+ * joined before pmap_ctx_destroy returns. The GEMM library's own thread pools are not the
+ * context's (OpenBLAS stops its pool at a fork and starts it again at its next call).
  * cfg may be NULL for all defaults (auto backend, default device count). On success *out owns the context; destroy it with
  * pmap_ctx_destroy. Returns PMAP_ERR_INVALID_ARGUMENT (out NULL, device count outside
  * 1..PMAP_MAX_DEVICES other than PMAP_DEVICES_DEFAULT, unknown backend), PMAP_ERR_UNAVAILABLE

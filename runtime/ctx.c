@@ -538,6 +538,10 @@ static pmap_status ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
       goto fail;
     }
     ctx->started++;
+    /* Named for top -H, gdb and perf (the caller's thread, device 0's or not, keeps its name). */
+    char name[16];
+    snprintf(name, sizeof name, "pmap-dev%d", i);
+    pthread_setname_np(ctx->threads[i], name);
   }
   pthread_sigmask(SIG_SETMASK, &caller_mask, NULL);
   PMAP_TRY_GOTO(st, pmap_ctx_dispatch(ctx, init_job, NULL), fail);

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import pmap
+from _threads import library_threads, library_threads_after_close, no_library_threads
 
 
 def run_python(code, timeout=120):
@@ -152,16 +153,16 @@ def test_closed_objects_raise_on_every_call_and_property(tmp_path):
 
 
 def test_dropped_objects_are_freed_without_close():
-    start = len(os.listdir("/proc/self/task"))
+    assert no_library_threads()
     for _ in range(3):
         ctx = pmap.Context(backend="cpu", devices=3)
         p = mlp(ctx)
         p.update(*batch(rows=6))
         del ctx  # p keeps it alive
-        assert len(os.listdir("/proc/self/task")) == start + 3  # one worker a device
+        assert library_threads() == 3  # one worker a device
         del p
         gc.collect()
-        assert len(os.listdir("/proc/self/task")) == start
+        assert library_threads_after_close(0) == 0
 
 
 def test_failed_constructors_leave_silent_objects():

@@ -478,6 +478,7 @@ pmap_status cuda_ctx_init(pmap_ctx *ctx, const pmap_config *cfg) {
     goto fail;
   }
   cc->watchdog_started = 1;
+  pthread_setname_np(cc->watchdog, "pmap-watchdog");
   for (int i = 0; i < n; i++) {
     cuda_device *cd = &cc->devs[i];
     cd->where.index = i;

@@ -111,6 +111,7 @@ static pmap_status ensure_init(int64_t deadline, double timeout_s) {
     } else if (pthread_create(&start.thread, NULL, start_main, NULL) != 0) {
       st = PMAP_ERR(PMAP_ERR_UNAVAILABLE, "pmap_ctx_create: cannot start a thread for MPI_Init");
     } else {
+      pthread_setname_np(start.thread, "pmap-mpi-init");
       atomic_store(&start.state, START_RUNNING);
       atexit(at_exit);
     }
