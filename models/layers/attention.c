@@ -120,10 +120,13 @@ static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i,
 
 /* ---- the bf16 policy: every product on bfloat16 operands, the softmax and sums in float ---- */
 
-/* r->aux[i] keeps qkv, P and O in bfloat16 from forward to backward; the float intermediates
- * and the rounded gradients live in the shared scratch (r->tmp), in four regions: f1 (rows, 3E)
- * qkv, then dqkv; f2 S and P, then O, in backward dO, then dP and dS; f3 P widened for the
- * softmax's backward; h4 the bfloat16 dy, dO, dS, dqkv in turn. */
+/* r->aux[i] keeps Q, K, V, P and O in bfloat16 from forward to backward, Q, K and V each a
+ * dense (rows, E) matrix of its own (not the projection's interleaved (rows, 3E)), so that the
+ * per-head products read plainly strided operands, which oneDNN's fast matmul kernels take;
+ * the float intermediates and the rounded gradients live in the shared scratch (r->tmp), in
+ * four regions: f1 (rows, 3E) qkv, then dQ, dK, dV, each dense (rows, E); f2 S and P, then O,
+ * in backward dO, then dP and dS; f3 P widened for the softmax's backward; h4 the bfloat16 dy,
+ * dO, dS, dqkv (rows, 3E) in turn. */
 typedef struct attn_buf16 {
   pmap_bf16 *qkv, *p, *o;
   float *f1, *f2, *f3;
@@ -165,16 +168,19 @@ static pmap_status forward16(const layer *l, replica *r, int i, const float *in,
   PMAP_TRY(
       layer_gemm(r, 0, 0, a.rows, e3, a.d, layer_input(r, i, in), a.d, wqkv, e3, 0.0f, b.f1, e3));
   PMAP_TRY(ops->bias_forward(r->q, b.f1, bqkv, a.rows, e3, 1));
-  PMAP_TRY(ops->round_bf16(r->q, b.f1, b.qkv, NULL, (size_t)(a.rows * e3)));
-  int64_t gq = a.t * e3, gp = a.h * tt, go = a.t * a.e; /* one example's qkv, P, O */
+  int64_t part = a.rows * a.e; /* Q, K and V apart */
+  const pmap_bf16 *q16 = b.qkv, *k16 = q16 + part, *v16 = k16 + part;
+  for (int64_t j = 0; j < 3; j++)
+    PMAP_TRY(ops->round_bf16_block(r->q, b.f1 + j * a.e, e3, b.qkv + j * part, a.e, a.rows, a.e));
+  int64_t gp = a.h * tt, go = a.t * a.e; /* one example's P, and its Q, K, V or O */
   /* S_h = Q_h K_h^T, every example's heads at once */
-  PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 1, a.t, a.t, a.hs, 1.0f, b.qkv, e3, a.hs, b.qkv + a.e,
-                                  e3, a.hs, 0.0f, b.f2, a.t, tt, a.h, bd, gq, gq, gp));
+  PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 1, a.t, a.t, a.hs, 1.0f, q16, a.e, a.hs, k16, a.e, a.hs,
+                                  0.0f, b.f2, a.t, tt, a.h, bd, go, go, gp));
   PMAP_TRY(ops->causal_softmax_forward(r->q, b.f2, b.f2, bd * a.h, a.t, a.scale));
   PMAP_TRY(ops->round_bf16(r->q, b.f2, b.p, NULL, (size_t)(bd * a.h * tt)));
   /* O_h = P_h V_h */
-  PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 0, a.t, a.hs, a.t, 1.0f, b.p, a.t, tt, b.qkv + 2 * a.e,
-                                  e3, a.hs, 0.0f, b.f2, a.e, a.hs, a.h, bd, gp, gq, go));
+  PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 0, a.t, a.hs, a.t, 1.0f, b.p, a.t, tt, v16, a.e, a.hs,
+                                  0.0f, b.f2, a.e, a.hs, a.h, bd, gp, go, go));
   PMAP_TRY(ops->round_bf16(r->q, b.f2, b.o, NULL, (size_t)(a.rows * a.e)));
   PMAP_TRY(
       layer_gemm(r, 0, 0, a.rows, a.d, a.e, (layer_mat){NULL, b.o}, a.e, wo, a.d, 0.0f, y, a.d));
@@ -197,25 +203,30 @@ static pmap_status backward16(const layer *l, replica *r, int i, const float *dy
   PMAP_TRY(ops->bias_backward(r->q, dy, gbo, a.rows, a.d, 1));
   PMAP_TRY(layer_gemm(r, 0, 1, a.rows, a.e, a.d, d16, a.d, wo, a.d, 0.0f, b.f2, a.e));
   PMAP_TRY(ops->round_bf16(r->q, b.f2, b.h4, NULL, (size_t)(a.rows * a.e)));
-  int64_t gq = a.t * e3, gp = a.h * tt, go = a.t * a.e; /* one example's qkv, P, O */
+  int64_t part = a.rows * a.e; /* Q, K, V and their gradients apart */
+  const pmap_bf16 *q16 = b.qkv, *k16 = q16 + part, *v16 = k16 + part;
+  float *dq = b.f1, *dk = dq + part, *dv = dk + part;
+  int64_t gp = a.h * tt, go = a.t * a.e; /* one example's P, and its Q, K, V or O */
   /* dP_h = dO_h V_h^T, dV_h = P_h^T dO_h, every example's heads at once */
-  PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 1, a.t, a.t, a.hs, 1.0f, b.h4, a.e, a.hs,
-                                  b.qkv + 2 * a.e, e3, a.hs, 0.0f, b.f2, a.t, tt, a.h, bd, go, gq,
-                                  gp));
+  PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 1, a.t, a.t, a.hs, 1.0f, b.h4, a.e, a.hs, v16, a.e, a.hs,
+                                  0.0f, b.f2, a.t, tt, a.h, bd, go, go, gp));
   PMAP_TRY(ops->gemm_strided_bf16(r->q, 1, 0, a.t, a.hs, a.t, 1.0f, b.p, a.t, tt, b.h4, a.e, a.hs,
-                                  0.0f, b.f1 + 2 * a.e, e3, a.hs, a.h, bd, gp, go, gq));
+                                  0.0f, dv, a.e, a.hs, a.h, bd, gp, go, go));
   /* The softmax's backward in float from the kept (bfloat16) probabilities. */
   PMAP_TRY(ops->widen_bf16(r->q, b.p, b.f3, (size_t)(bd * a.h * tt)));
   PMAP_TRY(ops->causal_softmax_backward(r->q, b.f3, b.f2, b.f2, bd * a.h, a.t, a.scale));
   PMAP_TRY(ops->round_bf16(r->q, b.f2, b.h4, NULL, (size_t)(bd * a.h * tt)));
   /* dQ_h = dS_h K_h, dK_h = dS_h^T Q_h */
-  PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 0, a.t, a.hs, a.t, 1.0f, b.h4, a.t, tt, b.qkv + a.e, e3,
-                                  a.hs, 0.0f, b.f1, e3, a.hs, a.h, bd, gp, gq, gq));
-  PMAP_TRY(ops->gemm_strided_bf16(r->q, 1, 0, a.t, a.hs, a.t, 1.0f, b.h4, a.t, tt, b.qkv, e3, a.hs,
-                                  0.0f, b.f1 + a.e, e3, a.hs, a.h, bd, gp, gq, gq));
-  /* the input projection: dWqkv += x^T dqkv, dbqkv += sum dqkv, dx = dqkv Wqkv^T */
-  PMAP_TRY(ops->bias_backward(r->q, b.f1, gbqkv, a.rows, e3, 1));
-  PMAP_TRY(ops->round_bf16(r->q, b.f1, b.h4, NULL, (size_t)(a.rows * e3)));
+  PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 0, a.t, a.hs, a.t, 1.0f, b.h4, a.t, tt, k16, a.e, a.hs,
+                                  0.0f, dq, a.e, a.hs, a.h, bd, gp, go, go));
+  PMAP_TRY(ops->gemm_strided_bf16(r->q, 1, 0, a.t, a.hs, a.t, 1.0f, b.h4, a.t, tt, q16, a.e, a.hs,
+                                  0.0f, dk, a.e, a.hs, a.h, bd, gp, go, go));
+  /* the input projection: dWqkv += x^T dqkv, dbqkv += sum dqkv, dx = dqkv Wqkv^T, with dqkv
+   * (rows, 3E) put together from dQ, dK and dV as it is rounded */
+  for (int64_t j = 0; j < 3; j++) {
+    PMAP_TRY(ops->bias_backward(r->q, b.f1 + j * part, gbqkv + j * a.e, a.rows, a.e, 1));
+    PMAP_TRY(ops->round_bf16_block(r->q, b.f1 + j * part, a.e, b.h4 + j * a.e, e3, a.rows, a.e));
+  }
   layer_mat dq16 = {NULL, b.h4};
   PMAP_TRY(layer_gemm(r, 1, 0, a.d, e3, a.rows, layer_input(r, i, r->in[i]), a.d, dq16, e3, 1.0f,
                       gwqkv, e3));

@@ -28,6 +28,18 @@ CPU_SIMD_CLONES pmap_status cpu_round_bf16(op_queue *q, const float *x, pmap_bf1
   return PMAP_SUCCESS;
 }
 
+CPU_SIMD_CLONES pmap_status cpu_round_bf16_block(op_queue *q, const float *x, int64_t ldx,
+                                                 pmap_bf16 *y16, int64_t ldy, int64_t rows,
+                                                 int64_t cols) {
+  (void)q;
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x + r * ldx;
+    pmap_bf16 *yr = y16 + r * ldy;
+    CPU_IVDEP for (int64_t c = 0; c < cols; c++) yr[c] = pmap_bf16_round(xr[c]);
+  }
+  return PMAP_SUCCESS;
+}
+
 CPU_SIMD_CLONES pmap_status cpu_widen_bf16(op_queue *q, const pmap_bf16 *x, float *y, size_t n) {
   (void)q;
   CPU_IVDEP for (size_t i = 0; i < n; i++) y[i] = pmap_bf16_widen(x[i]);

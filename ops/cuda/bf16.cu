@@ -14,6 +14,15 @@ static __global__ void round_bf16_kernel(const float *x, pmap_bf16 *y16, float *
   }
 }
 
+static __global__ void round_bf16_block_kernel(const float *x, int64_t ldx, pmap_bf16 *y16,
+                                               int64_t ldy, int64_t rows, int64_t cols) {
+  size_t n = (size_t)rows * (size_t)cols;
+  for (size_t i = cuda_thread_index(); i < n; i += cuda_grid_stride()) {
+    int64_t r = (int64_t)(i / (size_t)cols), c = (int64_t)(i % (size_t)cols);
+    y16[r * ldy + c] = pmap_bf16_round(x[r * ldx + c]);
+  }
+}
+
 static __global__ void widen_bf16_kernel(const pmap_bf16 *x, float *y, size_t n) {
   for (size_t i = cuda_thread_index(); i < n; i += cuda_grid_stride()) y[i] = pmap_bf16_widen(x[i]);
 }
@@ -23,6 +32,16 @@ extern "C" pmap_status cuda_round_bf16(op_queue *q, const float *x, pmap_bf16 *y
   if (n == 0) return PMAP_SUCCESS;
   round_bf16_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, q->stream>>>(x, y16, y32, n);
   CUDA_CHECK_LAUNCH(q, "round_bf16_kernel");
+  return PMAP_SUCCESS;
+}
+
+extern "C" pmap_status cuda_round_bf16_block(op_queue *q, const float *x, int64_t ldx,
+                                             pmap_bf16 *y16, int64_t ldy, int64_t rows,
+                                             int64_t cols) {
+  if (rows <= 0 || cols <= 0) return PMAP_SUCCESS;
+  size_t n = (size_t)rows * (size_t)cols;
+  round_bf16_block_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, q->stream>>>(x, ldx, y16, ldy, rows, cols);
+  CUDA_CHECK_LAUNCH(q, "round_bf16_block_kernel");
   return PMAP_SUCCESS;
 }
 

@@ -141,6 +141,47 @@ void opcase_widen_bf16(hx *h) {
   }
 }
 
+typedef struct block_args {
+  hx_buf *x, *y;
+  int64_t ldx, ldy, rows, cols;
+} block_args;
+
+static pmap_status call_block(const pmap_ops *o, op_queue *q, void *arg) {
+  block_args *a = arg;
+  return o->round_bf16_block(q, HX_F(a->x), a->ldx, HX_H(a->y), a->ldy, a->rows, a->cols);
+}
+
+/* A block of x rounded into a block of y, both padded: the block's elements against the float64
+ * rounding, y's padding (a sentinel) unchanged, and an empty block that writes nothing. */
+void opcase_round_bf16_block(hx *h) {
+  int trials = hx_rounds(h, 8) + 3;
+  for (int t = 0; t < trials; t++, hx_release(h)) {
+    block_args a = {.rows = hx_int(h, 1, h->large ? 300 : 70),
+                    .cols = hx_int(h, 1, h->large ? 400 : 130)};
+    if (t == 0) a.rows = 0, a.cols = 5; /* empty blocks */
+    if (t == 1) a.rows = 1;
+    if (t == 2) a.cols = 0;
+    if (t == 3) a.rows = 64, a.cols = 128; /* attention's shape: one part of (T, 3E) */
+    a.ldx = a.cols + hx_int(h, 0, 3);
+    a.ldy = a.cols + hx_int(h, 0, t == 3 ? 256 : 5);
+    hx_trial(h, "rows=%lld cols=%lld ldx=%lld ldy=%lld", (long long)a.rows, (long long)a.cols,
+             (long long)a.ldx, (long long)a.ldy);
+    size_t nx = (size_t)(a.rows * a.ldx), ny = (size_t)(a.rows * a.ldy);
+    a.x = hx_new(h, HX_IN, nx > 0 ? nx : 1, "x");
+    for (size_t i = 0; i < a.x->n; i++) a.x->init[i] = tricky(h);
+    a.y = hx_new16(h, HX_INOUT, ny > 0 ? ny : 1, "y16");
+    pmap_bf16 *y0 = HX_H16(a.y->init);
+    for (size_t i = 0; i < a.y->n16; i++) y0[i] = 0x1234u; /* the sentinel */
+    HX_RUN(h, call_block, &a, a.x, a.y);
+    pmap_bf16 *want = (pmap_bf16 *)(void *)hx_floats(h, a.y->n16 / 2 + 1);
+    memcpy(want, y0, a.y->n16 * sizeof *want);
+    for (int64_t r = 0; r < a.rows; r++)
+      for (int64_t c = 0; c < a.cols; c++)
+        want[r * a.ldy + c] = ref_round(a.x->init[r * a.ldx + c]);
+    hx_same16(h, "y16 (block and padding)", HX_H16(a.y->got), want, a.y->n16);
+  }
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* gemm_bf16, gemm_strided_bf16                                                               */
 
