@@ -17,8 +17,39 @@ pmap_status cpu_gemm_strided(op_queue *q, int trans_a, int trans_b, int64_t m, i
   return PMAP_SUCCESS;
 }
 
-/* Each row's exponentials with ops/op_math.h's vector exp (1.5 ulps), summed in double in column
- * order; the division in double. */
+/* The largest of scale x[j] for j < n (-inf when none is above it: NaNs never are), in
+ * CPU_LANES running maxima, so that the loop vectorizes; the largest value is the same in any
+ * order. */
+CPU_INLINE float row_max(const float *x, int64_t n, float scale) {
+  float m[CPU_LANES];
+  for (int l = 0; l < CPU_LANES; l++) m[l] = -INFINITY;
+  int64_t j = 0;
+  for (; j + CPU_LANES <= n; j += CPU_LANES)
+    for (int l = 0; l < CPU_LANES; l++) {
+      float v = scale * x[j + l];
+      m[l] = v > m[l] ? v : m[l];
+    }
+  float mx = -INFINITY;
+  for (int l = 0; l < CPU_LANES; l++) mx = m[l] > mx ? m[l] : mx;
+  for (; j < n; j++) mx = scale * x[j] > mx ? scale * x[j] : mx;
+  return mx;
+}
+
+/* sum a[j] (b NULL) or sum a[j] b[j] for j < n, in double in CPU_LANES partial sums. */
+CPU_INLINE double row_sum(const float *a, const float *b, int64_t n) {
+  cpu_lanes_d p = {0};
+  int64_t j = 0;
+  for (; j + CPU_LANES <= n; j += CPU_LANES) {
+    cpu_lanes_d v = CPU_LANES_WIDEN(*(const cpu_lanes_f *)(a + j));
+    p += b ? v * CPU_LANES_WIDEN(*(const cpu_lanes_f *)(b + j)) : v;
+  }
+  double sum = cpu_lanes_total(&p);
+  for (; j < n; j++) sum += b ? (double)a[j] * b[j] : a[j];
+  return sum;
+}
+
+/* Each row's exponentials with ops/op_math.h's vector exp (1.5 ulps), summed in double in
+ * CPU_LANES partial sums (a fixed order, cpu_ops.h); the division in double. */
 CPU_SIMD_CLONES pmap_status cpu_causal_softmax_forward(op_queue *q, const float *x, float *y,
                                                        int64_t n, int64_t t, float scale) {
   (void)q;
@@ -26,12 +57,9 @@ CPU_SIMD_CLONES pmap_status cpu_causal_softmax_forward(op_queue *q, const float 
     int64_t i = r % t; /* the row's position: it sees columns 0..i */
     const float *xr = x + r * t;
     float *yr = y + r * t;
-    float mx = -INFINITY;
-    for (int64_t j = 0; j <= i; j++)
-      if (scale * xr[j] > mx) mx = scale * xr[j];
+    float mx = row_max(xr, i + 1, scale);
     CPU_IVDEP for (int64_t j = 0; j <= i; j++) yr[j] = pmap_exp(scale * xr[j] - mx);
-    double sum = 0.0;
-    for (int64_t j = 0; j <= i; j++) sum += yr[j];
+    double sum = row_sum(yr, NULL, i + 1);
     CPU_IVDEP for (int64_t j = 0; j <= i; j++) yr[j] = (float)((double)yr[j] / sum);
     for (int64_t j = i + 1; j < t; j++) yr[j] = 0.0f;
   }
@@ -46,8 +74,7 @@ CPU_SIMD_CLONES pmap_status cpu_causal_softmax_backward(op_queue *q, const float
     int64_t i = r % t;
     const float *yr = y + r * t, *dyr = dy + r * t;
     float *dxr = dx + r * t;
-    double dot = 0.0;
-    for (int64_t j = 0; j <= i; j++) dot += (double)yr[j] * dyr[j];
+    double dot = row_sum(yr, dyr, i + 1);
     CPU_IVDEP for (int64_t j = 0; j <= i; j++) dxr[j] = (float)(scale * yr[j] * (dyr[j] - dot));
     for (int64_t j = i + 1; j < t; j++) dxr[j] = 0.0f;
   }

@@ -53,6 +53,23 @@ int cpu_gemm_threads_set(int n);
 #else
 #define CPU_INLINE static inline
 #endif
+/* A row's sum in double, in a fixed order that vectorizes: element j goes to partial sum j mod
+ * CPU_LANES while CPU_LANES elements remain, the partial sums are then added pairwise
+ * (cpu_lanes_total) and the last n mod CPU_LANES elements after them in order. The partial
+ * sums are a vector of the compiler's (GCC's vector extension), which every target lowers to
+ * its own registers doing the same additions lane by lane: the same bits on every SIMD width,
+ * without a chain of dependent additions as long as the row. */
+#define CPU_LANES 8
+/* cpu_lanes_f: CPU_LANES floats read straight from an array (any alignment: *(const
+ * cpu_lanes_f *)x); cpu_lanes_d: the partial sums. Passed by pointer, never by value: a vector
+ * argument's ABI differs between the clones' targets, which GCC warns of even when inlined. */
+typedef float cpu_lanes_f
+    __attribute__((vector_size(CPU_LANES * sizeof(float)), aligned(sizeof(float)), may_alias));
+typedef double cpu_lanes_d __attribute__((vector_size(CPU_LANES * sizeof(double))));
+#define CPU_LANES_WIDEN(v) __builtin_convertvector((v), cpu_lanes_d)
+CPU_INLINE double cpu_lanes_total(const cpu_lanes_d *p) {
+  return (((*p)[0] + (*p)[1]) + ((*p)[2] + (*p)[3])) + (((*p)[4] + (*p)[5]) + ((*p)[6] + (*p)[7]));
+}
 #if defined(__GNUC__) && !defined(__clang__)
 #define CPU_IVDEP _Pragma("GCC ivdep")
 #else

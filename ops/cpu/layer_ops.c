@@ -79,14 +79,53 @@ CPU_SIMD_CLONES pmap_status cpu_add(op_queue *q, const float *a, const float *b,
   return PMAP_SUCCESS;
 }
 
+/* Row sums in CPU_LANES partial sums (cpu_ops.h). sum x and sum x^2 of one row x (f). */
+CPU_INLINE void row_moments(const float *x, int64_t f, double *sum, double *sumsq) {
+  cpu_lanes_d s = {0}, ss = {0};
+  int64_t j = 0;
+  for (; j + CPU_LANES <= f; j += CPU_LANES) {
+    cpu_lanes_d v = CPU_LANES_WIDEN(*(const cpu_lanes_f *)(x + j));
+    s += v;
+    ss += v * v;
+  }
+  double a = cpu_lanes_total(&s), b = cpu_lanes_total(&ss);
+  for (; j < f; j++) {
+    double v = x[j];
+    a += v;
+    b += v * v;
+  }
+  *sum = a, *sumsq = b;
+}
+
+/* sum g and sum g xhat of one row, g = dy gamma and xhat = (x - mean) rstd (as floats). */
+CPU_INLINE void row_grad_sums(const float *x, const float *dy, const float *gamma, float mean,
+                              float rstd, int64_t f, double *sum_g, double *sum_gx) {
+  cpu_lanes_d s = {0}, sx = {0};
+  int64_t j = 0;
+  for (; j + CPU_LANES <= f; j += CPU_LANES) {
+    cpu_lanes_f g = *(const cpu_lanes_f *)(dy + j) * *(const cpu_lanes_f *)(gamma + j);
+    cpu_lanes_f xhat = (*(const cpu_lanes_f *)(x + j) - mean) * rstd;
+    cpu_lanes_d gd = CPU_LANES_WIDEN(g);
+    s += gd;
+    sx += gd * CPU_LANES_WIDEN(xhat);
+  }
+  double a = cpu_lanes_total(&s), b = cpu_lanes_total(&sx);
+  for (; j < f; j++) {
+    float g = dy[j] * gamma[j], xhat = (x[j] - mean) * rstd;
+    a += g;
+    b += (double)g * xhat;
+  }
+  *sum_g = a, *sum_gx = b;
+}
+
 CPU_SIMD_CLONES pmap_status cpu_layernorm_forward(op_queue *q, const float *x, const float *gamma,
                                                   const float *beta, int64_t rows, int64_t f,
                                                   float eps, float *y, float *stats) {
   (void)q;
   for (int64_t r = 0; r < rows; r++) {
     const float *xr = x + r * f;
-    double s = 0.0, ss = 0.0;
-    for (int64_t j = 0; j < f; j++) s += xr[j], ss += (double)xr[j] * xr[j];
+    double s, ss;
+    row_moments(xr, f, &s, &ss);
     float mean, rstd;
     pmap_ln_moments(s, ss, (double)f, eps, &mean, &rstd);
     for (int64_t j = 0; j < f; j++) y[r * f + j] = (xr[j] - mean) * rstd * gamma[j] + beta[j];
@@ -118,11 +157,8 @@ CPU_SIMD_CLONES pmap_status cpu_layernorm_backward(op_queue *q, const float *x, 
         colb[j] += dyr[j];
       }
     if (!dx) continue;
-    double sg = 0.0, sgx = 0.0; /* sums of g = dy gamma and g xhat */
-    for (int64_t j = 0; j < f; j++) {
-      float g = dyr[j] * gamma[j], xhat = (xr[j] - mean) * rstd;
-      sg += g, sgx += (double)g * xhat;
-    }
+    double sg, sgx; /* sums of g = dy gamma and g xhat */
+    row_grad_sums(xr, dyr, gamma, mean, rstd, f, &sg, &sgx);
     float mg = (float)(sg / (double)f), mgx = (float)(sgx / (double)f);
     for (int64_t j = 0; j < f; j++)
       dx[r * f + j] = pmap_norm_dx(dyr[j] * gamma[j], (xr[j] - mean) * rstd, rstd, mg, mgx);

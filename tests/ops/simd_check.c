@@ -194,12 +194,12 @@ static void windows(void) {
     }
   KEEP("dropout", OPS.dropout_forward(NULL, x, d, NX, 0.3f, 1234, 77), d, NX);
   KEEP("dropout backward", OPS.dropout_backward(NULL, x, d, NX, 0.3f, 1234, 77), d, NX);
-  /* causal softmax of 3 (7, 7) matrices, embeddings */
-  float *sx = filled(3 * 49, -6, 6), *sy = arr(3 * 49), *sdx = arr(3 * 49);
-  float *sdy = filled(3 * 49, -1, 1);
-  KEEP("causal softmax", OPS.causal_softmax_forward(NULL, sx, sy, 3, 7, 0.5f), sy, 3 * 49);
-  KEEP("causal softmax dx", OPS.causal_softmax_backward(NULL, sy, sdy, sdx, 3, 7, 0.5f), sdx,
-       3 * 49);
+  /* causal softmax of 3 (21, 21) matrices (rows of 1 to 21 columns: the kernels' partial sums
+   * of 8 and the columns after them), embeddings */
+  enum { ST = 21, SN = 3 * ST * ST };
+  float *sx = filled(SN, -6, 6), *sy = arr(SN), *sdx = arr(SN), *sdy = filled(SN, -1, 1);
+  KEEP("causal softmax", OPS.causal_softmax_forward(NULL, sx, sy, 3, ST, 0.5f), sy, SN);
+  KEEP("causal softmax dx", OPS.causal_softmax_backward(NULL, sy, sdy, sdx, 3, ST, 0.5f), sdx, SN);
   int32_t ids[9] = {0, 3, 3, 7, -1, 2, 9, 3, 1};
   float *table = filled(8 * 21, -1, 1), *e = arr(9 * 21), *de = filled(9 * 21, -1, 1);
   float *dt = arr(8 * 21);
