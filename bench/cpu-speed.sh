@@ -6,12 +6,14 @@
 # with the machine (lscpu's model name and flags) and the load average before and after.
 #
 #   bench/cpu-speed.sh --before DIR --after DIR [--turns N] [--models LIST] [--devices LIST]
+#                      [--precision fp32|bf16|fp32,bf16]
 #
 # DIRs are build folders (meson setup DIR -Dcuda=disabled && ninja -C DIR); LIST defaults to
-# every example model and gpt-mini, devices to 1,2, turns to 3. bench/README.md ("CPU speed") has
+# every example model and gpt-mini, devices to 1,2, turns to 3, precision to fp32 (a row per
+# model, device count and precision). bench/README.md ("CPU speed") has
 # the tables it made and the JAX comparison beside them (bench/jax-compare.sh).
 set -euo pipefail
-BEFORE='' AFTER='' TURNS=3 DEVICES=1,2
+BEFORE='' AFTER='' TURNS=3 DEVICES=1,2 PRECISION=fp32
 MODELS=linear,mlp,convnet,mlp-1024,cifar-cnn,res-mlp,cifar-bn,gpt-mini
 while [ $# -gt 0 ]; do
   case $1 in
@@ -20,7 +22,9 @@ while [ $# -gt 0 ]; do
   --turns) TURNS=$2 ;;
   --models) MODELS=$2 ;;
   --devices) DEVICES=$2 ;;
-  *) echo "usage: $0 --before DIR --after DIR [--turns N] [--models LIST] [--devices LIST]" >&2
+  --precision) PRECISION=$2 ;;
+  *) echo "usage: $0 --before DIR --after DIR [--turns N] [--models LIST] [--devices LIST]" \
+       "[--precision LIST]" >&2
      exit 2 ;;
   esac
   shift 2
@@ -48,7 +52,7 @@ for _ in $(seq "$TURNS"); do
       [ $side = after ] && dir=$AFTER
       # shellcheck disable=SC2086
       "$dir/bench/pmap-bench" --model "$m" --devices "$DEVICES" --scaling strong --no-ref $st \
-        --backend cpu --json 2>/dev/null | tail -n 1 >> "$OUT/$side.jsonl"
+        --backend cpu --precision "$PRECISION" --json 2>/dev/null | tail -n 1 >> "$OUT/$side.jsonl"
     done
   done
 done
@@ -60,16 +64,17 @@ def read(path):
     for line in open(path):
         d = json.loads(line)
         for r in d["rows"]:
-            t.setdefault((d["model"], r["devices"]), []).append(r["median_ms"])
+            key = (d["model"], r["devices"], r.get("precision", "fp32"))
+            t.setdefault(key, []).append(r["median_ms"])
     return t
 b, a = read(sys.argv[1]), read(sys.argv[2])
 print(f"{sys.argv[3]} turns; step medians in ms, the median over the turns (lowest-highest)")
-print("| model | devices | before ms | after ms | before/after |")
-print("|---|---|---|---|---|")
+print("| model | devices | precision | before ms | after ms | before/after |")
+print("|---|---|---|---|---|---|")
 for k in b:
     if k not in a:
         continue
     mb, ma = statistics.median(b[k]), statistics.median(a[k])
-    print(f"| {k[0]} | {k[1]} | {mb:.4g} ({min(b[k]):.4g}-{max(b[k]):.4g}) | "
+    print(f"| {k[0]} | {k[1]} | {k[2]} | {mb:.4g} ({min(b[k]):.4g}-{max(b[k]):.4g}) | "
           f"{ma:.4g} ({min(a[k]):.4g}-{max(a[k]):.4g}) | {mb / ma:.2f}x |")
 EOF
