@@ -70,8 +70,8 @@ PMAP_HD static inline int pmap_guard_norm_over(float norm, float clip, float nor
  * same order give the same bits on every machine and every SIMD width (no FMA contraction in
  * C11 mode). Maximum errors against float64 over the float range, as tests/test_vmath.c holds
  * them (measured in brackets): pmap_exp 1.5 ulps (1.16), pmap_tanh 2 (1.31), pmap_sigmoid 3
- * (2.68), pmap_gelu 4 (2.85; its argument is formed in double: float would lose up to ~100 ulps
- * in the tail, where GELU's condition number is large), pmap_gelu_grad 3 ulps (2.35) or 2^-23
+ * (2.68), pmap_gelu 4 (2.84; its argument is formed in double: float would lose up to ~100 ulps
+ * in the tail, where GELU's condition number is large), pmap_gelu_grad 3 ulps (2.34) or 2^-23
  * absolute (it crosses zero). On CUDA they use the fast intrinsics
  * (__expf, __fdividef), held by the op harness's CPU/CUDA tolerances instead. */
 PMAP_HD static inline float pmap_float_of_bits(uint32_t u) {
@@ -144,18 +144,6 @@ PMAP_HD static inline float pmap_exp_scaled(float x, int32_t k) {
   float y = pmap_ldexp2(pmap_exp_poly(r), (int32_t)nf, k);
   return pmap_sel(x == x, y, x);
 }
-/* The same for an argument held in double (|x| may be large; the reduction happens in double,
- * the polynomial in float), clamped lower so that a scaled result stays exact down to where it
- * leaves the normal range itself (x = -131 for k = 64). */
-PMAP_HD static inline float pmap_exp_scaled_d(double x, int32_t k) {
-  double xc = pmap_sel_d(x < -150.0, -150.0, x);
-  xc = pmap_sel_d(x > 89.0, 89.0, xc);
-  xc = pmap_sel_d(x == x, xc, 0.0);
-  double nd = (xc * 1.4426950408889634 + 6755399441055744.0) - 6755399441055744.0;
-  float r = (float)(xc - nd * 0.6931471805599453);
-  float y = pmap_ldexp2(pmap_exp_poly(r), (int32_t)nd, k);
-  return pmap_sel(x == x, y, (float)x);
-}
 PMAP_HD static inline float pmap_exp(float x) {
 #ifdef __CUDA_ARCH__
   return __expf(x);
@@ -207,9 +195,24 @@ PMAP_HD static inline float pmap_sigmoid_grad(float y, float dy) { return y * (1
  * -0 (also for -inf, where x e would be -inf 0). */
 #define PMAP_GELU_C 0.7978845608028654
 #define PMAP_GELU_A 0.044715
-PMAP_HD static inline double pmap_gelu_u(float x) {
-  double xd = (double)x;
-  return 2.0 * PMAP_GELU_C * (xd + PMAP_GELU_A * xd * xd * xd);
+/* x clamped to [-12, 10.5] (NaN: 0) for u: beyond it GELU's value and gradient are already
+ * their limits to the last bit (below -12: -0; above 10.5, x / (1 + e) = x and 1), and inside
+ * it -|u| >= -142.6, which pmap_gelu_big_e reduces with no clamp of its own. */
+PMAP_HD static inline float pmap_gelu_clamp(float x) {
+  float xc = pmap_sel(x < -12.0f, -12.0f, x);
+  xc = pmap_sel(x > 10.5f, 10.5f, xc);
+  return pmap_sel(x == x, xc, 0.0f);
+}
+/* exp(-|u|) 2^64 for a clamped x: u formed and reduced (-|u| = n ln2 + r) in double, where
+ * float would lose up to ~100 ulps in the tail (GELU's condition number is large there), then
+ * the polynomial in float. */
+PMAP_HD static inline float pmap_gelu_big_e(float xc) {
+  double xd = (double)xc;
+  double u = 2.0 * PMAP_GELU_C * (xd + PMAP_GELU_A * xd * xd * xd);
+  double v = -fabs(u);
+  double nd = (v * 1.4426950408889634 + 6755399441055744.0) - 6755399441055744.0;
+  float r = (float)(v - nd * 0.6931471805599453);
+  return pmap_ldexp2(pmap_exp_poly(r), (int32_t)nd, 64);
 }
 PMAP_HD static inline float pmap_gelu(float x) {
 #ifdef __CUDA_ARCH__
@@ -217,10 +220,10 @@ PMAP_HD static inline float pmap_gelu(float x) {
   float y = pmap_fdiv(x, 1.0f + __expf(-u));
   return x < -12.0f ? -0.0f : y;
 #else
-  double u = pmap_gelu_u(x);
-  float big_e = pmap_exp_scaled_d(-fabs(u), 64); /* exp(-|u|) 2^64 */
+  float xc = pmap_gelu_clamp(x), big_e = pmap_gelu_big_e(xc);
   float d = 1.0f + big_e * 0x1p-64f;
-  float y = pmap_sel(u >= 0.0, x / d, (x * big_e / d) * 0x1p-64f);
+  int pos = xc >= 0.0f; /* u >= 0 */
+  float y = (pmap_sel(pos, x, x * big_e) / d) * pmap_sel(pos, 1.0f, 0x1p-64f);
   return pmap_sel(x < -12.0f, -0.0f, y);
 #endif
 }
@@ -233,11 +236,10 @@ PMAP_HD static inline float pmap_gelu_grad(float x, float dy) {
   float s = pmap_fdiv(1.0f, 1.0f + __expf(-u));
   float g = s + x * du * s * (1.0f - s);
 #else
-  double u = pmap_gelu_u(x);
+  float xc = pmap_gelu_clamp(x), big_e = pmap_gelu_big_e(xc);
   float du = (float)(2.0 * PMAP_GELU_C * (1.0 + 3.0 * PMAP_GELU_A * (double)x * (double)x));
-  float big_e = pmap_exp_scaled_d(-fabs(u), 64);
   float d = 1.0f + big_e * 0x1p-64f;
-  float s = pmap_sel(u >= 0.0, 0x1p64f, big_e) / d;
+  float s = pmap_sel(xc >= 0.0f, 0x1p64f, big_e) / d;
   float g = (s + x * du * (big_e / (d * d))) * 0x1p-64f;
 #endif
   g = pmap_sel(x < -16.0f, -0.0f, g);
