@@ -37,11 +37,15 @@ CPU_INLINE float row_max(const float *x, int64_t n, float scale) {
 
 /* sum a[j] (b NULL) or sum a[j] b[j] for j < n, in double in CPU_LANES partial sums. */
 CPU_INLINE double row_sum(const float *a, const float *b, int64_t n) {
-  cpu_lanes_d p = {0};
+  cpu_lanes p = {{0}, {0}};
   int64_t j = 0;
   for (; j + CPU_LANES <= n; j += CPU_LANES) {
-    cpu_lanes_d v = CPU_LANES_WIDEN(*(const cpu_lanes_f *)(a + j));
-    p += b ? v * CPU_LANES_WIDEN(*(const cpu_lanes_f *)(b + j)) : v;
+    cpu_d4 lo = CPU_WIDEN4(CPU_F4(a + j)), hi = CPU_WIDEN4(CPU_F4(a + j + 4));
+    if (b) {
+      lo *= CPU_WIDEN4(CPU_F4(b + j));
+      hi *= CPU_WIDEN4(CPU_F4(b + j + 4));
+    }
+    p.lo += lo, p.hi += hi;
   }
   double sum = cpu_lanes_total(&p);
   for (; j < n; j++) sum += b ? (double)a[j] * b[j] : a[j];

@@ -56,19 +56,24 @@ int cpu_gemm_threads_set(int n);
 /* A row's sum in double, in a fixed order that vectorizes: element j goes to partial sum j mod
  * CPU_LANES while CPU_LANES elements remain, the partial sums are then added pairwise
  * (cpu_lanes_total) and the last n mod CPU_LANES elements after them in order. The partial
- * sums are a vector of the compiler's (GCC's vector extension), which every target lowers to
- * its own registers doing the same additions lane by lane: the same bits on every SIMD width,
- * without a chain of dependent additions as long as the row. */
+ * sums are two vectors of 4 doubles (GCC's vector extension), which every target computes lane
+ * by lane in its own registers (a ymm each with AVX2 and AVX-512; wider generic vectors would
+ * go through the stack under AVX2): the same bits on every SIMD width, without a chain of
+ * dependent additions as long as the row. Vectors are passed by pointer, never by value (a
+ * vector argument's ABI differs between the clones' targets). */
 #define CPU_LANES 8
-/* cpu_lanes_f: CPU_LANES floats read straight from an array (any alignment: *(const
- * cpu_lanes_f *)x); cpu_lanes_d: the partial sums. Passed by pointer, never by value: a vector
- * argument's ABI differs between the clones' targets, which GCC warns of even when inlined. */
-typedef float cpu_lanes_f
-    __attribute__((vector_size(CPU_LANES * sizeof(float)), aligned(sizeof(float)), may_alias));
-typedef double cpu_lanes_d __attribute__((vector_size(CPU_LANES * sizeof(double))));
-#define CPU_LANES_WIDEN(v) __builtin_convertvector((v), cpu_lanes_d)
-CPU_INLINE double cpu_lanes_total(const cpu_lanes_d *p) {
-  return (((*p)[0] + (*p)[1]) + ((*p)[2] + (*p)[3])) + (((*p)[4] + (*p)[5]) + ((*p)[6] + (*p)[7]));
+typedef float cpu_f4
+    __attribute__((vector_size(4 * sizeof(float)), aligned(sizeof(float)), may_alias));
+typedef double cpu_d4 __attribute__((vector_size(4 * sizeof(double))));
+typedef struct cpu_lanes {
+  cpu_d4 lo, hi; /* partial sums 0-3 and 4-7 */
+} cpu_lanes;
+/* The 4 floats at x (any alignment) as a vector, and widened to double. */
+#define CPU_F4(x) (*(const cpu_f4 *)(const void *)(x))
+#define CPU_WIDEN4(v) __builtin_convertvector((v), cpu_d4)
+CPU_INLINE double cpu_lanes_total(const cpu_lanes *p) {
+  return ((p->lo[0] + p->lo[1]) + (p->lo[2] + p->lo[3])) +
+         ((p->hi[0] + p->hi[1]) + (p->hi[2] + p->hi[3]));
 }
 #if defined(__GNUC__) && !defined(__clang__)
 #define CPU_IVDEP _Pragma("GCC ivdep")

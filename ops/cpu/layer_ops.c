@@ -81,41 +81,41 @@ CPU_SIMD_CLONES pmap_status cpu_add(op_queue *q, const float *a, const float *b,
 
 /* Row sums in CPU_LANES partial sums (cpu_ops.h). sum x and sum x^2 of one row x (f). */
 CPU_INLINE void row_moments(const float *x, int64_t f, double *sum, double *sumsq) {
-  cpu_lanes_d s = {0}, ss = {0};
+  cpu_lanes s = {{0}, {0}}, ss = {{0}, {0}};
   int64_t j = 0;
   for (; j + CPU_LANES <= f; j += CPU_LANES) {
-    cpu_lanes_d v = CPU_LANES_WIDEN(*(const cpu_lanes_f *)(x + j));
-    s += v;
-    ss += v * v;
+    cpu_d4 a = CPU_WIDEN4(CPU_F4(x + j)), b = CPU_WIDEN4(CPU_F4(x + j + 4));
+    s.lo += a, s.hi += b;
+    ss.lo += a * a, ss.hi += b * b;
   }
-  double a = cpu_lanes_total(&s), b = cpu_lanes_total(&ss);
+  double sa = cpu_lanes_total(&s), sb = cpu_lanes_total(&ss);
   for (; j < f; j++) {
     double v = x[j];
-    a += v;
-    b += v * v;
+    sa += v;
+    sb += v * v;
   }
-  *sum = a, *sumsq = b;
+  *sum = sa, *sumsq = sb;
 }
 
 /* sum g and sum g xhat of one row, g = dy gamma and xhat = (x - mean) rstd (as floats). */
 CPU_INLINE void row_grad_sums(const float *x, const float *dy, const float *gamma, float mean,
                               float rstd, int64_t f, double *sum_g, double *sum_gx) {
-  cpu_lanes_d s = {0}, sx = {0};
+  cpu_lanes s = {{0}, {0}}, sx = {{0}, {0}};
   int64_t j = 0;
   for (; j + CPU_LANES <= f; j += CPU_LANES) {
-    cpu_lanes_f g = *(const cpu_lanes_f *)(dy + j) * *(const cpu_lanes_f *)(gamma + j);
-    cpu_lanes_f xhat = (*(const cpu_lanes_f *)(x + j) - mean) * rstd;
-    cpu_lanes_d gd = CPU_LANES_WIDEN(g);
-    s += gd;
-    sx += gd * CPU_LANES_WIDEN(xhat);
+    cpu_f4 g0 = CPU_F4(dy + j) * CPU_F4(gamma + j), g1 = CPU_F4(dy + j + 4) * CPU_F4(gamma + j + 4);
+    cpu_f4 h0 = (CPU_F4(x + j) - mean) * rstd, h1 = (CPU_F4(x + j + 4) - mean) * rstd;
+    cpu_d4 a = CPU_WIDEN4(g0), b = CPU_WIDEN4(g1);
+    s.lo += a, s.hi += b;
+    sx.lo += a * CPU_WIDEN4(h0), sx.hi += b * CPU_WIDEN4(h1);
   }
-  double a = cpu_lanes_total(&s), b = cpu_lanes_total(&sx);
+  double sa = cpu_lanes_total(&s), sb = cpu_lanes_total(&sx);
   for (; j < f; j++) {
     float g = dy[j] * gamma[j], xhat = (x[j] - mean) * rstd;
-    a += g;
-    b += (double)g * xhat;
+    sa += g;
+    sb += (double)g * xhat;
   }
-  *sum_g = a, *sum_gx = b;
+  *sum_g = sa, *sum_gx = sb;
 }
 
 CPU_SIMD_CLONES pmap_status cpu_layernorm_forward(op_queue *q, const float *x, const float *gamma,
