@@ -15,8 +15,13 @@
 
 static const char *prog = "pmap-bench";
 
-/* Difference allowed between final losses that differ only in summation order (see rel_diff). */
+/* Difference allowed between final losses that differ only in summation order (see rel_diff).
+ * Under bf16 a last-bit difference of a float sum can move a rounded operand by a whole
+ * bfloat16 step, and device counts whose shards are not a power of two apart scale the loss
+ * gradient into other bfloat16 values (docs/precision.md, "Reproducibility"): over hundreds of
+ * steps N devices part from 1 by percents (res-mlp: 3.7 % after 336 steps on 2 devices). */
 #define LOSS_TOL 1e-3
+#define LOSS_TOL_BF16 5e-2
 
 static int fail(const char *what) {
   fprintf(stderr, "%s: %s: %s\n", prog, what, pmap_last_error());
@@ -270,12 +275,13 @@ static void finish_table(bench_result *res, int mode, setup *su, double flops_pe
       res->failed = 1;
     }
     w->loss_rel_diff = rel_diff(w->loss, first->loss);
-    if (mode == BENCH_STRONG && w->loss_rel_diff > LOSS_TOL) {
+    double tol = w->precision == PMAP_PRECISION_BF16 ? LOSS_TOL_BF16 : LOSS_TOL;
+    if (mode == BENCH_STRONG && w->loss_rel_diff > tol) {
       fprintf(stderr,
               "%s: %s: the loss on %d devices, %.9g, differs from %.9g on %d by %.3g "
               "(relative; allowed %g)\n",
               prog, res->model, w->devices, (double)w->loss, (double)first->loss, first->devices,
-              w->loss_rel_diff, LOSS_TOL);
+              w->loss_rel_diff, tol);
       res->failed = 1;
     }
   }
