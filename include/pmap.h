@@ -266,12 +266,21 @@ PMAP_API const char *pmap_gemm_provider(void);
  * "onednn,cblas,portable". Never NULL; makes no choice. */
 PMAP_API const char *pmap_gemm_providers(void);
 /* Why pmap_gemm_provider() is the one in use: "measured" (in this process), "cached" (by an
- * earlier process on this machine), "forced by PMAP_GEMM", "only one built", "preferred (no memory to
- * measure)", or "invalid PMAP_GEMM" / "invalid PMAP_GEMM_CACHE" (provider "none"). Makes the choice like
+ * earlier process on this machine), "forced by PMAP_GEMM", "only one built", "only one within
+ * PMAP_CPU_ISA" (OpenBLAS's kernels above the cap), "preferred (no memory to measure)", or "invalid PMAP_GEMM" / "invalid PMAP_GEMM_CACHE" (provider "none"). Makes the choice like
  * pmap_gemm_provider. Never NULL; the string is static. */
 PMAP_API const char *pmap_gemm_reason(void);
-/* The CPU's bfloat16 instructions: "amx_bf16" (AMX tiles), "avx512_bf16" or "none" (CPUID, with
- * the registers saved by the OS). Never NULL; the string is static. */
+/* The instruction set pmap's CPU code uses: "sse41", "avx2", "avx512" (x86-64-v4),
+ * "avx512_bf16" or "amx": the CPU's (CPUID, with the registers the OS saves), capped by the
+ * environment variable PMAP_CPU_ISA (one of those names, or native), read once per process. The
+ * cap holds for oneDNN (its primitives, float GEMM and bf16 matmul), pmap's own SIMD kernels and
+ * the choices of pmap_gemm_provider and pmap_bf16_provider, so that one machine runs the paths
+ * of older CPUs (docs/cpu-gemm.md). A name above the CPU's level, or not one of them, makes
+ * pmap_ctx_create of a CPU context fail naming it (the code then runs on the CPU's own level).
+ * Never NULL; the string is static. */
+PMAP_API const char *pmap_cpu_isa(void);
+/* The bfloat16 instructions pmap may use: "amx_bf16" (AMX tiles), "avx512_bf16" or "none", by
+ * pmap_cpu_isa(). Never NULL; the string is static. */
 PMAP_API const char *pmap_cpu_bf16(void);
 /* The CPU GEMM of PMAP_PRECISION_BF16: "onednn" (oneDNN's bf16 matmul, a primitive per shape
  * made at its first use on each device), or "portable" (the bfloat16 operands widened to float,
@@ -281,8 +290,10 @@ PMAP_API const char *pmap_cpu_bf16(void);
  * build has oneDNN. "none" when PMAP_GEMM_BF16 is invalid or names onednn in a build without
  * it: pmap_ctx_create of a CPU context then fails naming it. Never NULL; static. */
 PMAP_API const char *pmap_bf16_provider(void);
-/* Why: "the CPU has AVX512_BF16", "the CPU has AMX", "the CPU has no bf16 instructions", "no
- * oneDNN in this build", "forced by PMAP_GEMM_BF16", "forced" (in-process, by the tests), or
+/* Why: "the CPU has AVX512_BF16", "the CPU has AMX", "the CPU has no bf16 instructions",
+ * "PMAP_CPU_ISA caps the CPU below its bf16 instructions", "oneDNN's ISA has no bf16
+ * instructions (ONEDNN_MAX_CPU_ISA)" (oneDNN would emulate them, slower than the portable path),
+ * "no oneDNN in this build", "forced by PMAP_GEMM_BF16", "forced" (in-process, by the tests), or
  * "invalid PMAP_GEMM_BF16". Never NULL; static. */
 PMAP_API const char *pmap_bf16_reason(void);
 

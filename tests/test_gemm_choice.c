@@ -4,7 +4,8 @@
  * and read by the next process, survives corruption and a folder it cannot write, keeps other
  * machines' lines; PMAP_GEMM_CACHE=0 skips it; threads asking at once get one answer; the bf16
  * GEMM is oneDNN's matmul exactly where the CPU has bf16 instructions, PMAP_GEMM_BF16 forces it
- * or the portable path, and a bad value fails the context naming it. */
+ * or the portable path, and a bad value fails the context naming it; PMAP_CPU_ISA caps all of
+ * it, refusing a level the CPU lacks. */
 #include <ftw.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -51,9 +52,11 @@ static int child(const char *mode) {
   pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 1};
   pmap_ctx *ctx = NULL;
   pmap_status st = pmap_ctx_create(&cfg, &ctx);
-  printf("status %d\nprovider %s\nreason %s\nbf16 %s\nbf16_reason %s\ncpu_bf16 %s\nerror %s\n",
-         (int)st, pmap_gemm_provider(), pmap_gemm_reason(), pmap_bf16_provider(),
-         pmap_bf16_reason(), pmap_cpu_bf16(), st ? pmap_last_error() : "");
+  printf(
+      "status %d\nprovider %s\nreason %s\nbf16 %s\nbf16_reason %s\ncpu_bf16 %s\ncpu_isa "
+      "%s\nerror %s\n",
+      (int)st, pmap_gemm_provider(), pmap_gemm_reason(), pmap_bf16_provider(), pmap_bf16_reason(),
+      pmap_cpu_bf16(), pmap_cpu_isa(), st ? pmap_last_error() : "");
   pmap_ctx_destroy(ctx);
   return 0;
 }
@@ -65,7 +68,8 @@ typedef struct report {
   char out[OUT_CAP];
   int status;
   char provider[64], reason[64];
-  char bf16[64], bf16_reason[64], cpu_bf16[64]; /* the bf16 GEMM's choice */
+  char bf16[64], bf16_reason[80], cpu_bf16[64]; /* the bf16 GEMM's choice */
+  char cpu_isa[64];                             /* pmap_cpu_isa() */
   const char *error;                            /* into out */
 } report;
 
@@ -110,9 +114,11 @@ static void run_child(const char *mode, const char *cache, const char *const *en
   s = strstr(r->out, "\nbf16 ");
   if (s) sscanf(s, "\nbf16 %63s", r->bf16);
   s = strstr(r->out, "bf16_reason ");
-  if (s) sscanf(s, "bf16_reason %63[^\n]", r->bf16_reason);
+  if (s) sscanf(s, "bf16_reason %79[^\n]", r->bf16_reason);
   s = strstr(r->out, "cpu_bf16 ");
   if (s) sscanf(s, "cpu_bf16 %63s", r->cpu_bf16);
+  s = strstr(r->out, "cpu_isa ");
+  if (s) sscanf(s, "cpu_isa %63s", r->cpu_isa);
   r->error = strstr(r->out, "error ");
   if (!r->error) r->error = "";
 }
@@ -202,13 +208,23 @@ static void test_env_values(void) {
   expect(&r, PMAP_ERR_INVALID_ARGUMENT, "none", "invalid PMAP_GEMM_CACHE", "PMAP_GEMM_CACHE=2");
 }
 
-/* PMAP_GEMM_BF16: unset, oneDNN's matmul exactly where the CPU has bf16 instructions and the
- * build has oneDNN; each value forces its provider; a bad one fails the context naming it. */
+/* Whether oneDNN runs bf16 on bf16 instructions under the environment's ONEDNN_MAX_CPU_ISA
+ * (or its older name), as far as the variable goes: the CPU's own instructions are cpu_bf16. */
+static int onednn_cap_has_bf16(void) {
+  const char *v = getenv("ONEDNN_MAX_CPU_ISA");
+  if (!v || !*v) v = getenv("DNNL_MAX_CPU_ISA");
+  return !v || !*v || !strcmp(v, "ALL") || !strcmp(v, "AVX512_CORE_BF16") ||
+         !strcmp(v, "AVX512_CORE_AMX");
+}
+
+/* PMAP_GEMM_BF16: unset, oneDNN's matmul exactly where pmap may use bf16 instructions
+ * (pmap_cpu_bf16), oneDNN's own cap keeps them, and the build has oneDNN; each value forces its
+ * provider; a bad one fails the context naming it. */
 static void test_bf16_env(void) {
   report r;
   int onednn = built("onednn");
   run_child("plain", tmp, NULL, &r);
-  int has = strcmp(r.cpu_bf16, "none") != 0;
+  int has = strcmp(r.cpu_bf16, "none") != 0 && (getenv("PMAP_CPU_ISA") || onednn_cap_has_bf16());
   CHECK(r.status == PMAP_SUCCESS && !strcmp(r.bf16, onednn && has ? "onednn" : "portable"),
         "bf16 GEMM %s (%s) on a CPU with %s", r.bf16, r.bf16_reason, r.cpu_bf16);
   printf("bf16: CPU %s, GEMM %s (%s)\n", r.cpu_bf16, r.bf16, r.bf16_reason);
@@ -230,6 +246,69 @@ static void test_bf16_env(void) {
       CHECK(r.status == PMAP_SUCCESS && !strcmp(r.bf16, onednn && has ? "onednn" : "portable"),
             "%s: status %d, bf16 %s", set[i], r.status, r.bf16);
     }
+  }
+}
+
+/* PMAP_CPU_ISA: each level up to the CPU's is taken (pmap_cpu_isa names it, the bf16 GEMM is
+ * oneDNN's exactly from avx512_bf16 up, and pmap_cpu_bf16 follows), one above it and a bad
+ * name fail the context naming the value; the float GEMM's choice is measured and cached per
+ * cap. And oneDNN's own cap (ONEDNN_MAX_CPU_ISA) below its bf16 instructions, with pmap's
+ * left alone, sends bf16 to the portable path: oneDNN would emulate it. */
+static void test_isa_env(void) {
+  static const char *const levels[] = {"sse41", "avx2", "avx512", "avx512_bf16", "amx"};
+  const char *native_env[] = {"PMAP_CPU_ISA=native", "ONEDNN_MAX_CPU_ISA=", NULL};
+  report r;
+  run_child("plain", tmp, native_env, &r);
+  int machine = -1;
+  for (int i = 0; i < 5; i++)
+    if (!strcmp(r.cpu_isa, levels[i])) machine = i;
+  CHECK(r.status == PMAP_SUCCESS && machine >= 0, "PMAP_CPU_ISA=native: status %d, isa \"%s\"",
+        r.status, r.cpu_isa);
+  printf("CPU instruction set: %s\n", r.cpu_isa);
+  int onednn = built("onednn");
+  for (int i = 0; i < 5; i++) {
+    char var[64], cache[160];
+    snprintf(var, sizeof var, "PMAP_CPU_ISA=%s", levels[i]);
+    snprintf(cache, sizeof cache, "%s/isa-%s", tmp, levels[i]);
+    const char *env[] = {var, NULL};
+    run_child("plain", cache, env, &r);
+    if (i > machine) {
+      CHECK(r.status == PMAP_ERR_UNAVAILABLE && strstr(r.error, "pmap_ctx_create") &&
+                strstr(r.error, var + 12) && strstr(r.error, "lacks"),
+            "%s on a CPU of %s: status %d, message %s", var, levels[machine], r.status, r.error);
+      continue;
+    }
+    int bf16 = i >= 3;
+    CHECK(r.status == PMAP_SUCCESS && !strcmp(r.cpu_isa, levels[i]), "%s: status %d, isa %s (%s)",
+          var, r.status, r.cpu_isa, r.error);
+    CHECK(!strcmp(r.cpu_bf16, i == 4 ? "amx_bf16" : i == 3 ? "avx512_bf16" : "none"),
+          "%s: pmap_cpu_bf16 %s", var, r.cpu_bf16);
+    CHECK(!strcmp(r.bf16, onednn && bf16 ? "onednn" : "portable"), "%s: bf16 GEMM %s (%s)", var,
+          r.bf16, r.bf16_reason);
+    if (i < machine && strchr(pmap_gemm_providers(), ','))
+      CHECK(!strcmp(r.reason, "measured") || !strcmp(r.reason, "only one within PMAP_CPU_ISA"),
+            "%s in a fresh cache: the GEMM %s (%s), not measured under the cap", var, r.provider,
+            r.reason);
+    if (i == machine - 1 && strchr(pmap_gemm_providers(), ',')) {
+      /* The machine's own choice cached in the same folder is not this cap's. */
+      run_child("plain", cache, native_env, &r);
+      CHECK(!strcmp(r.reason, "measured"), "uncapped after %s: reason %s", var, r.reason);
+      run_child("plain", cache, env, &r);
+      CHECK(!strcmp(r.reason, "cached") || !strcmp(r.reason, "only one within PMAP_CPU_ISA"),
+            "%s again: reason %s", var, r.reason);
+    }
+  }
+  const char *bogus[] = {"PMAP_CPU_ISA=avx1024", NULL};
+  run_child("plain", tmp, bogus, &r);
+  CHECK(r.status == PMAP_ERR_INVALID_ARGUMENT && strstr(r.error, "PMAP_CPU_ISA=\"avx1024\"") &&
+            strstr(r.error, "avx512_bf16") && strstr(r.error, "pmap_ctx_create"),
+        "PMAP_CPU_ISA=avx1024: status %d, message %s", r.status, r.error);
+  if (onednn && machine >= 3) {
+    const char *env[] = {"PMAP_CPU_ISA=", "ONEDNN_MAX_CPU_ISA=AVX512_CORE", NULL};
+    run_child("plain", tmp, env, &r);
+    CHECK(r.status == PMAP_SUCCESS && !strcmp(r.bf16, "portable") &&
+              strstr(r.bf16_reason, "ONEDNN_MAX_CPU_ISA"),
+          "ONEDNN_MAX_CPU_ISA=AVX512_CORE: bf16 GEMM %s (%s)", r.bf16, r.bf16_reason);
   }
 }
 
@@ -384,6 +463,7 @@ int main(int argc, char **argv) {
   printf("built providers: %s\n", pmap_gemm_providers());
   test_env_values();
   test_bf16_env();
+  test_isa_env();
   if (strchr(pmap_gemm_providers(), ',')) {
     test_cache();
     test_cache_unusable();

@@ -80,6 +80,8 @@ static void print_json(const opts *o, const result *r) {
   printf(", \"precision\": ");
   json_string(stdout,
               r->precision ? r->precision : pmap_precision_name((pmap_precision)o->precision));
+  printf(", \"cpu_isa\": ");
+  json_string(stdout, pmap_cpu_isa());
   printf(", \"cpu_bf16\": ");
   json_string(stdout, pmap_cpu_bf16());
   printf(", \"bf16_gemm\": ");

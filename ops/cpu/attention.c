@@ -54,8 +54,9 @@ CPU_INLINE double row_sum(const float *a, const float *b, int64_t n) {
 
 /* Each row's exponentials with ops/op_math.h's vector exp (1.5 ulps), summed in double in
  * CPU_LANES partial sums (a fixed order, cpu_ops.h); the division in double. */
-CPU_SIMD_CLONES pmap_status cpu_causal_softmax_forward(op_queue *q, const float *x, float *y,
-                                                       int64_t n, int64_t t, float scale) {
+CPU_KERNEL(extern, pmap_status, cpu_causal_softmax_forward,
+           (op_queue *q, const float *x, float *y, int64_t n, int64_t t, float scale),
+           (q, x, y, n, t, scale)) {
   (void)q;
   for (int64_t r = 0; r < n * t; r++) {
     int64_t i = r % t; /* the row's position: it sees columns 0..i */
@@ -70,9 +71,10 @@ CPU_SIMD_CLONES pmap_status cpu_causal_softmax_forward(op_queue *q, const float 
   return PMAP_SUCCESS;
 }
 
-CPU_SIMD_CLONES pmap_status cpu_causal_softmax_backward(op_queue *q, const float *y,
-                                                        const float *dy, float *dx, int64_t n,
-                                                        int64_t t, float scale) {
+CPU_KERNEL(extern, pmap_status, cpu_causal_softmax_backward,
+           (op_queue *q, const float *y, const float *dy, float *dx, int64_t n, int64_t t,
+            float scale),
+           (q, y, dy, dx, n, t, scale)) {
   (void)q;
   for (int64_t r = 0; r < n * t; r++) {
     int64_t i = r % t;
@@ -85,9 +87,10 @@ CPU_SIMD_CLONES pmap_status cpu_causal_softmax_backward(op_queue *q, const float
   return PMAP_SUCCESS;
 }
 
-CPU_SIMD_CLONES pmap_status cpu_embedding_forward(op_queue *q, const int32_t *ids,
-                                                  const float *table, int64_t n, int64_t v,
-                                                  int64_t d, float *y) {
+CPU_KERNEL(extern, pmap_status, cpu_embedding_forward,
+           (op_queue *q, const int32_t *ids, const float *table, int64_t n, int64_t v, int64_t d,
+            float *y),
+           (q, ids, table, n, v, d, y)) {
   (void)q;
   for (int64_t i = 0; i < n; i++) {
     int64_t id = ids[i];
@@ -96,8 +99,10 @@ CPU_SIMD_CLONES pmap_status cpu_embedding_forward(op_queue *q, const int32_t *id
   return PMAP_SUCCESS;
 }
 
-CPU_SIMD_CLONES pmap_status cpu_embedding_backward(op_queue *q, const int32_t *ids, const float *dy,
-                                                   int64_t n, int64_t v, int64_t d, float *dtable) {
+CPU_KERNEL(extern, pmap_status, cpu_embedding_backward,
+           (op_queue *q, const int32_t *ids, const float *dy, int64_t n, int64_t v, int64_t d,
+            float *dtable),
+           (q, ids, dy, n, v, d, dtable)) {
   (void)q;
   for (int64_t i = 0; i < n; i++) {
     int64_t id = ids[i];

@@ -11,8 +11,9 @@
 #include "cpu_ops.h"
 #include "ops/op_math.h"
 
-CPU_SIMD_CLONES pmap_status cpu_round_bf16(op_queue *q, const float *x, pmap_bf16 *y16, float *y32,
-                                           size_t n) {
+CPU_KERNEL(extern, pmap_status, cpu_round_bf16,
+           (op_queue *q, const float *x, pmap_bf16 *y16, float *y32, size_t n),
+           (q, x, y16, y32, n)) {
   (void)q;
   if (y16 && y32) {
     CPU_IVDEP for (size_t i = 0; i < n; i++) {
@@ -28,9 +29,10 @@ CPU_SIMD_CLONES pmap_status cpu_round_bf16(op_queue *q, const float *x, pmap_bf1
   return PMAP_SUCCESS;
 }
 
-CPU_SIMD_CLONES pmap_status cpu_round_bf16_block(op_queue *q, const float *x, int64_t ldx,
-                                                 pmap_bf16 *y16, int64_t ldy, int64_t rows,
-                                                 int64_t cols) {
+CPU_KERNEL(extern, pmap_status, cpu_round_bf16_block,
+           (op_queue *q, const float *x, int64_t ldx, pmap_bf16 *y16, int64_t ldy, int64_t rows,
+            int64_t cols),
+           (q, x, ldx, y16, ldy, rows, cols)) {
   (void)q;
   for (int64_t r = 0; r < rows; r++) {
     const float *xr = x + r * ldx;
@@ -40,15 +42,17 @@ CPU_SIMD_CLONES pmap_status cpu_round_bf16_block(op_queue *q, const float *x, in
   return PMAP_SUCCESS;
 }
 
-CPU_SIMD_CLONES pmap_status cpu_widen_bf16(op_queue *q, const pmap_bf16 *x, float *y, size_t n) {
+CPU_KERNEL(extern, pmap_status, cpu_widen_bf16,
+           (op_queue *q, const pmap_bf16 *x, float *y, size_t n), (q, x, y, n)) {
   (void)q;
   CPU_IVDEP for (size_t i = 0; i < n; i++) y[i] = pmap_bf16_widen(x[i]);
   return PMAP_SUCCESS;
 }
 
 /* rows x cols of x (leading dimension ld) widened into the packed y (cols per row). */
-CPU_SIMD_CLONES static void widen_matrix(const pmap_bf16 *x, int64_t ld, int64_t rows, int64_t cols,
-                                         float *y) {
+CPU_KERNEL_VOID(static, widen_matrix,
+                (const pmap_bf16 *x, int64_t ld, int64_t rows, int64_t cols, float *y),
+                (x, ld, rows, cols, y)) {
   for (int64_t r = 0; r < rows; r++) {
     const pmap_bf16 *xr = x + r * ld;
     float *yr = y + r * cols;

@@ -1,7 +1,8 @@
-/* bf16_choice.c: the CPU's bfloat16 instructions (CPUID), the bf16 GEMM provider chosen once per
- * process (PMAP_GEMM_BF16, else oneDNN's matmul where the CPU has AVX512_BF16 or AMX and the
- * build has oneDNN, else the portable path), and each thread's cache of oneDNN matmul primitives,
- * one per GEMM shape, made at its first use and kept (a step's shapes repeat every step). */
+/* bf16_choice.c: the bfloat16 instructions pmap may use (cpu_isa.h: the CPU's, capped by
+ * PMAP_CPU_ISA), the bf16 GEMM provider chosen once per process (PMAP_GEMM_BF16, else oneDNN's
+ * matmul where oneDNN will run it on AVX512_BF16 or AMX, else the portable path), and each
+ * thread's cache of oneDNN matmul primitives, one per GEMM shape, made at its first use and kept
+ * (a step's shapes repeat every step). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdatomic.h>
@@ -11,6 +12,7 @@
 #include "base/env.h"
 #include "base/error.h"
 #include "bf16.h"
+#include "cpu_isa.h"
 
 #if defined(PMAP_GEMM_DNNL)
 #include <dnnl.h>
@@ -18,54 +20,15 @@
 #if defined(PMAP_HAVE_OPENMP)
 #include <omp.h>
 #endif
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <cpuid.h>
-#endif
-
-/* ------------------------------------------------------------------------------------------ */
-/* The CPU                                                                                    */
-
-typedef enum { ISA_NONE, ISA_AVX512_BF16, ISA_AMX_BF16 } bf16_isa;
-
-#if defined(__x86_64__) && defined(__GNUC__)
-/* The register state the OS saves (XCR0): AVX-512 needs bits 1, 2, 5, 6, 7; AMX also 17, 18. */
-static uint64_t xcr0(void) {
-  uint32_t a = 0, b = 0, c = 0, d = 0;
-  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return 0; /* no OSXSAVE */
-  uint32_t lo = 0, hi = 0;
-  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-  return ((uint64_t)hi << 32) | lo;
-}
-
-static bf16_isa detect(void) {
-  uint32_t a = 0, b = 0, c = 0, d = 0;
-  if (__get_cpuid_max(0, NULL) < 7) return ISA_NONE;
-  uint64_t os = xcr0();
-  const uint64_t avx512 = 0xe6, amx = 0x60000;
-  if ((os & avx512) != avx512) return ISA_NONE;
-  __cpuid_count(7, 0, a, b, c, d);
-  int amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1, avx512f = (b >> 16) & 1;
-  if (amx_bf16 && amx_tile && (os & amx) == amx) return ISA_AMX_BF16;
-  __cpuid_count(7, 1, a, b, c, d);
-  return avx512f && ((a >> 5) & 1) ? ISA_AVX512_BF16 : ISA_NONE;
-}
-#else
-static bf16_isa detect(void) { return ISA_NONE; }
-#endif
-
-static const char *isa_name(bf16_isa i) {
-  return i == ISA_AMX_BF16 ? "amx_bf16" : i == ISA_AVX512_BF16 ? "avx512_bf16" : "none";
-}
 
 /* ------------------------------------------------------------------------------------------ */
 /* The choice                                                                                 */
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
-static bf16_isa isa;
 static _Atomic int native;         /* 1: oneDNN's matmul */
 static const char *_Atomic reason; /* why, for pmap_bf16_reason */
 static pmap_status env_status;
-static char env_msg[300];
+static char env_msg[400];
 
 #if defined(PMAP_GEMM_DNNL)
 #define ONEDNN_BUILT 1
@@ -74,7 +37,7 @@ static char env_msg[300];
 #endif
 
 static void choose(void) {
-  isa = detect();
+  cpu_isa isa = cpu_isa_active();
   static const char *const names[] = {"auto", "onednn", "portable", NULL};
   int pick = 0;
   /* The reader's message is kept for cpu_bf16_ready; the calling thread's stays as it was. */
@@ -100,11 +63,19 @@ static void choose(void) {
     atomic_store(&reason, "forced by PMAP_GEMM_BF16");
   } else if (!ONEDNN_BUILT) {
     atomic_store(&reason, "no oneDNN in this build");
-  } else if (isa == ISA_NONE) {
-    atomic_store(&reason, "the CPU has no bf16 instructions");
+  } else if (isa < CPU_ISA_AVX512_BF16) {
+    atomic_store(&reason, cpu_isa_machine() >= CPU_ISA_AVX512_BF16
+                              ? "PMAP_CPU_ISA caps the CPU below its bf16 instructions"
+                              : "the CPU has no bf16 instructions");
+  } else if (!cpu_isa_onednn_bf16()) {
+    /* oneDNN would emulate bf16 on float instructions (ONEDNN_MAX_CPU_ISA below
+     * AVX512_CORE_BF16), several times slower than the portable path. */
+    atomic_store(&reason, "oneDNN's ISA has no bf16 instructions (ONEDNN_MAX_CPU_ISA)");
   } else {
     atomic_store(&native, 1);
-    atomic_store(&reason, isa == ISA_AMX_BF16 ? "the CPU has AMX" : "the CPU has AVX512_BF16");
+    atomic_store(&reason, strcmp(cpu_isa_onednn(), "avx512_core_amx") == 0
+                              ? "the CPU has AMX"
+                              : "the CPU has AVX512_BF16");
   }
 }
 
@@ -133,8 +104,8 @@ pmap_status cpu_bf16_force(const char *name) {
 }
 
 const char *pmap_cpu_bf16(void) {
-  pthread_once(&once, choose);
-  return isa_name(isa);
+  cpu_isa isa = cpu_isa_active();
+  return isa == CPU_ISA_AMX ? "amx_bf16" : isa == CPU_ISA_AVX512_BF16 ? "avx512_bf16" : "none";
 }
 
 const char *pmap_bf16_provider(void) {

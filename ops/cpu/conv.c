@@ -107,7 +107,8 @@ static void valid_cols(const pmap_conv_shape *s, int kj, int64_t *lo, int64_t *h
 }
 
 /* col (c*kh*kw, oh*ow) from x (c, h, w); zero where the window hangs over the padding. */
-CPU_SIMD_CLONES static void im2col(const pmap_conv_shape *s, const float *x, float *col) {
+CPU_KERNEL_VOID(static, im2col, (const pmap_conv_shape *s, const float *x, float *col),
+                (s, x, col)) {
   int64_t ohw = s->oh * s->ow;
   for (int64_t c = 0; c < s->c; c++)
     for (int ki = 0; ki < s->kh; ki++)
@@ -137,7 +138,8 @@ CPU_SIMD_CLONES static void im2col(const pmap_conv_shape *s, const float *x, flo
 
 /* dx (c, h, w) = the sum of col's entries back onto the pixels they were taken from, in the
  * order (c, ki, kj, oi, oj). */
-CPU_SIMD_CLONES static void col2im(const pmap_conv_shape *s, const float *col, float *dx) {
+CPU_KERNEL_VOID(static, col2im, (const pmap_conv_shape *s, const float *col, float *dx),
+                (s, col, dx)) {
   int64_t ohw = s->oh * s->ow;
   memset(dx, 0, (size_t)(s->c * s->h * s->w) * sizeof *dx);
   for (int64_t c = 0; c < s->c; c++)
@@ -167,8 +169,9 @@ static int is_pointwise(const pmap_conv_shape *s) {
 
 /* One example's output rows y (oc, ohw) += b, then pmap_relu: the bits of bias_forward and
  * relu_forward after the convolution. */
-CPU_SIMD_CLONES static void rows_bias_relu(float *y, const float *b, int relu, int64_t oc,
-                                           int64_t ohw) {
+CPU_KERNEL_VOID(static, rows_bias_relu,
+                (float *y, const float *b, int relu, int64_t oc, int64_t ohw),
+                (y, b, relu, oc, ohw)) {
   for (int64_t o = 0; o < oc; o++) {
     float *row = y + o * ohw;
     if (b) {
@@ -182,8 +185,9 @@ CPU_SIMD_CLONES static void rows_bias_relu(float *y, const float *b, int relu, i
 
 /* One example's g (oc, ohw) = pmap_relu_grad(y, dy), and db (oc) += each row's sum taken as
  * bias_backward takes it (a float sum per row, then added): the same bits as the unfused ops. */
-CPU_SIMD_CLONES static void rows_grad_bias(const float *y, const float *dy, float *g, float *db,
-                                           int64_t oc, int64_t ohw) {
+CPU_KERNEL_VOID(static, rows_grad_bias,
+                (const float *y, const float *dy, float *g, float *db, int64_t oc, int64_t ohw),
+                (y, dy, g, db, oc, ohw)) {
   if (y) {
     int64_t n = oc * ohw;
     CPU_IVDEP for (int64_t i = 0; i < n; i++) g[i] = pmap_relu_grad(y[i], dy[i]);

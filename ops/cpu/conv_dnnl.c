@@ -42,12 +42,16 @@ int conv_dnnl_serves(op_queue *q, const pmap_conv_shape *s, int64_t bd) {
 
 #include "base/error.h"
 #include "cpu_cache.h"
+#include "cpu_isa.h"
 
 /* One engine for the process (an engine may be shared by threads); each entry has a stream. */
 static dnnl_engine_t engine;
 static dnnl_status_t engine_status = dnnl_runtime_error;
 static pthread_once_t engine_once = PTHREAD_ONCE_INIT;
-static void engine_make(void) { engine_status = dnnl_engine_create(&engine, dnnl_cpu, 0); }
+static void engine_make(void) {
+  (void)cpu_isa_active(); /* oneDNN's cap is set before its first call */
+  engine_status = dnnl_engine_create(&engine, dnnl_cpu, 0);
+}
 
 /* oneDNN's parallel regions take the calling thread's OpenMP count: one thread, as every
  * device's GEMM (the devices are the parallelism, and the bits then do not depend on the

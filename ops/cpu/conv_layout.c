@@ -67,7 +67,8 @@ CPU_INLINE void block_all(int B, const conv_layout *l, const float *y, const flo
     }
 }
 
-CPU_SIMD_CLONES void conv_unblock(const conv_layout *l, const float *yb, int relu, float *y) {
+CPU_KERNEL_VOID(extern, conv_unblock, (const conv_layout *l, const float *yb, int relu, float *y),
+                (l, yb, relu, y)) {
   size_t n = (size_t)(l->n * l->c * l->hw);
   switch (l->block) {
   case 16: unblock_all(16, l, yb, relu, y); break;
@@ -82,8 +83,9 @@ CPU_SIMD_CLONES void conv_unblock(const conv_layout *l, const float *yb, int rel
   }
 }
 
-CPU_SIMD_CLONES void conv_block_grad(const conv_layout *l, const float *y, const float *dy,
-                                     float *gb) {
+CPU_KERNEL_VOID(extern, conv_block_grad,
+                (const conv_layout *l, const float *y, const float *dy, float *gb),
+                (l, y, dy, gb)) {
   size_t n = (size_t)(l->n * l->c * l->hw);
   switch (l->block) {
   case 16: block_all(16, l, y, dy, gb); break;

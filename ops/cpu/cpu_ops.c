@@ -6,7 +6,8 @@
 #include "cpu_ops.h"
 #include "ops/op_math.h"
 
-CPU_SIMD_CLONES pmap_status cpu_fill(op_queue *q, float *x, float value, size_t n) {
+CPU_KERNEL(extern, pmap_status, cpu_fill, (op_queue *q, float *x, float value, size_t n),
+           (q, x, value, n)) {
   (void)q;
   if (value == 0.0f) {
     if (n) memset(x, 0, n * sizeof *x);
@@ -22,8 +23,9 @@ pmap_status cpu_copy(op_queue *q, const float *x, float *y, size_t n) {
   return PMAP_SUCCESS;
 }
 
-CPU_SIMD_CLONES pmap_status cpu_bias_forward(op_queue *q, float *y, const float *b, int64_t outer,
-                                             int64_t ch, int64_t inner) {
+CPU_KERNEL(extern, pmap_status, cpu_bias_forward,
+           (op_queue *q, float *y, const float *b, int64_t outer, int64_t ch, int64_t inner),
+           (q, y, b, outer, ch, inner)) {
   (void)q;
   if (inner == 1) { /* dense: a vector loop along each row rather than a loop of one */
     for (int64_t o = 0; o < outer; o++) {
@@ -40,8 +42,9 @@ CPU_SIMD_CLONES pmap_status cpu_bias_forward(op_queue *q, float *y, const float 
   return PMAP_SUCCESS;
 }
 
-CPU_SIMD_CLONES pmap_status cpu_bias_backward(op_queue *q, const float *dy, float *db,
-                                              int64_t outer, int64_t ch, int64_t inner) {
+CPU_KERNEL(extern, pmap_status, cpu_bias_backward,
+           (op_queue *q, const float *dy, float *db, int64_t outer, int64_t ch, int64_t inner),
+           (q, dy, db, outer, ch, inner)) {
   (void)q;
   if (inner == 1) {
     for (int64_t o = 0; o < outer; o++)
@@ -58,14 +61,16 @@ CPU_SIMD_CLONES pmap_status cpu_bias_backward(op_queue *q, const float *dy, floa
   return PMAP_SUCCESS;
 }
 
-CPU_SIMD_CLONES pmap_status cpu_relu_forward(op_queue *q, const float *x, float *y, size_t n) {
+CPU_KERNEL(extern, pmap_status, cpu_relu_forward,
+           (op_queue *q, const float *x, float *y, size_t n), (q, x, y, n)) {
   (void)q;
   for (size_t i = 0; i < n; i++) y[i] = pmap_relu(x[i]);
   return PMAP_SUCCESS;
 }
 
-CPU_SIMD_CLONES pmap_status cpu_relu_backward(op_queue *q, const float *y, const float *dy,
-                                              float *dx, size_t n) {
+CPU_KERNEL(extern, pmap_status, cpu_relu_backward,
+           (op_queue *q, const float *y, const float *dy, float *dx, size_t n),
+           (q, y, dy, dx, n)) {
   (void)q;
   for (size_t i = 0; i < n; i++) dx[i] = pmap_relu_grad(y[i], dy[i]);
   return PMAP_SUCCESS;
@@ -84,9 +89,10 @@ pmap_status cpu_mse(op_queue *q, const float *pred, const float *t, size_t n, fl
   return PMAP_SUCCESS;
 }
 
-CPU_SIMD_CLONES pmap_status cpu_softmax_xent(op_queue *q, const float *logits,
-                                             const int32_t *labels, int64_t rows, int64_t k,
-                                             float *dlogits, float *loss) {
+CPU_KERNEL(extern, pmap_status, cpu_softmax_xent,
+           (op_queue *q, const float *logits, const int32_t *labels, int64_t rows, int64_t k,
+            float *dlogits, float *loss),
+           (q, logits, labels, rows, k, dlogits, loss)) {
   (void)q;
   double sum = 0.0;
   float scale = rows ? 1.0f / (float)rows : 0.0f;
@@ -96,8 +102,9 @@ CPU_SIMD_CLONES pmap_status cpu_softmax_xent(op_queue *q, const float *logits,
   return PMAP_SUCCESS;
 }
 
-CPU_SIMD_CLONES pmap_status cpu_sgd_step(op_queue *q, float *w, const float *g, float *v, size_t n,
-                                         const pmap_step_hyper *h) {
+CPU_KERNEL(extern, pmap_status, cpu_sgd_step,
+           (op_queue *q, float *w, const float *g, float *v, size_t n, const pmap_step_hyper *h),
+           (q, w, g, v, n, h)) {
   (void)q;
   const float lr = h->lr, momentum = h->momentum, wd = h->weight_decay;
   if (momentum == 0.0f && wd == 0.0f) {
@@ -112,8 +119,10 @@ CPU_SIMD_CLONES pmap_status cpu_sgd_step(op_queue *q, float *w, const float *g, 
   return PMAP_SUCCESS;
 }
 
-CPU_SIMD_CLONES pmap_status cpu_adam_step(op_queue *q, float *w, const float *g, float *m, float *v,
-                                          size_t n, const pmap_step_hyper *h) {
+CPU_KERNEL(extern, pmap_status, cpu_adam_step,
+           (op_queue *q, float *w, const float *g, float *m, float *v, size_t n,
+            const pmap_step_hyper *h),
+           (q, w, g, m, v, n, h)) {
   (void)q;
   const float lr = h->lr, b1 = h->beta1, b2 = h->beta2, eps = h->eps, bc1 = h->bc1, bc2 = h->bc2;
   if (h->weight_decay == 0.0f) { /* a constant 0 folds the decay's branches away: a vector loop */
@@ -128,7 +137,8 @@ CPU_SIMD_CLONES pmap_status cpu_adam_step(op_queue *q, float *w, const float *g,
 
 /* Eight partial sums, added in a fixed order at the end: deterministic, and eight independent
  * chains instead of one, so the pass runs at memory speed rather than at one add's latency. */
-CPU_SIMD_CLONES pmap_status cpu_norm2(op_queue *q, const float *x, size_t n, float *norm) {
+CPU_KERNEL(extern, pmap_status, cpu_norm2, (op_queue *q, const float *x, size_t n, float *norm),
+           (q, x, n, norm)) {
   (void)q;
   double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   size_t i = 0;
@@ -140,13 +150,15 @@ CPU_SIMD_CLONES pmap_status cpu_norm2(op_queue *q, const float *x, size_t n, flo
   return PMAP_SUCCESS;
 }
 
-CPU_SIMD_CLONES pmap_status cpu_scale(op_queue *q, float *x, float s, size_t n) {
+CPU_KERNEL(extern, pmap_status, cpu_scale, (op_queue *q, float *x, float s, size_t n),
+           (q, x, s, n)) {
   (void)q;
   for (size_t i = 0; i < n; i++) x[i] *= s;
   return PMAP_SUCCESS;
 }
 
-CPU_SIMD_CLONES pmap_status cpu_axpy(op_queue *q, float alpha, const float *x, float *y, size_t n) {
+CPU_KERNEL(extern, pmap_status, cpu_axpy,
+           (op_queue *q, float alpha, const float *x, float *y, size_t n), (q, alpha, x, y, n)) {
   (void)q;
   for (size_t i = 0; i < n; i++) y[i] += alpha * x[i];
   return PMAP_SUCCESS;

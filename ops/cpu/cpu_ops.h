@@ -22,32 +22,56 @@ void cpu_gemm_portable(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k
 int cpu_gemm_threads_set(int n);
 
 /* Element-wise loops are written for the vectorizer (ops/op_math.h's transcendentals are
- * straight-line code). CPU_SIMD_CLONES builds a kernel three times, for x86-64-v4 (AVX-512:
- * F, BW, CD, DQ, VL), for AVX2 and for the baseline, and the loader picks one per process (an
- * ifunc: never per thread); all do the same float operations in the same order (C11 mode
- * contracts no FMA, and no reduction is reassociated), so they give the same bits
- * (tests/ops/simd_check.c compares them). CPU_IVDEP: the loop after it has no dependence
- * between iterations (outputs may equal inputs element for element, which the vectorizer cannot
- * prove). */
-/* Not under ThreadSanitizer: the loader runs an ifunc's resolver before TSan's runtime is up,
- * and the instrumented resolver crashes the process at load. CPU_SIMD_ONLY (a target string)
- * or CPU_SIMD_BASELINE builds one target alone, without a dispatcher: the clone check's copies
- * of the kernels. */
+ * straight-line code). CPU_KERNEL builds a kernel three times, for x86-64-v4 (AVX-512: F, BW, CD,
+ * DQ, VL), for AVX2 and for the baseline, and calls the one of cpu_simd_level() (cpu_isa.h: the
+ * CPU's level capped by PMAP_CPU_ISA, decided once per process). All do the same float
+ * operations in the same order (C11 mode contracts no FMA, and no reduction is reassociated),
+ * so they give the same bits (tests/ops/simd_check.c compares them).
+ *
+ *   CPU_KERNEL(extern, pmap_status, cpu_fill, (op_queue *q, float *x, size_t n), (q, x, n)) {
+ *     ...the body, once...
+ *   }
+ *
+ * `link` is extern or static; CPU_KERNEL_VOID is the form of a kernel that returns nothing.
+ * CPU_SIMD_ONLY (a target string) or CPU_SIMD_BASELINE builds one target alone, without a
+ * dispatcher: the clone check's copies of the kernels. CPU_IVDEP: the loop after it has no
+ * dependence between iterations (outputs may equal inputs element for element, which the
+ * vectorizer cannot prove). */
+#define CPU_KERNEL(link, ret, name, params, args) \
+  CPU_KERNEL_(link, ret, name, params, args, return )
+#define CPU_KERNEL_VOID(link, name, params, args) CPU_KERNEL_(link, void, name, params, args, )
 #if defined(CPU_SIMD_BASELINE)
-#define CPU_SIMD_CLONES
+#define CPU_KERNEL_(link, ret, name, params, args, r) link ret name params
 #elif defined(CPU_SIMD_ONLY)
-#define CPU_SIMD_CLONES __attribute__((target(CPU_SIMD_ONLY)))
-#elif defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && defined(__x86_64__) && \
-    defined(__linux__) && !defined(__SANITIZE_THREAD__)
-#define CPU_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
-#elif defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
-    !defined(__SANITIZE_THREAD__)
-#define CPU_SIMD_CLONES __attribute__((target_clones("avx2", "default")))
+#define CPU_KERNEL_(link, ret, name, params, args, r) \
+  link ret __attribute__((target(CPU_SIMD_ONLY))) name params
+#elif defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#include "cpu_isa.h"
+#if __GNUC__ >= 12
+#define CPU_TARGET_V4 __attribute__((target("arch=x86-64-v4")))
 #else
-#define CPU_SIMD_CLONES
+#define CPU_TARGET_V4 __attribute__((target("avx512f,avx512bw,avx512cd,avx512dq,avx512vl")))
 #endif
-/* CPU_INLINE: a helper of a cloned kernel, inlined into each clone so that it is compiled for
- * that clone's target (left out of line, gcc compiles it once, for the baseline alone). */
+#define CPU_KERNEL_(link, ret, name, params, args, r)                                   \
+  CPU_INLINE ret name##_body params;                                                    \
+  CPU_TARGET_V4 static ret name##_v4 params { r name##_body args; }                     \
+  __attribute__((target("avx2"))) static ret name##_avx2 params { r name##_body args; } \
+  static ret name##_base params { r name##_body args; }                                 \
+  link ret name params {                                                                \
+    int level_ = cpu_simd_level();                                                      \
+    if (level_ == 2)                                                                    \
+      r name##_v4 args;                                                                 \
+    else if (level_ == 1)                                                               \
+      r name##_avx2 args;                                                               \
+    else                                                                                \
+      r name##_base args;                                                               \
+  }                                                                                     \
+  CPU_INLINE ret name##_body params
+#else
+#define CPU_KERNEL_(link, ret, name, params, args, r) link ret name params
+#endif
+/* CPU_INLINE: a helper of a kernel, inlined into each of its builds so that it is compiled for
+ * that build's target (left out of line, gcc compiles it once, for the baseline alone). */
 #if defined(__GNUC__)
 #define CPU_INLINE static inline __attribute__((always_inline))
 #else

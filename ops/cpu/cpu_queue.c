@@ -10,6 +10,7 @@
 #include "cpu_ops.h"
 #include "bf16.h"
 #include "gemm.h"
+#include "cpu_isa.h"
 
 const pmap_ops pmap_cpu_ops = {
 #define PMAP_OP(name, args) .name = cpu_##name,
@@ -43,9 +44,10 @@ static int cpu_enter(void) { return cpu_gemm_threads_set(1); }
 static void cpu_leave(int saved) { cpu_gemm_threads_set(saved); }
 
 /* The GEMM providers are chosen before the devices run any op: they would disturb the float
- * one's measurement, and a bad PMAP_GEMM, PMAP_GEMM_BF16 or PMAP_CONV is an error before
- * anything starts. */
+ * one's measurement, and a bad PMAP_CPU_ISA, PMAP_GEMM, PMAP_GEMM_BF16 or PMAP_CONV is an error
+ * before anything starts. */
 static pmap_status cpu_ready(const char *call) {
+  PMAP_TRY(cpu_isa_ready(call));
   PMAP_TRY(cpu_gemm_ready(call));
   PMAP_TRY(cpu_bf16_ready(call));
   return cpu_conv_ready(call);

@@ -7,8 +7,10 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "base/error.h"
+#include "cpu_isa.h"
 
 #if defined(PMAP_GEMM_DNNL)
 #include <dnnl.h>
@@ -22,9 +24,10 @@
 
 #define KBLOCK 256
 
-CPU_SIMD_CLONES void cpu_gemm_portable(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
-                                       const float *a, int64_t lda, const float *b, int64_t ldb,
-                                       float beta, float *c, int64_t ldc) {
+CPU_KERNEL_VOID(extern, cpu_gemm_portable,
+                (int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                 int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc),
+                (ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) {
   for (int64_t i = 0; i < m; i++) {
     float *ci = c + i * ldc;
     if (beta == 0.0f)
@@ -78,6 +81,7 @@ static pmap_status portable_run(int ta, int tb, int64_t m, int64_t n, int64_t k,
 static pmap_status dnnl_run(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
                             const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                             float *c, int64_t ldc) {
+  (void)cpu_isa_active(); /* oneDNN's cap is set before its first call */
   dnnl_status_t st =
       dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   if (st != dnnl_success)
@@ -120,6 +124,22 @@ static int openblas_threads_set(int n) {
 
 static int openblas_process_wide(void) { return openblas_get_parallel() == 1; }
 #endif
+
+#if defined(PMAP_HAVE_OPENBLAS_CORENAME)
+extern char *openblas_get_corename(void);
+/* OpenBLAS chooses its kernels when it loads (by the CPU, or OPENBLAS_CORETYPE): the level of
+ * the core it chose, by the names of its x86-64 cores with AVX-512 and with AVX2. */
+static int openblas_isa(void) {
+  const char *core = openblas_get_corename();
+  static const char *const avx512[] = {"skylakex", "cooperlake", "sapphirerapids"};
+  static const char *const avx2[] = {"haswell", "zen", "excavator", "steamroller"};
+  for (size_t i = 0; core && i < sizeof avx512 / sizeof avx512[0]; i++)
+    if (strcasecmp(core, avx512[i]) == 0) return CPU_ISA_AVX512;
+  for (size_t i = 0; core && i < sizeof avx2 / sizeof avx2[0]; i++)
+    if (strcasecmp(core, avx2[i]) == 0) return CPU_ISA_AVX2;
+  return CPU_ISA_BASELINE;
+}
+#endif
 #endif
 
 static const cpu_gemm_provider providers[] = {
@@ -138,6 +158,9 @@ static const cpu_gemm_provider providers[] = {
 #if defined(PMAP_HAVE_OPENBLAS_THREADS)
         .threads_set = openblas_threads_set,
         .threads_process_wide = openblas_process_wide,
+#endif
+#if defined(PMAP_HAVE_OPENBLAS_CORENAME)
+        .isa = openblas_isa,
 #endif
     },
 #endif

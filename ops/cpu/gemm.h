@@ -21,6 +21,10 @@ typedef struct cpu_gemm_provider {
    * (optional: NULL means per thread); a device thread cannot give such a count back while
    * other devices run GEMMs. */
   int (*threads_process_wide)(void);
+  /* The highest instruction set the library's kernels use, which PMAP_CPU_ISA cannot lower
+   * (optional: NULL for a library that keeps within the cap, cpu_isa.h). A provider above the
+   * cap takes no part in the measured choice. */
+  int (*isa)(void);
 } cpu_gemm_provider;
 
 /* The providers of this build, most preferred first (the order of ties and of a choice that

@@ -14,6 +14,7 @@
 
 #include "gemm.h"
 #include "base/env.h"
+#include "cpu_isa.h"
 #include "base/error.h"
 
 /* ------------------------------------------------------------------------------------------ */
@@ -260,7 +261,15 @@ static pmap_status read_env(const cpu_gemm_provider **p, int *use_cache) {
 /* The measured or cached choice among several providers. */
 static const cpu_gemm_provider *choose_among(const cpu_gemm_provider *list, int n, int use_cache,
                                              const char **reason) {
-  gemm_cache *c = use_cache ? gemm_cache_open(pmap_gemm_providers()) : NULL;
+  /* The cap is part of the key: a choice measured on the CPU's own instructions is not the
+   * choice under PMAP_CPU_ISA. The providers are those within it. */
+  char key[128];
+  size_t len = 0;
+  key[0] = '\0';
+  for (int i = 0; i < n; i++) append(key, sizeof key, &len, "%s%s", i ? "," : "", list[i].name);
+  if (cpu_isa_active() != cpu_isa_machine())
+    append(key, sizeof key, &len, " PMAP_CPU_ISA=%s", cpu_isa_name(cpu_isa_active()));
+  gemm_cache *c = use_cache ? gemm_cache_open(key) : NULL;
   const cpu_gemm_provider *p = cpu_gemm_find(gemm_cache_lookup(c));
   if (p) {
     *reason = "cached";
@@ -280,7 +289,15 @@ static const cpu_gemm_provider *choose_among(const cpu_gemm_provider *list, int 
 static void choose(void) {
   const cpu_gemm_provider *p = NULL;
   int use_cache = 1, n = 0;
-  const cpu_gemm_provider *list = cpu_gemm_list(&n);
+  const cpu_gemm_provider *built = cpu_gemm_list(&n);
+  cpu_gemm_provider list[MAX_PROVIDERS];
+  int within = 0, above = 0;
+  for (int i = 0; i < n && within < MAX_PROVIDERS; i++)
+    if (built[i].isa && built[i].isa() > (int)cpu_isa_active())
+      above++;
+    else
+      list[within++] = built[i];
+  n = within;
   env_status = read_env(&p, &use_cache);
   if (env_status != PMAP_SUCCESS) {
     atomic_store(
@@ -290,9 +307,9 @@ static void choose(void) {
   if (atomic_load(&forced)) return;
   const char *reason = "forced by PMAP_GEMM";
   if (!p && n == 1)
-    p = &list[0], reason = "only one built";
+    p = cpu_gemm_find(list[0].name), reason = above ? "only one within PMAP_CPU_ISA" : "only one built";
   else if (!p)
-    p = choose_among(list, n, use_cache, &reason);
+    p = cpu_gemm_find(choose_among(list, n, use_cache, &reason)->name);
   atomic_store(&why, reason);
   atomic_store_explicit(&active, p, memory_order_release);
 }

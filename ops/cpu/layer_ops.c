@@ -32,15 +32,17 @@ CPU_INLINE void act_grad_rows(pmap_act act, const float *x, const float *y, cons
   }
 }
 
-CPU_SIMD_CLONES pmap_status cpu_act_forward(op_queue *q, pmap_act act, const float *x, float *y,
-                                            size_t n) {
+CPU_KERNEL(extern, pmap_status, cpu_act_forward,
+           (op_queue *q, pmap_act act, const float *x, float *y, size_t n), (q, act, x, y, n)) {
   (void)q;
   act_rows(act, x, y, n);
   return PMAP_SUCCESS;
 }
 
-CPU_SIMD_CLONES pmap_status cpu_act_backward(op_queue *q, pmap_act act, const float *x,
-                                             const float *y, const float *dy, float *dx, size_t n) {
+CPU_KERNEL(extern, pmap_status, cpu_act_backward,
+           (op_queue *q, pmap_act act, const float *x, const float *y, const float *dy, float *dx,
+            size_t n),
+           (q, act, x, y, dy, dx, n)) {
   (void)q;
   act_grad_rows(act, x, y, dy, dx, n);
   return PMAP_SUCCESS;
@@ -50,9 +52,10 @@ CPU_SIMD_CLONES pmap_status cpu_act_backward(op_queue *q, pmap_act act, const fl
  * reads it; each element sees the operations of the unfused ops in their order. ReLU, whose
  * math is a compare, takes one loop per row for both (on narrow rows, a small MLP's 32 units,
  * the loops' own setup is most of a row's time). */
-CPU_SIMD_CLONES pmap_status cpu_bias_act_forward(op_queue *q, pmap_act act, float *y,
-                                                 const float *b, int64_t outer, int64_t ch,
-                                                 float *z) {
+CPU_KERNEL(extern, pmap_status, cpu_bias_act_forward,
+           (op_queue *q, pmap_act act, float *y, const float *b, int64_t outer, int64_t ch,
+            float *z),
+           (q, act, y, b, outer, ch, z)) {
   (void)q;
   for (int64_t o = 0; o < outer; o++) {
     float *yr = y + o * ch, *zr = z + o * ch;
@@ -70,9 +73,10 @@ CPU_SIMD_CLONES pmap_status cpu_bias_act_forward(op_queue *q, pmap_act act, floa
   return PMAP_SUCCESS;
 }
 
-CPU_SIMD_CLONES pmap_status cpu_act_bias_backward(op_queue *q, pmap_act act, const float *x,
-                                                  const float *z, const float *dz, float *dx,
-                                                  float *db, int64_t outer, int64_t ch) {
+CPU_KERNEL(extern, pmap_status, cpu_act_bias_backward,
+           (op_queue *q, pmap_act act, const float *x, const float *z, const float *dz, float *dx,
+            float *db, int64_t outer, int64_t ch),
+           (q, act, x, z, dz, dx, db, outer, ch)) {
   (void)q;
   for (int64_t o = 0; o < outer; o++) {
     int64_t k = o * ch;
@@ -90,8 +94,8 @@ CPU_SIMD_CLONES pmap_status cpu_act_bias_backward(op_queue *q, pmap_act act, con
   return PMAP_SUCCESS;
 }
 
-CPU_SIMD_CLONES pmap_status cpu_add(op_queue *q, const float *a, const float *b, float *y,
-                                    size_t n) {
+CPU_KERNEL(extern, pmap_status, cpu_add,
+           (op_queue *q, const float *a, const float *b, float *y, size_t n), (q, a, b, y, n)) {
   (void)q;
   for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
   return PMAP_SUCCESS;
@@ -136,9 +140,10 @@ CPU_INLINE void row_grad_sums(const float *x, const float *dy, const float *gamm
   *sum_g = sa, *sum_gx = sb;
 }
 
-CPU_SIMD_CLONES pmap_status cpu_layernorm_forward(op_queue *q, const float *x, const float *gamma,
-                                                  const float *beta, int64_t rows, int64_t f,
-                                                  float eps, float *y, float *stats) {
+CPU_KERNEL(extern, pmap_status, cpu_layernorm_forward,
+           (op_queue *q, const float *x, const float *gamma, const float *beta, int64_t rows,
+            int64_t f, float eps, float *y, float *stats),
+           (q, x, gamma, beta, rows, f, eps, y, stats)) {
   (void)q;
   for (int64_t r = 0; r < rows; r++) {
     const float *xr = x + r * f;
@@ -157,10 +162,10 @@ CPU_SIMD_CLONES pmap_status cpu_layernorm_forward(op_queue *q, const float *x, c
  * same row-major pass as dx where the column sums fit a stack array: one pass over x and dy,
  * the same bits. */
 #define LN_STACK_COLS 1024
-CPU_SIMD_CLONES pmap_status cpu_layernorm_backward(op_queue *q, const float *x, const float *gamma,
-                                                   const float *stats, const float *dy,
-                                                   int64_t rows, int64_t f, float *dx,
-                                                   float *dgamma, float *dbeta) {
+CPU_KERNEL(extern, pmap_status, cpu_layernorm_backward,
+           (op_queue *q, const float *x, const float *gamma, const float *stats, const float *dy,
+            int64_t rows, int64_t f, float *dx, float *dgamma, float *dbeta),
+           (q, x, gamma, stats, dy, rows, f, dx, dgamma, dbeta)) {
   (void)q;
   double colg[LN_STACK_COLS], colb[LN_STACK_COLS];
   int fused = f <= LN_STACK_COLS;
@@ -201,8 +206,10 @@ CPU_SIMD_CLONES pmap_status cpu_layernorm_backward(op_queue *q, const float *x, 
   return PMAP_SUCCESS;
 }
 
-CPU_SIMD_CLONES pmap_status cpu_pool2d_forward(op_queue *q, int is_max, const pmap_pool_shape *s,
-                                               int64_t bd, const float *x, float *y) {
+CPU_KERNEL(extern, pmap_status, cpu_pool2d_forward,
+           (op_queue *q, int is_max, const pmap_pool_shape *s, int64_t bd, const float *x,
+            float *y),
+           (q, is_max, s, bd, x, y)) {
   (void)q;
   for (int64_t p = 0; p < bd * s->c; p++)
     for (int64_t oy = 0; oy < s->oh; oy++)
@@ -239,9 +246,10 @@ CPU_INLINE void pool2d_backward_tiled(int is_max, const pmap_pool_shape *s, int6
   }
 }
 
-CPU_SIMD_CLONES pmap_status cpu_pool2d_backward(op_queue *q, int is_max, const pmap_pool_shape *s,
-                                                int64_t bd, const float *x, const float *dy,
-                                                float *dx) {
+CPU_KERNEL(extern, pmap_status, cpu_pool2d_backward,
+           (op_queue *q, int is_max, const pmap_pool_shape *s, int64_t bd, const float *x,
+            const float *dy, float *dx),
+           (q, is_max, s, bd, x, dy, dx)) {
   (void)q;
   if (s->stride == s->kh && s->stride == s->kw) {
     pool2d_backward_tiled(is_max, s, bd, x, dy, dx);
@@ -256,22 +264,28 @@ CPU_SIMD_CLONES pmap_status cpu_pool2d_backward(op_queue *q, int is_max, const p
   return PMAP_SUCCESS;
 }
 
-CPU_SIMD_CLONES pmap_status cpu_dropout_forward(op_queue *q, const float *x, float *y, size_t n,
-                                                float rate, uint64_t key, uint64_t first) {
+CPU_KERNEL(extern, pmap_status, cpu_dropout_forward,
+           (op_queue *q, const float *x, float *y, size_t n, float rate, uint64_t key,
+            uint64_t first),
+           (q, x, y, n, rate, key, first)) {
   (void)q;
   for (size_t i = 0; i < n; i++) y[i] = x[i] * pmap_dropout_factor(key, first + i, rate);
   return PMAP_SUCCESS;
 }
 
-CPU_SIMD_CLONES pmap_status cpu_dropout_backward(op_queue *q, const float *dy, float *dx, size_t n,
-                                                 float rate, uint64_t key, uint64_t first) {
+CPU_KERNEL(extern, pmap_status, cpu_dropout_backward,
+           (op_queue *q, const float *dy, float *dx, size_t n, float rate, uint64_t key,
+            uint64_t first),
+           (q, dy, dx, n, rate, key, first)) {
   (void)q;
   for (size_t i = 0; i < n; i++) dx[i] = dy[i] * pmap_dropout_factor(key, first + i, rate);
   return PMAP_SUCCESS;
 }
 
-CPU_SIMD_CLONES pmap_status cpu_bn_stats(op_queue *q, const float *x, int64_t outer, int64_t c,
-                                         int64_t inner, const float *prev, float *stats) {
+CPU_KERNEL(extern, pmap_status, cpu_bn_stats,
+           (op_queue *q, const float *x, int64_t outer, int64_t c, int64_t inner,
+            const float *prev, float *stats),
+           (q, x, outer, c, inner, prev, stats)) {
   (void)q;
   for (int64_t ch = 0; ch < c; ch++) {
     float shift = 0.0f, var;
@@ -292,11 +306,12 @@ CPU_SIMD_CLONES pmap_status cpu_bn_stats(op_queue *q, const float *x, int64_t ou
   return PMAP_SUCCESS;
 }
 
-CPU_SIMD_CLONES pmap_status cpu_bn_forward(op_queue *q, const float *x, const float *stats,
-                                           const float *run_stats, float *running,
-                                           const float *gamma, const float *beta, int64_t outer,
-                                           int64_t c, int64_t inner, float eps, float momentum,
-                                           int training, float *y) {
+CPU_KERNEL(extern, pmap_status, cpu_bn_forward,
+           (op_queue *q, const float *x, const float *stats, const float *run_stats,
+            float *running, const float *gamma, const float *beta, int64_t outer, int64_t c,
+            int64_t inner, float eps, float momentum, int training, float *y),
+           (q, x, stats, run_stats, running, gamma, beta, outer, c, inner, eps, momentum, training,
+            y)) {
   (void)q;
   for (int64_t ch = 0; ch < c; ch++) {
     float mean, var;
@@ -320,9 +335,10 @@ CPU_SIMD_CLONES pmap_status cpu_bn_forward(op_queue *q, const float *x, const fl
   return PMAP_SUCCESS;
 }
 
-CPU_SIMD_CLONES pmap_status cpu_bn_backward_sums(op_queue *q, const float *x, const float *dy,
-                                                 const float *stats, int64_t outer, int64_t c,
-                                                 int64_t inner, float eps, float *sums) {
+CPU_KERNEL(extern, pmap_status, cpu_bn_backward_sums,
+           (op_queue *q, const float *x, const float *dy, const float *stats, int64_t outer,
+            int64_t c, int64_t inner, float eps, float *sums),
+           (q, x, dy, stats, outer, c, inner, eps, sums)) {
   (void)q;
   for (int64_t ch = 0; ch < c; ch++) {
     float mean, var;
@@ -340,10 +356,10 @@ CPU_SIMD_CLONES pmap_status cpu_bn_backward_sums(op_queue *q, const float *x, co
   return PMAP_SUCCESS;
 }
 
-CPU_SIMD_CLONES pmap_status cpu_bn_backward_dx(op_queue *q, const float *x, const float *dy,
-                                               const float *stats, const float *gamma,
-                                               const float *sums, int64_t outer, int64_t c,
-                                               int64_t inner, float eps, float *dx) {
+CPU_KERNEL(extern, pmap_status, cpu_bn_backward_dx,
+           (op_queue *q, const float *x, const float *dy, const float *stats, const float *gamma,
+            const float *sums, int64_t outer, int64_t c, int64_t inner, float eps, float *dx),
+           (q, x, dy, stats, gamma, sums, outer, c, inner, eps, dx)) {
   (void)q;
   float count = stats[2 * c];
   for (int64_t ch = 0; ch < c; ch++) {

@@ -376,9 +376,10 @@ _PRECISIONS = ("fp32", "bf16")  # pmap_precision's order
 
 def bf16_support():
     """The CPU's bfloat16 support: a dict of cpu (its instructions: "amx_bf16", "avx512_bf16" or
-    "none"), gemm (the CPU GEMM of the bf16 policy: "onednn" or "portable") and reason."""
+    "none"), gemm (the CPU GEMM of the bf16 policy: "onednn" or "portable"), reason, and isa
+    (the instruction set pmap uses: the CPU's, capped by PMAP_CPU_ISA)."""
     return {"cpu": lib.pmap_cpu_bf16().decode(), "gemm": lib.pmap_bf16_provider().decode(),
-            "reason": lib.pmap_bf16_reason().decode()}
+            "reason": lib.pmap_bf16_reason().decode(), "isa": lib.pmap_cpu_isa().decode()}
 
 
 class Params:

@@ -1,4 +1,4 @@
-/* simd_check.c: the CPU kernels' SIMD clones (ops/cpu/cpu_ops.h, CPU_SIMD_CLONES) give the same
+/* simd_check.c: the CPU kernels' SIMD builds (ops/cpu/cpu_ops.h, CPU_KERNEL) give the same
  * bits. tests/ops/meson.build compiles the kernel files with this driver once per target, each
  * copy built for that target alone (CPU_SIMD_ONLY / CPU_SIMD_BASELINE) and linked in place of
  * the library's clones; every copy runs every cloned kernel through the op table on the same
