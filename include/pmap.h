@@ -286,13 +286,15 @@ PMAP_API const char *pmap_cpu_bf16(void);
  * made at its first use on each device), or "portable" (the bfloat16 operands widened to float,
  * exactly, and multiplied by pmap_gemm_provider()'s GEMM: the same products and float sums, at
  * about the float speed), chosen once per process: the environment variable PMAP_GEMM_BF16
- * (auto, onednn, portable) when set, else onednn where the CPU has bf16 instructions and the
- * build has oneDNN. "none" when PMAP_GEMM_BF16 is invalid or names onednn in a build without
+ * (auto, onednn, portable) when set, else onednn where the build has oneDNN, oneDNN runs bf16
+ * instructions (pmap_cpu_bf16(), and oneDNN's own cap) and its matmul measures faster than the
+ * portable path (cached like pmap_gemm_provider's choice). "none" when PMAP_GEMM_BF16 is invalid or names onednn in a build without
  * it: pmap_ctx_create of a CPU context then fails naming it. Never NULL; static. */
 PMAP_API const char *pmap_bf16_provider(void);
 /* Why: "the CPU has AVX512_BF16", "the CPU has AMX", "the CPU has no bf16 instructions",
  * "PMAP_CPU_ISA caps the CPU below its bf16 instructions", "oneDNN's ISA has no bf16
  * instructions (ONEDNN_MAX_CPU_ISA)" (oneDNN would emulate them, slower than the portable path),
+ * "oneDNN's bf16 matmul measured slower than the portable path",
  * "no oneDNN in this build", "forced by PMAP_GEMM_BF16", "forced" (in-process, by the tests), or
  * "invalid PMAP_GEMM_BF16". Never NULL; static. */
 PMAP_API const char *pmap_bf16_reason(void);

@@ -3,16 +3,20 @@
  * matmul where oneDNN will run it on AVX512_BF16 or AMX, else the portable path), and each
  * thread's cache of oneDNN matmul primitives, one per GEMM shape, made at its first use and kept
  * (a step's shapes repeat every step). */
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/env.h"
 #include "base/error.h"
 #include "bf16.h"
 #include "cpu_isa.h"
+#include "gemm.h"
+#include "ops/op_math.h"
 
 #if defined(PMAP_GEMM_DNNL)
 #include <dnnl.h>
@@ -35,6 +39,85 @@ static char env_msg[400];
 #else
 #define ONEDNN_BUILT 0
 #endif
+
+/* ------------------------------------------------------------------------------------------ */
+/* The measurement                                                                            */
+
+/* Whether oneDNN's bf16 matmul is faster than the portable path (the operands widened, then the
+ * float GEMM in use) on this machine under its cap: its instructions say so on most CPUs, but
+ * not on all (an AMX machine capped at AVX512_CORE_BF16 runs its matmul at 0.6x the float
+ * GEMM). Timed like the float GEMM's choice (gemm_choice.c): the three GEMMs of an mlp-1024
+ * layer at 128 rows, forward, weight gradient and input gradient, single-threaded, the best of
+ * two rounds after a warm-up, oneDNN kept unless the portable path is 2 % faster; cached per
+ * CPU model, build, oneDNN's ISA and cap (PMAP_GEMM_CACHE=0: neither read nor written). */
+static double bf16_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int onednn_faster(void) {
+  const char *cache_env = pmap_env_get("PMAP_GEMM_CACHE");
+  char key[160];
+  snprintf(key, sizeof key, "bf16:onednn,portable oneDNN=%s%s%s", cpu_isa_onednn(),
+           cpu_isa_active() != cpu_isa_machine() ? " PMAP_CPU_ISA=" : "",
+           cpu_isa_active() != cpu_isa_machine() ? cpu_isa_name(cpu_isa_active()) : "");
+  gemm_cache *c = cache_env && strcmp(cache_env, "0") == 0 ? NULL : gemm_cache_open(key);
+  const char *cached = gemm_cache_lookup(c);
+  if (cached) {
+    int fast = strcmp(cached, "portable") != 0;
+    gemm_cache_close(c);
+    return fast;
+  }
+  enum { M = 128, K = 1024, N = 1024 };
+  pmap_bf16 *a = aligned_alloc(64, (size_t)M * K * sizeof *a);
+  pmap_bf16 *b = aligned_alloc(64, (size_t)K * N * sizeof *b);
+  float *out = aligned_alloc(64, (size_t)K * N * sizeof *out);
+  int fast = 1; /* without memory to measure: the instructions' word */
+  char saved[1024];
+  pmap_error_save(saved,
+                  sizeof saved); /* a failure here is only a choice: the caller's message stays */
+  if (a && b && out) {
+    for (size_t i = 0; i < (size_t)M * K; i++) a[i] = pmap_bf16_round((float)(i % 13) - 6.0f);
+    for (size_t i = 0; i < (size_t)K * N; i++) b[i] = pmap_bf16_round((float)(i % 7) / 8.0f);
+    memset(out, 0, (size_t)K * N * sizeof *out);
+    /* y = x W, dW += x^T dy, dx = dy W^T (a, b, c reused at their shapes' sizes) */
+    bf16_gemm g[3];
+    memset(g, 0, sizeof g);
+    int64_t dims[3][5] = {{0, 0, M, N, K}, {1, 0, K, N, M}, {0, 1, M, K, N}};
+    for (int s = 0; s < 3; s++) {
+      g[s].ta = (int)dims[s][0], g[s].tb = (int)dims[s][1];
+      g[s].m = dims[s][2], g[s].n = dims[s][3], g[s].k = dims[s][4];
+      g[s].lda = g[s].ta ? g[s].m : g[s].k, g[s].ldb = g[s].tb ? g[s].k : g[s].n, g[s].ldc = g[s].n;
+      g[s].batch = g[s].groups = 1, g[s].alpha = 1.0f, g[s].beta = s == 1 ? 1.0f : 0.0f;
+    }
+    double best[2] = {INFINITY, INFINITY};
+    int failed = 0, threads = cpu_gemm_threads_set(1); /* as on a device thread */
+    for (int round = 0; round < 3 && !failed; round++)
+      for (int p = 0; p < 2 && !failed; p++) {
+        double t0 = bf16_now();
+        for (int s = 0; s < 3 && !failed; s++) {
+          int done = 1;
+          pmap_status st = p == 0 ? cpu_bf16_onednn(&g[s], a, b, out, &done)
+                                  : cpu_bf16_portable(&g[s], a, b, out);
+          failed = st != PMAP_SUCCESS || !done;
+        }
+        double t = bf16_now() - t0;
+        if (round > 0 && t < best[p]) best[p] = t;
+      }
+    cpu_gemm_threads_set(threads);
+    fast = failed ? 0 : !(best[1] < best[0] * (1.0 - 0.02));
+    if (!failed) {
+      char times[96];
+      snprintf(times, sizeof times, "onednn=%.3f portable=%.3f", 1e3 * best[0], 1e3 * best[1]);
+      gemm_cache_store(c, fast ? "onednn" : "portable", times);
+    }
+  }
+  pmap_error_copy(saved);
+  free(a), free(b), free(out);
+  gemm_cache_close(c);
+  return fast;
+}
 
 static void choose(void) {
   cpu_isa isa = cpu_isa_active();
@@ -71,6 +154,8 @@ static void choose(void) {
     /* oneDNN would emulate bf16 on float instructions (ONEDNN_MAX_CPU_ISA below
      * AVX512_CORE_BF16), several times slower than the portable path. */
     atomic_store(&reason, "oneDNN's ISA has no bf16 instructions (ONEDNN_MAX_CPU_ISA)");
+  } else if (!onednn_faster()) {
+    atomic_store(&reason, "oneDNN's bf16 matmul measured slower than the portable path");
   } else {
     atomic_store(&native, 1);
     atomic_store(&reason, strcmp(cpu_isa_onednn(), "avx512_core_amx") == 0

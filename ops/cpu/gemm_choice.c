@@ -307,7 +307,8 @@ static void choose(void) {
   if (atomic_load(&forced)) return;
   const char *reason = "forced by PMAP_GEMM";
   if (!p && n == 1)
-    p = cpu_gemm_find(list[0].name), reason = above ? "only one within PMAP_CPU_ISA" : "only one built";
+    p = cpu_gemm_find(list[0].name),
+    reason = above ? "only one within PMAP_CPU_ISA" : "only one built";
   else if (!p)
     p = cpu_gemm_find(choose_among(list, n, use_cache, &reason)->name);
   atomic_store(&why, reason);
