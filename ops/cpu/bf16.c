@@ -1,8 +1,8 @@
-/* bf16.c: the CPU kernels of the bf16 policy: rounding to bfloat16 and back, and the bfloat16
- * GEMMs, on oneDNN's bf16 matmul where the CPU has bf16 instructions (AVX512_BF16, AMX) or on a
- * portable path elsewhere: the operands widened to float (exactly) and multiplied by the float
- * GEMM in use, whose products of bfloat16 values are exact, so the semantics are the same
- * (bfloat16 inputs, float sums). Which one runs is chosen once per process (bf16_choice.c). */
+/* bf16.c: the CPU kernels of the bf16 policy: rounding to bfloat16 and back, and the portable
+ * path of the bfloat16 GEMMs: the operands widened to float (exactly) and multiplied by the
+ * float GEMM in use, whose products of bfloat16 values are exact, so the semantics are oneDNN's
+ * bf16 matmul's (bfloat16 inputs, float sums; bf16_onednn.c). Which one runs is chosen once per
+ * process (bf16_choice.c). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -123,45 +123,4 @@ pmap_status cpu_bf16_portable(const bf16_gemm *g, const pmap_bf16 *a, const pmap
       PMAP_TRY(portable_one(g, a + o * g->ga + i * g->sa, b + o * g->gb + i * g->sb,
                             c + o * g->gc + i * g->sc));
   return PMAP_SUCCESS;
-}
-
-/* The provider in use for g: tiny shapes and k == 0 (c = beta c) always take the portable
- * path, where a library call costs more than the work. */
-static pmap_status run(const bf16_gemm *g, const pmap_bf16 *a, const pmap_bf16 *b, float *c) {
-  if (g->m <= 0 || g->n <= 0 || g->batch <= 0 || g->groups <= 0) return PMAP_SUCCESS;
-  int native = 0;
-  PMAP_TRY(cpu_bf16_native(&native));
-  if (native && g->k > 0 && g->m * g->n * g->k > CPU_BF16_SMALL_MACS) {
-    int done = 0;
-    PMAP_TRY(cpu_bf16_onednn(g, a, b, c, &done));
-    if (done) return PMAP_SUCCESS;
-  }
-  return cpu_bf16_portable(g, a, b, c);
-}
-
-pmap_status cpu_gemm_bf16(op_queue *q, int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
-                          const pmap_bf16 *a, int64_t lda, const pmap_bf16 *b, int64_t ldb,
-                          float beta, float *c, int64_t ldc) {
-  (void)q;
-  bf16_gemm g;
-  memset(&g, 0, sizeof g); /* the cache compares keys bytewise */
-  g.ta = ta, g.tb = tb, g.m = m, g.n = n, g.k = k, g.lda = lda, g.ldb = ldb, g.ldc = ldc;
-  g.batch = g.groups = 1, g.alpha = alpha, g.beta = beta;
-  return run(&g, a, b, c);
-}
-
-pmap_status cpu_gemm_strided_bf16(op_queue *q, int ta, int tb, int64_t m, int64_t n, int64_t k,
-                                  float alpha, const pmap_bf16 *a, int64_t lda, int64_t stride_a,
-                                  const pmap_bf16 *b, int64_t ldb, int64_t stride_b, float beta,
-                                  float *c, int64_t ldc, int64_t stride_c, int64_t batch,
-                                  int64_t groups, int64_t group_a, int64_t group_b,
-                                  int64_t group_c) {
-  (void)q;
-  bf16_gemm g;
-  memset(&g, 0, sizeof g);
-  g.ta = ta, g.tb = tb, g.m = m, g.n = n, g.k = k, g.lda = lda, g.ldb = ldb, g.ldc = ldc;
-  g.sa = stride_a, g.sb = stride_b, g.sc = stride_c, g.batch = batch;
-  g.ga = group_a, g.gb = group_b, g.gc = group_c, g.groups = groups;
-  g.alpha = alpha, g.beta = beta;
-  return run(&g, a, b, c);
 }

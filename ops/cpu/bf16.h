@@ -1,6 +1,6 @@
-/* bf16.h: what the CPU's bfloat16 GEMMs share (ops/cpu/bf16.c, the kernels; bf16_choice.c, the
- * CPU's bf16 instructions, the provider in use and the oneDNN matmul primitives it caches per
- * thread). */
+/* bf16.h: what the CPU's bfloat16 GEMMs share: ops/cpu/bf16.c (the kernels and the portable
+ * path), bf16_onednn.c (each thread's scratch and oneDNN matmul primitives), bf16_choice.c (the
+ * provider in use, and the GEMM ops that run through it). */
 #ifndef PMAP_CPU_BF16_H
 #define PMAP_CPU_BF16_H
 
