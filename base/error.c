@@ -45,6 +45,18 @@ void pmap_error_copy(const char *msg) {
   last_error[n] = '\0';
 }
 
+pmap_status pmap_error_named(pmap_status s, const char *call) {
+  size_t lc = strlen(call);
+  if (s == PMAP_SUCCESS || (strncmp(last_error, call, lc) == 0 && last_error[lc] == ':')) return s;
+  if (lc + 2 >= sizeof last_error) return s;
+  size_t n = strnlen(last_error, sizeof last_error - 1);
+  if (n > sizeof last_error - 1 - (lc + 2)) n = sizeof last_error - 1 - (lc + 2); /* cut to fit */
+  memmove(last_error + lc + 2, last_error, n);
+  memcpy(last_error, call, lc);
+  last_error[lc] = ':', last_error[lc + 1] = ' ', last_error[lc + 2 + n] = '\0';
+  return s;
+}
+
 void pmap_error_save(char *buf, size_t size) {
   if (!size) return;
   size_t n = strnlen(last_error, size - 1);

@@ -28,6 +28,9 @@ pmap_status pmap_error_trail(pmap_status s, const char *file, int line, const ch
 void pmap_error_clear(void);
 /* Copies msg into this thread's message (to move a worker's error to the caller). */
 void pmap_error_copy(const char *msg);
+/* For a public call returning status s from an internal one: puts "call: " before this thread's
+ * message unless it already starts so (every message a caller sees names what it called). */
+pmap_status pmap_error_named(pmap_status s, const char *call);
 /* The thread's message into buf (size bytes, cut to fit), to give back with pmap_error_copy. */
 void pmap_error_save(char *buf, size_t size);
 const char *pmap_error_message(void);

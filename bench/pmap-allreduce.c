@@ -382,7 +382,7 @@ int main(int argc, char **argv) {
   int parsed = parse(argc, argv, &o);
   if (parsed) return parsed < 0;
   if (pmap_backend_parse(o.backend, &backend)) {
-    fprintf(stderr, "%s: --backend: %s\n", prog, pmap_last_error());
+    fprintf(stderr, "%s: --backend: %s\n", prog, cli_lib_reason(pmap_last_error()));
     return 1;
   }
   /* Under mpirun every process measures, process 0 alone reports and writes files. */

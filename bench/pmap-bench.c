@@ -23,8 +23,11 @@ static const char *prog = "pmap-bench";
 #define LOSS_TOL 1e-3
 #define LOSS_TOL_BF16 5e-2
 
+/* what: an option ("--backend": the library's message without its call) or a step. */
 static int fail(const char *what) {
-  fprintf(stderr, "%s: %s: %s\n", prog, what, pmap_last_error());
+  const char *msg = pmap_last_error();
+  fprintf(stderr, "%s: %s: %s\n", prog, what,
+          strncmp(what, "--", 2) == 0 ? cli_lib_reason(msg) : msg);
   return -1;
 }
 

@@ -61,9 +61,15 @@ extern "C" {
 #define PMAP_VERSION_MINOR 1
 #define PMAP_VERSION_PATCH 0
 
-#define PMAP_MAX_DEVICES 64       /* most devices one context may hold */
-#define PMAP_MAX_RANK 4           /* most axes of a pmap_array, batch axis included */
-#define PMAP_DEVICES_DEFAULT (-1) /* pmap_config.num_devices: the backend's default count */
+#define PMAP_MAX_DEVICES 64 /* most devices one context may hold */
+#define PMAP_MAX_RANK 4     /* most axes of a pmap_array, batch axis included */
+/* The model builder's limits (each builder below names its own as well); a size past one is
+ * refused with PMAP_ERR_INVALID_ARGUMENT naming it, so no count of the model wraps 64 bits. */
+#define PMAP_MAX_EXTENT (1 << 24) /* an input axis: 1..2^24 */
+#define PMAP_MAX_FEATURES \
+  (1 << 28) /* values per example of the input and of every layer's output */
+#define PMAP_MAX_PARAMS ((size_t)1 << 31) /* parameters of a model, state included */
+#define PMAP_DEVICES_DEFAULT (-1)         /* pmap_config.num_devices: the backend's default count */
 
 /* ------------------------------------------------------------------------------------------ */
 /* Status and errors                                                                          */
@@ -318,6 +324,8 @@ typedef struct pmap_array {
 /* Convenience constructors; they only fill the struct. */
 PMAP_API pmap_array pmap_array_f32(float *data, int rank, const int64_t *shape);
 PMAP_API pmap_array pmap_array_i32(int32_t *data, int rank, const int64_t *shape);
+/* The product of a's extents: 0 for a NULL array or a rank outside 1..PMAP_MAX_RANK, -1 when an
+ * extent is negative or the product does not fit in int64_t. */
 PMAP_API int64_t pmap_array_numel(const pmap_array *a);
 
 /* ------------------------------------------------------------------------------------------ */
@@ -335,17 +343,20 @@ typedef enum pmap_loss {
 typedef struct pmap_model pmap_model;
 
 /* Creates an empty model taking examples of shape input_shape[0..rank) (without the batch axis):
- * rank 1 (F) or rank 3 (C, H, W). Returns PMAP_ERR_INVALID_ARGUMENT for a NULL pointer, a rank
- * other than 1 or 3 or a non-positive extent; PMAP_ERR_OUT_OF_MEMORY. */
+ * rank 1 (F) or rank 3 (C, H, W), each extent 1..PMAP_MAX_EXTENT and their product at most
+ * PMAP_MAX_FEATURES. Returns PMAP_ERR_INVALID_ARGUMENT for a NULL pointer, a rank other than 1
+ * or 3, or an extent or product out of range; PMAP_ERR_OUT_OF_MEMORY. */
 PMAP_API pmap_status pmap_model_create(int rank, const int64_t *input_shape, pmap_model **out);
 PMAP_API void pmap_model_destroy(pmap_model *model); /* accepts NULL */
 
 /* Layers, appended in order. Each checks that it fits the current output shape and returns
- * PMAP_ERR_INVALID_ARGUMENT (model unchanged) when it does not.
- * dense:   (F) -> (units), y = x W + b, W (F, units) row-major, b (units).
+ * PMAP_ERR_INVALID_ARGUMENT (model unchanged) when it does not. Every layer's output holds at
+ * most PMAP_MAX_FEATURES values per example, and the model at most PMAP_MAX_PARAMS parameters.
+ * dense:   (F) -> (units), y = x W + b, W (F, units) row-major, b (units); units 1..2^24.
  * relu:    any shape, y = max(x, 0).
  * conv2d:  (C, H, W) -> (OC, OH, OW), NCHW, weights (OC, C, KH, KW), bias (OC),
- *          OH = (H + 2 pad - KH) / stride + 1 (likewise OW).
+ *          OH = (H + 2 pad - KH) / stride + 1 (likewise OW); out_channels 1..65536, kernel
+ *          1..64 each way, stride >= 1, pad 0..64.
  * flatten: (C, H, W) -> (C*H*W), a view: no copy. */
 PMAP_API pmap_status pmap_model_add_dense(pmap_model *model, int64_t units);
 PMAP_API pmap_status pmap_model_add_relu(pmap_model *model);
@@ -371,7 +382,7 @@ PMAP_API pmap_status pmap_model_add_layernorm(pmap_model *model);
 /* maxpool2d, avgpool2d: (C, H, W) -> (C, OH, OW), OH = (H - kernel_h) / stride + 1 (likewise
  *          OW), no padding; windows may overlap (stride < kernel). Kernel and stride 1..64.
  *          Max pooling passes the gradient to the first maximum of each window. No parameters.
- * global_avgpool: (C, H, W) -> (C), the mean of each channel's plane. */
+ * global_avgpool: (C, H, W) -> (C), the mean of each channel's plane; H and W 1..65536. */
 PMAP_API pmap_status pmap_model_add_maxpool2d(pmap_model *model, int kernel_h, int kernel_w,
                                               int stride);
 PMAP_API pmap_status pmap_model_add_avgpool2d(pmap_model *model, int kernel_h, int kernel_w,
@@ -404,7 +415,10 @@ PMAP_API pmap_status pmap_model_add_dropout(pmap_model *model, float rate);
  *                   its own: one block of the flat vector serves both, so the optimizer,
  *                   checkpoints and pmap_params_read see it once, its gradient the sum of both
  *                   uses). Needs the model to start with an embedding; sets the loss to
- *                   PMAP_LOSS_TOKEN_XENT. */
+ *                   PMAP_LOSS_TOKEN_XENT.
+ * Limits: embedding vocab 1..2^24 and dim 1..65536 (T x dim at most PMAP_MAX_FEATURES);
+ * token_dense units 1..2^20; causal_attention heads 1..1024, head_size 1..4096, T at most 4096
+ * and D x E at most 2^26; lm_head T x vocab at most PMAP_MAX_FEATURES. */
 PMAP_API pmap_status pmap_model_add_embedding(pmap_model *model, int64_t vocab, int64_t dim);
 PMAP_API pmap_status pmap_model_add_pos_embedding(pmap_model *model);
 PMAP_API pmap_status pmap_model_add_token_dense(pmap_model *model, int64_t units);

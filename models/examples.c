@@ -25,19 +25,20 @@ typedef enum {
 static const char *const names[] = {"linear",    "mlp",     "convnet",  "mlp-1024",
                                     "cifar-cnn", "res-mlp", "cifar-bn", "gpt-mini"};
 
-static pmap_status find(const char *name, example_id *id) {
+static pmap_status find(const char *name, example_id *id, const char *call) {
   for (int i = 0; name && i < (int)(sizeof names / sizeof *names); i++)
     if (strcmp(name, names[i]) == 0) {
       *id = (example_id)i;
       return PMAP_SUCCESS;
     }
-  return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "unknown model \"%s\" (expected one of: " NAMES ")",
+  return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                  "%s: unknown model \"%s\" (expected one of: " NAMES ")", call,
                   name ? name : "(null)");
 }
 
 pmap_status pmap_example_info_get(const char *name, pmap_example_info *out) {
   example_id id = EX_LINEAR;
-  PMAP_TRY(find(name, &id));
+  PMAP_TRY(find(name, &id, "pmap_example_info_get"));
   if (!out) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_example_info_get: out is NULL");
   pmap_example_info i = {names[id], 0, 0, 0, pmap_sgd(0.005f, 0.0f)};
   switch (id) {
@@ -60,7 +61,7 @@ pmap_status pmap_example_info_get(const char *name, pmap_example_info *out) {
 
 pmap_status pmap_example_model(const char *name, pmap_model **out) {
   example_id id = EX_LINEAR;
-  PMAP_TRY(find(name, &id));
+  PMAP_TRY(find(name, &id, "pmap_example_model"));
   if (!out) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_example_model: out is NULL");
   pmap_model *m = NULL;
   pmap_status st = PMAP_SUCCESS;
@@ -197,7 +198,7 @@ static double cifar_pattern(int label, int p) {
 pmap_status pmap_example_data(const char *name, uint64_t seed, int64_t n, pmap_array *xs,
                               pmap_array *ys) {
   example_id id = EX_LINEAR;
-  PMAP_TRY(find(name, &id));
+  PMAP_TRY(find(name, &id, "pmap_example_data"));
   if (!xs || !ys)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_example_data: %s is NULL", xs ? "ys" : "xs");
   if (n <= 0 || n > (1 << 24))

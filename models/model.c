@@ -8,8 +8,6 @@
 #include "rng.h"
 #include "base/error.h"
 
-#define MAX_PARAMS ((size_t)1 << 31) /* keeps every count an exact int64 product */
-
 pmap_status pmap_model_create(int rank, const int64_t *shape, pmap_model **out) {
   if (!out || !shape)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "pmap_model_create: %s is NULL",
@@ -18,16 +16,18 @@ pmap_status pmap_model_create(int rank, const int64_t *shape, pmap_model **out) 
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "pmap_model_create: input rank %d is not 1 (features) or 3 (C, H, W)", rank);
   int64_t size = 1;
-  for (int i = 0; i < rank; i++) {
-    if (shape[i] <= 0 || shape[i] > (1 << 24))
+  for (int i = 0; i < rank; i++)
+    if (shape[i] <= 0 || shape[i] > PMAP_MAX_EXTENT)
       return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                       "pmap_model_create: input extent %lld on axis %d is outside 1..%d",
-                      (long long)shape[i], i, 1 << 24);
-    size *= shape[i];
-  }
-  if (size > (1 << 28))
+                      (long long)shape[i], i, PMAP_MAX_EXTENT);
+  /* Each factor is at most 2^24 and the product is checked after each, so it never passes
+   * 2^52: no wrap. */
+  for (int i = 0; i < rank && size <= PMAP_MAX_FEATURES; i++) size *= shape[i];
+  if (size > PMAP_MAX_FEATURES)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                    "pmap_model_create: %lld inputs per example is too many", (long long)size);
+                    "pmap_model_create: input shape %s has more than %d values per example",
+                    rank == 1 ? "(F)" : "(C, H, W)", PMAP_MAX_FEATURES);
   pmap_model *m = calloc(1, sizeof *m);
   if (!m) return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "pmap_model_create: out of memory");
   m->in_rank = rank;
@@ -45,18 +45,18 @@ void pmap_model_destroy(pmap_model *m) {
   free(m);
 }
 
-pmap_status model_clone(const pmap_model *m, pmap_model **out) {
+pmap_status model_clone(const pmap_model *m, const char *call, pmap_model **out) {
   if (m->n_open)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                    "the model has %d residual block%s open: close each with "
+                    "%s: the model has %d residual block%s open: close each with "
                     "pmap_model_end_residual",
-                    m->n_open, m->n_open > 1 ? "s" : "");
+                    call, m->n_open, m->n_open > 1 ? "s" : "");
   pmap_model *c = malloc(sizeof *c);
   layer *l = malloc(sizeof *l * (size_t)(m->n_layers ? m->n_layers : 1));
   if (!c || !l) {
     free(c);
     free(l);
-    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "out of memory copying a model");
+    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "%s: out of memory copying a model", call);
   }
   *c = *m;
   memcpy(l, m->layers, sizeof *l * (size_t)m->n_layers);
@@ -68,9 +68,17 @@ pmap_status model_clone(const pmap_model *m, pmap_model **out) {
 
 pmap_status model_push(pmap_model *m, layer l, const char *call) {
   model_current_shape(m, &l.in_rank, l.in_shape, &l.in_size);
-  if (m->n_params + l.w_size + l.b_size + l.s_size > MAX_PARAMS)
-    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: the model would exceed %zu parameters", call,
-                    MAX_PARAMS);
+  /* Builders compute out_size from extents each within these limits, without wrapping; every
+   * later count (a weight block, an arena, a batch's bytes) is then an exact product. */
+  if (l.out_size < 1 || l.out_size > PMAP_MAX_FEATURES)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: the layer's output would hold %lld values per example; at most %d", call,
+                    (long long)l.out_size, PMAP_MAX_FEATURES);
+  if (l.w_size > PMAP_MAX_PARAMS || l.b_size > PMAP_MAX_PARAMS ||
+      m->n_params + l.w_size + l.b_size + l.s_size > PMAP_MAX_PARAMS)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: the model would exceed %zu parameters (it has %zu, the layer adds %zu)",
+                    call, PMAP_MAX_PARAMS, m->n_params, l.w_size + l.b_size + l.s_size);
   if (m->n_layers == m->cap) {
     int cap = m->cap ? 2 * m->cap : 8;
     layer *nl = realloc(m->layers, sizeof *nl * (size_t)cap);

@@ -37,7 +37,7 @@ pmap_status model_push(pmap_model *m, layer l, const char *call);
 
 /* A deep copy (params keep their own); PMAP_ERR_INVALID_ARGUMENT while a residual block is
  * open. */
-pmap_status model_clone(const pmap_model *m, pmap_model **out);
+pmap_status model_clone(const pmap_model *m, const char *call, pmap_model **out);
 /* 1 when the model's forward and backward call collectives (a layer class with collectives set,
  * e.g. batch norm: every device must run the same number of forward and backward passes per
  * step, even over zero rows). */

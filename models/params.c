@@ -296,7 +296,7 @@ pmap_status pmap_params_create(pmap_ctx *ctx, const pmap_model *model, const pma
   }
   if (!st) {
     p->n_params = model->n_params;
-    st = model_clone(model, &p->model);
+    st = model_clone(model, call, &p->model);
   }
   if (!st) model_init_params(model, seed, init);
   st = params_open(ctx, p, opt, init, call, st);

@@ -56,8 +56,10 @@ pmap_status pmap_predict(pmap_params *p, const pmap_array *xs, pmap_array *out) 
   if (!st) st = params_mend(p, call);
   const layer *last = &p->model->layers[p->model->n_layers - 1];
   char sh[160], want[160];
-  if (!st && (out->dtype != PMAP_F32 || out->rank != 1 + last->out_rank ||
-              out->shape[0] != xs->shape[0] || batch_numel_from(out, 1) != last->out_size)) {
+  int same = !st && out->dtype == PMAP_F32 && out->rank == 1 + last->out_rank &&
+             out->shape[0] == xs->shape[0];
+  for (int i = 0; same && i < last->out_rank; i++) same = out->shape[1 + i] == last->out_shape[i];
+  if (!st && !same) {
     size_t len = (size_t)snprintf(want, sizeof want, "(%lld", (long long)xs->shape[0]);
     for (int i = 0; i < last->out_rank && len < sizeof want; i++)
       len +=

@@ -88,9 +88,10 @@ static pmap_status device_grads(pmap_device *dev, step_call *c, replica *r) {
   PMAP_TRY(model_weights16(p->model, r));
   PMAP_TRY(model_state_begin(p->model, r));
   for (int64_t i = 0; i < k; i++) {
-    int64_t a = rows * i / k, b = rows * (i + 1) / k;
-    float weight = (float)(share * (double)(b - a) / (double)rows);
-    PMAP_TRY(piece_grads(dev, c, r, lo + a, b - a, weight, k == 1 && weight == 1.0f));
+    int64_t a = 0, len = 0;
+    batch_piece_rows(rows, k, i, &a, &len);
+    float weight = (float)(share * (double)len / (double)rows);
+    PMAP_TRY(piece_grads(dev, c, r, lo + a, len, weight, k == 1 && weight == 1.0f));
   }
   return PMAP_SUCCESS;
 }

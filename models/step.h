@@ -49,6 +49,14 @@ static inline void batch_device_rows(int64_t batch, int n, int d, int64_t *lo, i
   *rows = q + (d < r);
 }
 
+/* Micro-batch i of k (k <= 65536) of `rows` rows: [rows i / k, rows (i + 1) / k), computed as
+ * q i + r i / k (rows = q k + r) so that nothing wraps for any row count (r i < k^2 <= 2^32). */
+static inline void batch_piece_rows(int64_t rows, int64_t k, int64_t i, int64_t *lo, int64_t *len) {
+  int64_t q = rows / k, r = rows % k;
+  *lo = q * i + r * i / k;
+  *len = q * (i + 1) + r * (i + 1) / k - *lo;
+}
+
 /* step_procs.c. Across processes, before any device works: every process passes as many rows,
  * at the same step, with the same optimizer settings and, where the devices exchange values
  * inside the step, as many micro-batches (else PMAP_ERR_INVALID_ARGUMENT naming each process's

@@ -35,7 +35,8 @@ pmap_status pmap_device_alloc(pmap_device *dev, size_t count, float **out) {
                     "pmap_device_alloc: %zu floats on %s is more than the address space holds",
                     count, pmap_dev_name(dev, name, sizeof name));
   void *p = NULL;
-  PMAP_TRY(backend_alloc(dev, count * sizeof(float), &p));
+  pmap_status st = backend_alloc(dev, count * sizeof(float), &p);
+  if (st) return pmap_error_named(st, "pmap_device_alloc");
   *out = p;
   return PMAP_SUCCESS;
 }
@@ -60,14 +61,16 @@ static pmap_status check_copy(const char *call, pmap_device *dev, const void *ds
 pmap_status pmap_device_upload(pmap_device *dev, float *dst, const float *src, size_t count) {
   pmap_status st = check_copy("pmap_device_upload", dev, dst, src, count);
   if (st || !count) return st;
-  PMAP_TRY(backend_upload(dev, dst, src, count * sizeof(float)));
-  return backend_sync(dev);
+  st = backend_upload(dev, dst, src, count * sizeof(float));
+  if (!st) st = backend_sync(dev);
+  return pmap_error_named(st, "pmap_device_upload");
 }
 
 pmap_status pmap_device_download(pmap_device *dev, float *dst, const float *src, size_t count) {
   pmap_status st = check_copy("pmap_device_download", dev, dst, src, count);
   if (st || !count) return st;
-  return backend_download(dev, dst, src, count * sizeof(float));
+  return pmap_error_named(backend_download(dev, dst, src, count * sizeof(float)),
+                          "pmap_device_download");
 }
 
 /* Whether [a, a + na) and [b, b + nb) share an element. */

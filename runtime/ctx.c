@@ -278,7 +278,8 @@ static pmap_status dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg, int *own) {
   int expected = 0;
   if (!atomic_compare_exchange_strong(&ctx->busy, &expected, 1))
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                    "a job is already running on this context (pmap_run is not re-entrant)");
+                    "%s: a job is already running on this context (pmap_run is not re-entrant)",
+                    ctx->call ? ctx->call : "pmap_run");
   char last[1024];
   pmap_error_save(last, sizeof last);
   /* Every worker is idle: reset the per-job state. */
@@ -651,8 +652,8 @@ pmap_status pmap_backend_parse(const char *name, pmap_backend *out) {
       *out = (pmap_backend)b;
       return PMAP_SUCCESS;
     }
-  return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "unknown backend \"%s\" (expected auto, cpu or cuda)",
-                  name);
+  return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                  "pmap_backend_parse: unknown backend \"%s\" (expected auto, cpu or cuda)", name);
 }
 
 int pmap_backend_built(pmap_backend b) { return b == PMAP_BACKEND_AUTO || backend_find(b) != NULL; }

@@ -45,14 +45,25 @@ static int test_checks = 0;
           pmap_last_error());                                                                  \
   } while (0)
 
-/* A pmap call that must fail with `want`, and whose message must contain `needle`. */
-#define CHECK_FAILS(call, want, needle)                                                          \
-  do {                                                                                           \
-    pmap_status check_f_s_ = (call);                                                             \
-    CHECK(check_f_s_ == (want), "%s -> %s, want %s (%s)", #call, pmap_status_string(check_f_s_), \
-          pmap_status_string(want), pmap_last_error());                                          \
-    CHECK(strstr(pmap_last_error(), (needle)) != NULL, "%s: message \"%s\" lacks \"%s\"", #call, \
-          pmap_last_error(), (needle));                                                          \
+/* Whether msg begins with the public function that `call_text` calls ("pmap_update(p, ..."
+ * -> "pmap_update: "); 1 for a call that is not a pmap_ function (a test's own helper). */
+static inline int test_msg_names_call(const char *call_text, const char *msg) {
+  if (strncmp(call_text, "pmap_", 5) != 0) return 1;
+  size_t len = strcspn(call_text, "( ");
+  return strncmp(msg, call_text, len) == 0 && msg[len] == ':';
+}
+
+/* A pmap call that must fail with `want`, and whose message must contain `needle` and begin
+ * with the function's name. */
+#define CHECK_FAILS(call, want, needle)                                                            \
+  do {                                                                                             \
+    pmap_status check_f_s_ = (call);                                                               \
+    CHECK(check_f_s_ == (want), "%s -> %s, want %s (%s)", #call, pmap_status_string(check_f_s_),   \
+          pmap_status_string(want), pmap_last_error());                                            \
+    CHECK(strstr(pmap_last_error(), (needle)) != NULL, "%s: message \"%s\" lacks \"%s\"", #call,   \
+          pmap_last_error(), (needle));                                                            \
+    CHECK(test_msg_names_call(#call, pmap_last_error()),                                           \
+          "%s: message \"%s\" does not begin with the function called", #call, pmap_last_error()); \
   } while (0)
 
 static inline int test_exit(const char *name) {

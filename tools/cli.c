@@ -25,6 +25,11 @@ int cli_error(const char *prog, const char *fmt, ...) {
   return -1;
 }
 
+const char *cli_lib_reason(const char *m) {
+  size_t n = strspn(m, "abcdefghijklmnopqrstuvwxyz_0123456789");
+  return strncmp(m, "pmap_", 5) == 0 && m[n] == ':' && m[n + 1] == ' ' ? m + n + 2 : m;
+}
+
 int cli_has_flag(int argc, char **argv, const char *flag) {
   for (int i = 1; i < argc; i++)
     if (!strcmp(argv[i], flag)) return 1;

@@ -68,6 +68,9 @@ void cli_help(const cli_spec *spec, FILE *f);
 int cli_error(const char *prog, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The message of the last cli_error ("" before any). */
 const char *cli_last_error(void);
+/* A message of the library (pmap_last_error()) without the call it names first ("pmap_x: "),
+ * where a program names the option the value came from instead: "--backend: unknown backend". */
+const char *cli_lib_reason(const char *msg);
 /* Whether flag is one of argv[1..argc): to know, before parsing succeeds, that it was given. */
 int cli_has_flag(int argc, char **argv, const char *flag);
 

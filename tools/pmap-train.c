@@ -56,7 +56,11 @@ static int failf(result *r, const char *fmt, ...) {
   return 1;
 }
 
-static int fail(result *r, const char *what) { return failf(r, "%s: %s", what, pmap_last_error()); }
+/* what: an option ("--model": the library's message without its call) or a step of the run. */
+static int fail(result *r, const char *what) {
+  const char *msg = pmap_last_error();
+  return failf(r, "%s: %s", what, strncmp(what, "--", 2) == 0 ? cli_lib_reason(msg) : msg);
+}
 
 /* A count, or null when it is not known (negative). */
 static void json_count(int64_t v) {

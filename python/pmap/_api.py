@@ -379,7 +379,8 @@ def bf16_support():
     "none"), gemm (the CPU GEMM of the bf16 policy: "onednn" or "portable"), reason, and isa
     (the instruction set pmap uses: the CPU's, capped by PMAP_CPU_ISA)."""
     return {"cpu": lib.pmap_cpu_bf16().decode(), "gemm": lib.pmap_bf16_provider().decode(),
-            "reason": lib.pmap_bf16_reason().decode(), "isa": lib.pmap_cpu_isa().decode()}
+            "reason": lib.pmap_bf16_reason().decode(),
+            "isa": lib.pmap_cpu_isa().decode() if _lib._HAVE_ISA else "unknown"}
 
 
 class Params:

@@ -262,9 +262,11 @@ if _HAVE_PRECISION:
     _decl("pmap_params_precision", ctypes.c_int, _p)
     _decl("pmap_precision_name", ctypes.c_char_p, ctypes.c_int)
     _decl("pmap_cpu_bf16", ctypes.c_char_p)
-_decl("pmap_cpu_isa", ctypes.c_char_p)
     _decl("pmap_bf16_provider", ctypes.c_char_p)
     _decl("pmap_bf16_reason", ctypes.c_char_p)
+_HAVE_ISA = hasattr(lib, "pmap_cpu_isa")
+if _HAVE_ISA:
+    _decl("pmap_cpu_isa", ctypes.c_char_p)
 _HAVE_REFUSE = hasattr(lib, "pmap_update_refuse")
 if _HAVE_REFUSE:
     _decl("pmap_update_refuse", _status, _p, ctypes.c_int, ctypes.c_char_p)
