@@ -113,17 +113,10 @@ double hx_tol_gemm(const hx *h, double k) {
 
 /* The products of bfloat16 values are exact in float (8 + 8 significant bits), so only the
  * float sum errs: bound_sum(k) for the CPU's (AVX512_BF16's and AMX's dot products round each
- * addition to nearest, as the portable path's float GEMM does). A tensor core adds a group of
- * products to its accumulator at once (8 or more on every GPU with bfloat16, A100 on: Fasi,
- * Higham, Mikaitis and Pranesh, "Numerical behavior of NVIDIA tensor cores", 2021), aligning
- * them to the largest and truncating what falls below float's last place, and normalises the
- * result by truncation too. Each product then errs by up to 2u of the accumulator, as a
- * rounding of twice u (random signs: 2 bound_sum(k)), and the accumulator A_j shrinks by up to
- * 2u |A_j| at each of the k / 8 groups, always toward 0: these add linearly; with |A_j| of root
- * mean square sqrt(8 j / k) of the sum's, to at most 2u (2/3) k / 8 of it. */
+ * addition to nearest, as the portable path's float GEMM does), gpu_bound_sum16(k) for the
+ * tensor cores', which truncate (tests/gpu/gpu_util.h says how much). */
 double hx_tol_gemm16(const hx *h, double k) {
-  if (!h->tensor16) return bound_sum(k);
-  return 2.0 * bound_sum(k) + 2.0 * BOUND_U32 * (2.0 / 3.0) * k / 8.0;
+  return h->tensor16 ? gpu_bound_sum16(k) : bound_sum(k);
 }
 
 double hx_tol_vs_cpu(double tol, double k) { return tol + bound_sum(k); }
