@@ -127,7 +127,7 @@ void opcase_causal_softmax_forward(hx *h) {
     if (r == 2) /* exp of the raw scores overflows float */
       for (size_t i = 0; i < total; i++) a.x->init[i] += 1e4f;
     a.y = hx_out(h, total, "y");
-    a.y->tol_cpu = 1e-6;
+    a.y->tol_cpu = 1e-6; /* op_math.h's exp on both, the sum in double: a few roundings */
     HX_RUN(h, call_cs_forward, &a, a.x, a.y);
     double *want = hx_doubles(h, total), *xd = hx_to_double(h, a.x->init, total);
     for (int64_t row = 0; row < a.n * a.t; row++) ref_row(xd, row, a.t, a.scale, want + row * a.t);
@@ -162,7 +162,7 @@ void opcase_causal_softmax_backward(hx *h) {
     a.dy = hx_in(h, total, -1.0f, 1.0f, "dy");
     a.rd = hx_to_double(h, a.dy->init, total);
     a.dx = hx_out(h, total, "dx");
-    a.dx->tol_cpu = 1e-5;
+    a.dx->tol_cpu = 1e-5; /* y (dy - dot), dot in double: HX_TOL_FWD's few roundings */
     a.dx->scale_cpu = 0.01;
     HX_RUN(h, call_cs_backward, &a, a.y, a.dy, a.dx);
     hx_fd_scale(h, "dx", cs_loss, &a, (double *)a.xd, total, a.dx->got, NULL, 1e-4, HX_TOL_GRAD,
