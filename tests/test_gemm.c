@@ -14,7 +14,8 @@
 int main(void) {
   int n = 0;
   const cpu_gemm_provider *list = cpu_gemm_list(&n);
-  hx_opts o = {.only = "gemm,conv2d_forward,conv2d_backward", .seed = 7};
+  /* Verbose: each case's largest errors against their bounds (in the reduction length). */
+  hx_opts o = {.only = "gemm,conv2d_forward,conv2d_backward", .seed = 7, .verbose = 1};
   CHECK_OK(cpu_conv_force("im2col"));
   for (int i = 0; i < n; i++) {
     CHECK_OK(cpu_gemm_force(list[i].name));
@@ -29,7 +30,7 @@ int main(void) {
   CHECK_FAILS(cpu_gemm_force("bogus"), PMAP_ERR_INVALID_ARGUMENT, "bogus");
   /* The bf16 GEMMs on each of their providers (oneDNN's matmul where built, the portable path on
    * every float provider just forced last). */
-  hx_opts o16 = {.only = "gemm_bf16,gemm_strided_bf16", .seed = 7};
+  hx_opts o16 = {.only = "gemm_bf16,gemm_strided_bf16", .seed = 7, .verbose = 1};
   static const char *const bf16[] = {"onednn", "portable"};
   for (int i = 0; i < 2; i++) {
     if (cpu_bf16_force(bf16[i]) != PMAP_SUCCESS) {

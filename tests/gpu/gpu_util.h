@@ -1,12 +1,34 @@
 /* gpu_util.h: what the tests of the gpu suite share: the skip (exit 77) where this build has no
- * CUDA backend or no GPU is usable, and CUDA contexts of N logical devices over the GPUs there
- * are (several on one GPU where NCCL allows it). */
+ * CUDA backend or no GPU is usable, CUDA contexts of N logical devices over the GPUs there are
+ * (several on one GPU where NCCL allows it), and the bounds of their comparisons (tests/bounds.h
+ * and the tensor cores' bfloat16 sums). */
 #ifndef PMAP_GPU_UTIL_H
 #define PMAP_GPU_UTIL_H
 
+#include "../bounds.h"
 #include "../testutil.h"
 
 #define GPU_SKIP 77
+
+/* A float sum of k exact products (a bfloat16 GEMM's) on tensor cores, relative to its root mean
+ * square, as bound_sum(k) is for a CPU's float sum. A tensor core adds a group of products to its
+ * accumulator at once (8 or more on every GPU with bfloat16, A100 on: Fasi, Higham, Mikaitis and
+ * Pranesh, "Numerical behavior of NVIDIA tensor cores", 2021), aligning them to the largest and
+ * truncating what falls below float's last place, and normalises the result by truncation too.
+ * Each product then errs by up to 2u of the accumulator, as a rounding of twice u with a random
+ * sign (2 bound_sum(k)), and the accumulator A_j shrinks by up to 2u |A_j| at each of the k / 8
+ * groups, always toward 0: these add linearly; with |A_j| of root mean square sqrt(8 j / k) of
+ * the sum's, to at most 2u (2/3) k / 8 of it. 1e-4 at k = 4900, 3 bound_sum(k) near k = 1000. */
+static inline double gpu_bound_sum16(double k) {
+  return 2.0 * bound_sum(k) + 2.0 * BOUND_U32 * (2.0 / 3.0) * k / 8.0;
+}
+
+/* a against b (n): the relative error ||a - b|| / ||b|| within bound; prints both. */
+static inline void gpu_within(const char *what, const float *a, const float *b, size_t n,
+                              double bound) {
+  printf("%s: %.3g (bound %.3g)\n", what, test_rel_err(a, b, n), bound);
+  test_close_f(what, a, b, n, bound);
+}
 
 /* GPUs the CUDA backend sees; 0 after saying why where there are none, -1 on another failure.
  * Called first by every test: the tolerances assume FP32 GEMMs, so TF32 is turned off here

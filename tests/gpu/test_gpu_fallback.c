@@ -160,18 +160,25 @@ static int train(const char *model, int n, int gpus, run *out, void (*check)(pma
   return out->w != NULL;
 }
 
-static void compare(const char *what, const run *a, const run *b) {
+/* The fallbacks change how the devices wait and allocate, not what they compute: at most the
+ * order of a sum (cuBLAS may choose another algorithm where its workspace comes from elsewhere),
+ * so the runs of model (n devices, 8 rows each) agree within bound_order32 over the steps. */
+static void compare(const char *what, const char *model, int n, const run *a, const run *b) {
   char name[128];
   if (!a->w || !b->w || a->P != b->P) {
     CHECK(0, "%s: no parameters to compare", what);
     return;
   }
+  const bound_model *m = bound_model_of(model);
+  CHECK(m != NULL, "%s: no bound model", model);
+  if (!m) return;
+  double tol = bound_order32(m, 8.0 * n, STEPS);
   snprintf(name, sizeof name, "%s: losses", what);
-  test_close_f(name, a->loss, b->loss, STEPS, 1e-6);
+  gpu_within(name, a->loss, b->loss, STEPS, tol);
   snprintf(name, sizeof name, "%s: parameters", what);
-  test_close_f(name, a->w, b->w, a->P, 1e-6);
+  gpu_within(name, a->w, b->w, a->P, tol);
   int same = !memcmp(a->w, b->w, a->P * sizeof *a->w);
-  printf("%s: agrees with the default%s\n", what, same ? " bit for bit" : " to 1e-6");
+  printf("%s: agrees with the default%s\n", what, same ? " bit for bit" : " within its bound");
 }
 
 static int wait_fail_device;
@@ -211,7 +218,7 @@ static void test_fallbacks(int n, int gpus) {
     if (train(models[i], n, gpus, &waits, check_wait_fallback)) {
       snprintf(what, sizeof what, "%s on %d devices, device %d's blocking waits failing", models[i],
                n, wait_fail_device);
-      compare(what, &waits, &base);
+      compare(what, models[i], n, &waits, &base);
     }
     unsetenv("PMAP_CUDA_WAIT_FAIL");
     /* Allocation without memory pools: cifar-bn's batch norm runs collectives inside forward
@@ -219,7 +226,7 @@ static void test_fallbacks(int n, int gpus) {
     setenv("PMAP_CUDA_NO_MEMPOOL", "1", 1);
     if (train(models[i], n, gpus, &nopool, check_no_pool)) {
       snprintf(what, sizeof what, "%s on %d devices without memory pools", models[i], n);
-      compare(what, &nopool, &base);
+      compare(what, models[i], n, &nopool, &base);
     }
     unsetenv("PMAP_CUDA_NO_MEMPOOL");
     free(base.w);

@@ -150,6 +150,8 @@ static void stats_trial(hx *h, bn_args *a, float lo, float hi) {
   a->x = hx_in(h, n, lo, hi, "x");
   a->first = hx_out(h, S, "first pass");
   a->stats = a->outer * a->inner != 0 ? hx_out(h, S, "second pass") : NULL;
+  /* Sums in double on every backend, each rounded once to float (u: 1e-6); the second pass
+   * rounds x - shift in float first (HX_TOL_FWD's few roundings). */
   a->first->tol_cpu = 1e-6;
   if (a->stats) a->stats->tol_cpu = 1e-5;
   hx_buf *bufs[] = {a->x, a->first, a->stats, NULL}; /* ends early without a second pass */
@@ -165,7 +167,9 @@ static void stats_trial(hx *h, bn_args *a, float lo, float hi) {
     pmap_bn_moments(a->first->got, a->c, ch, &shift[ch], &unused);
   want_stats(a, shift, want);
   hx_close(h, "second pass", a->stats->got, want, S, 1e-5);
-  /* The moments they give, against float64's. */
+  /* The moments they give, against float64's: a few roundings of the sums around the mean,
+   * which do not cancel (1e-4 of the variance is far above them, and far below what one pass's
+   * E[x^2] - E[x]^2 loses of the mean-1000 channel's). */
   double *mv = hx_doubles(h, 2 * C);
   float *got = hx_floats(h, 2 * C);
   for (int64_t ch = 0; ch < a->c; ch++) {
@@ -220,7 +224,7 @@ void opcase_bn_forward(hx *h) {
     a.g = hx_in_away(h, C, 0.5f, 1.5f, "gamma");
     a.b = hx_in(h, C, -1.0f, 1.0f, "beta");
     a.y = hx_out(h, n, "y");
-    a.y->tol_cpu = 1e-5;
+    a.y->tol_cpu = 1e-5; /* element-wise from the statistics: HX_TOL_FWD's few roundings */
     HX_RUN(h, call_forward, &a, a.x, a.stats, a.running, a.g, a.b, a.y);
     double *m = hx_doubles(h, C), *v = hx_doubles(h, C), *run = hx_doubles(h, 2 * C);
     double *want = hx_doubles(h, n);
@@ -231,6 +235,7 @@ void opcase_bn_forward(hx *h) {
     }
     want_y(&a, m, v, want);
     hx_close(h, "y (training)", a.y->got, want, n, HX_TOL_FWD);
+    /* mom r + (1 - mom) m: three roundings, of statistics within HX_TOL_FWD's few. */
     hx_close(h, "running statistics", a.running->got, run, 2 * C, 1e-5);
     /* Training without running statistics: the same y. */
     bn_args b = a;
@@ -330,7 +335,7 @@ void opcase_bn_backward_sums(hx *h) {
     for (size_t i = 0; i < bn_n(&a); i++) scale += a.rd[i] * a.rd[i];
     scale = bn_n(&a) ? sqrt(scale / (double)bn_n(&a) * (double)(a.outer * a.inner)) : 0.0;
     a.sums = hx_out(h, 2 * C, "sums");
-    a.sums->tol_cpu = 1e-5;
+    a.sums->tol_cpu = 1e-5; /* summed in double on every backend: HX_TOL_FWD's argument */
     a.sums->scale_cpu = scale;
     HX_RUN(h, call_sums, &a, a.x, a.dy, a.stats, a.sums);
     double *want = hx_doubles(h, 2 * C);
@@ -381,7 +386,7 @@ void opcase_bn_backward_dx(hx *h) {
     for (size_t k = 0; k < 2 * C; k++) a.sums->init[k] = (float)sums[k];
     a.dx = hx_out(h, n, "dx");
     double scale = bn_dx_scale(h, &a);
-    a.dx->tol_cpu = 1e-5;
+    a.dx->tol_cpu = 1e-5; /* element-wise from the sums: HX_TOL_FWD's few roundings */
     a.dx->scale_cpu = scale;
     HX_RUN(h, call_dx, &a, a.x, a.dy, a.stats, a.g, a.sums, a.dx);
     hx_fd_scale(h, "dx", bn_loss_x, &a, (double *)a.xd, n, a.dx->got, NULL, 1e-3, HX_TOL_GRAD,
@@ -396,6 +401,7 @@ void opcase_bn_backward_dx(hx *h) {
     a.ug = hx_out(h, 2 * C, "summed sums");
     a.ys = hx_out(h, n, "y over two shards"), a.dxs = hx_out(h, n, "dx over two shards");
     hx_buf *all[] = {a.s1, a.s2, a.sg, a.u1, a.u2, a.ug, a.ys, a.dxs};
+    /* Sums in double on every backend (HX_TOL_FWD's argument). */
     for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) all[k]->tol_cpu = 1e-5;
     a.dxs->scale_cpu = scale;
     HX_RUN(h, call_shards, &a, a.x, a.dy, a.g, a.b, a.s1, a.s2, a.sg, a.u1, a.u2, a.ug, a.ys,
@@ -404,6 +410,8 @@ void opcase_bn_backward_dx(hx *h) {
     for (int64_t ch = 0; ch < a.c; ch++) bn_moments(&a, a.xd, ch, &m[ch], &v[ch]);
     want_y(&a, m, v, want);
     hx_close(h, "y over two shards with summed statistics", a.ys->got, want, n, HX_TOL_FWD);
+    /* Each shard's double sums rounded to float and added in float: two roundings more than
+     * the whole's one, which move dx by a few u of its terms' scale. */
     hx_close_scale(h, "dx over two shards with summed sums", a.dxs->got,
                    hx_to_double(h, a.dx->got, n), n, 1e-5, scale);
   }

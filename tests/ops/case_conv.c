@@ -159,8 +159,10 @@ void opcase_conv2d_forward(hx *h) {
     a.b = a.relu ? hx_in(h, (size_t)a.s.oc, -1.0f, 1.0f, "b") : NULL;
     a.y = hx_out(h, ny, "y");
     a.col = hx_scratch(h, ncol, "col");
-    double scale = sqrt((double)(a.s.c * a.s.kh * a.s.kw)) / 3.0; /* see case_dense.c's gemm */
-    a.y->tol_cpu = h->tol_gemm;
+    /* See case_dense.c's gemm: sums of c kh kw products (fewer at the edges) and the bias. */
+    double scale = sqrt((double)(a.s.c * a.s.kh * a.s.kw)) / 3.0;
+    double k = (double)(a.s.c * a.s.kh * a.s.kw) + 1.0, tol = hx_tol_gemm(h, k);
+    a.y->tol_cpu = hx_tol_vs_cpu(tol, k);
     a.y->scale_cpu = scale;
     if (a.b)
       HX_RUN(h, call_conv_forward, &a, a.x, a.w, a.b, a.y, a.col);
@@ -168,7 +170,7 @@ void opcase_conv2d_forward(hx *h) {
       HX_RUN(h, call_conv_forward, &a, a.x, a.w, a.y, a.col);
     double *want = hx_doubles(h, ny);
     ref_forward(h, &a, nx, nw, want);
-    hx_close_scale(h, "y", a.y->got, want, ny, h->tol_gemm, scale);
+    hx_close_scale(h, "y", a.y->got, want, ny, tol, scale);
     if (!a.relu || !nx) continue;
     /* A NaN and an infinity in x: NaN in every output that reads it, through the ReLU too (a
      * ReLU that maps NaN to 0 would hide it from the numeric guard). */
@@ -179,17 +181,16 @@ void opcase_conv2d_forward(hx *h) {
     n.x->init[nx / 3] = INFINITY;
     n.y = hx_out(h, ny, "y (NaN, inf)");
     n.y->keep_nan = 1;
-    n.y->tol_cpu = h->tol_gemm;
+    n.y->tol_cpu = a.y->tol_cpu;
     n.y->scale_cpu = scale;
     HX_RUN(h, call_conv_forward, &n, n.x, n.w, n.b, n.y, n.col);
     ref_forward(h, &n, nx, nw, want);
-    hx_close_scale(h, "y (NaN, inf)", n.y->got, want, ny, h->tol_gemm, scale);
+    hx_close_scale(h, "y (NaN, inf)", n.y->got, want, ny, tol, scale);
   }
 }
 
 void opcase_conv2d_backward(hx *h) {
   conv_args a;
-  double tol = fmax(HX_TOL_GRAD, h->tol_gemm);
   for (int t = 0; conv_geometry(h, t, &a); t++, hx_release(h)) {
     size_t nx, nw, ny, ncol = conv_sizes(&a, &nx, &nw, &ny);
     a.x = hx_in(h, nx, -1.0f, 1.0f, "x");
@@ -199,7 +200,12 @@ void opcase_conv2d_backward(hx *h) {
     a.dw = hx_inout(h, nw, -3.0f, 3.0f, "dw");
     a.col = hx_scratch(h, ncol, "col");
     a.dcol = hx_scratch(h, ncol, "dcol");
-    a.dx->tol_cpu = a.dw->tol_cpu = h->tol_gemm;
+    /* Reductions: dx over oc kh kw products (fewer at the edges), dw and db over the examples'
+     * pixels, bd oh ow, each added to what it held. */
+    double k_dx = (double)(a.s.oc * a.s.kh * a.s.kw), k_dw = (double)(a.bd * a.s.oh * a.s.ow) + 1.0;
+    double tol_dx = hx_tol_gemm(h, k_dx), tol_dw = hx_tol_gemm(h, k_dw), tol_db = hx_tol_sum(k_dw);
+    a.dx->tol_cpu = hx_tol_vs_cpu(tol_dx, k_dx);
+    a.dw->tol_cpu = hx_tol_vs_cpu(tol_dw, k_dw);
     a.dx->scale_cpu = sqrt((double)(a.s.oc * a.s.kh * a.s.kw)) / 3.0;
     /* With the ReLU: its output y, 0 at about a third of the outputs (the gradient stops
      * there), and the bias gradient. */
@@ -214,7 +220,7 @@ void opcase_conv2d_backward(hx *h) {
         if (a.y->init[i] <= 0.0f) g[i] = 0.0;
       }
       a.db = hx_inout(h, (size_t)a.s.oc, -3.0f, 3.0f, "db");
-      a.db->tol_cpu = h->tol_gemm;
+      a.db->tol_cpu = hx_tol_vs_cpu(tol_db, k_dw);
       HX_RUN(h, call_conv_backward, &a, a.x, a.w, a.y, a.dy, a.dx, a.dw, a.db, a.col, a.dcol);
     } else {
       HX_RUN(h, call_conv_backward, &a, a.x, a.w, a.dy, a.dx, a.dw, a.col, a.dcol);
@@ -223,17 +229,18 @@ void opcase_conv2d_backward(hx *h) {
     a.wd = hx_to_double(h, a.w->init, nw);
     a.rd = g;
     a.yd = hx_doubles(h, ny);
-    /* Held to the rms of their sums (see case_dense.c's gemm), which may cancel far below. */
+    /* Held to the rms of their sums (see case_dense.c's gemm), which may cancel far below. The
+     * loss is bilinear (as case_dense.c's): the gradient's own bound decides where larger. */
     double dw_scale = sqrt((double)(a.bd * a.s.oh * a.s.ow)) / 3.0;
-    hx_fd_scale(h, "dw (+=)", conv_loss, &a, (double *)a.wd, nw, a.dw->got, a.dw->init, 1e-3, tol,
-                dw_scale);
-    hx_fd_scale(h, "dx", conv_loss, &a, (double *)a.xd, nx, a.dx->got, NULL, 1e-3, tol,
-                a.dx->scale_cpu);
-    if (a.db) {
+    hx_fd_scale(h, "dw (+=)", conv_loss, &a, (double *)a.wd, nw, a.dw->got, a.dw->init, 1e-3,
+                fmax(HX_TOL_GRAD, tol_dw), dw_scale);
+    hx_fd_scale(h, "dx", conv_loss, &a, (double *)a.xd, nx, a.dx->got, NULL, 1e-3,
+                fmax(HX_TOL_GRAD, tol_dx), a.dx->scale_cpu);
+    if (a.db) { /* the float64 sums of the gradient through the ReLU */
       double *want = hx_doubles(h, (size_t)a.s.oc);
       int64_t ohw = a.s.oh * a.s.ow;
       for (size_t i = 0; i < ny; i++) want[(i / (size_t)ohw) % (size_t)a.s.oc] += g[i];
-      hx_gain_scale(h, "db (+=)", a.db->got, a.db->init, want, (size_t)a.s.oc, tol, dw_scale);
+      hx_gain_scale(h, "db (+=)", a.db->got, a.db->init, want, (size_t)a.s.oc, tol_db, dw_scale);
     }
     /* dx NULL (a first layer): dw alone, still accumulated, by the same amount. */
     double *gain = hx_doubles(h, nw);
@@ -241,16 +248,18 @@ void opcase_conv2d_backward(hx *h) {
     conv_args b = a;
     b.dx = NULL;
     b.dw = hx_inout(h, nw, -3.0f, 3.0f, "dw (dx NULL)");
-    b.dw->tol_cpu = h->tol_gemm;
+    b.dw->tol_cpu = a.dw->tol_cpu;
     if (b.relu) {
       b.db = hx_inout(h, (size_t)b.s.oc, -3.0f, 3.0f, "db (dx NULL)");
-      b.db->tol_cpu = h->tol_gemm;
+      b.db->tol_cpu = a.db->tol_cpu;
       HX_RUN(h, call_conv_backward, &b, b.x, b.w, b.y, b.dy, b.dw, b.db, b.col, b.dcol);
     } else {
       HX_RUN(h, call_conv_backward, &b, b.x, b.w, b.dy, b.dw, b.col, b.dcol);
     }
-    hx_gain_scale(h, "dw (+=) with dx NULL", b.dw->got, b.dw->init, gain, nw, 1e-5,
-                  fmax(dw_scale, hx_base_scale(a.dw->init, nw, 1e-5))); /* and a.dw's rounding */
+    /* Another path of the backend: each within tol_dw of float64, so within twice that of each
+     * other; gain carries a.dw's rounding onto its base too. */
+    hx_gain_scale(h, "dw (+=) with dx NULL", b.dw->got, b.dw->init, gain, nw, 2.0 * tol_dw,
+                  fmax(dw_scale, hx_base_scale(a.dw->init, nw, 2.0 * tol_dw)));
   }
 }
 
@@ -358,14 +367,16 @@ void opcase_pool2d_forward(hx *h) {
              ny = (size_t)(a.bd * a.s.c * a.s.oh * a.s.ow);
       a.x = pool_input(h, nx);
       a.y = hx_out(h, ny, "y");
-      a.y->tol_cpu = is_max ? 0.0 : 1e-6;
+      /* A mean: a float sum of kh kw terms and the division (a maximum is exact). */
+      double k = (double)(a.s.kh * a.s.kw) + 1.0, tol = is_max ? HX_TOL_FWD : hx_tol_sum(k);
+      a.y->tol_cpu = is_max ? 0.0 : hx_tol_vs_cpu(tol, k);
       HX_RUN(h, call_pool_forward, &a, a.x, a.y);
       double *want = hx_doubles(h, ny), *xd = hx_to_double(h, a.x->init, nx);
       for (int64_t p = 0; p < a.bd * a.s.c; p++)
         for (int64_t oy = 0; oy < a.s.oh; oy++)
           for (int64_t ox = 0; ox < a.s.ow; ox++)
             want[(p * a.s.oh + oy) * a.s.ow + ox] = ref_window(&a, xd, p, oy, ox);
-      hx_close(h, "y", a.y->got, want, ny, HX_TOL_FWD);
+      hx_close(h, "y", a.y->got, want, ny, tol);
     }
   }
 }
@@ -379,7 +390,10 @@ void opcase_pool2d_backward(hx *h) {
       a.x = pool_input(h, nx);
       a.dy = hx_in(h, ny, -1.0f, 1.0f, "dy");
       a.dx = hx_out(h, nx, "dx");
-      a.dx->tol_cpu = is_max ? 0.0 : 1e-6;
+      /* Mean: a float sum over the windows that hold an element (at most kh kw), each term
+       * divided (a maximum's gradient is one term, exact). */
+      double k_dx = 2.0 * a.s.kh * a.s.kw;
+      a.dx->tol_cpu = is_max ? 0.0 : hx_tol_vs_cpu(hx_tol_sum(k_dx), k_dx);
       HX_RUN(h, call_pool_backward, &a, a.x, a.dy, a.dx);
       a.xd = hx_to_double(h, a.x->init, nx);
       a.rd = hx_to_double(h, a.dy->init, ny);
@@ -393,7 +407,7 @@ void opcase_pool2d_backward(hx *h) {
       b.dy = hx_new(h, HX_IN, ny, "dy (-0)");
       for (size_t k = 0; k < ny; k++) b.dy->init[k] = k % 3 ? hx_uniform(h, -1.0f, 1.0f) : -0.0f;
       b.dx = hx_out(h, nx, "dx (ties)");
-      b.dx->tol_cpu = is_max ? 0.0 : 1e-6;
+      b.dx->tol_cpu = a.dx->tol_cpu;
       HX_RUN(h, call_pool_backward, &b, b.x, b.dy, b.dx);
       float *want = hx_floats(h, nx);
       const pmap_pool_shape *s = &b.s;

@@ -42,6 +42,7 @@ void opcase_mse(hx *h) {
       loss += mse_term(&a, i);
       want[i] = 2.0 * (a.pd[i] - a.td[i]) / (double)a.n;
     }
+    /* The terms summed in double and rounded once; 2 (p - t) / n: three roundings (u each). */
     hx_close(h, "loss", a.loss->got, &loss, 1, 1e-6);
     hx_close(h, "dpred", a.dp->got, want, a.n, 1e-6);
     hx_fd(h, "dpred", mse_term, &a, (double *)a.pd, a.n, a.dp->got, NULL, 1e-3, HX_TOL_GRAD);
@@ -95,7 +96,8 @@ static void xent_trial(hx *h, int64_t rows, int64_t k, const float *given,
   a.dz = hx_out(h, n, "dlogits");
   a.loss = hx_out(h, 1, "loss");
   /* Held to the scale of their terms: the loss's logits (~1), dlogits' 1 / rows (softmax - 1
-   * at a dominant label cancels). expf and logf may be another library's. */
+   * at a dominant label cancels). expf and logf may be another library's, a few ulps apart
+   * (HX_TOL_FWD's argument); the loss's terms are summed in double and rounded once. */
   double scale = rows ? 1.0 / ((double)rows * sqrt((double)k)) : 0.0;
   a.dz->tol_cpu = a.loss->tol_cpu = 1e-5;
   a.loss->scale_cpu = 1.0;

@@ -66,6 +66,7 @@ static void sgd_trial(hx *h, size_t n, int variant) {
       HX_RUN(h, call_sgd, &a, a.w, a.g, a.v);
     else
       HX_RUN(h, call_sgd, &a, a.w, a.g);
+    /* A step's few float roundings (u each, of w's and v's scale 1), over 2 to 4 steps. */
     hx_close_scale(h, "w", a.w->got, wd, n, 1e-6, 1.0);
     if (mom) hx_close_scale(h, "v", a.v->got, vd, n, 1e-6, 1.0);
     if (variant == 0)
@@ -122,7 +123,10 @@ static void adam_trial(hx *h, size_t n, int random_state, float eps, float gmax,
                              .bc2 = (float)bc2,
                              .weight_decay = decay};
     HX_RUN(h, call_adam, &a, a.w, a.g, a.m, a.v);
-    /* The step itself, not only w: a wrong bias correction moves w by ~lr, small next to w. */
+    /* The step itself, not only w: a wrong bias correction moves w by ~lr, small next to w.
+     * Read back as w + step - w, it carries the rounding of w + step, u of |w| < 1: 6e-6 of the
+     * step at lr 1e-2, above the step's own ten or so roundings. m and v: three roundings a
+     * step, carried over six; w a few more. */
     hx_gain_scale(h, "update", a.w->got, a.w->init, delta, n, 1e-4, lr);
     hx_close_scale(h, "w", a.w->got, wd, n, 1e-6, 1.0);
     hx_close_scale(h, "m", a.m->got, md, n, 1e-5, 0.1 * gmax);
@@ -170,7 +174,7 @@ static void norm_trial(hx *h, red_args *a, double want) {
   a->y = hx_out(h, 1, "norm");
   a->y->keep_nan = 1;
   HX_RUN(h, call_norm2, a, a->x, a->y);
-  hx_close(h, "norm", a->y->got, &want, 1, 1e-6);
+  hx_close(h, "norm", a->y->got, &want, 1, 1e-6); /* summed in double: one rounding of the root */
 }
 
 void opcase_norm2(hx *h) {
@@ -233,7 +237,7 @@ void opcase_axpy(hx *h) {
       HX_RUN(h, call_axpy, &a, a.x, a.y);
       double *want = hx_doubles(h, a.n);
       for (size_t i = 0; i < a.n; i++) want[i] = (double)a.y->init[i] + (double)a.s * a.x->init[i];
-      hx_close_scale(h, "y", a.y->got, want, a.n, 1e-6, 1.0);
+      hx_close_scale(h, "y", a.y->got, want, a.n, 1e-6, 1.0); /* two roundings (one fused) */
     }
   }
 }

@@ -20,6 +20,24 @@ static int same_class(double a, double b) {
   return isfinite(a);
 }
 
+/* Keeps the largest ratio of a measured error to its tolerance, per kind of comparison in the
+ * case and over the run. */
+static void note(hx *h, const char *what, double ratio) {
+  int w = 0;
+  while (w < h->nworst && strcmp(h->worst[w].what, what) != 0) w++;
+  if (w == h->nworst && w < (int)(sizeof h->worst / sizeof h->worst[0])) {
+    snprintf(h->worst[w].what, sizeof h->worst[w].what, "%s", what);
+    h->worst[w].ratio = 0.0;
+    h->nworst++;
+  }
+  if (w < h->nworst && ratio > h->worst[w].ratio) h->worst[w].ratio = ratio;
+  if (ratio > h->worst_ratio) {
+    h->worst_ratio = ratio;
+    snprintf(h->worst_at, sizeof h->worst_at, "%.40s: %.50s%s%.60s%s", h->op, what,
+             h->trial[0] ? " (" : "", h->trial, h->trial[0] ? ")" : "");
+  }
+}
+
 /* got against want (n) relative to max(||want||, scale sqrt(n)), element i of the report being
  * idx[i] when idx is not NULL. */
 static int close_core(hx *h, const char *what, const double *got, const double *want, size_t n,
@@ -38,6 +56,7 @@ static int close_core(hx *h, const char *what, const double *got, const double *
   double rms = fmax(n ? sqrt(den / (double)n) : 0.0, scale);
   double norm = fmax(sqrt(den), scale * sqrt((double)n));
   double rel = sqrt(num) / (norm > 1e-30 ? norm : 1e-30);
+  note(h, what, rel / tol);
   if (rel <= tol) {
     hx_check(h, 1, "%s", what);
     return 1;

@@ -94,6 +94,33 @@ float hx_uniform(hx *h, float lo, float hi) {
 
 int hx_rounds(const hx *h, int full) { return h->quick ? (full + 2) / 3 : full; }
 
+/* ---- tolerances ---- */
+
+/* A float sum of k terms of random sign errs, in any order, by about u sqrt(k / 2) of its root
+ * mean square (each addition errs by at most u of a partial sum, with a random sign: the errors
+ * add as a random walk), and each product rounded apart (no fused multiply-add) by u of itself,
+ * independently: u sqrt(k / 2 + 1) in all, at most u sqrt(k) from k = 2 on (one term: one
+ * rounding, u). bound_sum(k) = lambda u sqrt(k) (tests/bounds.h). */
+double hx_tol_sum(double k) { return bound_sum(k); }
+
+/* TF32 keeps 10 bits of an fp32 operand's 23: each operand errs by up to 2^-10 of itself where
+ * the conversion truncates (2^-11 where it rounds), two per product; the products' errors have
+ * their random signs, so they add as a random walk to lambda sqrt(2) 2^-10 of the sum's root
+ * mean square, whatever k. Then the fp32 sum's own bound_sum(k). */
+double hx_tol_gemm(const hx *h, double k) {
+  return bound_sum(k) + (h->tf32 ? BOUND_LAMBDA * sqrt(2.0) * 0x1p-10 : 0.0);
+}
+
+/* The products of bfloat16 values are exact in float (8 + 8 significant bits), so only the
+ * float sum errs: bound_sum(k) for the CPU's (AVX512_BF16's and AMX's dot products round each
+ * addition to nearest, as the portable path's float GEMM does), gpu_bound_sum16(k) for the
+ * tensor cores', which truncate (tests/gpu/gpu_util.h says how much). */
+double hx_tol_gemm16(const hx *h, double k) {
+  return h->tensor16 ? gpu_bound_sum16(k) : bound_sum(k);
+}
+
+double hx_tol_vs_cpu(double tol, double k) { return tol + bound_sum(k); }
+
 void hx_fill(hx *h, float *x, size_t n, float lo, float hi) {
   for (size_t i = 0; i < n; i++) x[i] = hx_uniform(h, lo, hi);
 }
@@ -142,6 +169,8 @@ hx_buf *hx_new(hx *h, hx_role role, size_t n, const char *name) {
   b->name = name;
   b->role = role;
   b->n = n;
+  /* Element-wise ops take op_math.h's formulas on every backend: a few roundings apart where a
+   * compiler fuses a multiply-add (17 u). Ops with float sums set their own. */
   b->tol_cpu = 1e-6;
   b->init = xalloc(n * sizeof(float));
   b->got = xalloc(n * sizeof(float));
@@ -409,6 +438,7 @@ static void run_cases(hx *h, const hx_opts *o) {
     h->op = cases[i].name;
     h->rng = case_seed(o->seed, cases[i].name);
     h->trial[0] = 0;
+    h->nworst = 0;
     case_failures = 0;
     int c0 = h->checks, f0 = h->failures;
     double t0 = now_s();
@@ -417,6 +447,8 @@ static void run_cases(hx *h, const hx_opts *o) {
     if (o->verbose || h->failures > f0)
       printf("  [%s] %-20s %6d checks, %d failed, %.2f s\n", h->backend, h->op, h->checks - c0,
              h->failures - f0, now_s() - t0);
+    for (int w = 0; o->verbose && w < h->nworst; w++)
+      printf("      %.3f of its tolerance: %s\n", h->worst[w].ratio, h->worst[w].what);
     if (h->failures > f0)
       printf("  rerun: test_ops --backend %s --op %s --seed %" PRIu64 "%s\n", h->backend, h->op,
              o->seed, o->quick ? " --quick" : "");
@@ -460,7 +492,6 @@ int hx_backend_run(const char *name, const hx_opts *o, int *checks, int *failure
   if (strcmp(name, "cpu") == 0) {
     h.oracle = !o->as_device;
     h.large = o->as_device;
-    h.tol_gemm = h.tol_gemm16 = 1e-5;
     pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 1};
     pmap_status st = pmap_ctx_create(&cfg, &ctx);
     if (st != PMAP_SUCCESS) {
@@ -478,8 +509,8 @@ int hx_backend_run(const char *name, const hx_opts *o, int *checks, int *failure
     }
     const char *tf32 = getenv("PMAP_CUDA_TF32");
     h.large = 1;
-    h.tol_gemm = tf32 && strcmp(tf32, "0") != 0 ? 5e-3 : 2e-5;
-    h.tol_gemm16 = 1e-4;
+    h.tf32 = tf32 && strcmp(tf32, "0") != 0;
+    h.tensor16 = 1; /* cuBLAS's bf16 GEMMs: tensor cores with float accumulation */
   } else {
     fprintf(stderr, "test_ops: no backend \"%s\" (cpu, cuda)\n", name);
     if (failures) ++*failures;
@@ -494,7 +525,8 @@ int hx_backend_run(const char *name, const hx_opts *o, int *checks, int *failure
             pmap_last_error());
   }
   pmap_ctx_destroy(ctx);
-  printf("%s: %d checks, %d failed, %.2f s\n", name, h.checks, h.failures, now_s() - t0);
+  printf("%s: %d checks, %d failed, %.2f s; the largest error %.3f of its tolerance (%s)\n", name,
+         h.checks, h.failures, now_s() - t0, h.worst_ratio, h.worst_at);
   if (checks) *checks += h.checks;
   if (failures) *failures += h.failures;
   return h.failures == 0;

@@ -23,10 +23,23 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../bounds.h"
 #include "ops/ops.h"
 
-/* Relative tolerances against float64: an fp32 forward, and fp32 gradients against finite
- * differences of the float64 forward. GEMM-based ops use hx.tol_gemm (TF32 is looser). */
+/* Relative tolerances against float64 of the ops without a long float sum (the sums of layer
+ * and batch norm, softmax, the losses and norm2 are taken in double on every backend), and of
+ * gradients against finite differences. Float sums and GEMMs are held to bounds in their
+ * reduction length k instead: hx_tol_sum, hx_tol_gemm, hx_tol_gemm16.
+ *
+ * HX_TOL_FWD: a few float roundings of u = 2^-24 each, op_math.h's exp, tanh, sigmoid and GELU
+ * within 4 ulps (tests/test_vmath.c) and one rounding of each double sum: under 20 u = 1.2e-6 of
+ * the result's scale; 1e-5 leaves a factor of 8 for the normalisations' x - mean (the cases keep
+ * a channel's or a row's variance at 0.1 or more).
+ * HX_TOL_GRAD: a central difference of step h errs by h^2 |f'''| / 6 (truncation: 0 for the
+ * bilinear GEMM and convolution losses; for the others, at h = 1e-3 or 1e-4, under 1e-5 |f'|:
+ * their third derivatives stay within 60 |f'| on the cases' data, inputs of order 1, variances
+ * of 0.1 or more) and by 2^-53 |f| / h from the float64 loss's rounding (~1e-12 |f|); 1e-4 is
+ * that and the fp32 gradient's own few roundings, with room. */
 #define HX_TOL_FWD 1e-5
 #define HX_TOL_GRAD 1e-4
 
@@ -73,9 +86,8 @@ typedef struct hx {
   int oracle;          /* the backend's kernels are the CPU oracle's: no comparison with itself */
   int large;           /* also the large sizes (a GPU's multi-block and per-channel paths) */
   int quick;           /* fewer random shapes and finite-difference samples */
-  double tol_gemm;     /* GEMM-based ops against float64 (FP32 sums in another order; TF32) */
-  double tol_gemm16;   /* the bfloat16 GEMMs against float64 sums of their operands
-                          (case_bf16.c says why) */
+  int tf32;            /* the float GEMMs round their operands to TF32 (CUDA, PMAP_CUDA_TF32) */
+  int tensor16;        /* the bfloat16 GEMMs sum on tensor cores (CUDA) */
   size_t fd_samples;   /* finite differences at most at this many entries of an array */
   const pmap_ops *ops; /* the backend's table, run on q of dev */
   op_queue *q;
@@ -86,12 +98,38 @@ typedef struct hx {
   hx_buf *bufs;  /* the case's buffers, freed by hx_release */
   void *scratch; /* host arrays of the case, freed by hx_release */
   int checks, failures;
+  /* The largest error measured against its tolerance, per kind of comparison (what it
+   * compares), in the case running: printed with --verbose. */
+  struct hx_worst {
+    char what[96];
+    double ratio;
+  } worst[24];
+  int nworst;
+  double worst_ratio; /* and over every case of the run, with where */
+  char worst_at[160];
 } hx;
 
 /* Every op's case. */
 #define PMAP_OP(name, args) void opcase_##name(hx *h);
 #include "ops/op_list.h"
 #undef PMAP_OP
+
+/* ---- tolerances in the reduction length (harness.c says where each comes from) ---- */
+
+/* A float sum of k terms against float64: bound_sum(k) on every backend (k counts roundings: a
+ * gain added to its base, a bias, alpha and beta count one each). The cases' data are uniform
+ * of mean 0, bound_sum's model (tests/bounds.h), and the checks are normwise against at least
+ * the root mean square of such sums (their scale floors). */
+double hx_tol_sum(double k);
+/* An fp32 GEMM or convolution of reduction length k against float64: bound_sum(k), and the
+ * operands' rounding where the backend's GEMMs take TF32. */
+double hx_tol_gemm(const hx *h, double k);
+/* A bfloat16 GEMM against the float64 sums of its bfloat16 operands (whose products are
+ * exact). */
+double hx_tol_gemm16(const hx *h, double k);
+/* A backend's result against the CPU kernels' on the same data: the backend within tol of
+ * float64 and the CPU within bound_sum(k), so within their sum of each other. */
+double hx_tol_vs_cpu(double tol, double k);
 
 /* ---- shapes and random values (h->rng) ---- */
 
