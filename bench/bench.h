@@ -129,7 +129,8 @@ typedef struct bench_row {
   bench_stats step;      /* steady-state step time */
   double sps, gflops;    /* samples/s and model GFLOP/s at the median */
   double tps;            /* tokens/s (sps x tokens per example; a language model's) */
-  double mfu;            /* model FLOPs utilisation: gflops / gemm_gflops (0: not measured) */
+  double mfu;            /* model FLOPs utilisation: gflops / peak_gflops (0: not known) */
+  double peak_gflops;    /* the peak of the row's CPU cores for its precision (tools/cpu_peak.h) */
   double speedup, eff;   /* against the first row of the same table */
   bench_stats gemm;      /* the step's GEMMs alone, every device at once (n == 0: not measured) */
   double gemm_gflops;    /* executed GEMM FLOPs of all devices / gemm.med */

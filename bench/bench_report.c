@@ -176,8 +176,8 @@ void bench_report_text(FILE *f, const bench_result *r, const char *backend, int 
         fprintf(f, "%s %d dev%s: %.5g tokens/s", m == BENCH_STRONG ? "strong" : "weak", w->devices,
                 w->precision == PMAP_PRECISION_BF16 ? " bf16" : "", w->tps);
         if (w->mfu > 0.0)
-          fprintf(f, ", model FLOPs utilisation %.1f%% of the raw GEMM rate (%.4g of %.4g GFLOP/s)",
-                  100.0 * w->mfu, w->gflops, w->gemm_gflops);
+          fprintf(f, ", model FLOPs utilisation %.1f%% of the cores' peak (%.4g of %.4g GFLOP/s)",
+                  100.0 * w->mfu, w->gflops, w->peak_gflops);
         fprintf(f, "\n");
       }
   prediction(f, r);

@@ -9,6 +9,7 @@
 
 #include "../examples/tanh_net.h"
 #include "bench.h"
+#include "cpu_peak.h"
 #include "models/params.h"
 #include "ops/cpu/conv.h"
 #include "pmap_examples.h"
@@ -229,6 +230,23 @@ static const bench_row *first_of(const bench_row *rows, int n, int p) {
   return &rows[0];
 }
 
+/* The peak of a CPU row's cores for the precision its GEMMs run in (cpu_peak.h), measured once
+ * per device count and precision; 0 on other backends and where it is not known. */
+static double row_peak(const setup *s, const bench_row *w) {
+  static double known[2][PMAP_MAX_DEVICES + 1];
+  if (pmap_ctx_backend(s->ctx) != PMAP_BACKEND_CPU || w->devices < 1 ||
+      w->devices > PMAP_MAX_DEVICES)
+    return 0.0;
+  int bf16 = w->precision == PMAP_PRECISION_BF16 && !strcmp(pmap_bf16_provider(), "onednn");
+  if (known[bf16][w->devices] == 0.0) {
+    cpu_peak peak;
+    char why[256];
+    known[bf16][w->devices] =
+        cpu_peak_get(w->devices, bf16, &peak, why, sizeof why) ? -1.0 : peak.gflops;
+  }
+  return known[bf16][w->devices] > 0.0 ? known[bf16][w->devices] : 0.0;
+}
+
 /* Statistics, derived columns and checks of one table. */
 static void finish_table(bench_result *res, int mode, setup *su, double flops_per_example) {
   bench_row *rows = res->rows[mode];
@@ -251,7 +269,8 @@ static void finish_table(bench_result *res, int mode, setup *su, double flops_pe
     w->gemm_gflops = w->gemm.n ? s->gemm_flops / (w->gemm.med * 1e-3) / 1e9 : 0.0;
     w->gemm_share = w->gemm.n ? w->gemm.med / w->step.med : 0.0;
     w->tps = w->sps * (double)res->tokens;
-    w->mfu = w->gemm.n && w->gemm_gflops > 0.0 ? w->gflops / w->gemm_gflops : 0.0;
+    w->peak_gflops = row_peak(s, w);
+    w->mfu = w->peak_gflops > 0.0 ? w->gflops / w->peak_gflops : 0.0;
     if (mode == BENCH_STRONG) {
       w->speedup = first->step.med / w->step.med;
       w->eff = w->speedup / ((double)w->devices / first->devices);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cpu_peak.h"
 #include "train_args.h"
 #include "pmap.h"
 #include "pmap_examples.h"
@@ -37,6 +38,8 @@ typedef struct result {
   pmap_memory_plan plan;
   watch_waits waits;     /* dev NULL until read */
   double mfu;            /* NaN when not known */
+  double mfu_peak;       /* its denominator, FLOP/s (0: none) */
+  cpu_peak peak;         /* on CPU devices, what the denominator is */
   double tps, gflops;    /* language models: tokens/s; model FLOP/s / 1e9 */
   watch_progress *bar;   /* ended before any message, so that each starts a line (NULL: none) */
   const char *precision; /* the params' policy once known (a resume may restore bf16) */
@@ -133,6 +136,12 @@ static void print_json(const opts *o, const result *r) {
   }
   printf(", \"mfu\": ");
   json_number(stdout, r->mfu);
+  printf(", \"mfu_peak_gflops\": ");
+  json_number(stdout, r->mfu_peak > 0 ? r->mfu_peak / 1e9 : NAN);
+  printf(", \"mfu_peak\": ");
+  json_string(stdout, r->peak.cores     ? r->peak.what
+                      : r->mfu_peak > 0 ? "the devices' measured GEMM rate"
+                                        : "");
   if (isfinite(r->tps)) {
     printf(", \"tokens_per_sec\": ");
     json_number(stdout, r->tps);
@@ -158,11 +167,22 @@ static void print_json(const opts *o, const result *r) {
   printf("}\n");
 }
 
-/* The GEMM rate MFU is measured against, once; a probe that fails says why on stderr (MFU is
- * then not reported). */
-static void gemm_probe(watch_progress *bar, pmap_ctx *ctx) {
+/* What MFU is measured against, once: on CPU devices the peak of their cores for the precision
+ * the GEMMs run in (cpu_peak.h: MFU <= 1 by construction), on GPUs the devices' measured GEMM
+ * rate; one that cannot be had says why on stderr (MFU is then not reported). */
+static void gemm_probe(watch_progress *bar, pmap_ctx *ctx, pmap_params *params, cpu_peak *peak) {
   char why[1024];
   bar->probed = 1;
+  if (pmap_ctx_backend(ctx) == PMAP_BACKEND_CPU) {
+    if (pmap_ctx_num_processes(ctx) > 1) return; /* one process's cores: not the job's */
+    int bf16 = pmap_params_precision(params) == PMAP_PRECISION_BF16 &&
+               !strcmp(pmap_bf16_provider(), "onednn");
+    if (cpu_peak_get(pmap_ctx_num_devices(ctx), bf16, peak, why, sizeof why) == 0)
+      bar->peak_flops = peak->gflops * 1e9;
+    else
+      fprintf(stderr, "%s: note: MFU not measured: %s\n", prog, why);
+    return;
+  }
   bar->peak_flops = watch_gemm_rate(ctx, why, sizeof why);
   if (why[0]) fprintf(stderr, "%s: note: MFU not measured: the GEMM probe: %s\n", prog, why);
 }
@@ -585,9 +605,11 @@ int main(int argc, char **argv) {
    * to show it, else after the last step. */
   double flops = 6.0 * pmap_model_forward_macs(model);
   double run_flops = flops * (double)(o.steps - start) * (double)o.batch;
-  int measure = flops > 0 && run_flops >= 10.0 * watch_gemm_probe_flops(n);
+  /* The CPU's peak costs a few ms to measure; a GPU's GEMM probe a run of its own. */
+  int measure = flops > 0 && (pmap_ctx_backend(ctx) == PMAP_BACKEND_CPU ||
+                              run_flops >= 10.0 * watch_gemm_probe_flops(n));
   watch_progress_begin(&bar, o.progress, start, o.steps, o.batch, flops, 0.0);
-  if (bar.bar && measure) gemm_probe(&bar, ctx);
+  if (bar.bar && measure) gemm_probe(&bar, ctx, params, &r.peak);
   if (o.trace) {
     if (pmap_trace_start(ctx, o.trace, o.trace_steps)) {
       fail(&r, "--trace");
@@ -688,14 +710,21 @@ int main(int argc, char **argv) {
   }
   double sps = o.steps > start ? (double)(o.steps - start) * (double)o.batch / busy : NAN;
   r.sps = sps;
-  if (!bar.probed && measure) gemm_probe(&bar, ctx);
+  if (!bar.probed && measure) gemm_probe(&bar, ctx, params, &r.peak);
   r.mfu = watch_mfu(&bar, sps);
   if (watch_waits_read(ctx, &r.waits)) {
     fail(&r, "pmap_ctx_waits");
     goto out;
   }
   watch_waits_print(&r.waits);
-  if (isfinite(r.mfu))
+  r.mfu_peak = bar.peak_flops;
+  if (isfinite(r.mfu) && r.peak.cores)
+    printf(
+        "model FLOPs utilisation %.1f%% (%.3g GFLOP/s of a peak of %.3g: %d cores at %.2f GHz, "
+        "%s)\n",
+        100 * r.mfu, sps * flops / 1e9, bar.peak_flops / 1e9, r.peak.cores, r.peak.ghz,
+        r.peak.what);
+  else if (isfinite(r.mfu))
     printf("model FLOPs utilisation %.1f%% (%.3g GFLOP/s of %.3g measured GEMM GFLOP/s)\n",
            100 * r.mfu, sps * flops / 1e9, bar.peak_flops / 1e9);
   if (curve) {
