@@ -93,7 +93,8 @@ for part in "${parts[@]}"; do
     rc=$?
     one=$(PMAP_DIST=none "$train" --backend cpu --model mlp --devices 4 --steps 50 --json | tail -n 1)
     many=$(grep '^{' "$out")
-    if [ $rc -eq 0 ] && [ "$(grep -c '^{' "$out")" -eq 1 ] && python3 - "$one" "$many" "$bounds" <<'PY'
+    if [ $rc -eq 0 ] && [ "$(grep -c '^{' "$out")" -eq 1 ] &&
+      python3 - "$one" "$many" "$bounds" <<'PY'
 import json, sys
 a, b = (json.loads(x) for x in sys.argv[1:3])
 sys.path.insert(0, sys.argv[3])
@@ -102,7 +103,8 @@ bound = bound_order32(bound_model_of(a["model"]), a["global_batch"], a["steps"])
 err = abs(a["final_loss"] - b["final_loss"]) / abs(a["final_loss"])
 ok = (b["processes"] == 2 and b["devices"] == 2 and b["replicas_identical"]
       and b["global_batch"] == a["global_batch"] and err <= bound)
-print(f'    1 x 4: {a["final_loss"]:.9g}, 2 x 2: {b["final_loss"]:.9g}: {err:.2e} (bound {bound:.2e})')
+print(f'    1 x 4: {a["final_loss"]:.9g}, 2 x 2: {b["final_loss"]:.9g}: {err:.2e} '
+      f'(bound {bound:.2e})')
 sys.exit(0 if ok else 1)
 PY
     then
