@@ -156,7 +156,7 @@ void bench_report_text(FILE *f, const bench_result *r, const char *backend, int 
               1e3 * (one->step.med - r->hand.med), 100.0 * (one->step.med / r->hand.med - 1.0));
     if (r->hand_rel_diff >= 0.0)
       fprintf(f, "; loss after %lld steps equal to pmap's on 1 device: %s (rel diff %.2g)",
-              (long long)r->hand_steps, r->hand_rel_diff <= 1e-3 ? "yes" : "NO", r->hand_rel_diff);
+              (long long)r->hand_steps, r->hand_rel_diff == 0.0 ? "yes" : "NO", r->hand_rel_diff);
     fprintf(f, "\n");
   }
   if (r->nrows[BENCH_STRONG] && r->rows[BENCH_STRONG][0].gemm.n) {

@@ -7,7 +7,9 @@
 Builds the same transformer in both (pmap.Model and torch.nn.Module: embedding, positions, pre-
 norm blocks of causal attention and a GELU MLP, a head tied to the embedding), copies pmap's
 initial parameters (Params.named()) into the PyTorch model, trains both with Adam on the same
-copy-task batches and compares every step's loss (exit 1 beyond --tol, default 1e-4 absolute).
+copy-task batches and compares every step's loss, relative to PyTorch's (exit 1 beyond its
+bound: python/tests/bounds.py, the copy of tests/bounds.h, for gpt-mini, the batch and the step,
+or beyond --tol).
 --bench R then times R interleaved rounds of steps of pmap on each device count and of PyTorch
 on --threads threads in this process, and with --ddp N of PyTorch's DistributedDataParallel on N
 processes of one thread each (gloo, the batch split in N, as pmap splits it over devices; each
@@ -15,8 +17,8 @@ rank's OpenBLAS held to one thread), and
 prints the medians in tokens/s with the load average before and after.
 --precision bf16 trains pmap under its bf16 policy (Params.set_precision) and PyTorch under
 torch.autocast("cpu", dtype=torch.bfloat16) (bfloat16 matmuls, float master weights and Adam),
-and compares the loss curves instead: every step's loss relative to PyTorch's (default --tol
-2e-2) and the mean of the last fifth of the steps."""
+and compares the loss curves: every step's loss against its bf16 bound, and the mean of the last
+fifth of the steps."""
 import argparse
 import math
 import os
@@ -35,7 +37,23 @@ import torch.nn.functional as F
 
 import pmap
 
-V, T, D, L, H = 256, 64, 128, 4, 4
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python",
+                                "tests"))
+from bounds import bound_model_of, bound_order32, bound_prec16  # noqa: E402
+
+V, T, D, L, H = 256, 64, 128, 4, 4  # gpt-mini's
+
+
+def loss_bound(bf16, rows, steps):
+    """How far the two sides' losses may part after `steps` passes on batches of `rows` rows,
+    relative (docs/tolerances.md). fp32: both sum in float32 in other orders (their elementwise
+    functions err by a few roundings a value, within the sums' count): bound_order32. bf16: pmap
+    rounds every GEMM's operands; autocast rounds them and every matmul's result too (forward and
+    backward), so that any of twice pmap's roundings may differ: bound_prec16 on those."""
+    m = bound_model_of("gpt-mini")
+    if bf16:
+        return bound_prec16(m._replace(r_all=2 * m.r_all), rows, steps)
+    return bound_order32(m, rows, steps)
 
 
 def pmap_model():
@@ -97,8 +115,8 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=0.003)
     ap.add_argument("--tol", type=float, default=None,
-                    help="the largest loss difference allowed: absolute under fp32 (default "
-                         "1e-4), relative under bf16 (default 2e-2)")
+                    help="the largest relative loss difference allowed at every step (default: "
+                         "the step's bound, python/tests/bounds.py)")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--bench", type=int, default=0, metavar="ROUNDS")
     ap.add_argument("--bench-steps", type=int, default=5)
@@ -110,8 +128,6 @@ def main():
     if a.ddp < 0 or (a.ddp and a.batch % a.ddp):
         ap.error(f"--ddp {a.ddp}: a count of ranks that divides --batch {a.batch}")
     bf16 = a.precision == "bf16"
-    if a.tol is None:
-        a.tol = 2e-2 if bf16 else 1e-4
     torch.set_num_threads(a.threads)
     batches = [copy_task(a.batch, s) for s in (1, 2)]
     with pmap.Context(backend="cpu", devices=1) as ctx:
@@ -119,9 +135,9 @@ def main():
         params.set_precision(a.precision)
         peer = Peer(params.named())
         opt = torch.optim.Adam(peer.parameters(), lr=a.lr, betas=(0.9, 0.999), eps=1e-8)
-        worst, lps, lts = 0.0, [], []
-        diff = "|rel diff|" if bf16 else "|diff|"
-        print(f"{'step':>4} {'pmap loss':>12} {'torch loss':>12} {diff:>10}  ({a.precision})")
+        worst, lps, lts = (0.0, 1.0, -1), [], []  # the difference, its bound, the step
+        print(f"{'step':>4} {'pmap loss':>12} {'torch loss':>12} {'|rel diff|':>10} {'bound':>10}"
+              f"  ({a.precision})")
         for s in range(a.steps):
             x, y = batches[s % 2]
             lp = params.update(x, y)
@@ -132,15 +148,18 @@ def main():
                                    torch.from_numpy(y).long().reshape(-1))
             loss.backward()
             opt.step()
-            d = abs(lp - loss.item()) / (abs(loss.item()) if bf16 else 1.0)
-            worst = max(worst, d)
+            d = abs(lp - loss.item()) / abs(loss.item())
+            b = a.tol if a.tol is not None else loss_bound(bf16, a.batch, s + 1)
+            if not d / b <= worst[0] / worst[1]:  # the largest against its bound, or NaN
+                worst = (d, b, s)
             lps.append(lp), lts.append(loss.item())
-            print(f"{s:4d} {lp:12.6f} {loss.item():12.6f} {d:10.2e}")
-    ok = worst <= a.tol
+            print(f"{s:4d} {lp:12.6f} {loss.item():12.6f} {d:10.2e} {b:10.2e}")
+    ok = worst[0] <= worst[1]
     tail = max(len(lps) // 5, 1)
     mp_, mt = statistics.mean(lps[-tail:]), statistics.mean(lts[-tail:])
-    print(f"torch_peer: {a.steps} steps under {a.precision}, largest loss difference {worst:.3g}"
-          f"{' (relative)' if bf16 else ''} ({'within' if ok else 'BEYOND'} {a.tol:g}); mean of "
+    print(f"torch_peer: {a.steps} steps under {a.precision}, largest relative loss difference "
+          f"against its bound {worst[0]:.3g} at step {worst[2]} ({'within' if ok else 'BEYOND'} "
+          f"{worst[1]:.3g}); mean of "
           f"the last {tail} losses: pmap {mp_:.6f}, torch {mt:.6f} ({100 * (mp_ - mt) / mt:+.3f} "
           f"%); torch {torch.__version__}, {a.threads} threads")
     if a.bench:

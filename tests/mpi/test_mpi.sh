@@ -12,6 +12,7 @@ parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(coll train fail)
 # shellcheck source-path=SCRIPTDIR source=mpi_env.sh
 source "$(dirname "$0")/mpi_env.sh"
+bounds=$(cd "$(dirname "$0")/../../python/tests" && pwd) # bounds.py
 
 # run LIMIT_S NP ARGS...: mpirun, bounded; leaves the output in $out, returns mpirun's status.
 run() {
@@ -82,7 +83,9 @@ for part in "${parts[@]}"; do
     ;;
   tools)
     # pmap-train under mpirun, unchanged flags: 2 processes x 2 devices report once, and their
-    # final loss equals one process of 4 devices (same global batch, same data).
+    # final loss equals one process of 4 devices (same global batch, same data) to the order of
+    # the all-reduce's sums: within bound_order32 of the model on its global batch over the
+    # run's steps (tests/bounds.h, python/tests/bounds.py its copy).
     train=${PMAP_TRAIN:?PMAP_TRAIN names pmap-train}
     t0=$SECONDS
     timeout -k 5 120 "$mpirun" --oversubscribe -np 2 "$train" --backend cpu --model mlp --devices 2 \
@@ -90,12 +93,18 @@ for part in "${parts[@]}"; do
     rc=$?
     one=$(PMAP_DIST=none "$train" --backend cpu --model mlp --devices 4 --steps 50 --json | tail -n 1)
     many=$(grep '^{' "$out")
-    if [ $rc -eq 0 ] && [ "$(grep -c '^{' "$out")" -eq 1 ] && python3 - "$one" "$many" <<'PY'
+    if [ $rc -eq 0 ] && [ "$(grep -c '^{' "$out")" -eq 1 ] &&
+      python3 - "$one" "$many" "$bounds" <<'PY'
 import json, sys
 a, b = (json.loads(x) for x in sys.argv[1:3])
+sys.path.insert(0, sys.argv[3])
+from bounds import bound_model_of, bound_order32
+bound = bound_order32(bound_model_of(a["model"]), a["global_batch"], a["steps"])
+err = abs(a["final_loss"] - b["final_loss"]) / abs(a["final_loss"])
 ok = (b["processes"] == 2 and b["devices"] == 2 and b["replicas_identical"]
-      and abs(a["final_loss"] - b["final_loss"]) <= 1e-5 * abs(a["final_loss"]))
-print(f'    1 x 4: {a["final_loss"]:.9g}, 2 x 2: {b["final_loss"]:.9g}')
+      and b["global_batch"] == a["global_batch"] and err <= bound)
+print(f'    1 x 4: {a["final_loss"]:.9g}, 2 x 2: {b["final_loss"]:.9g}: {err:.2e} '
+      f'(bound {bound:.2e})')
 sys.exit(0 if ok else 1)
 PY
     then
