@@ -22,10 +22,11 @@ static const struct {
 };
 
 /* One training run: the parameters before the first step (w0), after it (w1) and after the last
- * (w), every step's loss, and, when asked for, every step's loss floor (below). */
+ * (w), every step's loss, and, when asked for, every step's output size (below). */
 typedef struct run {
   float *w0, *w1, *w, loss[STEPS];
-  double floor[STEPS];
+  double size[STEPS];
+  int labels; /* the targets are class labels (cross-entropy) */
   size_t n;
 } run;
 
@@ -47,20 +48,17 @@ static double rel_err(const float *a, const float *b, size_t n) {
   return norm2(a, b, n) / (den > 1e-30 ? den : 1e-30);
 }
 
-/* The loss's floor at the parameters of this step: bound_order32 takes the loss to move by kappa
- * times the relative change of the model's outputs, kappa being bound_models' constant. Near a
- * loss of 0 its true condition passes that constant, so the loss's difference is compared
- * relative to max(loss, floor), the floor being the loss below which the condition would.
- * - Softmax cross-entropy (labels): dL = sum_j (p_j - y_j) dz_j per row, and sum_j |p_j - y_j| =
- *   2 (1 - p_y) <= 2 min(1, L) (as 1 - p <= -ln p), so |dL| <= 2 min(1, L) max|dz|: relative to
- *   max(L, 2 max|z| / kappa) that is at most kappa times the logits' relative change. Here the
- *   logits grow to 10 to 30 while the loss falls to 1e-3, far past the 2 L of kappa = 4.
- * - MSE (targets f32): |dL| <= 2 sqrt(L) rms(dy), so relative to max(L, (2 rms(y) / kappa)^2)
- *   at most kappa times the outputs' relative change.
- * The outputs come from pmap_predict on the step's batch at the step's parameters (batch norm
- * normalises them with its running statistics: they stand in for the training pass's). */
-static double loss_floor(pmap_params *p, const pmap_model *m, const pmap_array *x,
-                         const pmap_array *y, double kappa) {
+/* A loss's difference is taken relative to max(L, S / kappa), S bounding |dL| / e for a relative
+ * change e of the model's outputs: bound_order32 takes the loss to move by kappa e with
+ * bound_models' constant kappa, which S / kappa > L would exceed.
+ * - Softmax cross-entropy (labels): per row dL = sum_j (p_j - y_j) dz_j and
+ *   sum_j |p_j - y_j| = 2 (1 - p_y) <= 2 min(1, L) (as 1 - p <= -ln p): S = 2 max|z| min(1, L).
+ *   The logits grow to 10 to 30 here while the loss falls to 1e-3.
+ * - MSE (f32 targets): |dL| <= 2 sqrt(L) rms(dy): S = 2 rms(y) sqrt(L).
+ * output_size gives 2 max|z| or 2 rms(y), from pmap_predict on the step's batch at the step's
+ * parameters (batch norm's from its running statistics, standing in for the training pass's). */
+static double output_size(pmap_params *p, const pmap_model *m, const pmap_array *x,
+                          const pmap_array *y) {
   int rank;
   int64_t shape[PMAP_MAX_RANK], osh[PMAP_MAX_RANK] = {x->shape[0]};
   pmap_model_output_shape(m, &rank, shape);
@@ -68,21 +66,27 @@ static double loss_floor(pmap_params *p, const pmap_model *m, const pmap_array *
   for (int i = 0; i < rank; i++) n *= (size_t)(osh[i + 1] = shape[i]);
   float *out = malloc(n * sizeof *out);
   pmap_array o = pmap_array_f32(out, rank + 1, osh);
-  double floor = INFINITY;
+  double size = INFINITY;
   if (out && pmap_predict(p, x, &o) == PMAP_SUCCESS) {
     double most = 0.0, sq = 0.0;
     for (size_t i = 0; i < n; i++)
       most = fmax(most, fabs((double)out[i])), sq += (double)out[i] * out[i];
-    floor = y->dtype == PMAP_F32 ? 4.0 * (sq / (double)n) / (kappa * kappa) : 2.0 * most / kappa;
+    size = y->dtype == PMAP_F32 ? 2.0 * sqrt(sq / (double)n) : 2.0 * most;
   }
-  CHECK(isfinite(floor), "the outputs for the loss's floor: %s", pmap_last_error());
+  CHECK(isfinite(size), "the outputs' size: %s", pmap_last_error());
   free(out);
-  return floor;
+  return size;
 }
 
-/* Trains `model` STEPS steps on `devices` devices (global batch `batch`) into r; with kappa > 0
- * also every step's loss floor. */
-static int train(const char *model, int64_t batch, int devices, double kappa, run *r) {
+/* max(L, S / kappa) for a loss L whose outputs had the size above. */
+static double loss_scale(double loss, double size, int labels, double kappa) {
+  loss = fabs(loss);
+  return fmax(loss, size * (labels ? fmin(1.0, loss) : sqrt(loss)) / kappa);
+}
+
+/* Trains `model` STEPS steps on `devices` devices (global batch `batch`) into r; with `sizes`
+ * also every step's output size. */
+static int train(const char *model, int64_t batch, int devices, int sizes, run *r) {
   pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = devices};
   pmap_ctx *ctx = NULL;
   pmap_model *m = NULL;
@@ -95,6 +99,7 @@ static int train(const char *model, int64_t batch, int devices, double kappa, ru
   if (!st) st = pmap_example_model(model, &m);
   if (!st) st = pmap_params_create(ctx, m, &info.opt, 0, &params);
   if (!st) st = pmap_example_data(model, 1, 2 * batch, &xs, &ys);
+  r->labels = !st && ys.dtype != PMAP_F32;
   size_t n = st ? 0 : pmap_params_count(params);
   if (!st && (!(r->w0 = malloc(n * sizeof *r->w0)) || !(r->w1 = malloc(n * sizeof *r->w1)) ||
               !(r->w = malloc(n * sizeof *r->w))))
@@ -106,7 +111,7 @@ static int train(const char *model, int64_t batch, int devices, double kappa, ru
     x.data = (char *)xs.data + (size_t)((s % 2) * batch * xrow) * 4;
     y.data = (char *)ys.data + (size_t)((s % 2) * batch * yrow) * 4;
     x.shape[0] = y.shape[0] = batch;
-    if (kappa > 0) r->floor[s] = loss_floor(params, m, &x, &y, kappa);
+    if (sizes) r->size[s] = output_size(params, m, &x, &y);
     st = pmap_update(params, &x, &y, &r->loss[s]);
     if (!st && s == 0) st = pmap_params_read(params, devices - 1, r->w1, n);
   }
@@ -126,7 +131,7 @@ static int train(const char *model, int64_t batch, int devices, double kappa, ru
 
 /* The bounds, for N = 2, 3, 4 devices against 1 on a global batch of `batch` rows:
  * - every step's loss: bound_order32(model, batch, s + 1) at step s (its s updates and its own
- *   forward pass), relative to max(loss, floor) (loss_floor);
+ *   forward pass), relative to max(L, S / kappa) (loss_scale);
  * - the parameters after STEPS steps: bound_order32(model, batch, STEPS), as docs/tolerances.md
  *   holds for the parameters of float runs, Adam's included;
  * - one step, from the same parameters w0 (bitwise the same on every device count): w1 =
@@ -157,7 +162,7 @@ int main(void) {
     if (!bm) continue;
     clock_t t0 = clock();
     run ref;
-    if (train(model, batch, 1, bm->kappa, &ref)) {
+    if (train(model, batch, 1, 1, &ref)) {
       run_free(&ref);
       continue;
     }
@@ -171,12 +176,12 @@ int main(void) {
       /* Under TSan every model on 3 devices (testutil.h): 2 and 4 divide the batch evenly too. */
       if (TEST_UNDER_TSAN && d != 3) continue;
       run r;
-      if (!train(model, batch, d, 0.0, &r) && r.n == n) {
+      if (!train(model, batch, d, 0, &r) && r.n == n) {
         test_same_bits("the initial parameters, N devices vs 1", r.w0, ref.w0, n);
         double e1 = rel_err(r.w1, ref.w1, n), ew = rel_err(r.w, ref.w, n);
         double el = 0, bl = 0, worst = 0; /* the step whose loss is nearest its bound */
         for (int s = 0; s < STEPS; s++) {
-          double den = fmax(fabs((double)ref.loss[s]), ref.floor[s]);
+          double den = loss_scale(ref.loss[s], ref.size[s], ref.labels, bm->kappa);
           double e = fabs((double)r.loss[s] - ref.loss[s]) / den;
           double b = bound_order32(bm, (double)batch, s + 1);
           if (!(e / b <= worst)) worst = e / b, el = e, bl = b;

@@ -137,14 +137,12 @@ static void random_data(const pmap_model *m, int64_t rows, const int64_t *in, in
   *ys = (pmap_array){y, PMAP_F32, 2, {rows, k, 0, 0}};
 }
 
-/* The loss's floor at the parameters r holds (test_equiv.c's loss_floor): bound_order32 takes the
- * loss to move by kappa times the relative change of the outputs; near a loss of 0 its condition
- * passes kappa, so the loss's difference is taken relative to max(loss, floor). Cross-entropy:
- * |dL| <= 2 min(1, L) max|dz|, floor 2 max|z| / kappa; MSE: |dL| <= 2 sqrt(L) rms(dy), floor
- * (2 rms(y) / kappa)^2. The outputs from pmap_predict (batch norm's from its running statistics,
- * standing in for the training pass's). */
-static double loss_floor(run *r, const pmap_model *m, const pmap_array *xs, const pmap_array *ys,
-                         double kappa) {
+/* A loss's difference is taken relative to max(L, S / kappa), S bounding |dL| / e for a relative
+ * change e of the outputs (test_equiv.c's loss_scale): bound_order32 takes the loss to move by
+ * kappa e. Cross-entropy: S = 2 max|z| min(1, L); MSE: S = 2 rms(y) sqrt(L). output_size gives
+ * 2 max|z| or 2 rms(y) at the parameters r holds, from pmap_predict (batch norm's from its
+ * running statistics, standing in for the training pass's). */
+static double output_size(run *r, const pmap_model *m, const pmap_array *xs, const pmap_array *ys) {
   int rank;
   int64_t shape[PMAP_MAX_RANK], osh[PMAP_MAX_RANK] = {xs->shape[0]};
   pmap_model_output_shape(m, &rank, shape);
@@ -152,27 +150,32 @@ static double loss_floor(run *r, const pmap_model *m, const pmap_array *xs, cons
   for (int i = 0; i < rank; i++) n *= (size_t)(osh[i + 1] = shape[i]);
   float *out = malloc(n * sizeof *out);
   pmap_array o = pmap_array_f32(out, rank + 1, osh);
-  double floor = INFINITY;
+  double size = INFINITY;
   if (out && pmap_predict(r->params, xs, &o) == PMAP_SUCCESS) {
     double most = 0.0, sq = 0.0;
     for (size_t i = 0; i < n; i++)
       most = fmax(most, fabs((double)out[i])), sq += (double)out[i] * out[i];
-    floor = ys->dtype == PMAP_F32 ? 4.0 * (sq / (double)n) / (kappa * kappa) : 2.0 * most / kappa;
+    size = ys->dtype == PMAP_F32 ? 2.0 * sqrt(sq / (double)n) : 2.0 * most;
   }
-  CHECK(isfinite(floor), "the outputs for the loss's floor: %s", pmap_last_error());
+  CHECK(isfinite(size), "the outputs' size: %s", pmap_last_error());
   free(out);
-  return floor;
+  return size;
+}
+
+static double loss_scale(double loss, double size, int labels, double kappa) {
+  loss = fabs(loss);
+  return fmax(loss, size * (labels ? fmin(1.0, loss) : sqrt(loss)) / kappa);
 }
 
 /* Trains STEPS steps of global batch xs, ys on `devices` devices; losses into loss (and with
- * floor non-NULL each step's loss floor for kappa), the parameters of the last device returned;
- * checks every replica holds the same parameters. */
+ * size non-NULL each step's output size), the parameters of the last device returned; checks
+ * every replica holds the same parameters. */
 static float *train(pmap_model *m, const pmap_optimizer *opt, int devices, const pmap_array *xs,
-                    const pmap_array *ys, float *loss, double *floor, double kappa) {
+                    const pmap_array *ys, float *loss, double *size) {
   run r;
   if (!run_open(&r, m, devices, opt)) return NULL;
   for (int s = 0; s < STEPS; s++) {
-    if (floor) floor[s] = loss_floor(&r, m, xs, ys, kappa);
+    if (size) size[s] = output_size(&r, m, xs, ys);
     CHECK_OK(pmap_update(r.params, xs, ys, &loss[s]));
   }
   float *w = read_params(&r, devices - 1), *w0 = read_params(&r, 0);
@@ -187,22 +190,23 @@ static float *train(pmap_model *m, const pmap_optimizer *opt, int devices, const
 /* Losses and parameters on N = 2, 3, 4 devices against 1 device. The runs differ in the order of
  * their float sums only (each device sums its shard, the all-reduce the devices, batch norm's
  * statistics likewise): every step's loss within bound_order32(bm, rows, s + 1) of 1 device's
- * (relative to max(loss, floor)), the parameters within bound_order32(bm, rows, STEPS)
+ * (relative to max(L, S / kappa)), the parameters within bound_order32(bm, rows, STEPS)
  * (tests/bounds.h, docs/tolerances.md). */
 static void check_equivalence(const char *name, pmap_model *m, const pmap_optimizer *opt,
                               const pmap_array *xs, const pmap_array *ys, const bound_model *bm) {
   float loss1[STEPS], lossn[STEPS];
-  double floor[STEPS], rows = (double)xs->shape[0];
-  float *w1 = train(m, opt, 1, xs, ys, loss1, floor, bm->kappa);
+  double size[STEPS], rows = (double)xs->shape[0];
+  float *w1 = train(m, opt, 1, xs, ys, loss1, size);
   size_t p = pmap_model_num_params(m);
   double params = bound_order32(bm, rows, STEPS);
   for (int n = 2; w1 && n <= 4; n++) {
     if (TEST_UNDER_TSAN && n != 3) continue; /* every layer on 3 devices there (testutil.h) */
-    float *wn = train(m, opt, n, xs, ys, lossn, NULL, 0.0);
+    float *wn = train(m, opt, n, xs, ys, lossn, NULL);
     if (!wn) break;
     double el = 0, bl = 1, worst = 0; /* the step whose loss is nearest its bound */
     for (int s = 0; s < STEPS; s++) {
-      double e = fabs((double)lossn[s] - loss1[s]) / fmax(fabs((double)loss1[s]), floor[s]);
+      double den = loss_scale(loss1[s], size[s], ys->dtype != PMAP_F32, bm->kappa);
+      double e = fabs((double)lossn[s] - loss1[s]) / den;
       double b = bound_order32(bm, rows, s + 1);
       if (!(e / b <= worst)) worst = e / b, el = e, bl = b;
     }
@@ -234,7 +238,7 @@ static void example_equivalence(const char *name, int64_t batch) {
 
 /* The built models' paths, counted as tests/bounds.h counts the examples' (a GEMM layer of a
  * inputs and b outputs adds a + b to k_path and 1 to k_batch, a batch norm 2 to k_batch); MSE on
- * targets U(-1, 1), kappa 10 as the examples' MSE models (the loss floor covers the rest). */
+ * targets U(-1, 1), kappa 10 as the examples' MSE models (loss_scale covers a loss that falls). */
 static const bound_model bn_path = {"batch norm", (12 + 16) + (16 + 4), 1 + 2 + 1, 0, 0, 0, 10, 1};
 static const bound_model dropout_path = {"dropout", (12 + 32) + (32 + 4), 1 + 1, 0, 0, 0, 10, 1};
 
@@ -263,8 +267,8 @@ static void local_batchnorm_differs(void) {
   random_data(m, 24, in, 1, &xs, &ys, 9);
   pmap_optimizer opt = pmap_sgd(0.05f, 0.0f);
   float l1[STEPS], l2[STEPS];
-  float *w1 = train(m, &opt, 1, &xs, &ys, l1, NULL, 0.0);
-  float *w2 = train(m, &opt, 2, &xs, &ys, l2, NULL, 0.0);
+  float *w1 = train(m, &opt, 1, &xs, &ys, l1, NULL);
+  float *w2 = train(m, &opt, 2, &xs, &ys, l2, NULL);
   /* More than the order of the sums alone could move the first loss (bn_path's bound). */
   double order = bound_order32(&bn_path, 24, 1) * fabs((double)l1[0]);
   CHECK(w1 && w2 && fabs((double)l1[0] - l2[0]) > order,

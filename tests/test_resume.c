@@ -13,38 +13,41 @@
 
 static char dir[256], path[300];
 
-/* The loss's floor at the parameters s holds, on batch `b` of its data (test_equiv.c's
- * loss_floor): bound_order32 takes the loss to move by kappa times the relative change of the
- * outputs; near a loss of 0 its condition passes kappa, so the loss's difference is taken
- * relative to max(loss, floor). Cross-entropy: |dL| <= 2 min(1, L) max|dz|, floor
- * 2 max|z| / kappa; MSE: |dL| <= 2 sqrt(L) rms(dy), floor (2 rms(y) / kappa)^2. */
-static double loss_floor(state *s, int64_t b, double kappa) {
+/* A loss's difference is taken relative to max(L, S / kappa), S bounding |dL| / e for a relative
+ * change e of the outputs (test_equiv.c's loss_scale): bound_order32 takes the loss to move by
+ * kappa e. Cross-entropy: S = 2 max|z| min(1, L); MSE: S = 2 rms(y) sqrt(L). output_size gives
+ * 2 max|z| or 2 rms(y) from pmap_predict at the parameters s holds, on batch `b` of its data. */
+static double output_size(state *s, int64_t b) {
   int rank;
   int64_t shape[PMAP_MAX_RANK], osh[PMAP_MAX_RANK] = {s->batch};
   pmap_model_output_shape(s->model, &rank, shape);
-  size_t n = (size_t)s->batch;
+  size_t n = (size_t)s->batch, row = (size_t)(pmap_array_numel(&s->xs) / s->rows);
   for (int i = 0; i < rank; i++) n *= (size_t)(osh[i + 1] = shape[i]);
   pmap_array x = s->xs;
-  x.data = (char *)s->xs.data +
-           (size_t)(b * s->batch) * (size_t)(pmap_array_numel(&s->xs) / s->rows) * 4;
+  x.data = (char *)s->xs.data + (size_t)(b * s->batch) * row * 4;
   x.shape[0] = s->batch;
   float *out = malloc(n * sizeof *out);
   pmap_array o = pmap_array_f32(out, rank + 1, osh);
-  double floor = INFINITY;
+  double size = INFINITY;
   if (out && pmap_predict(s->params, &x, &o) == PMAP_SUCCESS) {
     double most = 0.0, sq = 0.0;
     for (size_t i = 0; i < n; i++)
       most = fmax(most, fabs((double)out[i])), sq += (double)out[i] * out[i];
-    floor = s->ys.dtype == PMAP_F32 ? 4.0 * (sq / (double)n) / (kappa * kappa) : 2.0 * most / kappa;
+    size = s->ys.dtype != PMAP_F32 ? 2.0 * most : 2.0 * sqrt(sq / (double)n);
   }
-  CHECK(isfinite(floor), "the outputs for the loss's floor: %s", pmap_last_error());
+  CHECK(isfinite(size), "the outputs' size: %s", pmap_last_error());
   free(out);
-  return floor;
+  return size;
+}
+
+static double loss_scale(double loss, double size, int labels, double kappa) {
+  loss = fabs(loss);
+  return fmax(loss, size * (labels ? fmin(1.0, loss) : sqrt(loss)) / kappa);
 }
 
 /* 40 straight steps on n1 devices against 20 on n1, save, load on n2 (fresh state of another
  * seed), 20 more. On another device count the last 20 steps sum in another order: the
- * parameters and the last loss (relative to max(loss, floor)) within
+ * parameters and the last loss (relative to max(L, S / kappa)) within
  * bound_order32(model, batch, 20) of the straight run's. */
 static void resume(const char *name, const pmap_optimizer *opt, int n1, int n2, int64_t batch,
                    int64_t rows) {
@@ -62,7 +65,7 @@ static void resume(const char *name, const pmap_optimizer *opt, int n1, int n2, 
     return;
   float l_full = NAN, l_res = NAN;
   state_train(&full, 0, 39, NULL);
-  double floor = loss_floor(&full, 39 % (rows / batch), bm->kappa);
+  double size = output_size(&full, 39 % (rows / batch)); /* at the last loss's parameters */
   state_train(&full, 39, 40, &l_full);
   state_train(&first, 0, 20, NULL);
   CHECK_OK(pmap_params_save(first.params, path));
@@ -89,7 +92,8 @@ static void resume(const char *name, const pmap_optimizer *opt, int n1, int n2, 
     CHECK(!memcmp(&l_full, &l_res, sizeof l_full), "%s: loss %.9g vs %.9g", what, (double)l_res,
           (double)l_full);
   } else {
-    double el = fabs((double)l_full - (double)l_res) / fmax(fabs((double)l_full), floor);
+    double el = fabs((double)l_full - (double)l_res) /
+                loss_scale(l_full, size, full.ys.dtype != PMAP_F32, bm->kappa);
     printf("%-42s parameters %.2e, loss %.2e (bound %.2e)\n", what, worst, el, bound);
     CHECK(el <= bound, "%s: loss %.9g vs %.9g: %.3g > %.3g", what, (double)l_res, (double)l_full,
           el, bound);
