@@ -248,7 +248,7 @@ static void check_decay(const pmap_optimizer *opt, int n, int shard, const char 
   CHECK_OK(pmap_update(p, &xs, &ys, &loss));
   for (int d = 0; d < n; d++) {
     CHECK_OK(pmap_params_read(p, d, w, 6));
-    /* The step takes 1 - 0.9f = 0.1f + 2.4e-8 and rounds twice; the statistics' sums of 2 exact
+    /* The step takes 1 - 0.9f = 0.1f + 2.2e-8 and rounds twice; the statistics' sums of 2 exact
      * values are exact: within 1e-7 of these. */
     float mean = 0.9f * 0.0f + 0.1f * 2.0f, var = 0.9f * 1.0f + 0.1f * 1.0f;
     CHECK(fabsf(w[2] - mean) <= 1e-7f && fabsf(w[3] - var) <= 1e-7f,
