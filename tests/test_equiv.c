@@ -184,7 +184,7 @@ int main(void) {
           double den = loss_scale(ref.loss[s], ref.size[s], ref.labels, bm->kappa);
           double e = fabs((double)r.loss[s] - ref.loss[s]) / den;
           double b = bound_order32(bm, (double)batch, s + 1);
-          if (!(e / b <= worst)) worst = e / b, el = e, bl = b;
+          if (!(e / b <= worst) && !isnan(worst)) worst = e / b, el = e, bl = b; /* NaN stays */
         }
         printf("%-9s %7d  %-8.2e (%-8.2e)   %-8.2e (%-8.2e)   %-8.2e (%-8.2e)\n", model, d, e1, one,
                ew, params, el, bl);

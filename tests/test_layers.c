@@ -208,7 +208,7 @@ static void check_equivalence(const char *name, pmap_model *m, const pmap_optimi
       double den = loss_scale(loss1[s], size[s], ys->dtype != PMAP_F32, bm->kappa);
       double e = fabs((double)lossn[s] - loss1[s]) / den;
       double b = bound_order32(bm, rows, s + 1);
-      if (!(e / b <= worst)) worst = e / b, el = e, bl = b;
+      if (!(e / b <= worst) && !isnan(worst)) worst = e / b, el = e, bl = b; /* NaN stays */
     }
     double ew = test_rel_err(wn, w1, p);
     printf("%-42s %d devices: losses %.2e (bound %.2e), parameters %.2e (bound %.2e)\n", name, n,

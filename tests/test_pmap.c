@@ -115,7 +115,7 @@ static void check_equivalence(const char *model, int64_t batch, int steps) {
         double den = loss_scale(ref_loss[s], size[s], r.ys.dtype != PMAP_F32, bm->kappa);
         double e = fabs((double)loss[s] - ref_loss[s]) / den;
         double b = bound_order32(bm, (double)batch, s + 1);
-        if (!(e / b <= worst)) worst = e / b, el = e, bl = b;
+        if (!(e / b <= worst) && !isnan(worst)) worst = e / b, el = e, bl = b; /* NaN stays */
       }
       double ew = test_rel_err(w, ref_w, p), bw = bound_order32(bm, (double)batch, steps);
       printf("%-8s %d devices vs 1: losses %.2e (bound %.2e), parameters %.2e (bound %.2e)\n",
