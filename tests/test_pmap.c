@@ -1,6 +1,8 @@
 /* test_pmap.c: pmap end to end on CPU virtual devices: N devices equal 1 device on the same
- * global batch, replicas stay bitwise identical, runs reproduce, the first steps match a float64
- * host reference (loss, SGD and Adam with their state kept), and pmap_predict gathers in order. */
+ * global batch (within the bound of sums in another order, tests/bounds.h), replicas stay
+ * bitwise identical, runs reproduce, the first steps match a float64 host reference (loss, SGD
+ * and Adam with their state kept), and pmap_predict gathers in order. */
+#include "bounds.h"
 #include "pmap_examples.h"
 #include "testutil.h"
 
@@ -8,6 +10,8 @@ typedef struct run {
   pmap_ctx *ctx;
   pmap_params *params;
   pmap_array xs, ys;
+  int out_rank; /* the model's output shape per row */
+  int64_t out_shape[PMAP_MAX_RANK];
 } run;
 
 static int run_open(run *r, const char *model, int devices, int64_t rows, uint64_t seed,
@@ -25,6 +29,7 @@ static int run_open(run *r, const char *model, int devices, int64_t rows, uint64
     pmap_model_destroy(m);
     return 0;
   }
+  pmap_model_output_shape(m, &r->out_rank, r->out_shape);
   pmap_model_destroy(m); /* params keep their own copy */
   return 1;
 }
@@ -51,32 +56,73 @@ static float *read_params(run *r, int device) {
   return w;
 }
 
-/* N devices against 1 on the same batches: losses and parameters after `steps` steps. */
+/* A loss's difference is taken relative to max(L, S / kappa), S bounding |dL| / e for a relative
+ * change e of the outputs (test_equiv.c's loss_scale): bound_order32 takes the loss to move by
+ * kappa e. Cross-entropy: S = 2 max|z| min(1, L); MSE: S = 2 rms(y) sqrt(L). output_size gives
+ * 2 max|z| or 2 rms(y) from pmap_predict on the batch at the parameters r holds. */
+static double output_size(run *r, const pmap_array *x, const pmap_array *y) {
+  int64_t osh[PMAP_MAX_RANK] = {x->shape[0]};
+  size_t n = (size_t)x->shape[0];
+  for (int i = 0; i < r->out_rank; i++) n *= (size_t)(osh[i + 1] = r->out_shape[i]);
+  float *out = malloc(n * sizeof *out);
+  pmap_array o = pmap_array_f32(out, r->out_rank + 1, osh);
+  double size = INFINITY;
+  if (out && pmap_predict(r->params, x, &o) == PMAP_SUCCESS) {
+    double most = 0.0, sq = 0.0;
+    for (size_t i = 0; i < n; i++)
+      most = fmax(most, fabs((double)out[i])), sq += (double)out[i] * out[i];
+    size = y->dtype != PMAP_F32 ? 2.0 * most : 2.0 * sqrt(sq / (double)n);
+  }
+  CHECK(isfinite(size), "the outputs' size: %s", pmap_last_error());
+  free(out);
+  return size;
+}
+
+static double loss_scale(double loss, double size, int labels, double kappa) {
+  loss = fabs(loss);
+  return fmax(loss, size * (labels ? fmin(1.0, loss) : sqrt(loss)) / kappa);
+}
+
+/* N devices against 1 on the same batches; they differ in the order of their float sums only:
+ * every step's loss within bound_order32(model, batch, s + 1) of 1 device's (relative to
+ * max(L, S / kappa)), the parameters after `steps` steps within bound_order32(model, batch,
+ * steps). */
 static void check_equivalence(const char *model, int64_t batch, int steps) {
   const int counts[] = {1, 2, 3, 4, 8};
+  const bound_model *bm = bound_model_of(model);
   float *ref_w = NULL, ref_loss[64];
+  double size[64];
   size_t p = 0;
-  for (size_t c = 0; c < sizeof counts / sizeof *counts; c++) {
+  CHECK(bm != NULL, "%s: no bound", model);
+  for (size_t c = 0; bm && c < sizeof counts / sizeof *counts; c++) {
     run r;
     if (!run_open(&r, model, counts[c], 2 * batch, 7, NULL)) return;
     float loss[64];
     for (int s = 0; s < steps; s++) {
       pmap_array xb = rows_of(&r.xs, (s % 2) * batch, batch),
                  yb = rows_of(&r.ys, (s % 2) * batch, batch);
+      if (!ref_w) size[s] = output_size(&r, &xb, &yb);
       CHECK_OK(pmap_update(r.params, &xb, &yb, &loss[s]));
     }
     float *w = read_params(&r, counts[c] - 1);
     p = pmap_params_count(r.params);
-    char what[128];
     if (!ref_w) {
       ref_w = w;
       memcpy(ref_loss, loss, sizeof loss);
     } else {
-      snprintf(what, sizeof what, "%s: loss per step, %d devices vs 1", model, counts[c]);
-      test_close_f(what, loss, ref_loss, (size_t)steps, 1e-4);
-      snprintf(what, sizeof what, "%s: parameters after %d steps, %d devices vs 1", model, steps,
-               counts[c]);
-      test_close_f(what, w, ref_w, p, 1e-4);
+      double el = 0, bl = 1, worst = 0; /* the step whose loss is nearest its bound */
+      for (int s = 0; s < steps; s++) {
+        double den = loss_scale(ref_loss[s], size[s], r.ys.dtype != PMAP_F32, bm->kappa);
+        double e = fabs((double)loss[s] - ref_loss[s]) / den;
+        double b = bound_order32(bm, (double)batch, s + 1);
+        if (!(e / b <= worst) && !isnan(worst)) worst = e / b, el = e, bl = b; /* NaN stays */
+      }
+      double ew = test_rel_err(w, ref_w, p), bw = bound_order32(bm, (double)batch, steps);
+      printf("%-8s %d devices vs 1: losses %.2e (bound %.2e), parameters %.2e (bound %.2e)\n",
+             model, counts[c], el, bl, ew, bw);
+      CHECK(worst <= 1.0, "%s: a loss on %d devices vs 1: %.3g > %.3g", model, counts[c], el, bl);
+      CHECK(ew <= bw, "%s: parameters after %d steps on %d devices vs 1: %.3g > %.3g", model, steps,
+            counts[c], ew, bw);
       free(w);
     }
     run_close(&r);
@@ -115,7 +161,10 @@ static void check_identical(const char *model, int devices, int64_t batch, int s
 }
 
 /* linear: the loss and the parameters of the first steps against float64 on the host, for SGD
- * and for Adam (whose moments must persist across steps). */
+ * and for Adam (whose moments must persist across steps). A float sum errs from the exact one by
+ * about u sqrt(k / 2), less than two float orders differ (u sqrt(k)): the loss and the parameters
+ * of step s within bound_order32(linear, 48, s) of float64 (its forward pass and the s - 1
+ * steps before it; rows of 1 product and 1 bias each, sums over 48 rows in 4 shards). */
 static void check_linear_reference(const pmap_optimizer *opt, const char *name) {
   const int64_t b = 48;
   const int steps = 5;
@@ -125,6 +174,7 @@ static void check_linear_reference(const pmap_optimizer *opt, const char *name) 
   CHECK_OK(pmap_params_read(r.params, 0, w0, 2));
   double w = w0[0], bias = w0[1], m[2] = {0, 0}, v[2] = {0, 0};
   const float *x = r.xs.data, *y = r.ys.data;
+  double worst[2] = {0, 0}, at[2][2] = {{0, 1}, {0, 1}}; /* the loss's and (w, b)'s nearest */
   for (int s = 1; s <= steps; s++) {
     double loss = 0, gw = 0, gb = 0;
     for (int64_t i = 0; i < b; i++) {
@@ -148,14 +198,21 @@ static void check_linear_reference(const pmap_optimizer *opt, const char *name) 
     float got;
     CHECK_OK(pmap_update(r.params, &r.xs, &r.ys, &got));
     char what[96];
+    double bound = bound_order32(bound_model_of("linear"), (double)b, s);
     snprintf(what, sizeof what, "linear %s: loss of step %d", name, s);
-    test_close(what, &got, &loss, 1, 1e-5);
+    test_close(what, &got, &loss, 1, bound);
     float now[2];
     double want[2] = {w, bias};
     CHECK_OK(pmap_params_read(r.params, 2, now, 2));
     snprintf(what, sizeof what, "linear %s: w, b after step %d", name, s);
-    test_close(what, now, want, 2, 1e-5);
+    test_close(what, now, want, 2, bound);
+    double e[2] = {fabs(got - loss) / fabs(loss),
+                   hypot(now[0] - want[0], now[1] - want[1]) / hypot(want[0], want[1])};
+    for (int k = 0; k < 2; k++)
+      if (e[k] / bound > worst[k]) worst[k] = e[k] / bound, at[k][0] = e[k], at[k][1] = bound;
   }
+  printf("linear %-12s vs float64, %d steps: losses %.2e (bound %.2e), w, b %.2e (bound %.2e)\n",
+         name, steps, at[0][0], at[0][1], at[1][0], at[1][1]);
   run_close(&r);
 }
 
@@ -171,12 +228,26 @@ static void check_predict(void) {
   pmap_array o = pmap_array_f32(out, 2, shape);
   for (int i = 0; i < b; i++) out[i] = NAN;
   CHECK_OK(pmap_predict(r.params, &r.xs, &o));
-  for (int i = 0; i < b; i++) want[i] = (double)w[0] * ((float *)r.xs.data)[i] + w[1];
-  test_close("predict: w x + b in batch order", out, want, (size_t)b, 1e-6);
+  /* Each output is w x rounded, plus b rounded (or one fused rounding): within
+   * u (2 |w x| + |b|) <= 2 u (|w x| + |b|) of the exact value. */
+  double most = 0.0, norm = 0.0;
+  for (int i = 0; i < b; i++) {
+    double wx = (double)w[0] * ((float *)r.xs.data)[i];
+    want[i] = wx + w[1];
+    most += (fabs(wx) + fabs((double)w[1])) * (fabs(wx) + fabs((double)w[1]));
+    norm += want[i] * want[i];
+  }
+  double bound = 2.0 * BOUND_U32 * sqrt(most / fmax(norm, 1e-300));
+  if (test_close("predict: w x + b in batch order", out, want, (size_t)b, bound)) {
+    double e = 0;
+    for (int i = 0; i < b; i++) e += (out[i] - want[i]) * (out[i] - want[i]);
+    printf("predict vs float64: %.2e (bound %.2e)\n", sqrt(e / fmax(norm, 1e-300)), bound);
+  }
   run_close(&r);
 }
 
-/* A larger batch after a smaller one grows the arena; the result still equals 1 device. */
+/* A larger batch after a smaller one grows the arena; the result still equals 1 device, within
+ * the bound of 4 steps summed in another order (bound_order32 at the largest batch, 96 rows). */
 static void check_batch_sizes(void) {
   const int64_t sizes[] = {24, 96, 24, 48};
   float *w[2];
@@ -188,9 +259,13 @@ static void check_batch_sizes(void) {
       CHECK_OK(pmap_update(r.params, &xb, &yb, NULL));
     }
     w[k] = read_params(&r, 0);
-    if (k)
-      test_close_f("mlp: changing batch sizes, 4 devices vs 1", w[1], w[0],
-                   pmap_params_count(r.params), 1e-4);
+    if (k) {
+      size_t p = pmap_params_count(r.params);
+      double bound = bound_order32(bound_model_of("mlp"), 96, 4);
+      printf("mlp, changing batch sizes, 4 devices vs 1: %.2e (bound %.2e)\n",
+             test_rel_err(w[1], w[0], p), bound);
+      test_close_f("mlp: changing batch sizes, 4 devices vs 1", w[1], w[0], p, bound);
+    }
     run_close(&r);
   }
   free(w[0]);
