@@ -89,17 +89,8 @@ typedef struct trained {
 /* 2 rms(y) of the net's outputs on `rows` rows at parameters w, for loss_scale. */
 static double output_size(const float *w, const float *x, int64_t rows) {
   float hid[ROWS * H], y[ROWS * K];
-  double sq = 0.0;
   tanh_net_forward(&NET, w, x, rows, hid, y);
-  for (int64_t i = 0; i < rows * K; i++) sq += (double)y[i] * y[i];
-  return 2.0 * sqrt(sq / (double)(rows * K));
-}
-
-/* A loss's difference is taken relative to max(L, S / kappa), S = 2 rms(y) sqrt(L) bounding
- * |dL| / e of the MSE for a relative change e of the outputs (test_equiv.c's loss_scale):
- * bound_order32 takes the loss to move by kappa e. */
-static double loss_scale(double loss, double size) {
-  return fmax(fabs(loss), size * sqrt(fabs(loss)) / tanh_path.kappa);
+  return bound_output_size(y, (size_t)(rows * K), 0);
 }
 
 /* 20 Adam steps on `n` devices (uneven: a global batch of `rows`), `micro` micro-batches. */
@@ -174,7 +165,8 @@ static void test_devices(void) {
       trained got = train(n, 19, micro, 1);
       snprintf(what, sizeof what, "custom: 19 rows on %d devices, micro %d vs 1 device", n, micro);
       if (!got.ok || !ref.ok) continue;
-      double el = fabs((double)got.loss - ref.loss) / loss_scale(ref.loss, ref.size);
+      double el = fabs((double)got.loss - ref.loss) /
+                  bound_loss_scale(ref.loss, ref.size, 0, tanh_path.kappa);
       printf("%-46s parameters %.2e, loss %.2e (bound %.2e)\n", what, test_rel_err(got.w, ref.w, P),
              el, bound19);
       test_close_f(what, got.w, ref.w, P, bound19);

@@ -48,41 +48,8 @@ static double rel_err(const float *a, const float *b, size_t n) {
   return norm2(a, b, n) / (den > 1e-30 ? den : 1e-30);
 }
 
-/* A loss's difference is taken relative to max(L, S / kappa), S bounding |dL| / e for a relative
- * change e of the model's outputs: bound_order32 takes the loss to move by kappa e with
- * bound_models' constant kappa, which S / kappa > L would exceed.
- * - Softmax cross-entropy (labels): per row dL = sum_j (p_j - y_j) dz_j and
- *   sum_j |p_j - y_j| = 2 (1 - p_y) <= 2 min(1, L) (as 1 - p <= -ln p): S = 2 max|z| min(1, L).
- *   The logits grow to 10 to 30 here while the loss falls to 1e-3.
- * - MSE (f32 targets): |dL| <= 2 sqrt(L) rms(dy): S = 2 rms(y) sqrt(L).
- * output_size gives 2 max|z| or 2 rms(y), from pmap_predict on the step's batch at the step's
- * parameters (batch norm's from its running statistics, standing in for the training pass's). */
-static double output_size(pmap_params *p, const pmap_model *m, const pmap_array *x,
-                          const pmap_array *y) {
-  int rank;
-  int64_t shape[PMAP_MAX_RANK], osh[PMAP_MAX_RANK] = {x->shape[0]};
-  pmap_model_output_shape(m, &rank, shape);
-  size_t n = (size_t)x->shape[0];
-  for (int i = 0; i < rank; i++) n *= (size_t)(osh[i + 1] = shape[i]);
-  float *out = malloc(n * sizeof *out);
-  pmap_array o = pmap_array_f32(out, rank + 1, osh);
-  double size = INFINITY;
-  if (out && pmap_predict(p, x, &o) == PMAP_SUCCESS) {
-    double most = 0.0, sq = 0.0;
-    for (size_t i = 0; i < n; i++)
-      most = fmax(most, fabs((double)out[i])), sq += (double)out[i] * out[i];
-    size = y->dtype == PMAP_F32 ? 2.0 * sqrt(sq / (double)n) : 2.0 * most;
-  }
-  CHECK(isfinite(size), "the outputs' size: %s", pmap_last_error());
-  free(out);
-  return size;
-}
-
-/* max(L, S / kappa) for a loss L whose outputs had the size above. */
-static double loss_scale(double loss, double size, int labels, double kappa) {
-  loss = fabs(loss);
-  return fmax(loss, size * (labels ? fmin(1.0, loss) : sqrt(loss)) / kappa);
-}
+/* Losses compare relative to bound_loss_scale (tests/bounds.h): the outputs' size bounds how
+ * much a loss near 0 moves. */
 
 /* Trains `model` STEPS steps on `devices` devices (global batch `batch`) into r; with `sizes`
  * also every step's output size. */
@@ -111,7 +78,7 @@ static int train(const char *model, int64_t batch, int devices, int sizes, run *
     x.data = (char *)xs.data + (size_t)((s % 2) * batch * xrow) * 4;
     y.data = (char *)ys.data + (size_t)((s % 2) * batch * yrow) * 4;
     x.shape[0] = y.shape[0] = batch;
-    if (sizes) r->size[s] = output_size(params, m, &x, &y);
+    if (sizes) r->size[s] = test_output_size(params, m, &x, &y);
     st = pmap_update(params, &x, &y, &r->loss[s]);
     if (!st && s == 0) st = pmap_params_read(params, devices - 1, r->w1, n);
   }
@@ -181,7 +148,7 @@ int main(void) {
         double e1 = rel_err(r.w1, ref.w1, n), ew = rel_err(r.w, ref.w, n);
         double el = 0, bl = 0, worst = 0; /* the step whose loss is nearest its bound */
         for (int s = 0; s < STEPS; s++) {
-          double den = loss_scale(ref.loss[s], ref.size[s], ref.labels, bm->kappa);
+          double den = bound_loss_scale(ref.loss[s], ref.size[s], ref.labels, bm->kappa);
           double e = fabs((double)r.loss[s] - ref.loss[s]) / den;
           double b = bound_order32(bm, (double)batch, s + 1);
           if (!(e / b <= worst) && !isnan(worst)) worst = e / b, el = e, bl = b; /* NaN stays */

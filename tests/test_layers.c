@@ -137,35 +137,8 @@ static void random_data(const pmap_model *m, int64_t rows, const int64_t *in, in
   *ys = (pmap_array){y, PMAP_F32, 2, {rows, k, 0, 0}};
 }
 
-/* A loss's difference is taken relative to max(L, S / kappa), S bounding |dL| / e for a relative
- * change e of the outputs (test_equiv.c's loss_scale): bound_order32 takes the loss to move by
- * kappa e. Cross-entropy: S = 2 max|z| min(1, L); MSE: S = 2 rms(y) sqrt(L). output_size gives
- * 2 max|z| or 2 rms(y) at the parameters r holds, from pmap_predict (batch norm's from its
- * running statistics, standing in for the training pass's). */
-static double output_size(run *r, const pmap_model *m, const pmap_array *xs, const pmap_array *ys) {
-  int rank;
-  int64_t shape[PMAP_MAX_RANK], osh[PMAP_MAX_RANK] = {xs->shape[0]};
-  pmap_model_output_shape(m, &rank, shape);
-  size_t n = (size_t)xs->shape[0];
-  for (int i = 0; i < rank; i++) n *= (size_t)(osh[i + 1] = shape[i]);
-  float *out = malloc(n * sizeof *out);
-  pmap_array o = pmap_array_f32(out, rank + 1, osh);
-  double size = INFINITY;
-  if (out && pmap_predict(r->params, xs, &o) == PMAP_SUCCESS) {
-    double most = 0.0, sq = 0.0;
-    for (size_t i = 0; i < n; i++)
-      most = fmax(most, fabs((double)out[i])), sq += (double)out[i] * out[i];
-    size = ys->dtype == PMAP_F32 ? 2.0 * sqrt(sq / (double)n) : 2.0 * most;
-  }
-  CHECK(isfinite(size), "the outputs' size: %s", pmap_last_error());
-  free(out);
-  return size;
-}
-
-static double loss_scale(double loss, double size, int labels, double kappa) {
-  loss = fabs(loss);
-  return fmax(loss, size * (labels ? fmin(1.0, loss) : sqrt(loss)) / kappa);
-}
+/* Losses compare relative to bound_loss_scale (tests/bounds.h): the outputs' size bounds how
+ * much a loss near 0 moves. */
 
 /* Trains STEPS steps of global batch xs, ys on `devices` devices; losses into loss (and with
  * size non-NULL each step's output size), the parameters of the last device returned; checks
@@ -175,7 +148,7 @@ static float *train(pmap_model *m, const pmap_optimizer *opt, int devices, const
   run r;
   if (!run_open(&r, m, devices, opt)) return NULL;
   for (int s = 0; s < STEPS; s++) {
-    if (size) size[s] = output_size(&r, m, xs, ys);
+    if (size) size[s] = test_output_size(r.params, m, xs, ys);
     CHECK_OK(pmap_update(r.params, xs, ys, &loss[s]));
   }
   float *w = read_params(&r, devices - 1), *w0 = read_params(&r, 0);
@@ -205,7 +178,7 @@ static void check_equivalence(const char *name, pmap_model *m, const pmap_optimi
     if (!wn) break;
     double el = 0, bl = 1, worst = 0; /* the step whose loss is nearest its bound */
     for (int s = 0; s < STEPS; s++) {
-      double den = loss_scale(loss1[s], size[s], ys->dtype != PMAP_F32, bm->kappa);
+      double den = bound_loss_scale(loss1[s], size[s], ys->dtype != PMAP_F32, bm->kappa);
       double e = fabs((double)lossn[s] - loss1[s]) / den;
       double b = bound_order32(bm, rows, s + 1);
       if (!(e / b <= worst) && !isnan(worst)) worst = e / b, el = e, bl = b; /* NaN stays */

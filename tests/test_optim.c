@@ -189,21 +189,8 @@ typedef struct result {
   int labels;
 } result;
 
-/* A loss's difference is taken relative to max(L, S / kappa), S bounding |dL| / e for a relative
- * change e of the outputs (test_equiv.c's loss_scale): bound_order32 takes the loss to move by
- * kappa e. Cross-entropy: S = 2 max|z| min(1, L); MSE: S = 2 rms(y) sqrt(L). */
-static double loss_scale(double loss, double size, int labels, double kappa) {
-  loss = fabs(loss);
-  return fmax(loss, size * (labels ? fmin(1.0, loss) : sqrt(loss)) / kappa);
-}
-
-/* 2 max|z| (labels) or 2 rms(y) of n outputs. */
-static double output_size(const float *out, size_t n, int labels) {
-  double most = 0.0, sq = 0.0;
-  for (size_t i = 0; i < n; i++)
-    most = fmax(most, fabs((double)out[i])), sq += (double)out[i] * out[i];
-  return labels ? 2.0 * most : 2.0 * sqrt(sq / (double)(n ? n : 1));
-}
+/* Losses compare relative to bound_loss_scale (tests/bounds.h): the outputs' size bounds how
+ * much a loss near 0 moves. */
 
 static result train_example(const char *name, int n, int64_t rows, int micro, int uneven) {
   result out = {NULL, 0.0f, NULL, 0, 0.0, 0};
@@ -231,7 +218,7 @@ static result train_example(const char *name, int n, int64_t rows, int micro, in
     for (int s = 0; s < 20; s++) {
       if (s == 19) { /* the outputs at the last loss's parameters */
         CHECK_OK(pmap_predict(p, &xs, &o));
-        out.size = output_size(out.pred, k, out.labels);
+        out.size = bound_output_size(out.pred, k, out.labels);
       }
       CHECK_OK(pmap_update(p, &xs, &ys, &out.loss));
     }
@@ -260,7 +247,7 @@ static void compare(const char *name, const char *what, result *got, const resul
   if (got->w && want->w && got->pred && want->pred) {
     double ew = test_rel_err(got->w, want->w, want->P);
     double el = fabs((double)got->loss - want->loss) /
-                loss_scale(want->loss, want->size, want->labels, bm ? bm->kappa : 1.0);
+                bound_loss_scale(want->loss, want->size, want->labels, bm ? bm->kappa : 1.0);
     double ep = test_rel_err(got->pred, want->pred, (size_t)(rows * k));
     printf("%-54s parameters %.2e, loss %.2e, predictions %.2e (bound %.2e)\n", what, ew, el, ep,
            bound);

@@ -56,10 +56,8 @@ static float *read_params(run *r, int device) {
   return w;
 }
 
-/* A loss's difference is taken relative to max(L, S / kappa), S bounding |dL| / e for a relative
- * change e of the outputs (test_equiv.c's loss_scale): bound_order32 takes the loss to move by
- * kappa e. Cross-entropy: S = 2 max|z| min(1, L); MSE: S = 2 rms(y) sqrt(L). output_size gives
- * 2 max|z| or 2 rms(y) from pmap_predict on the batch at the parameters r holds. */
+/* bound_output_size (tests/bounds.h, bound_loss_scale) of the outputs from pmap_predict on
+ * the batch at the parameters r holds. */
 static double output_size(run *r, const pmap_array *x, const pmap_array *y) {
   int64_t osh[PMAP_MAX_RANK] = {x->shape[0]};
   size_t n = (size_t)x->shape[0];
@@ -67,20 +65,11 @@ static double output_size(run *r, const pmap_array *x, const pmap_array *y) {
   float *out = malloc(n * sizeof *out);
   pmap_array o = pmap_array_f32(out, r->out_rank + 1, osh);
   double size = INFINITY;
-  if (out && pmap_predict(r->params, x, &o) == PMAP_SUCCESS) {
-    double most = 0.0, sq = 0.0;
-    for (size_t i = 0; i < n; i++)
-      most = fmax(most, fabs((double)out[i])), sq += (double)out[i] * out[i];
-    size = y->dtype != PMAP_F32 ? 2.0 * most : 2.0 * sqrt(sq / (double)n);
-  }
+  if (out && pmap_predict(r->params, x, &o) == PMAP_SUCCESS)
+    size = bound_output_size(out, n, y->dtype != PMAP_F32);
   CHECK(isfinite(size), "the outputs' size: %s", pmap_last_error());
   free(out);
   return size;
-}
-
-static double loss_scale(double loss, double size, int labels, double kappa) {
-  loss = fabs(loss);
-  return fmax(loss, size * (labels ? fmin(1.0, loss) : sqrt(loss)) / kappa);
 }
 
 /* N devices against 1 on the same batches; they differ in the order of their float sums only:
@@ -112,7 +101,7 @@ static void check_equivalence(const char *model, int64_t batch, int steps) {
     } else {
       double el = 0, bl = 1, worst = 0; /* the step whose loss is nearest its bound */
       for (int s = 0; s < steps; s++) {
-        double den = loss_scale(ref_loss[s], size[s], r.ys.dtype != PMAP_F32, bm->kappa);
+        double den = bound_loss_scale(ref_loss[s], size[s], r.ys.dtype != PMAP_F32, bm->kappa);
         double e = fabs((double)loss[s] - ref_loss[s]) / den;
         double b = bound_order32(bm, (double)batch, s + 1);
         if (!(e / b <= worst) && !isnan(worst)) worst = e / b, el = e, bl = b; /* NaN stays */

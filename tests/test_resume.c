@@ -13,10 +13,8 @@
 
 static char dir[256], path[300];
 
-/* A loss's difference is taken relative to max(L, S / kappa), S bounding |dL| / e for a relative
- * change e of the outputs (test_equiv.c's loss_scale): bound_order32 takes the loss to move by
- * kappa e. Cross-entropy: S = 2 max|z| min(1, L); MSE: S = 2 rms(y) sqrt(L). output_size gives
- * 2 max|z| or 2 rms(y) from pmap_predict at the parameters s holds, on batch `b` of its data. */
+/* bound_output_size (tests/bounds.h, bound_loss_scale) of the outputs from pmap_predict at
+ * the parameters s holds, on batch `b` of its data. */
 static double output_size(state *s, int64_t b) {
   int rank;
   int64_t shape[PMAP_MAX_RANK], osh[PMAP_MAX_RANK] = {s->batch};
@@ -29,20 +27,11 @@ static double output_size(state *s, int64_t b) {
   float *out = malloc(n * sizeof *out);
   pmap_array o = pmap_array_f32(out, rank + 1, osh);
   double size = INFINITY;
-  if (out && pmap_predict(s->params, &x, &o) == PMAP_SUCCESS) {
-    double most = 0.0, sq = 0.0;
-    for (size_t i = 0; i < n; i++)
-      most = fmax(most, fabs((double)out[i])), sq += (double)out[i] * out[i];
-    size = s->ys.dtype != PMAP_F32 ? 2.0 * most : 2.0 * sqrt(sq / (double)n);
-  }
+  if (out && pmap_predict(s->params, &x, &o) == PMAP_SUCCESS)
+    size = bound_output_size(out, n, s->ys.dtype != PMAP_F32);
   CHECK(isfinite(size), "the outputs' size: %s", pmap_last_error());
   free(out);
   return size;
-}
-
-static double loss_scale(double loss, double size, int labels, double kappa) {
-  loss = fabs(loss);
-  return fmax(loss, size * (labels ? fmin(1.0, loss) : sqrt(loss)) / kappa);
 }
 
 /* 40 straight steps on n1 devices against 20 on n1, save, load on n2 (fresh state of another
@@ -93,7 +82,7 @@ static void resume(const char *name, const pmap_optimizer *opt, int n1, int n2, 
           (double)l_full);
   } else {
     double el = fabs((double)l_full - (double)l_res) /
-                loss_scale(l_full, size, full.ys.dtype != PMAP_F32, bm->kappa);
+                bound_loss_scale(l_full, size, full.ys.dtype != PMAP_F32, bm->kappa);
     printf("%-42s parameters %.2e, loss %.2e (bound %.2e)\n", what, worst, el, bound);
     CHECK(el <= bound, "%s: loss %.9g vs %.9g: %.3g > %.3g", what, (double)l_res, (double)l_full,
           el, bound);

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bounds.h"
 #include "pmap.h"
 
 /* ThreadSanitizer runs the suite 10 to 20 times slower. Tests whose grids repeat the same
@@ -65,6 +66,30 @@ static inline int test_msg_names_call(const char *call_text, const char *msg) {
     CHECK(test_msg_names_call(#call, pmap_last_error()),                                           \
           "%s: message \"%s\" does not begin with the function called", #call, pmap_last_error()); \
   } while (0)
+
+/* bound_output_size of params' outputs on x (a model of m's output shape; y's dtype says which
+ * loss: labels or targets), from pmap_predict at the parameters it holds (batch norm's from its
+ * running statistics, standing in for the training pass's); INFINITY after a failed check. */
+static inline double test_output_size(pmap_params *params, const pmap_model *m, const pmap_array *x,
+                                      const pmap_array *y) {
+  int rank;
+  int64_t shape[PMAP_MAX_RANK], osh[PMAP_MAX_RANK] = {x->shape[0]};
+  pmap_model_output_shape(m, &rank, shape);
+  size_t n = (size_t)x->shape[0];
+  for (int i = 0; i < rank; i++) n *= (size_t)(osh[i + 1] = shape[i]);
+  float *out = malloc(n * sizeof *out);
+  pmap_array o = pmap_array_f32(out, rank + 1, osh);
+  double size = INFINITY;
+  if (out && pmap_predict(params, x, &o) == PMAP_SUCCESS)
+    size = bound_output_size(out, n, y->dtype != PMAP_F32);
+  test_checks++;
+  if (!isfinite(size)) {
+    test_failures++;
+    fprintf(stderr, "FAIL the outputs' size: %s\n", pmap_last_error());
+  }
+  free(out);
+  return size;
+}
 
 static inline int test_exit(const char *name) {
   printf("%s: %d checks, %d failed\n", name, test_checks, test_failures);
