@@ -288,7 +288,7 @@ static pmap_status probe_optimizer(pmap_device *dev, bench_probe *p) {
     double t0 = cli_now();
     if (len)
       PMAP_TRY(optimizer_apply(&pp->rep[d], &pp->opt, &h, p->w[d] + lo, p->grad[d] + lo,
-                               p->state[d], len, len));
+                               p->state[d], len, NULL, len));
     PMAP_TRY(pmap_device_download(dev, &sink, p->w[d], 1));
     PMAP_TRY(pmap_barrier(dev));
     if (d == 0) p->t[(*p->nt)++] = cli_now() - t0;
@@ -500,7 +500,7 @@ static pmap_status loop_step(bench_loop *l, float *loss, double *t_opt) {
   pmap_step_hyper h = optimizer_hyper(&l->opt, l->t);
   for (int k = 0; k < l->n_spans; k++) {
     size_t a = l->spans[k].off, n = l->spans[k].len;
-    PMAP_TRY(optimizer_apply(r, &l->opt, &h, r->w + a, r->g + a, r->opt + a, P, n));
+    PMAP_TRY(optimizer_apply(r, &l->opt, &h, r->w + a, r->g + a, r->opt + a, P, NULL, n));
   }
   if (t_opt) *t_opt = cli_now() - t0;
   *loss = r->g[P];

@@ -49,6 +49,7 @@ static pmap_status upload_job(pmap_device *dev, void *arg) {
   size_t P = p->n_params, lo = 0, len = 0;
   state_part(p, d, &lo, &len);
   PMAP_TRY(backend_upload(dev, r->w, c->h.w, P * sizeof(float)));
+  replica_w_changed(r);
   for (int s = 0; s < p->opt_slots && len; s++)
     PMAP_TRY(backend_upload(dev, r->opt + (size_t)s * len, c->h.opt + (size_t)s * P + lo,
                             len * sizeof(float)));

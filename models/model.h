@@ -91,6 +91,10 @@ struct replica {
    * the scratch all layers share (model_tmp_rows floats per example: transient outputs, rounded
    * output gradients, attention's intermediates). */
   pmap_bf16 *w16;
+  /* 1: w16 already holds w's trained parameters rounded (the optimizer wrote it in its pass),
+   * so the next model_weights16 has nothing to do (and clears it); anything else that writes w
+   * clears it (replica_w_changed). */
+  int w16_fresh;
   pmap_bf16 **in16; /* (n_layers) */
   float *tmp;
   float **aux; /* (n_layers) each layer's scratch (layer.aux_rows, aux_fixed) */
@@ -126,6 +130,9 @@ size_t model_tmp_rows(const pmap_model *m);
 /* precision.c: r->w16 = r->w rounded (nothing under fp32): before the first forward pass of a
  * step or call. */
 pmap_status model_weights16(const pmap_model *m, replica *r);
+/* w was written by something other than the optimizer's pass (a load, a write, a gather): the
+ * next model_weights16 rounds it again. */
+static inline void replica_w_changed(replica *r) { r->w16_fresh = 0; }
 
 /* A GEMM operand of a layer under either policy: f (float, fp32) or h (bfloat16, bf16). */
 typedef struct layer_mat {

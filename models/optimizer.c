@@ -120,11 +120,13 @@ float params_norm_max(const pmap_params *p) {
   return p->guard && p->opt.kind != PMAP_OPT_SGD ? PMAP_ADAM_NORM_MAX : 0.0f;
 }
 
-/* state: slot s of these n parameters at state + s * stride. */
+/* state: slot s of these n parameters at state + s * stride; w16: their bf16 copy, written in
+ * the same pass (NULL: none). */
 pmap_status optimizer_apply(const replica *r, const pmap_optimizer *o, const pmap_step_hyper *h,
-                            float *w, const float *g, float *state, size_t stride, size_t n) {
-  if (o->kind == PMAP_OPT_SGD) return r->ops->sgd_step(r->q, w, g, state, n, h);
-  return r->ops->adam_step(r->q, w, g, state, state + stride, n, h);
+                            float *w, const float *g, float *state, size_t stride, pmap_bf16 *w16,
+                            size_t n) {
+  if (o->kind == PMAP_OPT_SGD) return r->ops->sgd_step(r->q, w, g, state, w16, n, h);
+  return r->ops->adam_step(r->q, w, g, state, state + stride, w16, n, h);
 }
 
 pmap_status optimizer_step_range(const pmap_params *p, replica *r, const pmap_step_hyper *h,
@@ -136,7 +138,8 @@ pmap_status optimizer_step_range(const pmap_params *p, replica *r, const pmap_st
     if (a >= b) continue;
     if (scale != 1.0f) PMAP_TRY(r->ops->scale(r->q, r->g + a, scale, b - a));
     float *state = r->opt ? r->opt + (a - lo) : NULL;
-    PMAP_TRY(optimizer_apply(r, &p->opt, h, r->w + a, r->g + a, state, len, b - a));
+    PMAP_TRY(optimizer_apply(r, &p->opt, h, r->w + a, r->g + a, state, len,
+                             r->w16 ? r->w16 + a : NULL, b - a));
   }
   return PMAP_SUCCESS;
 }

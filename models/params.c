@@ -51,6 +51,7 @@ void params_layout(pmap_params *p) {
 pmap_status params_gather(pmap_device *dev, pmap_params *p, int64_t step) {
   int d = pmap_local_index(dev), g = params_global(p, d);
   float *w = p->rep[d].w;
+  replica_w_changed(&p->rep[d]);
   if (runtime_fault(dev, FAULT_GATHER, step))
     return PMAP_ERR(PMAP_ERR_DEVICE,
                     "device %d: the all-gather of the parameters of step %lld failed (injected "

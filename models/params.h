@@ -110,10 +110,12 @@ pmap_step_hyper optimizer_hyper(const pmap_optimizer *o, int64_t t);
  * AdamW with the guard on), 0 for no limit. */
 float params_norm_max(const pmap_params *p);
 pmap_status optimizer_apply(const replica *r, const pmap_optimizer *o, const pmap_step_hyper *h,
-                            float *w, const float *g, float *state, size_t stride, size_t n);
+                            float *w, const float *g, float *state, size_t stride, pmap_bf16 *w16,
+                            size_t n);
 /* The step with settings h over the trained parameters among [lo, lo + len) of replica r, their
  * gradients scaled by `scale` first (1: not at all); r->opt holds the optimizer state of
- * [lo, lo + len), slot s at r->opt + s * len. The layers' state in the range is left alone. */
+ * [lo, lo + len), slot s at r->opt + s * len. The layers' state in the range is left alone.
+ * Under bf16 the same pass writes the updated weights' bfloat16 copy into r->w16. */
 pmap_status optimizer_step_range(const pmap_params *p, replica *r, const pmap_step_hyper *h,
                                  size_t lo, size_t len, float scale);
 

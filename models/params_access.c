@@ -110,6 +110,7 @@ static pmap_status write_job(pmap_device *dev, void *arg) {
   const write_call *c = arg;
   replica *r = &c->p->rep[pmap_local_index(dev)];
   PMAP_TRY(backend_upload(dev, r->w, c->src, c->p->n_params * sizeof(float)));
+  replica_w_changed(r);
   return backend_sync(dev);
 }
 

@@ -67,6 +67,10 @@ pmap_status layer_gemm_strided(const replica *r, int ta, int tb, int64_t m, int6
 
 pmap_status model_weights16(const pmap_model *m, replica *r) {
   if (!r->w16) return PMAP_SUCCESS;
+  if (r->w16_fresh) { /* the last step's optimizer wrote it in its own pass */
+    r->w16_fresh = 0;
+    return PMAP_SUCCESS;
+  }
   return r->ops->round_bf16(r->q, r->w, r->w16, NULL, m->n_params);
 }
 
@@ -95,6 +99,7 @@ static pmap_status precision_job(pmap_device *dev, void *arg) {
   replica_release(dev, r);
   backend_free(dev, r->w16);
   r->w16 = c->bf16 ? c->fresh[d] : NULL;
+  replica_w_changed(r);
   return PMAP_SUCCESS;
 }
 

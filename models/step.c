@@ -120,6 +120,7 @@ static pmap_status drift(pmap_device *dev, replica *r) {
   PMAP_TRY(backend_download(dev, &w0, r->w, sizeof w0));
   w0 = nextafterf(w0, INFINITY);
   PMAP_TRY(backend_upload(dev, r->w, &w0, sizeof w0));
+  replica_w_changed(r);
   return backend_sync(dev);
 }
 
@@ -233,6 +234,7 @@ static pmap_status replicated_step(pmap_device *dev, step_call *c, replica *r) {
   /* Apply. */
   PMAP_TRY(model_state_commit(p->model, r));
   PMAP_TRY(traced_optimizer(dev, p, r, c, 0, p->n_params, v.scale));
+  r->w16_fresh = r->w16 != NULL; /* the optimizer's pass wrote the next forward's weights */
   PMAP_TRY(inject(dev, c, r, AFTER_APPLY));
   if (pmap_local_index(dev) != 0) return backend_sync(dev);
   if (tail) {
@@ -269,6 +271,18 @@ static pmap_status sharded_tail(pmap_device *dev, const pmap_params *p, replica 
   return PMAP_SUCCESS;
 }
 
+/* Under bf16, after the gather: the optimizer's pass rounded this device's part [lo, lo + len)
+ * into w16; the parts the others stepped are rounded here, and w16 is then the next forward's. */
+static pmap_status weights16_around(const pmap_params *p, replica *r, size_t lo, size_t len) {
+  if (!r->w16) return PMAP_SUCCESS;
+  size_t end = lo + len;
+  if (lo) PMAP_TRY(r->ops->round_bf16(r->q, r->w, r->w16, NULL, lo));
+  if (end < p->n_params)
+    PMAP_TRY(r->ops->round_bf16(r->q, r->w + end, r->w16 + end, NULL, p->n_params - end));
+  r->w16_fresh = 1;
+  return PMAP_SUCCESS;
+}
+
 static pmap_status sharded_step(pmap_device *dev, step_call *c, replica *r) {
   pmap_params *p = c->p;
   const grad_layout *gl = &p->gl;
@@ -296,6 +310,7 @@ static pmap_status sharded_step(pmap_device *dev, step_call *c, replica *r) {
   params_part(p, pmap_axis_index(dev), &lo, &len);
   PMAP_TRY(traced_optimizer(dev, p, r, c, lo, len, v.scale));
   PMAP_TRY(params_gather(dev, p, c->t));
+  PMAP_TRY(weights16_around(p, r, lo, len));
   PMAP_TRY(inject(dev, c, r, AFTER_APPLY));
   return backend_sync(dev);
 }

@@ -50,12 +50,14 @@ PMAP_OP(mse, (op_queue *q, const float *pred, const float *t, size_t n, float *d
 PMAP_OP(softmax_xent, (op_queue *q, const float *logits, const int32_t *labels, int64_t rows,
                        int64_t k, float *dlogits, float *loss))
 /* w, g, v (n): SGD step (momentum, Nesterov, L2 weight decay: ops/op_math.h); v is read and
- * written only when h->momentum != 0. */
-PMAP_OP(sgd_step, (op_queue *q, float *w, const float *g, float *v, size_t n,
+ * written only when h->momentum != 0. w16 (n; NULL: none) = the updated w rounded to bfloat16
+ * (pmap_bf16_round), in the same pass: the bf16 policy's copy for the next forward. */
+PMAP_OP(sgd_step, (op_queue *q, float *w, const float *g, float *v, pmap_bf16 *w16, size_t n,
                    const pmap_step_hyper *h))
-/* w, g, m, v (n): Adam step with bias corrections, and AdamW's decoupled weight decay. */
-PMAP_OP(adam_step, (op_queue *q, float *w, const float *g, float *m, float *v, size_t n,
-                    const pmap_step_hyper *h))
+/* w, g, m, v (n): Adam step with bias corrections, and AdamW's decoupled weight decay; w16 as
+ * sgd_step's. */
+PMAP_OP(adam_step, (op_queue *q, float *w, const float *g, float *m, float *v, pmap_bf16 *w16,
+                    size_t n, const pmap_step_hyper *h))
 /* *norm (device memory) = sqrt(sum of x[i]^2) for i < n, summed in double in a fixed order:
  * non-finite exactly when some x[i] is (or the norm exceeds FLT_MAX). The numeric guard and
  * gradient clipping read it. */

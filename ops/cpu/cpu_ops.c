@@ -102,41 +102,72 @@ CPU_KERNEL(extern, pmap_status, cpu_softmax_xent,
   return PMAP_SUCCESS;
 }
 
-CPU_KERNEL(extern, pmap_status, cpu_sgd_step,
-           (op_queue *q, float *w, const float *g, float *v, size_t n, const pmap_step_hyper *h),
-           (q, w, g, v, n, h)) {
-  (void)q;
+/* The SGD step over n elements; with `round`, w16 takes each updated w rounded (a constant at
+ * each call, so each loop is built with or without it). */
+CPU_INLINE void sgd_range(float *w, const float *g, float *v, pmap_bf16 *w16, size_t n,
+                          const pmap_step_hyper *h, int round) {
   const float lr = h->lr, momentum = h->momentum, wd = h->weight_decay;
   if (momentum == 0.0f && wd == 0.0f) {
-    for (size_t i = 0; i < n; i++) w[i] -= lr * g[i];
+    for (size_t i = 0; i < n; i++) {
+      w[i] -= lr * g[i];
+      if (round) w16[i] = pmap_bf16_round(w[i]);
+    }
   } else if (momentum == 0.0f) {
     float unused = 0.0f;
-    for (size_t i = 0; i < n; i++) pmap_sgd_update(&w[i], g[i], &unused, lr, 0.0f, 0, wd);
+    for (size_t i = 0; i < n; i++) {
+      pmap_sgd_update(&w[i], g[i], &unused, lr, 0.0f, 0, wd);
+      if (round) w16[i] = pmap_bf16_round(w[i]);
+    }
   } else {
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
       pmap_sgd_update(&w[i], g[i], &v[i], lr, momentum, h->nesterov, wd);
+      if (round) w16[i] = pmap_bf16_round(w[i]);
+    }
   }
+}
+
+CPU_KERNEL(extern, pmap_status, cpu_sgd_step,
+           (op_queue *q, float *w, const float *g, float *v, pmap_bf16 *w16, size_t n,
+            const pmap_step_hyper *h),
+           (q, w, g, v, w16, n, h)) {
+  (void)q;
+  if (w16)
+    sgd_range(w, g, v, w16, n, h, 1);
+  else
+    sgd_range(w, g, v, NULL, n, h, 0);
   return PMAP_SUCCESS;
+}
+
+/* The Adam step over n elements; `round` as sgd_range's. A constant weight decay of 0 folds the
+ * decay's branches away: a vector loop. */
+CPU_INLINE void adam_range(float *w, const float *g, float *m, float *v, pmap_bf16 *w16, size_t n,
+                           const pmap_step_hyper *h, int round) {
+  const float lr = h->lr, b1 = h->beta1, b2 = h->beta2, eps = h->eps, bc1 = h->bc1, bc2 = h->bc2;
+  if (h->weight_decay == 0.0f) {
+    CPU_IVDEP for (size_t i = 0; i < n; i++) {
+      pmap_adam_update(&w[i], g[i], &m[i], &v[i], lr, b1, b2, eps, bc1, bc2, 0.0f);
+      if (round) w16[i] = pmap_bf16_round(w[i]);
+    }
+  } else {
+    for (size_t i = 0; i < n; i++) {
+      pmap_adam_update(&w[i], g[i], &m[i], &v[i], lr, b1, b2, eps, bc1, bc2, h->weight_decay);
+      if (round) w16[i] = pmap_bf16_round(w[i]);
+    }
+  }
 }
 
 CPU_KERNEL(extern, pmap_status, cpu_adam_step,
-           (op_queue *q, float *w, const float *g, float *m, float *v, size_t n,
+           (op_queue *q, float *w, const float *g, float *m, float *v, pmap_bf16 *w16, size_t n,
             const pmap_step_hyper *h),
-           (q, w, g, m, v, n, h)) {
+           (q, w, g, m, v, w16, n, h)) {
   (void)q;
-  const float lr = h->lr, b1 = h->beta1, b2 = h->beta2, eps = h->eps, bc1 = h->bc1, bc2 = h->bc2;
-  if (h->weight_decay == 0.0f) { /* a constant 0 folds the decay's branches away: a vector loop */
-    CPU_IVDEP for (size_t i = 0; i < n; i++)
-        pmap_adam_update(&w[i], g[i], &m[i], &v[i], lr, b1, b2, eps, bc1, bc2, 0.0f);
-  } else {
-    for (size_t i = 0; i < n; i++)
-      pmap_adam_update(&w[i], g[i], &m[i], &v[i], lr, b1, b2, eps, bc1, bc2, h->weight_decay);
-  }
+  if (w16)
+    adam_range(w, g, m, v, w16, n, h, 1);
+  else
+    adam_range(w, g, m, v, NULL, n, h, 0);
   return PMAP_SUCCESS;
 }
 
-/* Eight partial sums, added in a fixed order at the end: deterministic, and eight independent
- * chains instead of one, so the pass runs at memory speed rather than at one add's latency. */
 CPU_KERNEL(extern, pmap_status, cpu_norm2, (op_queue *q, const float *x, size_t n, float *norm),
            (q, x, n, norm)) {
   (void)q;

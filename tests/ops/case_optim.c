@@ -1,8 +1,11 @@
 /* case_optim.c: the op harness's cases for the optimizer steps and the guard's and clipping's
  * reductions: SGD (plain, L2 decay, momentum, Nesterov; v untouched without momentum) and Adam
  * (from zero and random state, a large eps, AdamW's decay) over several steps against float64,
- * the L2 norm (sizes 0 to a million, non-finite and overflowing inputs), scale and axpy. */
+ * each with and without the bf16 copy of the updated weights (its every bit the rounding of the
+ * w the same call wrote), the L2 norm (sizes 0 to a million, non-finite and overflowing inputs),
+ * scale and axpy. */
 #include "harness.h"
+#include "ops/op_math.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* sgd_step                                                                                   */
@@ -11,16 +14,27 @@ typedef struct step_args {
   size_t n;
   pmap_step_hyper hp;
   hx_buf *w, *g, *m, *v; /* m: Adam only; v NULL: none passed */
+  hx_buf *w16;           /* NULL: no bf16 copy asked for */
 } step_args;
 
 static pmap_status call_sgd(const pmap_ops *o, op_queue *q, void *arg) {
   step_args *a = arg;
-  return o->sgd_step(q, HX_F(a->w), HX_F(a->g), a->v ? HX_F(a->v) : NULL, a->n, &a->hp);
+  return o->sgd_step(q, HX_F(a->w), HX_F(a->g), a->v ? HX_F(a->v) : NULL,
+                     a->w16 ? HX_H(a->w16) : NULL, a->n, &a->hp);
 }
 
 static pmap_status call_adam(const pmap_ops *o, op_queue *q, void *arg) {
   step_args *a = arg;
-  return o->adam_step(q, HX_F(a->w), HX_F(a->g), HX_F(a->m), HX_F(a->v), a->n, &a->hp);
+  return o->adam_step(q, HX_F(a->w), HX_F(a->g), HX_F(a->m), HX_F(a->v),
+                      a->w16 ? HX_H(a->w16) : NULL, a->n, &a->hp);
+}
+
+/* With a bf16 copy: its every element the rounding of the w this call wrote. */
+static void check_w16(hx *h, const step_args *a) {
+  if (!a->w16) return;
+  pmap_bf16 *want = (pmap_bf16 *)(void *)hx_floats(h, a->n / 2 + 1);
+  for (size_t i = 0; i < a->n; i++) want[i] = pmap_bf16_round(a->w->got[i]);
+  hx_same16(h, "w16", HX_H16(a->w16->got), want, a->n);
 }
 
 /* The next step starts from where the backend's last one ended. */
@@ -30,10 +44,10 @@ static void carry(hx_buf *b) {
 
 /* variant: 0 plain (v NaN, which must stay as it is), 1 plain (v NULL), 2 L2 decay without
  * momentum, 3 momentum, 4 Nesterov, 5 Nesterov with decay. */
-static void sgd_trial(hx *h, size_t n, int variant) {
+static void sgd_trial(hx *h, size_t n, int variant, int bf16) {
   static const char *const names[] = {"plain, v NaN", "plain, v NULL", "decay",
                                       "momentum",     "Nesterov",      "Nesterov, decay"};
-  hx_trial(h, "%s n=%zu", names[variant], n);
+  hx_trial(h, "%s%s n=%zu", names[variant], bf16 ? ", w16" : "", n);
   int mom = variant >= 3;
   step_args a = {.n = n};
   a.hp.lr = 0.05f;
@@ -50,6 +64,7 @@ static void sgd_trial(hx *h, size_t n, int variant) {
   }
   a.w->scale_cpu = 1.0; /* w and v start in [-1, 1) and may cancel to far less */
   if (a.v) a.v->scale_cpu = 1.0;
+  if (bf16) a.w16 = hx_new16(h, HX_OUT, n, "w16");
   double *wd = hx_to_double(h, a.w->init, n), *vd = a.v ? hx_to_double(h, a.v->init, n) : NULL;
   for (int step = 1; step <= (mom ? 4 : 2); step++) {
     hx_trial(h, "%s n=%zu step %d", names[variant], n, step);
@@ -62,10 +77,15 @@ static void sgd_trial(hx *h, size_t n, int variant) {
       }
       wd[i] -= (double)a.hp.lr * g;
     }
-    if (a.v)
+    if (a.v && a.w16)
+      HX_RUN(h, call_sgd, &a, a.w, a.g, a.v, a.w16);
+    else if (a.v)
       HX_RUN(h, call_sgd, &a, a.w, a.g, a.v);
+    else if (a.w16)
+      HX_RUN(h, call_sgd, &a, a.w, a.g, a.w16);
     else
       HX_RUN(h, call_sgd, &a, a.w, a.g);
+    check_w16(h, &a);
     /* A step's few float roundings (u each, of w's and v's scale 1), over 2 to 4 steps. */
     hx_close_scale(h, "w", a.w->got, wd, n, 1e-6, 1.0);
     if (mom) hx_close_scale(h, "v", a.v->got, vd, n, 1e-6, 1.0);
@@ -79,7 +99,8 @@ static void sgd_trial(hx *h, size_t n, int variant) {
 void opcase_sgd_step(hx *h) {
   for (int t = 0; t < hx_vec_trials(h); t++) {
     size_t n = hx_vec_size(h, t);
-    for (int variant = 0; variant < 6; variant++, hx_release(h)) sgd_trial(h, n, variant);
+    for (int variant = 0; variant < 6; variant++)
+      for (int bf16 = 0; bf16 < 2; bf16++, hx_release(h)) sgd_trial(h, n, variant, bf16);
   }
 }
 
@@ -89,7 +110,7 @@ void opcase_sgd_step(hx *h) {
 /* Six steps against float64. eps and the gradients' scale gmax are parameters: only a large eps
  * next to small gradients shows where eps enters the update. */
 static void adam_trial(hx *h, size_t n, int random_state, float eps, float gmax, float decay,
-                       const char *tag) {
+                       int bf16, const char *tag) {
   const float lr = 0.01f, beta1 = 0.9f, beta2 = 0.999f;
   step_args a = {.n = n};
   a.w = hx_inout(h, n, -1.0f, 1.0f, "w");
@@ -101,6 +122,7 @@ static void adam_trial(hx *h, size_t n, int random_state, float eps, float gmax,
     hx_fill(h, a.v->init, n, 0.01f * gmax * gmax, 0.1f * gmax * gmax);
   }
   a.w->scale_cpu = 1.0, a.m->scale_cpu = 0.1 * gmax, a.v->scale_cpu = 0.01 * gmax * gmax;
+  if (bf16) a.w16 = hx_new16(h, HX_OUT, n, "w16");
   double *wd = hx_to_double(h, a.w->init, n), *md = hx_to_double(h, a.m->init, n);
   double *vd = hx_to_double(h, a.v->init, n), *delta = hx_doubles(h, n);
   for (int t = 1; t <= 6; t++) {
@@ -122,7 +144,11 @@ static void adam_trial(hx *h, size_t n, int random_state, float eps, float gmax,
                              .bc1 = (float)bc1,
                              .bc2 = (float)bc2,
                              .weight_decay = decay};
-    HX_RUN(h, call_adam, &a, a.w, a.g, a.m, a.v);
+    if (a.w16)
+      HX_RUN(h, call_adam, &a, a.w, a.g, a.m, a.v, a.w16);
+    else
+      HX_RUN(h, call_adam, &a, a.w, a.g, a.m, a.v);
+    check_w16(h, &a);
     /* The step itself, not only w: a wrong bias correction moves w by ~lr, small next to w.
      * Read back as w + step - w, it carries the rounding of w + step, u of |w| < 1: 6e-6 of the
      * step at lr 1e-2, above the step's own ten or so roundings. m and v: three roundings a
@@ -138,10 +164,12 @@ static void adam_trial(hx *h, size_t n, int random_state, float eps, float gmax,
 void opcase_adam_step(hx *h) {
   for (int t = 0; t < hx_vec_trials(h); t++) {
     size_t n = hx_vec_size(h, t);
-    adam_trial(h, n, 0, 1e-8f, 1.0f, 0.0f, "from zero state"), hx_release(h);
-    adam_trial(h, n, 1, 1e-8f, 1.0f, 0.0f, "from random state"), hx_release(h);
-    adam_trial(h, n, 0, 1e-3f, 0.01f, 0.0f, "eps=1e-3"), hx_release(h);
-    adam_trial(h, n, 1, 1e-8f, 1.0f, 0.01f, "AdamW decay=0.01"), hx_release(h);
+    adam_trial(h, n, 0, 1e-8f, 1.0f, 0.0f, 0, "from zero state"), hx_release(h);
+    adam_trial(h, n, 1, 1e-8f, 1.0f, 0.0f, 0, "from random state"), hx_release(h);
+    adam_trial(h, n, 0, 1e-3f, 0.01f, 0.0f, 0, "eps=1e-3"), hx_release(h);
+    adam_trial(h, n, 1, 1e-8f, 1.0f, 0.01f, 0, "AdamW decay=0.01"), hx_release(h);
+    adam_trial(h, n, 1, 1e-8f, 1.0f, 0.0f, 1, "from random state, w16"), hx_release(h);
+    adam_trial(h, n, 1, 1e-8f, 1.0f, 0.01f, 1, "AdamW decay=0.01, w16"), hx_release(h);
   }
 }
 

@@ -139,15 +139,19 @@ static void optimizers(void) {
   pmap_step_hyper mom = {.lr = 0.01f, .momentum = 0.9f, .nesterov = 1, .weight_decay = 1e-4f};
   pmap_step_hyper adam = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
   adam.bc1 = 0.1f, adam.bc2 = 0.001f;
-  KEEP("sgd", OPS.sgd_step(NULL, w, g, v, N, &plain), w, N);
-  KEEP("sgd momentum", OPS.sgd_step(NULL, w, g, v, N, &mom), w, N);
+  KEEP("sgd", OPS.sgd_step(NULL, w, g, v, NULL, N, &plain), w, N);
+  KEEP("sgd momentum", OPS.sgd_step(NULL, w, g, v, NULL, N, &mom), w, N);
   keep("sgd velocity", v, N);
-  KEEP("adam", OPS.adam_step(NULL, w, g, m, v2, N, &adam), w, N);
+  KEEP("adam", OPS.adam_step(NULL, w, g, m, v2, NULL, N, &adam), w, N);
   keep("adam m", m, N);
   adam.weight_decay = 0.01f;
-  KEEP("adamw", OPS.adam_step(NULL, w, g, m, v2, N, &adam), w, N);
+  KEEP("adamw", OPS.adam_step(NULL, w, g, m, v2, NULL, N, &adam), w, N);
   keep("adamw v", v2, N);
-  free(w), free(g), free(v), free(m), free(v2);
+  /* The bf16 copy of the updated weights, its bits kept as floats two to one. */
+  pmap_bf16 *w16 = (pmap_bf16 *)(void *)arr(N / 2 + 1);
+  KEEP("sgd momentum w16", OPS.sgd_step(NULL, w, g, v, w16, N, &mom), (float *)(void *)w16, N / 2);
+  KEEP("adamw w16", OPS.adam_step(NULL, w, g, m, v2, w16, N, &adam), (float *)(void *)w16, N / 2);
+  free(w), free(g), free(v), free(m), free(v2), free(w16);
 }
 
 static void rows(void) {
