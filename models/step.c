@@ -184,9 +184,10 @@ static float *host_tail(const pmap_params *p, pmap_device *dev) {
 
 /* The guard's flag of this device: the norm of its own gradients and loss, in the slot of its
  * global index; the others' slots are 0, so after the mean a slot is non-finite exactly when
- * its device's values were. */
+ * its device's values were. One device's own values are the averaged ones: its flag is the norm
+ * the decision computes anyway (replicated_step), not a pass of its own. */
 static pmap_status guard_flag(pmap_device *dev, const pmap_params *p, replica *r) {
-  if (!p->guard) return PMAP_SUCCESS;
+  if (!p->guard || p->gl.G == 1) return PMAP_SUCCESS;
   const grad_layout *gl = &p->gl;
   return r->ops->norm2(r->q, r->g, gl->flags, r->g + gl->flags + pmap_axis_index(dev));
 }
@@ -225,6 +226,7 @@ static pmap_status replicated_step(pmap_device *dev, step_call *c, replica *r) {
       PMAP_TRY(r->ops->norm2(r->q, r->g + lo, len, r->g + gl->parts + k));
     }
     PMAP_TRY(backend_download(dev, h, r->g + gl->loss, (2 * (size_t)gl->G + 1) * sizeof *h));
+    if (gl->G == 1 && p->guard) h[1] = h[2]; /* one device: its flag is the part norm */
     v = decide(p, h);
   }
   if (v.skip) {
