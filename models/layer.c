@@ -64,8 +64,10 @@ pmap_status layer_forward(pmap_device *dev, const pmap_model *m, replica *r, int
     r->out[i] = r->act[i];
     return PMAP_SUCCESS;
   }
-  /* bf16: the input's bfloat16 copy, kept for backward (the input may be transient). */
-  if (l->in16) PMAP_TRY(r->ops->round_bf16(r->q, in, r->in16[i], NULL, (size_t)(bd * l->in_size)));
+  /* bf16: the input's bfloat16 copy, kept for backward (the input may be transient), unless the
+   * layer that made the input wrote it in its own pass. */
+  if (l->in16 && !l->in16_made)
+    PMAP_TRY(r->ops->round_bf16(r->q, in, r->in16[i], NULL, (size_t)(bd * l->in_size)));
   const float *out = r->act[i];
   PMAP_TRY(l->cls->forward(dev, l, r, i, in, r->act[i], &out, bd));
   r->out[i] = out;

@@ -48,6 +48,10 @@ struct layer {
    * (replica.tmp) until the next layer, which reads it only through its bfloat16 copy, has made
    * that copy; tmp_rows, floats per example it needs of the shared scratch. */
   int in16, transient;
+  /* bf16: out16_next, its epilogue's output feeds a gemm_in layer two on (past the folded
+   * activation), whose bfloat16 input copy (replica.in16[i + 2]) the epilogue writes in its own
+   * pass; in16_made, the layer two before wrote this layer's in16 so, and layer.c does not. */
+  int out16_next, in16_made;
   size_t tmp_rows;
   /* The kind's settings: a struct of its own file's, read with LAYER_SETTINGS. */
   _Alignas(max_align_t) unsigned char settings[LAYER_SETTINGS_BYTES];

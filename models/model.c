@@ -156,6 +156,12 @@ void model_set_precision(pmap_model *m, int bf16) {
     if (bf16 && l->cls->bf16_rows) l->cls->bf16_rows(l, &aux, &fixed, &own);
     size_t held = l->transient ? (size_t)l->out_size : 0;
     l->tmp_rows = held > own ? held : own;
+    l->out16_next = l->in16_made = 0;
+  }
+  for (int i = 0; i + 2 < m->n_layers; i++) {
+    layer *l = &m->layers[i], *use = &m->layers[i + 2];
+    l->out16_next = l->epilogue && m->layers[i + 1].folded && use->in16 && !use->folded;
+    use->in16_made = l->out16_next;
   }
 }
 

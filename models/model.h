@@ -154,6 +154,13 @@ pmap_status layer_gemm_strided(const replica *r, int ta, int tb, int64_t m, int6
                                layer_mat a, int64_t lda, int64_t sa, layer_mat b, int64_t ldb,
                                int64_t sb, float beta, float *c, int64_t ldc, int64_t sc,
                                int64_t batch);
+/* The GEMM layer both dense layers share (models/layers/dense.c), over `rows` rows of f inputs
+ * and u outputs (dense: a row an example; token_dense: a token): y = x W + b and the activation
+ * folded after it; its backward, with dW += and db +=. */
+pmap_status dense_rows_forward(const layer *l, replica *r, int i, const float *in, float *y,
+                               int64_t rows, int64_t f, int64_t u);
+pmap_status dense_rows_backward(const layer *l, replica *r, int i, const float *dy, float *dx,
+                                int64_t rows, int64_t f, int64_t u);
 
 /* A layer's exchange of values between the devices: an all-reduce (sum) of x (n) in place.
  * Every layer that exchanges values goes through it, so that the numeric guard can tell the

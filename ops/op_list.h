@@ -124,14 +124,18 @@ PMAP_OP(bn_backward_dx, (op_queue *q, const float *x, const float *dy, const flo
                          const float *gamma, const float *sums, int64_t outer, int64_t c,
                          int64_t inner, float eps, float *dx))
 /* Dense's bias and the activation after it in one pass: y (outer, ch) += b (ch) broadcast, then
- * z (outer, ch) = act(y): the same bits bias_forward (inner 1) then act_forward leave. */
+ * z (outer, ch) = act(y): the same bits bias_forward (inner 1) then act_forward leave. z16
+ * (outer, ch; NULL: none) = z rounded to bfloat16 in the same pass, the bf16 policy's copy of
+ * the next GEMM's input (round_bf16's bits). */
 PMAP_OP(bias_act_forward, (op_queue *q, pmap_act act, float *y, const float *b, int64_t outer,
-                           int64_t ch, float *z))
+                           int64_t ch, float *z, pmap_bf16 *z16))
 /* The activation's backward and the bias gradient in one pass: dx (outer, ch) = act'(x) dz from
  * the forward's input x and output z, and db (ch) += the sums over outer of dx: the same bits
- * act_backward then bias_backward (inner 1) leave. dx may equal dz. */
+ * act_backward then bias_backward (inner 1) leave. dx may equal dz. dx16 (NULL: none) = dx
+ * rounded to bfloat16 in the same pass (the operand of the layer's backward GEMMs). */
 PMAP_OP(act_bias_backward, (op_queue *q, pmap_act act, const float *x, const float *z,
-                            const float *dz, float *dx, float *db, int64_t outer, int64_t ch))
+                            const float *dz, float *dx, float *db, int64_t outer, int64_t ch,
+                            pmap_bf16 *dx16))
 /* For i < batch: c_i (m, n) = alpha op(a_i) op(b_i) + beta c_i, where x_i = x + i stride_x, each
  * as gemm (attention's per-head products; cublasSgemmStridedBatched on CUDA). The c_i must not
  * overlap. */

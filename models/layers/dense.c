@@ -3,38 +3,49 @@
 #include "models/model.h"
 #include "base/error.h"
 
+pmap_status dense_rows_forward(const layer *l, replica *r, int i, const float *in, float *y,
+                               int64_t rows, int64_t f, int64_t u) {
+  const pmap_ops *ops = r->ops;
+  PMAP_TRY(layer_gemm(r, 0, 0, rows, u, f, layer_input(r, i, in), f, layer_weights(r, l->w_off), u,
+                      0.0f, y, u));
+  if (l->epilogue) /* the activation after it, into that layer's output (and its bf16 copy) */
+    return ops->bias_act_forward(r->q, (pmap_act)(l->epilogue - 1), y, r->w + l->b_off, rows, u,
+                                 r->act[i + 1], l->out16_next ? r->in16[i + 2] : NULL);
+  return ops->bias_forward(r->q, y, r->w + l->b_off, rows, u, 1);
+}
+
+pmap_status dense_rows_backward(const layer *l, replica *r, int i, const float *dy, float *dx,
+                                int64_t rows, int64_t f, int64_t u) {
+  const pmap_ops *ops = r->ops;
+  layer_mat d;
+  pmap_bf16 *dy16 = (pmap_bf16 *)(void *)r->tmp;
+  if (l->epilogue) { /* dy is the activation's output gradient: its backward first, with db */
+    PMAP_TRY(ops->act_bias_backward(r->q, (pmap_act)(l->epilogue - 1), r->out[i], r->out[i + 1], dy,
+                                    r->dact[i], r->g + l->b_off, rows, u, r->w16 ? dy16 : NULL));
+    dy = r->dout[i] = r->dact[i];
+    d = r->w16 ? (layer_mat){NULL, dy16} : (layer_mat){dy, NULL}; /* bf16: rounded in that pass */
+  } else {
+    PMAP_TRY(ops->bias_backward(r->q, dy, r->g + l->b_off, rows, u, 1)); /* db */
+    PMAP_TRY(layer_operand(r, dy, (size_t)(rows * u), dy16, &d));
+  }
+  /* dW (f, u) += in^T (f, rows) dy (rows, u) */
+  PMAP_TRY(layer_gemm(r, 1, 0, f, u, rows, layer_input(r, i, r->in[i]), f, d, u, 1.0f,
+                      r->g + l->w_off, u));
+  /* dx (rows, f) = dy (rows, u) W^T (u, f) */
+  if (!dx) return PMAP_SUCCESS;
+  return layer_gemm(r, 0, 1, rows, f, u, d, u, layer_weights(r, l->w_off), u, 0.0f, dx, f);
+}
+
 static pmap_status forward(pmap_device *dev, const layer *l, replica *r, int i, const float *in,
                            float *y, const float **out, int64_t bd) {
   (void)dev, (void)out;
-  const pmap_ops *ops = r->ops;
-  PMAP_TRY(layer_gemm(r, 0, 0, bd, l->out_size, l->in_size, layer_input(r, i, in), l->in_size,
-                      layer_weights(r, l->w_off), l->out_size, 0.0f, y, l->out_size));
-  if (l->epilogue) /* the activation after it, into that layer's output */
-    return ops->bias_act_forward(r->q, (pmap_act)(l->epilogue - 1), y, r->w + l->b_off, bd,
-                                 l->out_size, r->act[i + 1]);
-  return ops->bias_forward(r->q, y, r->w + l->b_off, bd, l->out_size, 1);
+  return dense_rows_forward(l, r, i, in, y, bd, l->in_size, l->out_size);
 }
 
 static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i, const float *dy,
                             float *dx, const float **dx_out, int64_t bd) {
   (void)dev, (void)dx_out;
-  const pmap_ops *ops = r->ops;
-  if (l->epilogue) { /* dy is the activation's output gradient: its backward first, with db */
-    PMAP_TRY(ops->act_bias_backward(r->q, (pmap_act)(l->epilogue - 1), r->out[i], r->out[i + 1], dy,
-                                    r->dact[i], r->g + l->b_off, bd, l->out_size));
-    dy = r->dout[i] = r->dact[i];
-  } else {
-    PMAP_TRY(ops->bias_backward(r->q, dy, r->g + l->b_off, bd, l->out_size, 1)); /* db */
-  }
-  layer_mat d;
-  PMAP_TRY(layer_operand(r, dy, (size_t)(bd * l->out_size), (pmap_bf16 *)(void *)r->tmp, &d));
-  /* dW (F, units) += in^T (F, bd) dy (bd, units) */
-  PMAP_TRY(layer_gemm(r, 1, 0, l->in_size, l->out_size, bd, layer_input(r, i, r->in[i]), l->in_size,
-                      d, l->out_size, 1.0f, r->g + l->w_off, l->out_size));
-  /* dx (bd, F) = dy (bd, units) W^T (units, F) */
-  if (!dx) return PMAP_SUCCESS;
-  return layer_gemm(r, 0, 1, bd, l->in_size, l->out_size, d, l->out_size,
-                    layer_weights(r, l->w_off), l->out_size, 0.0f, dx, l->in_size);
+  return dense_rows_backward(l, r, i, dy, dx, bd, l->in_size, l->out_size);
 }
 
 static void init(const layer *l, double gain, struct pmap_rng *rng, float *w) {

@@ -10,33 +10,13 @@
 static pmap_status dense_forward(pmap_device *dev, const layer *l, replica *r, int i,
                                  const float *in, float *y, const float **out, int64_t bd) {
   (void)dev, (void)out;
-  int64_t rows = bd * l->in_shape[0], f = l->in_shape[1], u = l->out_shape[1];
-  PMAP_TRY(layer_gemm(r, 0, 0, rows, u, f, layer_input(r, i, in), f, layer_weights(r, l->w_off), u,
-                      0.0f, y, u));
-  if (l->epilogue) /* the activation after it (a transformer's GELU), into that layer's output */
-    return r->ops->bias_act_forward(r->q, (pmap_act)(l->epilogue - 1), y, r->w + l->b_off, rows, u,
-                                    r->act[i + 1]);
-  return r->ops->bias_forward(r->q, y, r->w + l->b_off, rows, u, 1);
+  return dense_rows_forward(l, r, i, in, y, bd * l->in_shape[0], l->in_shape[1], l->out_shape[1]);
 }
 
 static pmap_status dense_backward(pmap_device *dev, const layer *l, replica *r, int i,
                                   const float *dy, float *dx, const float **dx_out, int64_t bd) {
   (void)dev, (void)dx_out;
-  const pmap_ops *ops = r->ops;
-  int64_t rows = bd * l->in_shape[0], f = l->in_shape[1], u = l->out_shape[1];
-  if (l->epilogue) { /* dy is the activation's output gradient: its backward first, with db */
-    PMAP_TRY(ops->act_bias_backward(r->q, (pmap_act)(l->epilogue - 1), r->out[i], r->out[i + 1], dy,
-                                    r->dact[i], r->g + l->b_off, rows, u));
-    dy = r->dout[i] = r->dact[i];
-  } else {
-    PMAP_TRY(ops->bias_backward(r->q, dy, r->g + l->b_off, rows, u, 1));
-  }
-  layer_mat d;
-  PMAP_TRY(layer_operand(r, dy, (size_t)(rows * u), (pmap_bf16 *)(void *)r->tmp, &d));
-  PMAP_TRY(layer_gemm(r, 1, 0, f, u, rows, layer_input(r, i, r->in[i]), f, d, u, 1.0f,
-                      r->g + l->w_off, u));
-  if (!dx) return PMAP_SUCCESS;
-  return layer_gemm(r, 0, 1, rows, f, u, d, u, layer_weights(r, l->w_off), u, 0.0f, dx, f);
+  return dense_rows_backward(l, r, i, dy, dx, bd * l->in_shape[0], l->in_shape[1], l->out_shape[1]);
 }
 
 static void dense_init(const layer *l, double gain, struct pmap_rng *rng, float *w) {

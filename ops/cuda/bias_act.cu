@@ -1,35 +1,40 @@
 /* bias_act.cu: dense's bias with the activation after it (ops/op_list.h bias_act_forward, one
- * kernel), and the activation's backward with the bias gradient (act_bias_backward: the
- * activation's kernel, then bias_backward's column sums). */
+ * kernel, with the output's bf16 copy where one is asked for), and the activation's backward
+ * with the bias gradient (act_bias_backward: the activation's kernel, then bias_backward's
+ * column sums, then the bf16 copy). */
 #include "cuda_common.cuh"
 
 static __global__ void bias_act_forward_kernel(int act, float *y, const float *b, size_t n,
-                                               int64_t ch, float *z) {
+                                               int64_t ch, float *z, pmap_bf16 *z16) {
   for (size_t i = cuda_thread_index(); i < n; i += cuda_grid_stride()) {
     float v = y[i] + b[i % (size_t)ch];
     y[i] = v;
-    z[i] = pmap_act_apply(act, v);
+    float zi = pmap_act_apply(act, v);
+    z[i] = zi;
+    if (z16) z16[i] = pmap_bf16_round(zi);
   }
 }
 
 static void bias_act_forward_launch(cudaStream_t stream, int act, float *y, const float *b,
-                                    size_t n, int64_t ch, float *z) {
-  bias_act_forward_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, stream>>>(act, y, b, n, ch, z);
+                                    size_t n, int64_t ch, float *z, pmap_bf16 *z16) {
+  bias_act_forward_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, stream>>>(act, y, b, n, ch, z, z16);
 }
 
 extern "C" pmap_status cuda_bias_act_forward(op_queue *q, pmap_act act, float *y, const float *b,
-                                             int64_t outer, int64_t ch, float *z) {
+                                             int64_t outer, int64_t ch, float *z,
+                                             pmap_bf16 *z16) {
   size_t n = (size_t)(outer * ch);
   if (n == 0) return PMAP_SUCCESS;
-  bias_act_forward_launch(q->stream, (int)act, y, b, n, ch, z);
+  bias_act_forward_launch(q->stream, (int)act, y, b, n, ch, z, z16);
   CUDA_CHECK_LAUNCH(q, "bias_act_forward_kernel");
   return PMAP_SUCCESS;
 }
 
 extern "C" pmap_status cuda_act_bias_backward(op_queue *q, pmap_act act, const float *x,
                                               const float *z, const float *dz, float *dx, float *db,
-                                              int64_t outer, int64_t ch) {
+                                              int64_t outer, int64_t ch, pmap_bf16 *dx16) {
   pmap_status st = cuda_act_backward(q, act, x, z, dz, dx, (size_t)(outer * ch));
-  if (st) return st;
-  return cuda_bias_backward(q, dx, db, outer, ch, 1);
+  if (!st) st = cuda_bias_backward(q, dx, db, outer, ch, 1);
+  if (!st && dx16) st = cuda_round_bf16(q, dx, dx16, NULL, (size_t)(outer * ch));
+  return st;
 }

@@ -449,11 +449,21 @@ typedef struct fused_args {
   int64_t outer, ch;
   hx_buf *y, *b, *z, *y2, *z2;               /* forward: fused, then unfused */
   hx_buf *x, *zf, *dz, *dx, *db, *dx2, *db2; /* backward */
+  hx_buf *out16;                             /* z16 or dx16 (every other trial; else NULL) */
 } fused_args;
+
+/* The fused op's bf16 copy, every bit the rounding of the float output it wrote. */
+static void check_out16(hx *h, const fused_args *a, const float *got, size_t n) {
+  if (!a->out16) return;
+  pmap_bf16 *want = (pmap_bf16 *)(void *)hx_floats(h, n / 2 + 1);
+  for (size_t k = 0; k < n; k++) want[k] = pmap_bf16_round(got[k]);
+  hx_same16(h, "bf16 copy", HX_H16(a->out16->got), want, n);
+}
 
 static pmap_status call_bias_act_forward(const pmap_ops *o, op_queue *q, void *arg) {
   fused_args *a = arg;
-  HX_TRY(o->bias_act_forward(q, a->act, HX_F(a->y), HX_F(a->b), a->outer, a->ch, HX_F(a->z)));
+  HX_TRY(o->bias_act_forward(q, a->act, HX_F(a->y), HX_F(a->b), a->outer, a->ch, HX_F(a->z),
+                             a->out16 ? HX_H(a->out16) : NULL));
   HX_TRY(o->bias_forward(q, HX_F(a->y2), HX_F(a->b), a->outer, a->ch, 1));
   return o->act_forward(q, a->act, HX_F(a->y2), HX_F(a->z2), (size_t)(a->outer * a->ch));
 }
@@ -461,7 +471,7 @@ static pmap_status call_bias_act_forward(const pmap_ops *o, op_queue *q, void *a
 static pmap_status call_act_bias_backward(const pmap_ops *o, op_queue *q, void *arg) {
   fused_args *a = arg;
   HX_TRY(o->act_bias_backward(q, a->act, HX_F(a->x), HX_F(a->zf), HX_F(a->dz), HX_F(a->dx),
-                              HX_F(a->db), a->outer, a->ch));
+                              HX_F(a->db), a->outer, a->ch, a->out16 ? HX_H(a->out16) : NULL));
   HX_TRY(o->act_backward(q, a->act, HX_F(a->x), HX_F(a->zf), HX_F(a->dz), HX_F(a->dx2),
                          (size_t)(a->outer * a->ch)));
   return o->bias_backward(q, HX_F(a->dx2), HX_F(a->db2), a->outer, a->ch, 1);
@@ -493,9 +503,14 @@ void opcase_bias_act_forward(hx *h) {
       a.z2 = hx_out(h, n, "z (unfused)");
       a.y->tol_cpu = a.y2->tol_cpu = 0.0; /* one rounded add */
       a.z->scale_cpu = a.z2->scale_cpu = 0.1;
-      HX_RUN(h, call_bias_act_forward, &a, a.y, a.b, a.z, a.y2, a.z2);
+      if (t & 1) a.out16 = hx_new16(h, HX_OUT, n ? n : 1, "z16");
+      if (a.out16)
+        HX_RUN(h, call_bias_act_forward, &a, a.y, a.b, a.z, a.y2, a.z2, a.out16);
+      else
+        HX_RUN(h, call_bias_act_forward, &a, a.y, a.b, a.z, a.y2, a.z2);
       hx_same(h, "y = unfused y", a.y->got, a.y2->got, n);
       hx_same(h, "z = unfused z", a.z->got, a.z2->got, n);
+      check_out16(h, &a, a.z->got, n);
       double *want = hx_doubles(h, n);
       for (size_t k = 0; k < n; k++) want[k] = ref_act(act, (double)a.y->got[k]);
       hx_close_scale(h, "z", a.z->got, want, n, HX_TOL_FWD, 0.1);
@@ -523,8 +538,13 @@ void opcase_act_bias_backward(hx *h) {
       /* db: float sums of outer terms, added to what it held. */
       double k_db = (double)a.outer + 1.0;
       a.db->tol_cpu = a.db2->tol_cpu = hx_tol_vs_cpu(hx_tol_sum(k_db), k_db);
-      HX_RUN(h, call_act_bias_backward, &a, a.x, a.zf, a.dz, a.dx, a.db, a.dx2, a.db2);
+      if (t & 1) a.out16 = hx_new16(h, HX_OUT, n ? n : 1, "dx16");
+      if (a.out16)
+        HX_RUN(h, call_act_bias_backward, &a, a.x, a.zf, a.dz, a.dx, a.db, a.dx2, a.db2, a.out16);
+      else
+        HX_RUN(h, call_act_bias_backward, &a, a.x, a.zf, a.dz, a.dx, a.db, a.dx2, a.db2);
       hx_same(h, "dx = unfused dx", a.dx->got, a.dx2->got, n);
+      check_out16(h, &a, a.dx->got, n);
       hx_same(h, "db = unfused db", a.db->got, a.db2->got, C);
       /* dx against float64's derivative, db against the float64 sums of that dx. */
       double *want = hx_doubles(h, n), *sum = hx_doubles(h, C);

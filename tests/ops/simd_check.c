@@ -94,6 +94,7 @@ static float *filled(size_t n, float lo, float hi) {
 static void elementwise(void) {
   float *x = filled(N, -4, 4), *y = filled(N, -4, 4), *dy = filled(N, -2, 2), *o = arr(N);
   float *b = filled(61, -1, 1), *db = arr(61), *z = arr(N), r = 0.0f;
+  pmap_bf16 *h16 = (pmap_bf16 *)(void *)arr(N / 2 + 1); /* the fused ops' bf16 copies */
   KEEP("fill", OPS.fill(NULL, o, 1.5f, N), o, N);
   memcpy(o, x, sizeof(float) * N);
   KEEP("bias rows", OPS.bias_forward(NULL, o, b, 17, 61, 1), o, 17 * 61);
@@ -121,14 +122,16 @@ static void elementwise(void) {
     KEEP(name, OPS.act_backward(NULL, (pmap_act)a, x, o, dy, z, N), z, N);
     memcpy(o, x, sizeof(float) * N);
     snprintf(name, sizeof name, "bias_act %s", act[a]);
-    KEEP(name, OPS.bias_act_forward(NULL, (pmap_act)a, o, b, 17, 61, z), o, 17 * 61);
+    KEEP(name, OPS.bias_act_forward(NULL, (pmap_act)a, o, b, 17, 61, z, h16), o, 17 * 61);
     keep(name, z, 17 * 61);
+    keep(name, (float *)(void *)h16, 17 * 61 / 2);
     memset(db, 0, 61 * sizeof *db);
     snprintf(name, sizeof name, "act_bias_backward %s", act[a]);
-    KEEP(name, OPS.act_bias_backward(NULL, (pmap_act)a, x, y, dy, o, db, 17, 61), o, 17 * 61);
+    KEEP(name, OPS.act_bias_backward(NULL, (pmap_act)a, x, y, dy, o, db, 17, 61, h16), o, 17 * 61);
     keep(name, db, 61);
+    keep(name, (float *)(void *)h16, 17 * 61 / 2);
   }
-  free(x), free(y), free(dy), free(o), free(b), free(db), free(z);
+  free(x), free(y), free(dy), free(o), free(b), free(db), free(z), free(h16);
 }
 
 static void optimizers(void) {
