@@ -145,13 +145,16 @@ PMAP_OP(gemm_strided, (op_queue *q, int trans_a, int trans_b, int64_t m, int64_t
                        int64_t stride_c, int64_t batch))
 /* Causal softmax of n square (t, t) score matrices: y[r, i, j] = exp(scale x[r, i, j] - max) /
  * sum over j' <= i for j <= i, and 0 for j > i (the entries of x above the diagonal are not
- * read). y may equal x. */
+ * read). y may equal x. y16 (NULL: none): y rounded to bfloat16 in the same pass (the bf16
+ * policy's P, which is all its backward reads). */
 PMAP_OP(causal_softmax_forward, (op_queue *q, const float *x, float *y, int64_t n, int64_t t,
-                                 float scale))
+                                 float scale, pmap_bf16 *y16))
 /* dx = scale y (dy - sum_j y dy) per row, 0 above the diagonal, from the forward's y; dx may
- * equal dy. */
+ * equal dy. y16 non-NULL: y is read from it, widened (y is then not read, and may be NULL);
+ * dx16 (NULL: none): dx rounded to bfloat16 in the same pass. */
 PMAP_OP(causal_softmax_backward, (op_queue *q, const float *y, const float *dy, float *dx,
-                                  int64_t n, int64_t t, float scale))
+                                  int64_t n, int64_t t, float scale, const pmap_bf16 *y16,
+                                  pmap_bf16 *dx16))
 /* y (n, d) = table[ids[i]] (rows of table (v, d)); ids in [0, v) (a row of y whose id is not is
  * written 0). */
 PMAP_OP(embedding_forward, (op_queue *q, const int32_t *ids, const float *table, int64_t n,

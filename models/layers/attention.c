@@ -68,7 +68,7 @@ static pmap_status forward(pmap_device *dev, const layer *l, replica *r, int i, 
     PMAP_TRY(ops->gemm_strided(r->q, 0, 1, a.t, a.t, a.hs, 1.0f, qn, e3, a.hs, qn + a.e, e3, a.hs,
                                0.0f, b.p + n * a.h * tt, a.t, tt, a.h));
   }
-  PMAP_TRY(ops->causal_softmax_forward(r->q, b.p, b.p, bd * a.h, a.t, a.scale));
+  PMAP_TRY(ops->causal_softmax_forward(r->q, b.p, b.p, bd * a.h, a.t, a.scale, NULL));
   for (int64_t n = 0; n < bd; n++) { /* O_h = P_h V_h */
     const float *qn = b.qkv + n * a.t * e3;
     PMAP_TRY(ops->gemm_strided(r->q, 0, 0, a.t, a.hs, a.t, 1.0f, b.p + n * a.h * tt, a.t, tt,
@@ -101,7 +101,7 @@ static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i,
     PMAP_TRY(ops->gemm_strided(r->q, 1, 0, a.t, a.hs, a.t, 1.0f, b.p + n * a.h * tt, a.t, tt, don,
                                a.e, a.hs, 0.0f, dqn + 2 * a.e, e3, a.hs, a.h));
   }
-  PMAP_TRY(ops->causal_softmax_backward(r->q, b.p, b.dp, b.dp, bd * a.h, a.t, a.scale));
+  PMAP_TRY(ops->causal_softmax_backward(r->q, b.p, b.dp, b.dp, bd * a.h, a.t, a.scale, NULL, NULL));
   for (int64_t n = 0; n < bd; n++) { /* dQ_h = dS_h K_h, dK_h = dS_h^T Q_h */
     const float *qn = b.qkv + n * a.t * e3, *dsn = b.dp + n * a.h * tt;
     float *dqn = b.dqkv + n * a.t * e3;
@@ -124,12 +124,12 @@ static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i,
  * dense (rows, E) matrix of its own (not the projection's interleaved (rows, 3E)), so that the
  * per-head products read plainly strided operands, which oneDNN's fast matmul kernels take;
  * the float intermediates and the rounded gradients live in the shared scratch (r->tmp), in
- * four regions: f1 (rows, 3E) qkv, then dQ, dK, dV, each dense (rows, E); f2 S and P, then O,
- * in backward dO, then dP and dS; f3 P widened for the softmax's backward; h4 the bfloat16 dy,
- * dO, dS, dqkv (rows, 3E) in turn. */
+ * three regions: f1 (rows, 3E) qkv, then dQ, dK, dV, each dense (rows, E); f2 S and P, then O,
+ * in backward dO, then dP and dS (the softmax's backward reads P from its bfloat16 copy); h4
+ * the bfloat16 dy, dO, dS, dqkv (rows, 3E) in turn. */
 typedef struct attn_buf16 {
   pmap_bf16 *qkv, *p, *o;
-  float *f1, *f2, *f3;
+  float *f1, *f2;
   pmap_bf16 *h4;
 } attn_buf16;
 
@@ -141,7 +141,7 @@ static void rows16(const layer *l, size_t *aux, size_t *fixed, size_t *tmp) {
   int64_t tt = a.h * a.t * a.t, te = a.t * a.e;
   *aux = (size_t)((4 * te + tt + 1) / 2);
   int64_t h4 = max2(max2(a.t * a.d, 3 * te), tt);
-  *tmp = (size_t)(3 * te + max2(tt, te) + tt + (h4 + 1) / 2);
+  *tmp = (size_t)(3 * te + max2(tt, te) + (h4 + 1) / 2);
 }
 
 static attn_buf16 bufs16_of(const attn_dims *a, float *aux, float *tmp, int64_t bd) {
@@ -152,8 +152,7 @@ static attn_buf16 bufs16_of(const attn_dims *a, float *aux, float *tmp, int64_t 
   b.o = b.p + bd * tt;
   b.f1 = tmp;
   b.f2 = b.f1 + bd * 3 * te;
-  b.f3 = b.f2 + bd * max2(tt, te);
-  b.h4 = (pmap_bf16 *)(void *)(b.f3 + bd * tt);
+  b.h4 = (pmap_bf16 *)(void *)(b.f2 + bd * max2(tt, te));
   return b;
 }
 
@@ -176,8 +175,7 @@ static pmap_status forward16(const layer *l, replica *r, int i, const float *in,
   /* S_h = Q_h K_h^T, every example's heads at once */
   PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 1, a.t, a.t, a.hs, 1.0f, q16, a.e, a.hs, k16, a.e, a.hs,
                                   0.0f, b.f2, a.t, tt, a.h, bd, go, go, gp));
-  PMAP_TRY(ops->causal_softmax_forward(r->q, b.f2, b.f2, bd * a.h, a.t, a.scale));
-  PMAP_TRY(ops->round_bf16(r->q, b.f2, b.p, NULL, (size_t)(bd * a.h * tt)));
+  PMAP_TRY(ops->causal_softmax_forward(r->q, b.f2, b.f2, bd * a.h, a.t, a.scale, b.p));
   /* O_h = P_h V_h */
   PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 0, a.t, a.hs, a.t, 1.0f, b.p, a.t, tt, v16, a.e, a.hs,
                                   0.0f, b.f2, a.e, a.hs, a.h, bd, gp, go, go));
@@ -212,10 +210,9 @@ static pmap_status backward16(const layer *l, replica *r, int i, const float *dy
                                   0.0f, b.f2, a.t, tt, a.h, bd, go, go, gp));
   PMAP_TRY(ops->gemm_strided_bf16(r->q, 1, 0, a.t, a.hs, a.t, 1.0f, b.p, a.t, tt, b.h4, a.e, a.hs,
                                   0.0f, dv, a.e, a.hs, a.h, bd, gp, go, go));
-  /* The softmax's backward in float from the kept (bfloat16) probabilities. */
-  PMAP_TRY(ops->widen_bf16(r->q, b.p, b.f3, (size_t)(bd * a.h * tt)));
-  PMAP_TRY(ops->causal_softmax_backward(r->q, b.f3, b.f2, b.f2, bd * a.h, a.t, a.scale));
-  PMAP_TRY(ops->round_bf16(r->q, b.f2, b.h4, NULL, (size_t)(bd * a.h * tt)));
+  /* The softmax's backward in float from the kept (bfloat16) probabilities, and dS rounded, in
+   * one pass. */
+  PMAP_TRY(ops->causal_softmax_backward(r->q, NULL, b.f2, b.f2, bd * a.h, a.t, a.scale, b.p, b.h4));
   /* dQ_h = dS_h K_h, dK_h = dS_h^T Q_h */
   PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 0, a.t, a.hs, a.t, 1.0f, b.h4, a.t, tt, k16, a.e, a.hs,
                                   0.0f, dq, a.e, a.hs, a.h, bd, gp, go, go));

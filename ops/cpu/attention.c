@@ -55,8 +55,9 @@ CPU_INLINE double row_sum(const float *a, const float *b, int64_t n) {
 /* Each row's exponentials with ops/op_math.h's vector exp (1.5 ulps), summed in double in
  * CPU_LANES partial sums (a fixed order, cpu_ops.h); the division in double. */
 CPU_KERNEL(extern, pmap_status, cpu_causal_softmax_forward,
-           (op_queue *q, const float *x, float *y, int64_t n, int64_t t, float scale),
-           (q, x, y, n, t, scale)) {
+           (op_queue *q, const float *x, float *y, int64_t n, int64_t t, float scale,
+            pmap_bf16 *y16),
+           (q, x, y, n, t, scale, y16)) {
   (void)q;
   for (int64_t r = 0; r < n * t; r++) {
     int64_t i = r % t; /* the row's position: it sees columns 0..i */
@@ -67,23 +68,42 @@ CPU_KERNEL(extern, pmap_status, cpu_causal_softmax_forward,
     double sum = row_sum(yr, NULL, i + 1);
     CPU_IVDEP for (int64_t j = 0; j <= i; j++) yr[j] = (float)((double)yr[j] / sum);
     for (int64_t j = i + 1; j < t; j++) yr[j] = 0.0f;
+    if (y16) CPU_IVDEP for (int64_t j = 0; j < t; j++) y16[r * t + j] = pmap_bf16_round(yr[j]);
   }
   return PMAP_SUCCESS;
 }
 
+/* The longest row the backward widens from bfloat16 probabilities (attention's context limit). */
+#define CPU_SOFTMAX_MAX_T 4096
+
+/* One row of the backward: dot is sum_j y dy over the row's first i + 1 columns, y widened from
+ * y16 when it is given (exact: the same floats as y). */
+CPU_INLINE void softmax_back_row(const float *yr, const pmap_bf16 *y16r, const float *dyr,
+                                 float *dxr, pmap_bf16 *dx16r, int64_t i, int64_t t, float scale,
+                                 float *wide) {
+  if (y16r) {
+    CPU_IVDEP for (int64_t j = 0; j <= i; j++) wide[j] = pmap_bf16_widen(y16r[j]);
+    yr = wide;
+  }
+  double dot = row_sum(yr, dyr, i + 1);
+  CPU_IVDEP for (int64_t j = 0; j <= i; j++) dxr[j] = (float)(scale * yr[j] * (dyr[j] - dot));
+  for (int64_t j = i + 1; j < t; j++) dxr[j] = 0.0f;
+  if (dx16r) CPU_IVDEP for (int64_t j = 0; j < t; j++) dx16r[j] = pmap_bf16_round(dxr[j]);
+}
+
 CPU_KERNEL(extern, pmap_status, cpu_causal_softmax_backward,
            (op_queue *q, const float *y, const float *dy, float *dx, int64_t n, int64_t t,
-            float scale),
-           (q, y, dy, dx, n, t, scale)) {
+            float scale, const pmap_bf16 *y16, pmap_bf16 *dx16),
+           (q, y, dy, dx, n, t, scale, y16, dx16)) {
   (void)q;
-  for (int64_t r = 0; r < n * t; r++) {
-    int64_t i = r % t;
-    const float *yr = y + r * t, *dyr = dy + r * t;
-    float *dxr = dx + r * t;
-    double dot = row_sum(yr, dyr, i + 1);
-    CPU_IVDEP for (int64_t j = 0; j <= i; j++) dxr[j] = (float)(scale * yr[j] * (dyr[j] - dot));
-    for (int64_t j = i + 1; j < t; j++) dxr[j] = 0.0f;
-  }
+  float wide[CPU_SOFTMAX_MAX_T]; /* a row's widened probabilities (dx may be dy: not there) */
+  if (y16 && t > CPU_SOFTMAX_MAX_T)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "causal_softmax_backward: rows of %lld from bfloat16 probabilities: at most %d",
+                    (long long)t, CPU_SOFTMAX_MAX_T);
+  for (int64_t r = 0; r < n * t; r++)
+    softmax_back_row(y16 ? NULL : y + r * t, y16 ? y16 + r * t : NULL, dy + r * t, dx + r * t,
+                     dx16 ? dx16 + r * t : NULL, r % t, t, scale, wide);
   return PMAP_SUCCESS;
 }
 

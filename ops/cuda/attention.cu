@@ -30,9 +30,9 @@ extern "C" pmap_status cuda_gemm_strided(op_queue *q, int trans_a, int trans_b, 
 }
 
 /* Each row's exponentials in double (not the CPU's float vector exp), summed in double in column
- * order; the division in double. */
+ * order; the division in double; the bf16 copy where one is asked for. */
 static __global__ void causal_softmax_kernel(const float *x, float *y, int64_t rows, int64_t t,
-                                             float scale) {
+                                             float scale, pmap_bf16 *y16) {
   for (size_t r = cuda_thread_index(); r < (size_t)rows; r += cuda_grid_stride()) {
     int64_t i = (int64_t)r % t;
     const float *xr = x + (int64_t)r * t;
@@ -43,38 +43,49 @@ static __global__ void causal_softmax_kernel(const float *x, float *y, int64_t r
     for (int64_t j = 0; j <= i; j++) sum += exp((double)(scale * xr[j] - mx));
     for (int64_t j = 0; j <= i; j++) yr[j] = (float)(exp((double)(scale * xr[j] - mx)) / sum);
     for (int64_t j = i + 1; j < t; j++) yr[j] = 0.0f;
+    if (y16)
+      for (int64_t j = 0; j < t; j++) y16[(int64_t)r * t + j] = pmap_bf16_round(yr[j]);
   }
 }
 
+/* y read from y16 (widened) when it is given; dx16 written where it is asked for. */
 static __global__ void causal_softmax_back_kernel(const float *y, const float *dy, float *dx,
-                                                  int64_t rows, int64_t t, float scale) {
+                                                  int64_t rows, int64_t t, float scale,
+                                                  const pmap_bf16 *y16, pmap_bf16 *dx16) {
   for (size_t r = cuda_thread_index(); r < (size_t)rows; r += cuda_grid_stride()) {
-    int64_t i = (int64_t)r % t;
-    const float *yr = y + (int64_t)r * t, *dyr = dy + (int64_t)r * t;
-    float *dxr = dx + (int64_t)r * t;
+    int64_t i = (int64_t)r % t, at = (int64_t)r * t;
+    const float *dyr = dy + at;
+    float *dxr = dx + at;
     double dot = 0.0;
-    for (int64_t j = 0; j <= i; j++) dot += (double)yr[j] * dyr[j];
-    for (int64_t j = 0; j <= i; j++) dxr[j] = (float)(scale * yr[j] * (dyr[j] - dot));
+    for (int64_t j = 0; j <= i; j++)
+      dot += (double)(y16 ? pmap_bf16_widen(y16[at + j]) : y[at + j]) * dyr[j];
+    for (int64_t j = 0; j <= i; j++) {
+      float yj = y16 ? pmap_bf16_widen(y16[at + j]) : y[at + j];
+      dxr[j] = (float)(scale * yj * (dyr[j] - dot));
+    }
     for (int64_t j = i + 1; j < t; j++) dxr[j] = 0.0f;
+    if (dx16)
+      for (int64_t j = 0; j < t; j++) dx16[at + j] = pmap_bf16_round(dxr[j]);
   }
 }
 
 extern "C" pmap_status cuda_causal_softmax_forward(op_queue *q, const float *x, float *y, int64_t n,
-                                                   int64_t t, float scale) {
+                                                   int64_t t, float scale, pmap_bf16 *y16) {
   size_t rows = (size_t)(n * t);
   if (rows == 0) return PMAP_SUCCESS;
   causal_softmax_kernel<<<cuda_grid(rows), CUDA_BLOCK, 0, q->stream>>>(x, y, (int64_t)rows, t,
-                                                                       scale);
+                                                                       scale, y16);
   CUDA_CHECK_LAUNCH(q, "causal_softmax_kernel");
   return PMAP_SUCCESS;
 }
 
 extern "C" pmap_status cuda_causal_softmax_backward(op_queue *q, const float *y, const float *dy,
-                                                    float *dx, int64_t n, int64_t t, float scale) {
+                                                    float *dx, int64_t n, int64_t t, float scale,
+                                                    const pmap_bf16 *y16, pmap_bf16 *dx16) {
   size_t rows = (size_t)(n * t);
   if (rows == 0) return PMAP_SUCCESS;
   causal_softmax_back_kernel<<<cuda_grid(rows), CUDA_BLOCK, 0, q->stream>>>(
-      y, dy, dx, (int64_t)rows, t, scale);
+      y, dy, dx, (int64_t)rows, t, scale, y16, dx16);
   CUDA_CHECK_LAUNCH(q, "causal_softmax_back_kernel");
   return PMAP_SUCCESS;
 }

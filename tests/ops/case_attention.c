@@ -5,6 +5,7 @@
  * the embedding's gather and scatter-add (the same bits as adding the tokens in order; ids out
  * of range give zero rows and are skipped). */
 #include "harness.h"
+#include "ops/op_math.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* gemm_strided                                                                               */
@@ -84,17 +85,28 @@ typedef struct cs_args {
   int64_t n, t;
   float scale;
   hx_buf *x, *y, *dy, *dx;
+  hx_buf *y16, *dx16;    /* the bfloat16 copies (NULL: none); backward: y read from y16 */
   const double *xd, *rd; /* the float64 loss sum r . softmax(x) */
 } cs_args;
 
 static pmap_status call_cs_forward(const pmap_ops *o, op_queue *q, void *arg) {
   cs_args *a = arg;
-  return o->causal_softmax_forward(q, HX_F(a->x), HX_F(a->y), a->n, a->t, a->scale);
+  return o->causal_softmax_forward(q, HX_F(a->x), HX_F(a->y), a->n, a->t, a->scale,
+                                   a->y16 ? HX_H(a->y16) : NULL);
 }
 
 static pmap_status call_cs_backward(const pmap_ops *o, op_queue *q, void *arg) {
   cs_args *a = arg;
-  return o->causal_softmax_backward(q, HX_F(a->y), HX_F(a->dy), HX_F(a->dx), a->n, a->t, a->scale);
+  return o->causal_softmax_backward(q, a->y16 ? NULL : HX_F(a->y), HX_F(a->dy), HX_F(a->dx), a->n,
+                                    a->t, a->scale, a->y16 ? HX_H(a->y16) : NULL,
+                                    a->dx16 ? HX_H(a->dx16) : NULL);
+}
+
+/* b's bits are those of got rounded to bfloat16, every element. */
+static void same_rounded(hx *h, const char *what, const hx_buf *b, const float *got, size_t n) {
+  pmap_bf16 *want = (pmap_bf16 *)(void *)hx_floats(h, n / 2 + 1);
+  for (size_t i = 0; i < n; i++) want[i] = pmap_bf16_round(got[i]);
+  hx_same16(h, what, HX_H16(b->got), want, n);
 }
 
 /* The float64 causal softmax of row r (t entries) of x into y. */
@@ -142,6 +154,17 @@ void opcase_causal_softmax_forward(hx *h) {
     b.x->tol_cpu = 1e-6;
     HX_RUN(h, call_cs_forward, &b, b.x);
     hx_same(h, "in place", b.x->got, a.y->got, total);
+    if (total == 0) continue;
+    /* With the bfloat16 copy, in place: the same floats, and the copy their rounding. */
+    cs_args c = b;
+    c.x = c.y = hx_new(h, HX_INOUT, total, "x (in place, bf16)");
+    memcpy(c.x->init, a.x->init, total * sizeof(float));
+    c.x->tol_cpu = 1e-6;
+    c.y16 = hx_new16(h, HX_OUT, total, "y16");
+    c.y16->tol_cpu = 1e-2; /* the CPU's and another backend's floats may round apart */
+    HX_RUN(h, call_cs_forward, &c, c.x, c.y16);
+    hx_same(h, "y with its copy", c.x->got, a.y->got, total);
+    same_rounded(h, "y16", c.y16, c.x->got, total);
   }
 }
 
@@ -174,6 +197,33 @@ void opcase_causal_softmax_backward(hx *h) {
     b.dy->scale_cpu = 0.01;
     HX_RUN(h, call_cs_backward, &b, a.y, b.dy);
     hx_same(h, "in place", b.dy->got, a.dx->got, total);
+    if (total == 0) continue;
+    /* From bfloat16 probabilities (y NULL), in place, with the rounded dx: as from the widened
+     * y in float, to the bit. */
+    cs_args c = b;
+    c.y16 = hx_new16(h, HX_IN, total, "y16");
+    float *wide = hx_floats(h, total);
+    pmap_bf16 *y16 = HX_H16(c.y16->init);
+    for (size_t i = 0; i < total; i++) {
+      y16[i] = pmap_bf16_round(a.y->init[i]);
+      wide[i] = pmap_bf16_widen(y16[i]);
+    }
+    c.dy = c.dx = hx_new(h, HX_INOUT, total, "dy (in place, bf16)");
+    memcpy(c.dy->init, a.dy->init, total * sizeof(float));
+    c.dy->tol_cpu = 1e-5;
+    c.dy->scale_cpu = 0.01;
+    c.dx16 = hx_new16(h, HX_OUT, total, "dx16");
+    c.dx16->tol_cpu = 1e-2;
+    HX_RUN(h, call_cs_backward, &c, c.y16, c.dy, c.dx16);
+    same_rounded(h, "dx16", c.dx16, c.dy->got, total);
+    cs_args d = a; /* the float path on the widened probabilities */
+    d.y = hx_new(h, HX_IN, total, "y (widened)");
+    memcpy(d.y->init, wide, total * sizeof(float));
+    d.dx = hx_out(h, total, "dx (from widened y)");
+    d.dx->tol_cpu = 1e-5;
+    d.dx->scale_cpu = 0.01;
+    HX_RUN(h, call_cs_backward, &d, d.y, a.dy, d.dx);
+    hx_same(h, "from y16 = from widened y", c.dy->got, d.dx->got, total);
   }
 }
 

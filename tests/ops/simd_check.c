@@ -205,14 +205,22 @@ static void windows(void) {
    * of 8 and the columns after them), embeddings */
   enum { ST = 21, SN = 3 * ST * ST };
   float *sx = filled(SN, -6, 6), *sy = arr(SN), *sdx = arr(SN), *sdy = filled(SN, -1, 1);
-  KEEP("causal softmax", OPS.causal_softmax_forward(NULL, sx, sy, 3, ST, 0.5f), sy, SN);
-  KEEP("causal softmax dx", OPS.causal_softmax_backward(NULL, sy, sdy, sdx, 3, ST, 0.5f), sdx, SN);
+  pmap_bf16 *s16 = (pmap_bf16 *)(void *)arr(SN / 2 + 1),
+            *d16 = (pmap_bf16 *)(void *)arr(SN / 2 + 1);
+  KEEP("causal softmax", OPS.causal_softmax_forward(NULL, sx, sy, 3, ST, 0.5f, s16), sy, SN);
+  keep("causal softmax y16", (float *)(void *)s16, SN / 2);
+  KEEP("causal softmax dx",
+       OPS.causal_softmax_backward(NULL, sy, sdy, sdx, 3, ST, 0.5f, NULL, NULL), sdx, SN);
+  KEEP("causal softmax dx from y16",
+       OPS.causal_softmax_backward(NULL, NULL, sdy, sdx, 3, ST, 0.5f, s16, d16), sdx, SN);
+  keep("causal softmax dx16", (float *)(void *)d16, SN / 2);
   int32_t ids[9] = {0, 3, 3, 7, -1, 2, 9, 3, 1};
   float *table = filled(8 * 21, -1, 1), *e = arr(9 * 21), *de = filled(9 * 21, -1, 1);
   float *dt = arr(8 * 21);
   KEEP("embedding", OPS.embedding_forward(NULL, ids, table, 9, 8, 21, e), e, 9 * 21);
   KEEP("embedding backward", OPS.embedding_backward(NULL, ids, de, 9, 8, 21, dt), dt, 8 * 21);
   free(x), free(dy), free(y), free(dx), free(d), free(sx), free(sy), free(sdx), free(sdy);
+  free(s16), free(d16);
   free(table), free(e), free(de), free(dt);
 }
 
