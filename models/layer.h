@@ -48,10 +48,11 @@ struct layer {
    * (replica.tmp) until the next layer, which reads it only through its bfloat16 copy, has made
    * that copy; tmp_rows, floats per example it needs of the shared scratch. */
   int in16, transient;
-  /* bf16: out16_next, its epilogue's output feeds a gemm_in layer two on (past the folded
-   * activation), whose bfloat16 input copy (replica.in16[i + 2]) the epilogue writes in its own
-   * pass; in16_made, the layer two before wrote this layer's in16 so, and layer.c does not. */
-  int out16_next, in16_made;
+  /* bf16: out16_at, the gemm_in layer its output feeds (0: none, or a class that cannot), whose
+   * bfloat16 input copy (replica.in16[out16_at]) this layer writes in its own pass: the next
+   * layer, or the one past a folded activation, whose output is this layer's epilogue's;
+   * in16_made, a layer before wrote this layer's in16 so, and layer.c does not. */
+  int out16_at, in16_made;
   size_t tmp_rows;
   /* The kind's settings: a struct of its own file's, read with LAYER_SETTINGS. */
   _Alignas(max_align_t) unsigned char settings[LAYER_SETTINGS_BYTES];
@@ -113,6 +114,10 @@ struct layer_class {
    * backward reads this layer's output (r->out[i], its own or, for an activation folded into
    * the layer before, that layer's), so that it need not be kept in float. */
   int gemm_in, out_unused;
+  /* (optional, 0: no) 1: under bf16 its forward can write its output's bfloat16 copy for the
+   * gemm_in layer after it (layer.out16_at: replica.in16 of that layer), in its own pass (a
+   * class that takes_act: in its epilogue's pass, so only with an activation folded in). */
+  int writes16;
   /* (optional, NULL: aux_rows and aux_fixed, and no shared scratch) Under bf16: its own scratch
    * (r->aux[i]: floats per example and of its own) and floats per example of the shared scratch
    * (r->tmp), which precision.c sizes for the bfloat16 output gradient of a gemm_in layer. */

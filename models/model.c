@@ -156,12 +156,20 @@ void model_set_precision(pmap_model *m, int bf16) {
     if (bf16 && l->cls->bf16_rows) l->cls->bf16_rows(l, &aux, &fixed, &own);
     size_t held = l->transient ? (size_t)l->out_size : 0;
     l->tmp_rows = held > own ? held : own;
-    l->out16_next = l->in16_made = 0;
+    l->out16_at = l->in16_made = 0;
   }
-  for (int i = 0; i + 2 < m->n_layers; i++) {
-    layer *l = &m->layers[i], *use = &m->layers[i + 2];
-    l->out16_next = l->epilogue && m->layers[i + 1].folded && use->in16 && !use->folded;
-    use->in16_made = l->out16_next;
+  /* A producer that writes its consumer's bfloat16 input: its output's next reader, past the
+   * activation folded into it. */
+  for (int i = 0; i < m->n_layers; i++) {
+    layer *l = &m->layers[i];
+    int at = i + 1 + (l->epilogue != 0);
+    /* A class that takes an activation writes the copy in its epilogue's pass alone. */
+    if (!l->cls->writes16 || (l->cls->takes_act && !l->epilogue) || at >= m->n_layers) continue;
+    layer *use = &m->layers[at];
+    if (use->in16 && !use->folded && (!l->epilogue || m->layers[i + 1].folded)) {
+      l->out16_at = at;
+      use->in16_made = 1;
+    }
   }
 }
 

@@ -74,9 +74,11 @@ PMAP_OP(act_backward, (op_queue *q, pmap_act act, const float *x, const float *y
 /* y (n) = a + b; y may equal a or b (residual connections). */
 PMAP_OP(add, (op_queue *q, const float *a, const float *b, float *y, size_t n))
 /* Layer normalisation of each row of x (rows, f): y = (x - mean) rstd gamma + beta with
- * rstd = 1 / sqrt(var + eps) (biased variance); stats (rows, 2) = mean, rstd for backward. */
+ * rstd = 1 / sqrt(var + eps) (biased variance); stats (rows, 2) = mean, rstd for backward. y16
+ * (NULL: none): y rounded to bfloat16 in the same pass (the next GEMM's input under bf16). */
 PMAP_OP(layernorm_forward, (op_queue *q, const float *x, const float *gamma, const float *beta,
-                            int64_t rows, int64_t f, float eps, float *y, float *stats))
+                            int64_t rows, int64_t f, float eps, float *y, float *stats,
+                            pmap_bf16 *y16))
 /* dx (rows, f) = ... (dx may be NULL: not needed), dgamma (f) += sum over rows of dy xhat,
  * dbeta (f) += sum of dy. */
 PMAP_OP(layernorm_backward, (op_queue *q, const float *x, const float *gamma, const float *stats,

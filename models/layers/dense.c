@@ -10,7 +10,7 @@ pmap_status dense_rows_forward(const layer *l, replica *r, int i, const float *i
                       0.0f, y, u));
   if (l->epilogue) /* the activation after it, into that layer's output (and its bf16 copy) */
     return ops->bias_act_forward(r->q, (pmap_act)(l->epilogue - 1), y, r->w + l->b_off, rows, u,
-                                 r->act[i + 1], l->out16_next ? r->in16[i + 2] : NULL);
+                                 r->act[i + 1], l->out16_at ? r->in16[l->out16_at] : NULL);
   return ops->bias_forward(r->q, y, r->w + l->b_off, rows, u, 1);
 }
 
@@ -69,6 +69,7 @@ static const layer_class dense_class = {
     .code = 1,
     .takes_act = 1,
     .gemm_in = 1,
+    .writes16 = 1,
     .forward = forward,
     .backward = backward,
     .init = init,

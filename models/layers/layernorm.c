@@ -17,7 +17,8 @@ static pmap_status forward(pmap_device *dev, const layer *l, replica *r, int i, 
                            float *y, const float **out, int64_t bd) {
   (void)dev, (void)out;
   return r->ops->layernorm_forward(r->q, in, r->w + l->w_off, r->w + l->b_off, bd, l->in_size,
-                                   eps_of(l), y, r->aux[i]);
+                                   eps_of(l), y, r->aux[i],
+                                   l->out16_at ? r->in16[l->out16_at] : NULL);
 }
 
 static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i, const float *dy,
@@ -47,6 +48,7 @@ static const layer_class layernorm_class = {
     .name = "layernorm",
     .code = 8,
     .out_unused = 1, /* its backward reads its input and statistics */
+    .writes16 = 1,
     .forward = forward,
     .backward = backward,
     .init = init,

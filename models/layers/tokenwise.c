@@ -41,6 +41,7 @@ static const layer_class token_dense_class = {
     .code = 18,
     .takes_act = 1,
     .gemm_in = 1,
+    .writes16 = 1,
     .forward = dense_forward,
     .backward = dense_backward,
     .init = dense_init,
@@ -71,7 +72,8 @@ static pmap_status norm_forward(pmap_device *dev, const layer *l, replica *r, in
                                 const float *in, float *y, const float **out, int64_t bd) {
   (void)dev, (void)out;
   return r->ops->layernorm_forward(r->q, in, r->w + l->w_off, r->w + l->b_off, bd * l->in_shape[0],
-                                   l->in_shape[1], TOKEN_NORM_EPS, y, r->aux[i]);
+                                   l->in_shape[1], TOKEN_NORM_EPS, y, r->aux[i],
+                                   l->out16_at ? r->in16[l->out16_at] : NULL);
 }
 
 static pmap_status norm_backward(pmap_device *dev, const layer *l, replica *r, int i,
@@ -102,6 +104,7 @@ static const layer_class token_norm_class = {
     .name = "token_layernorm",
     .code = 19,
     .out_unused = 1, /* its backward reads its input and statistics */
+    .writes16 = 1,
     .forward = norm_forward,
     .backward = norm_backward,
     .init = norm_init,

@@ -149,8 +149,8 @@ CPU_INLINE void row_grad_sums(const float *x, const float *dy, const float *gamm
 
 CPU_KERNEL(extern, pmap_status, cpu_layernorm_forward,
            (op_queue *q, const float *x, const float *gamma, const float *beta, int64_t rows,
-            int64_t f, float eps, float *y, float *stats),
-           (q, x, gamma, beta, rows, f, eps, y, stats)) {
+            int64_t f, float eps, float *y, float *stats, pmap_bf16 *y16),
+           (q, x, gamma, beta, rows, f, eps, y, stats, y16)) {
   (void)q;
   for (int64_t r = 0; r < rows; r++) {
     const float *xr = x + r * f;
@@ -159,6 +159,7 @@ CPU_KERNEL(extern, pmap_status, cpu_layernorm_forward,
     float mean, rstd;
     pmap_ln_moments(s, ss, (double)f, eps, &mean, &rstd);
     for (int64_t j = 0; j < f; j++) y[r * f + j] = (xr[j] - mean) * rstd * gamma[j] + beta[j];
+    if (y16) round_row(y + r * f, y16 + r * f, f);
     stats[2 * r] = mean;
     stats[2 * r + 1] = rstd;
   }

@@ -5,7 +5,7 @@
 
 static __global__ void layernorm_forward_kernel(const float *x, const float *gamma,
                                                 const float *beta, int64_t f, float eps, float *y,
-                                                float *stats) {
+                                                float *stats, pmap_bf16 *y16) {
   __shared__ float moments[2];
   int64_t r = blockIdx.x;
   const float *xr = x + r * f;
@@ -21,8 +21,11 @@ static __global__ void layernorm_forward_kernel(const float *x, const float *gam
   }
   __syncthreads();
   float mean = moments[0], rstd = moments[1];
-  for (int64_t j = threadIdx.x; j < f; j += blockDim.x)
-    y[r * f + j] = (xr[j] - mean) * rstd * gamma[j] + beta[j];
+  for (int64_t j = threadIdx.x; j < f; j += blockDim.x) {
+    float v = (xr[j] - mean) * rstd * gamma[j] + beta[j];
+    y[r * f + j] = v;
+    if (y16) y16[r * f + j] = pmap_bf16_round(v);
+  }
 }
 
 static __global__ void layernorm_dx_kernel(const float *x, const float *gamma, const float *stats,
@@ -63,9 +66,9 @@ static __global__ void layernorm_dparams_kernel(const float *x, const float *sta
 
 static void layernorm_forward_launch(cudaStream_t stream, const float *x, const float *gamma,
                                      const float *beta, int64_t rows, int64_t f, float eps,
-                                     float *y, float *stats) {
+                                     float *y, float *stats, pmap_bf16 *y16) {
   layernorm_forward_kernel<<<(unsigned)rows, CUDA_BLOCK, 0, stream>>>(x, gamma, beta, f, eps, y,
-                                                                      stats);
+                                                                      stats, y16);
 }
 
 static void layernorm_backward_launch(cudaStream_t stream, const float *x, const float *gamma,
@@ -87,10 +90,10 @@ static pmap_status check_rows(op_queue *q, int64_t rows) {
 
 extern "C" pmap_status cuda_layernorm_forward(op_queue *q, const float *x, const float *gamma,
                                               const float *beta, int64_t rows, int64_t f, float eps,
-                                              float *y, float *stats) {
+                                              float *y, float *stats, pmap_bf16 *y16) {
   if (rows <= 0 || f <= 0) return PMAP_SUCCESS;
   PMAP_TRY(check_rows(q, rows));
-  layernorm_forward_launch(q->stream, x, gamma, beta, rows, f, eps, y, stats);
+  layernorm_forward_launch(q->stream, x, gamma, beta, rows, f, eps, y, stats, y16);
   CUDA_CHECK_LAUNCH(q, "layernorm_forward_kernel");
   return PMAP_SUCCESS;
 }

@@ -139,13 +139,14 @@ typedef struct ln_args {
   int64_t rows, f;
   float eps;
   hx_buf *x, *g, *b, *y, *stats, *dy, *dx, *dg, *db;
+  hx_buf *y16; /* the output's bfloat16 copy (every other trial; else NULL) */
   const double *xd, *gd, *bd, *rd;
 } ln_args;
 
 static pmap_status call_ln_forward(const pmap_ops *o, op_queue *q, void *arg) {
   ln_args *a = arg;
   return o->layernorm_forward(q, HX_F(a->x), HX_F(a->g), HX_F(a->b), a->rows, a->f, a->eps,
-                              HX_F(a->y), HX_F(a->stats));
+                              HX_F(a->y), HX_F(a->stats), a->y16 ? HX_H(a->y16) : NULL);
 }
 
 /* Twice when dx is NULL: dgamma and dbeta gain twice. */
@@ -236,7 +237,16 @@ void opcase_layernorm_forward(hx *h) {
     a.y = hx_out(h, n, "y");
     a.stats = hx_out(h, 2 * (size_t)a.rows, "stats");
     a.y->tol_cpu = a.stats->tol_cpu = 1e-5; /* sums in double on every backend (HX_TOL_FWD) */
-    HX_RUN(h, call_ln_forward, &a, a.x, a.g, a.b, a.y, a.stats);
+    if ((t & 1) && n) a.y16 = hx_new16(h, HX_OUT, n, "y16");
+    if (a.y16) {
+      a.y16->tol_cpu = 1e-2; /* another backend's y may round to the neighbouring bfloat16 */
+      HX_RUN(h, call_ln_forward, &a, a.x, a.g, a.b, a.y, a.stats, a.y16);
+      pmap_bf16 *want16 = (pmap_bf16 *)(void *)hx_floats(h, n / 2 + 1);
+      for (size_t k = 0; k < n; k++) want16[k] = pmap_bf16_round(a.y->got[k]);
+      hx_same16(h, "y16", HX_H16(a.y16->got), want16, n);
+    } else {
+      HX_RUN(h, call_ln_forward, &a, a.x, a.g, a.b, a.y, a.stats);
+    }
     double *xd = hx_to_double(h, a.x->init, n), *want = hx_doubles(h, n);
     double *st = hx_doubles(h, 2 * (size_t)a.rows);
     for (int64_t r = 0; r < a.rows; r++) {

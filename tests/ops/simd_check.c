@@ -161,7 +161,9 @@ static void rows(void) {
   enum { R = 13, F = 77, C = 11, IN = 19, NB = 3 * C * IN };
   float *x = filled(R * F, -3, 3), *dy = filled(R * F, -1, 1), *ga = filled(F, 0, 2);
   float *be = filled(F, -1, 1), *y = arr(R * F), *st = arr(2 * R), *dg = arr(F), *dbe = arr(F);
-  KEEP("layernorm", OPS.layernorm_forward(NULL, x, ga, be, R, F, 1e-5f, y, st), y, R * F);
+  pmap_bf16 *y16 = (pmap_bf16 *)(void *)arr(R * F / 2 + 1);
+  KEEP("layernorm", OPS.layernorm_forward(NULL, x, ga, be, R, F, 1e-5f, y, st, y16), y, R * F);
+  keep("layernorm y16", (float *)(void *)y16, R * F / 2);
   keep("layernorm stats", st, 2 * R);
   KEEP("layernorm dx", OPS.layernorm_backward(NULL, x, ga, st, dy, R, F, y, dg, dbe), y, R * F);
   keep("layernorm dgamma", dg, F);
@@ -182,7 +184,7 @@ static void rows(void) {
   KEEP("bn sums", OPS.bn_backward_sums(NULL, bx, bdy, s2, 3, C, IN, 1e-5f, sums), sums, 2 * C);
   KEEP("bn dx", OPS.bn_backward_dx(NULL, bx, bdy, s2, ga, sums, 3, C, IN, 1e-5f, by), by, NB);
   free(x), free(dy), free(ga), free(be), free(y), free(st), free(dg), free(dbe);
-  free(bx), free(bdy), free(s1), free(s2), free(run), free(by), free(sums);
+  free(bx), free(bdy), free(s1), free(s2), free(run), free(by), free(sums), free(y16);
 }
 
 static void windows(void) {
