@@ -174,9 +174,12 @@ PMAP_OP(embedding_backward, (op_queue *q, const int32_t *ids, const float *dy, i
 PMAP_OP(round_bf16, (op_queue *q, const float *x, pmap_bf16 *y16, float *y32, size_t n))
 /* round_bf16's y16 alone over a block of a matrix: y16 (rows, cols) at leading dimension ldy =
  * x (rows, cols) at leading dimension ldx rounded to bfloat16; what lies between the rows of
- * either is neither read nor written (attention: qkv's three parts taken apart and put back). */
-PMAP_OP(round_bf16_block, (op_queue *q, const float *x, int64_t ldx, pmap_bf16 *y16, int64_t ldy,
-                           int64_t rows, int64_t cols))
+ * either is neither read nor written (attention: qkv's three parts taken apart and put back).
+ * In the same pass, b (cols; NULL: none) added before the rounding (x + b in float, bias_forward's
+ * add), and db (cols; NULL: none) += the sums over the rows of x, bias_backward's (inner 1) in
+ * its order (db needs ldx == cols). */
+PMAP_OP(round_bf16_block, (op_queue *q, const float *x, int64_t ldx, const float *b, float *db,
+                           pmap_bf16 *y16, int64_t ldy, int64_t rows, int64_t cols))
 /* y (n) = x as floats (exact). */
 PMAP_OP(widen_bf16, (op_queue *q, const pmap_bf16 *x, float *y, size_t n))
 /* gemm's contract with bfloat16 operands: c (m, n) = alpha op(a) op(b) + beta c, the products

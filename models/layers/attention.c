@@ -166,11 +166,11 @@ static pmap_status forward16(const layer *l, replica *r, int i, const float *in,
   layer_mat wqkv = layer_weights(r, l->w_off), wo = layer_weights(r, l->w_off + (size_t)(a.d * e3));
   PMAP_TRY(
       layer_gemm(r, 0, 0, a.rows, e3, a.d, layer_input(r, i, in), a.d, wqkv, e3, 0.0f, b.f1, e3));
-  PMAP_TRY(ops->bias_forward(r->q, b.f1, bqkv, a.rows, e3, 1));
-  int64_t part = a.rows * a.e; /* Q, K and V apart */
+  int64_t part = a.rows * a.e; /* Q, K and V apart, each with its bias added as it is rounded */
   const pmap_bf16 *q16 = b.qkv, *k16 = q16 + part, *v16 = k16 + part;
   for (int64_t j = 0; j < 3; j++)
-    PMAP_TRY(ops->round_bf16_block(r->q, b.f1 + j * a.e, e3, b.qkv + j * part, a.e, a.rows, a.e));
+    PMAP_TRY(ops->round_bf16_block(r->q, b.f1 + j * a.e, e3, bqkv + j * a.e, NULL, b.qkv + j * part,
+                                   a.e, a.rows, a.e));
   int64_t gp = a.h * tt, go = a.t * a.e; /* one example's P, and its Q, K, V or O */
   /* S_h = Q_h K_h^T, every example's heads at once */
   PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 1, a.t, a.t, a.hs, 1.0f, q16, a.e, a.hs, k16, a.e, a.hs,
@@ -220,10 +220,9 @@ static pmap_status backward16(const layer *l, replica *r, int i, const float *dy
                                   0.0f, dk, a.e, a.hs, a.h, bd, gp, go, go));
   /* the input projection: dWqkv += x^T dqkv, dbqkv += sum dqkv, dx = dqkv Wqkv^T, with dqkv
    * (rows, 3E) put together from dQ, dK and dV as it is rounded */
-  for (int64_t j = 0; j < 3; j++) {
-    PMAP_TRY(ops->bias_backward(r->q, b.f1 + j * part, gbqkv + j * a.e, a.rows, a.e, 1));
-    PMAP_TRY(ops->round_bf16_block(r->q, b.f1 + j * part, a.e, b.h4 + j * a.e, e3, a.rows, a.e));
-  }
+  for (int64_t j = 0; j < 3; j++) /* with dbqkv += their sums, in the same pass */
+    PMAP_TRY(ops->round_bf16_block(r->q, b.f1 + j * part, a.e, NULL, gbqkv + j * a.e,
+                                   b.h4 + j * a.e, e3, a.rows, a.e));
   layer_mat dq16 = {NULL, b.h4};
   PMAP_TRY(layer_gemm(r, 1, 0, a.d, e3, a.rows, layer_input(r, i, r->in[i]), a.d, dq16, e3, 1.0f,
                       gwqkv, e3));

@@ -30,14 +30,23 @@ CPU_KERNEL(extern, pmap_status, cpu_round_bf16,
 }
 
 CPU_KERNEL(extern, pmap_status, cpu_round_bf16_block,
-           (op_queue *q, const float *x, int64_t ldx, pmap_bf16 *y16, int64_t ldy, int64_t rows,
-            int64_t cols),
-           (q, x, ldx, y16, ldy, rows, cols)) {
+           (op_queue *q, const float *x, int64_t ldx, const float *b, float *db, pmap_bf16 *y16,
+            int64_t ldy, int64_t rows, int64_t cols),
+           (q, x, ldx, b, db, y16, ldy, rows, cols)) {
   (void)q;
+  if (db && ldx != cols)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "round_bf16_block: a bias gradient needs ldx %lld = cols %lld", (long long)ldx,
+                    (long long)cols);
   for (int64_t r = 0; r < rows; r++) {
     const float *xr = x + r * ldx;
     pmap_bf16 *yr = y16 + r * ldy;
-    CPU_IVDEP for (int64_t c = 0; c < cols; c++) yr[c] = pmap_bf16_round(xr[c]);
+    if (b)
+      CPU_IVDEP for (int64_t c = 0; c < cols; c++) yr[c] = pmap_bf16_round(xr[c] + b[c]);
+    else
+      CPU_IVDEP for (int64_t c = 0; c < cols; c++) yr[c] = pmap_bf16_round(xr[c]);
+    if (db)
+      for (int64_t c = 0; c < cols; c++) db[c] += xr[c];
   }
   return PMAP_SUCCESS;
 }

@@ -14,12 +14,14 @@ static __global__ void round_bf16_kernel(const float *x, pmap_bf16 *y16, float *
   }
 }
 
-static __global__ void round_bf16_block_kernel(const float *x, int64_t ldx, pmap_bf16 *y16,
-                                               int64_t ldy, int64_t rows, int64_t cols) {
+static __global__ void round_bf16_block_kernel(const float *x, int64_t ldx, const float *b,
+                                               pmap_bf16 *y16, int64_t ldy, int64_t rows,
+                                               int64_t cols) {
   size_t n = (size_t)rows * (size_t)cols;
   for (size_t i = cuda_thread_index(); i < n; i += cuda_grid_stride()) {
     int64_t r = (int64_t)(i / (size_t)cols), c = (int64_t)(i % (size_t)cols);
-    y16[r * ldy + c] = pmap_bf16_round(x[r * ldx + c]);
+    float v = x[r * ldx + c];
+    y16[r * ldy + c] = pmap_bf16_round(b ? v + b[c] : v);
   }
 }
 
@@ -36,12 +38,18 @@ extern "C" pmap_status cuda_round_bf16(op_queue *q, const float *x, pmap_bf16 *y
 }
 
 extern "C" pmap_status cuda_round_bf16_block(op_queue *q, const float *x, int64_t ldx,
-                                             pmap_bf16 *y16, int64_t ldy, int64_t rows,
-                                             int64_t cols) {
+                                             const float *b, float *db, pmap_bf16 *y16,
+                                             int64_t ldy, int64_t rows, int64_t cols) {
+  if (db && ldx != cols)
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "round_bf16_block: a bias gradient needs ldx %lld = cols %lld", (long long)ldx,
+                    (long long)cols);
   if (rows <= 0 || cols <= 0) return PMAP_SUCCESS;
   size_t n = (size_t)rows * (size_t)cols;
-  round_bf16_block_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, q->stream>>>(x, ldx, y16, ldy, rows, cols);
+  round_bf16_block_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, q->stream>>>(x, ldx, b, y16, ldy, rows,
+                                                                      cols);
   CUDA_CHECK_LAUNCH(q, "round_bf16_block_kernel");
+  if (db) return cuda_bias_backward(q, x, db, rows, cols, 1); /* its fixed-order column sums */
   return PMAP_SUCCESS;
 }
 

@@ -143,16 +143,20 @@ void opcase_widen_bf16(hx *h) {
 
 typedef struct block_args {
   hx_buf *x, *y;
+  hx_buf *b, *db; /* NULL: none */
   int64_t ldx, ldy, rows, cols;
 } block_args;
 
 static pmap_status call_block(const pmap_ops *o, op_queue *q, void *arg) {
   block_args *a = arg;
-  return o->round_bf16_block(q, HX_F(a->x), a->ldx, HX_H(a->y), a->ldy, a->rows, a->cols);
+  return o->round_bf16_block(q, HX_F(a->x), a->ldx, a->b ? HX_F(a->b) : NULL,
+                             a->db ? HX_F(a->db) : NULL, HX_H(a->y), a->ldy, a->rows, a->cols);
 }
 
 /* A block of x rounded into a block of y, both padded: the block's elements against the float64
- * rounding, y's padding (a sentinel) unchanged, and an empty block that writes nothing. */
+ * rounding, y's padding (a sentinel) unchanged, and an empty block that writes nothing; with a
+ * bias (added in float before the rounding: bias_forward's one add), and with a bias gradient
+ * (ldx = cols: db += the column sums, bias_backward's bits). */
 void opcase_round_bf16_block(hx *h) {
   int trials = hx_rounds(h, 8) + 3;
   for (int t = 0; t < trials; t++, hx_release(h)) {
@@ -162,23 +166,46 @@ void opcase_round_bf16_block(hx *h) {
     if (t == 1) a.rows = 1;
     if (t == 2) a.cols = 0;
     if (t == 3) a.rows = 64, a.cols = 128; /* attention's shape: one part of (T, 3E) */
-    a.ldx = a.cols + hx_int(h, 0, 3);
+    int with_b = t % 3 == 1, with_db = t % 3 == 2 && a.cols > 0;
+    a.ldx = with_db ? a.cols : a.cols + hx_int(h, 0, 3);
     a.ldy = a.cols + hx_int(h, 0, t == 3 ? 256 : 5);
     hx_trial(h, "rows=%lld cols=%lld ldx=%lld ldy=%lld", (long long)a.rows, (long long)a.cols,
              (long long)a.ldx, (long long)a.ldy);
     size_t nx = (size_t)(a.rows * a.ldx), ny = (size_t)(a.rows * a.ldy);
     a.x = hx_new(h, HX_IN, nx > 0 ? nx : 1, "x");
-    for (size_t i = 0; i < a.x->n; i++) a.x->init[i] = tricky(h);
+    for (size_t i = 0; i < a.x->n; i++) /* values that round every way; finite for the sums */
+      a.x->init[i] = with_db ? hx_uniform(h, -1.0f, 1.0f) : tricky(h);
     a.y = hx_new16(h, HX_INOUT, ny > 0 ? ny : 1, "y16");
     pmap_bf16 *y0 = HX_H16(a.y->init);
     for (size_t i = 0; i < a.y->n16; i++) y0[i] = 0x1234u; /* the sentinel */
-    HX_RUN(h, call_block, &a, a.x, a.y);
+    if (with_b) a.b = hx_in(h, a.cols > 0 ? (size_t)a.cols : 1, -2.0f, 2.0f, "b");
+    if (with_db) {
+      a.db = hx_inout(h, (size_t)a.cols, -1.0f, 1.0f, "db");
+      double k = (double)a.rows + 1.0; /* float sums of rows terms, added to what db held */
+      a.db->tol_cpu = hx_tol_vs_cpu(hx_tol_sum(k), k);
+    }
+    if (a.db)
+      HX_RUN(h, call_block, &a, a.x, a.db, a.y);
+    else if (a.b)
+      HX_RUN(h, call_block, &a, a.x, a.b, a.y);
+    else
+      HX_RUN(h, call_block, &a, a.x, a.y);
     pmap_bf16 *want = (pmap_bf16 *)(void *)hx_floats(h, a.y->n16 / 2 + 1);
     memcpy(want, y0, a.y->n16 * sizeof *want);
     for (int64_t r = 0; r < a.rows; r++)
-      for (int64_t c = 0; c < a.cols; c++)
-        want[r * a.ldy + c] = ref_round(a.x->init[r * a.ldx + c]);
+      for (int64_t c = 0; c < a.cols; c++) {
+        float v = a.x->init[r * a.ldx + c];
+        want[r * a.ldy + c] = ref_round(a.b ? v + a.b->init[c] : v);
+      }
     hx_same16(h, "y16 (block and padding)", HX_H16(a.y->got), want, a.y->n16);
+    if (a.db) { /* against float64's sums: float sums of rows + 1 terms */
+      double *sum = hx_doubles(h, (size_t)a.cols);
+      for (int64_t c = 0; c < a.cols; c++) sum[c] = a.db->init[c];
+      for (int64_t r = 0; r < a.rows; r++)
+        for (int64_t c = 0; c < a.cols; c++) sum[c] += a.x->init[r * a.ldx + c];
+      double k = (double)a.rows + 1.0;
+      hx_close_scale(h, "db", a.db->got, sum, (size_t)a.cols, hx_tol_sum(k), sqrt(k / 3.0));
+    }
   }
 }
 
