@@ -1,5 +1,6 @@
 /* conv.h: the CPU convolutions' two paths, chosen once per process: oneDNN's convolution
- * primitives where the build has them (conv_dnnl.c), else im2col + the GEMM in use (conv.c);
+ * primitives where the build has them (conv_dnnl.c), else im2col + the GEMM in use
+ * (conv_im2col.c);
  * PMAP_CONV=onednn|im2col forces one (docs/cpu-gemm.md). And the loops that carry activations
  * between NCHW and the channel-blocked layouts oneDNN's primitives read and write
  * (conv_layout.c). */
@@ -19,6 +20,14 @@ pmap_status cpu_conv_force(const char *name);
 const char *cpu_conv_path(void);
 /* The paths of this build, comma-separated: "onednn,im2col" or "im2col". */
 const char *cpu_conv_paths(void);
+
+/* The im2col path (conv_im2col.c): the ops' contract (ops/op_list.h, conv2d_*) for every shape;
+ * col and dcol hold one example's columns (C*KH*KW, OH*OW). */
+pmap_status conv_im2col_forward(op_queue *q, const pmap_conv_shape *s, int64_t bd, const float *x,
+                                const float *w, const float *b, int relu, float *y, float *col);
+pmap_status conv_im2col_backward(op_queue *q, const pmap_conv_shape *s, int64_t bd, const float *x,
+                                 const float *w, const float *y, const float *dy, float *dx,
+                                 float *dw, float *db, float *col, float *dcol);
 
 /* oneDNN's primitives (conv_dnnl.c): the ops' contract (ops/op_list.h, conv2d_*). *done = 0
  * where they do not serve this shape (no implementation, or a layout of theirs the loops here do
