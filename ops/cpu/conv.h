@@ -44,6 +44,22 @@ pmap_status conv_dnnl_backward(op_queue *q, const pmap_conv_shape *s, int64_t bd
 /* Whether oneDNN's primitives serve (s, bd) with a bias in q's cache (made now if need be): 1,
  * or 0 where the im2col path runs it (or the build has no oneDNN), for tests. */
 int conv_dnnl_serves(op_queue *q, const pmap_conv_shape *s, int64_t bd);
+/* What oneDNN's primitives would run for (s, bd) with (bias 1) or without a bias, made now if
+ * need be: *kinds 0 where they do not serve it (or the build has no oneDNN), else
+ * CONV_DNNL_SERVED with a CONV_DNNL_REF_* bit for each pass that oneDNN runs on its reference
+ * implementation (plain loops, for layouts its kernels do not take: the backward passes of a
+ * layer with few input channels, whose input stays NCHW). Errors as conv_dnnl_forward's. */
+enum {
+  CONV_DNNL_SERVED = 1,
+  CONV_DNNL_REF_FORWARD = 2,
+  CONV_DNNL_REF_DATA = 4,   /* backward data: the input gradient */
+  CONV_DNNL_REF_WEIGHTS = 8 /* backward weights: the weight and bias gradients */
+};
+pmap_status conv_dnnl_kinds(op_queue *q, const pmap_conv_shape *s, int64_t bd, int bias,
+                            int *kinds);
+/* The rows of the largest piece oneDNN's primitives run a call of bd rows in (bd >= 1; bd
+ * without oneDNN). */
+int64_t conv_dnnl_piece_rows(const pmap_conv_shape *s, int64_t bd);
 
 /* A 4-D tensor (n, c, h, w) as oneDNN lays it out here: dense NCHW (block 1), or dense with its
  * channels in blocks of `block` (nChw8c, nChw16c: element (n, c, p) at ((n * cblocks + c /
