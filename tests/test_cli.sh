@@ -73,6 +73,10 @@ fi
 json_check --backend cpu --model linear --steps 2 -- \
   "j['gemm'] in ('onednn', 'cblas', 'portable') and j['gemm_reason'] in ('measured', 'cached', 'only one built')"
 PMAP_GEMM=bogus expect_error 'PMAP_GEMM="bogus" names no CPU GEMM' --backend cpu --model linear
+# The convolutions' paths per shape: convnet's one layer (one output channel, which oneDNN's
+# primitives do not serve) runs on im2col, forward and backward, whatever PMAP_CONV says.
+json_check --backend cpu --model convnet --devices 2 --steps 2 --batch 8 -- \
+  "j['conv_choices'] == {'forward': {'onednn': 0, 'im2col': 1}, 'backward': {'onednn': 0, 'im2col': 1}}"
 
 # MFU against the devices' measured GEMM rate (the GEMM probe), for a run of at least 10 times
 # the probe's FLOPs (6.44e10 on 1 device: mlp-1024's 512 rows of 6 x 3155968 FLOPs a step reach
