@@ -53,9 +53,10 @@ pmap_status conv_choose(op_queue *q, const conv_call *c, conv_path *path, conv_c
 /* Records the path the entry's last call ran on (oneDNN's falls back to im2col where it does
  * not serve the rows), which pmap_conv_choices counts. */
 void conv_choice_ran(conv_choice *entry, conv_path ran);
-/* For tests: the choice made for c's shape, pass and rows (CONV_ONEDNN or CONV_IM2COL, and
- * *reason), or -1 while none was made; and the number of measurements this process made. */
-int conv_choice_find(const conv_call *c, const char **reason);
+/* For tests and the benchmark: the choice made for c's shape, pass and rows (CONV_ONEDNN or
+ * CONV_IM2COL, *reason, and *spent_ms the CPU time its measurement took, 0 for none; spent_ms
+ * may be NULL), or -1 while none was made; and the number of measurements this process made. */
+int conv_choice_find(const conv_call *c, const char **reason, double *spent_ms);
 int conv_choice_measurements(void);
 /* For tests: every entry of the process, a line each (at most cap bytes, whole lines): the
  * shape as the cache writes it, the chosen path, its reason, the path of the last call ("-"
@@ -65,12 +66,17 @@ int conv_choice_report(char *out, size_t cap);
 /* Runs call c on `path` (conv_measure.c): oneDNN's primitives where they serve c, else im2col;
  * *ran the path that ran. */
 pmap_status conv_run(op_queue *q, const conv_call *c, conv_path path, conv_path *ran);
-/* Times both paths on the first `rows` rows of c, single-threaded, in up to five alternating
- * rounds after a warm-up (two past 10 ms; the calls repeated to take 0.1 ms at least), the
- * outputs in scratch of its own (c's are not written): ms[path] the best time of one call; a
- * path more than 4 times slower than the other after two rounds is not timed further. *measured
- * 0 without memory for the scratch. Errors of the runs. */
-pmap_status conv_measure(op_queue *q, const conv_call *c, int64_t rows, double ms[2],
+/* What a measurement found. */
+typedef struct conv_timing {
+  double ms[2];    /* per path: the best time of one call, in ms of the thread's CPU time */
+  double spent_ms; /* the measurement's own CPU time, its warm-up (oneDNN's primitives) included */
+} conv_timing;
+/* Times both paths on the first `rows` rows of c, single-threaded, in up to three alternating
+ * rounds after a warm-up (two past 5 ms; the calls repeated to take 0.1 ms at least), the
+ * outputs in scratch of its own (c's are not written); a path more than 4 times slower than the
+ * other after two rounds is not timed further. *measured 0 without memory for the scratch.
+ * Errors of the runs. */
+pmap_status conv_measure(op_queue *q, const conv_call *c, int64_t rows, conv_timing *t,
                          int *measured);
 
 /* The measured choices' cache (conv_cache.c): one line per CPU model, library version, context

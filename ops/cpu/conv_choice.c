@@ -127,6 +127,7 @@ struct conv_choice {
   choice_key key;
   int path;           /* a conv_path; -1 until chosen (a forced mode chooses nothing) */
   const char *reason; /* why, for tests and the cache */
+  double spent_ms;    /* the measurement's CPU time; 0 for none */
   _Atomic int ran;    /* the path of the entry's last call; -1 before the first */
   conv_choice *next;
 };
@@ -241,18 +242,21 @@ static pmap_status measured_choice(op_queue *q, const conv_call *c, conv_choice 
     conv_cache_close(cache);
     return PMAP_SUCCESS;
   }
-  double ms[2] = {0.0, 0.0};
+  conv_timing t = {{0.0, 0.0}, 0.0};
   int measured = 0;
-  pmap_status st = conv_measure(q, c, e->key.rows, ms, &measured);
+  pmap_status st = conv_measure(q, c, e->key.rows, &t, &measured);
+  const double *ms = t.ms;
   if (st == PMAP_SUCCESS && !measured) {
     e->path = CONV_ONEDNN;
     e->reason = "preferred (no memory to measure)";
   } else if (st == PMAP_SUCCESS) {
     e->path = ms[CONV_IM2COL] < ms[CONV_ONEDNN] * (1.0 - PICK_MARGIN) ? CONV_IM2COL : CONV_ONEDNN;
     e->reason = "measured";
+    e->spent_ms = t.spent_ms;
     atomic_fetch_add(&measurements, 1);
-    char times[64];
-    snprintf(times, sizeof times, "onednn=%.4f im2col=%.4f", ms[CONV_ONEDNN], ms[CONV_IM2COL]);
+    char times[96];
+    snprintf(times, sizeof times, "onednn=%.4f im2col=%.4f spent=%.2f", ms[CONV_ONEDNN],
+             ms[CONV_IM2COL], t.spent_ms);
     conv_cache_store(cache, shape, path_names[e->path], times);
   }
   conv_cache_close(cache);
@@ -308,12 +312,13 @@ void conv_choice_ran(conv_choice *entry, conv_path ran) {
   if (entry) atomic_store(&entry->ran, (int)ran);
 }
 
-int conv_choice_find(const conv_call *c, const char **reason) {
+int conv_choice_find(const conv_call *c, const char **reason, double *spent_ms) {
   choice_key k = key_of(c);
   pthread_mutex_lock(&table_lock);
   conv_choice *e = find(&k);
   int path = e ? e->path : -1;
   *reason = e && e->path >= 0 ? e->reason : "";
+  if (spent_ms) *spent_ms = e ? e->spent_ms : 0.0;
   pthread_mutex_unlock(&table_lock);
   return path;
 }

@@ -30,19 +30,24 @@ pmap_status conv_run(op_queue *q, const conv_call *c, conv_path path, conv_path 
 
 /* Alternating rounds after the warm-up; a timing repeats its call to take MIN_TIMING_S at
  * least (up to MAX_REPS calls), so that a small shape's time is not the clock's grain. */
-#define ROUNDS 5
+#define ROUNDS 3
 #define MIN_TIMING_S 1e-4
 #define MAX_REPS 64
-/* Past this long, no further round: a shape whose calls take milliseconds is measured in two
- * timings of each path (the difference that matters there is larger than a timing's noise). */
-#define BUDGET_S 0.01
+/* Past this much CPU time, no further round: a shape whose calls take milliseconds is measured
+ * in two timings of each path (the difference that matters there is larger than a timing's
+ * noise). */
+#define BUDGET_S 0.005
 /* A path this many times slower than the other after two rounds is not timed further: the choice
  * is clear, and the measurement stays within a few of the faster path's calls. */
 #define DROP_FACTOR 4.0
 
+/* The calling thread's CPU time: the measurement runs both paths on this thread alone (oneDNN
+ * and the GEMM pinned to one thread), and its CPU time leaves out what the wall clock adds when
+ * other processes hold the cores (a shared machine, the other devices), which is no property of
+ * either path. */
 static double now_s(void) {
   struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
@@ -97,7 +102,7 @@ static int reps_for(double t) {
 /* The rounds: a warm-up call of each path (oneDNN makes its primitives, both touch their
  * memory), then ROUNDS rounds, each starting with the other path than the last. The best time
  * of each: what a neighbour's load adds to a timing is never negative. */
-static pmap_status rounds(op_queue *q, const conv_call *m, double ms[2]) {
+static pmap_status rounds(op_queue *q, const conv_call *m, conv_timing *out) {
   double best[2] = {INFINITY, INFINITY}, t = 0.0, start = now_s();
   for (int p = 0; p < 2; p++) PMAP_TRY(time_path(q, m, (conv_path)p, 1, &t));
   for (int round = 0; round < ROUNDS; round++) {
@@ -109,12 +114,13 @@ static pmap_status rounds(op_queue *q, const conv_call *m, double ms[2]) {
     }
     if (round > 0 && (best[0] > DROP_FACTOR * best[1] || best[1] > DROP_FACTOR * best[0])) break;
   }
-  ms[0] = 1e3 * best[0];
-  ms[1] = 1e3 * best[1];
+  out->ms[0] = 1e3 * best[0];
+  out->ms[1] = 1e3 * best[1];
+  out->spent_ms = 1e3 * (now_s() - start);
   return PMAP_SUCCESS;
 }
 
-pmap_status conv_measure(op_queue *q, const conv_call *c, int64_t rows, double ms[2],
+pmap_status conv_measure(op_queue *q, const conv_call *c, int64_t rows, conv_timing *t,
                          int *measured) {
   conv_call m;
   void *raw = NULL;
@@ -122,7 +128,7 @@ pmap_status conv_measure(op_queue *q, const conv_call *c, int64_t rows, double m
   if (scratch_call(c, rows, &m, &raw)) return PMAP_SUCCESS;
   /* Single-threaded, as on a device thread (oneDNN's convolutions pin themselves). */
   int threads = cpu_gemm_threads_set(1);
-  pmap_status st = rounds(q, &m, ms);
+  pmap_status st = rounds(q, &m, t);
   cpu_gemm_threads_set(threads);
   free(raw);
   *measured = st == PMAP_SUCCESS;
