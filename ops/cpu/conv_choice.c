@@ -265,28 +265,22 @@ static pmap_status measured_choice(op_queue *q, const conv_call *c, conv_choice 
 
 /* Chooses e's path for calls like c (table_lock held). */
 static pmap_status decide(op_queue *q, const conv_call *c, conv_choice *e) {
-#if !defined(PMAP_CONV_DNNL)
-  (void)q, (void)c;
-  e->path = CONV_IM2COL;
-  e->reason = "only im2col built";
-  return PMAP_SUCCESS;
-#else
   int kinds = 0, bias = (e->key.flags & FLAG_BIAS) != 0;
-  PMAP_TRY(conv_dnnl_kinds(q, c->s, e->key.rows, bias, &kinds));
+  PMAP_TRY(conv_dnnl_kinds(q, c->s, e->key.rows, bias, &kinds)); /* 0 without oneDNN */
   int ref = c->backward ? (kinds & CONV_DNNL_REF_WEIGHTS) || (c->dx && (kinds & CONV_DNNL_REF_DATA))
                         : (kinds & CONV_DNNL_REF_FORWARD) != 0;
   if (!kinds) {
     e->path = CONV_IM2COL;
-    e->reason = "oneDNN does not serve the shape";
+    e->reason =
+        strchr(cpu_conv_paths(), ',') ? "oneDNN does not serve the shape" : "only im2col built";
   } else if (ref) {
-    /* Plain loops, 50-1000 times slower than im2col (bench/README.md): not worth timing. */
+    /* Plain loops, 190-2100 times slower than im2col (bench/README.md): not worth timing. */
     e->path = CONV_IM2COL;
     e->reason = "oneDNN has only its reference implementation";
   } else {
     PMAP_TRY(measured_choice(q, c, e));
   }
   return PMAP_SUCCESS;
-#endif
 }
 
 pmap_status conv_choose(op_queue *q, const conv_call *c, conv_path *path, conv_choice **entry) {
