@@ -276,6 +276,15 @@ PMAP_API const char *pmap_gemm_providers(void);
  * PMAP_CPU_ISA" (OpenBLAS's kernels above the cap), "preferred (no memory to measure)", or "invalid PMAP_GEMM" / "invalid PMAP_GEMM_CACHE" (provider "none"). Makes the choice like
  * pmap_gemm_provider. Never NULL; the string is static. */
 PMAP_API const char *pmap_gemm_reason(void);
+/* How many convolution shapes (a layer's shape, bias and ReLU, with its rows per device up to
+ * the rows the choice measures) this process ran on the CPU `path` ("onednn": oneDNN's
+ * convolution primitives, "im2col": im2col + the GEMM in use) in `pass` ("forward" or
+ * "backward"), each counted by the path of its last call. Each shape and pass takes the path
+ * the environment variable PMAP_CONV forces (onednn, im2col, or auto), else the one chosen at
+ * its first call and kept for the process: this machine's choice cached in
+ * $XDG_CACHE_HOME/pmap/conv, else the faster in a measurement of a few milliseconds
+ * (docs/cpu-gemm.md, "Convolutions"). -1 for another pass or path name. */
+PMAP_API int pmap_conv_choices(const char *pass, const char *path);
 /* The instruction set pmap's CPU code uses: "sse41", "avx2", "avx512" (x86-64-v4),
  * "avx512_bf16" or "amx": the CPU's (CPUID, with the registers the OS saves), capped by the
  * environment variable PMAP_CPU_ISA (one of those names, or native), read once per process. The

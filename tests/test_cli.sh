@@ -73,6 +73,10 @@ fi
 json_check --backend cpu --model linear --steps 2 -- \
   "j['gemm'] in ('onednn', 'cblas', 'portable') and j['gemm_reason'] in ('measured', 'cached', 'only one built')"
 PMAP_GEMM=bogus expect_error 'PMAP_GEMM="bogus" names no CPU GEMM' --backend cpu --model linear
+# The convolutions' paths per shape: convnet's one layer (one output channel, which oneDNN's
+# primitives do not serve) runs on im2col, forward and backward, whatever PMAP_CONV says.
+json_check --backend cpu --model convnet --devices 2 --steps 2 --batch 8 -- \
+  "j['conv_choices'] == {'forward': {'onednn': 0, 'im2col': 1}, 'backward': {'onednn': 0, 'im2col': 1}}"
 
 # MFU on CPU devices against their cores' peak for the precision the GEMMs run in, so never past
 # 1 (fp32 and bf16, on the bar, in the summary with the peak and in --json), for any run: the

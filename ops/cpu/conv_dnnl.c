@@ -31,6 +31,18 @@ int conv_dnnl_serves(op_queue *q, const pmap_conv_shape *s, int64_t bd) {
   return 0;
 }
 
+pmap_status conv_dnnl_kinds(op_queue *q, const pmap_conv_shape *s, int64_t bd, int bias,
+                            int *kinds) {
+  (void)q, (void)s, (void)bd, (void)bias;
+  *kinds = 0;
+  return PMAP_SUCCESS;
+}
+
+int64_t conv_dnnl_piece_rows(const pmap_conv_shape *s, int64_t bd) {
+  (void)s;
+  return bd;
+}
+
 #else
 
 #include <dnnl.h>
@@ -87,6 +99,7 @@ typedef struct reorder {
 
 typedef struct dconv {
   int usable; /* 0: the im2col path serves this shape */
+  int kinds;  /* CONV_DNNL_SERVED and the CONV_DNNL_REF_* bits (conv.h) */
   conv_layout src, dst;
   dnnl_stream_t stream;
   prim fwd, bwd_data, bwd_weights;
@@ -248,6 +261,15 @@ static dnnl_status_t descs_make(dconv *d, const pmap_conv_shape *s, int64_t bd, 
   return r;
 }
 
+/* Whether oneDNN serves p with its reference implementation ("ref:any"): plain loops, for shapes
+ * its optimized kernels do not take, hundreds of times slower than im2col's GEMMs. */
+static int is_reference(const prim *p) {
+  const char *impl = NULL;
+  if (dnnl_primitive_desc_query(p->pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success)
+    return 0;
+  return impl && strncmp(impl, "ref", 3) == 0;
+}
+
 /* The entry of (s, bd, bias): its descriptors, reorders, operands and workspace plan; usable 0
  * where oneDNN has no implementation, or chose a layout conv_layout.c does not read or one that
  * pads the channels to more than twice their count. */
@@ -305,6 +327,9 @@ static pmap_status dconv_make(const pmap_conv_shape *s, int64_t bd, int bias, dc
     d->ws_bytes += (need[i] + 63) / 64 * 64;
   }
   d->usable = 1;
+  d->kinds = CONV_DNNL_SERVED | (is_reference(&d->fwd) ? CONV_DNNL_REF_FORWARD : 0) |
+             (is_reference(&d->bwd_data) ? CONV_DNNL_REF_DATA : 0) |
+             (is_reference(&d->bwd_weights) ? CONV_DNNL_REF_WEIGHTS : 0);
   return PMAP_SUCCESS;
 }
 
@@ -451,22 +476,39 @@ static pieces pieces_of(const pmap_conv_shape *s, int64_t bd) {
 
 static int64_t piece_rows(const pieces *p, int64_t i) { return p->base + (i < p->big); }
 
-/* Whether oneDNN serves every piece's shape (their entries made now): *ok 0 sends the whole
- * call to the im2col path, before any piece ran. */
-static pmap_status pieces_served(op_queue *q, const pmap_conv_shape *s, const pieces *p, int bias,
-                                 int *ok) {
-  *ok = 0;
+int64_t conv_dnnl_piece_rows(const pmap_conv_shape *s, int64_t bd) {
+  pieces p = pieces_of(s, bd);
+  return p.base + (p.big > 0);
+}
+
+/* The kinds (conv.h) of every piece's entry together (their entries made now): 0 where oneDNN
+ * does not serve one of them, which sends the whole call to the im2col path before any piece
+ * ran; else CONV_DNNL_SERVED with the reference bits of any piece. */
+static pmap_status pieces_kinds(op_queue *q, const pmap_conv_shape *s, const pieces *p, int bias,
+                                int *kinds) {
+  *kinds = 0;
+  int all = CONV_DNNL_SERVED;
   dconv *d = NULL;
   char *ws = NULL;
   if (p->big > 0) {
     PMAP_TRY(entry_of(q, s, p->base + 1, bias, &d, &ws));
     if (!d) return PMAP_SUCCESS;
+    all |= d->kinds;
   }
   if (p->count > p->big) {
     PMAP_TRY(entry_of(q, s, p->base, bias, &d, &ws));
     if (!d) return PMAP_SUCCESS;
+    all |= d->kinds;
   }
-  *ok = 1;
+  *kinds = all;
+  return PMAP_SUCCESS;
+}
+
+/* Whether oneDNN serves every piece's shape: *ok 0 sends the whole call to the im2col path. */
+static pmap_status pieces_served(op_queue *q, const pmap_conv_shape *s, const pieces *p, int bias,
+                                 int *ok) {
+  PMAP_TRY(pieces_kinds(q, s, p, bias, ok));
+  *ok = *ok != 0;
   return PMAP_SUCCESS;
 }
 
@@ -522,12 +564,19 @@ pmap_status conv_dnnl_backward(op_queue *q, const pmap_conv_shape *s, int64_t bd
 }
 
 int conv_dnnl_serves(op_queue *q, const pmap_conv_shape *s, int64_t bd) {
-  if (bd < 1) return 0;
-  int saved = threads_pin(), ok = 0;
+  int kinds = 0;
+  return bd >= 1 && !conv_dnnl_kinds(q, s, bd, 1, &kinds) && kinds;
+}
+
+pmap_status conv_dnnl_kinds(op_queue *q, const pmap_conv_shape *s, int64_t bd, int bias,
+                            int *kinds) {
+  *kinds = 0;
+  if (bd < 1) return PMAP_SUCCESS;
+  int saved = threads_pin();
   pieces p = pieces_of(s, bd);
-  pmap_status st = pieces_served(q, s, &p, 1, &ok);
+  pmap_status st = pieces_kinds(q, s, &p, bias, kinds);
   threads_restore(saved);
-  return !st && ok;
+  return st;
 }
 
 #endif

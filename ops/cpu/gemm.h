@@ -66,5 +66,13 @@ const char *gemm_cache_lookup(gemm_cache *c);
 void gemm_cache_store(gemm_cache *c, const char *choice, const char *times);
 /* Releases the lock and frees c. Accepts NULL. */
 void gemm_cache_close(gemm_cache *c);
+/* What the measured choices' caches share (this one and the convolutions', conv_cache.c): the
+ * folder, created ($XDG_CACHE_HOME/pmap when absolute, else $HOME/.cache/pmap; -1 when there is
+ * none); the CPU model from /proc/cpuinfo as printable text without tabs ("unknown" where the
+ * system does not say); and the lock file `name` in dir, taken (waiting a few seconds at most
+ * for a process that measures): its descriptor, which close() releases, or -1 without a lock. */
+int gemm_cache_dir(char *out, size_t cap);
+void gemm_cache_cpu_model(char *out, size_t cap);
+int gemm_cache_lock(const char *dir, const char *name);
 
 #endif

@@ -36,8 +36,7 @@ struct gemm_cache {
 /* mkdir that accepts an existing folder. */
 static int make_dir(const char *path) { return mkdir(path, 0700) == 0 || errno == EEXIST ? 0 : -1; }
 
-/* The cache folder, created: $XDG_CACHE_HOME/pmap (when absolute), else $HOME/.cache/pmap. */
-static int cache_dir(char *out, size_t cap) {
+int gemm_cache_dir(char *out, size_t cap) {
   const char *xdg = getenv("XDG_CACHE_HOME");
   const char *home = getenv("HOME");
   int n;
@@ -55,9 +54,7 @@ static int cache_dir(char *out, size_t cap) {
   return make_dir(out);
 }
 
-/* The CPU model from /proc/cpuinfo ("model name"), as printable text without tabs; "unknown"
- * where the system does not say. */
-static void cpu_model(char *out, size_t cap) {
+void gemm_cache_cpu_model(char *out, size_t cap) {
   snprintf(out, cap, "unknown");
   FILE *f = fopen("/proc/cpuinfo", "re");
   if (!f) return;
@@ -79,24 +76,21 @@ static void cpu_model(char *out, size_t cap) {
   fclose(f);
 }
 
-static void take_lock(gemm_cache *c, const char *dir) {
+int gemm_cache_lock(const char *dir, const char *name) {
   char lock[PATH_MAX];
-  c->lock_fd = -1;
-  if (snprintf(lock, sizeof lock, "%s/gemm.lock", dir) >= (int)sizeof lock) return;
+  if (snprintf(lock, sizeof lock, "%s/%s", dir, name) >= (int)sizeof lock) return -1;
   int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) return;
+  if (fd < 0) return -1;
   /* Another process holds it while it measures (well under a second): wait for its result. A
    * lock that stays taken longer is not waited for; the cache is then read and written without. */
   const struct timespec pause = {0, 5 * 1000 * 1000};
   for (int waited = 0; waited < LOCK_WAIT_MS; waited += 5) {
-    if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
-      c->lock_fd = fd;
-      return;
-    }
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) return fd;
     if (errno != EWOULDBLOCK && errno != EINTR) break;
     nanosleep(&pause, NULL);
   }
   close(fd);
+  return -1;
 }
 
 /* Reads the file: this key's choice into c->choice, other well-formed lines into c->keep. */
@@ -143,15 +137,15 @@ static void read_entries(gemm_cache *c) {
 gemm_cache *gemm_cache_open(const char *providers) {
   gemm_cache *c = calloc(1, sizeof *c);
   char dir[PATH_MAX];
-  if (!c || cache_dir(dir, sizeof dir) ||
+  if (!c || gemm_cache_dir(dir, sizeof dir) ||
       snprintf(c->path, sizeof c->path, "%s/gemm", dir) >= (int)sizeof c->path) {
     free(c);
     return NULL;
   }
   char cpu[256];
-  cpu_model(cpu, sizeof cpu);
+  gemm_cache_cpu_model(cpu, sizeof cpu);
   snprintf(c->key, sizeof c->key, "%s\t%s\t%s", cpu, pmap_version(), providers);
-  take_lock(c, dir);
+  c->lock_fd = gemm_cache_lock(dir, "gemm.lock");
   read_entries(c);
   return c;
 }

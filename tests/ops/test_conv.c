@@ -5,8 +5,9 @@
  * of float64); cifar-cnn's shapes
  * take oneDNN's primitives where the build has them; and a training run of cifar-cnn on two
  * devices gives the same bits in a fresh context and in a fresh process (oneDNN's primitives are
- * made anew in each: its single-threaded convolutions sum in a fixed order). Bad PMAP_CONV
- * values are refused by name.
+ * made anew in each: its single-threaded convolutions sum in a fixed order), also with each
+ * shape on its own path (auto: the child reads the choices from the cache the parent wrote).
+ * Bad PMAP_CONV values are refused by name.
  *
  *   test_conv               the checks
  *   test_conv --train-hash  the training run alone: prints its parameters' hash */
@@ -215,15 +216,17 @@ int main(int argc, char **argv) {
     printf("%016llx\n", (unsigned long long)train_hash());
     return failures ? 1 : 0;
   }
-  const char *paths[] = {"onednn", "im2col"};
-  for (int i = 0; i < 2; i++) {
-    if (!strstr(cpu_conv_paths(), paths[i])) {
+  /* Each path forced, then each shape's own choice (auto: im2col alone without oneDNN). */
+  const char *paths[] = {"onednn", "im2col", "auto"};
+  for (int i = 0; i < 3; i++) {
+    if (i < 2 && !strstr(cpu_conv_paths(), paths[i])) {
       EXPECT(cpu_conv_force(paths[i]) == PMAP_ERR_UNAVAILABLE, "forcing %s, not built", paths[i]);
       printf("conv path %s: not built\n", paths[i]);
       continue;
     }
     EXPECT(cpu_conv_force(paths[i]) == PMAP_SUCCESS, "forcing %s", paths[i]);
-    EXPECT(!strcmp(cpu_conv_path(), paths[i]), "forced %s, in use %s", paths[i], cpu_conv_path());
+    const char *want = i < 2 || strstr(cpu_conv_paths(), "onednn") ? paths[i] : "im2col";
+    EXPECT(!strcmp(cpu_conv_path(), want), "forced %s, in use %s", paths[i], cpu_conv_path());
     hx_opts o = {.only = "conv2d_forward,conv2d_backward", .seed = 11, .verbose = 1};
     int checks = 0, fails = 0;
     int r = hx_backend_run("cpu", &o, &checks, &fails);
