@@ -35,7 +35,13 @@
  * own mask; it leaves out SIGINT, SIGTERM, SIGHUP and SIGQUIT where their action at the call is
  * the default one (it ends the process at once, running nothing on the thread); caught or
  * ignored, they are blocked with the rest. A caught signal sent meanwhile (Ctrl-C in Python)
- * goes to another thread, or is delivered when device 0's part ends; none is lost. */
+ * goes to another thread, or is delivered when device 0's part ends; none is lost. Where none
+ * of those signals has a handler, nothing could run on the thread, and it keeps its own mask: a
+ * call then costs no system call for signals. Whether one has a handler is read when a context
+ * is created and again at a call 10 ms or more after the last reading, so a process's first
+ * handler, installed after its contexts were created, is blocked from that reading on: install
+ * handlers before creating a context (or use caller_waits) to have them blocked from the first
+ * call. */
 #ifndef PMAP_H
 #define PMAP_H
 
