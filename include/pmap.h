@@ -242,7 +242,10 @@ PMAP_API pmap_status pmap_ctx_create(const pmap_config *cfg, pmap_ctx **out);
  * forked child), it returns PMAP_ERR_INVALID_ARGUMENT and changes nothing (the context stays
  * usable where it was created). Distributed: it tells the other processes that this one leaves
  * (one still waiting for it in a collective fails at once, naming it) and waits, up to the
- * timeout, for them to destroy theirs. */
+ * timeout, for them to destroy theirs; one that does not (stopped, stalled, dead) is named by
+ * PMAP_ERR_TIMEOUT ("pmap_ctx_destroy: process 0 of 2 (host a): process 1 (host b, device 1) did
+ * not destroy its context within 3.000 s ..."), the context freed all the same (and, where pmap
+ * started MPI, MPI left unfinalised at exit, so that the launcher ends the job). */
 PMAP_API pmap_status pmap_ctx_destroy(pmap_ctx *ctx);
 
 /* Devices of this process (D). */

@@ -638,7 +638,11 @@ pmap_status pmap_ctx_destroy(pmap_ctx *ctx) {
   pmap_event_signal(&ctx->job);
   for (int i = 0; i < ctx->started; i++) pthread_join(ctx->threads[ctx->first_worker + i], NULL);
   backend_ctx_fini(ctx);
-  dist_close(ctx->dist);
+  /* Across processes: a process that does not destroy its context in time is named, and the
+   * context is destroyed here all the same. */
+  pmap_status closed = dist_close(ctx->dist);
+  char msg[1024] = "";
+  if (closed) snprintf(msg, sizeof msg, "%s", pmap_error_message());
   if (ctx->lock_ready) {
     pthread_mutex_unlock(&ctx->lock);
     pthread_mutex_destroy(&ctx->lock);
@@ -651,6 +655,7 @@ pmap_status pmap_ctx_destroy(pmap_ctx *ctx) {
   for (int i = 0; ctx->dev && i < ctx->n; i++) free(ctx->dev[i].queued);
   free(ctx->dev);
   free(ctx);
+  if (closed) return pmap_error_set(closed, "pmap_ctx_destroy: %s", msg);
   return PMAP_SUCCESS;
 }
 
