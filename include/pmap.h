@@ -35,7 +35,13 @@
  * own mask; it leaves out SIGINT, SIGTERM, SIGHUP and SIGQUIT where their action at the call is
  * the default one (it ends the process at once, running nothing on the thread); caught or
  * ignored, they are blocked with the rest. A caught signal sent meanwhile (Ctrl-C in Python)
- * goes to another thread, or is delivered when device 0's part ends; none is lost. */
+ * goes to another thread, or is delivered when device 0's part ends; none is lost. Where none
+ * of those signals has a handler, nothing could run on the thread, and it keeps its own mask: a
+ * call then costs no system call for signals. Whether one has a handler is read when a context
+ * is created and again at a call 10 ms or more after the last reading, so a process's first
+ * handler, installed after its contexts were created, is blocked from that reading on: install
+ * handlers before creating a context (or use caller_waits) to have them blocked from the first
+ * call. */
 #ifndef PMAP_H
 #define PMAP_H
 
@@ -236,7 +242,10 @@ PMAP_API pmap_status pmap_ctx_create(const pmap_config *cfg, pmap_ctx **out);
  * forked child), it returns PMAP_ERR_INVALID_ARGUMENT and changes nothing (the context stays
  * usable where it was created). Distributed: it tells the other processes that this one leaves
  * (one still waiting for it in a collective fails at once, naming it) and waits, up to the
- * timeout, for them to destroy theirs. */
+ * timeout, for them to destroy theirs; one that does not (stopped, stalled, dead) is named by
+ * PMAP_ERR_TIMEOUT ("pmap_ctx_destroy: process 0 of 2 (host a): process 1 (host b, device 1) did
+ * not destroy its context within 3.000 s ..."), the context freed all the same (and, where pmap
+ * started MPI, MPI left unfinalised at exit, so that the launcher ends the job). */
 PMAP_API pmap_status pmap_ctx_destroy(pmap_ctx *ctx);
 
 /* Devices of this process (D). */

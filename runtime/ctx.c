@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,9 +43,10 @@ static pmap_status timeout_of(double cfg_s, double *out) {
  * pointer into heap memory, where the kernel would write the signal's frame (a handler that only
  * sets a flag, Python's, corrupts the heap), and other libraries' code is not written for it
  * either. The workers are created with these signals blocked and keep them so; the calling
- * thread blocks them while it runs device 0's part of a job. A signal sent meanwhile goes to
- * another thread of the process or waits for the end of device 0's part. Signals that a thread's
- * own action raises (faults, abort, a write to a closed pipe) stay unblocked. */
+ * thread blocks them while it runs device 0's part of a job, where a handler could run (below).
+ * A signal sent meanwhile goes to another thread of the process or waits for the end of device
+ * 0's part. Signals that a thread's own action raises (faults, abort, a write to a closed pipe)
+ * stay unblocked. */
 static void async_signals(sigset_t *set) {
   static const int own[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT, SIGPIPE};
   sigfillset(set);
@@ -53,9 +55,10 @@ static void async_signals(sigset_t *set) {
 
 /* What the calling thread blocks during device 0's part: the same, but for the signals that end
  * a program (SIGINT, SIGTERM, SIGHUP, SIGQUIT) while their action is the default (looked at on
- * every call: a handler installed after the context was created is blocked too; an ignored one is
- * blocked, which changes nothing): their default action runs no handler on the thread, and a
- * Ctrl-C must not wait for the end of a job (one stuck in a collective waits for the timeout). */
+ * every such call: a handler installed after the context was created is blocked too; an ignored
+ * one is blocked, which changes nothing): their default action runs no handler on the thread,
+ * and a Ctrl-C must not wait for the end of a job (one stuck in a collective waits for the
+ * timeout). */
 static void caller_signals(sigset_t *set) {
   static const int stop[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
   async_signals(set);
@@ -67,13 +70,49 @@ static void caller_signals(sigset_t *set) {
   }
 }
 
+/* Whether any asynchronous signal has a handler (is neither at its default action nor ignored):
+ * about 60 sigaction queries. glibc's own signals (32, 33) cannot be queried and are skipped. */
+static int async_handlers_installed(void) {
+  sigset_t set;
+  async_signals(&set);
+  for (int s = 1; s < NSIG; s++) {
+    struct sigaction sa;
+    if (s == SIGKILL || s == SIGSTOP || sigismember(&set, s) != 1) continue;
+    if (sigaction(s, NULL, &sa) != 0) continue;
+    if ((sa.sa_flags & SA_SIGINFO) || (sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN))
+      return 1;
+  }
+  return 0;
+}
+
+/* While no asynchronous signal has a handler nothing can run on the calling thread during
+ * device 0's part (a signal ends the process, stops it or is ignored, as its default action
+ * says), so it blocks nothing and a call makes no system call for signals: the masking (four
+ * sigaction queries and a pthread_sigmask pair, about a microsecond) is paid only where a
+ * handler exists. The handlers belong to the process; pmap reads them when a context is created
+ * and again at a call that finds its last reading older than HANDLERS_REREAD_NS (one reading is
+ * about 60 system calls: a few microseconds every 10 ms of calls), so a first handler installed
+ * after a context was created is blocked from the next reading on. */
+#define HANDLERS_REREAD_NS 10000000
+static _Atomic int64_t handlers_read_ns; /* when they were last read; 0: never */
+static _Atomic int handlers_seen;        /* whether one had a handler then */
+
+static int caller_must_block(int64_t now_ns, int force) {
+  int64_t last = atomic_load_explicit(&handlers_read_ns, memory_order_acquire);
+  if (force || last == 0 || now_ns - last >= HANDLERS_REREAD_NS) {
+    atomic_store_explicit(&handlers_seen, async_handlers_installed(), memory_order_relaxed);
+    atomic_store_explicit(&handlers_read_ns, now_ns, memory_order_release);
+  }
+  return atomic_load_explicit(&handlers_seen, memory_order_relaxed);
+}
+
 /* The context whose mapped function this thread is running, if any. With ctx->parent (the job
  * the dispatching thread was running when it started ctx's job) it forms the chain of jobs this
  * thread's work is nested in, across threads: a public call on any context of that chain would
  * wait for itself. */
 static _Thread_local pmap_ctx *job_ctx;
 
-static void run_job(pmap_ctx *ctx, pmap_device *dev) {
+static void run_job(pmap_ctx *ctx, pmap_device *dev, int64_t start_ns) {
   /* Each job starts with clean messages: a failure never reports an earlier job's text. */
   pmap_error_clear();
   dev->msg[0] = '\0';
@@ -81,7 +120,7 @@ static void run_job(pmap_ctx *ctx, pmap_device *dev) {
   dev->abandoned = 0;
   dev->coll_seq = 0;
   dev->names_others = 0;
-  dev->mark_ns = pmap_now_ns();
+  dev->mark_ns = start_ns;
   pmap_ctx *outer = job_ctx;
   job_ctx = ctx;
   dev->status = ctx->fn(dev, ctx->arg);
@@ -122,7 +161,7 @@ static void *worker_main(void *p) {
     pmap_event_wait(&ctx->job, seen, &idle);
     seen = atomic_load_explicit(&ctx->job.gen, memory_order_acquire);
     if (ctx->stop) break;
-    run_job(ctx, dev);
+    run_job(ctx, dev, pmap_now_ns());
     if (atomic_fetch_add_explicit(&ctx->done_count, 1, memory_order_acq_rel) ==
         (uint32_t)(ctx->n - ctx->first_worker) - 1)
       pmap_event_signal(&ctx->done);
@@ -301,19 +340,23 @@ static pmap_status dispatch(pmap_ctx *ctx, pmap_fn fn, void *arg, int *own) {
   if (ctx->first_worker) {
     pmap_device *d0 = &ctx->dev[0];
     int saved[2] = {0, 0};
+    int64_t now = pmap_now_ns();
+    int block = caller_must_block(now, 0);
     sigset_t caller_block, caller_mask;
-    caller_signals(&caller_block);
-    pthread_sigmask(SIG_BLOCK, &caller_block, &caller_mask);
+    if (block) {
+      caller_signals(&caller_block);
+      pthread_sigmask(SIG_BLOCK, &caller_block, &caller_mask);
+    }
     pmap_status entered = backend_enter(d0, saved);
     if (entered == PMAP_SUCCESS) {
-      run_job(ctx, d0);
+      run_job(ctx, d0, now);
       backend_leave(d0, saved);
     } else {
       d0->status = entered;
       snprintf(d0->msg, sizeof d0->msg, "%s", pmap_error_message());
       pmap_ctx_abort(ctx);
     }
-    pthread_sigmask(SIG_SETMASK, &caller_mask, NULL);
+    if (block) pthread_sigmask(SIG_SETMASK, &caller_mask, NULL);
   }
 
   if (workers) {
@@ -527,6 +570,7 @@ static pmap_status ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   PMAP_TRY_GOTO(st, procs_check_settings(ctx), fail);
 
   PMAP_TRY_GOTO(st, backend_ctx_init(ctx, &cfg), fail);
+  if (!cfg.caller_waits) caller_must_block(pmap_now_ns(), 1);
   sigset_t worker_block, caller_mask;
   async_signals(&worker_block);
   pthread_sigmask(SIG_BLOCK, &worker_block, &caller_mask); /* inherited by each worker */
@@ -594,7 +638,11 @@ pmap_status pmap_ctx_destroy(pmap_ctx *ctx) {
   pmap_event_signal(&ctx->job);
   for (int i = 0; i < ctx->started; i++) pthread_join(ctx->threads[ctx->first_worker + i], NULL);
   backend_ctx_fini(ctx);
-  dist_close(ctx->dist);
+  /* Across processes: a process that does not destroy its context in time is named, and the
+   * context is destroyed here all the same. */
+  pmap_status closed = dist_close(ctx->dist);
+  char msg[1024] = "";
+  if (closed) snprintf(msg, sizeof msg, "%s", pmap_error_message());
   if (ctx->lock_ready) {
     pthread_mutex_unlock(&ctx->lock);
     pthread_mutex_destroy(&ctx->lock);
@@ -607,6 +655,7 @@ pmap_status pmap_ctx_destroy(pmap_ctx *ctx) {
   for (int i = 0; ctx->dev && i < ctx->n; i++) free(ctx->dev[i].queued);
   free(ctx->dev);
   free(ctx);
+  if (closed) return pmap_error_set(closed, "pmap_ctx_destroy: %s", msg);
   return PMAP_SUCCESS;
 }
 

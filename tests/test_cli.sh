@@ -14,13 +14,14 @@ trap 'rm -rf "$tmp"' EXIT
 ok() { passes=$((passes + 1)); }
 bad() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
 
-# expect_error NEEDLE ARGS...: exit status 1 and NEEDLE on stderr.
+# expect_error NEEDLE ARGS...: exit status $want (default 2: what the run was given is wrong, a
+# restart would fail alike; want=1 for a failure of the run itself) and NEEDLE on stderr.
 expect_error() {
-  local needle=$1
+  local needle=$1 status=${want:-2}
   shift
   "$train" "$@" >"$tmp/out" 2>"$tmp/err"
   local rc=$?
-  if [ "$rc" -ne 1 ]; then bad "pmap-train $* exited $rc, want 1"; return; fi
+  if [ "$rc" -ne "$status" ]; then bad "pmap-train $* exited $rc, want $status"; return; fi
   if ! grep -qF -- "$needle" "$tmp/err"; then
     bad "pmap-train $*: stderr lacks '$needle': $(cat "$tmp/err")"
     return
@@ -237,7 +238,7 @@ expect_error '--precision "fp16"' --backend cpu --precision fp16
 
 # --verify-every on healthy replicas, and on a replica the fault injection perturbs.
 json_check --model mlp --devices 3 --batch 48 --steps 6 --verify-every 2 --backend cpu -- "j['steps'] == 6"
-PMAP_FAULT=drift:device=1:step=2 expect_error '--verify-every: pmap_params_verify' \
+want=1 PMAP_FAULT=drift:device=1:step=2 expect_error '--verify-every: pmap_params_verify' \
   --model mlp --devices 2 --batch 32 --steps 6 --verify-every 1 --backend cpu
 if grep -q 'device 1 (' "$tmp/err"; then ok; else bad "--verify-every with drift: $(cat "$tmp/err")"; fi
 json_check --model mlp --steps 5 --clip-norm 0.5 --backend cpu -- "j['steps'] == 5"
@@ -252,21 +253,21 @@ j = json.loads(sys.stdin.read())
 assert 'error' in j and 'step' in j['error'], j
 assert j['final_loss'] is None, j
 "; then ok; else bad "--lr 1e30 --json: exit $rc, $(tail -n 1 "$tmp/out") $(cat "$tmp/err")"; fi
-# Failures before training print valid JSON with the error too.
+# Failures before training print valid JSON with the error too (exit 2: what was given).
 "$train" --model resnet --json >"$tmp/out" 2>"$tmp/err"
-if [ $? -eq 1 ] && tail -n 1 "$tmp/out" | python3 -c "
+if [ $? -eq 2 ] && tail -n 1 "$tmp/out" | python3 -c "
 import json, sys
 j = json.loads(sys.stdin.read())
 assert 'resnet' in j['error'] and j['final_loss'] is None, j
 "; then ok; else bad "--model resnet --json: $(tail -n 1 "$tmp/out")"; fi
 
-# Argument errors with --json: exit 1, the message on stderr, and still a last line of JSON
+# Argument errors with --json: exit 2, the message on stderr, and still a last line of JSON
 # carrying it (the values not known yet are null).
 for args in "--steps 0" "--data $tmp/x.npy" "--frobnicate" "--clip-norm -1" "--devices 65"; do
   # shellcheck disable=SC2086
   "$train" --backend cpu $args --json >"$tmp/out" 2>"$tmp/err"
   rc=$?
-  if [ "$rc" -eq 1 ] && [ -s "$tmp/err" ] && tail -n 1 "$tmp/out" | python3 -c "
+  if [ "$rc" -eq 2 ] && [ -s "$tmp/err" ] && tail -n 1 "$tmp/out" | python3 -c "
 import json, sys
 j = json.loads(sys.stdin.read())
 assert j['error'] and j['error'] in open(sys.argv[1]).read(), j
@@ -278,10 +279,10 @@ done
 mkfifo "$tmp/fifo"
 timeout 20 "$train" --backend cpu --model linear --resume "$tmp/fifo" >"$tmp/out" 2>"$tmp/err"
 rc=$?
-if [ "$rc" -eq 1 ] && grep -qF 'is not a regular file' "$tmp/err"; then ok; else bad "--resume FIFO: exit $rc, $(cat "$tmp/err")"; fi
+if [ "$rc" -eq 2 ] && grep -qF 'is not a regular file' "$tmp/err"; then ok; else bad "--resume FIFO: exit $rc, $(cat "$tmp/err")"; fi
 timeout 20 "$train" --backend cpu --data "$tmp/fifo" --labels "$tmp/fifo" >"$tmp/out" 2>"$tmp/err"
 rc=$?
-if [ "$rc" -eq 1 ] && grep -qF 'not a regular file' "$tmp/err"; then ok; else bad "--data FIFO: exit $rc, $(cat "$tmp/err")"; fi
+if [ "$rc" -eq 2 ] && grep -qF 'not a regular file' "$tmp/err"; then ok; else bad "--data FIFO: exit $rc, $(cat "$tmp/err")"; fi
 
 # Checkpoint flags with bad values.
 rm -f "$ck"
@@ -336,7 +337,7 @@ fi
 if [ $? -eq 1 ] && tail -n 1 "$tmp/out" | grep -q '"valid": false.*is truncated'; then ok; else
   bad "--inspect of a truncated checkpoint: $(cat "$tmp/out" "$tmp/err")"
 fi
-expect_error 'this run differs in --seed' --model linear --seed 5 --inspect "$ck"
+want=1 expect_error 'this run differs in --seed' --model linear --seed 5 --inspect "$ck"
 
 # Timeouts: --timeout and PMAP_TIMEOUT are checked; a stalled device ends the step after them.
 expect_error '--timeout "0" is not a number of seconds > 0' --backend cpu --timeout 0

@@ -165,7 +165,7 @@ with tempfile.TemporaryDirectory() as tmp:
     rc, out, err = plain(["--steps", "5", "--trace", trace, "--trace-steps", "2..3"])
     check(rc == 0 and trace_steps(trace) == [2, 3], "--trace-steps 2..3 holds steps 2 and 3")
     rc, out, err = plain(["--steps", "5", "--trace", trace, "--trace-steps", "0..3"])
-    check(rc == 1 and "steps count from 1" in err, "--trace-steps 0..3 refused", err)
+    check(rc == 2 and "steps count from 1" in err, "--trace-steps 0..3 refused", err)
     rc, out, err = plain(["--steps", "3", "--save", ck, "--log-every", "0"])
     rc, out, err = plain(["--steps", "5", "--resume", ck, "--log-every", "1", "--json"])
     j = json.loads(out.strip().split("\n")[-1])

@@ -1,6 +1,7 @@
 /* test_signals.c: asynchronous signals never reach a thread while it runs a device's work (the
- * workers block them; a calling thread blocks them while it runs device 0's part), the caller's
- * own mask comes back unchanged, signals sent meanwhile are delivered after, and training under a
+ * workers block them; a calling thread blocks them while it runs device 0's part, where a
+ * handler exists: where none does it keeps its own mask), the caller's own mask comes back
+ * unchanged, signals sent meanwhile are delivered after, and training under a
  * storm of signals gives the result of training without one (with oneDNN's GEMM where built: its
  * JIT kernels point the stack pointer into the heap, where a signal frame corrupts it). The same
  * with pmap_config.caller_waits, where the caller runs no device work and takes signals. CPU. */
@@ -369,6 +370,63 @@ static void test_terminate_during_a_job(void) {
   close(fds[0]);
 }
 
+/* Where no asynchronous signal has a handler nothing could run on the caller's thread, so it
+ * runs device 0's part with its own mask (the workers still block them all); a handler
+ * installed later is blocked from pmap's next reading of the handlers on (at a call 10 ms or
+ * more after the last one), and once it is removed the mask is left alone again. In a child
+ * whose every handler is the default, before this process installs one; its exit status is the
+ * number of the first check that failed. */
+static int no_handler_checks(void) {
+  for (int s = 1; s < NSIG; s++)
+    if (s != SIGKILL && s != SIGSTOP) signal(s, SIG_DFL); /* glibc's own refuse: no matter */
+  sigset_t none;
+  sigemptyset(&none);
+  pthread_sigmask(SIG_SETMASK, &none, NULL);
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 2};
+  pmap_ctx *ctx = NULL;
+  if (pmap_ctx_create(&cfg, &ctx) != PMAP_SUCCESS) return 1;
+  const int nasync = (int)(sizeof async_signals / sizeof *async_signals);
+  const struct timespec past_reading = {0, 30000000}; /* 30 ms: the next call reads again */
+  mask_job a = {.caller = pthread_self()}, b = a, c = a;
+  if (pmap_run(ctx, mask_fn, &a) != PMAP_SUCCESS) return 2;
+  if (!a.is_caller[0] || a.blocked_async[0] != 0) return 3;
+  if (a.blocked_async[1] != nasync || a.blocked_sync[1] != 0) return 4;
+  install(SIGTERM);
+  nanosleep(&past_reading, NULL);
+  if (pmap_run(ctx, mask_fn, &b) != PMAP_SUCCESS) return 5;
+  /* As wherever a handler exists: every asynchronous signal but the stop signals at their
+   * default action, here SIGINT, SIGHUP and SIGQUIT. */
+  if (b.blocked_async[0] != nasync - NSTOP + 1 || b.blocked_stop[0] != 1) return 6;
+  signal(SIGTERM, SIG_DFL);
+  nanosleep(&past_reading, NULL);
+  if (pmap_run(ctx, mask_fn, &c) != PMAP_SUCCESS) return 7;
+  if (c.blocked_async[0] != 0 || c.blocked_sync[0] != 0) return 8;
+  if (pmap_ctx_destroy(ctx) != PMAP_SUCCESS) return 9;
+  return 0;
+}
+
+static void test_no_handler(void) {
+  pid_t pid = fork();
+  if (pid == 0) _exit(no_handler_checks());
+  int status = 0;
+  CHECK(pid > 0 && waitpid(pid, &status, 0) == pid, "fork or waitpid for the no-handler child");
+  static const char *const what[] = {
+      "",
+      "pmap_ctx_create failed",
+      "pmap_run failed",
+      "no handler: the caller blocked signals during device 0's part (or device 0 was not on it)",
+      "no handler: device 1's worker does not block every asynchronous signal alone",
+      "pmap_run failed after a SIGTERM handler was installed",
+      "a SIGTERM handler installed after the context: not blocked at a call after the next reading",
+      "pmap_run failed after the handler was removed",
+      "the handler removed: the caller still blocks signals during device 0's part",
+      "pmap_ctx_destroy failed"};
+  int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  CHECK(code == 0, "no-handler child: %s (status %d)",
+        code > 0 && code < (int)(sizeof what / sizeof *what) ? what[code] : "ended abnormally",
+        status);
+}
+
 /* caller_waits with one device, a nested call refused from device 0's own thread, a bad value. */
 static pmap_status nested_fn(pmap_device *dev, void *arg) {
   pmap_ctx *ctx = arg;
@@ -403,6 +461,7 @@ int main(void) {
    * caught one, so each starts from SIG_DFL. */
   for (int i = 0; i < NSTOP; i++) signal(stop_signals[i], SIG_DFL);
   test_terminate_during_a_job(); /* forks: before this process has threads of its own */
+  test_no_handler();             /* forks too */
 #if defined(TEST_HAVE_ONEDNN)
   /* The GEMM whose kernels a signal frame corrupts, chosen before the first GEMM of the process. */
   setenv("PMAP_GEMM", "onednn", 1);

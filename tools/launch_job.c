@@ -97,7 +97,9 @@ void launch_join(char *const *argv, char *buf, size_t size) {
 static const char *const telling[] = {"noticed that process rank",
                                       "exited on signal",
                                       "pmap-train: ",
+                                      "pmap: process ",
                                       "pmap-launch: ",
+                                      "exiting improperly",
                                       "Exit code:",
                                       "killed",
                                       "Killed",
@@ -140,12 +142,25 @@ static int telling_lines(const char *err, size_t n, const char **lines, size_t *
       tells = memmem(s, l, telling[k], strlen(telling[k])) != NULL;
     for (int j = 0; j < nl && tells; j++)
       if (lens[j] == l && !memcmp(lines[j], s, l)) tells = 0;
+    /* pmap-train's word that the run cannot start as given: the decision's, not a reason. */
+    if (l >= 25 && !memcmp(s, "pmap-train: exit status 2", 25)) tells = 0;
     if (!tells) continue;
     if (memmem(s, l, "signal", 6)) *any_signal = 1;
     lines[nl] = s;
     lens[nl++] = l;
   }
   return nl;
+}
+
+int launch_reported(const char *err, size_t n) {
+  for (const char *p = err, *end = err + n; p < end;) {
+    const char *nl = memchr(p, '\n', (size_t)(end - p));
+    const char *e = nl ? nl : end;
+    while (p < e && (*p == ' ' || *p == '\t')) p++;
+    if (e - p >= 12 && !memcmp(p, "pmap-train: ", 12)) return 1;
+    p = nl ? nl + 1 : end;
+  }
+  return 0;
 }
 
 int launch_signal_of(const char *err, size_t n, int st) {
@@ -192,7 +207,8 @@ void launch_why_failed(const char *err, size_t n, int st, char *buf, size_t size
   int shown = 0;
   for (int pass = 0; pass < 3; pass++)
     for (int j = 0; j < nl && shown < WHY_LINES && len + 3 < size; j++) {
-      int own = lens[j] >= 12 && !memcmp(lines[j], "pmap-train: ", 12);
+      int own = (lens[j] >= 12 && !memcmp(lines[j], "pmap-train: ", 12)) ||
+                (lens[j] >= 14 && !memcmp(lines[j], "pmap: process ", 14));
       int another = reports_another(lines[j], lens[j]);
       if ((pass == 0 && !(own && !another)) || (pass == 1 && own) || (pass == 2 && !another))
         continue;
@@ -238,10 +254,12 @@ static void last_line(const char *text, size_t n, char *buf, size_t size) {
   snprintf(buf, size, "%.*s", (int)(n - start), text + start);
 }
 
-/* The step of the checkpoint at path as the program loads it alone (--inspect): >= 0; -1 with
- * why filled; -2 once *stop is set. */
-static int64_t check_step(const launch *L, const char *path, volatile sig_atomic_t *stop, char *why,
-                          size_t size) {
+/* The step of the checkpoint at path as the program loads it alone (--inspect): >= 0, with
+ * *last the run's last step (its --steps; -1 when not said); -1 with why filled; -2 once *stop
+ * is set. */
+static int64_t check_step(const launch *L, const char *path, volatile sig_atomic_t *stop,
+                          int64_t *last, char *why, size_t size) {
+  *last = -1;
   size_t n = (size_t)L->nargs + 5;
   char **argv = calloc(n, sizeof *argv);
   char **envp = launch_env("PMAP_DIST=none", 1);
@@ -278,6 +296,8 @@ static int64_t check_step(const launch *L, const char *path, volatile sig_atomic
     snprintf(why, size, "the check did not end within %.0f s", CHECK_LIMIT_S);
   } else if (WIFEXITED(p.status) && WEXITSTATUS(p.status) == 0 && s) {
     step = strtoll(s + strlen("\"valid\": true, \"step\": "), NULL, 10);
+    const char *t = strstr(s, "\"steps\": ");
+    if (t) *last = strtoll(t + strlen("\"steps\": "), NULL, 10);
   } else if (json_text(line, "error", why, size)) {
     last_line(p.err.keep ? p.err.keep : "", p.err.kept, line, sizeof line);
     if (*line)
@@ -369,11 +389,12 @@ static void sync_folder(const char *path) {
 }
 
 int launch_newest(const launch *L, launch_say say, volatile sig_atomic_t *stop, int64_t *step,
-                  char **path) {
+                  int64_t *last, char **path) {
   char **c = NULL, *base = NULL, why[2048];
   int n = candidates(L->save, &c, &base), best = -1, rc = 0;
   *path = NULL;
   *step = -1;
+  *last = -1;
   for (int i = 0; i < n; i++) {
     struct stat st;
     if (stat(c[i], &st)) continue; /* none yet, or gone */
@@ -381,7 +402,7 @@ int launch_newest(const launch *L, launch_say say, volatile sig_atomic_t *stop, 
       say(L, "checkpoint %s is not a regular file; skipped", c[i]);
       continue;
     }
-    int64_t s = check_step(L, c[i], stop, why, sizeof why);
+    int64_t total = -1, s = check_step(L, c[i], stop, &total, why, sizeof why);
     if (s == -2) {
       rc = -1;
       break;
@@ -389,7 +410,7 @@ int launch_newest(const launch *L, launch_say say, volatile sig_atomic_t *stop, 
     if (s < 0)
       say(L, "checkpoint %s does not load; skipped: %s", c[i], why);
     else if (s > *step)
-      *step = s, best = i;
+      *step = s, *last = total, best = i;
   }
   if (!rc && best > 0) {
     /* The newest is a save killed between writing and renaming: finish that save. */

@@ -56,11 +56,16 @@ int launch_signal_of(const char *err, size_t n, int wait_status);
  * so; 0 otherwise (none, or a crash: SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, ...). */
 int launch_outside_signal(const char *err, size_t n, int wait_status);
 
+/* Whether a process of the program said itself why it failed (a line of err[0..n) that starts
+ * with "pmap-train: "): mpirun's own failures and a process killed or crashed say nothing. */
+int launch_reported(const char *err, size_t n);
+
 /* Checks FILE and every FILE.tmp.* beside it (beside the file a symbolic link FILE names) with
  * the program's --inspect, run alone, and picks the one at the latest step: *path (malloc'ed;
- * NULL when none loads) and *step. A FILE.tmp.* picked is renamed to FILE first, and *path is
- * FILE. Logs each file skipped. Returns 0, or -1 when *stop was set meanwhile. */
+ * NULL when none loads), *step and *last, the job's last step as the check says (its --steps;
+ * -1 when not said). A FILE.tmp.* picked is renamed to FILE first, and *path is FILE. Logs each
+ * file skipped. Returns 0, or -1 when *stop was set meanwhile. */
 int launch_newest(const launch *L, launch_say say, volatile sig_atomic_t *stop, int64_t *step,
-                  char **path);
+                  int64_t *last, char **path);
 
 #endif

@@ -22,8 +22,12 @@ static const char *prog = "pmap-launch";
 
 #define GRACE_S 3.0 /* from SIGTERM to SIGKILL for what outlives a run */
 /* Printed by pmap-train (process 0) once its options, data, devices and processes are set up,
- * before its first step: a run that fails before it fails at the start. */
+ * before its first step: a run that crashes before it crashes at the start. */
 #define HEADER "pmap-train: model "
+/* Written by every pmap-train process that fails as given (its arguments, data, model, devices,
+ * --save path wrong), which then exits with status 2: a restart would fail alike. mpirun's status
+ * is the first failing process's, which may be another that failed because this one did. */
+#define AS_GIVEN "pmap-train: exit status 2: "
 
 static volatile sig_atomic_t stop_sig;
 static void on_signal(int sig) { stop_sig = sig; }
@@ -58,14 +62,15 @@ static const char about[] =
 static const char notes[] =
     "Each run gets PMAP_LAUNCH_ATTEMPT=k in its environment (0 for the first run); its standard "
     "input is /dev/null.\n"
-    "Restarted: a run that fails once training began (a process killed, stopped or failed, a "
-    "machine lost, a timeout, mpirun killed), and a first run that a signal sent from outside "
-    "ended before (SIGKILL, SIGTERM, SIGHUP, SIGINT or SIGQUIT, to a process or to mpirun: a "
-    "preemption, the out-of-memory killer). Not restarted: a first run that ends otherwise "
-    "before pmap-train printed its header line (\"pmap-train: model ...\"), i.e. its arguments "
-    "(an unwritable --save included), its program, its data, its devices or mpirun's own "
-    "arguments are wrong, or a process crashed at the start (SIGSEGV, SIGBUS, SIGILL, SIGFPE, "
-    "SIGABRT or any other signal): a restart would fail alike.\n"
+    "Restarted: a run that fails (a process killed, stopped, failed or late to start, a machine "
+    "lost, a timeout, mpirun killed). Not restarted: a run whose pmap-train processes say that "
+    "what it was given is wrong (\"pmap-train: exit status 2: ...\": its arguments, data, "
+    "model, devices or --save path), and a first run that ends before pmap-train's header line "
+    "(\"pmap-train: model ...\") without a word of pmap-train's (mpirun's own arguments, the "
+    "program) or by a crash (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT or any signal but SIGKILL, "
+    "SIGTERM, SIGHUP, SIGINT and SIGQUIT, which a preemption or the out-of-memory killer sends): "
+    "a restart would fail alike. A failed run whose newest checkpoint holds the last step ends "
+    "the job with success (a process that never ended after the last save).\n"
     "Before a checkpoint is chosen every process of the failed run on this machine is gone: "
     "those that outlived mpirun (in its session, or orphans) get SIGTERM, and SIGKILL after 3 s. "
     "A --resume F in ARGS is the first run's: restarts replace it with the checkpoint chosen, or "
@@ -75,8 +80,10 @@ static const char notes[] =
     "\"run K: every process of it has ended\" (or how many outlived mpirun and how they were "
     "ended), \"checkpoint F does not load; skipped: WHY\", \"restart K of N on P processes, "
     "from F (step S)\" or \"... from the start (no checkpoint loads)\", \"run K finished in T "
-    "s\", \"giving up after N restarts\".\n"
-    "Exit status: 0 once a run succeeds; 2 when the arguments are wrong (nothing was run); "
+    "s\", \"run K: checkpoint F holds step S of S, the last: the job is complete\", \"giving up "
+    "after N restarts\".\n"
+    "Exit status: 0 once a run succeeds, or a failed run's checkpoint holds the last step; 2 when "
+    "the arguments are wrong (nothing was run); "
     "128+S when interrupted by signal S (the job is stopped, not restarted); else the last "
     "run's: mpirun's status, 128+S when mpirun itself ended by signal S.";
 
@@ -259,7 +266,8 @@ static int run_once(launch *L, int k, int procs, const char *resume, int *rc) {
   char cmd[8192];
   launch_join(argv, cmd, sizeof cmd);
   say(L, "run %d (of at most %d): %s", k + 1, (int)L->max_restarts + 1, cmd);
-  proc p = {.out = {.copy_to = 1, .mark = HEADER}, .err = {.copy_to = 2, .keep_cap = 1 << 18}};
+  proc p = {.out = {.copy_to = 1, .mark = HEADER},
+            .err = {.copy_to = 2, .keep_cap = 1 << 18, .mark = AS_GIVEN}};
   char why[1024];
   double t0 = cli_now();
   int started = proc_start(&p, argv, envp, why, sizeof why);
@@ -293,6 +301,7 @@ static int run_once(launch *L, int k, int procs, const char *resume, int *rc) {
   launch_why_failed(p.err.keep, p.err.kept, p.status, reason, sizeof reason);
   int sig = launch_signal_of(p.err.keep, p.err.kept, p.status);
   int outside = launch_outside_signal(p.err.keep, p.err.kept, p.status);
+  int reported = launch_reported(p.err.keep, p.err.kept);
   say(L, "run %d failed after %.0f s with status %d: %s", k + 1, took, status, reason);
   int left = end_run(L, &p, k + 1, 0);
   proc_close(&p);
@@ -300,19 +309,30 @@ static int run_once(launch *L, int k, int procs, const char *resume, int *rc) {
   int began = p.out.marked;
   *rc = status;
   if (left) return -1;
+  /* Whether a restart would fail alike: pmap-train says so (AS_GIVEN); a failure it reported
+   * otherwise (a process late at the start, a timeout, a step) is the run's own. Where it said
+   * nothing (a crash, mpirun's own failure) the first run's start decides: a crash or a failure
+   * before training began would come again. */
+  if (p.err.marked) {
+    say(L,
+        "run %d ended as pmap-train cannot run as given (\"%s2\": its arguments, data, model, "
+        "devices or --save path are wrong): not restarted, a restart would fail alike",
+        k + 1, AS_GIVEN);
+    return -1;
+  }
   if (k == 0 && !began && outside) {
     say(L,
         "run 1 ended by signal %d (%s) before pmap-train began training: a signal sent from "
         "outside (a preemption, the out-of-memory killer, a person), not a fault of the job: "
         "restarted",
         outside, strsignal(outside));
-  } else if (k == 0 && !began) {
+  } else if (k == 0 && !began && (sig || !reported)) {
     char how[96] = "";
     if (sig) snprintf(how, sizeof how, ", by signal %d (%s)", sig, strsignal(sig));
     say(L,
-        "run 1 ended before pmap-train began training (no \"%.*s\" line)%s: not restarted, a "
-        "restart would fail alike (check the program, its arguments and data, the devices "
-        "and mpirun's arguments)",
+        "run 1 ended before pmap-train began training (no \"%.*s\" line)%s, and pmap-train "
+        "said nothing of it: not restarted, a restart would fail alike (check the program, "
+        "mpirun's arguments and the processes' start)",
         (int)strlen(HEADER) - 1, HEADER, how);
     return -1;
   }
@@ -355,17 +375,25 @@ int main(int argc, char **argv) {
   for (int k = 0;; k++) {
     int status = run_once(&L, k, procs, resume, &code);
     if (status <= 0) break;
-    if (k >= L.max_restarts) {
-      say(&L, "giving up after %d restarts", (int)L.max_restarts);
-      break;
-    }
     procs = (int)L.restart_np;
-    int64_t step = -1;
+    int64_t step = -1, last = -1;
     free(chosen);
     chosen = NULL;
-    if (launch_newest(&L, say, &stop_sig, &step, &chosen)) {
+    if (launch_newest(&L, say, &stop_sig, &step, &last, &chosen)) {
       say(&L, "interrupted by signal %d: not restarting", (int)stop_sig);
       code = 128 + stop_sig;
+      break;
+    }
+    /* The run failed after its last save (a process that never ended, say): nothing is left to
+     * do. */
+    if (chosen && last >= 0 && step >= last) {
+      say(&L, "run %d: checkpoint %s holds step %lld of %lld, the last: the job is complete", k + 1,
+          chosen, (long long)step, (long long)last);
+      code = 0;
+      break;
+    }
+    if (k >= L.max_restarts) {
+      say(&L, "giving up after %d restarts", (int)L.max_restarts);
       break;
     }
     if (chosen)

@@ -20,6 +20,17 @@
 
 static const char *prog = "pmap-train";
 
+/* Exit statuses: a failure of the run itself (a step, a process or device lost, a timeout) is
+ * EXIT_FAILED, after which a restart may get past it; one of what the run was given (its
+ * arguments, data, model, devices, --save path: found before its first step) is EXIT_AS_GIVEN, and
+ * a restart would fail alike (pmap-launch stops there). */
+enum { EXIT_FAILED = 1, EXIT_AS_GIVEN = 2 };
+/* Written to stderr by every process that fails as given, at once: under mpirun the status of
+ * the job is the first process's to fail, which may be another that failed only because this one
+ * did, and a process may be ended before its exit; pmap-launch looks for this line. */
+#define AS_GIVEN_LINE \
+  "pmap-train: exit status 2: the run cannot start as given (a restart would fail alike)\n"
+
 /* What the summary reports, filled in as the run goes; err is "" while it succeeds. */
 typedef struct result {
   char err[2048];
@@ -43,9 +54,12 @@ typedef struct result {
   double tps, gflops;    /* language models: tokens/s; model FLOP/s / 1e9 */
   watch_progress *bar;   /* ended before any message, so that each starts a line (NULL: none) */
   const char *precision; /* the params' policy once known (a resume may restore bf16) */
+  int as_given;          /* the failure is in what the run was given: EXIT_AS_GIVEN */
+  pmap_status
+      load_status; /* of the last checkpoint load (0 also where the file is another run's) */
 } result;
 
-/* Records the run's failure (the first one) and prints it; returns 1, the exit status. */
+/* Records the run's failure (the first one) and prints it; returns EXIT_FAILED. */
 static int failf(result *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int failf(result *r, const char *fmt, ...) {
   char msg[sizeof r->err];
@@ -56,13 +70,24 @@ static int failf(result *r, const char *fmt, ...) {
   if (r->bar) watch_progress_break(r->bar);
   fprintf(stderr, "%s: %s\n", prog, msg);
   if (!r->err[0]) snprintf(r->err, sizeof r->err, "%s", msg);
-  return 1;
+  return EXIT_FAILED;
 }
 
 /* what: an option ("--model": the library's message without its call) or a step of the run. */
 static int fail(result *r, const char *what) {
   const char *msg = pmap_last_error();
   return failf(r, "%s: %s", what, strncmp(what, "--", 2) == 0 ? cli_lib_reason(msg) : msg);
+}
+
+/* A failure before the first step: of what the run was given (a restart would fail alike) when
+ * the library refused it as an argument or found what it needs missing (PMAP_ERR_UNAVAILABLE);
+ * a timeout, a process gone, a device failing, memory are the run's own (a late process at the
+ * start is a slow machine, not a wrong argument). st 0: not the library's (a bad option, a data
+ * file, a batch the devices do not divide): of what was given. */
+static int setup_failed(result *r, pmap_status st) {
+  r->as_given = st == PMAP_SUCCESS || st == PMAP_ERR_INVALID_ARGUMENT || st == PMAP_ERR_UNAVAILABLE;
+  if (r->as_given) fputs(AS_GIVEN_LINE, stderr);
+  return 1;
 }
 
 /* A count, or null when it is not known (negative). */
@@ -216,8 +241,8 @@ static int load(result *r, const opts *o, const char *path, const char *flag_nam
                 pmap_params *params, int64_t batches, float *loss) {
   unsigned char buf[TRAIN_STATE_BYTES];
   size_t got = 0;
-  if (pmap_params_load_user(params, path, buf, sizeof buf, &got))
-    return failf(r, "%s: %s", flag_name, pmap_last_error());
+  r->load_status = pmap_params_load_user(params, path, buf, sizeof buf, &got);
+  if (r->load_status) return failf(r, "%s: %s", flag_name, pmap_last_error());
   /* From here on params hold the file's state; every failure below ends the run. */
   train_state ts;
   char why[256];
@@ -399,7 +424,8 @@ int main(int argc, char **argv) {
       o.batch = -1;
       print_json(&o, &r);
     }
-    return 1;
+    fputs(AS_GIVEN_LINE, stderr);
+    return EXIT_AS_GIVEN;
   }
   result r = {.backend = o.backend,
               .devices = (int)o.devices,
@@ -432,9 +458,11 @@ int main(int argc, char **argv) {
   r.bar = &bar;
   int tracing = 0; /* a recording is on: it holds the steps alone */
   size_t ncurve = 0;
+  pmap_status sst; /* of a library call before the first step */
   if (o.data) {
     if (train_data_load(o.data, o.labels, o.eval_fraction, o.seed, &data, why, sizeof why)) {
       failf(&r, "%s", why);
+      setup_failed(&r, PMAP_SUCCESS);
       goto out;
     }
     info = (pmap_example_info){"npy", 1000, 64, data.train_rows, pmap_adam(0.001f)};
@@ -443,21 +471,30 @@ int main(int argc, char **argv) {
     if (text_load(o.text, o.context, o.have_eval ? o.eval_fraction : 0.1, o.seed + 1, &text, why,
                   sizeof why)) {
       failf(&r, "%s", why);
+      setup_failed(&r, PMAP_SUCCESS);
       goto out;
     }
     info = (pmap_example_info){"text", 300, 32, 32, pmap_adam(0.003f)};
-  } else if (pmap_example_info_get(o.model, &info)) {
+  } else if ((sst = pmap_example_info_get(o.model, &info))) {
     fail(&r, "--model");
+    setup_failed(&r, sst);
     goto out;
   }
-  if (pmap_backend_parse(o.backend, &backend)) {
+  if ((sst = pmap_backend_parse(o.backend, &backend))) {
     fail(&r, "--backend");
+    setup_failed(&r, sst);
     goto out;
   }
   if (o.steps < 0) o.steps = info.steps;
   if (o.batch < 0) o.batch = info.batch;
   if (o.samples < 0 || o.data) o.samples = info.samples;
-  if (o.text) o.samples = o.batch; /* windows are drawn per step: one "batch" of data */
+  if (o.text) o.samples = o.batch;           /* windows are drawn per step: one "batch" of data */
+  if (o.data && o.batch > data.train_rows) { /* before the first step: what was given */
+    failf(&r, "--batch %lld is larger than the %lld training rows", (long long)o.batch,
+          (long long)data.train_rows);
+    setup_failed(&r, PMAP_SUCCESS);
+    goto out;
+  }
   if (o.have_lr) info.opt.lr = o.lr;
   info.opt.clip_norm = o.clip_norm;
   r.steps = o.steps;
@@ -482,8 +519,9 @@ int main(int argc, char **argv) {
                      .timeout_s = o.timeout_s,
                      .numeric_guard = o.no_guard ? PMAP_GUARD_OFF : PMAP_GUARD_ON,
                      .shard_optimizer = o.shard};
-  if (pmap_ctx_create(&cfg, &ctx)) {
+  if ((sst = pmap_ctx_create(&cfg, &ctx))) {
     fail(&r, "cannot create the context");
+    setup_failed(&r, sst);
     goto out;
   }
   int n = pmap_ctx_num_devices(ctx);
@@ -503,43 +541,56 @@ int main(int argc, char **argv) {
     fprintf(stderr, "%s: backend auto chose %s\n", prog, bname);
   if (o.batch % (n * procs)) {
     failf(&r, "global batch %lld is not divisible by %d devices", (long long)o.batch, n * procs);
+    setup_failed(&r, PMAP_SUCCESS);
     goto out;
   }
   /* A --save path the saves cannot write fails now, before the header (pmap-launch then knows
    * that a restart would fail alike), not after the steps before the first save; process 0
    * alone writes, so it alone checks. */
-  if (o.save && me == 0 && pmap_params_save_check(o.save)) {
+  if (o.save && me == 0 && (sst = pmap_params_save_check(o.save))) {
     failf(&r, "--save: %s; nothing was run", pmap_last_error());
+    setup_failed(&r, sst);
     goto out;
   }
   if (make_model(&o, &data, &model, why, sizeof why)) {
     failf(&r, "cannot build the model: %s", why);
+    setup_failed(&r, PMAP_SUCCESS);
     goto out;
   }
   int lm = o.text || !strcmp(o.model, "gpt-mini");
   double flops_per_sample = 6.0 * pmap_model_forward_macs(model);
-  if (pmap_params_create(ctx, model, &info.opt, o.seed, &params)) {
+  if ((sst = pmap_params_create(ctx, model, &info.opt, o.seed, &params))) {
     fail(&r, "cannot create the parameters");
+    setup_failed(&r, sst);
     goto out;
   }
-  if (pmap_params_set_micro_batches(params, (int)o.micro)) {
+  if ((sst = pmap_params_set_micro_batches(params, (int)o.micro))) {
     fail(&r, "--micro-batches");
+    setup_failed(&r, sst);
     goto out;
   }
-  if (lm && !o.text && pmap_copy_task_data(o.seed + 1, rows, o.context, &xs, &ys)) {
+  if (lm && !o.text && (sst = pmap_copy_task_data(o.seed + 1, rows, o.context, &xs, &ys))) {
     fail(&r, "cannot make the data");
+    setup_failed(&r, sst);
     goto out;
   }
-  if (!o.data && !lm && pmap_example_data(o.model, o.seed + 1, rows, &xs, &ys)) {
+  if (!o.data && !lm && (sst = pmap_example_data(o.model, o.seed + 1, rows, &xs, &ys))) {
     fail(&r, "cannot make the data");
+    setup_failed(&r, sst);
     goto out;
   }
   float loss = NAN;
-  if (o.resume && load(&r, &o, o.resume, "--resume", params, batches, &loss)) goto out;
+  /* A checkpoint that does not load, or is another run's: of what was given, unless the load
+   * itself failed for another reason than the file (a process lost while the replicas load). */
+  if (o.resume && load(&r, &o, o.resume, "--resume", params, batches, &loss)) {
+    setup_failed(&r, r.load_status);
+    goto out;
+  }
   /* A resumed run keeps its checkpoint's policy unless --precision says otherwise. */
   if ((!o.resume || o.have_precision) &&
-      pmap_params_set_precision(params, (pmap_precision)o.precision)) {
+      (sst = pmap_params_set_precision(params, (pmap_precision)o.precision))) {
     fail(&r, "--precision");
+    setup_failed(&r, sst);
     goto out;
   }
   r.precision = pmap_precision_name(pmap_params_precision(params));
@@ -571,6 +622,7 @@ int main(int argc, char **argv) {
   r.have_plan = fit >= 0; /* a plan refused is in the JSON too, to say what it needs */
   if (fit) {
     failf(&r, "%s", why);
+    setup_failed(&r, fit > 0 ? PMAP_SUCCESS : PMAP_ERR_INTERNAL);
     goto out;
   }
   if (o.resume && start == o.steps)
@@ -616,8 +668,9 @@ int main(int argc, char **argv) {
   watch_progress_begin(&bar, o.progress, start, o.steps, o.batch, flops, 0.0);
   if (bar.bar && measure) gemm_probe(&bar, ctx, params, &r.peak);
   if (o.trace) {
-    if (pmap_trace_start(ctx, o.trace, o.trace_steps)) {
+    if ((sst = pmap_trace_start(ctx, o.trace, o.trace_steps))) {
       fail(&r, "--trace");
+      setup_failed(&r, sst);
       goto out;
     }
     tracing = 1;
@@ -796,6 +849,10 @@ int main(int argc, char **argv) {
 out:
   if (tracing) pmap_trace_stop(ctx); /* the run failed: what was recorded, for its reader */
   watch_progress_break(&bar);        /* the JSON line starts a line of its own */
+  pmap_params_destroy(params);
+  /* Under mpirun the processes end together: one that does not destroy its context within the
+   * timeout (stopped, say) is named, and the run fails (its work and saves are done). */
+  if (pmap_ctx_destroy(ctx) && code == 0) code = fail(&r, "at the end");
   if (o.json) print_json(&o, &r);
   watch_waits_free(&r.waits);
   free(curve);
@@ -804,8 +861,6 @@ out:
   pmap_example_data_free(&xs, &ys);
   train_data_free(&data);
   text_free(&text);
-  pmap_params_destroy(params);
   pmap_model_destroy(model);
-  pmap_ctx_destroy(ctx);
-  return code;
+  return code == EXIT_FAILED && r.as_given ? EXIT_AS_GIVEN : code;
 }

@@ -16,6 +16,8 @@ import weakref
 
 from ._lib import ArgumentError, check
 
+_REFUSED = 1  # PMAP_ERR_INVALID_ARGUMENT: a destroy that changed nothing
+
 # Every live handle, so that a forked child can replace locks that threads of the parent held.
 _ALL = weakref.WeakSet()
 
@@ -137,10 +139,14 @@ class Handle:
         if forget:
             return
         status = destroy(ptr)
-        if status:
+        if status == _REFUSED:
             self.ptr = ptr  # the library refused (a context with live params): still open
             check(status)
         self.keep = None
+        # Any other failure destroyed the object all the same (across processes: another
+        # process did not destroy its context in time, which the message names).
+        if status:
+            check(status)
 
     def use(self, call):
         """`with h.use(call) as ptr:`, hold() and get() in one: the lock is released by its own

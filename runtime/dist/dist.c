@@ -99,9 +99,7 @@ pmap_status dist_open(const pmap_config *cfg, pmap_backend kind, int local_devic
 #endif
 }
 
-void dist_close(pmap_dist *d) {
-  if (d) atomic_load(&mpi)->close(d);
-}
+pmap_status dist_close(pmap_dist *d) { return d ? atomic_load(&mpi)->close(d) : PMAP_SUCCESS; }
 
 /* An exchange on a context of one process: a bug of the caller. */
 static pmap_status no_dist(void) {

@@ -48,9 +48,11 @@ typedef struct dist_call {
 pmap_status dist_open(const pmap_config *cfg, pmap_backend kind, int local_devices,
                       int64_t timeout_ns, pmap_dist **out, int *rank, int *size);
 /* Tells the other processes that this one leaves (their waits for it end at once, naming it),
- * then closes the transport (accepts NULL). After a failed exchange nothing is released that
- * MPI may still write into. */
-void dist_close(pmap_dist *d);
+ * waits (within the timeout) for theirs, then closes the transport (accepts NULL). After a failed
+ * exchange nothing is released that MPI may still write into. Returns PMAP_ERR_TIMEOUT naming
+ * the processes that did not leave in time (the transport is closed here all the same, and MPI
+ * is not finalised at exit); else PMAP_SUCCESS. */
+pmap_status dist_close(pmap_dist *d);
 
 /* Every process sends what it is about to call and receives what the others are: a difference
  * is PMAP_ERR_INVALID_ARGUMENT on every process with the same list of what each process's
@@ -126,7 +128,7 @@ int dist_broken(const pmap_dist *d);
 typedef struct pmap_dist_i {
   pmap_status (*open)(const pmap_config *cfg, pmap_backend kind, int local_devices,
                       int64_t timeout_ns, pmap_dist **out, int *rank, int *size);
-  void (*close)(pmap_dist *d);
+  pmap_status (*close)(pmap_dist *d);
   pmap_status (*agree)(pmap_dist *d, const dist_call *c, const char *who);
   pmap_status (*end_job)(pmap_dist *d, dist_outcome *io, const char *who);
   pmap_status (*all_reduce)(pmap_dist *d, float *buf, size_t count, int max);

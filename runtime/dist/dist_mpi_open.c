@@ -2,12 +2,16 @@
  * of its own so that pmap_ctx_create can give up on a process that never arrives; the processes
  * then meet point to point (each names its host and layout), so a missing one is named; leave
  * notices tell the others at once when a process destroys its context, gives up on an exchange
- * or ends; and the exit handler finalises MPI only when that cannot wait for a process that is
- * gone (MPI_Finalize waits for every process: a failed process that called it would hold the
- * job until the others time out, while one that exits without it makes mpirun end the job). */
+ * or ends; and the exit handler ends the job within the timeout: the processes agree that every
+ * one of them has finished, and MPI_Finalize (which waits for every process: one that is stopped
+ * or gone would hold the job for ever) is waited for no longer than the timeout; a process that
+ * does not finish is named, and the others exit without MPI_Finalize, which makes the launcher
+ * end the job. */
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sched.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,12 +24,13 @@
 #include "runtime/sync.h"
 
 #define TAG_HELLO 32717 /* on the user's communicator, during pmap_ctx_create only */
+#define TAG_FINISH 1    /* on the communicator of the end of the job */
 #define HELLO_MAGIC 0x706d61702d686921ull
 
 /* What each process tells the others when they meet. */
 typedef struct hello {
   uint64_t magic, nonce;
-  int64_t devices, kind;
+  int64_t devices, kind, pid;
   char host[DIST_HOST_LEN];
 } hello;
 
@@ -37,9 +42,23 @@ static struct {
   pthread_cond_t cond;
   _Atomic int state;
   int rc, provided;
-  int finalize; /* 0 not yet asked, 1 finalise, 2 leave MPI as it is */
+  int finalize;          /* 0 not yet asked, 1 finalise, 2 leave MPI as it is */
+  _Atomic int finalized; /* MPI_Finalize returned */
+  int ours;              /* pmap started MPI (its thread exists) */
   pthread_t thread;
-} start = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, START_NONE, 0, 0, 0, 0};
+} start = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, START_NONE, 0, 0, 0, 0, 0, 0};
+
+/* The end of the job, where pmap started MPI: a duplicate of MPI_COMM_WORLD made with the first
+ * context (the processes' last agreement runs on it), the host and process id of each process,
+ * and the timeout that bounds the end: that of the last context created. */
+static struct {
+  int have, rank, size;
+  MPI_Comm comm;
+  char (*hosts)[DIST_HOST_LEN]; /* (size) */
+  int64_t *pids;                /* (size) */
+  int opened;                   /* a context was opened */
+  int64_t timeout_ns;           /* the last one's; < 0: never */
+} job_end;
 
 /* The open transports, for the exit handler. */
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -57,22 +76,178 @@ static int all_left(pmap_dist *d, int64_t deadline) {
   }
 }
 
-/* At exit, when pmap started MPI: a context still open tells its peers this process ends. MPI
- * is finalised only when no exchange of this process failed and every peer of every open
- * context ended too (within the context's timeout): otherwise MPI_Finalize would wait for
- * processes that may never call it, and exiting without it makes the launcher end the job. */
+/* "process 1 (host b, pid 4242: stopped)": a process named with what /proc says of it where it
+ * runs on this host (stopped, ended or running), "process 1 (host b)" elsewhere. Returns the
+ * state it found: 'T' stopped, 'Z' ended, 'R' running, 0 not known. */
+static char proc_named(int r, char *buf, size_t size) {
+  char host[DIST_HOST_LEN] = "", path[64], text[512];
+  snprintf(buf, size, "process %d (host %s)", r, job_end.hosts[r]);
+  if (gethostname(host, sizeof host - 1) != 0 || strcmp(host, job_end.hosts[r]) != 0) return 0;
+  snprintf(path, sizeof path, "/proc/%lld/stat", (long long)job_end.pids[r]);
+  FILE *f = fopen(path, "r");
+  size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+  if (f) fclose(f);
+  text[n] = '\0';
+  const char *paren = strrchr(text, ')');
+  char state = paren && paren[1] == ' ' ? paren[2] : 'X';
+  char found = state == 'T' || state == 't' ? 'T' : state == 'Z' || state == 'X' ? 'Z' : 'R';
+  snprintf(buf, size, "process %d (host %s, pid %lld: %s)", r, job_end.hosts[r],
+           (long long)job_end.pids[r],
+           found == 'T'   ? "stopped"
+           : found == 'Z' ? "ended"
+                          : "running");
+  return found;
+}
+
+/* One line on stderr, for the processes that finished: the end of the job failed. */
+static void say_end(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say_end(const char *fmt, ...) {
+  char line[1536];
+  int len = job_end.have
+                ? snprintf(line, sizeof line, "pmap: process %d of %d (host %s): ", job_end.rank,
+                           job_end.size, job_end.hosts[job_end.rank])
+                : snprintf(line, sizeof line, "pmap: ");
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line + len, sizeof line - (size_t)len, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "%s; leaving MPI unfinalised, so that the launcher ends the job\n", line);
+}
+
+/* The last agreement: every process tells every other that it has finished, and waits for
+ * theirs until deadline. Returns 1 when all arrived; else names those that did not. */
+static int finish_agree(int64_t deadline) {
+  int p = job_end.size, n = 0, rc = MPI_SUCCESS;
+  static int64_t done = 1, *in;
+  static MPI_Request *reqs; /* left pending on a timeout: MPI is not finalised then */
+  static int *peer;
+  in = calloc((size_t)p, sizeof *in);
+  reqs = calloc(2 * (size_t)p, sizeof *reqs);
+  peer = calloc(2 * (size_t)p, sizeof *peer);
+  if (!in || !reqs || !peer) {
+    say_end("out of memory for the last agreement of the processes");
+    return 0;
+  }
+  for (int r = 0; r < p && rc == MPI_SUCCESS; r++)
+    if (r != job_end.rank) {
+      peer[n] = r;
+      rc = MPI_Irecv(&in[r], 1, MPI_INT64_T, r, TAG_FINISH, job_end.comm, &reqs[n++]);
+    }
+  for (int r = 0; r < p && rc == MPI_SUCCESS; r++)
+    if (r != job_end.rank) {
+      peer[n] = r;
+      rc = MPI_Isend(&done, 1, MPI_INT64_T, r, TAG_FINISH, job_end.comm, &reqs[n++]);
+    }
+  int64_t t0 = pmap_now_ns();
+  for (int pending = 1; rc == MPI_SUCCESS && pending;) {
+    pending = 0;
+    for (int i = 0; i < n && rc == MPI_SUCCESS; i++) {
+      int flag = 1;
+      if (reqs[i] != MPI_REQUEST_NULL) rc = MPI_Test(&reqs[i], &flag, MPI_STATUS_IGNORE);
+      pending |= !flag;
+    }
+    if (!pending || rc != MPI_SUCCESS) break;
+    int64_t now = pmap_now_ns();
+    if (deadline >= 0 && now >= deadline) break;
+    struct timespec ts = {0, now - t0 > 50000000 ? 1000000 : 20000};
+    nanosleep(&ts, NULL);
+  }
+  if (rc != MPI_SUCCESS) {
+    char text[MPI_MAX_ERROR_STRING + 32];
+    dist_mpi_text(rc, text, sizeof text);
+    say_end("at exit: the last agreement of the processes failed: %s", text);
+    return 0;
+  }
+  char names[1024] = "";
+  size_t len = 0;
+  int count = 0;
+  for (int i = 0; i < p - 1 && len < sizeof names; i++) {
+    if (reqs[i] == MPI_REQUEST_NULL) continue;
+    char name[320];
+    proc_named(peer[i], name, sizeof name);
+    len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", count++ ? ", " : "", name);
+  }
+  if (!count) return 1;
+  say_end(
+      "at exit: %s did not finish within %.3f s of this process's end (stopped, stalled or "
+      "dead)",
+      names, (double)job_end.timeout_ns * 1e-9);
+  return 0;
+}
+
+/* MPI_Finalize on the start thread, waited for until deadline: 1 once it returned. */
+static int finalize_within(int64_t deadline) {
+  pthread_mutex_lock(&start.lock);
+  start.finalize = 1;
+  pthread_cond_signal(&start.cond);
+  pthread_mutex_unlock(&start.lock);
+  while (!atomic_load(&start.finalized)) {
+    if (deadline >= 0 && pmap_now_ns() >= deadline) break;
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  if (atomic_load(&start.finalized)) {
+    pthread_join(start.thread, NULL);
+    return 1;
+  }
+  /* Every process arrived at the last agreement: one stopped or died since, inside MPI. */
+  char names[1024] = "";
+  size_t len = 0;
+  for (int r = 0; r < job_end.size && len < sizeof names; r++) {
+    char name[320];
+    if (r != job_end.rank && proc_named(r, name, sizeof name) == 'T')
+      len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", len ? ", " : "", name);
+  }
+  say_end(
+      "at exit: MPI_Finalize did not return within %.3f s, though every process had "
+      "finished: %s",
+      (double)job_end.timeout_ns * 1e-9,
+      len ? names : "one stopped or died inside it (MPI cannot say which)");
+  return 0;
+}
+
+/* The processes of an open context that have not sent their leave notice, into buf. */
+static void not_left(pmap_dist *d, char *buf, size_t size) {
+  size_t len = 0;
+  buf[0] = '\0';
+  for (int r = 0; r < d->size && len < size; r++) {
+    if (r == d->rank || dist_has_left(d, r)) continue;
+    char name[160];
+    dist_proc_name(d, r, name, sizeof name);
+    len += (size_t)snprintf(buf + len, size - len, "%s%s", len ? ", " : "", name);
+  }
+}
+
+/* At exit, when pmap started MPI: a context still open tells its peers this process ends, and
+ * waits for theirs. MPI is finalised only when no exchange of this process failed, every peer of
+ * every open context ended too, and every process arrived at the last agreement, each within the
+ * timeout; MPI_Finalize itself is waited for no longer than the timeout. Otherwise the process
+ * exits without it (a line on stderr names the process that did not finish), and the launcher
+ * ends the job. */
 static void at_exit(void) {
   pthread_mutex_lock(&reg_lock);
   for (pmap_dist *d = open_list; d; d = d->next) dist_send_notes(d, PMAP_SUCCESS, LEAVE_EXIT, "");
   int clean = !dist_broken_any();
-  for (pmap_dist *d = open_list; d && clean; d = d->next)
+  for (pmap_dist *d = open_list; d && clean; d = d->next) {
     clean = !d->broken && all_left(d, d->timeout_ns < 0 ? -1 : pmap_now_ns() + d->timeout_ns);
+    if (!clean && !d->broken) {
+      char names[640];
+      not_left(d, names, sizeof names);
+      say_end("at exit: %s did not end within %.3f s (stopped, stalled or dead)", names,
+              (double)d->timeout_ns * 1e-9);
+    }
+  }
   pthread_mutex_unlock(&reg_lock);
+  int64_t t = job_end.timeout_ns;
+  if (clean && job_end.have) clean = finish_agree(t < 0 ? -1 : pmap_now_ns() + t);
+  if (clean) {
+    finalize_within(t < 0 || !job_end.opened ? -1 : pmap_now_ns() + t);
+    return;
+  }
   pthread_mutex_lock(&start.lock);
-  start.finalize = clean ? 1 : 2;
+  start.finalize = 2;
   pthread_cond_signal(&start.cond);
   pthread_mutex_unlock(&start.lock);
-  if (clean) pthread_join(start.thread, NULL);
 }
 
 static void *start_main(void *arg) {
@@ -84,9 +259,10 @@ static void *start_main(void *arg) {
   start.provided = provided;
   atomic_store(&start.state, rc == MPI_SUCCESS ? START_DONE : START_FAILED);
   while (rc == MPI_SUCCESS && !start.finalize) pthread_cond_wait(&start.cond, &start.lock);
-  int fin = start.finalize == 1;
+  int fin_now = start.finalize == 1;
   pthread_mutex_unlock(&start.lock);
-  if (fin) MPI_Finalize();
+  if (fin_now) MPI_Finalize();
+  atomic_store(&start.finalized, 1);
   return NULL;
 }
 
@@ -112,6 +288,7 @@ static pmap_status ensure_init(int64_t deadline, double timeout_s) {
       st = PMAP_ERR(PMAP_ERR_UNAVAILABLE, "pmap_ctx_create: cannot start a thread for MPI_Init");
     } else {
       pthread_setname_np(start.thread, "pmap-mpi-init");
+      start.ours = 1;
       atomic_store(&start.state, START_RUNNING);
       atexit(at_exit);
     }
@@ -201,6 +378,7 @@ static pmap_status meet(pmap_dist *d, MPI_Comm user, pmap_backend kind, int64_t 
   mine->nonce = (uint64_t)pmap_now_ns() ^ ((uint64_t)getpid() << 32) ^ atomic_fetch_add(&opened, 1);
   mine->devices = d->local_devices;
   mine->kind = kind;
+  mine->pid = (int64_t)getpid();
   if (gethostname(mine->host, sizeof mine->host - 1) != 0) snprintf(mine->host, 8, "?");
   int p = d->size, rc = MPI_SUCCESS, n = 0, who = -1;
   for (int r = 0; r < p && rc == MPI_SUCCESS; r++)
@@ -256,11 +434,11 @@ static pmap_status meet(pmap_dist *d, MPI_Comm user, pmap_backend kind, int64_t 
   return PMAP_SUCCESS;
 }
 
-/* pmap's own communicator (non-blocking, so that it is bounded), then the receives of the
- * other processes' leave notices. */
-static pmap_status own_comm(pmap_dist *d, MPI_Comm user, int64_t deadline) {
+/* A duplicate of comm into *out (non-blocking, so that it is bounded), with MPI's errors
+ * returned. */
+static pmap_status dup_comm(pmap_dist *d, MPI_Comm comm, MPI_Comm *out, int64_t deadline) {
   MPI_Request req = MPI_REQUEST_NULL;
-  int rc = MPI_Comm_idup(user, &d->comm, &req), who = -1, peer = 0;
+  int rc = MPI_Comm_idup(comm, out, &req), who = -1, peer = 0;
   int w = rc == MPI_SUCCESS ? dist_wait(d, 1, &req, &peer, deadline, &rc, &who) : WAIT_MPI;
   if (w != WAIT_DONE) {
     char text[MPI_MAX_ERROR_STRING + 32] = "";
@@ -271,7 +449,32 @@ static pmap_status own_comm(pmap_dist *d, MPI_Comm user, int64_t deadline) {
                     "communicator %s%s (another process gave up?)",
                     d->rank, w == WAIT_MPI ? "failed: " : "did not complete in time", text);
   }
-  MPI_Comm_set_errhandler(d->comm, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN);
+  return PMAP_SUCCESS;
+}
+
+/* The first context of a process whose MPI pmap started: the communicator of the end of the
+ * job, and each process's host and id (from the hellos all, of MPI_COMM_WORLD's processes). */
+static pmap_status finish_comm(pmap_dist *d, const hello *all, int64_t deadline) {
+  size_t p = (size_t)d->size;
+  job_end.hosts = calloc(p, sizeof *job_end.hosts);
+  job_end.pids = calloc(p, sizeof *job_end.pids);
+  if (!job_end.hosts || !job_end.pids)
+    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "pmap_ctx_create: out of memory");
+  for (size_t r = 0; r < p; r++) {
+    snprintf(job_end.hosts[r], sizeof job_end.hosts[r], "%s", all[r].host);
+    job_end.pids[r] = all[r].pid;
+  }
+  PMAP_TRY(dup_comm(d, MPI_COMM_WORLD, &job_end.comm, deadline));
+  job_end.rank = d->rank;
+  job_end.size = d->size;
+  job_end.have = 1;
+  return PMAP_SUCCESS;
+}
+
+/* pmap's own communicator, then the receives of the other processes' leave notices. */
+static pmap_status own_comm(pmap_dist *d, MPI_Comm user, int64_t deadline) {
+  PMAP_TRY(dup_comm(d, user, &d->comm, deadline));
   d->note_reqs = calloc((size_t)d->size, sizeof *d->note_reqs);
   d->note_sends = calloc((size_t)d->size, sizeof *d->note_sends);
   if (!d->note_reqs || !d->note_sends)
@@ -306,6 +509,8 @@ pmap_status dist_open(const pmap_config *cfg, pmap_backend kind, int local_devic
   pmap_status st = alloc_dist(d);
   if (!st) st = meet(d, user, kind, deadline);
   if (!st) st = own_comm(d, user, deadline);
+  if (!st && start.ours && !job_end.have && user == MPI_COMM_WORLD)
+    st = finish_comm(d, (const hello *)d->sbuf, deadline);
   if (st) {
     /* After a timeout MPI may still write into d: keep it. */
     if (!dist_broken_any()) free_dist(d);
@@ -314,6 +519,8 @@ pmap_status dist_open(const pmap_config *cfg, pmap_backend kind, int local_devic
   pthread_mutex_lock(&reg_lock);
   d->next = open_list;
   open_list = d;
+  job_end.timeout_ns = timeout_ns;
+  job_end.opened = 1;
   pthread_mutex_unlock(&reg_lock);
   *out = d;
   *rank = d->rank;
@@ -321,8 +528,8 @@ pmap_status dist_open(const pmap_config *cfg, pmap_backend kind, int local_devic
   return PMAP_SUCCESS;
 }
 
-void dist_close(pmap_dist *d) {
-  if (!d) return;
+pmap_status dist_close(pmap_dist *d) {
+  if (!d) return PMAP_SUCCESS;
   pthread_mutex_lock(&reg_lock);
   for (pmap_dist **at = &open_list; *at; at = &(*at)->next)
     if (*at == d) {
@@ -331,19 +538,31 @@ void dist_close(pmap_dist *d) {
     }
   pthread_mutex_unlock(&reg_lock);
   dist_send_notes(d, PMAP_SUCCESS, LEAVE_CLOSED, "");
-  if (d->broken) return; /* requests may still be pending on its memory: keep it */
+  if (d->broken) return PMAP_SUCCESS; /* requests may still be pending on its memory: keep it */
   /* Every notice sent must be received before the communicator goes: MPI may give a later one
    * the same internal id, and a message left over would then take the place of one of its own.
    * So the processes close together; one that does not within the timeout keeps this one's
-   * communicator (and memory) alive for good. */
-  if (!all_left(d, d->timeout_ns < 0 ? -1 : pmap_now_ns() + d->timeout_ns)) return;
+   * communicator (and memory) alive for good, and is named: the job cannot end together (at
+   * exit MPI is left unfinalised, so that the launcher ends it). */
+  if (!all_left(d, d->timeout_ns < 0 ? -1 : pmap_now_ns() + d->timeout_ns)) {
+    char names[640];
+    not_left(d, names, sizeof names);
+    dist_broken_mark();
+    return PMAP_ERR(PMAP_ERR_TIMEOUT,
+                    "process %d of %d (host %s): %s did not destroy its context within %.3f s "
+                    "(stopped, stalled or dead, or still using it); this process's context is "
+                    "destroyed all the same",
+                    d->rank, d->size, dist_host(d, d->rank), names, (double)d->timeout_ns * 1e-9);
+  }
   /* The notices are small (sent at once); one still pending after a second keeps d alive. */
   int64_t deadline = pmap_now_ns() + 1000000000;
   for (int done = 0; !done;) {
-    if (MPI_Testall(d->size, d->note_sends, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) return;
-    if (!done && pmap_now_ns() >= deadline) return;
+    if (MPI_Testall(d->size, d->note_sends, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
+      return PMAP_SUCCESS;
+    if (!done && pmap_now_ns() >= deadline) return PMAP_SUCCESS;
     if (!done) sched_yield();
   }
   MPI_Comm_free(&d->comm);
   free_dist(d);
+  return PMAP_SUCCESS;
 }

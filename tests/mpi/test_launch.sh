@@ -21,10 +21,15 @@
 #           restart ends bitwise where an uninterrupted run ends.
 #  args     every option's missing value (the program's --save, --resume and --save-every last
 #           included), a --log into a missing folder, a missing program or mpirun: refused at
-#           start; a bad pmap-train argument, a --save into a missing folder, mpirun's own
-#           failure and a rank crashed (SIGSEGV) before the header: one run, no restart; a rank
-#           killed (SIGKILL, SIGTERM) before the header: restarted; the reason of a failed run
-#           names the failing process's message before the others'.
+#           start; a bad pmap-train argument, a --save into a missing folder (pmap-train's
+#           status 2), mpirun's own failure and a rank crashed (SIGSEGV) before the header: one
+#           run, no restart; a rank killed (SIGKILL, SIGTERM) before the header: restarted; the
+#           reason of a failed run names the failing process's message before the others'.
+#  end      a rank stopped (SIGSTOP) inside MPI_Finalize after the last step and save: the run
+#           ends within the timeout, and the launcher finds the final checkpoint and ends with
+#           success, bitwise the uninterrupted run's, without a restart; a rank 4 s late to
+#           start (timeout 2 s): pmap-train's timeout at its start is restarted, and the job
+#           finishes.
 # Every launcher runs under a timeout: a hang fails the test. Usage: test_launch.sh MPIRUN PART
 # ($PMAP_TRAIN names pmap-train, $PMAP_LAUNCH pmap-launch).
 set -u
@@ -65,6 +70,8 @@ if [ "$a" = 0 ]; then
   stop:1) (waitfile; kill -STOP $me) & ;;
   hold:1) export PMAP_FAULT=stall:device=2:step=35 ;;
   early:1) ulimit -c 0; kill -"$SIG" $$ ;; # before pmap-train starts: before its header
+  late:1) sleep 4 ;;                          # a slow start: the others' timeout at their start
+  finstop:1) export LD_PRELOAD=$PMAP_FINALIZE_STOP PMAP_TEST_FINALIZE_STOP=$r ;;
   nan1:*) export PMAP_FAULT=nan:device=0:step=1 ;; # fails at step 1, before any save
   corrupt:1)
     export PMAP_FAULT=stall:device=2:step=35
@@ -404,11 +411,14 @@ args)
     launched once 60 --max-restarts 3 "$@"
     local rc=$?
     [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(grep -c 'run [0-9] (of at most 4)' "$out")" -eq 1 ] &&
-      grep -q 'run 1 ended before pmap-train began training.*not restarted' "$out" &&
+      grep -q 'run 1 ended .*not restarted, a restart would fail alike' "$out" &&
       ! grep -q 'restart 1' "$out"
     verdict $? "not restarted: $what"
   }
   once "a bad pmap-train argument" --np 2 -- "${p[@]}" --bogus
+  grep -q 'run 1 ended as pmap-train cannot run as given ("pmap-train: exit status 2' \
+    "$tmp/once.log"
+  verdict $? "a bad pmap-train argument: known by pmap-train's word (exit status 2)"
   once "a global batch the devices do not divide" --np 2 -- "${p[@]}" --batch 7
   once "mpirun's own failure (a missing hostfile)" --np 2 --mpirun-arg --hostfile \
     --mpirun-arg "$tmp/no-hosts" -- "${p[@]}"
@@ -424,6 +434,8 @@ args)
   # the first save: one run, and nothing created.
   once "a --save into a missing folder" --np 2 -- "$train" "${args[@]}" --save \
     "$tmp/missing/a.ckpt"
+  grep -q 'run 1 ended as pmap-train cannot run as given' "$tmp/once.log"
+  verdict $? "a --save into a missing folder: known by pmap-train's word, though process 1 failed first"
   grep -q -- '--save: pmap_params_save_check: cannot create a temporary file beside' "$out" &&
     [ ! -e "$tmp/missing" ]
   verdict $? "a --save into a missing folder: refused at the start, nothing created"
@@ -464,6 +476,32 @@ EOF
     "$tmp/order.log"
   verdict $? "why a run failed: the failing process's message first, the others' after"
   show_log order
+  ;;
+end)
+  reference ref 2 "${args[@]}"
+  # Rank 1 stops inside MPI_Finalize (finalize_stop) in the first run: rank 0 gives up on it
+  # after --timeout 3 (the last one given) and exits without it, mpirun ends the job, and the
+  # checkpoint holds the last step.
+  MODE=finstop launched finstop 120 --np 2 --max-restarts 1 -- \
+    "$tmp/wrap.sh" "$train" "${args[@]}" --timeout 3 --save "$tmp/finstop.ckpt"
+  rc=$?
+  [ $rc -eq 0 ] && grep -q 'run 1 failed .*MPI_Finalize did not return within 3.000 s' \
+    "$tmp/finstop.log" && grep -q 'holds step 60 of 60, the last: the job is complete' \
+    "$tmp/finstop.log" && ! grep -q 'run 2 (of' "$tmp/finstop.log" &&
+    cmp -s "$tmp/ref.ckpt" "$tmp/finstop.ckpt" && clean
+  verdict $? "a rank stopped in MPI_Finalize: the job ends, complete, final state bitwise"
+  show_log finstop
+
+  # Rank 1 starts 4 s late in the first run: rank 0's pmap_ctx_create times out (2 s); that is
+  # the run's own failure (pmap-train's status 1, not 2), so it is restarted.
+  MODE=late launched late 120 --np 2 --max-restarts 1 -- \
+    "$tmp/wrap.sh" "$train" "${args[@]}" --timeout 2 --save "$tmp/late.ckpt"
+  rc=$?
+  [ $rc -eq 0 ] && grep -q 'run 1 failed .*with status 1: .*pmap_ctx_create: .*within 2.000 s' \
+    "$tmp/late.log" && grep -q 'restart 1 of 1 on 2 processes, from the start' "$tmp/late.log" &&
+    grep -q 'run 2 finished' "$tmp/late.log" && cmp -s "$tmp/ref.ckpt" "$tmp/late.ckpt" && clean
+  verdict $? "a rank late at the start: restarted, the job finishes, final state bitwise"
+  show_log late
   ;;
 *)
   echo "test_launch.sh: unknown part $part"

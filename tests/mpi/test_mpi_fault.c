@@ -28,6 +28,14 @@
  *   stop, die   3 processes of 1 device: process 2 is 1 s late at step 3 and process 1 stops
  *               (SIGSTOP) or dies while it waits for it, its part of the exchange sent: processes
  *               0 and 2 name process 1, not each other
+ *   closestop   2 processes train 3 steps (timeout 2 s); process 1 then stops before it destroys
+ *               its context: process 0's pmap_ctx_destroy returns PMAP_ERR_TIMEOUT naming it
+ *               within 5 s, the context destroyed all the same
+ *   endstop     the same, but process 1 stops once its context is destroyed, before its exit:
+ *               process 0's exit names it (test_mpi_fault.sh checks that the job ends)
+ *   finstop     every process ends as usual; test_mpi_fault.sh preloads finalize_stop, which
+ *               stops process 1 inside MPI_Finalize, and checks that process 0 says so and the
+ *               job ends
  * Exits 77 when pmap was built without MPI. */
 #include <pthread.h>
 #include <signal.h>
@@ -508,6 +516,44 @@ static int mode_after_send(int die) {
   return test_exit("test_mpi_fault after-send");
 }
 
+/* The end of a job whose process 1 stops (SIGSTOP): before destroying its context (closestop),
+ * after it (endstop), or inside MPI_Finalize (finstop, by the preloaded finalize_stop). */
+static int mode_end(const char *mode) {
+  pmap_ctx *ctx = NULL;
+  pmap_params *params = NULL;
+  pmap_model *m = NULL;
+  pmap_array xs = {0}, ys = {0};
+  CHECK_OK(dist_ctx(1, 2.0, &ctx));
+  if (ctx) CHECK_OK(mlp_params(ctx, 0.001f, &params, &m));
+  CHECK_OK(pmap_example_data("mlp", 2, 4, &xs, &ys));
+  if (!params) return test_exit("test_mpi_fault end setup");
+  for (int s = 0; s < 3; s++) CHECK_OK(pmap_update(params, &xs, &ys, NULL));
+  pmap_example_data_free(&xs, &ys);
+  pmap_params_destroy(params);
+  pmap_model_destroy(m);
+  int closestop = !strcmp(mode, "closestop");
+  if (RANK == 1 && closestop) kill(getpid(), SIGSTOP);
+  double t0 = now_s();
+  pmap_status st = pmap_ctx_destroy(ctx);
+  double took = now_s() - t0;
+  if (closestop && RANK == 0) {
+    const char *msg = pmap_last_error();
+    CHECK(st == PMAP_ERR_TIMEOUT, "pmap_ctx_destroy: %s: %s", pmap_status_string(st), msg);
+    CHECK(!strncmp(msg, "pmap_ctx_destroy: process 0 of 2 (host ", 39) &&
+              strstr(msg, "process 1 (host ") && strstr(msg, "did not destroy its context"),
+          "message does not name process 1: %s", msg);
+    CHECK(took < 5.0, "gave up after %.1f s (timeout 2 s)", took);
+    printf("process 0: pmap_ctx_destroy after %.2f s: %s\n", took, msg);
+  } else if (!closestop) {
+    CHECK(st == PMAP_SUCCESS, "pmap_ctx_destroy: %s: %s", pmap_status_string(st),
+          pmap_last_error());
+  }
+  if (RANK == 1 && !strcmp(mode, "endstop")) kill(getpid(), SIGSTOP);
+  if (RANK == 0 && !test_failures) printf("OK end %s\n", mode);
+  fflush(stdout);
+  return test_exit("test_mpi_fault end");
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s MODE [DEVICES] (under mpirun; see the top of the file)\n", argv[0]);
@@ -546,6 +592,8 @@ int main(int argc, char **argv) {
     return mode_leave(d, !strcmp(mode, "leave"));
   } else if (!strcmp(mode, "stop") || !strcmp(mode, "die")) {
     return mode_after_send(!strcmp(mode, "die"));
+  } else if (!strcmp(mode, "closestop") || !strcmp(mode, "endstop") || !strcmp(mode, "finstop")) {
+    return mode_end(mode);
   } else {
     fprintf(stderr, "unknown mode %s\n", mode);
     return 2;

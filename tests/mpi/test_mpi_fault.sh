@@ -4,7 +4,9 @@
 #   exit      a process that fails alone ends the job within seconds (context destroyed or
 #             not); a mapped function that fails on it alone fails every process at once; a
 #             process late to start is a timeout at pmap_ctx_create within seconds, and
-#             the job ends; a process that stops or dies after sending its part is named
+#             the job ends; a process that stops or dies after sending its part is named; a
+#             process that stops at the end (before or after destroying its context, or inside
+#             MPI_Finalize) is named by the other within the timeout, and the job ends
 #   toolfail  pmap-train: --timeout and PMAP_TIMEOUT end a stalled job naming the process; an
 #             unwritable --save on process 0 ends the job within seconds, refused before step 1
 #             or failing at a save; a replica perturbed on process 1 fails the final check and
@@ -66,6 +68,27 @@ for part in "$@"; do
     [ "$(grep -c '^OK after-send' "$out")" -eq 2 ] && [ $took -lt 20 ]
     verdict $? "a process dead after sending its part is named"
     grep '^process 0:' "$out" | cut -c1-300 | sed 's/^/    /'
+    # Process 1 stops (SIGSTOP) at the end, its work done (timeout 2 s): before destroying its
+    # context, after, or inside MPI_Finalize (finalize_stop, preloaded): process 0 names it and
+    # ends without waiting for it; mpirun then ends the job (not killed by the bound).
+    stopper=${PMAP_FINALIZE_STOP:?PMAP_FINALIZE_STOP names the finalize_stop module}
+    say_end='pmap: process 0 of 2 (host [^)]*): at exit: '
+    for mode in closestop endstop finstop; do
+      pre=()
+      [ $mode = finstop ] && pre=(-x "LD_PRELOAD=$stopper" -x PMAP_TEST_FINALIZE_STOP=1)
+      bounded 60 -np 2 "${pre[@]}" "$prog" $mode
+      rc=$?
+      case $mode in
+      closestop) needle='^process 0: pmap_ctx_destroy after .*process 1 (host .*) did not destroy' ;;
+      endstop) needle="${say_end}process 1 (host .*: stopped) did not finish within 2.000 s" ;;
+      finstop) needle="${say_end}MPI_Finalize did not return within 2.000 s, though every process \
+had finished: process 1 (host .*: stopped)" ;;
+      esac
+      [ $rc -ne 124 ] && [ $rc -ne 137 ] && grep -q "^OK end $mode" "$out" &&
+        grep -q "$needle" "$out" && [ $took -lt 20 ]
+      verdict $? "$mode: process 1 stopped at the end is named, and the job ends"
+      grep -e '^process 0:' -e '^pmap: ' "$out" | cut -c1-300 | sed 's/^/    /'
+    done
     ;;
   refuse)
     for layout in "2 1" "2 2" "3 1" "3 2"; do
