@@ -100,10 +100,10 @@ static inline void cuda_alloc_counted(cuda_device *cd) {
 extern const pmap_coll_i pmap_cuda_coll;
 
 /* Device memory (cuda_mem.c). init decides, when the device starts, whether cd allocates from
- * a memory pool (cudaMallocAsync, stream-ordered) or, where the GPU has none, with cudaMalloc
- * into blocks kept for reuse; alloc takes 256 bytes for 0 (dev may be NULL only before any
- * collective); free is stream-ordered and accepts NULL; release returns every kept block to
- * CUDA once the device's work is drained. */
+ * a memory pool (cudaMallocAsync, stream-ordered; a pool of its own where it shares its GPU) or,
+ * where the GPU has none, with cudaMalloc into blocks kept for reuse; alloc takes 256 bytes for 0
+ * (dev may be NULL only before any collective); free is stream-ordered and accepts NULL; release
+ * returns every kept block and the device's pool to CUDA once the device's work is drained. */
 pmap_status cuda_mem_init(cuda_device *cd, const cuda_ctx *cc);
 pmap_status cuda_mem_alloc(pmap_device *dev, cuda_device *cd, size_t bytes, void **out);
 void cuda_mem_free(cuda_device *cd, void *ptr);

@@ -55,9 +55,11 @@ typedef struct cuda_device {
    * joined back by bucket_done. */
   cudaStream_t comm_stream;
   cudaEvent_t bucket_ready, bucket_done;
-  /* Memory (runtime/cuda/cuda_mem.c): stream-ordered allocations, or where the GPU has no
-   * memory pools (no_pool) plain ones kept in `blocks` for reuse until the device stops. */
+  /* Memory (runtime/cuda/cuda_mem.c): stream-ordered allocations, from `pool` (the device's own,
+   * where it shares its GPU) or else the GPU's default pool; or where the GPU has no memory
+   * pools (no_pool) plain ones kept in `blocks` for reuse until the device stops. */
   int no_pool;
+  cudaMemPool_t pool;        /* NULL: the GPU's default pool */
   int shared;                /* another logical device of the context uses the same GPU */
   struct cuda_block *blocks; /* (n_blocks) no_pool: every allocation, live or free */
   size_t n_blocks, cap_blocks;
