@@ -30,12 +30,13 @@ typedef struct cuda_stage {
 } cuda_stage;
 
 typedef struct cuda_device {
-  cuda_where where;    /* index: the logical device, also its NCCL rank; gpu: the physical one */
-  cudaStream_t stream; /* every kernel, copy and collective of this device, in order */
-  cublasHandle_t blas; /* bound to `stream`, with its own workspace */
-  void *blas_ws;       /* (CUDA_BLAS_WORKSPACE_BYTES) */
-  ncclComm_t comm;     /* rank `index`; owned by the context (runtime/cuda/cuda_ctx.c) */
-  void *scratch;       /* (CUDA_SCRATCH_BYTES) */
+  cuda_where where;      /* index: the logical device, also its NCCL rank; gpu: the physical one */
+  cudaStream_t stream;   /* every kernel, copy and collective of this device, in order */
+  cublasHandle_t blas;   /* bound to `stream`, with its own workspace */
+  void *blas_ws;         /* (CUDA_BLAS_WORKSPACE_BYTES) */
+  ncclComm_t comm;       /* rank `index`; owned by the context (runtime/cuda/cuda_ctx.c) */
+  ncclComm_t graph_comm; /* its blocking rank for captured steps; NULL: none (cuda_comm_of) */
+  void *scratch;         /* (CUDA_SCRATCH_BYTES) */
   cuda_stage stage[2];
   cudaEvent_t done; /* blocking-sync event: what a wait sleeps on (runtime/cuda/cuda_coll.c) */
   /* The trace's marks (cuda_backend.c cuda_mark): timing events recorded on `stream`, n_marks
