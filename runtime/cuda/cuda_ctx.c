@@ -173,7 +173,7 @@ static pmap_status choose_gpus(const pmap_config *cfg, int n, int count, int *gp
       return PMAP_ERR(PMAP_ERR_UNAVAILABLE,
                       "pmap_ctx_create: %d CUDA devices requested but this machine has %d GPU%s "
                       "(to run several logical devices on one GPU list them in device_ids or "
-                      "PMAP_CUDA_DEVICE_IDS, e.g. 0,0,0,0)",
+                      "PMAP_CUDA_DEVICE_IDS, e.g. 0,0: NCCL documents up to 2 on a GPU)",
                       n, count, count == 1 ? "" : "s");
   }
   for (int i = 0; i < n; i++)
