@@ -62,6 +62,33 @@ ldd_path() { # ldd-output library-name
     head -n 1
 }
 
+# The probe's log: the phase it was in when it ended ("phase NAME at T s: ..."; empty: none).
+probe_phase() { sed -n 's/^phase \(.*\) at \([0-9.]*\) s: .*/\1/p' "$1" | tail -n 1; }
+
+# What a probe's log says of the waits and of its end (run_step's rc $2), into PROBE_VERDICT:
+# "hung" (a blocking-sync wait did not return: every later step polls), "slow" (it ran out of
+# its limit before its wait, while CUDA started: a slow start, not a hang), "ok" otherwise. Says
+# it in WAIT_NOTE and NOTES.
+probe_verdict() { # log rc
+  local log=$1 rc=$2 phase at
+  PROBE_VERDICT=ok
+  [ -f "$log" ] || return 0
+  phase=$(probe_phase "$log")
+  at=$(sed -n "s/^phase $phase at \([0-9.]*\) s: .*/\1/p" "$log" | tail -n 1)
+  if grep -q '^blocking-sync wait: hung' "$log" ||
+    { ((rc == 124 || rc == 137)) && [ "$phase" = "blocking-sync wait" ]; }; then
+    export PMAP_CUDA_WAIT=poll
+    WAIT_NOTE="a blocking-sync wait hung in the probe: every later step ran with PMAP_CUDA_WAIT=poll"
+    NOTES+=("The default waits (blocking-sync CUDA events) hung here: every step after the probe ran with PMAP_CUDA_WAIT=poll.")
+    PROBE_VERDICT=hung
+  elif ((rc == 124 || rc == 137)) && { [ -z "$phase" ] || [ "$phase" = nccl ] || [ "$phase" = start ]; }; then
+    NOTES+=("The probe ran out of its limit while CUDA started (phase '${phase:-none}' from ${at:-0} s on): a slow start, not a hanging wait; the waits stay the default.")
+    PROBE_VERDICT=slow
+  elif ((rc == 124 || rc == 137)); then
+    NOTES+=("The probe ran out of its limit in its phase '$phase' (from $at s on), after its wait: what it had measured stands.")
+  fi
+}
+
 # The summary line of a test, or for a failed step the line naming the failure, for its note.
 log_note() { # log rc
   local why

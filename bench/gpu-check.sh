@@ -332,9 +332,10 @@ write_environment() {
     echo "  meson, ninja  ${MESON_VERSION:-not found}, ${NINJA_VERSION:-not found}"
     echo "  CPU cores     $NPROC"
     echo "  output        $OUTDIR"
-    if [ -f "$LOGS/probe.log" ]; then
-      echo "  probe (tests/gpu/gpu_probe, with the 2- and 4-device environment):"
-      grep -v '^\$\|^$' "$LOGS/probe.log" | sed 's/^/    /'
+    local plog=${PROBE_LOG:-$LOGS/probe.log}
+    if [ -f "$plog" ]; then
+      echo "  $(basename "$plog" .log) (tests/gpu/gpu_probe, with the 2- and 4-device environment):"
+      grep -v '^\$\|^$' "$plog" | sed 's/^/    /'
     fi
     local f
     for f in "$LOGS"/nccl-2.log "$LOGS"/nccl-2-nocumem.log "$LOGS"/gpu-coll-4.log; do
@@ -480,33 +481,6 @@ if ((DRY)); then
     nccl_loaded_from "$LOGS/nccl-loaded.log" && write_environment
   fi
 fi
-
-# The probe's log: the phase it was in when it ended ("phase NAME at T s: ..."; empty: none).
-probe_phase() { sed -n 's/^phase \(.*\) at \([0-9.]*\) s: .*/\1/p' "$1" | tail -n 1; }
-
-# What a probe's log says of the waits and of its end (run_step's rc $2), into PROBE_VERDICT:
-# "hung" (a blocking-sync wait did not return: every later step polls), "slow" (it ran out of
-# its limit before its wait, while CUDA started: a slow start, not a hang), "ok" otherwise. Says
-# it in WAIT_NOTE and NOTES.
-probe_verdict() { # log rc
-  local log=$1 rc=$2 phase at
-  PROBE_VERDICT=ok
-  [ -f "$log" ] || return 0
-  phase=$(probe_phase "$log")
-  at=$(sed -n "s/^phase $phase at \([0-9.]*\) s: .*/\1/p" "$log" | tail -n 1)
-  if grep -q '^blocking-sync wait: hung' "$log" ||
-    { ((rc == 124 || rc == 137)) && [ "$phase" = "blocking-sync wait" ]; }; then
-    export PMAP_CUDA_WAIT=poll
-    WAIT_NOTE="a blocking-sync wait hung in the probe: every later step ran with PMAP_CUDA_WAIT=poll"
-    NOTES+=("The default waits (blocking-sync CUDA events) hung here: every step after the probe ran with PMAP_CUDA_WAIT=poll.")
-    PROBE_VERDICT=hung
-  elif ((rc == 124 || rc == 137)) && { [ -z "$phase" ] || [ "$phase" = nccl ] || [ "$phase" = start ]; }; then
-    NOTES+=("The probe ran out of its limit while CUDA started (phase '${phase:-none}' from ${at:-0} s on): a slow start, not a hanging wait; the waits stay the default.")
-    PROBE_VERDICT=slow
-  elif ((rc == 124 || rc == 137)); then
-    NOTES+=("The probe ran out of its limit in its phase '$phase' (from $at s on), after its wait: what it had measured stands.")
-  fi
-}
 
 WAIT_NOTE=""
 if ((DRY || (BUILT && HAVE_GPU))); then
