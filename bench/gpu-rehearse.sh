@@ -7,9 +7,10 @@
 # folder (the working tree's tracked files and the untracked ones git does not ignore, no .git,
 # plus every carried path) with no file executable (the copy to the machine may drop the bits),
 # sets OUT to an empty folder as the device tool does, and runs the runbook's command there
-# verbatim with --dry-run. Then once more with --fail-nccl, into another OUT: the 2-rank NCCL
-# steps fail by request, and every step that needs 2 ranks must be skipped with the reason, the
-# performance steps planned on 1 device, and what is left must fit the budget. Both runs build
+# verbatim with --dry-run. Then once more with --fail-nccl --four, into another OUT: the 2-rank
+# NCCL steps fail by request, and every step that needs 2 ranks (the opt-in 4-device one too)
+# must be skipped with the reason, the performance steps planned on 1 device, and what is left
+# must fit the budget. Both runs build
 # in one folder of the rehearsal's own (GPU_CHECK_BUILD_DIR; the call's own is a fresh one under
 # /tmp), so the second configures and builds nothing anew.
 #
@@ -168,18 +169,18 @@ fi
 count=$(find "$out" -type f | wc -l)
 files=$(cd "$out" && ls | tr '\n' ' ')
 
-# Once more with the 2-rank NCCL steps failing by request: every step that needs 2 ranks is
-# skipped, saying why, the performance steps are planned on 1 device, and what is left fits the
-# budget well.
+# Once more with the 2-rank NCCL steps failing by request: every step that needs 2 ranks (the
+# opt-in one of 4 devices too) is skipped, saying why, the performance steps are planned on 1
+# device, and what is left fits the budget well.
 gate=$tmp/out-gate
 mkdir -p "$gate"
-echo "gpu-rehearse: in $tree: OUT=$gate; $COMMAND --dry-run --fail-nccl"
-dry "$gate" --fail-nccl
+echo "gpu-rehearse: in $tree: OUT=$gate; $COMMAND --dry-run --fail-nccl --four"
+dry "$gate" --fail-nccl --four
 rc=$?
-[ "$rc" = 1 ] || fail "the command with --fail-nccl exited $rc, want 1 (the steps it fails)"
+[ "$rc" = 1 ] || fail "the command with --fail-nccl --four exited $rc, want 1 (the steps it fails)"
 back "$gate"
 if [ -s "$gate/summary.json" ]; then
-  python3 - "$gate/summary.json" <<'PY' || fail "the run with --fail-nccl (above)"
+  python3 - "$gate/summary.json" <<'PY' || fail "the run with --fail-nccl --four (above)"
 import json, sys
 s = json.load(open(sys.argv[1]))
 steps = {x["name"]: x for x in s["steps"]}
@@ -188,7 +189,10 @@ for n in ("nccl-2", "nccl-2-nocumem"):
     st = steps.get(n, {})
     if st.get("status") != "fail" or "--fail-nccl" not in st.get("note", ""):
         bad.append("%s: %s (%s), want fail by --fail-nccl" % (n, st.get("status"), st.get("note")))
-needs_two = [n for n in steps if n.endswith("-2") and not n.startswith("nccl-")] + ["allreduce"]
+needs_two = [n for n in steps if n.endswith(("-2", "-4")) and not n.startswith("nccl-")]
+needs_two.append("allreduce")
+if "gpu-coll-4" not in needs_two:
+    bad.append("the opt-in gpu-coll-4 is not in the plan with --four")
 for n in needs_two:
     st = steps[n]
     if st["status"] != "not-run" or "nccl-2" not in st["note"]:
@@ -209,8 +213,8 @@ room = s["budget_s"] - s["reserve_s"]
 if s["plan_run_s"] > room:
     bad.append("the steps left take up to %d s, more than the %d s of the budget" % (s["plan_run_s"], room))
 for b in bad:
-    print("  with --fail-nccl, not as it must be:", b)
-print("gpu-rehearse: with --fail-nccl: %d steps skipped for want of 2 ranks; the rest take up to %d s"
+    print("  with --fail-nccl --four, not as it must be:", b)
+print("gpu-rehearse: with --fail-nccl --four: %d steps skipped for want of 2 ranks; the rest take up to %d s"
       " of the budget's %d s (%d s in the full plan)" % (len(needs_two), s["plan_run_s"], room, s["plan_s"]))
 sys.exit(1 if bad else 0)
 PY
