@@ -55,13 +55,14 @@ for p in json.loads(sys.argv[1]): print(p)' "$CARRY") ||
   { echo "gpu-rehearse: the runbook's carry $CARRY is not a JSON list"; exit 1; }
 echo "gpu-rehearse: the runbook's call: command $COMMAND; carry $CARRY; timeout_s $TIMEOUT_S"
 
-# What the checkout is, for the summary there (no .git travels).
-if ! bash "$SRC/bench/gpu-check-source.sh" "$SRC" >"$SRC/.gpu-check-source.new"; then
-  rm -f "$SRC/.gpu-check-source.new"
-  echo "gpu-rehearse: cannot write $SRC/.gpu-check-source"
+# What the checkout is, for the summary there (no .git travels); nothing written into the
+# checkout before it is known, so that `git status` sees the tree as it is.
+if ! source_text=$(bash "$SRC/bench/gpu-check-source.sh" "$SRC"); then
+  echo "gpu-rehearse: cannot tell what $SRC is (bench/gpu-check-source.sh)"
   exit 1
 fi
-mv -f "$SRC/.gpu-check-source.new" "$SRC/.gpu-check-source"
+printf '%s\n' "$source_text" >"$SRC/.gpu-check-source" ||
+  { echo "gpu-rehearse: cannot write $SRC/.gpu-check-source"; exit 1; }
 echo "gpu-rehearse: wrote .gpu-check-source: $(sed -n 's/^describe //p' "$SRC/.gpu-check-source")"
 
 tmp=$(mktemp -d /tmp/pmap-gpu-rehearse.XXXXXX)
