@@ -3,9 +3,12 @@
 # run alone): each step's verdict, the summary (summary.md, summary.json, logs.tar.gz) written
 # after every step, and the step runner (its time limit, its own session, the stacks of a step
 # that hangs). It reads the check's globals: OUTDIR, WORK, LOGS, PLAN_NAMES, LIMIT, STAGE,
-# BUDGET, RESERVE, START, DRY, DRYRUN, TERMINATED, NOTES, GPU_*, PY, SRC and the versions.
+# OPTIN, BUDGET, RESERVE, START, DRY, DRYRUN, TERMINATED, NOTES, GPU_*, PY, SRC, the versions,
+# and what the summary's top says: SOURCE_DESC (the commit) and NCCL_LOADED (the NCCL the
+# steps load).
 
 ST_NAME=() ST_STATUS=() ST_SECS=() ST_NOTE=()
+declare -A CMD # each step's command line, as run_step ran or planned it
 CUR_STEP="" CUR_PID="" CUR_T0=0 TERMINATED=0 NOTES=()
 
 elapsed() { echo $(($(date +%s) - START)); }
@@ -41,12 +44,58 @@ check() {
   if "$@" >>"$LOGS/checks.log" 2>&1; then record "$name" pass 0 "$what"; else record "$name" fail 0 "$what"; fi
 }
 
-# The summary line of a test or the last line naming a failure, for a step's note.
+# What a failure writes, anchored on the words as a failure writes them, so that a compile line
+# naming error.c, or a flag such as -Werror=vla, is not taken for one: a test's FAIL and its
+# count of failed checks, a compiler's or Meson's error ("file:12:3: error: ...", "ERROR: ..."),
+# a timeout, a crash, a wait that hung. COMPILE_ERROR_RE is the compiler's and Meson's alone, the
+# first of which names the cause of a failed build.
+FAILURE_RE='(^|[^[:alnum:]_])FAIL(ED)?([^[:alnum:]_]|$)|(^|[[:space:]:(])([Ff]atal )?([Ee]rror|ERROR)[[:space:]]*:|(^|[^0-9])[1-9][0-9]* failed|timed out|did not (finish|complete|return)|[Ss]egmentation fault|[Aa]borted|cannot |not made:|: hung'
+COMPILE_ERROR_RE='^[^ ].*:[0-9]+(:[0-9]+)?: ([Ff]atal )?([Ee]rror|ERROR):|^[^ ]*\([0-9]+\): error'
+# Lines that are neither: the command this script echoed, ninja's progress (which names every
+# object compiled) and the command line ninja echoes after FAILED.
+NOT_FAILURE_RE='^\$ |^\[[0-9]+/[0-9]+\] |^(/[^ ]*/)?(c\+\+|cc|gcc|g\+\+|clang|nvcc|ld)( |$)'
+
+# The file ldd's line for a library resolves to: what follows "=>" up to its load address,
+# spaces and all ("libnccl.so.2 => /a b/lib/libnccl.so.2 (0x...)"); nothing where it is not found.
+ldd_path() { # ldd-output library-name
+  printf '%s\n' "$1" | sed -n "s/^[[:space:]]*$2[^[:space:]]* => \(.*[^[:space:]]\)[[:space:]]*(0x[0-9a-fA-F]*)\$/\1/p" |
+    head -n 1
+}
+
+# The probe's log: the phase it was in when it ended ("phase NAME at T s: ..."; empty: none).
+probe_phase() { sed -n 's/^phase \(.*\) at \([0-9.]*\) s: .*/\1/p' "$1" | tail -n 1; }
+
+# What a probe's log says of the waits and of its end (run_step's rc $2), into PROBE_VERDICT:
+# "hung" (a blocking-sync wait did not return: every later step polls), "slow" (it ran out of
+# its limit before its wait, while CUDA started: a slow start, not a hang), "ok" otherwise. Says
+# it in WAIT_NOTE and NOTES.
+probe_verdict() { # log rc
+  local log=$1 rc=$2 phase at
+  PROBE_VERDICT=ok
+  [ -f "$log" ] || return 0
+  phase=$(probe_phase "$log")
+  at=$(sed -n "s/^phase $phase at \([0-9.]*\) s: .*/\1/p" "$log" | tail -n 1)
+  if grep -q '^blocking-sync wait: hung' "$log" ||
+    { ((rc == 124 || rc == 137)) && [ "$phase" = "blocking-sync wait" ]; }; then
+    export PMAP_CUDA_WAIT=poll
+    WAIT_NOTE="a blocking-sync wait hung in the probe: every later step ran with PMAP_CUDA_WAIT=poll"
+    NOTES+=("The default waits (blocking-sync CUDA events) hung here: every step after the probe ran with PMAP_CUDA_WAIT=poll.")
+    PROBE_VERDICT=hung
+  elif ((rc == 124 || rc == 137)) && { [ -z "$phase" ] || [ "$phase" = nccl ] || [ "$phase" = start ]; }; then
+    NOTES+=("The probe ran out of its limit while CUDA started (phase '${phase:-none}' from ${at:-0} s on): a slow start, not a hanging wait; the waits stay the default.")
+    PROBE_VERDICT=slow
+  elif ((rc == 124 || rc == 137)); then
+    NOTES+=("The probe ran out of its limit in its phase '$phase' (from $at s on), after its wait: what it had measured stands.")
+  fi
+}
+
+# The summary line of a test, or for a failed step the line naming the failure, for its note.
 log_note() { # log rc
   local why
   why=$(grep -E '^[a-z_]+: [0-9]+ checks, [0-9]+ failed' "$1" | tail -n 1)
   if [ "$2" != 0 ]; then
-    why=$(grep -Ei 'FAIL|error|cannot|abort|timed out' "$1" | grep -v '^\$ ' | tail -n 1)
+    why=$(grep -E "$COMPILE_ERROR_RE" "$1" | grep -Ev "$NOT_FAILURE_RE" | head -n 1)
+    [ -n "$why" ] || why=$(grep -E "$FAILURE_RE" "$1" | grep -Ev "$NOT_FAILURE_RE" | tail -n 1)
     [ -n "$why" ] || why=$(grep -v '^\s*$' "$1" | tail -n 1)
   fi
   printf '%s' "$why" | cut -c1-220
@@ -62,6 +111,7 @@ run_step() {
   local name=$1 limit=${LIMIT[$1]:?gpu-check: step $1 is not in the plan}
   shift
   VISITED[$name]=1
+  CMD[$name]="$*"
   if ((DRY)); then
     say "== $name (stage ${STAGE[$name]}, limit ${limit}s): $*"
     say "   limit $(plan_why "$name")"
@@ -187,6 +237,20 @@ counts() {
 
 last_json() { grep -E '^\{.*\}$' "$1" 2>/dev/null | tail -n 1; }
 
+# The limits of the steps that ran, are planned or are still to come (not those not run or not
+# needed): what this run takes at most, against the budget.
+plan_run_s() {
+  local i n sum=0
+  declare -A seen
+  for i in "${!ST_NAME[@]}"; do
+    n=${ST_NAME[$i]}
+    seen[$n]=1
+    case ${ST_STATUS[$i]} in not-run | not-needed) ;; *) sum=$((sum + ${LIMIT[$n]:-0})) ;; esac
+  done
+  for n in "${PLAN_NAMES[@]}"; do [ -n "${seen[$n]:-}" ] || sum=$((sum + ${LIMIT[$n]:-0})); done
+  echo "$sum"
+}
+
 # A finished step's JSON output for summary.json, checked once (a checkpoint is not slowed by
 # a Python start per step).
 declare -A OUTJSON
@@ -211,6 +275,11 @@ write_json() {
   printf '  "result": %s,\n  "dry_run": %s,\n  "terminated": %s,\n  "seconds": %d,\n  "budget_s": %d,\n  "plan_s": %d,\n' \
     "$(json_str "$RESULT")" "$( ((DRYRUN)) && echo true || echo false)" \
     "$( ((TERMINATED)) && echo true || echo false)" "$(elapsed)" "$BUDGET" "$PLAN_SUM"
+  printf '  "reserve_s": %d,\n  "plan_run_s": %d,\n' "$RESERVE" "$(plan_run_s)"
+  printf '  "source": {"description": %s, "commit": %s, "dirty": %s, "status_sha256": %s},\n' \
+    "$(json_str "${SOURCE_DESC:-}")" "$(json_str "${SOURCE_COMMIT:-}")" \
+    "$(json_str "${SOURCE_DIRTY:-}")" "$(json_str "${SOURCE_STATUS:-}")"
+  printf '  "nccl_loaded": %s,\n' "$(json_str "${NCCL_LOADED:-}")"
   printf '  "date": %s,\n  "host": %s,\n' "$(json_str "$(date -u +%FT%TZ)")" "$(json_str "$(hostname)")"
   printf '  "gpu": {"name": %s, "count": %d, "driver": %s, "memory": %s, "compute_capability": %s},\n' \
     "$(json_str "$GPU_NAME")" "$GPU_COUNT" "$(json_str "$GPU_DRIVER")" "$(json_str "$GPU_MEM")" "$(json_str "$GPU_CC")"
@@ -220,7 +289,7 @@ write_json() {
   printf '  "multi_device": %s,\n  "notes": %s,\n  "environment": %s,\n  "steps": [\n' \
     "$( ((MULTI)) && echo true || echo false)" "$(json_str "$(printf '%s\n' "${NOTES[@]}")")" \
     "$(json_str "$(cat "$OUTDIR/environment.txt" 2>/dev/null)")"
-  local all=("${ST_NAME[@]}") jn js jt jl jo jw last=$((${#ST_NAME[@]} - 1))
+  local all=("${ST_NAME[@]}") jn js jt jl jo jw jc last=$((${#ST_NAME[@]} - 1))
   for name in "${PLAN_NAMES[@]}"; do [ -n "${VISITED[$name]:-}" ] || all+=("$name"); done
   last=$((${#all[@]} - 1))
   for i in "${!all[@]}"; do
@@ -237,8 +306,9 @@ write_json() {
     json_into jo "${STAGE[$name]:-}"
     jw='""'
     [ -n "${LIMIT[$name]:-}" ] && json_into jw "$(plan_why "$name")"
-    printf '    {"name": %s, "stage": %s, "limit_s": %s, "limit_why": %s, "status": %s, "seconds": %s, "note": %s, "log": %s, "output": %s}' \
-      "$jn" "$jo" "${LIMIT[$name]:-null}" "$jw" "$js" "${ST_SECS[$i]:-0}" "$jt" "$jl" "${OUTJSON[$name]:-null}"
+    json_into jc "${CMD[$name]:-}"
+    printf '    {"name": %s, "stage": %s, "limit_s": %s, "limit_why": %s, "status": %s, "seconds": %s, "note": %s, "command": %s, "log": %s, "output": %s}' \
+      "$jn" "$jo" "${LIMIT[$name]:-null}" "$jw" "$js" "${ST_SECS[$i]:-0}" "$jt" "$jc" "$jl" "${OUTJSON[$name]:-null}"
     ((i < last)) && printf ','
     printf '\n'
   done
@@ -252,6 +322,9 @@ write_md() {
   ((NOTNEEDED)) && more+=", $NOTNEEDED not needed"
   ((DRYRUN)) && more+=", $PLANNED planned"
   echo "# pmap gpu-check: $PASSED passed, $FAILED failed, $NOTRUN not run$more -- $RESULT"
+  echo
+  echo "Source: ${SOURCE_DESC:-unknown}  "
+  echo "NCCL loaded: ${NCCL_LOADED:-not known yet (the probe says)}"
   echo
   for i in "${!NOTES[@]}"; do echo "**${NOTES[$i]}**"; echo; done
   echo '```'
@@ -268,7 +341,7 @@ write_md() {
     [ -n "${VISITED[$name]:-}" ] || echo "| $name | ${STAGE[$name]} | not-run | 0 | ${LIMIT[$name]} | not reached |"
   done
   echo
-  echo "Plan: ${PLAN_SUM}s of limits in a budget of ${BUDGET}s (${RESERVE}s kept for the end); this run took $(elapsed)s."
+  echo "Plan: ${PLAN_SUM}s of limits in a budget of ${BUDGET}s (${RESERVE}s kept for the end); the steps that ran or would run have $(plan_run_s)s of them; this run took $(elapsed)s."
   echo "Each limit is ${MARGIN} x the step's costs, from the ${COSTS_FROM} (bench/gpu-check-plan.sh):"
   echo
   for name in "${PLAN_NAMES[@]}"; do echo "- \`$name\`: $(plan_why "$name")"; done

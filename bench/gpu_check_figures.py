@@ -22,13 +22,27 @@ def table(header, rows):
         print("| " + " | ".join(fmt(c) for c in r) + " |")
 
 
+def cut_short(steps, names):
+    """The steps whose program was ended before its last row (pmap-step's "complete": false)."""
+    out = []
+    for n in names:
+        o = (steps.get(n) or {}).get("output")
+        if isinstance(o, dict) and o.get("complete") is False:
+            out.append(n)
+    return out
+
+
 def fast_paths(steps):
-    rows = (rows_of(steps.get("step-mlp-1024")) + rows_of(steps.get("step-mlp")) +
-            rows_of(steps.get("step-gpt-mini")))
+    names = ("step-mlp-1024", "step-mlp", "step-gpt-mini")
+    rows = [r for n in names for r in rows_of(steps.get(n))]
     if not rows:
         return
     print("\n## The step's variants (pmap-step, the same batches; mlp-1024 with 4 gradient "
           "buckets of 32 KiB)\n")
+    short = cut_short(steps, names)
+    if short:
+        print("Cut short (the rows measured before the program was ended): %s.\n"
+              % ", ".join(short))
     print("host us: wall time of one pmap_update call, numeric guard off and no loss read back; "
           "it includes waiting for NCCL, whose non-blocking communicators launch each collective "
           "from a thread of their own. thread CPU us: the calling thread's CPU time per step "

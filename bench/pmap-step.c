@@ -20,7 +20,9 @@
  *
  * Every variant runs with the numeric guard off and no loss read back unless --numeric-guard or
  * --loss say otherwise (then each step waits for its read-back, and the host time includes the
- * GPU's). The last line with --json is one JSON object: {"rows": [...]}. */
+ * GPU's). With --json, every row is followed at once by one line of JSON holding every row so
+ * far, {"model": ..., "complete": false, "rows": [...]}, and the run ends with the same holding
+ * them all, "complete": true: a run killed part way keeps what it measured in its last line. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -280,6 +282,8 @@ static int parse(int argc, char **argv, opts *o) {
 }
 
 int main(int argc, char **argv) {
+  /* Line by line into a log too: a run killed at its time limit keeps every row it printed. */
+  setvbuf(stdout, NULL, _IOLBF, 0);
   opts o;
   int pr = parse(argc, argv, &o);
   if (pr) return pr < 0;
@@ -294,7 +298,8 @@ int main(int argc, char **argv) {
   float *base = calloc(P ? P : 1, sizeof *base), *w = calloc(P ? P : 1, sizeof *w);
   int failed = 0, first = 1;
   char json[16384];
-  size_t jl = (size_t)snprintf(json, sizeof json, "{\"model\": \"%s\", \"rows\": [", o.model);
+  size_t jl = 0; /* the rows' JSON so far */
+  json[0] = '\0';
   printf(
       "# host_us: a pmap_update call's wall time, waiting for NCCL's launch threads included;\n"
       "# thread_us: CPU time of the calling thread (device 0); cpu_us: CPU time of the whole\n"
@@ -336,10 +341,13 @@ int main(int argc, char **argv) {
                                isfinite(r.max_abs) ? r.max_abs : -1.0,
                                isfinite(r.rel_l2) ? r.rel_l2 : -1.0);
       first = 0;
+      if (o.json && jl < sizeof json)
+        printf("{\"model\": \"%s\", \"complete\": false, \"rows\": [%s]}\n", o.model, json);
     }
     pmap_example_data_free(&xs, &ys);
   }
-  if (o.json && jl < sizeof json) printf("%s]}\n", json);
+  if (o.json && jl < sizeof json)
+    printf("{\"model\": \"%s\", \"complete\": true, \"rows\": [%s]}\n", o.model, json);
   free(base);
   free(w);
   return failed;

@@ -146,8 +146,8 @@ typedef struct pmap_config {
                             default: on CPU the environment variable PMAP_CPU_DEVICES, else 4;
                             on CUDA every visible GPU */
   const int *device_ids; /* CUDA: physical GPU of each logical device (num_devices entries,
-                            repeats allowed where NCCL allows them); NULL means 0..N-1.
-                            Ignored on CPU. */
+                            repeats allowed where NCCL allows them: NCCL >= 2.30 documents up
+                            to 2 per GPU, docs/cuda.md); NULL means 0..N-1. Ignored on CPU. */
   double timeout_s;      /* a device waiting longer than this in a collective aborts the call on
                             every device with PMAP_ERR_TIMEOUT naming the devices (across
                             processes: the processes) that did not arrive; 0 means the

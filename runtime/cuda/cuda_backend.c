@@ -2,6 +2,7 @@
  * GPU once and owns a stream and a cuBLAS handle bound to it; memory is stream-ordered, inputs
  * pass through two pinned host buffers into per-slot device buffers with asynchronous copies,
  * and every wait on the GPU goes through cuda_wait (cuda_coll.c). */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,8 +53,9 @@ static void device_release(cuda_device *cd) {
   cd->stream = NULL;
 }
 
-/* Every device arrives, then one NCCL all-reduce of a float: the communicators are known to
- * work (and their connections are set up) before the context is handed out. */
+/* Every device arrives, then one NCCL all-reduce of a float on each of its communicators: they
+ * are known to work (and their connections are set up) before the context is handed out. The
+ * blocking one's comes once every device has finished the first, so each device reaches it. */
 static pmap_status startup_barrier(pmap_device *dev, cuda_device *cd) {
   pmap_ctx *ctx = dev->ctx;
   pmap_wait_policy wait = ctx->wait;
@@ -72,7 +74,13 @@ static pmap_status startup_barrier(pmap_device *dev, cuda_device *cd) {
   PMAP_TRY(cuda_nccl_issued(dev,
                             ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, cd->comm, cd->stream),
                             "ncclAllReduce", "startup barrier (NCCL all-reduce)"));
-  return cuda_wait(dev, "startup barrier (NCCL all-reduce)", 1);
+  PMAP_TRY(cuda_wait(dev, "startup barrier (NCCL all-reduce)", 1));
+  if (!cd->graph_comm) return PMAP_SUCCESS;
+  PMAP_TRY(cuda_nccl_enter(dev, "startup barrier"));
+  PMAP_TRY(cuda_nccl_issued(
+      dev, ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, cd->graph_comm, cd->stream),
+      "ncclAllReduce", "startup barrier (the captured steps' NCCL all-reduce)"));
+  return cuda_wait(dev, "startup barrier (the captured steps' NCCL all-reduce)", 1);
 }
 
 /* Page-locked host memory and the events: allocated before the startup barrier, while no
@@ -128,20 +136,19 @@ static pmap_status cuda_device_init(pmap_device *dev) {
 fail:
   atomic_fetch_sub(&cc->starting, 1);
   device_release(cd);
+  /* Nothing of it is left to wait for: the others' destruction need not wait for this one. */
+  atomic_store(&cc->drained[cd->where.index], 1);
   return st;
 }
 
-/* Polls until the device's streams are idle, for the context's timeout but at least 10 s;
- * 1 when they are (a stream in error runs nothing more either). */
-static int drain(pmap_device *dev, cuda_device *cd, int64_t *limit_ns) {
-  int64_t limit = cuda_timeout_ns(dev->ctx), start = pmap_now_ns();
-  if (limit >= 0 && limit < DRAIN_MIN_NS) limit = DRAIN_MIN_NS;
-  *limit_ns = limit;
+/* Polls until the device's streams are idle or deadline passes; 1 when they are (a stream in
+ * error runs nothing more either). */
+static int drain(cuda_device *cd, int64_t deadline) {
   for (;;) {
     cudaError_t a = cd->stream ? cudaStreamQuery(cd->stream) : cudaSuccess;
     cudaError_t b = cd->comm_stream ? cudaStreamQuery(cd->comm_stream) : cudaSuccess;
     if (a != cudaErrorNotReady && b != cudaErrorNotReady) break;
-    if (limit >= 0 && pmap_now_ns() - start > limit) return 0;
+    if (pmap_now_ns() > deadline) return 0;
     struct timespec ts = {0, 100000};
     nanosleep(&ts, NULL);
   }
@@ -149,19 +156,66 @@ static int drain(pmap_device *dev, cuda_device *cd, int64_t *limit_ns) {
   return 1;
 }
 
+/* The devices other than dev on its GPU whose work did not finish, waiting until deadline for
+ * each to say (they drain at the same time, each on its own thread), into busy (a list for a
+ * message); their count. */
+static int gpu_peers_busy(pmap_device *dev, cuda_device *cd, int64_t deadline, char *busy,
+                          size_t len) {
+  cuda_ctx *cc = dev->ctx->be_ctx;
+  int count = 0;
+  busy[0] = '\0';
+  for (int j = 0; j < cc->n; j++) {
+    if (j == dev->index || cc->gpus[j] != cd->where.gpu) continue;
+    while (!atomic_load(&cc->drained[j]) && pmap_now_ns() <= deadline) {
+      struct timespec ts = {0, 100000};
+      nanosleep(&ts, NULL);
+    }
+    if (atomic_load(&cc->drained[j]) == 1) continue;
+    size_t at = strlen(busy);
+    snprintf(busy + at, len - at, "%s%d", count ? ", " : "", j);
+    count++;
+  }
+  return count;
+}
+
 static void cuda_device_fini(pmap_device *dev) {
   cuda_device *cd = dev->be;
   if (!cd) return;
-  /* Nothing is freed under a running kernel, and destroying never hangs: a device whose work
-   * does not finish (a kernel that an abort did not end) keeps its resources to the end of the
-   * process, and one line on stderr says so. */
-  int64_t limit = 0;
-  if (!drain(dev, cd, &limit)) {
+  cuda_ctx *cc = dev->ctx->be_ctx;
+  /* Destroying never hangs: everything below ends by one deadline, the context's timeout (at
+   * least 10 s). Nothing is freed under a running kernel, and freeing device memory waits for the
+   * whole GPU, so a device frees nothing while a device on its GPU has work that did not finish
+   * (a collective kernel that no abort ended spins for ever): it leaves its memory, streams and
+   * handles to the process, and one line on stderr says what was left and why. */
+  int64_t limit = cuda_timeout_ns(dev->ctx);
+  if (limit >= 0 && limit < DRAIN_MIN_NS) limit = DRAIN_MIN_NS;
+  int64_t deadline = limit < 0 ? INT64_MAX : pmap_now_ns() + limit;
+  /* A rank that an abort left out (its thread was inside an NCCL call then) is stopped now that
+   * this thread, its only user, is outside every call: that ends its kernels. */
+  pthread_mutex_lock(&cc->abort_lock);
+  int left_out = atomic_load(&cc->dead) && !atomic_load(&cc->comm_gone[dev->index]);
+  if (left_out) cuda_rank_stop(cc, dev->index);
+  pthread_mutex_unlock(&cc->abort_lock);
+  int own = drain(cd, deadline);
+  atomic_store(&cc->drained[dev->index], own ? 1 : -1);
+  char busy[128];
+  int peers = gpu_peers_busy(dev, cd, deadline, busy, sizeof busy);
+  if (!own)
     fprintf(stderr,
             "pmap: device %d (GPU %d): its GPU work did not finish within %.0f s of the "
             "context's destruction; its memory, streams and handles are left to the process\n",
             dev->index, cd->where.gpu, (double)limit * 1e-9);
-    return;
+  else if (peers)
+    fprintf(stderr,
+            "pmap: device %d (GPU %d): its memory, streams and handles are left to the process: "
+            "the work of device%s %s on that GPU did not finish within %.0f s of the context's "
+            "destruction, and freeing would wait for it\n",
+            dev->index, cd->where.gpu, peers == 1 ? "" : "s", busy, (double)limit * 1e-9);
+  if (!own || peers) return;
+  if (left_out) {
+    pthread_mutex_lock(&cc->abort_lock);
+    cuda_rank_abort(cc, dev->index);
+    pthread_mutex_unlock(&cc->abort_lock);
   }
   device_release(cd);
 }

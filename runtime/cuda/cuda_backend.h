@@ -33,8 +33,20 @@ typedef struct cuda_ctx {
   int n;
   int *gpus;         /* (n) physical GPU of each logical device */
   cuda_device *devs; /* (n) dev[i].be of the context */
-  ncclComm_t *comms; /* (n) rank i serves logical device i */
-  int comms_live;    /* comms[] exist and were neither aborted nor destroyed */
+  ncclComm_t *comms; /* (n) rank i serves logical device i: non-blocking, so it can be aborted */
+  /* (n) the captured steps' ranks, blocking (NULL where the context does not capture): NCCL
+   * launches a collective of a non-blocking communicator from a thread of its own, which a
+   * thread-local capture of the device's stream does not see; a blocking one launches it on the
+   * calling thread. Aborted and destroyed with comms[i]. */
+  ncclComm_t *graph_comms;
+  int comms_live; /* comms[] exist and were neither aborted nor destroyed */
+  /* (n) device i's ranks were aborted or destroyed: an abort leaves out a rank whose thread stays
+   * inside an NCCL call (cuda_comms_abort), which its device's destruction then aborts. */
+  _Atomic int *comm_gone;
+  /* (n) how device i's destruction found its streams (cuda_backend.c): 0 not yet known, 1
+   * drained, -1 their work did not finish in time. Freeing device memory waits for the whole
+   * GPU, so a device frees nothing while another device on its GPU has work left. */
+  _Atomic int *drained;
   /* Once set, every NCCL call fails: the communicators were aborted after a failure or a
    * timeout and the context must be destroyed. */
   _Atomic int dead;
@@ -100,10 +112,10 @@ static inline void cuda_alloc_counted(cuda_device *cd) {
 extern const pmap_coll_i pmap_cuda_coll;
 
 /* Device memory (cuda_mem.c). init decides, when the device starts, whether cd allocates from
- * a memory pool (cudaMallocAsync, stream-ordered) or, where the GPU has none, with cudaMalloc
- * into blocks kept for reuse; alloc takes 256 bytes for 0 (dev may be NULL only before any
- * collective); free is stream-ordered and accepts NULL; release returns every kept block to
- * CUDA once the device's work is drained. */
+ * a memory pool (cudaMallocAsync, stream-ordered; a pool of its own where it shares its GPU) or,
+ * where the GPU has none, with cudaMalloc into blocks kept for reuse; alloc takes 256 bytes for 0
+ * (dev may be NULL only before any collective); free is stream-ordered and accepts NULL; release
+ * returns every kept block and the device's pool to CUDA once the device's work is drained. */
 pmap_status cuda_mem_init(cuda_device *cd, const cuda_ctx *cc);
 pmap_status cuda_mem_alloc(pmap_device *dev, cuda_device *cd, size_t bytes, void **out);
 void cuda_mem_free(cuda_device *cd, void *ptr);
@@ -137,6 +149,20 @@ void cuda_ctx_fini(pmap_ctx *ctx);
  * a call on it (cuda_nccl_enter) has left; callable from any thread but one inside such a call,
  * any number of times. Kernels of collectives still in flight on any GPU end. */
 void cuda_comms_abort(cuda_ctx *cc);
+
+/* The communicator of dev's collectives now: its blocking rank while its stream is captured,
+ * where the context made one, else its non-blocking rank. */
+static inline ncclComm_t cuda_comm_of(const cuda_device *cd) {
+  return cd->capturing && cd->graph_comm ? cd->graph_comm : cd->comm;
+}
+
+/* Aborts device i's ranks (both, where it has a blocking one) unless they are gone already;
+ * the caller holds cc->abort_lock and no thread is inside an NCCL call on them. */
+void cuda_rank_abort(cuda_ctx *cc, int i);
+/* Ends the kernels of device i's ranks without freeing anything (ncclCommRevoke, where this
+ * NCCL has it; else an abort), under the same conditions: a device's destruction stops a rank
+ * that an abort left out, and frees it only once no work is left on its GPU. */
+void cuda_rank_stop(cuda_ctx *cc, int i);
 
 /* Brackets one NCCL call on dev's communicator. Enter fails with PMAP_ERR_DEVICE and a message
  * naming `call` once the communicators are dead; only a successful enter needs a leave. */

@@ -1,7 +1,8 @@
 /* cuda_coll.c: the collectives of the CUDA backend on NCCL (one non-blocking communicator rank
- * per logical device, each used only by its device's thread; a collective is queued on the
- * stream, not waited for), and the wait that every wait on a GPU goes through, so that a failed
- * device or a stuck collective ends in an error, never a hang or a silent garbage result. */
+ * per logical device, and a blocking one for captured steps, each used only by its device's
+ * thread; a collective is queued on the stream, not waited for), and the wait that every wait on
+ * a GPU goes through, so that a failed device or a stuck collective ends in an error, never a
+ * hang or a silent garbage result. */
 #include <sched.h>
 #include <stdio.h>
 #include <time.h>
@@ -48,7 +49,7 @@ static pmap_status issue_settle(pmap_device *dev, ncclResult_t r, const char *te
     /* A non-blocking communicator still setting the call up (e.g. a first connection): its
      * kernel is not yet on the stream. */
     int64_t t = cuda_timeout_ns(dev->ctx);
-    r = cuda_nccl_settle(cc, cd->comm, t >= 0 ? pmap_now_ns() + t : -1);
+    r = cuda_nccl_settle(cc, cuda_comm_of(cd), t >= 0 ? pmap_now_ns() + t : -1);
     if (r == ncclInProgress) {
       cuda_nccl_leave(dev);
       if (atomic_load(&cc->dead))
@@ -90,13 +91,16 @@ pmap_status cuda_nccl_issued(pmap_device *dev, ncclResult_t r, const char *text,
   return cc->coll_wait ? cuda_wait(dev, call, 1) : PMAP_SUCCESS;
 }
 
-/* 1 when an asynchronous NCCL error was found (recorded in st). */
+/* 1 when an asynchronous NCCL error was found on either of the device's communicators
+ * (recorded in st). */
 static int async_error(pmap_device *dev, cuda_device *cd, const char *call, pmap_status *st) {
   cuda_ctx *cc = dev->ctx->be_ctx;
   if (atomic_load(&cc->dead)) return 0; /* nothing to ask: the collective was aborted */
   if (cuda_nccl_enter(dev, call) != PMAP_SUCCESS) return 0;
   ncclResult_t async = ncclSuccess;
   ncclResult_t r = ncclCommGetAsyncError(cd->comm, &async);
+  if (r == ncclSuccess && (async == ncclSuccess || async == ncclInProgress) && cd->graph_comm)
+    r = ncclCommGetAsyncError(cd->graph_comm, &async);
   cuda_nccl_leave(dev);
   if (r != ncclSuccess) {
     *st = cuda_fail(&cd->where, CUDA_LIB_NCCL, (int)r, "ncclCommGetAsyncError(comm, &async)",
@@ -251,7 +255,7 @@ static pmap_status cuda_all_reduce(pmap_device *dev, const float *send, float *r
   if (count == 0) return PMAP_SUCCESS;
   PMAP_TRY(cuda_nccl_enter(dev, "all_reduce"));
   return cuda_nccl_issued(
-      dev, ncclAllReduce(send, recv, count, ncclFloat32, nccl_op(op), cd->comm, cd->stream),
+      dev, ncclAllReduce(send, recv, count, ncclFloat32, nccl_op(op), cuda_comm_of(cd), cd->stream),
       "ncclAllReduce", "all_reduce");
 }
 
@@ -260,9 +264,9 @@ static pmap_status cuda_broadcast(pmap_device *dev, const float *send, float *re
   cuda_device *cd = dev->be;
   if (count == 0) return PMAP_SUCCESS;
   PMAP_TRY(cuda_nccl_enter(dev, "broadcast"));
-  return cuda_nccl_issued(dev,
-                          ncclBroadcast(send, recv, count, ncclFloat32, root, cd->comm, cd->stream),
-                          "ncclBroadcast", "broadcast");
+  return cuda_nccl_issued(
+      dev, ncclBroadcast(send, recv, count, ncclFloat32, root, cuda_comm_of(cd), cd->stream),
+      "ncclBroadcast", "broadcast");
 }
 
 static pmap_status cuda_all_gather(pmap_device *dev, const float *send, float *recv, size_t count) {
@@ -270,8 +274,9 @@ static pmap_status cuda_all_gather(pmap_device *dev, const float *send, float *r
   if (count == 0) return PMAP_SUCCESS;
   /* In place is NCCL's form, send == recv + index * count (checked in runtime/coll.c). */
   PMAP_TRY(cuda_nccl_enter(dev, "all_gather"));
-  return cuda_nccl_issued(dev, ncclAllGather(send, recv, count, ncclFloat32, cd->comm, cd->stream),
-                          "ncclAllGather", "all_gather");
+  return cuda_nccl_issued(
+      dev, ncclAllGather(send, recv, count, ncclFloat32, cuda_comm_of(cd), cd->stream),
+      "ncclAllGather", "all_gather");
 }
 
 /* NCCL's in-place form: the device's chunk is its place in buf (rank = global index). */
@@ -282,7 +287,7 @@ static pmap_status cuda_reduce_scatter(pmap_device *dev, float *buf, size_t chun
   PMAP_TRY(cuda_nccl_enter(dev, "reduce_scatter"));
   return cuda_nccl_issued(dev,
                           ncclReduceScatter(buf, buf + rank * chunk, chunk, ncclFloat32,
-                                            nccl_op(op), cd->comm, cd->stream),
+                                            nccl_op(op), cuda_comm_of(cd), cd->stream),
                           "ncclReduceScatter", "reduce_scatter");
 }
 

@@ -173,7 +173,7 @@ static pmap_status choose_gpus(const pmap_config *cfg, int n, int count, int *gp
       return PMAP_ERR(PMAP_ERR_UNAVAILABLE,
                       "pmap_ctx_create: %d CUDA devices requested but this machine has %d GPU%s "
                       "(to run several logical devices on one GPU list them in device_ids or "
-                      "PMAP_CUDA_DEVICE_IDS, e.g. 0,0,0,0)",
+                      "PMAP_CUDA_DEVICE_IDS, e.g. 0,0: NCCL documents up to 2 on a GPU)",
                       n, count, count == 1 ? "" : "s");
   }
   for (int i = 0; i < n; i++)
@@ -311,22 +311,59 @@ static void watchdog_stop(cuda_ctx *cc) {
   cc->watchdog_started = 0;
 }
 
-/* Frees every rank of live communicators. Ranks of one process reach a common barrier while they
+/* Whether a device on GPU g failed to drain its work when it was destroyed: freeing anything on
+ * that GPU (an abort frees NCCL's buffers) could wait for that work for ever. */
+static int gpu_busy(const cuda_ctx *cc, int g) {
+  for (int j = 0; j < cc->n; j++)
+    if (cc->gpus[j] == g && atomic_load(&cc->drained[j]) < 0) return 1;
+  return 0;
+}
+
+/* Aborts the ranks not yet gone, except on a GPU with work left (gpu_busy): those are left to the
+ * process, and one line on stderr says so. No thread is inside an NCCL call by now. */
+static void ranks_abort_left(cuda_ctx *cc) {
+  int left = 0;
+  for (int i = 0; i < cc->n; i++) {
+    if (atomic_load(&cc->comm_gone[i])) continue;
+    if (gpu_busy(cc, cc->gpus[i]))
+      left++;
+    else
+      cuda_rank_abort(cc, i);
+  }
+  if (left)
+    fprintf(stderr,
+            "pmap: %d NCCL communicator rank%s left to the process: work on %s GPU did not "
+            "finish when the context was destroyed, and freeing %s would wait for it\n",
+            left, left == 1 ? "" : "s", left == 1 ? "its" : "their", left == 1 ? "it" : "them");
+}
+
+/* Frees every rank of the communicators. Ranks of one process reach a common barrier while they
  * finalize, so one thread finalizes them all inside a group (NCCL's own single-process example
- * does this) and then destroys each; if that fails they are aborted, which needs no peer. */
+ * does this) and then destroys each; if that fails they are aborted, which needs no peer. The
+ * blocking ranks of the captured steps are aborted: their finalize could not be bounded, and
+ * every device's work is drained by now. After an abort (comms_live 0) only the ranks it left
+ * out remain. */
 static void comms_destroy(cuda_ctx *cc) {
   int saved = -1;
   if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
-  ncclResult_t r = ncclGroupStart();
-  for (int i = 0; i < cc->n && r == ncclSuccess; i++) r = ncclCommFinalize(cc->comms[i]);
-  ncclResult_t end = ncclGroupEnd();
-  if (r == ncclSuccess || r == ncclInProgress) r = end;
-  /* Non-blocking communicators finalize in the background: wait for each, within a limit. */
-  int64_t deadline = pmap_now_ns() + FINALIZE_TIMEOUT_NS;
-  for (int i = 0; i < cc->n && (r == ncclSuccess || r == ncclInProgress); i++)
-    r = cuda_nccl_settle(cc, cc->comms[i], deadline);
-  for (int i = 0; i < cc->n; i++)
-    (void)(r == ncclSuccess ? ncclCommDestroy(cc->comms[i]) : ncclCommAbort(cc->comms[i]));
+  int busy = 0;
+  for (int i = 0; i < cc->n; i++) busy |= gpu_busy(cc, cc->gpus[i]);
+  if (cc->comms_live && !busy) {
+    ncclResult_t r = ncclGroupStart();
+    for (int i = 0; i < cc->n && r == ncclSuccess; i++) r = ncclCommFinalize(cc->comms[i]);
+    ncclResult_t end = ncclGroupEnd();
+    if (r == ncclSuccess || r == ncclInProgress) r = end;
+    /* Non-blocking communicators finalize in the background: wait for each, within a limit. */
+    int64_t deadline = pmap_now_ns() + FINALIZE_TIMEOUT_NS;
+    for (int i = 0; i < cc->n && (r == ncclSuccess || r == ncclInProgress); i++)
+      r = cuda_nccl_settle(cc, cc->comms[i], deadline);
+    for (int i = 0; i < cc->n && r == ncclSuccess; i++) {
+      (void)ncclCommDestroy(cc->comms[i]);
+      if (cc->graph_comms && cc->graph_comms[i]) (void)ncclCommAbort(cc->graph_comms[i]);
+      atomic_store(&cc->comm_gone[i], 1);
+    }
+  }
+  ranks_abort_left(cc);
   if (saved >= 0) (void)cudaSetDevice(saved);
   (void)cudaGetLastError();
   cc->comms_live = 0;
@@ -337,6 +374,9 @@ static void ctx_free(cuda_ctx *cc) {
   free(cc->gpus);
   free(cc->devs);
   free(cc->comms);
+  free(cc->graph_comms);
+  free((void *)cc->comm_gone);
+  free((void *)cc->drained);
   free((void *)cc->nccl_since);
   free((void *)cc->wait_since);
   free((void *)cc->wait_coll);
@@ -348,8 +388,11 @@ static void ctx_free(cuda_ctx *cc) {
 
 /* Aborts what exists of a failed creation of the communicators. */
 static void comms_abandon(cuda_ctx *cc) {
-  for (int i = 0; i < cc->n; i++)
+  for (int i = 0; i < cc->n; i++) {
     if (cc->comms[i]) (void)ncclCommAbort(cc->comms[i]);
+    if (cc->graph_comms && cc->graph_comms[i]) (void)ncclCommAbort(cc->graph_comms[i]);
+    atomic_store(&cc->comm_gone[i], 1);
+  }
 }
 
 /* Where ranks share a GPU, the channels each rank may use (cuda_nccl_cta_limits), the same for
@@ -368,11 +411,129 @@ static pmap_status shared_cta_limits(cuda_ctx *cc) {
   return PMAP_SUCCESS;
 }
 
+/* The creation of the captured steps' blocking ranks (graph_comms_create), on a thread of its
+ * own: a blocking creation returns only once every rank is made and cannot be aborted, and the
+ * context's creation must end within its limit all the same. An abandoned creation that ends
+ * later aborts what it made and frees this itself. */
+typedef struct graph_init {
+  int n;
+  int *gpus;         /* (n) */
+  ncclComm_t *comms; /* (n) */
+  ncclUniqueId id;
+  ncclConfig_t config;
+  ncclResult_t result;
+  int done, abandoned;
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+} graph_init;
+
+static void graph_init_free(graph_init *g) {
+  pthread_mutex_destroy(&g->lock);
+  pthread_cond_destroy(&g->cond);
+  free(g->gpus);
+  free(g->comms);
+  free(g);
+}
+
+static void *graph_init_main(void *p) {
+  graph_init *g = p;
+  ncclResult_t r = ncclGroupStart();
+  for (int i = 0; i < g->n && r == ncclSuccess; i++) {
+    /* Each GPU was selected once already by the non-blocking ranks' creation. */
+    (void)cudaSetDevice(g->gpus[i]);
+    r = ncclCommInitRankConfig(&g->comms[i], g->n, g->id, i, &g->config);
+  }
+  ncclResult_t end = ncclGroupEnd();
+  if (r == ncclSuccess) r = end;
+  (void)cudaGetLastError();
+  pthread_mutex_lock(&g->lock);
+  g->result = r;
+  g->done = 1;
+  int abandoned = g->abandoned;
+  pthread_cond_signal(&g->cond);
+  pthread_mutex_unlock(&g->lock);
+  if (abandoned) {
+    for (int i = 0; i < g->n; i++)
+      if (g->comms[i]) (void)ncclCommAbort(g->comms[i]);
+    graph_init_free(g);
+  }
+  return NULL;
+}
+
+/* Every device's blocking rank for its captured steps (cuda_ctx.graph_comms), one communicator
+ * apart from the non-blocking one, within CUDA_STARTUP_TIMEOUT_NS. In one process only: the fast
+ * steps that capture do not run across processes. */
+static pmap_status graph_comms_create(cuda_ctx *cc) {
+  graph_init *g = calloc(1, sizeof *g);
+  if (!g) return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "CUDA backend: out of memory");
+  g->n = cc->n;
+  g->gpus = calloc((size_t)cc->n, sizeof *g->gpus);
+  g->comms = calloc((size_t)cc->n, sizeof *g->comms);
+  pthread_mutex_init(&g->lock, NULL);
+  pthread_cond_init(&g->cond, NULL);
+  if (!g->gpus || !g->comms) {
+    graph_init_free(g);
+    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "CUDA backend: out of memory for %d devices", cc->n);
+  }
+  memcpy(g->gpus, cc->gpus, (size_t)cc->n * sizeof *g->gpus);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 1;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 17, 0)
+  if (cc->cta_max > 0) {
+    config.minCTAs = cc->cta_min;
+    config.maxCTAs = cc->cta_max;
+  }
+#endif
+  g->config = config;
+  ncclResult_t idr = ncclGetUniqueId(&g->id);
+  pthread_t t;
+  int e = idr == ncclSuccess ? pthread_create(&t, NULL, graph_init_main, g) : 0;
+  if (idr != ncclSuccess || e) {
+    graph_init_free(g);
+    if (idr != ncclSuccess)
+      return cuda_fail(NULL, CUDA_LIB_NCCL, (int)idr, "ncclGetUniqueId(&id)", __FILE__, __LINE__,
+                       __func__);
+    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY,
+                    "pmap_ctx_create: cannot start a thread to create the CUDA graphs' NCCL "
+                    "communicator: %s",
+                    strerror(e));
+  }
+  (void)pthread_detach(t);
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += (time_t)(CUDA_STARTUP_TIMEOUT_NS / 1000000000LL);
+  pthread_mutex_lock(&g->lock);
+  while (!g->done && pthread_cond_timedwait(&g->cond, &g->lock, &until) != ETIMEDOUT) {
+  }
+  int done = g->done;
+  g->abandoned = !done;
+  pthread_mutex_unlock(&g->lock);
+  if (!done)
+    return PMAP_ERR(PMAP_ERR_TIMEOUT,
+                    "pmap_ctx_create: NCCL did not finish creating the blocking communicator of "
+                    "the captured steps (ncclCommInitRankConfig with blocking = 1) within %.0f s; "
+                    "its creation is left to the process",
+                    (double)CUDA_STARTUP_TIMEOUT_NS * 1e-9);
+  pmap_status st = PMAP_SUCCESS;
+  if (g->result != ncclSuccess) {
+    st = cuda_fail(NULL, CUDA_LIB_NCCL, (int)g->result,
+                   "ncclCommInitRankConfig(&comm, n, id, rank, {.blocking = 1}) for every device",
+                   __FILE__, __LINE__, __func__);
+    for (int i = 0; i < cc->n; i++)
+      if (g->comms[i]) (void)ncclCommAbort(g->comms[i]);
+  } else {
+    memcpy(cc->graph_comms, g->comms, (size_t)cc->n * sizeof *g->comms);
+  }
+  graph_init_free(g);
+  return st;
+}
+
 /* One non-blocking communicator rank per logical device (ncclCommInitAll has no options): the
  * watchdog may abort a communicator while a thread is inside a call on it, which NCCL supports
  * only for non-blocking ones. Every rank is created in one group, then polled until ready.
  * Across processes one communicator spans every global device: process 0's unique id reaches
- * the others over MPI, and local device i of process p is rank p * n + i of P * n. */
+ * the others over MPI, and local device i of process p is rank p * n + i of P * n. Where steps
+ * may be captured (cc->graph_comms allocated), a second, blocking communicator follows. */
 static pmap_status comms_create(pmap_ctx *ctx, cuda_ctx *cc) {
   pmap_status st = PMAP_SUCCESS;
   ncclUniqueId id;
@@ -434,7 +595,8 @@ static pmap_status comms_create(pmap_ctx *ctx, cuda_ctx *cc) {
     comms_abandon(cc);
     return st;
   }
-  return PMAP_SUCCESS;
+  if (cc->graph_comms && (st = graph_comms_create(cc)) != PMAP_SUCCESS) comms_abandon(cc);
+  return st;
 }
 
 pmap_status cuda_ctx_init(pmap_ctx *ctx, const pmap_config *cfg) {
@@ -454,8 +616,10 @@ pmap_status cuda_ctx_init(pmap_ctx *ctx, const pmap_config *cfg) {
   cc->wait_coll = calloc((size_t)n, sizeof *cc->wait_coll);
   cc->pending = calloc((size_t)n, sizeof *cc->pending);
   cc->issued = calloc((size_t)n, sizeof *cc->issued);
+  cc->comm_gone = calloc((size_t)n, sizeof *cc->comm_gone);
+  cc->drained = calloc((size_t)n, sizeof *cc->drained);
   if (!cc->gpus || !cc->devs || !cc->comms || !cc->nccl_since || !cc->wait_since ||
-      !cc->wait_coll || !cc->pending || !cc->issued) {
+      !cc->wait_coll || !cc->pending || !cc->issued || !cc->comm_gone || !cc->drained) {
     st = PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "CUDA backend: out of memory for %d devices", n);
     goto fail;
   }
@@ -467,6 +631,12 @@ pmap_status cuda_ctx_init(pmap_ctx *ctx, const pmap_config *cfg) {
   PMAP_TRY_GOTO(st, read_switches(cc), fail);
   PMAP_TRY_GOTO(st, cuda_fast_switches(cc, cfg), fail);
   PMAP_TRY_GOTO(st, shared_cta_limits(cc), fail);
+  /* The captured steps' blocking ranks, where steps may be captured (one process only). */
+  if (cc->graphs && ctx->nproc <= 1 &&
+      !(cc->graph_comms = calloc((size_t)n, sizeof *cc->graph_comms))) {
+    st = PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "CUDA backend: out of memory for %d devices", n);
+    goto fail;
+  }
   PMAP_TRY_GOTO(st, comms_create(ctx, cc), fail);
   cc->comms_live = 1;
   cc->ctx = ctx;
@@ -484,6 +654,7 @@ pmap_status cuda_ctx_init(pmap_ctx *ctx, const pmap_config *cfg) {
     cd->where.index = i;
     cd->where.gpu = cc->gpus[i];
     cd->comm = cc->comms[i];
+    cd->graph_comm = cc->graph_comms ? cc->graph_comms[i] : NULL;
     cd->alloc_gen = &cc->alloc_gen;
     for (int j = 0; j < n; j++) cd->shared |= j != i && cc->gpus[j] == cc->gpus[i];
     ctx->dev[i].be = cd;
@@ -501,7 +672,7 @@ void cuda_ctx_fini(pmap_ctx *ctx) {
   if (!cc) return;
   watchdog_stop(cc);
   pthread_mutex_lock(&cc->abort_lock);
-  if (cc->comms_live) comms_destroy(cc);
+  comms_destroy(cc); /* after an abort: the ranks it left out */
   pthread_mutex_unlock(&cc->abort_lock);
   for (int i = 0; i < ctx->n; i++) ctx->dev[i].be = NULL;
   ctx->be_ctx = NULL;

@@ -30,12 +30,13 @@ typedef struct cuda_stage {
 } cuda_stage;
 
 typedef struct cuda_device {
-  cuda_where where;    /* index: the logical device, also its NCCL rank; gpu: the physical one */
-  cudaStream_t stream; /* every kernel, copy and collective of this device, in order */
-  cublasHandle_t blas; /* bound to `stream`, with its own workspace */
-  void *blas_ws;       /* (CUDA_BLAS_WORKSPACE_BYTES) */
-  ncclComm_t comm;     /* rank `index`; owned by the context (runtime/cuda/cuda_ctx.c) */
-  void *scratch;       /* (CUDA_SCRATCH_BYTES) */
+  cuda_where where;      /* index: the logical device, also its NCCL rank; gpu: the physical one */
+  cudaStream_t stream;   /* every kernel, copy and collective of this device, in order */
+  cublasHandle_t blas;   /* bound to `stream`, with its own workspace */
+  void *blas_ws;         /* (CUDA_BLAS_WORKSPACE_BYTES) */
+  ncclComm_t comm;       /* rank `index`; owned by the context (runtime/cuda/cuda_ctx.c) */
+  ncclComm_t graph_comm; /* its blocking rank for captured steps; NULL: none (cuda_comm_of) */
+  void *scratch;         /* (CUDA_SCRATCH_BYTES) */
   cuda_stage stage[2];
   cudaEvent_t done; /* blocking-sync event: what a wait sleeps on (runtime/cuda/cuda_coll.c) */
   /* The trace's marks (cuda_backend.c cuda_mark): timing events recorded on `stream`, n_marks
@@ -55,9 +56,11 @@ typedef struct cuda_device {
    * joined back by bucket_done. */
   cudaStream_t comm_stream;
   cudaEvent_t bucket_ready, bucket_done;
-  /* Memory (runtime/cuda/cuda_mem.c): stream-ordered allocations, or where the GPU has no
-   * memory pools (no_pool) plain ones kept in `blocks` for reuse until the device stops. */
+  /* Memory (runtime/cuda/cuda_mem.c): stream-ordered allocations, from `pool` (the device's own,
+   * where it shares its GPU) or else the GPU's default pool; or where the GPU has no memory
+   * pools (no_pool) plain ones kept in `blocks` for reuse until the device stops. */
   int no_pool;
+  cudaMemPool_t pool;        /* NULL: the GPU's default pool */
   int shared;                /* another logical device of the context uses the same GPU */
   struct cuda_block *blocks; /* (n_blocks) no_pool: every allocation, live or free */
   size_t n_blocks, cap_blocks;

@@ -102,7 +102,9 @@ static pmap_status fast_capture_begin(pmap_device *dev) {
     return PMAP_ERR(PMAP_ERR_UNAVAILABLE,
                     "device %d: a step cannot be captured with PMAP_CUDA_COLL_WAIT=1", dev->index);
   /* Thread-local: only this thread's calls that could not be captured are refused; the other
-   * devices' threads capture their own streams at the same time. */
+   * devices' threads capture their own streams at the same time. The collectives go to the
+   * device's blocking communicator meanwhile (cuda_comm_of): a non-blocking one would launch
+   * them from a thread of NCCL's, outside this thread's capture. */
   CUDA_CHECK(cd, cudaStreamBeginCapture(cd->stream, cudaStreamCaptureModeThreadLocal));
   cd->capturing = 1;
   return PMAP_SUCCESS;
@@ -165,7 +167,7 @@ static pmap_status fast_bucket_reduce(pmap_device *dev, float *buf, size_t count
   CUDA_CHECK(cd, cudaStreamWaitEvent(cd->comm_stream, cd->bucket_ready, 0));
   PMAP_TRY(cuda_nccl_enter(dev, "gradient bucket all-reduce"));
   return cuda_nccl_issued(
-      dev, ncclAllReduce(buf, buf, count, ncclFloat32, ncclAvg, cd->comm, cd->comm_stream),
+      dev, ncclAllReduce(buf, buf, count, ncclFloat32, ncclAvg, cuda_comm_of(cd), cd->comm_stream),
       "ncclAllReduce", "gradient bucket all-reduce");
 }
 

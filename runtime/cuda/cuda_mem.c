@@ -1,9 +1,12 @@
 /* cuda_mem.c: device memory of the CUDA backend. Stream-ordered allocations (cudaMallocAsync)
- * wherever the GPU has memory pools; elsewhere, or with the test hook PMAP_CUDA_NO_MEMPOOL=1,
- * plain cudaMalloc whose blocks are kept for reuse by the same device and returned to CUDA only
- * when the device stops, since cudaFree waits for the whole GPU. */
+ * wherever the GPU has memory pools, from a pool of the device's own where logical devices share
+ * the GPU; elsewhere, or with the test hook PMAP_CUDA_NO_MEMPOOL=1, plain cudaMalloc whose blocks
+ * are kept for reuse by the same device and returned to CUDA only when the device stops, since
+ * cudaFree waits for the whole GPU. */
 #include <sched.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "cuda_backend.h"
@@ -19,12 +22,48 @@ typedef struct cuda_block {
  * does not hold on to a large one. */
 #define REUSE_SLACK 2
 
+/* The GPU's default pool is one for every device on it, and CUDA may hand one stream memory that
+ * another stream freed with its pending work as a dependency (ReuseAllowInternalDependencies): an
+ * allocation of this device could then wait for another device's collective, which waits for
+ * this device's. So where devices share the GPU each allocates from a pool of its own that makes
+ * no such dependency, and that keeps what is freed (a release threshold of the most there is)
+ * instead of handing it back to the system at each synchronization, to be mapped anew by the next
+ * allocation. cudaSuccess, or the error that leaves the device without a pool of its own. */
+static cudaError_t own_pool_create(cuda_device *cd) {
+  struct cudaMemPoolProps props;
+  memset(&props, 0, sizeof props);
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = cd->where.gpu;
+  cudaError_t e = cudaMemPoolCreate(&cd->pool, &props);
+  if (e != cudaSuccess) {
+    cd->pool = NULL;
+    return e;
+  }
+  uint64_t most = UINT64_MAX;
+  int off = 0;
+  e = cudaMemPoolSetAttribute(cd->pool, cudaMemPoolAttrReleaseThreshold, &most);
+  if (e == cudaSuccess)
+    e = cudaMemPoolSetAttribute(cd->pool, cudaMemPoolReuseAllowInternalDependencies, &off);
+  if (e != cudaSuccess) {
+    (void)cudaMemPoolDestroy(cd->pool);
+    cd->pool = NULL;
+  }
+  return e;
+}
+
 pmap_status cuda_mem_init(cuda_device *cd, const cuda_ctx *cc) {
   int pools = 0;
   if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, cd->where.gpu) != cudaSuccess)
     pools = 0;
   (void)cudaGetLastError();
   cd->no_pool = !pools || cc->no_pool;
+  cd->pool = NULL;
+  /* A GPU that refuses a pool of the device's own gets the fallback made for GPUs without pools,
+   * which waits for its peers before it allocates, rather than the shared default pool. */
+  if (!cd->no_pool && cd->shared && own_pool_create(cd) != cudaSuccess) cd->no_pool = 1;
+  (void)cudaGetLastError();
   return PMAP_SUCCESS;
 }
 
@@ -99,6 +138,8 @@ pmap_status cuda_mem_alloc(pmap_device *dev, cuda_device *cd, size_t bytes, void
   if (!bytes) bytes = 256;
   if (cd->no_pool)
     PMAP_TRY(block_alloc(dev, cd, bytes, out));
+  else if (cd->pool)
+    CUDA_CHECK(cd, cudaMallocFromPoolAsync(out, bytes, cd->pool, cd->stream));
   else
     CUDA_CHECK(cd, cudaMallocAsync(out, bytes, cd->stream));
   cuda_alloc_counted(cd);
@@ -120,6 +161,9 @@ void cuda_mem_free(cuda_device *cd, void *ptr) {
 
 void cuda_mem_release(cuda_device *cd) {
   for (size_t i = 0; i < cd->n_blocks; i++) (void)cudaFree(cd->blocks[i].ptr);
+  /* Returns at once: what the pool still holds goes once its last free has run. */
+  if (cd->pool) (void)cudaMemPoolDestroy(cd->pool);
+  cd->pool = NULL;
   (void)cudaGetLastError();
   free(cd->blocks);
   cd->blocks = NULL;

@@ -63,14 +63,33 @@ void cuda_nccl_leave(pmap_device *dev) {
   atomic_store(&cc->nccl_since[dev->index], 0);
 }
 
+void cuda_rank_stop(cuda_ctx *cc, int i) {
+  if (atomic_load(&cc->comm_gone[i]) || !cc->comms[i]) return;
+#if defined(NCCL_REVOKE_DEFAULT)
+  (void)ncclCommRevoke(cc->comms[i], NCCL_REVOKE_DEFAULT);
+  if (cc->graph_comms && cc->graph_comms[i])
+    (void)ncclCommRevoke(cc->graph_comms[i], NCCL_REVOKE_DEFAULT);
+#else
+  cuda_rank_abort(cc, i);
+#endif
+}
+
+void cuda_rank_abort(cuda_ctx *cc, int i) {
+  if (atomic_load(&cc->comm_gone[i])) return;
+  if (cc->comms[i]) (void)ncclCommAbort(cc->comms[i]);
+  if (cc->graph_comms && cc->graph_comms[i]) (void)ncclCommAbort(cc->graph_comms[i]);
+  atomic_store(&cc->comm_gone[i], 1);
+}
+
 void cuda_comms_abort(cuda_ctx *cc) {
   pthread_mutex_lock(&cc->abort_lock);
   atomic_store(&cc->dead, 1);
   if (cc->comms_live) {
     /* A thread that entered an NCCL call before it saw `dead` leaves it before its communicator
      * is freed: an abort frees the communicator, and freeing it under a call is a use after
-     * free. A communicator whose thread is still inside after ABORT_WAIT_NS (never seen: NCCL
-     * promises otherwise) is left to the process instead, and one line on stderr says so. */
+     * free. A rank whose thread is still inside after ABORT_WAIT_NS (never seen: NCCL promises
+     * otherwise) is left out, and one line on stderr says so; its device's destruction stops
+     * and frees it once that thread has left (cuda_backend.c). */
     int64_t deadline = pmap_now_ns() + ABORT_WAIT_NS;
     int saved = -1, kept = 0;
     if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
@@ -83,16 +102,16 @@ void cuda_comms_abort(cuda_ctx *cc) {
         kept++;
         continue;
       }
-      (void)ncclCommAbort(cc->comms[i]);
+      cuda_rank_abort(cc, i);
     }
     if (saved >= 0) (void)cudaSetDevice(saved);
     (void)cudaGetLastError();
     if (kept)
       fprintf(stderr,
-              "pmap: %d NCCL communicator%s not aborted: %s thread stayed inside an NCCL call "
-              "for %.0f s after the abort began; left to the process\n",
-              kept, kept == 1 ? "" : "s", kept == 1 ? "its" : "their",
-              (double)ABORT_WAIT_NS * 1e-9);
+              "pmap: %d NCCL communicator rank%s not aborted: %s thread stayed inside an NCCL "
+              "call for %.0f s after the abort began; the context's destruction ends %s\n",
+              kept, kept == 1 ? "" : "s", kept == 1 ? "its" : "their", (double)ABORT_WAIT_NS * 1e-9,
+              kept == 1 ? "it" : "them");
     cc->comms_live = 0;
   }
   pthread_mutex_unlock(&cc->abort_lock);

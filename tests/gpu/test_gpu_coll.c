@@ -314,8 +314,9 @@ int main(void) {
     run_collectives(ctx, label);
     pmap_ctx_destroy(ctx);
   }
-  /* Logical devices sharing GPUs: PMAP_GPU_TEST_DEVICES, else 4. */
-  int shared = gpu_test_devices(4);
+  /* Logical devices sharing GPUs: PMAP_GPU_TEST_DEVICES, else 2 on each GPU (the most NCCL 2.30
+   * documents for several ranks on one GPU: docs/cuda.md). */
+  int shared = gpu_test_devices(2 * gpus);
   if (shared < 0) return 1;
   int many = gpus >= 2 ? gpus : 0; /* devices of the failure tests */
   if (gpu_ctx(shared, gpus, 0.0, &ctx) == PMAP_SUCCESS) {

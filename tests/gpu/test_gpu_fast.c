@@ -9,7 +9,7 @@
  *   plain step's results.
  * Every variant differs from the plain step at most in the order of float sums (a norm, an
  * all-reduce): bound_order32 of its model over the steps (tests/bounds.h; the counts below).
- * N: PMAP_GPU_TEST_DEVICES, else every GPU (4 on one GPU where NCCL allows it);
+ * N: PMAP_GPU_TEST_DEVICES, else every GPU (2 on one GPU where NCCL allows it);
  * PMAP_GPU_TEST_QUICK=1 leaves out the fallback. Without a GPU it checks only that the GPU
  * check's bucket size splits mlp-1024 into 4 buckets, then skips (77). */
 #include "gpu_util.h"
@@ -264,7 +264,7 @@ int main(void) {
   int gpus = gpu_count();
   if (gpus == 0) return test_failures ? test_exit("gpu_fast") : GPU_SKIP;
   if (gpus < 0) return 1;
-  int n = gpu_test_devices(gpus >= 2 ? gpus : 4);
+  int n = gpu_test_devices(gpus >= 2 ? gpus : 2);
   if (n < 0) return 1;
   pmap_ctx *probe = NULL;
   if (n > gpus && gpu_ctx(n, gpus, 0.0, &probe) != PMAP_SUCCESS) n = 1;

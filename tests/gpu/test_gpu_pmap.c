@@ -1,7 +1,7 @@
 /* test_gpu_pmap.c: training on the CUDA backend end to end, on every example model: N logical
  * devices agree with the CPU on N devices and with 1 GPU device on the same global batch,
  * replicas stay bitwise identical, prediction matches the CPU's, and the seed examples
- * converge. N: PMAP_GPU_TEST_DEVICES, else every GPU (4 on one GPU); PMAP_GPU_TEST_QUICK=1 takes
+ * converge. N: PMAP_GPU_TEST_DEVICES, else every GPU (2 on one GPU); PMAP_GPU_TEST_QUICK=1 takes
  * three of the models and no convergence runs. One CUDA context of 1 device and one of N serve
  * every model (the sharded optimizer's runs make their own). Skips (77) without a GPU. */
 #include "gpu_util.h"
@@ -253,9 +253,9 @@ int main(void) {
   int gpus = gpu_count();
   if (gpus == 0) return GPU_SKIP;
   if (gpus < 0) return 1;
-  /* Several devices: PMAP_GPU_TEST_DEVICES, else every GPU, else 4 logical devices on fewer
-   * GPUs where NCCL allows it. */
-  int n = gpu_test_devices(gpus >= 2 ? gpus : 4);
+  /* Several devices: PMAP_GPU_TEST_DEVICES, else every GPU, else 2 logical devices on one GPU
+   * where NCCL allows it. */
+  int n = gpu_test_devices(gpus >= 2 ? gpus : 2);
   if (n < 0) return 1;
   if (gpu_ctx(1, gpus, 0.0, &cuda_one) != PMAP_SUCCESS) return test_exit("gpu_pmap");
   if (n > 1 && gpu_ctx(n, gpus, 0.0, &cuda_many) != PMAP_SUCCESS) n = 1;

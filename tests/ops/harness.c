@@ -1,7 +1,8 @@
 /* harness.c: the machinery of the op harness (harness.h): buffers on a backend's device, one run
  * of an op with the write contract, repeatability and the CPU oracle checked, and the run of
- * every case on one backend through the public device API (a 1-device context, pmap_run) and
- * the op backend's queue; the comparisons are check.c's. The table of cases is made from
+ * every case on one backend through the public device API (a context of 1 device, or of several
+ * each running every case at once; pmap_run) and the op backend's queue; the comparisons are
+ * check.c's. The table of cases is made from
  * ops/op_list.h, so an op without a case (opcase_<op>) does not link. */
 #include <stdarg.h>
 #include <stdlib.h>
@@ -38,12 +39,14 @@ static void *xalloc(size_t bytes) {
 
 /* ---- messages and counts ---- */
 
-static int case_failures; /* failures of the case running, for HX_PRINT_MAX */
+/* Failures of the case running on this thread (each device runs its cases on its own), for
+ * HX_PRINT_MAX. */
+static _Thread_local int case_failures;
 
 static void vfail(hx *h, const char *fmt, va_list ap) {
   h->failures++;
   if (++case_failures > HX_PRINT_MAX) return;
-  fprintf(stderr, "FAIL [%s] %s%s%s%s: ", h->backend, h->op, h->trial[0] ? " (" : "", h->trial,
+  fprintf(stderr, "FAIL [%s] %s%s%s%s: ", h->label, h->op, h->trial[0] ? " (" : "", h->trial,
           h->trial[0] ? ")" : "");
   vfprintf(stderr, fmt, ap);
   fprintf(stderr, "\n");
@@ -178,7 +181,7 @@ hx_buf *hx_new(hx *h, hx_role role, size_t n, const char *name) {
   b->cpu = xalloc(n * sizeof(float));
   /* A quiet NaN with a payload of the buffer's own: a NaN read from another buffer's guard
    * and written here still shows. */
-  static uint32_t made;
+  static _Thread_local uint32_t made;
   b->guard = 0x7fc00001u | ((++made * 2654435761u) & 0x3ffffeu);
   float guard[HX_GUARD];
   for (int i = 0; i < HX_GUARD; i++) memcpy(&guard[i], &b->guard, sizeof guard[i]);
@@ -187,7 +190,7 @@ hx_buf *hx_new(hx *h, hx_role role, size_t n, const char *name) {
   b->dev = b->base ? b->base + HX_GUARD : NULL;
   if (st == PMAP_SUCCESS) st = pmap_device_upload(h->dev, b->dev + n, guard, HX_GUARD);
   if (st != PMAP_SUCCESS) {
-    fprintf(stderr, "test_ops: [%s] %zu floats of device memory: %s\n", h->backend, n,
+    fprintf(stderr, "test_ops: [%s] %zu floats of device memory: %s\n", h->label, n,
             pmap_last_error());
     exit(2);
   }
@@ -420,7 +423,7 @@ static uint64_t case_seed(uint64_t seed, const char *name) {
 }
 
 typedef struct job {
-  hx *h;
+  hx *h; /* (devices) one per device */
   const hx_opts *o;
 } job;
 
@@ -445,25 +448,27 @@ static void run_cases(hx *h, const hx_opts *o) {
     cases[i].run(h);
     hx_release(h);
     if (o->verbose || h->failures > f0)
-      printf("  [%s] %-20s %6d checks, %d failed, %.2f s\n", h->backend, h->op, h->checks - c0,
+      printf("  [%s] %-20s %6d checks, %d failed, %.2f s\n", h->label, h->op, h->checks - c0,
              h->failures - f0, now_s() - t0);
     for (int w = 0; o->verbose && w < h->nworst; w++)
       printf("      %.3f of its tolerance: %s\n", h->worst[w].ratio, h->worst[w].what);
     if (h->failures > f0)
-      printf("  rerun: test_ops --backend %s --op %s --seed %" PRIu64 "%s\n", h->backend, h->op,
-             o->seed, o->quick ? " --quick" : "");
+      printf("  rerun: test_ops --backend %s --op %s --seed %" PRIu64 "%s%s%.0d\n", h->backend,
+             h->op, o->seed, o->quick ? " --quick" : "", h->devices > 1 ? " --devices " : "",
+             h->devices > 1 ? h->devices : 0);
   }
 }
 
-/* Device 0's job: the op backend's queue on the device, every case, and the queue back. */
+/* Each device's job: the op backend's queue on the device, every case, and the queue back. */
 static pmap_status job_run(pmap_device *dev, void *arg) {
   job *j = arg;
-  hx *h = j->h;
+  int d = pmap_local_index(dev);
+  hx *h = &j->h[d];
   const op_backend *ob = NULL;
   pmap_status st = ops_backend(h->backend, "test_ops", &ob);
   if (st != PMAP_SUCCESS) return st;
   int saved = ob->enter ? ob->enter() : 0;
-  op_queue_init init = {.device = 0,
+  op_queue_init init = {.device = d,
                         .stream = pmap_device_stream(dev),
                         .blas = pmap_device_blas(dev),
                         .alloc = queue_alloc,
@@ -485,49 +490,80 @@ static pmap_status job_run(pmap_device *dev, void *arg) {
   return st;
 }
 
-int hx_backend_run(const char *name, const hx_opts *o, int *checks, int *failures) {
-  hx h = {.backend = name, .quick = o->quick, .fd_samples = o->quick ? 32 : 96};
-  pmap_ctx *ctx = NULL;
-  int cuda = strcmp(name, "cuda") == 0;
+/* A context of n devices for backend `name` into *ctx, the settings of its runs into *base;
+ * 1 made, 0 failed (said why), -1 the backend cannot run here. */
+static int backend_ctx(const char *name, const hx_opts *o, int n, hx *base, pmap_ctx **ctx) {
   if (strcmp(name, "cpu") == 0) {
-    h.oracle = !o->as_device;
-    h.large = o->as_device;
-    pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 1};
-    pmap_status st = pmap_ctx_create(&cfg, &ctx);
+    base->oracle = !o->as_device;
+    base->large = o->as_device;
+    pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = n};
+    pmap_status st = pmap_ctx_create(&cfg, ctx);
     if (st != PMAP_SUCCESS) {
-      fprintf(stderr, "FAIL [cpu] a 1-device CPU context: %s: %s\n", pmap_status_string(st),
+      fprintf(stderr, "FAIL [cpu] a %d-device CPU context: %s: %s\n", n, pmap_status_string(st),
               pmap_last_error());
-      if (failures) ++*failures;
       return 0;
     }
-  } else if (cuda) {
+    return 1;
+  }
+  if (strcmp(name, "cuda") == 0) {
     int gpus = gpu_count(); /* says why where there is none; PMAP_CUDA_TF32=0 unless set */
     if (gpus == 0) return -1;
-    if (gpus < 0 || gpu_ctx(1, 1, 0.0, &ctx) != PMAP_SUCCESS) {
-      if (failures) ++*failures;
+    /* Several devices were asked for: a refusal to share a GPU fails, as any other. */
+    int ids[PMAP_MAX_DEVICES];
+    for (int i = 0; i < n; i++) ids[i] = gpus > 0 ? i % gpus : 0;
+    pmap_config cfg = {.backend = PMAP_BACKEND_CUDA, .num_devices = n, .device_ids = ids};
+    pmap_status st = gpus < 0 ? PMAP_ERR_DEVICE : pmap_ctx_create(&cfg, ctx);
+    if (st != PMAP_SUCCESS) {
+      if (gpus > 0)
+        fprintf(stderr, "FAIL [cuda] a CUDA context of %d devices on %d GPU%s: %s: %s\n", n, gpus,
+                gpus == 1 ? "" : "s", pmap_status_string(st), pmap_last_error());
       return 0;
     }
     const char *tf32 = getenv("PMAP_CUDA_TF32");
-    h.large = 1;
-    h.tf32 = tf32 && strcmp(tf32, "0") != 0;
-    h.tensor16 = 1; /* cuBLAS's bf16 GEMMs: tensor cores with float accumulation */
-  } else {
-    fprintf(stderr, "test_ops: no backend \"%s\" (cpu, cuda)\n", name);
-    if (failures) ++*failures;
-    return 0;
+    base->large = 1;
+    base->tf32 = tf32 && strcmp(tf32, "0") != 0;
+    base->tensor16 = 1; /* cuBLAS's bf16 GEMMs: tensor cores with float accumulation */
+    return 1;
+  }
+  fprintf(stderr, "test_ops: no backend \"%s\" (cpu, cuda)\n", name);
+  return 0;
+}
+
+int hx_backend_run(const char *name, const hx_opts *o, int *checks, int *failures) {
+  int n = o->devices > 0 ? o->devices : 1;
+  hx base = {.backend = name, .devices = n, .quick = o->quick, .fd_samples = o->quick ? 32 : 96};
+  pmap_ctx *ctx = NULL;
+  int made = backend_ctx(name, o, n, &base, &ctx);
+  if (made <= 0) {
+    if (!made && failures) ++*failures;
+    return made;
+  }
+  hx *hs = xalloc((size_t)n * sizeof *hs);
+  for (int d = 0; d < n; d++) {
+    hs[d] = base;
+    if (n > 1)
+      snprintf(hs[d].label, sizeof hs[d].label, "%s device %d", name, d);
+    else
+      snprintf(hs[d].label, sizeof hs[d].label, "%s", name);
   }
   double t0 = now_s();
-  job j = {&h, o};
+  job j = {hs, o};
   pmap_status st = pmap_run(ctx, job_run, &j);
   if (st != PMAP_SUCCESS) {
-    h.failures++;
+    hs[0].failures++;
     fprintf(stderr, "FAIL [%s] the cases' job: %s: %s\n", name, pmap_status_string(st),
             pmap_last_error());
   }
   pmap_ctx_destroy(ctx);
-  printf("%s: %d checks, %d failed, %.2f s; the largest error %.3f of its tolerance (%s)\n", name,
-         h.checks, h.failures, now_s() - t0, h.worst_ratio, h.worst_at);
-  if (checks) *checks += h.checks;
-  if (failures) *failures += h.failures;
-  return h.failures == 0;
+  int ok = 1;
+  for (int d = 0; d < n; d++) {
+    hx *h = &hs[d];
+    printf("%s: %d checks, %d failed, %.2f s; the largest error %.3f of its tolerance (%s)\n",
+           h->label, h->checks, h->failures, now_s() - t0, h->worst_ratio, h->worst_at);
+    if (checks) *checks += h->checks;
+    if (failures) *failures += h->failures;
+    ok &= h->failures == 0;
+  }
+  free(hs);
+  return ok;
 }

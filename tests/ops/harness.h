@@ -83,6 +83,8 @@ typedef struct hx_buf {
 /* One backend's run of the cases. */
 typedef struct hx {
   const char *backend; /* "cpu", "cuda" */
+  char label[32];      /* in messages: the backend, and the device where several run at once */
+  int devices;         /* logical devices running the cases at once (rerun lines name them) */
   int oracle;          /* the backend's kernels are the CPU oracle's: no comparison with itself */
   int large;           /* also the large sizes (a GPU's multi-block and per-channel paths) */
   int quick;           /* fewer random shapes and finite-difference samples */
@@ -231,11 +233,14 @@ typedef struct hx_opts {
   uint64_t seed;
   int quick, verbose;
   int as_device; /* the CPU run as another backend is: large sizes, compared with the oracle */
+  int devices;   /* logical devices of the context (0: 1), each running every case at the same
+                    time as the others, on the GPUs there are (several sharing one where NCCL
+                    allows it): the kernels of devices sharing a GPU side by side */
 } hx_opts;
 
 /* Runs the cases on backend `name` ("cpu", "cuda"): 1 every check passed, 0 some failed, -1 not
  * run (the backend is not built or has no usable device here; says why on stdout). *checks and
- * *failures (may be NULL) add this backend's counts. */
+ * *failures (may be NULL) add this backend's counts, every device's. */
 int hx_backend_run(const char *name, const hx_opts *o, int *checks, int *failures);
 /* Whether `only` names ops of op_list.h alone (says which it does not). */
 int hx_only_valid(const char *only);

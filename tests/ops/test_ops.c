@@ -2,11 +2,14 @@
  * or on the one --backend names.
  *
  *   test_ops [--backend cpu|cuda] [--op NAME[,NAME...]] [--seed N] [--quick] [--verbose]
- *            [--as-device]
+ *            [--as-device] [--devices N]
  *
  * --as-device runs the CPU as a device backend is run (the large sizes, every output compared
  * with the CPU kernels' too), so that this half of the harness is exercised where there is no
- * GPU.
+ * GPU. --devices N runs every case on N logical devices at once, each with its own queue and
+ * buffers (on CUDA spread over the GPUs there are, several on one where NCCL allows it: the
+ * kernels of devices sharing a GPU side by side); each device's results are held to the same
+ * checks.
  * Exit status: 0 every backend that ran passed; 1 a check failed; 77 (skip) the backend that
  * --backend names is not built or has no usable device here. Without --backend a backend that
  * cannot run here is reported "not run" (never passed) and the others decide. */
@@ -18,7 +21,7 @@
 static int usage(const char *why) {
   fprintf(stderr,
           "test_ops: %s\nusage: test_ops [--backend cpu|cuda] [--op NAME[,NAME...]] [--seed N] "
-          "[--quick] [--verbose] [--as-device]\n",
+          "[--quick] [--verbose] [--as-device] [--devices N]\n",
           why);
   return 1;
 }
@@ -41,6 +44,12 @@ int main(int argc, char **argv) {
     } else if (i + 1 < argc && !strcmp(a, "--op")) {
       o.only = argv[++i];
       if (!hx_only_valid(o.only)) return usage("--op names an op that does not exist");
+    } else if (i + 1 < argc && !strcmp(a, "--devices")) {
+      char *end = NULL;
+      long v = strtol(argv[++i], &end, 10);
+      if (!*argv[i] || *end || v < 1 || v > PMAP_MAX_DEVICES)
+        return usage("--devices: an integer from 1 to PMAP_MAX_DEVICES");
+      o.devices = (int)v;
     } else if (i + 1 < argc && !strcmp(a, "--seed")) {
       char *end = NULL;
       o.seed = strtoull(argv[++i], &end, 0);
@@ -49,7 +58,9 @@ int main(int argc, char **argv) {
       return usage(a);
     }
   }
-  printf("op harness: seed %" PRIu64 "%s\n", o.seed, o.quick ? ", quick" : "");
+  printf("op harness: seed %" PRIu64 "%s", o.seed, o.quick ? ", quick" : "");
+  if (o.devices > 1) printf(", %d devices at once", o.devices);
+  printf("\n");
   int checks = 0, failures = 0;
   if (backend) {
     int r = hx_backend_run(backend, &o, &checks, &failures);
