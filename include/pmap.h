@@ -966,7 +966,9 @@ typedef struct pmap_memory_plan {
   size_t state;       /* non-trained state (batch norm's statistics), and the pending copy a
                          step computes before committing it */
   size_t activations; /* activations and their gradients at the rows of one micro-batch (under
-                         PMAP_PRECISION_BF16 those kept in bfloat16 count 2 bytes each) */
+                         PMAP_PRECISION_BF16 those kept in bfloat16 count 2 bytes each, and on
+                         CPU the bf16 GEMMs' workspace: oneDNN's scratchpads, or the portable
+                         path's widened operands, the most any one GEMM of the step takes) */
   size_t staging;     /* device buffers the backend stages the batch's rows into (0 on CPU) */
   size_t total;       /* the sum */
   int optimizer_sharded;
@@ -978,9 +980,11 @@ typedef struct pmap_memory_plan {
  * exactly what the backend allocates for the params once a step at that batch ran. The kernels'
  * own buffers come on top, bounded whatever the batch: on CPU, per device, oneDNN's convolution
  * workspace (pieces of the rows whose input and output take 4 MiB at most, the weights in its
- * layout and its scratchpad), the portable bf16 GEMM's widened operands (4 MiB at most) and the
- * GEMM libraries' own buffers; on CUDA the op queues' scratch, cuBLAS's workspace and the
- * captured graphs of the fast paths. Params of pmap_params_create_custom have no activations pmap knows (0). Returns
+ * layout and its scratchpad), the GEMM libraries' own buffers and their kernels (oneDNN: a few
+ * tens of KB per GEMM shape, once per process, and, under bf16, a GEMM's scratch beyond the
+ * plan's workspace where a smaller last micro-batch needs more); on CUDA the op queues' scratch,
+ * cuBLAS's workspace and the captured graphs of the fast paths. Params of
+ * pmap_params_create_custom have no activations pmap knows (0). Returns
  * PMAP_ERR_INVALID_ARGUMENT (params or out NULL, batch < 1 or too large to plan, or not a
  * multiple of the devices where pmap_update would refuse it: uneven_batches off). */
 PMAP_API pmap_status pmap_params_memory(const pmap_params *params, int64_t batch,

@@ -55,6 +55,8 @@ void replica_unplace(replica *r) {
 }
 
 void replica_release(pmap_device *dev, replica *r) {
+  if (r->arena && r->q && r->ob && r->ob->gemm16_set_workspace)
+    r->ob->gemm16_set_workspace(r->q, NULL, 0);
   backend_free(dev, r->arena);
   replica_unplace(r);
 }
@@ -82,6 +84,27 @@ int model_arena_floats(const pmap_model *m, int64_t bd, size_t *out) {
   }
   *out = total;
   return 0;
+}
+
+pmap_status model_gemm16_workspace(const pmap_model *m, const op_backend *ob, int64_t bd,
+                                   size_t *bytes) {
+  *bytes = 0;
+  if (!m->bf16 || !ob || !ob->gemm16_workspace || bd < 1) return PMAP_SUCCESS;
+  size_t most = 0;
+  for (int i = 0; i < m->n_layers; i++) {
+    const layer *l = &m->layers[i];
+    if (!l->cls->gemms16) continue;
+    ops_gemm16 g[LAYER_MAX_GEMMS16];
+    int n = l->cls->gemms16(l, bd, g);
+    for (int j = 0; j < n; j++) {
+      size_t b = 0;
+      PMAP_TRY(ob->gemm16_workspace(&g[j], &b));
+      most = b > most ? b : most;
+    }
+  }
+  /* Rounded up to whole floats and 64-byte lines, and a line more to align it in the arena. */
+  if (most) *bytes = (most + 63) / 64 * 64 + 64;
+  return PMAP_SUCCESS;
 }
 
 /* The per-layer pointer arrays of r (device: its index for the message, -1 for none). A device
@@ -140,22 +163,29 @@ pmap_status replica_place(const pmap_model *m, replica *r, float *arena, int64_t
   return PMAP_SUCCESS;
 }
 
+/* The arena of a device replica: the activations (model_arena_floats), then the bf16 GEMMs'
+ * workspace (model_gemm16_workspace), which the queue's GEMMs are given. */
 pmap_status replica_reserve(pmap_device *dev, const pmap_model *m, replica *r, int64_t bd) {
   if (bd <= r->rows) return PMAP_SUCCESS;
   replica_release(dev, r);
-  size_t total = 0;
-  if (model_arena_floats(m, bd, &total) || total > PTRDIFF_MAX / sizeof(float))
+  size_t total = 0, ws = 0;
+  if (model_arena_floats(m, bd, &total) || total > PTRDIFF_MAX / sizeof(float) / 2)
     return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY,
                     "device %d: the activations of %lld examples take more than the address space",
                     dev ? pmap_local_index(dev) : 0, (long long)bd);
+  PMAP_TRY(model_gemm16_workspace(m, r->ob, bd, &ws));
   pmap_status st = place_arrays(m, r, dev ? pmap_local_index(dev) : 0);
   void *arena = NULL;
-  if (!st) st = backend_alloc(dev, total * sizeof(float), &arena);
+  if (!st) st = backend_alloc(dev, total * sizeof(float) + ws, &arena);
   if (st) {
     replica_unplace(r);
     return st;
   }
   place_arena(m, r, arena, bd);
+  if (ws && r->q) { /* after the activations, on a 64-byte line */
+    uintptr_t at = ((uintptr_t)((float *)arena + total) + 63) / 64 * 64;
+    r->ob->gemm16_set_workspace(r->q, (void *)at, ws - 64);
+  }
   return PMAP_SUCCESS;
 }
 

@@ -15,6 +15,7 @@ typedef struct layer layer;
 typedef struct layer_class layer_class;
 typedef struct replica replica; /* models/model.h */
 struct pmap_rng;
+struct ops_gemm16; /* ops/ops.h */
 
 /* Room for a kind's own settings (conv geometry, dropout's rate, ...) inside every layer. */
 #define LAYER_SETTINGS_BYTES 96
@@ -83,6 +84,7 @@ typedef struct layer_block {
 } layer_block;
 
 #define LAYER_MAX_BLOCKS 8
+#define LAYER_MAX_GEMMS16 16
 /* A block of the given extents: LAYER_BLOCK("w", LAYER_WEIGHTS, F, units); of a shape the layer
  * holds: layer_block_shaped("gamma", LAYER_WEIGHTS, l->in_rank, l->in_shape). */
 #define LAYER_BLOCK(block_name, block_region, ...)                                  \
@@ -122,6 +124,11 @@ struct layer_class {
    * (r->aux[i]: floats per example and of its own) and floats per example of the shared scratch
    * (r->tmp), which precision.c sizes for the bfloat16 output gradient of a gemm_in layer. */
   void (*bf16_rows)(const layer *l, size_t *aux_rows, size_t *aux_fixed, size_t *tmp_rows);
+  /* (optional, NULL: none) Under bf16: the shapes of the bfloat16 GEMMs (gemm_bf16 and
+   * gemm_strided_bf16, through layer_gemm or not) its forward and backward run over bd examples,
+   * into g (room for LAYER_MAX_GEMMS16), returning their count. The memory plan sizes the GEMMs'
+   * workspace by them (model_gemm16_workspace); tests check that every GEMM of a step fits it. */
+  int (*gemms16)(const layer *l, int64_t bd, struct ops_gemm16 *g);
   /* (optional, 0: 1) The gain the layer before it draws its weights with, std = sqrt(gain /
    * fan_in): 2 behind a ReLU (He), 1 elsewhere (LeCun). */
   double init_gain;

@@ -1,6 +1,7 @@
 /* memory.c: pmap_params_memory, the plan of a training step's device memory before it runs:
  * the sizes the params allocated (params.c create_job) and what a step at the batch allocates
- * (exec.c replica_reserve: the activations of one micro-batch; the backend's staging). */
+ * (exec.c replica_reserve: the activations of one micro-batch and, under bf16, the GEMMs'
+ * workspace; the backend's staging). */
 #include <stdint.h>
 
 #include "base/error.h"
@@ -44,8 +45,16 @@ pmap_status pmap_params_memory(const pmap_params *p, int64_t batch, pmap_memory_
   int bad = add_floats(&m.params, p->w_len - model->n_state) || add_floats(&m.grads, p->gl.len) ||
             add_floats(&m.optimizer, (size_t)p->opt_slots * p->state_len) ||
             add_floats(&m.state, 2 * model->n_state);
-  if (!p->grad_fn)
+  size_t ws = 0; /* bf16: the GEMMs' workspace, in the arena after the activations */
+  if (!p->grad_fn) {
     bad = bad || model_arena_floats(model, piece, &act) || add_floats(&m.activations, act);
+    pmap_status st = bad ? PMAP_SUCCESS : model_gemm16_workspace(model, p->ob, piece, &ws);
+    if (st) {
+      pmap_ctx_unlock(p->ctx);
+      return pmap_error_named(st, call);
+    }
+    bad = bad || __builtin_add_overflow(m.activations, ws, &m.activations);
+  }
   /* bf16: the weights' bfloat16 copy. */
   if (p->precision == PMAP_PRECISION_BF16)
     bad = bad || __builtin_add_overflow(m.params, p->n_params * sizeof(pmap_bf16), &m.params);

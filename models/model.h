@@ -69,9 +69,12 @@ int model_trained_spans(const pmap_model *m, model_span *spans);
  * loss, so one all-reduce averages both. */
 typedef struct replica replica;
 struct replica {
-  /* Where this replica's ops run: its device's op table and queue (made with the params). */
+  /* Where this replica's ops run: its device's op table and queue (made with the params), and
+   * the op backend they are of (NULL for a host replica: its bf16 GEMMs then get no workspace
+   * from the arena). */
   const pmap_ops *ops;
   op_queue *q;
+  const op_backend *ob;
   float *w;   /* (P) */
   float *g;   /* (P + 1) */
   float *opt; /* (P) per optimizer slot: momentum; Adam m then v */
@@ -154,6 +157,14 @@ pmap_status layer_gemm_strided(const replica *r, int ta, int tb, int64_t m, int6
                                layer_mat a, int64_t lda, int64_t sa, layer_mat b, int64_t ldb,
                                int64_t sb, float beta, float *c, int64_t ldc, int64_t sc,
                                int64_t batch);
+/* The shape of layer_gemm(r, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc) under bf16, and
+ * that of ops->gemm_strided_bf16 with these arguments and alpha 1 (a layer's gemms16). */
+ops_gemm16 layer_gemm16(int ta, int tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
+                        float beta, int64_t ldc);
+ops_gemm16 layer_gemm16_strided(int ta, int tb, int64_t m, int64_t n, int64_t k, int64_t lda,
+                                int64_t sa, int64_t ldb, int64_t sb, float beta, int64_t ldc,
+                                int64_t sc, int64_t batch, int64_t groups, int64_t ga, int64_t gb,
+                                int64_t gc);
 /* The GEMM layer both dense layers share (models/layers/dense.c), over `rows` rows of f inputs
  * and u outputs (dense: a row an example; token_dense: a token): y = x W + b and the activation
  * folded after it; its backward, with dW += and db +=. */
@@ -161,6 +172,8 @@ pmap_status dense_rows_forward(const layer *l, replica *r, int i, const float *i
                                int64_t rows, int64_t f, int64_t u);
 pmap_status dense_rows_backward(const layer *l, replica *r, int i, const float *dy, float *dx,
                                 int64_t rows, int64_t f, int64_t u);
+/* Their bf16 GEMMs (a class's gemms16): y = x W, dW += x^T dy, dx = dy W^T. */
+int dense_rows_gemms16(int64_t rows, int64_t f, int64_t u, ops_gemm16 *g);
 
 /* A layer's exchange of values between the devices: an all-reduce (sum) of x (n) in place.
  * Every layer that exchanges values goes through it, so that the numeric guard can tell the
@@ -170,6 +183,11 @@ pmap_status model_exchange(pmap_device *dev, replica *r, const char *what, float
 
 /* Floats of the activation arena for bd rows into *out; -1 when the count overflows. */
 int model_arena_floats(const pmap_model *m, int64_t bd, size_t *out);
+/* The bytes of workspace m's bf16 GEMMs take over bd examples on ob's devices (the most any
+ * one takes, with room to align it to 64 bytes; 0 under fp32 or where ob's GEMMs need none): the
+ * arena's share after the activations (replica_reserve), and so the memory plan's. */
+pmap_status model_gemm16_workspace(const pmap_model *m, const op_backend *ob, int64_t bd,
+                                   size_t *bytes);
 /* Sizes the arena for bd rows (allocates only when bd exceeds what it holds). */
 pmap_status replica_reserve(pmap_device *dev, const pmap_model *m, replica *r, int64_t bd);
 void replica_release(pmap_device *dev, replica *r);

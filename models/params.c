@@ -97,6 +97,7 @@ static pmap_status queue_open(pmap_device *dev, pmap_params *p, replica *r) {
                         .free = queue_free,
                         .owner = dev};
   r->ops = p->ob->ops;
+  r->ob = p->ob;
   return p->ob->queue_create(&init, &r->q);
 }
 

@@ -65,6 +65,25 @@ pmap_status layer_gemm_strided(const replica *r, int ta, int tb, int64_t m, int6
                               sc, batch);
 }
 
+ops_gemm16 layer_gemm16(int ta, int tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
+                        float beta, int64_t ldc) {
+  ops_gemm16 g;
+  memset(&g, 0, sizeof g);
+  g.ta = ta, g.tb = tb, g.m = m, g.n = n, g.k = k, g.lda = lda, g.ldb = ldb, g.ldc = ldc;
+  g.batch = g.groups = 1, g.alpha = 1.0f, g.beta = beta;
+  return g;
+}
+
+ops_gemm16 layer_gemm16_strided(int ta, int tb, int64_t m, int64_t n, int64_t k, int64_t lda,
+                                int64_t sa, int64_t ldb, int64_t sb, float beta, int64_t ldc,
+                                int64_t sc, int64_t batch, int64_t groups, int64_t ga, int64_t gb,
+                                int64_t gc) {
+  ops_gemm16 g = layer_gemm16(ta, tb, m, n, k, lda, ldb, beta, ldc);
+  g.sa = sa, g.sb = sb, g.sc = sc, g.batch = batch;
+  g.ga = ga, g.gb = gb, g.gc = gc, g.groups = groups;
+  return g;
+}
+
 pmap_status model_weights16(const pmap_model *m, replica *r) {
   if (!r->w16) return PMAP_SUCCESS;
   if (r->w16_fresh) { /* the last step's optimizer wrote it in its own pass */

@@ -43,6 +43,17 @@ typedef struct pmap_pool_shape {
 /* A bfloat16 value: the top 16 bits of a float (ops/op_math.h pmap_bf16_round). */
 typedef uint16_t pmap_bf16;
 
+/* The shape of one bfloat16 GEMM (gemm_bf16: batch and groups 1, strides 0; gemm_strided_bf16):
+ * the op's arguments without its pointers. Zero it before filling it (backends compare shapes
+ * bytewise). */
+typedef struct ops_gemm16 {
+  int ta, tb;
+  int64_t m, n, k, lda, ldb, ldc;
+  int64_t sa, sb, sc, batch;
+  int64_t ga, gb, gc, groups; /* groups of batches (gemm_strided_bf16) */
+  float alpha, beta;
+} ops_gemm16;
+
 /* Element-wise activations (formulas in ops/op_math.h): those of the act_* ops, and the ReLU a
  * dense layer folds (bias_act_forward, act_bias_backward; its gradient from the output alone). */
 typedef enum pmap_act {
@@ -101,6 +112,14 @@ typedef struct op_backend {
   pmap_status (*step_values)(op_queue *q, const pmap_step_hyper *h, int64_t step);
   pmap_status (*decide)(op_queue *q, float *g, size_t P, const float *tail, int n, int check,
                         float clip, float norm_max);
+  /* The bf16 GEMMs' workspace, memory of the caller's that they use for their scratch (optional,
+   * both NULL where the backend's GEMMs need none from the caller). gemm16_workspace: the bytes
+   * of it a GEMM of shape g takes (CPU: oneDNN's scratchpad, or the portable path's widened
+   * operands), asked from any thread, with or without queues. gemm16_set_workspace: q's bf16
+   * GEMMs use ws (bytes, 64-byte aligned; NULL and 0: none) from now on, until the next call,
+   * while the caller keeps it. A GEMM that needs more takes memory of its own. */
+  pmap_status (*gemm16_workspace)(const ops_gemm16 *g, size_t *bytes);
+  void (*gemm16_set_workspace)(op_queue *q, void *ws, size_t bytes);
 } op_backend;
 
 /* The op backend of the runtime backend `name` ("cpu"; "cuda" where it was built, from the CUDA

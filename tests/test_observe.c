@@ -1,13 +1,15 @@
 /* test_observe.c: what a user sees of a run through the API: the memory plan
  * (pmap_params_memory) equals, to the byte, what the CPU backend allocated for the params once a
  * step at that batch ran (replicated and sharded, micro-batches, batch norm's state, uneven
- * batches, custom params); the trace calls refuse misuse and leave nothing on, and a step past
+ * batches, custom params; under bf16 with the GEMMs' workspace, on either provider); the trace
+ * calls refuse misuse and leave nothing on, and a step past
  * the span limit keeps its own spans; the waits count every device's collectives. Reaches inside for the CPU backend's count of live bytes. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "ops/cpu/bf16.h"
 #include "runtime/runtime.h"
 #include "testutil.h"
 
@@ -93,6 +95,94 @@ static void plan_case(const char *what, int shard, int uneven, int micro, int ba
   free(x);
   free(y);
   CHECK_OK(pmap_ctx_destroy(ctx));
+}
+
+/* Under bf16 the plan holds the GEMMs' workspace too (oneDNN's scratchpads, or the portable
+ * path's widened operands): a few steps of a small transformer (token dense layers, attention's
+ * per-head products, the head tied or not) and of an MLP on 2 devices, on the provider in use
+ * and on each one forced, allocate exactly the plan, and none of their GEMMs takes scratch
+ * outside it. */
+static pmap_model *small_gpt(int tied) {
+  int64_t in[1] = {16};
+  pmap_model *m = NULL;
+  CHECK_OK(pmap_model_create(1, in, &m));
+  CHECK_OK(pmap_model_add_embedding(m, 40, 32));
+  CHECK_OK(pmap_model_add_pos_embedding(m));
+  CHECK_OK(pmap_model_begin_residual(m));
+  CHECK_OK(pmap_model_add_token_layernorm(m));
+  CHECK_OK(pmap_model_add_causal_attention(m, 2, 16));
+  CHECK_OK(pmap_model_end_residual(m));
+  CHECK_OK(pmap_model_add_token_dense(m, 64));
+  CHECK_OK(pmap_model_add_gelu(m));
+  CHECK_OK(pmap_model_add_token_dense(m, 32));
+  CHECK_OK(pmap_model_add_lm_head(m, tied));
+  return m;
+}
+
+static void plan16_case(const char *provider, int gpt, int tied, int micro, int64_t batch) {
+  char what[96];
+  snprintf(what, sizeof what, "bf16 on %s, %s%s, %d micro-batches, batch %lld", provider,
+           gpt ? "transformer" : "mlp", gpt ? (tied ? " tied" : " untied") : "", micro,
+           (long long)batch);
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 2};
+  pmap_ctx *ctx = NULL;
+  CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+  if (!ctx) return;
+  size_t base[2];
+  for (int d = 0; d < 2; d++) base[d] = in_use(ctx, d);
+  pmap_model *m = gpt ? small_gpt(tied) : small_model(0);
+  pmap_optimizer opt = pmap_adam(0.01f);
+  pmap_params *p = NULL;
+  CHECK_OK(pmap_params_create(ctx, m, &opt, 7, &p));
+  CHECK_OK(pmap_params_set_precision(p, PMAP_PRECISION_BF16));
+  CHECK_OK(pmap_params_set_micro_batches(p, micro));
+  pmap_memory_plan plan, plan32;
+  CHECK_OK(pmap_params_memory(p, batch, &plan));
+  int64_t width = gpt ? 16 : 12;
+  size_t n = (size_t)(batch * width);
+  float *x = calloc(n, sizeof *x);
+  int32_t *ids = calloc(n, sizeof *ids), *y = calloc(n, sizeof *y);
+  for (size_t i = 0; i < n; i++) {
+    x[i] = (float)((i * 37) % 11) / 11.0f;
+    ids[i] = (int32_t)((i * 7 + 3) % 40);
+    y[i] = (int32_t)((i * 11 + 1) % (gpt ? 40 : 5));
+  }
+  int64_t xs_shape[2] = {batch, width}, ys_shape[2] = {batch, 16};
+  pmap_array xs = gpt ? pmap_array_i32(ids, 2, xs_shape) : pmap_array_f32(x, 2, xs_shape);
+  pmap_array ys = pmap_array_i32(y, gpt ? 2 : 1, ys_shape);
+  uint64_t before = cpu_bf16_unplanned();
+  float loss = 0;
+  for (int s = 0; s < 2; s++) CHECK_OK(pmap_update(p, &xs, &ys, &loss));
+  CHECK(cpu_bf16_unplanned() == before, "%s: %llu GEMMs took scratch outside the plan", what,
+        (unsigned long long)(cpu_bf16_unplanned() - before));
+  for (int d = 0; d < 2; d++)
+    CHECK(in_use(ctx, d) - base[d] == plan.total, "%s: device %d holds %zu bytes, the plan says %zu",
+          what, d, in_use(ctx, d) - base[d], plan.total);
+  /* The workspace is in the plan: more than the same params' plan under fp32 by at least the
+   * bfloat16 copies' bytes alone would explain (which are 2 per parameter and activation kept). */
+  CHECK_OK(pmap_params_set_precision(p, PMAP_PRECISION_FP32));
+  CHECK_OK(pmap_params_memory(p, batch, &plan32));
+  CHECK(plan.params == plan32.params + pmap_params_count(p) * 2,
+        "%s: params %zu against fp32's %zu", what, plan.params, plan32.params);
+  pmap_params_destroy(p);
+  for (int d = 0; d < 2; d++)
+    CHECK(in_use(ctx, d) == base[d], "%s: device %d holds %zu bytes after destroy, %zu before",
+          what, d, in_use(ctx, d), base[d]);
+  pmap_model_destroy(m);
+  free(x), free(ids), free(y);
+  CHECK_OK(pmap_ctx_destroy(ctx));
+}
+
+static void plan16(void) {
+  const char *in_use_now = pmap_bf16_provider();
+  const char *providers[] = {in_use_now, "portable", "onednn"};
+  for (int i = 0; i < 3; i++) {
+    if (i > 0 && cpu_bf16_force(providers[i]) != PMAP_SUCCESS) continue; /* not built */
+    plan16_case(providers[i], 1, 1, 1, 8);
+    plan16_case(providers[i], 1, 0, 2, 12);
+    plan16_case(providers[i], 0, 0, 1, 64);
+  }
+  CHECK_OK(cpu_bf16_force(in_use_now));
 }
 
 static void trace_misuse(void) {
@@ -262,6 +352,7 @@ int main(void) {
   plan_case("micro-batches", PMAP_SHARD_OFF, 0, 3, 0, 64);
   plan_case("batch norm", PMAP_SHARD_OFF, 0, 1, 1, 32);
   plan_case("uneven", PMAP_SHARD_OFF, 1, 2, 0, 67);
+  plan16();
   trace_misuse();
   trace_cap(0);
   trace_cap(1);

@@ -230,6 +230,26 @@ static pmap_status backward16(const layer *l, replica *r, int i, const float *dy
   return layer_gemm(r, 0, 1, a.rows, a.d, e3, dq16, e3, wqkv, e3, 0.0f, dx, a.d);
 }
 
+/* forward16's and backward16's GEMMs (the per-head products of backward16 have the shapes of
+ * forward16's: dP as S, dQ as O, dK as dV). */
+static int gemms16(const layer *l, int64_t bd, ops_gemm16 *g) {
+  attn_dims a = dims_of(l, bd);
+  int64_t e3 = 3 * a.e, tt = a.t * a.t, gp = a.h * tt, go = a.t * a.e;
+  g[0] = layer_gemm16(0, 0, a.rows, e3, a.d, a.d, e3, 0.0f, e3); /* qkv = x Wqkv */
+  g[1] = layer_gemm16_strided(0, 1, a.t, a.t, a.hs, a.e, a.hs, a.e, a.hs, 0.0f, a.t, tt, a.h, bd,
+                              go, go, gp); /* S = Q K^T; dP = dO V^T */
+  g[2] = layer_gemm16_strided(0, 0, a.t, a.hs, a.t, a.t, tt, a.e, a.hs, 0.0f, a.e, a.hs, a.h, bd,
+                              gp, go, go); /* O = P V; dQ = dS K */
+  g[3] = layer_gemm16(0, 0, a.rows, a.d, a.e, a.e, a.d, 0.0f, a.d);      /* y = O Wo */
+  g[4] = layer_gemm16(1, 0, a.e, a.d, a.rows, a.e, a.d, 1.0f, a.d);      /* dWo += O^T dy */
+  g[5] = layer_gemm16(0, 1, a.rows, a.e, a.d, a.d, a.d, 0.0f, a.e);      /* dO = dy Wo^T */
+  g[6] = layer_gemm16_strided(1, 0, a.t, a.hs, a.t, a.t, tt, a.e, a.hs, 0.0f, a.e, a.hs, a.h, bd,
+                              gp, go, go); /* dV = P^T dO; dK = dS^T Q */
+  g[7] = layer_gemm16(1, 0, a.d, e3, a.rows, a.d, e3, 1.0f, e3); /* dWqkv += x^T dqkv */
+  g[8] = layer_gemm16(0, 1, a.rows, a.d, e3, e3, e3, 0.0f, a.d); /* dx = dqkv Wqkv^T */
+  return 9;
+}
+
 /* Both projections ~ N(0, gain / D) and N(0, 1 / E) by their fan-in, biases 0. */
 static void init(const layer *l, double gain, struct pmap_rng *rng, float *w) {
   attn_dims a = dims_of(l, 1);
@@ -278,6 +298,7 @@ static const layer_class attention_class = {
     .code = 17,
     .gemm_in = 1,
     .bf16_rows = rows16,
+    .gemms16 = gemms16,
     .forward = forward,
     .backward = backward,
     .init = init,

@@ -36,6 +36,13 @@ pmap_status dense_rows_backward(const layer *l, replica *r, int i, const float *
   return layer_gemm(r, 0, 1, rows, f, u, d, u, layer_weights(r, l->w_off), u, 0.0f, dx, f);
 }
 
+int dense_rows_gemms16(int64_t rows, int64_t f, int64_t u, ops_gemm16 *g) {
+  g[0] = layer_gemm16(0, 0, rows, u, f, f, u, 0.0f, u);
+  g[1] = layer_gemm16(1, 0, f, u, rows, f, u, 1.0f, u);
+  g[2] = layer_gemm16(0, 1, rows, f, u, u, u, 0.0f, f);
+  return 3;
+}
+
 static pmap_status forward(pmap_device *dev, const layer *l, replica *r, int i, const float *in,
                            float *y, const float **out, int64_t bd) {
   (void)dev, (void)out;
@@ -50,6 +57,10 @@ static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i,
 
 static void init(const layer *l, double gain, struct pmap_rng *rng, float *w) {
   layer_init_fan_in(l, l->in_size, gain, rng, w);
+}
+
+static int gemms16(const layer *l, int64_t bd, ops_gemm16 *g) {
+  return dense_rows_gemms16(bd, l->in_size, l->out_size, g);
 }
 
 static double macs(const layer *l) { return (double)l->w_size; }
@@ -70,6 +81,7 @@ static const layer_class dense_class = {
     .takes_act = 1,
     .gemm_in = 1,
     .writes16 = 1,
+    .gemms16 = gemms16,
     .forward = forward,
     .backward = backward,
     .init = init,

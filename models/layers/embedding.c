@@ -175,6 +175,22 @@ static pmap_status head_backward(pmap_device *dev, const layer *l, replica *r, i
   return layer_gemm(r, 0, 1, rows, d, v, g, v, layer_weights(r, l->w_off), v, 0.0f, dx, d);
 }
 
+/* head_forward's and head_backward's GEMMs, tied or not. */
+static int head_gemms16(const layer *l, int64_t bd, ops_gemm16 *g) {
+  const embed_settings *s = cfg(l);
+  int64_t rows = bd * l->in_shape[0], d = l->in_shape[1], v = s->vocab;
+  if (s->tied) {
+    g[0] = layer_gemm16(0, 1, rows, v, d, d, d, 0.0f, v);
+    g[1] = layer_gemm16(1, 0, v, d, rows, v, d, 1.0f, d);
+    g[2] = layer_gemm16(0, 0, rows, d, v, v, d, 0.0f, d);
+  } else {
+    g[0] = layer_gemm16(0, 0, rows, v, d, d, v, 0.0f, v);
+    g[1] = layer_gemm16(1, 0, d, v, rows, d, v, 1.0f, v);
+    g[2] = layer_gemm16(0, 1, rows, d, v, v, v, 0.0f, d);
+  }
+  return 3;
+}
+
 static void head_init(const layer *l, double gain, struct pmap_rng *rng, float *w) {
   if (!cfg(l)->tied) layer_init_fan_in(l, l->in_shape[1], gain, rng, w);
 }
@@ -205,6 +221,7 @@ static const layer_class head_class = {
     .name = "lm_head",
     .code = 20,
     .gemm_in = 1,
+    .gemms16 = head_gemms16,
     .forward = head_forward,
     .backward = head_backward,
     .init = head_init,

@@ -19,6 +19,10 @@ static pmap_status dense_backward(pmap_device *dev, const layer *l, replica *r, 
   return dense_rows_backward(l, r, i, dy, dx, bd * l->in_shape[0], l->in_shape[1], l->out_shape[1]);
 }
 
+static int dense_gemms16(const layer *l, int64_t bd, ops_gemm16 *g) {
+  return dense_rows_gemms16(bd * l->in_shape[0], l->in_shape[1], l->out_shape[1], g);
+}
+
 static void dense_init(const layer *l, double gain, struct pmap_rng *rng, float *w) {
   layer_init_fan_in(l, l->in_shape[1], gain, rng, w);
 }
@@ -42,6 +46,7 @@ static const layer_class token_dense_class = {
     .takes_act = 1,
     .gemm_in = 1,
     .writes16 = 1,
+    .gemms16 = dense_gemms16,
     .forward = dense_forward,
     .backward = dense_backward,
     .init = dense_init,

@@ -89,20 +89,34 @@ static void widen_block(const pmap_bf16 *x, int64_t ld, int trans, int64_t r0, i
  * columns as keep a slice of both operands within the scratch (256 at least), each tile summed
  * over the slices in order (c = alpha a b + beta c on the first, + c on the next): the scratch
  * stays within CPU_BF16_SCRATCH floats whatever the shape. */
-static pmap_status portable_one(const bf16_gemm *g, const pmap_bf16 *a, const pmap_bf16 *b,
-                                float *c) {
+/* The tiles portable_one cuts g into: slices of kb of k, tiles of mb rows and nb columns. */
+static void portable_tiles(const bf16_gemm *g, int64_t *kb, int64_t *mb, int64_t *nb) {
   int64_t m = g->m, n = g->n, k = g->k;
   int whole = (double)k * (double)(m + n) <= (double)CPU_BF16_SCRATCH;
-  int64_t kb = whole || k < CPU_BF16_BLOCK_K ? k : CPU_BF16_BLOCK_K;
-  int64_t side = kb > 0 ? CPU_BF16_SCRATCH / 2 / kb : 0; /* rows of a tile, and columns */
-  int64_t mb = whole || m < side ? m : side, nb = whole || n < side ? n : side;
-  size_t na = (size_t)(mb * kb), nb_floats = (size_t)(kb * nb);
-  float *buf = cpu_bf16_scratch(na + nb_floats > 0 ? na + nb_floats : 1);
+  *kb = whole || k < CPU_BF16_BLOCK_K ? k : CPU_BF16_BLOCK_K;
+  int64_t side = *kb > 0 ? CPU_BF16_SCRATCH / 2 / *kb : 0; /* rows of a tile, and columns */
+  *mb = whole || m < side ? m : side;
+  *nb = whole || n < side ? n : side;
+}
+
+size_t cpu_bf16_portable_scratch(const bf16_gemm *g) {
+  int64_t kb, mb, nb;
+  portable_tiles(g, &kb, &mb, &nb);
+  size_t floats = (size_t)(mb * kb) + (size_t)(kb * nb);
+  return (floats > 0 ? floats : 1) * sizeof(float);
+}
+
+static pmap_status portable_one(const bf16_gemm *g, const pmap_bf16 *a, const pmap_bf16 *b,
+                                float *c, bf16_ws ws) {
+  int64_t m = g->m, n = g->n, k = g->k, kb, mb, nb;
+  portable_tiles(g, &kb, &mb, &nb);
+  size_t na = (size_t)(mb * kb), bytes = cpu_bf16_portable_scratch(g);
+  float *buf = cpu_bf16_scratch_in(ws, bytes);
   if (!buf)
     return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY,
                     "gemm_bf16: out of memory for %zu floats of widened operands (m %lld n %lld k "
                     "%lld)",
-                    na + nb_floats, (long long)m, (long long)n, (long long)k);
+                    bytes / sizeof(float), (long long)m, (long long)n, (long long)k);
   for (int64_t i = 0; i < m; i += mb) {
     int64_t mi = m - i < mb ? m - i : mb;
     for (int64_t j = 0; j < n; j += nb) {
@@ -126,10 +140,10 @@ static pmap_status portable_one(const bf16_gemm *g, const pmap_bf16 *a, const pm
 }
 
 pmap_status cpu_bf16_portable(const bf16_gemm *g, const pmap_bf16 *a, const pmap_bf16 *b,
-                              float *c) {
+                              float *c, bf16_ws ws) {
   for (int64_t o = 0; o < g->groups; o++)
     for (int64_t i = 0; i < g->batch; i++)
       PMAP_TRY(portable_one(g, a + o * g->ga + i * g->sa, b + o * g->gb + i * g->sb,
-                            c + o * g->gc + i * g->sc));
+                            c + o * g->gc + i * g->sc, ws));
   return PMAP_SUCCESS;
 }

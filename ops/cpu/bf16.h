@@ -6,15 +6,18 @@
 
 #include "cpu_ops.h"
 
-/* One call of gemm_bf16 (batch 1, strides 0) or gemm_strided_bf16: the cache's key, compared
- * bytewise (zero it before filling it). */
-typedef struct bf16_gemm {
-  int ta, tb;
-  int64_t m, n, k, lda, ldb, ldc;
-  int64_t sa, sb, sc, batch;
-  int64_t ga, gb, gc, groups; /* groups of batches (gemm_strided_bf16) */
-  float alpha, beta;
-} bf16_gemm;
+/* One call of gemm_bf16 (batch 1, strides 0) or gemm_strided_bf16 (ops.h ops_gemm16): the
+ * cache's key, compared bytewise (zero it before filling it). */
+typedef ops_gemm16 bf16_gemm;
+
+/* Where a GEMM takes its scratch (oneDNN's scratchpad, the portable path's widened operands):
+ * its queue's workspace (ops.h op_backend.gemm16_set_workspace), sized by the memory plan; a
+ * GEMM that needs more than `bytes` (or called without a queue) takes the calling thread's own,
+ * kept and grown as needed. */
+typedef struct bf16_ws {
+  void *p;
+  size_t bytes;
+} bf16_ws;
 
 /* Below this many multiply-adds a GEMM takes the portable path (the library call costs more). */
 #define CPU_BF16_SMALL_MACS 4096
@@ -37,9 +40,24 @@ pmap_status cpu_bf16_force(const char *name);
  * shape has no bf16 implementation there (or only oneDNN's reference one): the caller then takes
  * the portable path. */
 pmap_status cpu_bf16_onednn(const bf16_gemm *g, const pmap_bf16 *a, const pmap_bf16 *b, float *c,
-                            int *done);
+                            bf16_ws ws, int *done);
+/* The scratchpad bytes g takes on oneDNN's matmul (its primitive made now, as its first call
+ * would); *usable 0 when it would take the portable path instead. */
+pmap_status cpu_bf16_onednn_scratch(const bf16_gemm *g, size_t *bytes, int *usable);
 /* g on the portable path. */
-pmap_status cpu_bf16_portable(const bf16_gemm *g, const pmap_bf16 *a, const pmap_bf16 *b, float *c);
+pmap_status cpu_bf16_portable(const bf16_gemm *g, const pmap_bf16 *a, const pmap_bf16 *b, float *c,
+                              bf16_ws ws);
+/* The scratch bytes g takes on the portable path (its widened operands). */
+size_t cpu_bf16_portable_scratch(const bf16_gemm *g);
+/* The scratch bytes g takes on the provider in use (op_backend.gemm16_workspace). */
+pmap_status cpu_bf16_workspace(const bf16_gemm *g, size_t *bytes);
+/* At least `bytes` of scratch, 64-byte aligned: ws when it holds them, else the calling
+ * thread's own (kept, grown as needed, freed when the thread ends; each such call is counted by
+ * cpu_bf16_unplanned). NULL when out of memory. */
+void *cpu_bf16_scratch_in(bf16_ws ws, size_t bytes);
+/* The calls so far, by every thread, whose scratch did not fit the workspace they were given
+ * (tests: a step's GEMMs all fit the plan's). */
+uint64_t cpu_bf16_unplanned(void);
 /* The calling thread's scratch of at least n floats (kept, grown as needed, freed when the
  * thread ends); NULL when out of memory. */
 float *cpu_bf16_scratch(size_t n);

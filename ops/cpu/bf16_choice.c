@@ -14,6 +14,7 @@
 #include "base/env.h"
 #include "base/error.h"
 #include "bf16.h"
+#include "cpu_cache.h"
 #include "cpu_isa.h"
 #include "gemm.h"
 #include "ops/op_math.h"
@@ -84,21 +85,33 @@ static int onednn_faster(void) {
       g[s].lda = g[s].ta ? g[s].m : g[s].k, g[s].ldb = g[s].tb ? g[s].k : g[s].n, g[s].ldc = g[s].n;
       g[s].batch = g[s].groups = 1, g[s].alpha = 1.0f, g[s].beta = s == 1 ? 1.0f : 0.0f;
     }
+    /* Their scratch in a workspace of the measurement's, as a device's comes from its plan. */
+    size_t need = 0;
+    for (int s = 0; s < 3; s++) {
+      size_t sp = 0;
+      int usable = 0;
+      (void)cpu_bf16_onednn_scratch(&g[s], &sp, &usable);
+      size_t wide = cpu_bf16_portable_scratch(&g[s]);
+      need = need > sp ? need : sp;
+      need = need > wide ? need : wide;
+    }
+    bf16_ws ws = {aligned_alloc(64, (need + 63) / 64 * 64), need};
     double best[2] = {INFINITY, INFINITY};
-    int failed = 0, threads = cpu_gemm_threads_set(1); /* as on a device thread */
+    int failed = !ws.p, threads = cpu_gemm_threads_set(1); /* as on a device thread */
     for (int round = 0; round < 3 && !failed; round++)
       for (int p = 0; p < 2 && !failed; p++) {
         double t0 = bf16_now();
         for (int s = 0; s < 3 && !failed; s++) {
           int done = 1;
-          pmap_status st = p == 0 ? cpu_bf16_onednn(&g[s], a, b, out, &done)
-                                  : cpu_bf16_portable(&g[s], a, b, out);
+          pmap_status st = p == 0 ? cpu_bf16_onednn(&g[s], a, b, out, ws, &done)
+                                  : cpu_bf16_portable(&g[s], a, b, out, ws);
           failed = st != PMAP_SUCCESS || !done;
         }
         double t = bf16_now() - t0;
         if (round > 0 && t < best[p]) best[p] = t;
       }
     cpu_gemm_threads_set(threads);
+    free(ws.p);
     fast = failed ? 0 : !(best[1] < best[0] * (1.0 - 0.02));
     if (!failed) {
       char times[96];
@@ -200,29 +213,51 @@ const char *pmap_bf16_reason(void) {
 /* ------------------------------------------------------------------------------------------ */
 /* The bf16 GEMM ops, through the provider in use                                             */
 
-/* The provider in use for g: tiny shapes and k == 0 (c = beta c) always take the portable
- * path, where a library call costs more than the work. */
-static pmap_status run(const bf16_gemm *g, const pmap_bf16 *a, const pmap_bf16 *b, float *c) {
+/* Whether g goes to oneDNN's matmul: tiny shapes and k == 0 (c = beta c) always take the
+ * portable path, where a library call costs more than the work. */
+static pmap_status to_onednn(const bf16_gemm *g, int *on) {
+  PMAP_TRY(cpu_bf16_native(on));
+  *on = *on && g->k > 0 && g->m * g->n * g->k > CPU_BF16_SMALL_MACS;
+  return PMAP_SUCCESS;
+}
+
+/* g through the provider in use, its scratch in ws where it fits. */
+static pmap_status run(const bf16_gemm *g, const pmap_bf16 *a, const pmap_bf16 *b, float *c,
+                       bf16_ws ws) {
   if (g->m <= 0 || g->n <= 0 || g->batch <= 0 || g->groups <= 0) return PMAP_SUCCESS;
   int on = 0;
-  PMAP_TRY(cpu_bf16_native(&on));
-  if (on && g->k > 0 && g->m * g->n * g->k > CPU_BF16_SMALL_MACS) {
+  PMAP_TRY(to_onednn(g, &on));
+  if (on) {
     int done = 0;
-    PMAP_TRY(cpu_bf16_onednn(g, a, b, c, &done));
+    PMAP_TRY(cpu_bf16_onednn(g, a, b, c, ws, &done));
     if (done) return PMAP_SUCCESS;
   }
-  return cpu_bf16_portable(g, a, b, c);
+  return cpu_bf16_portable(g, a, b, c, ws);
+}
+
+pmap_status cpu_bf16_workspace(const bf16_gemm *g, size_t *bytes) {
+  *bytes = 0;
+  if (g->m <= 0 || g->n <= 0 || g->batch <= 0 || g->groups <= 0) return PMAP_SUCCESS;
+  int on = 0, usable = 0;
+  PMAP_TRY(to_onednn(g, &on));
+  if (on) PMAP_TRY(cpu_bf16_onednn_scratch(g, bytes, &usable));
+  if (!usable) *bytes = cpu_bf16_portable_scratch(g);
+  return PMAP_SUCCESS;
+}
+
+/* The workspace q's GEMMs were given (none without a queue). */
+static bf16_ws ws_of(const op_queue *q) {
+  return q ? (bf16_ws){q->ws, q->ws_bytes} : (bf16_ws){NULL, 0};
 }
 
 pmap_status cpu_gemm_bf16(op_queue *q, int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
                           const pmap_bf16 *a, int64_t lda, const pmap_bf16 *b, int64_t ldb,
                           float beta, float *c, int64_t ldc) {
-  (void)q;
   bf16_gemm g;
   memset(&g, 0, sizeof g); /* the cache compares keys bytewise */
   g.ta = ta, g.tb = tb, g.m = m, g.n = n, g.k = k, g.lda = lda, g.ldb = ldb, g.ldc = ldc;
   g.batch = g.groups = 1, g.alpha = alpha, g.beta = beta;
-  return run(&g, a, b, c);
+  return run(&g, a, b, c, ws_of(q));
 }
 
 pmap_status cpu_gemm_strided_bf16(op_queue *q, int ta, int tb, int64_t m, int64_t n, int64_t k,
@@ -231,12 +266,11 @@ pmap_status cpu_gemm_strided_bf16(op_queue *q, int ta, int tb, int64_t m, int64_
                                   float *c, int64_t ldc, int64_t stride_c, int64_t batch,
                                   int64_t groups, int64_t group_a, int64_t group_b,
                                   int64_t group_c) {
-  (void)q;
   bf16_gemm g;
   memset(&g, 0, sizeof g);
   g.ta = ta, g.tb = tb, g.m = m, g.n = n, g.k = k, g.lda = lda, g.ldb = ldb, g.ldc = ldc;
   g.sa = stride_a, g.sb = stride_b, g.sc = stride_c, g.batch = batch;
   g.ga = group_a, g.gb = group_b, g.gc = group_c, g.groups = groups;
   g.alpha = alpha, g.beta = beta;
-  return run(&g, a, b, c);
+  return run(&g, a, b, c, ws_of(q));
 }

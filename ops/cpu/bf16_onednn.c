@@ -1,7 +1,9 @@
-/* bf16_onednn.c: each thread's scratch for the portable bf16 path and its cache of oneDNN matmul
- * primitives, one per GEMM shape, made at its first use and kept (a step's shapes repeat every
- * step): the oneDNN half of the bf16 GEMM (bf16.h). */
+/* bf16_onednn.c: each thread's own scratch for the bf16 GEMMs (where the workspace they are
+ * given is too small) and its cache of oneDNN matmul primitives, one per GEMM shape, made at its
+ * first use and kept (a step's shapes repeat every step), each with a user-managed scratchpad
+ * (so that the memory plan holds it): the oneDNN half of the bf16 GEMM (bf16.h). */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +30,8 @@ typedef struct mm_entry {
   int usable; /* 0: no bf16 implementation but oneDNN's reference one: the portable path */
   dnnl_primitive_t prim;
   dnnl_memory_t a, b, c;
+  dnnl_memory_t sp; /* its scratchpad (NULL when it needs none), of sp_bytes */
+  size_t sp_bytes;
   uint64_t used; /* the thread's clock at its last use, for eviction */
 } mm_entry;
 #endif
@@ -53,6 +57,7 @@ static void entry_free(mm_entry *e) {
   if (e->a) dnnl_memory_destroy(e->a);
   if (e->b) dnnl_memory_destroy(e->b);
   if (e->c) dnnl_memory_destroy(e->c);
+  if (e->sp) dnnl_memory_destroy(e->sp);
   memset(e, 0, sizeof *e);
 }
 #endif
@@ -83,6 +88,16 @@ static bf16_tls *tls_get(void) {
   return t;
 }
 
+static _Atomic uint64_t unplanned;
+
+uint64_t cpu_bf16_unplanned(void) { return atomic_load(&unplanned); }
+
+void *cpu_bf16_scratch_in(bf16_ws ws, size_t bytes) {
+  if (ws.p && bytes <= ws.bytes) return ws.p;
+  atomic_fetch_add(&unplanned, 1);
+  return cpu_bf16_scratch((bytes + sizeof(float) - 1) / sizeof(float));
+}
+
 float *cpu_bf16_scratch(size_t n) {
   bf16_tls *t = tls_get();
   if (!t) return NULL;
@@ -103,9 +118,16 @@ size_t cpu_bf16_scratch_floats(void) {
 
 #if !defined(PMAP_GEMM_DNNL)
 pmap_status cpu_bf16_onednn(const bf16_gemm *g, const pmap_bf16 *a, const pmap_bf16 *b, float *c,
-                            int *done) {
-  (void)g, (void)a, (void)b, (void)c;
+                            bf16_ws ws, int *done) {
+  (void)g, (void)a, (void)b, (void)c, (void)ws;
   *done = 0;
+  return PMAP_SUCCESS;
+}
+
+pmap_status cpu_bf16_onednn_scratch(const bf16_gemm *g, size_t *bytes, int *usable) {
+  (void)g;
+  *bytes = 0;
+  *usable = 0;
   return PMAP_SUCCESS;
 }
 #else
@@ -128,8 +150,9 @@ static dnnl_status_t operand_md(dnnl_memory_desc_t *md, dnnl_data_type_t dt, int
   return dnnl_memory_desc_init_by_strides(md, 2, dims, dt, str);
 }
 
-/* Makes e's primitive for its key: c = alpha a b (output scale) + beta c (a sum post-op). A
- * shape oneDNN cannot do in bf16 but with its reference code is marked unusable. */
+/* Makes e's primitive for its key: c = alpha a b (output scale) + beta c (a sum post-op), with
+ * a scratchpad the caller gives it. A shape oneDNN cannot do in bf16 but with its reference code
+ * is marked unusable. */
 static pmap_status entry_make(bf16_tls *t, mm_entry *e) {
   const bf16_gemm *g = &e->key;
   dnnl_memory_desc_t ad, bd, cd;
@@ -145,6 +168,7 @@ static pmap_status entry_make(bf16_tls *t, mm_entry *e) {
     s = operand_md(&cd, dnnl_f32, g->groups, g->gc, g->batch, g->sc, g->m, g->n, 0, g->ldc);
   if (s == dnnl_success) s = dnnl_matmul_desc_init(&md, &ad, &bd, NULL, &cd);
   if (s == dnnl_success) s = dnnl_primitive_attr_create(&attr);
+  if (s == dnnl_success) s = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
   if (s == dnnl_success && g->alpha != 1.0f)
     s = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &g->alpha);
   if (s == dnnl_success && g->beta != 0.0f) {
@@ -160,6 +184,11 @@ static pmap_status entry_make(bf16_tls *t, mm_entry *e) {
   if (e->usable && s == dnnl_success) s = dnnl_memory_create(&e->a, &ad, t->eng, DNNL_MEMORY_NONE);
   if (e->usable && s == dnnl_success) s = dnnl_memory_create(&e->b, &bd, t->eng, DNNL_MEMORY_NONE);
   if (e->usable && s == dnnl_success) s = dnnl_memory_create(&e->c, &cd, t->eng, DNNL_MEMORY_NONE);
+  if (e->usable && s == dnnl_success) {
+    const dnnl_memory_desc_t *sd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    e->sp_bytes = sd ? dnnl_memory_desc_get_size(sd) : 0;
+    if (e->sp_bytes) s = dnnl_memory_create(&e->sp, sd, t->eng, DNNL_MEMORY_NONE);
+  }
   if (pd) dnnl_primitive_desc_destroy(pd);
   if (po) dnnl_post_ops_destroy(po);
   if (attr) dnnl_primitive_attr_destroy(attr);
@@ -169,6 +198,27 @@ static pmap_status entry_make(bf16_tls *t, mm_entry *e) {
                   "oneDNN's bf16 matmul (m %lld n %lld k %lld, batch %lld) could not be made: "
                   "status %d",
                   (long long)g->m, (long long)g->n, (long long)g->k, (long long)g->batch, (int)s);
+}
+
+/* On this thread alone, as every GEMM of a device: oneDNN runs on OpenMP, whose thread count is
+ * the calling thread's setting (the float provider may be another library). one_thread returns
+ * what threads_back restores. */
+static int one_thread(void) {
+#if defined(PMAP_HAVE_OPENMP)
+  int threads = omp_get_max_threads();
+  if (threads != 1) omp_set_num_threads(1);
+  return threads;
+#else
+  return 1;
+#endif
+}
+
+static void threads_back(int threads) {
+#if defined(PMAP_HAVE_OPENMP)
+  if (threads != 1) omp_set_num_threads(threads);
+#else
+  (void)threads;
+#endif
 }
 
 /* The thread's entry for g, made now when it is new (the least recently used one gives way
@@ -200,7 +250,10 @@ static pmap_status entry_of(bf16_tls *t, const bf16_gemm *g, mm_entry **out) {
   memset(e, 0, sizeof *e);
   e->key = *g;
   e->used = t->clock;
+  /* Made for one thread, as it runs (its scratchpad is sized by the threads it is made for). */
+  int threads = one_thread();
   pmap_status st = entry_make(t, e);
+  threads_back(threads);
   if (st) {
     e->key.batch = -1; /* matches no call: the slot is reused first */
     e->used = 0;
@@ -210,29 +263,42 @@ static pmap_status entry_of(bf16_tls *t, const bf16_gemm *g, mm_entry **out) {
   return PMAP_SUCCESS;
 }
 
+pmap_status cpu_bf16_onednn_scratch(const bf16_gemm *g, size_t *bytes, int *usable) {
+  bf16_tls *t = tls_get();
+  if (!t) return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "gemm_bf16: out of memory for a thread's cache");
+  mm_entry *e = NULL;
+  PMAP_TRY(entry_of(t, g, &e));
+  *usable = e->usable;
+  *bytes = e->usable ? e->sp_bytes : 0;
+  return PMAP_SUCCESS;
+}
+
 pmap_status cpu_bf16_onednn(const bf16_gemm *g, const pmap_bf16 *a, const pmap_bf16 *b, float *c,
-                            int *done) {
+                            bf16_ws ws, int *done) {
   *done = 0;
   bf16_tls *t = tls_get();
   if (!t) return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "gemm_bf16: out of memory for a thread's cache");
   mm_entry *e = NULL;
   PMAP_TRY(entry_of(t, g, &e));
   if (!e->usable) return PMAP_SUCCESS;
+  void *sp = e->sp ? cpu_bf16_scratch_in(ws, e->sp_bytes) : NULL;
+  if (e->sp && !sp)
+    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY,
+                    "gemm_bf16: out of memory for oneDNN's scratchpad of %zu bytes (m %lld n %lld "
+                    "k %lld)",
+                    e->sp_bytes, (long long)g->m, (long long)g->n, (long long)g->k);
   dnnl_status_t s = dnnl_memory_set_data_handle(e->a, (void *)a);
   if (s == dnnl_success) s = dnnl_memory_set_data_handle(e->b, (void *)b);
   if (s == dnnl_success) s = dnnl_memory_set_data_handle(e->c, c);
-    /* On this thread alone, as every GEMM of a device: oneDNN runs on OpenMP, whose thread count
-   * is the calling thread's setting (the float provider may be another library). */
-#if defined(PMAP_HAVE_OPENMP)
-  int threads = omp_get_max_threads();
-  if (threads != 1) omp_set_num_threads(1);
-#endif
-  dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, e->a}, {DNNL_ARG_WEIGHTS, e->b}, {DNNL_ARG_DST, e->c}};
-  if (s == dnnl_success) s = dnnl_primitive_execute(e->prim, t->stream, 3, args);
+  if (s == dnnl_success && sp) s = dnnl_memory_set_data_handle(e->sp, sp);
+  int threads = one_thread();
+  dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, e->a},
+                             {DNNL_ARG_WEIGHTS, e->b},
+                             {DNNL_ARG_DST, e->c},
+                             {DNNL_ARG_SCRATCHPAD, e->sp}};
+  if (s == dnnl_success) s = dnnl_primitive_execute(e->prim, t->stream, sp ? 4 : 3, args);
   if (s == dnnl_success) s = dnnl_stream_wait(t->stream);
-#if defined(PMAP_HAVE_OPENMP)
-  if (threads != 1) omp_set_num_threads(threads);
-#endif
+  threads_back(threads);
   if (s != dnnl_success)
     return PMAP_ERR(PMAP_ERR_DEVICE,
                     "oneDNN's bf16 matmul (%c%c m %lld n %lld k %lld, batch %lld) failed: status "

@@ -37,6 +37,8 @@ cpu_cache *cpu_cache_of(op_queue *q);
 struct op_queue {
   int device;
   cpu_cache *cache; /* the primitives its convolutions made, and their workspace */
+  void *ws;         /* its bf16 GEMMs' workspace (op_backend.gemm16_set_workspace), of */
+  size_t ws_bytes;  /* bytes (NULL, 0: none) */
 };
 
 /* The entry kept under key, now the most recently used; NULL when there is none. */

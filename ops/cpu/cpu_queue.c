@@ -29,6 +29,8 @@ static pmap_status cpu_queue_create(const op_queue_init *init, op_queue **out) {
   }
   q->device = init->device;
   q->cache = c;
+  q->ws = NULL;
+  q->ws_bytes = 0;
   cpu_gemm_threads_set(1);
   *out = q;
   return PMAP_SUCCESS;
@@ -53,6 +55,15 @@ static pmap_status cpu_ready(const char *call) {
   return cpu_conv_ready(call);
 }
 
+static pmap_status cpu_gemm16_workspace(const ops_gemm16 *g, size_t *bytes) {
+  return cpu_bf16_workspace(g, bytes);
+}
+
+static void cpu_gemm16_set_workspace(op_queue *q, void *ws, size_t bytes) {
+  q->ws = ws;
+  q->ws_bytes = ws ? bytes : 0;
+}
+
 const op_backend pmap_cpu_op_backend = {
     .name = "cpu",
     .ops = &pmap_cpu_ops,
@@ -61,4 +72,6 @@ const op_backend pmap_cpu_op_backend = {
     .enter = cpu_enter,
     .leave = cpu_leave,
     .ready = cpu_ready,
+    .gemm16_workspace = cpu_gemm16_workspace,
+    .gemm16_set_workspace = cpu_gemm16_set_workspace,
 };

@@ -12,9 +12,10 @@ extern "C" const pmap_ops pmap_cuda_ops = {
 extern "C" pmap_status cuda_queue_create(const op_queue_init *init, op_queue **out);
 extern "C" void cuda_queue_destroy(op_queue *q);
 
+/* The bf16 GEMMs are cuBLAS's, which keep their own workspace (no gemm16 hooks). */
 extern "C" const op_backend pmap_cuda_op_backend = {
-    "cuda", &pmap_cuda_ops, cuda_queue_create, cuda_queue_destroy, NULL,
-    NULL,   NULL,           cuda_step_values,  cuda_decide,
+    "cuda", &pmap_cuda_ops, cuda_queue_create, cuda_queue_destroy, NULL, NULL, NULL,
+    cuda_step_values, cuda_decide, NULL, NULL,
 };
 
 extern "C" PMAP_PLUGIN_EXPORT uint64_t pmap_cuda_ops_entry(uint64_t abi, const pmap_base_i *base,
