@@ -342,8 +342,9 @@ typedef struct pmap_array {
 /* Convenience constructors; they only fill the struct. */
 PMAP_API pmap_array pmap_array_f32(float *data, int rank, const int64_t *shape);
 PMAP_API pmap_array pmap_array_i32(int32_t *data, int rank, const int64_t *shape);
-/* The product of a's extents: 0 for a NULL array or a rank outside 1..PMAP_MAX_RANK, -1 when an
- * extent is negative or the product does not fit in int64_t. */
+/* The product of a's extents: 0 for a NULL array or a rank outside 1..PMAP_MAX_RANK (and for an
+ * extent of 0, whatever the others), -1 when an extent is negative or the product does not fit
+ * in int64_t. */
 PMAP_API int64_t pmap_array_numel(const pmap_array *a);
 
 /* ------------------------------------------------------------------------------------------ */

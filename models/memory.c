@@ -2,6 +2,7 @@
  * the sizes the params allocated (params.c create_job) and what a step at the batch allocates
  * (exec.c replica_reserve: the activations of one micro-batch and, under bf16, the GEMMs'
  * workspace; the backend's staging). */
+#include <stddef.h>
 #include <stdint.h>
 
 #include "base/error.h"
@@ -73,7 +74,7 @@ pmap_status pmap_params_memory(const pmap_params *p, int64_t batch, pmap_memory_
         __builtin_add_overflow(m.total, m.optimizer, &m.total) ||
         __builtin_add_overflow(m.total, m.state, &m.total) ||
         __builtin_add_overflow(m.total, m.activations, &m.total) ||
-        __builtin_add_overflow(m.total, m.staging, &m.total);
+        __builtin_add_overflow(m.total, m.staging, &m.total) || m.total > (size_t)PTRDIFF_MAX;
   if (bad) {
     pmap_ctx_unlock(p->ctx);
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,

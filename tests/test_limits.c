@@ -167,6 +167,19 @@ static void numel(void) {
   a = pmap_array_f32(NULL, 2, u);
   CHECK(pmap_array_numel(&a) == (int64_t)1 << 60, "2^60: %lld", (long long)pmap_array_numel(&a));
   CHECK(pmap_array_numel(NULL) == 0, "NULL");
+  /* A zero extent anywhere makes 0, which fits, whatever the others multiply to. */
+  int64_t z[3][3] = {{0, INT64_C(1) << 62, INT64_C(1) << 62},
+                     {INT64_C(1) << 62, INT64_C(1) << 62, 0},
+                     {INT64_C(1) << 62, 0, INT64_C(1) << 62}};
+  for (int i = 0; i < 3; i++) {
+    a = pmap_array_f32(NULL, 3, z[i]);
+    CHECK(pmap_array_numel(&a) == 0, "a zero extent at %d: %lld", i,
+          (long long)pmap_array_numel(&a));
+  }
+  int64_t zn[2] = {0, -1};
+  a = pmap_array_f32(NULL, 2, zn);
+  CHECK(pmap_array_numel(&a) == -1, "a zero and a negative extent: %lld",
+        (long long)pmap_array_numel(&a));
 }
 
 /* An xs whose element count wraps, for a model whose input has the same trailing extents is
@@ -236,7 +249,44 @@ static void device_alloc(void) {
   pmap_ctx_destroy(ctx);
 }
 
+/* A plan past the address space is refused as such, not returned: at every batch up to the
+ * largest it takes (2^40) and 1 or 7 micro-batches, either a total that fits a pointer
+ * difference or PMAP_ERR_INVALID_ARGUMENT naming the address space. */
+static void plan_limits(void) {
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 1};
+  pmap_ctx *ctx = NULL;
+  CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+  int64_t in[1] = {1}; /* 2^20 outputs: 8 MiB of activations a row */
+  pmap_model *m = NULL;
+  CHECK_OK(pmap_model_create(1, in, &m));
+  if (m) CHECK_OK(pmap_model_add_dense(m, 1 << 20));
+  pmap_optimizer opt = pmap_sgd(0.1f, 0.0f);
+  pmap_params *p = NULL;
+  if (ctx && m) CHECK_OK(pmap_params_create(ctx, m, &opt, 1, &p));
+  int refused = 0;
+  for (int micro = 1; p && micro <= 7; micro += 6) {
+    CHECK_OK(pmap_params_set_micro_batches(p, micro));
+    for (int e = 20; e <= 40; e += 4) {
+      pmap_memory_plan plan;
+      pmap_status st = pmap_params_memory(p, (int64_t)1 << e, &plan);
+      if (st == PMAP_SUCCESS) {
+        CHECK(plan.total <= (size_t)PTRDIFF_MAX, "batch 2^%d, %d micro-batches: a plan of %zu bytes",
+              e, micro, plan.total);
+      } else {
+        refused++;
+        CHECK(st == PMAP_ERR_INVALID_ARGUMENT && strstr(pmap_last_error(), "address space"),
+              "batch 2^%d, %d micro-batches: status %d, %s", e, micro, st, pmap_last_error());
+      }
+    }
+  }
+  CHECK(refused > 0, "no batch up to 2^40 of 2^20 outputs was refused");
+  pmap_params_destroy(p);
+  pmap_model_destroy(m);
+  pmap_ctx_destroy(ctx);
+}
+
 int main(void) {
+  plan_limits();
   device_alloc();
   pieces();
   input_limits();
