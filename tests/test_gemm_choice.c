@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "pmap.h"
+#include "ops/cpu/gemm.h"
 #include "testutil.h"
 
 #define OUT_CAP 8192
@@ -313,6 +314,28 @@ static void test_isa_env(void) {
   CHECK(r.status == PMAP_ERR_INVALID_ARGUMENT && strstr(r.error, "PMAP_CPU_ISA=\"avx1024\"") &&
             strstr(r.error, "avx512_bf16") && strstr(r.error, "pmap_ctx_create"),
         "PMAP_CPU_ISA=avx1024: status %d, message %s", r.status, r.error);
+  char level[64]; /* and it names the CPU's own level */
+  snprintf(level, sizeof level, "this CPU has up to %s", machine >= 0 ? levels[machine] : "?");
+  CHECK(strstr(r.error, level) != NULL, "PMAP_CPU_ISA=avx1024: message %s lacks \"%s\"", r.error,
+        level);
+  /* A provider that picks its kernels itself (OpenBLAS, by the CPU or OPENBLAS_CORETYPE) cannot
+   * be forced above the cap: AVX2 kernels under sse41 are refused, naming both. */
+  const cpu_gemm_provider *cblas = cpu_gemm_find("cblas");
+  if (cblas && cblas->isa && machine >= 1) {
+    const char *env[] = {"PMAP_CPU_ISA=sse41", "PMAP_GEMM=cblas", "OPENBLAS_CORETYPE=Haswell",
+                         NULL};
+    run_child("plain", tmp, env, &r);
+    CHECK(r.status == PMAP_ERR_INVALID_ARGUMENT && strstr(r.error, "PMAP_GEMM=\"cblas\"") &&
+              strstr(r.error, "avx2") && strstr(r.error, "PMAP_CPU_ISA=\"sse41\""),
+          "PMAP_GEMM=cblas on Haswell kernels under sse41: status %d, message %s", r.status,
+          r.error);
+    const char *within[] = {"PMAP_CPU_ISA=avx2", "PMAP_GEMM=cblas", "OPENBLAS_CORETYPE=Haswell",
+                            NULL};
+    run_child("plain", tmp, within, &r);
+    CHECK(r.status == PMAP_SUCCESS && !strcmp(r.provider, "cblas"),
+          "PMAP_GEMM=cblas on Haswell kernels under avx2: status %d, provider %s (%s)", r.status,
+          r.provider, r.error);
+  }
   if (onednn && machine >= 3) {
     const char *env[] = {"PMAP_CPU_ISA=", "ONEDNN_MAX_CPU_ISA=AVX512_CORE", NULL};
     run_child("plain", tmp, env, &r);
@@ -384,6 +407,23 @@ static void test_cache(void) {
   write_file(path, "", 0);
   run_child("plain", dir, NULL, &r2);
   expect(&r2, PMAP_SUCCESS, NULL, "measured", "an empty cache");
+
+  /* A line of this key naming a built provider outside the key's list (one above the cap,
+   * under PMAP_CPU_ISA) is no hit: measured again, within the cap. */
+  const char *capped[] = {"PMAP_CPU_ISA=sse41", NULL};
+  write_file(path, "", 0);
+  run_child("plain", dir, capped, &r2);
+  file = read_file(path);
+  char ckey[512];
+  if (file) entry_key(file, ckey, sizeof ckey);
+  if (file && built("cblas") && !strstr(ckey, "cblas")) { /* OpenBLAS's kernels are above sse41 */
+    int clen = snprintf(planted, sizeof planted, "%s\tcblas\t\n", ckey);
+    write_file(path, planted, (size_t)clen);
+    run_child("plain", dir, capped, &r2);
+    expect(&r2, PMAP_SUCCESS, NULL, "measured", "a cached provider outside its key's list");
+    CHECK(strcmp(r2.provider, "cblas") != 0, "the cap's choice is cblas, above it");
+  }
+  free(file);
 
   /* Another machine's (or version's) line is no hit, and is kept. */
   const char *other = "Other CPU 9000\t9.9.9\tonednn,cblas\tcblas\tonednn=1/1 cblas=1/1\n";

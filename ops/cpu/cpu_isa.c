@@ -98,7 +98,8 @@ static void decide(void) {
   pmap_error_save(saved, sizeof saved); /* the reader's message is kept for cpu_isa_ready */
   env_status = pmap_env_choice("PMAP_CPU_ISA", choices, NLEVELS, &pick);
   if (env_status != PMAP_SUCCESS) {
-    snprintf(env_msg, sizeof env_msg, "%s", pmap_error_message());
+    snprintf(env_msg, sizeof env_msg, "%s (this CPU has up to %s)", pmap_error_message(),
+             names[machine]);
   } else if (pick < NLEVELS && (cpu_isa)pick > machine) {
     env_status = PMAP_ERR_UNAVAILABLE;
     snprintf(env_msg, sizeof env_msg,

@@ -270,7 +270,11 @@ static const cpu_gemm_provider *choose_among(const cpu_gemm_provider *list, int 
   if (cpu_isa_active() != cpu_isa_machine())
     append(key, sizeof key, &len, " PMAP_CPU_ISA=%s", cpu_isa_name(cpu_isa_active()));
   gemm_cache *c = use_cache ? gemm_cache_open(key) : NULL;
-  const cpu_gemm_provider *p = cpu_gemm_find(gemm_cache_lookup(c));
+  /* Only a provider of the key's list: a line naming another is as good as corrupt. */
+  const char *cached = gemm_cache_lookup(c);
+  const cpu_gemm_provider *p = NULL;
+  for (int i = 0; cached && i < n; i++)
+    if (strcmp(cached, list[i].name) == 0) p = cpu_gemm_find(list[i].name);
   if (p) {
     *reason = "cached";
   } else {
@@ -302,6 +306,18 @@ static void choose(void) {
   if (env_status != PMAP_SUCCESS) {
     atomic_store(
         &why, strstr(env_msg, "PMAP_GEMM_CACHE") ? "invalid PMAP_GEMM_CACHE" : "invalid PMAP_GEMM");
+    return;
+  }
+  if (p && p->isa && p->isa() > (int)cpu_isa_active()) {
+    /* A library that picks its kernels itself, above the cap: the cap would not hold. */
+    env_status = PMAP_ERR_INVALID_ARGUMENT;
+    snprintf(env_msg, sizeof env_msg,
+             "environment variable PMAP_GEMM=\"%s\" forces a GEMM whose kernels use %s "
+             "instructions, above PMAP_CPU_ISA=\"%s\" (within it: %s%s%s)",
+             p->name, cpu_isa_name((cpu_isa)p->isa()), cpu_isa_name(cpu_isa_active()),
+             within ? list[0].name : "none", within > 1 ? ", " : "",
+             within > 1 ? list[1].name : "");
+    atomic_store(&why, "PMAP_GEMM above PMAP_CPU_ISA");
     return;
   }
   if (atomic_load(&forced)) return;
