@@ -94,6 +94,15 @@ int main(void) {
   bad_dict("['descr']", f, sizeof f, "not a dict");
   bad_dict("{'descr': '<i8', 'fortran_order': False, 'shape': (2,), }", big, sizeof big,
            "outside the int32 range");
+  /* Finite doubles beyond float32's range are refused (they would become infinities), naming
+   * the element; infinities and NaN pass as they are, as in an f4 file. */
+  double huge[3] = {1.0, -1e39, 2.0}, edge[3] = {3.4028234663852886e38, -INFINITY, NAN};
+  bad_dict("{'descr': '<f8', 'fortran_order': False, 'shape': (3,), }", huge, sizeof huge,
+           "beyond float32");
+  float edge_f[3] = {3.4028234663852886e38f, -INFINITY, NAN};
+  for (int v = 1; v <= 3; v++)
+    ok_case(v, "{'descr': '<f8', 'fortran_order': False, 'shape': (3,), }", edge, sizeof edge,
+            PMAP_F32, 1, edge_f, NULL, 3);
   size_t total =
       build(img, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (6,), }", f, sizeof f);
   bad_case(img, 5, "magic");

@@ -149,7 +149,11 @@ static int convert(const unsigned char *src, int64_t n, npy_array *a, char *msg,
     } else if (f8) {
       double v;
       memcpy(&v, src + i * 8, 8);
-      ((float *)a->data)[i] = (float)v;
+      float f = (float)v;
+      if (isfinite(v) && !isfinite(f)) /* it would train on an infinity the file does not hold */
+        return fail(msg, size, "element %lld is %.17g, finite but beyond float32's range",
+                    (long long)i, v);
+      ((float *)a->data)[i] = f;
     } else if (i8) {
       int64_t v;
       memcpy(&v, src + i * 8, 8);
