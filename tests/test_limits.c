@@ -270,8 +270,8 @@ static void plan_limits(void) {
       pmap_memory_plan plan;
       pmap_status st = pmap_params_memory(p, (int64_t)1 << e, &plan);
       if (st == PMAP_SUCCESS) {
-        CHECK(plan.total <= (size_t)PTRDIFF_MAX, "batch 2^%d, %d micro-batches: a plan of %zu bytes",
-              e, micro, plan.total);
+        CHECK(plan.total <= (size_t)PTRDIFF_MAX,
+              "batch 2^%d, %d micro-batches: a plan of %zu bytes", e, micro, plan.total);
       } else {
         refused++;
         CHECK(st == PMAP_ERR_INVALID_ARGUMENT && strstr(pmap_last_error(), "address space"),

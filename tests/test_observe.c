@@ -156,8 +156,9 @@ static void plan16_case(const char *provider, int gpt, int tied, int micro, int6
   CHECK(cpu_bf16_unplanned() == before, "%s: %llu GEMMs took scratch outside the plan", what,
         (unsigned long long)(cpu_bf16_unplanned() - before));
   for (int d = 0; d < 2; d++)
-    CHECK(in_use(ctx, d) - base[d] == plan.total, "%s: device %d holds %zu bytes, the plan says %zu",
-          what, d, in_use(ctx, d) - base[d], plan.total);
+    CHECK(in_use(ctx, d) - base[d] == plan.total,
+          "%s: device %d holds %zu bytes, the plan says %zu", what, d, in_use(ctx, d) - base[d],
+          plan.total);
   /* The workspace is in the plan: more than the same params' plan under fp32 by at least the
    * bfloat16 copies' bytes alone would explain (which are 2 per parameter and activation kept). */
   CHECK_OK(pmap_params_set_precision(p, PMAP_PRECISION_FP32));

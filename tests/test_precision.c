@@ -239,8 +239,7 @@ static void conv_bias(void) {
       for (int d = 1; d <= 2; d++) conv_bias_case(paths[i], relu, d);
   }
   const char *env = getenv("PMAP_CONV");
-  if (cpu_conv_force(env && *env ? env : "auto"))
-    CHECK_OK(cpu_conv_force("im2col"));
+  if (cpu_conv_force(env && *env ? env : "auto")) CHECK_OK(cpu_conv_force("im2col"));
 }
 
 /* One SGD step of a dense ReLU net under bf16 where every float sum is exact: inputs in

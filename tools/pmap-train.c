@@ -121,10 +121,11 @@ static void print_json(const opts *o, const result *r) {
   printf(", \"bf16_gemm_reason\": ");
   json_string(stdout, pmap_bf16_reason());
   /* The CPU convolutions' path per shape: how many shapes took each, per pass. */
-  printf(", \"conv_choices\": {\"forward\": {\"onednn\": %d, \"im2col\": %d}, "
-         "\"backward\": {\"onednn\": %d, \"im2col\": %d}}",
-         pmap_conv_choices("forward", "onednn"), pmap_conv_choices("forward", "im2col"),
-         pmap_conv_choices("backward", "onednn"), pmap_conv_choices("backward", "im2col"));
+  printf(
+      ", \"conv_choices\": {\"forward\": {\"onednn\": %d, \"im2col\": %d}, "
+      "\"backward\": {\"onednn\": %d, \"im2col\": %d}}",
+      pmap_conv_choices("forward", "onednn"), pmap_conv_choices("forward", "im2col"),
+      pmap_conv_choices("backward", "onednn"), pmap_conv_choices("backward", "im2col"));
   printf(", \"devices\": ");
   json_count(r->devices);
   printf(", \"processes\": ");

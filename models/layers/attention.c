@@ -235,18 +235,21 @@ static pmap_status backward16(const layer *l, replica *r, int i, const float *dy
 static int gemms16(const layer *l, int64_t bd, ops_gemm16 *g) {
   attn_dims a = dims_of(l, bd);
   int64_t e3 = 3 * a.e, tt = a.t * a.t, gp = a.h * tt, go = a.t * a.e;
-  g[0] = layer_gemm16(0, 0, a.rows, e3, a.d, a.d, e3, 0.0f, e3); /* qkv = x Wqkv */
+  /* forward: qkv = x Wqkv; S = Q K^T (and dP = dO V^T); O = P V (and dQ = dS K); y = O Wo */
+  g[0] = layer_gemm16(0, 0, a.rows, e3, a.d, a.d, e3, 0.0f, e3);
   g[1] = layer_gemm16_strided(0, 1, a.t, a.t, a.hs, a.e, a.hs, a.e, a.hs, 0.0f, a.t, tt, a.h, bd,
-                              go, go, gp); /* S = Q K^T; dP = dO V^T */
+                              go, go, gp);
   g[2] = layer_gemm16_strided(0, 0, a.t, a.hs, a.t, a.t, tt, a.e, a.hs, 0.0f, a.e, a.hs, a.h, bd,
-                              gp, go, go); /* O = P V; dQ = dS K */
-  g[3] = layer_gemm16(0, 0, a.rows, a.d, a.e, a.e, a.d, 0.0f, a.d);      /* y = O Wo */
-  g[4] = layer_gemm16(1, 0, a.e, a.d, a.rows, a.e, a.d, 1.0f, a.d);      /* dWo += O^T dy */
-  g[5] = layer_gemm16(0, 1, a.rows, a.e, a.d, a.d, a.d, 0.0f, a.e);      /* dO = dy Wo^T */
+                              gp, go, go);
+  g[3] = layer_gemm16(0, 0, a.rows, a.d, a.e, a.e, a.d, 0.0f, a.d);
+  /* backward: dWo += O^T dy; dO = dy Wo^T; dV = P^T dO (and dK = dS^T Q); dWqkv += x^T dqkv;
+   * dx = dqkv Wqkv^T */
+  g[4] = layer_gemm16(1, 0, a.e, a.d, a.rows, a.e, a.d, 1.0f, a.d);
+  g[5] = layer_gemm16(0, 1, a.rows, a.e, a.d, a.d, a.d, 0.0f, a.e);
   g[6] = layer_gemm16_strided(1, 0, a.t, a.hs, a.t, a.t, tt, a.e, a.hs, 0.0f, a.e, a.hs, a.h, bd,
-                              gp, go, go); /* dV = P^T dO; dK = dS^T Q */
-  g[7] = layer_gemm16(1, 0, a.d, e3, a.rows, a.d, e3, 1.0f, e3); /* dWqkv += x^T dqkv */
-  g[8] = layer_gemm16(0, 1, a.rows, a.d, e3, e3, e3, 0.0f, a.d); /* dx = dqkv Wqkv^T */
+                              gp, go, go);
+  g[7] = layer_gemm16(1, 0, a.d, e3, a.rows, a.d, e3, 1.0f, e3);
+  g[8] = layer_gemm16(0, 1, a.rows, a.d, e3, e3, e3, 0.0f, a.d);
   return 9;
 }
 

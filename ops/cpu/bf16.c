@@ -139,8 +139,8 @@ static pmap_status portable_one(const bf16_gemm *g, const pmap_bf16 *a, const pm
   return PMAP_SUCCESS;
 }
 
-pmap_status cpu_bf16_portable(const bf16_gemm *g, const pmap_bf16 *a, const pmap_bf16 *b,
-                              float *c, bf16_ws ws) {
+pmap_status cpu_bf16_portable(const bf16_gemm *g, const pmap_bf16 *a, const pmap_bf16 *b, float *c,
+                              bf16_ws ws) {
   for (int64_t o = 0; o < g->groups; o++)
     for (int64_t i = 0; i < g->batch; i++)
       PMAP_TRY(portable_one(g, a + o * g->ga + i * g->sa, b + o * g->gb + i * g->sb,

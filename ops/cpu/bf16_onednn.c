@@ -168,7 +168,8 @@ static pmap_status entry_make(bf16_tls *t, mm_entry *e) {
     s = operand_md(&cd, dnnl_f32, g->groups, g->gc, g->batch, g->sc, g->m, g->n, 0, g->ldc);
   if (s == dnnl_success) s = dnnl_matmul_desc_init(&md, &ad, &bd, NULL, &cd);
   if (s == dnnl_success) s = dnnl_primitive_attr_create(&attr);
-  if (s == dnnl_success) s = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+  if (s == dnnl_success)
+    s = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
   if (s == dnnl_success && g->alpha != 1.0f)
     s = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &g->alpha);
   if (s == dnnl_success && g->beta != 0.0f) {

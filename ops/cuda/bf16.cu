@@ -38,8 +38,8 @@ extern "C" pmap_status cuda_round_bf16(op_queue *q, const float *x, pmap_bf16 *y
 }
 
 extern "C" pmap_status cuda_round_bf16_block(op_queue *q, const float *x, int64_t ldx,
-                                             const float *b, float *db, pmap_bf16 *y16,
-                                             int64_t ldy, int64_t rows, int64_t cols) {
+                                             const float *b, float *db, pmap_bf16 *y16, int64_t ldy,
+                                             int64_t rows, int64_t cols) {
   if (db && ldx != cols)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "round_bf16_block: a bias gradient needs ldx %lld = cols %lld", (long long)ldx,

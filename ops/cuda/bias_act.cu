@@ -21,8 +21,7 @@ static void bias_act_forward_launch(cudaStream_t stream, int act, float *y, cons
 }
 
 extern "C" pmap_status cuda_bias_act_forward(op_queue *q, pmap_act act, float *y, const float *b,
-                                             int64_t outer, int64_t ch, float *z,
-                                             pmap_bf16 *z16) {
+                                             int64_t outer, int64_t ch, float *z, pmap_bf16 *z16) {
   size_t n = (size_t)(outer * ch);
   if (n == 0) return PMAP_SUCCESS;
   bias_act_forward_launch(q->stream, (int)act, y, b, n, ch, z, z16);

@@ -14,8 +14,9 @@ extern "C" void cuda_queue_destroy(op_queue *q);
 
 /* The bf16 GEMMs are cuBLAS's, which keep their own workspace (no gemm16 hooks). */
 extern "C" const op_backend pmap_cuda_op_backend = {
-    "cuda", &pmap_cuda_ops, cuda_queue_create, cuda_queue_destroy, NULL, NULL, NULL,
-    cuda_step_values, cuda_decide, NULL, NULL,
+    "cuda", &pmap_cuda_ops, cuda_queue_create, cuda_queue_destroy, NULL,
+    NULL,   NULL,           cuda_step_values,  cuda_decide,        NULL,
+    NULL,
 };
 
 extern "C" PMAP_PLUGIN_EXPORT uint64_t pmap_cuda_ops_entry(uint64_t abi, const pmap_base_i *base,

@@ -5,8 +5,8 @@
 
 /* vals non-NULL (a fast step): the settings come from there, and a skipped step changes
  * nothing. */
-static __global__ void sgd_step_kernel(float *w, const float *g, float *v, pmap_bf16 *w16,
-                                       size_t n, pmap_step_hyper h, const cuda_step_vals *vals) {
+static __global__ void sgd_step_kernel(float *w, const float *g, float *v, pmap_bf16 *w16, size_t n,
+                                       pmap_step_hyper h, const cuda_step_vals *vals) {
   if (vals) {
     if (vals->skip) return;
     h = vals->hyper;
@@ -20,9 +20,8 @@ static __global__ void sgd_step_kernel(float *w, const float *g, float *v, pmap_
   }
 }
 
-static void sgd_step_launch(cudaStream_t stream, float *w, const float *g, float *v,
-                            pmap_bf16 *w16, size_t n, const pmap_step_hyper *h,
-                            const cuda_step_vals *vals) {
+static void sgd_step_launch(cudaStream_t stream, float *w, const float *g, float *v, pmap_bf16 *w16,
+                            size_t n, const pmap_step_hyper *h, const cuda_step_vals *vals) {
   sgd_step_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, stream>>>(w, g, v, w16, n, *h, vals);
 }
 
