@@ -227,6 +227,17 @@ static void pieces(void) {
     }
 }
 
+/* Under the sanitizers an allocation too large for them returns NULL, as it does from the C
+ * library, instead of ending the process (their options from the environment still apply). */
+#if defined(__SANITIZE_ADDRESS__)
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+#endif
+#if defined(__SANITIZE_THREAD__)
+const char *__tsan_default_options(void);
+const char *__tsan_default_options(void) { return "allocator_may_return_null=1"; }
+#endif
+
 /* An allocation the device cannot make, inside a mapped function: refused by the call that was
  * made, named first, *out NULL. */
 static pmap_status huge_alloc(pmap_device *dev, void *arg) {
