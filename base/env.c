@@ -20,8 +20,10 @@ pmap_status pmap_env_long(const char *name, long lo, long hi, long dflt, long *o
   if (!s) return PMAP_SUCCESS;
   char *end = NULL;
   errno = 0;
-  long v = strtol(s, &end, 10);
-  if (errno || end == s || *end || v < lo || v > hi)
+  /* Decimal digits, a minus sign first at most: no spaces or plus sign, at either end. */
+  int digits = (*s >= '0' && *s <= '9') || (*s == '-' && s[1] >= '0' && s[1] <= '9');
+  long v = digits ? strtol(s, &end, 10) : 0;
+  if (!digits || errno || end == s || *end || v < lo || v > hi)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "environment variable %s=\"%s\" is not an integer in [%ld, %ld]", name, s, lo,
                     hi);

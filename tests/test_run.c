@@ -238,7 +238,7 @@ static void test_create(void) {
           pmap_backend_name(pmap_ctx_backend(ctx)));
     pmap_ctx_destroy(ctx);
   }
-  static const char *const bad_env[] = {"abc", "0", "65", "3x", "-1"};
+  static const char *const bad_env[] = {"abc", "0", "65", "3x", "-1", " 3", "3 ", "+3", "\t3"};
   for (size_t k = 0; k < sizeof bad_env / sizeof bad_env[0]; k++) {
     setenv("PMAP_CPU_DEVICES", bad_env[k], 1);
     check_create_fails(PMAP_BACKEND_CPU, PMAP_DEVICES_DEFAULT, PMAP_ERR_INVALID_ARGUMENT,
