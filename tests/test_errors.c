@@ -148,6 +148,15 @@ static void bad_setup(void) {
   CHECK(m == (pmap_model *)0x1, "a failed create changed *out");
   CHECK_OK(pmap_model_create(3, img, &m));
   CHECK_FAILS(pmap_model_add_dense(m, 4), PMAP_ERR_INVALID_ARGUMENT, "add a flatten layer first");
+  CHECK_FAILS(pmap_model_add_dense(m, 4), PMAP_ERR_INVALID_ARGUMENT, "rank 3 (1 x 8 x 8)");
+  {
+    int64_t tokens[1] = {6}; /* (T, D) token vectors: only their own extents named */
+    pmap_model *t = NULL;
+    CHECK_OK(pmap_model_create(1, tokens, &t));
+    CHECK_OK(pmap_model_add_embedding(t, 10, 4));
+    CHECK_FAILS(pmap_model_add_dense(t, 3), PMAP_ERR_INVALID_ARGUMENT, "rank 2 (6 x 4);");
+    pmap_model_destroy(t);
+  }
   CHECK_FAILS(pmap_model_add_conv2d(m, 2, 9, 9, 1, 0), PMAP_ERR_INVALID_ARGUMENT,
               "kernel 9x9 does not fit input 8x8");
   CHECK_FAILS(pmap_model_add_conv2d(m, 2, 3, 3, 0, 1), PMAP_ERR_INVALID_ARGUMENT, "stride 0");

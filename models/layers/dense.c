@@ -94,11 +94,16 @@ pmap_status pmap_model_add_dense(pmap_model *m, int64_t units) {
   const char *call = "pmap_model_add_dense";
   layer l;
   PMAP_TRY(layer_start(m, &dense_class, call, &l));
-  if (l.in_rank != 1)
+  if (l.in_rank != 1) {
+    char shape[80];
+    int n = snprintf(shape, sizeof shape, "%lld", (long long)l.in_shape[0]);
+    for (int i = 1; i < l.in_rank && i < 3 && n > 0 && (size_t)n < sizeof shape; i++)
+      n += snprintf(shape + n, sizeof shape - (size_t)n, " x %lld", (long long)l.in_shape[i]);
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                    "%s: input of rank %d (%lld x %lld x %lld); add a flatten layer first", call,
-                    l.in_rank, (long long)l.in_shape[0], (long long)l.in_shape[1],
-                    (long long)l.in_shape[2]);
+                    "%s: input of rank %d (%s); add a flatten layer first (or token_dense for "
+                    "(T, F) tokens)",
+                    call, l.in_rank, shape);
+  }
   if (units <= 0 || units > (1 << 24))
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: units %lld is outside 1..%d", call,
                     (long long)units, 1 << 24);
