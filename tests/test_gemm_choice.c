@@ -18,6 +18,7 @@
 
 #include "pmap.h"
 #include "ops/cpu/gemm.h"
+#include "child_run.h"
 #include "testutil.h"
 
 #define OUT_CAP 8192
@@ -81,31 +82,8 @@ static char tmp[64];
 static void run_child(const char *mode, const char *cache, const char *const *env, report *r) {
   memset(r, 0, sizeof *r);
   r->status = -1;
-  int fd[2];
-  if (pipe(fd)) exit(2);
-  fflush(stdout);
-  pid_t pid = fork();
-  if (pid == 0) {
-    dup2(fd[1], 1);
-    close(fd[0]);
-    unsetenv("PMAP_GEMM");
-    unsetenv("PMAP_GEMM_CACHE");
-    unsetenv("PMAP_GEMM_BF16");
-    setenv("XDG_CACHE_HOME", cache, 1);
-    for (int i = 0; env && env[i]; i++) putenv((char *)env[i]);
-    execl("/proc/self/exe", "test_gemm_choice", "child", mode, (char *)NULL);
-    _exit(3);
-  }
-  close(fd[1]);
-  size_t len = 0;
-  ssize_t got;
-  while (len < sizeof r->out - 1 && (got = read(fd[0], r->out + len, sizeof r->out - 1 - len)) > 0)
-    len += (size_t)got;
-  close(fd[0]);
-  int ws = 0;
-  waitpid(pid, &ws, 0);
-  CHECK(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "child %s exited with wait status %d: %s", mode, ws,
-        r->out);
+  static const char *const unset[] = {"PMAP_GEMM", "PMAP_GEMM_CACHE", "PMAP_GEMM_BF16", NULL};
+  child_run("test_gemm_choice", mode, cache, unset, env, r->out, sizeof r->out);
   const char *s = strstr(r->out, "status ");
   if (s) sscanf(s, "status %d", &r->status);
   s = strstr(r->out, "provider ");

@@ -463,6 +463,21 @@ static void *graph_init_main(void *p) {
 /* Every device's blocking rank for its captured steps (cuda_ctx.graph_comms), one communicator
  * apart from the non-blocking one, within CUDA_STARTUP_TIMEOUT_NS. In one process only: the fast
  * steps that capture do not run across processes. */
+/* The communicators' settings: blocking or not, and the CTA limits measured for the GPU. */
+static ncclConfig_t nccl_config(const cuda_ctx *cc, int blocking) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = blocking;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 17, 0)
+  if (cc->cta_max > 0) {
+    config.minCTAs = cc->cta_min;
+    config.maxCTAs = cc->cta_max;
+  }
+#else
+  (void)cc;
+#endif
+  return config;
+}
+
 static pmap_status graph_comms_create(cuda_ctx *cc) {
   graph_init *g = calloc(1, sizeof *g);
   if (!g) return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "CUDA backend: out of memory");
@@ -476,15 +491,7 @@ static pmap_status graph_comms_create(cuda_ctx *cc) {
     return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "CUDA backend: out of memory for %d devices", cc->n);
   }
   memcpy(g->gpus, cc->gpus, (size_t)cc->n * sizeof *g->gpus);
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 1;
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 17, 0)
-  if (cc->cta_max > 0) {
-    config.minCTAs = cc->cta_min;
-    config.maxCTAs = cc->cta_max;
-  }
-#endif
-  g->config = config;
+  g->config = nccl_config(cc, 1);
   ncclResult_t idr = ncclGetUniqueId(&g->id);
   pthread_t t;
   int e = idr == ncclSuccess ? pthread_create(&t, NULL, graph_init_main, g) : 0;
@@ -550,14 +557,7 @@ static pmap_status comms_create(pmap_ctx *ctx, cuda_ctx *cc) {
   (void)ctx;
   NCCL_CHECK(NULL, ncclGetUniqueId(&id));
 #endif
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 17, 0)
-  if (cc->cta_max > 0) {
-    config.minCTAs = cc->cta_min;
-    config.maxCTAs = cc->cta_max;
-  }
-#endif
+  ncclConfig_t config = nccl_config(cc, 0);
   /* NCCL switches devices while it sets up each rank: keep the caller's current device. */
   int saved = -1;
   if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
