@@ -203,16 +203,20 @@ PMAP_HD static inline float pmap_gelu_clamp(float x) {
   xc = pmap_sel(x > 10.5f, 10.5f, xc);
   return pmap_sel(x == x, xc, 0.0f);
 }
-/* exp(-|u|) 2^64 for a clamped x: u formed and reduced (-|u| = n ln2 + r) in double, where
- * float would lose up to ~100 ulps in the tail (GELU's condition number is large there), then
- * the polynomial in float. */
+/* exp(-|u|) 2^64 for a clamped x. -|u| = s (-2c - 2ca s^2) with s = |x| (u has x's sign), formed
+ * and reduced (-|u| = n ln2 + r) in double, where float would lose up to ~100 ulps in the tail
+ * (GELU's condition number is large there), then the polynomial in float and one exact power of
+ * two. Where 2^(n + 64) is below the least normal float (n < -190: exp(-|u|) < 2^-190, so GELU
+ * and its gradient round to zero from any e below 2^-126) the power is held at 2^-126: the
+ * results still round to the same zero. */
 PMAP_HD static inline float pmap_gelu_big_e(float xc) {
-  double xd = (double)xc;
-  double u = 2.0 * PMAP_GELU_C * (xd + PMAP_GELU_A * xd * xd * xd);
-  double v = -fabs(u);
+  double s = (double)fabsf(xc);
+  double v = s * (-2.0 * PMAP_GELU_C + (-2.0 * PMAP_GELU_C * PMAP_GELU_A) * (s * s));
   double nd = (v * 1.4426950408889634 + 6755399441055744.0) - 6755399441055744.0;
   float r = (float)(v - nd * 0.6931471805599453);
-  return pmap_ldexp2(pmap_exp_poly(r), (int32_t)nd, 64);
+  int32_t e = (int32_t)nd + 64 + 127; /* the biased exponent of 2^(n + 64) */
+  e = e < 1 ? 1 : e;
+  return pmap_exp_poly(r) * pmap_float_of_bits((uint32_t)e << 23);
 }
 PMAP_HD static inline float pmap_gelu(float x) {
 #ifdef __CUDA_ARCH__
@@ -237,7 +241,9 @@ PMAP_HD static inline float pmap_gelu_grad(float x, float dy) {
   float g = s + x * du * s * (1.0f - s);
 #else
   float xc = pmap_gelu_clamp(x), big_e = pmap_gelu_big_e(xc);
-  float du = (float)(2.0 * PMAP_GELU_C * (1.0 + 3.0 * PMAP_GELU_A * (double)x * (double)x));
+  /* u' from the clamped x: beyond the clamp the term it scales no longer counts. */
+  double ax = (double)fabsf(xc);
+  float du = (float)(2.0 * PMAP_GELU_C + (6.0 * PMAP_GELU_C * PMAP_GELU_A) * (ax * ax));
   float d = 1.0f + big_e * 0x1p-64f;
   float s = pmap_sel(xc >= 0.0f, 0x1p64f, big_e) / d;
   float g = (s + x * du * (big_e / (d * d))) * 0x1p-64f;

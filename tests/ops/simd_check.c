@@ -131,6 +131,16 @@ static void elementwise(void) {
     keep(name, db, 61);
     keep(name, (float *)(void *)h16, 17 * 61 / 2);
   }
+  /* The transcendentals' tails and clamps too (GELU's e held at 2^-126 below x ~ -10.2, its
+   * clamps at -12 and 10.5, tanh's and sigmoid's saturation). */
+  float *xw = filled(N, -24, 24);
+  for (int a = 0; a < 3; a++) {
+    snprintf(name, sizeof name, "act %s (wide)", act[a]);
+    KEEP(name, OPS.act_forward(NULL, (pmap_act)a, xw, o, N), o, N);
+    snprintf(name, sizeof name, "act_backward %s (wide)", act[a]);
+    KEEP(name, OPS.act_backward(NULL, (pmap_act)a, xw, o, dy, z, N), z, N);
+  }
+  free(xw);
   free(x), free(y), free(dy), free(o), free(b), free(db), free(z), free(h16);
 }
 
