@@ -697,7 +697,11 @@ PMAP_API const char *pmap_precision_name(pmap_precision precision);
 PMAP_API pmap_status pmap_precision_parse(const char *name, pmap_precision *out);
 
 /* Sharded forward pass: out (B, output shape...) f32, written in batch order. xs as for
- * pmap_update. Returns the same statuses as pmap_update; out->shape must match exactly. */
+ * pmap_update. Returns the same statuses as pmap_update; out->shape must match exactly. Each
+ * device runs its rows in pieces of at most its share of a micro-batch and, once a pmap_update
+ * (or pmap_predict) has sized its activations, of at most the rows they were sized for: a
+ * prediction of any number of rows after a step allocates nothing beyond that step's
+ * pmap_params_memory plan (before any step, the first call sizes them for its own pieces). */
 PMAP_API pmap_status pmap_predict(pmap_params *params, const pmap_array *xs, pmap_array *out);
 
 /* Copies the parameters of device `device`'s replica into dst (count == pmap_params_count()).

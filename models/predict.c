@@ -1,6 +1,7 @@
 /* predict.c: pmap_predict, the sharded forward pass: each device runs its rows through the model
  * in inference mode (batch norm's running statistics, dropout the identity) in pieces of at most
- * the micro-batch size, and writes its outputs at their rows of out. */
+ * the micro-batch size and of at most the rows its arena holds already, and writes its outputs at
+ * their rows of out. */
 #include <stdio.h>
 
 #include "base/error.h"
@@ -24,6 +25,9 @@ static pmap_status predict_job(pmap_device *dev, void *arg) {
   batch_device_rows(c->batch, p->n, d, &lo, &rows);
   size_t k = (size_t)m->layers[m->n_layers - 1].out_size;
   int64_t piece = (rows + p->micro_batches - 1) / p->micro_batches;
+  /* Never more rows at a time than the arena already holds (a step's micro-batch): a prediction
+   * after a step allocates nothing beyond that step's memory plan, however many rows it takes. */
+  if (r->rows > 0 && piece > r->rows) piece = r->rows;
   PMAP_TRY(replica_reserve(dev, m, r, piece));
   PMAP_TRY(model_weights16(m, r));
   r->inference = 1; /* batch norm: running statistics; dropout: the identity */

@@ -32,6 +32,43 @@ static pmap_model *small_model(int batchnorm) {
 }
 
 /* One step of `batch` rows on a context of 4 devices; the plan against each device's bytes. */
+/* A prediction of 5 times the step's rows after the step allocates nothing beyond the plan:
+ * each device runs them in pieces of the rows its arena holds. With one micro-batch and an even
+ * split, device d's rows are its share of xs five times over, so each piece is that share and
+ * runs the same kernels on the same rows as pmap_predict on xs: the outputs are the same bits. */
+static void predict_within_plan(const char *what, pmap_ctx *ctx, pmap_params *p,
+                                const pmap_array *xs, int same_pieces, const size_t *base,
+                                size_t total) {
+  int64_t batch = xs->shape[0], f = xs->shape[1], share = batch / 4, big = 5 * batch;
+  float *x = malloc(sizeof *x * (size_t)(big * f)), *out = malloc(sizeof *out * (size_t)big * 5);
+  float *small = malloc(sizeof *small * (size_t)batch * 5);
+  for (int64_t r = 0; r < big; r++) { /* device d's rows: its share of xs, 5 times */
+    int64_t d = r / (5 * share), k = r % share;
+    int64_t src = same_pieces ? d * share + k : r % batch;
+    memcpy(x + r * f, (const float *)xs->data + src * f, sizeof *x * (size_t)f);
+  }
+  int64_t xshape[2] = {big, f}, oshape[2] = {big, 5}, sshape[2] = {batch, 5};
+  pmap_array bx = pmap_array_f32(x, 2, xshape), bo = pmap_array_f32(out, 2, oshape);
+  pmap_array so = pmap_array_f32(small, 2, sshape);
+  CHECK_OK(pmap_predict(p, &bx, &bo));
+  for (int d = 0; d < 4; d++) {
+    size_t used = in_use(ctx, d) - base[d];
+    CHECK(used <= total, "%s: device %d holds %zu bytes after predicting %lld rows, the plan %zu",
+          what, d, used, (long long)big, total);
+  }
+  if (same_pieces) {
+    CHECK_OK(pmap_predict(p, xs, &so));
+    long bad = 0;
+    for (int64_t r = 0; r < big; r++) {
+      int64_t d = r / (5 * share), k = r % share;
+      bad += memcmp(out + r * 5, small + (d * share + k) * 5, 5 * sizeof *out) != 0;
+    }
+    CHECK(bad == 0, "%s: %ld of %lld rows predicted in pieces differ from the step-sized call",
+          what, bad, (long long)big);
+  }
+  free(x), free(out), free(small);
+}
+
 static void plan_case(const char *what, int shard, int uneven, int micro, int batchnorm,
                       int64_t batch) {
   pmap_config cfg = {.backend = PMAP_BACKEND_CPU,
@@ -78,6 +115,7 @@ static void plan_case(const char *what, int shard, int uneven, int micro, int ba
       CHECK(used <= plan.total, "%s: device %d holds %zu bytes, over the plan's %zu", what, d, used,
             plan.total);
   }
+  predict_within_plan(what, ctx, p, &xs, micro == 1 && batch % 4 == 0, base, plan.total);
   CHECK_FAILS(pmap_params_memory(p, 3, &plan), PMAP_ERR_INVALID_ARGUMENT, "batch 3");
   /* A batch pmap_update would refuse is not planned either. */
   if (!uneven)
