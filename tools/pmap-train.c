@@ -733,7 +733,7 @@ int main(int argc, char **argv) {
       printf("step %6lld  loss %.6f  samples/s %.0f", (long long)t, (double)loss, rate);
       if (lm) printf("  tokens/s %.0f", rate * (double)o.context);
       if (o.text) {
-        if (text_eval(&text, params, n, &r.eval_loss, why, sizeof why)) {
+        if (text_eval(&text, params, n, o.batch / procs, &r.eval_loss, why, sizeof why)) {
           printf("\n");
           failf(&r, "step %lld: held-out loss: %s", (long long)t, why);
           goto out;
@@ -741,7 +741,8 @@ int main(int argc, char **argv) {
         printf("  eval loss %.4f  ppl %.3f", r.eval_loss, exp(r.eval_loss));
       }
       if (data.eval_rows) {
-        if (train_data_eval(&data, params, n, &r.eval_loss, &r.eval_accuracy, why, sizeof why)) {
+        if (train_data_eval(&data, params, n, o.batch / procs, &r.eval_loss, &r.eval_accuracy, why,
+                            sizeof why)) {
           printf("\n");
           failf(&r, "step %lld: evaluation: %s", (long long)t, why);
           goto out;
@@ -820,7 +821,7 @@ int main(int argc, char **argv) {
            r.tps, r.gflops, flops_per_sample / 6e6);
   }
   if (o.text) {
-    if (text_eval(&text, params, n, &r.eval_loss, why, sizeof why)) {
+    if (text_eval(&text, params, n, o.batch / procs, &r.eval_loss, why, sizeof why)) {
       failf(&r, "held-out loss: %s", why);
       goto out;
     }
@@ -834,7 +835,8 @@ int main(int argc, char **argv) {
     r.b = w0[1];
   }
   if (data.eval_rows) {
-    if (train_data_eval(&data, params, n, &r.eval_loss, &r.eval_accuracy, why, sizeof why)) {
+    if (train_data_eval(&data, params, n, o.batch / procs, &r.eval_loss, &r.eval_accuracy, why,
+                        sizeof why)) {
       failf(&r, "evaluation: %s", why);
       goto out;
     }

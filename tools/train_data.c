@@ -181,12 +181,14 @@ int train_data_batch(train_data *d, int64_t step, int64_t batch, pmap_array *xs,
   return 0;
 }
 
-int train_data_eval(train_data *d, pmap_params *params, int devices, double *loss, double *accuracy,
-                    char *msg, size_t size) {
+int train_data_eval(train_data *d, pmap_params *params, int devices, int64_t piece, double *loss,
+                    double *accuracy, char *msg, size_t size) {
   *loss = *accuracy = NAN;
   if (d->eval_rows == 0) return 0;
-  enum { CHUNK = 1024 };
-  int64_t k = d->outputs, chunk = (CHUNK + devices - 1) / devices * devices;
+  int64_t k = d->outputs, chunk = piece / devices * devices;
+  if (chunk < devices) chunk = devices;
+  if (chunk > (d->eval_rows + devices - 1) / devices * devices)
+    chunk = (d->eval_rows + devices - 1) / devices * devices;
   float *out = malloc(sizeof *out * (size_t)(chunk * k));
   int64_t *idx = malloc(sizeof *idx * (size_t)chunk);
   if (!out || !idx) {

@@ -40,9 +40,10 @@ int train_data_model(const train_data *d, const int64_t *hidden, int n_hidden, p
 int train_data_batch(train_data *d, int64_t step, int64_t batch, pmap_array *xs, pmap_array *ys,
                      char *msg, size_t size);
 
-/* Loss (and for labels the accuracy, else NaN) of params on the held-out rows, predicted in
- * chunks; devices is the context's device count. NaN and NaN without held-out rows. */
-int train_data_eval(train_data *d, pmap_params *params, int devices, double *loss, double *accuracy,
-                    char *msg, size_t size);
+/* Loss (and for labels the accuracy, else NaN) of params on the held-out rows, predicted at
+ * most `piece` rows a call (the training batch, so that the prediction stays inside the step's
+ * plan); devices is the context's device count. NaN and NaN without held-out rows. */
+int train_data_eval(train_data *d, pmap_params *params, int devices, int64_t piece, double *loss,
+                    double *accuracy, char *msg, size_t size);
 
 #endif

@@ -110,9 +110,8 @@ int text_batch(text_data *d, int64_t step, int64_t batch, pmap_array *xs, pmap_a
   return 0;
 }
 
-/* The mean cross-entropy of rows of logits (rows, VOCAB) against targets. */
-static double xent_sum(const float *z, const int32_t *y, int64_t rows) {
-  double s = 0.0;
+/* s plus the cross-entropies of rows of logits (rows, VOCAB) against targets, in row order. */
+static double xent_sum(double s, const float *z, const int32_t *y, int64_t rows) {
   for (int64_t r = 0; r < rows; r++, z += VOCAB) {
     double mx = z[0], se = 0.0;
     for (int k = 1; k < VOCAB; k++) mx = z[k] > mx ? z[k] : mx;
@@ -122,24 +121,34 @@ static double xent_sum(const float *z, const int32_t *y, int64_t rows) {
   return s;
 }
 
-int text_eval(text_data *d, pmap_params *params, int devices, double *loss, char *msg,
-              size_t size) {
+int text_eval(text_data *d, pmap_params *params, int devices, int64_t piece, double *loss,
+              char *msg, size_t size) {
   int64_t windows = (d->n - d->train_n - 1) / d->t;
   if (windows > EVAL_WINDOWS) windows = EVAL_WINDOWS;
-  int64_t rows = (windows + devices - 1) / devices * devices; /* padded with the last window */
-  if (windows < 1 || reserve(d, rows, msg, size))
-    return windows < 1 ? fail(msg, size, "no held-out window") : -1;
-  for (int64_t i = 0; i < rows; i++)
-    window(d, i, d->train_n + (i < windows ? i : windows - 1) * d->t);
-  float *out = malloc((size_t)(rows * d->t * VOCAB) * sizeof *out);
+  if (windows < 1) return fail(msg, size, "no held-out window");
+  /* At most `piece` windows a call (the training batch: the plan's rows), a multiple of the
+   * device count; the last call padded with its last window. */
+  int64_t chunk = piece / devices * devices;
+  if (chunk < devices) chunk = devices;
+  if (chunk > (windows + devices - 1) / devices * devices)
+    chunk = (windows + devices - 1) / devices * devices;
+  if (reserve(d, chunk, msg, size)) return -1;
+  float *out = malloc((size_t)(chunk * d->t * VOCAB) * sizeof *out);
   if (!out) return fail(msg, size, "out of memory for the held-out logits");
-  pmap_array xs = {d->xb, PMAP_I32, 2, {rows, d->t, 0, 0}};
-  pmap_array o = {out, PMAP_F32, 3, {rows, d->t, VOCAB, 0}};
+  double sum = 0.0;
   int rc = 0;
-  if (pmap_predict(params, &xs, &o))
-    rc = fail(msg, size, "%s", pmap_last_error());
-  else
-    *loss = xent_sum(out, d->yb, windows * d->t) / (double)(windows * d->t);
+  for (int64_t a = 0; a < windows && !rc; a += chunk) {
+    int64_t n = windows - a < chunk ? windows - a : chunk;
+    int64_t rows = (n + devices - 1) / devices * devices;
+    for (int64_t i = 0; i < rows; i++) window(d, i, d->train_n + (a + (i < n ? i : n - 1)) * d->t);
+    pmap_array xs = {d->xb, PMAP_I32, 2, {rows, d->t, 0, 0}};
+    pmap_array o = {out, PMAP_F32, 3, {rows, d->t, VOCAB, 0}};
+    if (pmap_predict(params, &xs, &o))
+      rc = fail(msg, size, "%s", pmap_last_error());
+    else
+      sum = xent_sum(sum, out, d->yb, n * d->t);
+  }
+  if (!rc) *loss = sum / (double)(windows * d->t);
   free(out);
   return rc;
 }

@@ -34,8 +34,10 @@ int text_batch(text_data *d, int64_t step, int64_t batch, pmap_array *xs, pmap_a
                size_t size);
 
 /* Mean per-token cross-entropy (nats) of params on the held-out part, over its whole windows of
- * context + 1 bytes (at most 256 of them), predicted on `devices` devices. */
-int text_eval(text_data *d, pmap_params *params, int devices, double *loss, char *msg, size_t size);
+ * context + 1 bytes (at most 256 of them), predicted on `devices` devices at most `piece`
+ * windows a call (the training batch, so that the prediction stays inside the step's plan). */
+int text_eval(text_data *d, pmap_params *params, int devices, int64_t piece, double *loss,
+              char *msg, size_t size);
 
 /* Writes n bytes generated after prompt (plen bytes, at least 1) to f: each step predicts the
  * next byte from the last `context` bytes, greedily (temperature 0) or drawn from softmax(logits
