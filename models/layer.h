@@ -43,7 +43,7 @@ struct layer {
    * into its own); folded: 1 when the layer before does this layer's work, so that layer.c
    * skips its forward and passes its output gradient through. */
   int epilogue, folded;
-  /* The bf16 policy (models/precision.c sets these on the params' copy of the model; 0 under
+  /* The bf16 policy (model.c's model_set_precision sets these on the params' copy; 0 under
    * fp32): in16, its input's bfloat16 copy is kept (replica.in16[i]: its class reads its input
    * as GEMM operands only, gemm_in); transient, its float output lives in the shared scratch
    * (replica.tmp) until the next layer, which reads it only through its bfloat16 copy, has made
@@ -122,7 +122,7 @@ struct layer_class {
   int writes16;
   /* (optional, NULL: aux_rows and aux_fixed, and no shared scratch) Under bf16: its own scratch
    * (r->aux[i]: floats per example and of its own) and floats per example of the shared scratch
-   * (r->tmp), which precision.c sizes for the bfloat16 output gradient of a gemm_in layer. */
+   * (r->tmp), which model.c sizes for the bfloat16 output gradient of a gemm_in layer. */
   void (*bf16_rows)(const layer *l, size_t *aux_rows, size_t *aux_fixed, size_t *tmp_rows);
   /* (optional, NULL: none) Under bf16: the shapes of the bfloat16 GEMMs (gemm_bf16 and
    * gemm_strided_bf16, through layer_gemm or not) its forward and backward run over bd examples,

@@ -130,7 +130,7 @@ struct replica {
  * layer.in16, transient and tmp_rows; model_tmp_rows is the most tmp_rows of any layer. */
 void model_set_precision(pmap_model *m, int bf16);
 size_t model_tmp_rows(const pmap_model *m);
-/* precision.c: r->w16 = r->w rounded (nothing under fp32): before the first forward pass of a
+/* layer_gemm.c: r->w16 = r->w rounded (nothing under fp32): before the first forward pass of a
  * step or call. */
 pmap_status model_weights16(const pmap_model *m, replica *r);
 /* w was written by something other than the optimizer's pass (a load, a write, a gather): the
