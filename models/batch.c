@@ -6,7 +6,7 @@
 
 #include "base/error.h"
 #include "runtime/runtime.h"
-#include "step.h"
+#include "batch.h"
 
 const char *batch_dtype_name(pmap_dtype t) {
   switch (t) {

@@ -6,7 +6,7 @@
 
 #include "base/error.h"
 #include "runtime/runtime.h"
-#include "step.h"
+#include "batch.h"
 
 typedef struct predict_call {
   pmap_params *p;

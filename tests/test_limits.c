@@ -4,7 +4,7 @@
  * wrapped value (an input of (2^24, 2^24, 2^24) is not a model of 0 features); pmap_predict's
  * out shape checked axis by axis; micro-batch pieces of huge row counts; pmap_array_numel's
  * overflow. Models are built, not trained: nothing here allocates a large buffer. */
-#include "models/step.h"
+#include "models/batch.h"
 #include "testutil.h"
 
 /* A fresh model of input `shape` (rank 1 or 3); NULL after a failed check. */
