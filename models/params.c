@@ -9,7 +9,6 @@
 #include "base/error.h"
 #include "params.h"
 #include "runtime/runtime.h"
-#include "step_fast.h"
 
 /* PMAP_SHARD_AUTO shards the optimizer of models from this many parameters on: below it the
  * step's two extra collectives cost more than the optimizer work they save (README, "Sharded
@@ -158,7 +157,7 @@ static pmap_status destroy_job(pmap_device *dev, void *arg) {
 
 /* Frees everything; p->ctx's lock is held or p was never handed out. */
 static void params_free(pmap_params *p) {
-  step_fast_free(p);
+  if (p->fast_free) p->fast_free(p);
   if (p->rep) params_dispatch(p, destroy_job, p);
   free(p->rep);
   free(p->guard_host);

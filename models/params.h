@@ -61,6 +61,9 @@ struct pmap_params {
   int torn;               /* sharded: the last step's all-gather of the parameters failed twice, so
                         each replica is whole only in its own part; params_mend completes it */
   struct step_fast *fast; /* captured steps and gradient buckets (step_fast.c), else NULL */
+  /* Frees fast (set with it by step_fast.c, which params_free calls through it, so that the
+   * parameters do not depend on the step that uses them). */
+  void (*fast_free)(struct pmap_params *p);
 };
 
 /* The highest step count: pmap_update refuses a step past it and pmap_params_load a file holding

@@ -85,6 +85,7 @@ static step_fast *fast_of(pmap_params *p) {
                    .dev = f->dev};
   step_fast_bucket_starts(p->model, f->lo);
   p->fast = f;
+  p->fast_free = step_fast_free;
   return f;
 }
 
