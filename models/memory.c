@@ -8,7 +8,6 @@
 #include "base/error.h"
 #include "params.h"
 #include "runtime/runtime.h"
-#include "batch.h"
 
 /* *acc += floats in bytes; 1 on overflow (which fails the plan). */
 static int add_floats(size_t *acc, size_t floats) {
