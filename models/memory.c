@@ -34,7 +34,7 @@ pmap_status pmap_params_memory(const pmap_params *p, int64_t batch, pmap_memory_
   PMAP_TRY(pmap_ctx_lock(p->ctx, call));
   pmap_memory_plan m = {0};
   const pmap_model *model = p->model;
-  /* The most rows any device takes, and its micro-batches as device_grads splits them. */
+  /* The most rows any device takes, and its micro-batches as step_grads splits them. */
   int64_t rows = (batch + n - 1) / n, fewest = batch / n;
   int64_t limit = p->grad_fn || model_has_collectives(model) ? fewest : rows;
   int64_t k = p->micro_batches < limit ? p->micro_batches : limit;

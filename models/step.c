@@ -1,321 +1,19 @@
 /* step.c: pmap_update, the data-parallel step. After the checks at the boundary (batch.c) every
- * device computes the gradients of its rows (in micro-batches; forward, loss, backward, or the
- * user's gradient function), then takes one of two paths, each in three stages:
- *   replicated: reduce (one all-reduce, mean, of [gradients | loss | guard flags]) -> decide
- *               (the numeric guard and clipping, alike on every device) -> apply (the pending
- *               state, the optimizer over every parameter);
- *   sharded:    reduce (a reduce-scatter: each device holds its own part averaged) -> decide
- *               (a small all-gather of every device's [part norm | loss | flags]) -> apply (the
- *               pending state, the optimizer over the device's part, an all-gather of the
- *               parameters).
- * The CUDA fast paths take over the whole step where they are on (step_fast.c). */
+ * device runs the stages of step_stages.h in order: its gradients (step_grads.c), then reduce,
+ * decide and apply on the replicated or the sharded path (step_paths.c), with the injected
+ * faults between them (step_faults.c). The CUDA fast paths take over the whole step where they
+ * are on (step_fast.c). Here too: the messages of a refused or skipped step (where the values
+ * that were not finite came from). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "base/error.h"
 #include "base/trace.h"
-#include "ops/op_math.h"
 #include "runtime/runtime.h"
-#include "step.h"
 #include "step_fast.h"
-
-/* ------------------------------------------------------------------------------------------ */
-/* Gradients                                                                                  */
-
-/* The loss and gradient of one piece: rows [row0, row0 + rows) of the call's arrays, weighted
- * by `weight` (1: the device's whole share). The gradient accumulates into r->g; the loss goes
- * to its slot directly when the weight is 1 and the piece is the device's only one, else
- * through the micro-batch slot, weighted, into the loss slot. */
-static pmap_status piece_grads(pmap_device *dev, step_call *c, replica *r, int64_t row0,
-                               int64_t rows, float weight, int direct) {
-  pmap_params *p = c->p;
-  const pmap_model *m = p->model;
-  const grad_layout *gl = &p->gl;
-  float *loss = r->g + (direct ? gl->loss : gl->micro);
-  const void *x = NULL, *y = NULL;
-  PMAP_TRY(batch_stage(dev, c->xs, row0, rows, 0, &x));
-  PMAP_TRY(batch_stage(dev, c->ys, row0, rows, 1, &y));
-  /* The row's index in the global batch: across processes, this process's rows come after
-   * those of the processes before it (each passes c->batch). */
-  int64_t global_row0 = row0 + (int64_t)pmap_ctx_process_index(p->ctx) * c->batch;
-  if (p->grad_fn) {
-    pmap_grad_args a = {dev,    r->w,   r->g,        loss,    weight,
-                        *c->xs, *c->ys, global_row0, p->step, p->n_params};
-    a.xs.data = (void *)x;
-    a.ys.data = (void *)y;
-    a.xs.shape[0] = a.ys.shape[0] = rows;
-    PMAP_TRY(p->grad_fn(&a, p->grad_user));
-  } else {
-    int L = m->n_layers;
-    /* Dropout's masks are keyed by the step and the example's row in the global batch (across
-     * processes too), so they do not depend on how the batch is split. */
-    r->inference = 0;
-    r->step = p->step;
-    r->has_row0 = 1;
-    r->row0 = global_row0;
-    PMAP_TRY(model_forward(dev, m, r, x, rows));
-    trace_rec *tr = runtime_trace(p->ctx);
-    runtime_span sp = tr ? runtime_span_begin(dev) : (runtime_span){0, -1};
-    PMAP_TRY(model_loss(m, r, y, rows, loss));
-    if (tr) runtime_span_end(dev, sp, "loss", NULL, -1, "layer", -1);
-    if (weight != 1.0f)
-      PMAP_TRY(
-          r->ops->scale(r->q, r->dact[L - 1], weight, (size_t)(rows * m->layers[L - 1].out_size)));
-    PMAP_TRY(model_backward(dev, m, r, rows));
-  }
-  if (!direct) PMAP_TRY(r->ops->axpy(r->q, weight, loss, r->g + gl->loss, 1));
-  return PMAP_SUCCESS;
-}
-
-/* Every piece of this device's rows. Its share of the mean weighs rows * N / B (1 for an even
- * batch), split over the pieces by their rows. */
-static pmap_status device_grads(pmap_device *dev, step_call *c, replica *r) {
-  pmap_params *p = c->p;
-  int n = p->n;
-  int64_t lo = 0, rows = 0;
-  batch_device_rows(c->batch, n, pmap_local_index(dev), &lo, &rows);
-  /* Layers with collectives inside (cross-replica batch norm), and a user's gradient function
-   * (which may call collectives), need every device to run as many pieces: at most the fewest
-   * rows any device has. */
-  int64_t fewest = c->batch / n;
-  int64_t limit = p->grad_fn || model_has_collectives(p->model) ? fewest : rows;
-  int64_t k = p->micro_batches < limit ? p->micro_batches : limit;
-  double share = runtime_uneven(p->ctx) ? (double)rows * n / (double)c->batch : 1.0;
-  if (!p->grad_fn) PMAP_TRY(replica_reserve(dev, p->model, r, (rows + k - 1) / k));
-  PMAP_TRY(model_weights16(p->model, r));
-  PMAP_TRY(model_state_begin(p->model, r));
-  for (int64_t i = 0; i < k; i++) {
-    int64_t a = 0, len = 0;
-    batch_piece_rows(rows, k, i, &a, &len);
-    float weight = (float)(share * (double)len / (double)rows);
-    PMAP_TRY(piece_grads(dev, c, r, lo + a, len, weight, k == 1 && weight == 1.0f));
-  }
-  return PMAP_SUCCESS;
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* Injected faults (PMAP_FAULT, runtime/fault.h): every hook of the step behind this one call.  */
-
-typedef enum fault_point {
-  BEFORE_REDUCE, /* nan, collective, stall: the device's own gradients are complete */
-  AFTER_APPLY    /* drift: the replica is stepped */
-} fault_point;
-
-/* Device `dev` waits as if hung, until another device gives up on it (or 10 timeouts pass). */
-static void stall(pmap_device *dev) {
-  const pmap_ctx *ctx = runtime_ctx_of(dev);
-  int64_t timeout = runtime_timeout_ns(ctx);
-  int64_t limit = timeout >= 0 ? 10 * timeout : 1000000000;
-  int64_t start = pmap_now_ns();
-  struct timespec ms = {0, 1000000};
-  while (!runtime_aborting(ctx) && pmap_now_ns() - start < limit) nanosleep(&ms, NULL);
-}
-
-/* Moves one parameter of this replica by one ulp. */
-static pmap_status drift(pmap_device *dev, replica *r) {
-  float w0 = 0.0f;
-  PMAP_TRY(backend_download(dev, &w0, r->w, sizeof w0));
-  w0 = nextafterf(w0, INFINITY);
-  PMAP_TRY(backend_upload(dev, r->w, &w0, sizeof w0));
-  replica_w_changed(r);
-  return backend_sync(dev);
-}
-
-static pmap_status inject(pmap_device *dev, const step_call *c, replica *r, fault_point at) {
-  int64_t step = c->t;
-  if (at == AFTER_APPLY)
-    return runtime_fault(dev, FAULT_DRIFT, step) ? drift(dev, r) : PMAP_SUCCESS;
-  if (runtime_fault(dev, FAULT_NAN, step)) PMAP_TRY(r->ops->fill(r->q, r->g, NAN, c->p->n_params));
-  if (runtime_fault(dev, FAULT_COLLECTIVE, step))
-    return PMAP_ERR(PMAP_ERR_DEVICE,
-                    "device %d: the gradient all-reduce of step %lld failed (injected by "
-                    "PMAP_FAULT)",
-                    pmap_axis_index(dev), (long long)step);
-  if (runtime_fault(dev, FAULT_STALL, step)) stall(dev);
-  return PMAP_SUCCESS;
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* Decide: the numeric guard and the clipping scale                                           */
-
-typedef struct verdict {
-  int skip;    /* the guard skips the step on every replica */
-  float scale; /* the gradients' clipping scale (1: none) */
-  float over;  /* with skip: the finite norm over params_norm_max (0: a value was not finite) */
-} verdict;
-
-/* From this device's host tail h = [loss | flags (G) | part norms (G)], which every device
- * holds alike: the norm summed from the G part norms in order, in double (alike on both paths),
- * the guard's test and the clipping scale. */
-static verdict decide(const pmap_params *p, const float *h) {
-  int G = p->gl.G;
-  verdict v = {0, 1.0f, 0.0f};
-  if (!p->guard && !(p->opt.clip_norm > 0.0f)) return v;
-  double sum = 0.0;
-  for (int k = 0; k < G; k++) sum += (double)h[G + 1 + k] * (double)h[G + 1 + k];
-  float norm = (float)sqrt(sum);
-  if (p->guard) {
-    int finite = isfinite(norm) != 0;
-    for (int i = 0; i < G + 1; i++) finite &= isfinite(h[i]) != 0;
-    if (!finite) {
-      v.skip = 1;
-      return v;
-    }
-  }
-  float clip = p->opt.clip_norm;
-  if (pmap_guard_norm_over(norm, clip, params_norm_max(p))) {
-    v.skip = 1;
-    v.over = norm;
-    return v;
-  }
-  /* In double: clip / norm may underflow float (a tiny clip, a huge norm); the step still takes
-   * its (tiny, or with the guard off and an infinite norm, NaN-making) scale. */
-  if (clip > 0.0f && !(norm <= clip)) v.scale = (float)((double)clip / (double)norm);
-  return v;
-}
-
-/* This device's host tail (device 0's is what the call reports). */
-static float *host_tail(const pmap_params *p, pmap_device *dev) {
-  return p->guard_host + (size_t)pmap_local_index(dev) * p->gl.host_len;
-}
-
-/* The guard's flag of this device: the norm of its own gradients and loss, in the slot of its
- * global index; the others' slots are 0, so after the mean a slot is non-finite exactly when
- * its device's values were. One device's own values are the averaged ones: its flag is the norm
- * the decision computes anyway (replicated_step), not a pass of its own. */
-static pmap_status guard_flag(pmap_device *dev, const pmap_params *p, replica *r) {
-  if (!p->guard || p->gl.G == 1) return PMAP_SUCCESS;
-  const grad_layout *gl = &p->gl;
-  return r->ops->norm2(r->q, r->g, gl->flags, r->g + gl->flags + pmap_axis_index(dev));
-}
-
-/* The optimizer over [lo, lo + len), a span of the device's track. */
-static pmap_status traced_optimizer(pmap_device *dev, pmap_params *p, replica *r,
-                                    const step_call *c, size_t lo, size_t len, float scale) {
-  trace_rec *tr = runtime_trace(p->ctx);
-  runtime_span sp = tr ? runtime_span_begin(dev) : (runtime_span){0, -1};
-  PMAP_TRY(optimizer_step_range(p, r, &c->hyper, lo, len, scale));
-  if (tr)
-    runtime_span_end(dev, sp, "optimizer", NULL, -1, "optimizer", (int64_t)(len * sizeof(float)));
-  return PMAP_SUCCESS;
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* The replicated path                                                                        */
-
-/* Every device holds every averaged gradient: it computes every part norm itself and reads
- * [loss | flags | parts] back. */
-static pmap_status replicated_step(pmap_device *dev, step_call *c, replica *r) {
-  pmap_params *p = c->p;
-  const grad_layout *gl = &p->gl;
-  /* Reduce. */
-  PMAP_TRY(guard_flag(dev, p, r));
-  PMAP_TRY(
-      backend_all_reduce(dev, "pmap_update's all-reduce", r->g, r->g, gl->reduced, PMAP_RED_MEAN));
-  /* Decide. */
-  verdict v = {0, 1.0f, 0.0f};
-  int tail = p->guard || p->opt.clip_norm > 0.0f;
-  float *h = host_tail(p, dev);
-  if (tail) {
-    for (int k = 0; k < gl->G; k++) {
-      size_t lo = 0, len = 0;
-      params_part(p, k, &lo, &len);
-      PMAP_TRY(r->ops->norm2(r->q, r->g + lo, len, r->g + gl->parts + k));
-    }
-    PMAP_TRY(backend_download(dev, h, r->g + gl->loss, (2 * (size_t)gl->G + 1) * sizeof *h));
-    if (gl->G == 1 && p->guard) h[1] = h[2]; /* one device: its flag is the part norm */
-    v = decide(p, h);
-  }
-  if (v.skip) {
-    if (pmap_local_index(dev) == 0) c->skipped = 1, c->over_norm = v.over;
-    return PMAP_SUCCESS; /* nothing changes on any replica */
-  }
-  /* Apply. */
-  PMAP_TRY(model_state_commit(p->model, r));
-  PMAP_TRY(traced_optimizer(dev, p, r, c, 0, p->n_params, v.scale));
-  r->w16_fresh = r->w16 != NULL; /* the optimizer's pass wrote the next forward's weights */
-  PMAP_TRY(inject(dev, c, r, AFTER_APPLY));
-  if (pmap_local_index(dev) != 0) return backend_sync(dev);
-  if (tail) {
-    c->loss = h[0];
-    return backend_sync(dev);
-  }
-  return backend_download(dev, &c->loss, r->g + gl->loss, sizeof c->loss);
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* The sharded path                                                                           */
-
-/* Each device holds only its own part averaged: it computes its part norm, and the devices
- * all-gather [part | loss | flags]; each value of the loss and flags is taken from the record
- * of the device whose part held it averaged. */
-static pmap_status sharded_tail(pmap_device *dev, const pmap_params *p, replica *r, float *h) {
-  const grad_layout *gl = &p->gl;
-  int G = gl->G;
-  size_t lo = 0, len = 0, rec = gl->record_len;
-  params_part(p, pmap_axis_index(dev), &lo, &len);
-  if (p->guard || p->opt.clip_norm > 0.0f)
-    PMAP_TRY(r->ops->norm2(r->q, r->g + lo, len, r->g + gl->part));
-  float *records = r->g + gl->records;
-  PMAP_TRY(
-      backend_all_gather(dev, "pmap_update's exchange of norms", r->g + gl->part, records, rec));
-  float *hr = h + G + 1 + G;
-  PMAP_TRY(backend_download(dev, hr, records, (size_t)G * rec * sizeof *h));
-  for (size_t j = 0; j <= (size_t)G; j++) { /* loss, then the flags */
-    size_t at = gl->loss + j;
-    size_t owner = at < gl->reduced ? at / gl->chunk : 0;
-    h[j] = hr[owner * rec + 1 + j];
-  }
-  for (int k = 0; k < G; k++) h[G + 1 + k] = hr[(size_t)k * rec];
-  return PMAP_SUCCESS;
-}
-
-/* Under bf16, after the gather: the optimizer's pass rounded this device's part [lo, lo + len)
- * into w16; the parts the others stepped are rounded here, and w16 is then the next forward's. */
-static pmap_status weights16_around(const pmap_params *p, replica *r, size_t lo, size_t len) {
-  if (!r->w16) return PMAP_SUCCESS;
-  size_t end = lo + len;
-  if (lo) PMAP_TRY(r->ops->round_bf16(r->q, r->w, r->w16, NULL, lo));
-  if (end < p->n_params)
-    PMAP_TRY(r->ops->round_bf16(r->q, r->w + end, r->w16 + end, NULL, p->n_params - end));
-  r->w16_fresh = 1;
-  return PMAP_SUCCESS;
-}
-
-static pmap_status sharded_step(pmap_device *dev, step_call *c, replica *r) {
-  pmap_params *p = c->p;
-  const grad_layout *gl = &p->gl;
-  /* Reduce. */
-  PMAP_TRY(guard_flag(dev, p, r));
-  PMAP_TRY(
-      backend_reduce_scatter(dev, "pmap_update's reduce-scatter", r->g, gl->chunk, PMAP_RED_MEAN));
-  /* Decide. */
-  float *h = host_tail(p, dev);
-  PMAP_TRY(sharded_tail(dev, p, r, h));
-  verdict v = decide(p, h);
-  if (v.skip) {
-    if (pmap_local_index(dev) == 0) c->skipped = 1, c->over_norm = v.over;
-    return PMAP_SUCCESS;
-  }
-  /* Apply. Every device passed the exchange (one verdict), so every device steps its part now:
-   * a failure from here on leaves the step taken (pmap_update then completes the gather). Every
-   * device says so itself (on CUDA the verdicts of a collective are per device). */
-  atomic_store(&c->stepped, 1);
-  if (pmap_local_index(dev) == 0) c->loss = h[0];
-  /* The state its forward passes computed replaces the old (the same on every device, so each
-   * commits its own copy of all of it). */
-  PMAP_TRY(model_state_commit(p->model, r));
-  size_t lo = 0, len = 0;
-  params_part(p, pmap_axis_index(dev), &lo, &len);
-  PMAP_TRY(traced_optimizer(dev, p, r, c, lo, len, v.scale));
-  PMAP_TRY(params_gather(dev, p, c->t));
-  PMAP_TRY(weights16_around(p, r, lo, len));
-  PMAP_TRY(inject(dev, c, r, AFTER_APPLY));
-  return backend_sync(dev);
-}
+#include "step_stages.h"
 
 /* ------------------------------------------------------------------------------------------ */
 
@@ -323,13 +21,13 @@ static pmap_status update_steps(pmap_device *dev, step_call *c) {
   pmap_params *p = c->p;
   replica *r = &p->rep[pmap_local_index(dev)];
   int fast = 0;
-  PMAP_TRY(step_fast_update(dev, c, r, device_grads, &fast));
+  PMAP_TRY(step_fast_update(dev, c, r, step_grads, &fast));
   if (fast) return PMAP_SUCCESS;
   PMAP_TRY(r->ops->fill(r->q, r->g, 0.0f, p->gl.len));
-  PMAP_TRY(device_grads(dev, c, r));
-  PMAP_TRY(inject(dev, c, r, BEFORE_REDUCE));
+  PMAP_TRY(step_grads(dev, c, r));
+  PMAP_TRY(step_inject(dev, c, r, BEFORE_REDUCE));
   runtime_trace_keep(dev, 1); /* the reduction on: spans a trace keeps past its span limit */
-  return p->shard ? sharded_step(dev, c, r) : replicated_step(dev, c, r);
+  return p->shard ? step_sharded(dev, c, r) : step_replicated(dev, c, r);
 }
 
 /* A device's step; with a recording on, a span of its track that the others nest in. */
@@ -365,7 +63,7 @@ static pmap_status search_sources(pmap_device *dev, sources *s) {
   r->source.watch = 1;
   r->source.seen = r->source.sent = 0;
   pmap_status st = r->ops->fill(r->q, r->g, 0.0f, gl->len);
-  if (!st) st = device_grads(dev, s->c, r); /* into scratch only: the step is not taken */
+  if (!st) st = step_grads(dev, s->c, r); /* into scratch only: the step is not taken */
   r->source.watch = 0;
   PMAP_TRY(st);
   /* One slot per global device (the flags' place, free now), summed across the devices. */
@@ -376,7 +74,8 @@ static pmap_status search_sources(pmap_device *dev, sources *s) {
                               (size_t)gl->G, PMAP_RED_SUM));
   if (pmap_local_index(dev) == 0) {
     s->exchanged = r->source.seen;
-    PMAP_TRY(backend_download(dev, host_tail(p, dev) + 1 + gl->G, slots, gl->G * sizeof(float)));
+    PMAP_TRY(
+        backend_download(dev, step_host_tail(p, dev) + 1 + gl->G, slots, gl->G * sizeof(float)));
   }
   return backend_sync(dev);
 }

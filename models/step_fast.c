@@ -126,7 +126,7 @@ void step_fast_prepare(step_call *c) {
   }
 }
 
-/* Device d's rows of xs and ys into the backend's input slots, as step.c's pieces take them. */
+/* Device d's rows of xs and ys into the backend's input slots, as step_grads.c's pieces take them. */
 static pmap_status stage_inputs(pmap_device *dev, const step_call *c) {
   int64_t lo = 0, rows = 0;
   batch_device_rows(c->batch, c->p->n, pmap_local_index(dev), &lo, &rows);

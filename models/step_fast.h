@@ -6,7 +6,7 @@
 
 #include "step.h"
 
-/* A device's gradients of the current call (step.c's device_grads). */
+/* A device's gradients of the current call (step_grads, step_stages.h). */
 typedef pmap_status (*step_grads_fn)(pmap_device *dev, step_call *c, replica *r);
 
 /* On the calling thread before the step's dispatch, after the batch was checked: decides, the
