@@ -197,6 +197,15 @@ typedef struct pmap_config {
                             (it runs no device work and keeps taking signals: for an
                             interpreter's main thread, where a signal handler may raise inside a
                             gradient function written in its language) */
+  size_t max_memory;     /* CPU: the bytes each device may hold of what pmap allocates for it
+                            (parameters, gradients, optimizer state, activations and the bf16
+                            GEMMs' workspace: pmap_params_memory's plan, which equals what a step
+                            allocates; and pmap_device_alloc's buffers); 0 (default): no limit.
+                            An allocation past it fails with PMAP_ERR_OUT_OF_MEMORY naming the
+                            device, the bytes and the limit, and the call that needed it changes
+                            nothing (as for any failed allocation). The kernels' own buffers
+                            (pmap_params_memory's comment) are not counted. Ignored on CUDA,
+                            whose limit is the device's free memory. */
 } pmap_config;
 
 enum { PMAP_GUARD_ON = 0, PMAP_GUARD_OFF = 1 };

@@ -541,6 +541,7 @@ static pmap_status ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
   ctx->wait.left = &ctx->left;
   ctx->numeric_guard = cfg.numeric_guard;
   ctx->uneven = cfg.uneven_batches;
+  ctx->max_memory = cfg.max_memory;
   ctx->first_worker = cfg.caller_waits ? 0 : 1;
   ctx->shard = shard;
   atomic_store(&ctx->left_device, -1);

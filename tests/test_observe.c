@@ -135,6 +135,77 @@ static void plan_case(const char *what, int shard, int uneven, int micro, int ba
   CHECK_OK(pmap_ctx_destroy(ctx));
 }
 
+/* One step of small_model at `batch` on a 2-device context of the given max_memory: the
+ * status, the parameters after it (n floats), what device 0 holds, and the plan. */
+static pmap_status limited_step(size_t limit, int64_t batch, float *w, size_t n, size_t *held,
+                                pmap_memory_plan *plan, char *msg, size_t msg_size) {
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 2, .max_memory = limit};
+  pmap_ctx *ctx = NULL;
+  CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+  pmap_model *m = small_model(0);
+  pmap_optimizer opt = pmap_adam(0.01f);
+  pmap_params *p = NULL;
+  CHECK_OK(pmap_params_create(ctx, m, &opt, 7, &p));
+  CHECK_OK(pmap_params_memory(p, batch, plan));
+  float *x = calloc((size_t)batch * 12, sizeof *x), before[1024];
+  int32_t *y = calloc((size_t)batch, sizeof *y);
+  for (int64_t i = 0; i < batch * 12; i++) x[i] = (float)((i * 37) % 11) / 11.0f;
+  for (int64_t i = 0; i < batch; i++) y[i] = (int32_t)(i % 5);
+  int64_t xs_shape[2] = {batch, 12}, ys_shape[1] = {batch};
+  pmap_array xs = pmap_array_f32(x, 2, xs_shape), ys = pmap_array_i32(y, 1, ys_shape);
+  CHECK(n == pmap_params_count(p) && n <= 1024, "params count %zu", pmap_params_count(p));
+  CHECK_OK(pmap_params_read(p, 0, before, n));
+  float loss = 0;
+  pmap_status st = pmap_update(p, &xs, &ys, &loss);
+  snprintf(msg, msg_size, "%s", st ? pmap_last_error() : "");
+  CHECK_OK(pmap_params_read(p, 0, w, n));
+  if (st) /* a step refused for memory changes nothing */
+    CHECK(memcmp(before, w, n * sizeof *w) == 0, "limit %zu: the failed step changed the params",
+          limit);
+  *held = in_use(ctx, 0);
+  pmap_params_destroy(p);
+  pmap_model_destroy(m);
+  free(x);
+  free(y);
+  CHECK_OK(pmap_ctx_destroy(ctx));
+  return st;
+}
+
+/* pmap_config.max_memory: a limit of exactly the plan trains as without one, to the bit; one
+ * byte less is refused at the step's first allocation past it, naming the limit, with the
+ * parameters unchanged. */
+static void memory_limit(void) {
+  enum { N = 12 * 32 + 32 + 32 * 5 + 5 };
+  float free_w[N], at_w[N], under_w[N];
+  size_t held = 0;
+  pmap_memory_plan plan;
+  char msg[1024];
+  CHECK_OK(limited_step(0, 64, free_w, N, &held, &plan, msg, sizeof msg));
+  CHECK(held == plan.total, "no limit: device 0 holds %zu, the plan %zu", held, plan.total);
+  CHECK_OK(limited_step(plan.total, 64, at_w, N, &held, &plan, msg, sizeof msg));
+  CHECK(memcmp(free_w, at_w, sizeof at_w) == 0, "a limit at the plan changed the step's result");
+  pmap_status st = limited_step(plan.total - 1, 64, under_w, N, &held, &plan, msg, sizeof msg);
+  CHECK(st == PMAP_ERR_OUT_OF_MEMORY, "a limit 1 byte under the plan: %s (%s)",
+        pmap_status_string(st), msg);
+  CHECK(strncmp(msg, "pmap_update: ", 13) == 0 && strstr(msg, "pmap_config.max_memory"),
+        "the refusal says \"%s\"", msg);
+  CHECK(held < plan.total, "under the limit device 0 holds %zu of the plan's %zu", held,
+        plan.total);
+  /* A context whose limit is below the parameters refuses the params, naming it. */
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 2, .max_memory = 100};
+  pmap_ctx *ctx = NULL;
+  CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+  pmap_model *m = small_model(0);
+  pmap_optimizer opt = pmap_adam(0.01f);
+  pmap_params *p = NULL;
+  CHECK_FAILS(pmap_params_create(ctx, m, &opt, 7, &p), PMAP_ERR_OUT_OF_MEMORY,
+              "pmap_config.max_memory");
+  CHECK(p == NULL && in_use(ctx, 0) == 0 && in_use(ctx, 1) == 0,
+        "a refused params left %zu and %zu bytes", in_use(ctx, 0), in_use(ctx, 1));
+  pmap_model_destroy(m);
+  CHECK_OK(pmap_ctx_destroy(ctx));
+}
+
 /* Under bf16 the plan holds the GEMMs' workspace too (oneDNN's scratchpads, or the portable
  * path's widened operands): a few steps of a small transformer (token dense layers, attention's
  * per-head products, the head tied or not) and of an MLP on 2 devices, on the provider in use
@@ -392,6 +463,7 @@ int main(void) {
   plan_case("batch norm", PMAP_SHARD_OFF, 0, 1, 1, 32);
   plan_case("uneven", PMAP_SHARD_OFF, 1, 2, 0, 67);
   plan16();
+  memory_limit();
   trace_misuse();
   trace_cap(0);
   trace_cap(1);

@@ -336,10 +336,12 @@ int train_parse(int argc, char **argv, opts *o) {
        .kind = CLI_BYTES,
        .dest = &o->max_memory,
        .arg = "BYTES",
-       .help = "refuse to start when the memory plan of a device (printed before step 1) is over "
-               "BYTES, before any step runs: decimal digits with an optional K, M or G (K = 1024 "
-               "bytes, M = 1024 K, G = 1024 M), a fraction only before one of them (e.g. "
-               "300000, 1.5M, 4G; not 1.5) (default: no limit)",
+       .help =
+           "refuse to start when the memory plan of a device (printed before step 1) is over "
+           "BYTES, before any step runs, and on CPU hold each device's allocations to BYTES "
+           "the whole run long (pmap_config.max_memory): decimal digits with an optional K, M or G "
+           "(K = 1024 bytes, M = 1024 K, G = 1024 M), a fraction only before one of them "
+           "(e.g. 300000, 1.5M, 4G; not 1.5) (default: no limit)",
        .lo = 1,
        .hi = INT64_MAX},
       {.name = "--progress",

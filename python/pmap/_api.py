@@ -247,13 +247,15 @@ class Model:
 
 class Context:
     """The device mesh: Context(backend="cpu", devices=4, timeout=0.0, numeric_guard=True,
-    uneven_batches=False, shard_optimizer=None, caller_waits=True). devices: a positive int, or
+    uneven_batches=False, shard_optimizer=None, caller_waits=True, max_memory=None). devices: a positive int, or
     None for the backend's default (the C library's PMAP_DEVICES_DEFAULT). shard_optimizer: True
     shards the optimizer over the devices (ZeRO-1), False replicates it, None leaves it to the
     library (the PMAP_SHARD_OPTIMIZER variable, else sharded from 65536 parameters on).
     caller_waits: True gives device 0 a worker thread of its own, so that the calling thread (the
     one Python runs signal handlers on) never runs device work; False runs device 0 on it, one
-    thread fewer (params_custom then refuses).
+    thread fewer (params_custom then refuses). max_memory: None for no limit, or the bytes each
+    CPU device may hold of what pmap allocates for it (pmap_config.max_memory: the memory plan's
+    parts); an allocation past it raises pmap.Error (out of memory) naming the limit.
 
     Close it with close() or a with block; closing it closes its params (each after the call
     running on it, if any). Any thread may use it. It belongs to the process that created it:
@@ -263,7 +265,8 @@ class Context:
     _handle = Handle.never("context")
 
     def __init__(self, backend="auto", devices=None, timeout=0.0, numeric_guard=True,
-                 uneven_batches=False, shard_optimizer=None, caller_waits=True):
+                 uneven_batches=False, shard_optimizer=None, caller_waits=True,
+                 max_memory=None):
         cfg = Config()
         cfg.backend = choice("backend", backend, _BACKENDS)
         cfg.num_devices = -1 if devices is None else integer("devices", devices, *_COUNT)
@@ -273,6 +276,8 @@ class Context:
         cfg.shard_optimizer = (0 if shard_optimizer is None
                                else 1 + flag("shard_optimizer", shard_optimizer))
         cfg.caller_waits = flag("caller_waits", caller_waits)
+        cfg.max_memory = 0 if max_memory is None else integer("max_memory", max_memory, 1,
+                                                                2 ** 63 - 1)
         self.caller_waits = bool(cfg.caller_waits)
         self._uneven = bool(cfg.uneven_batches)
         self._children = set()  # the handles of its params, closed before it

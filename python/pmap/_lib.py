@@ -68,6 +68,7 @@ class Config(ctypes.Structure):
         ("cuda_overlap", ctypes.c_int),
         ("cuda_bucket_mb", ctypes.c_int),
         ("caller_waits", ctypes.c_int),
+        ("max_memory", ctypes.c_size_t),
     ]
 
 

@@ -139,6 +139,35 @@ def test_memory_plan(run):
             params.memory(bad)
 
 
+def test_memory_limit():
+    """max_memory at the plan trains as without a limit, to the bit; a byte under it raises at
+    the step, naming the limit, with the parameters unchanged."""
+    x, y = data()
+    got = {}
+    with pmap.Context(backend="cpu", devices=DEVICES) as ctx:
+        with ctx.params(model(), pmap.adam(1e-2), seed=3) as params:
+            total = params.memory(12)["total"]
+            params.update(x, y)
+            got[None] = params.read()
+    for limit in (total, total - 1):
+        with pmap.Context(backend="cpu", devices=DEVICES, max_memory=limit) as ctx:
+            with ctx.params(model(), pmap.adam(1e-2), seed=3) as params:
+                before = params.read()
+                if limit == total:
+                    params.update(x, y)
+                    assert np.array_equal(params.read(), got[None])
+                else:
+                    with pytest.raises(pmap.Error, match="max_memory"):
+                        params.update(x, y)
+                    assert np.array_equal(params.read(), before)
+    for bad in (0, -1, 2 ** 63):
+        with pytest.raises(pmap.ArgumentError):
+            pmap.Context(backend="cpu", devices=1, max_memory=bad)
+    for bad in (True, 1.5, "1G"):
+        with pytest.raises(pmap.ArgumentTypeError):
+            pmap.Context(backend="cpu", devices=1, max_memory=bad)
+
+
 def test_closed_objects_raise(tmp_path):
     ctx = pmap.Context(backend="cpu", devices=2)
     params = ctx.params(model(), pmap.sgd(0.1), seed=0)

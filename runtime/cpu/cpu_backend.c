@@ -61,9 +61,22 @@ static pmap_status cpu_alloc(pmap_device *dev, size_t bytes, void **out) {
     return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "device %d: cannot allocate %zu bytes (too large)",
                     dev->index, bytes);
   }
+  /* Counted in the device's live bytes before it is made, so that the limit holds however
+   * the device's allocations interleave; given back if the allocation fails. */
+  _Atomic size_t *live = &((cpu_device *)dev->be)->live;
+  size_t before = atomic_fetch_add(live, bytes), limit = dev->ctx->max_memory;
+  if (limit && (before > limit || bytes > limit - before)) {
+    atomic_fetch_sub(live, bytes);
+    *out = NULL;
+    return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY,
+                    "device %d: %zu bytes more would bring it to %.0f bytes, over the %zu bytes "
+                    "a device may hold (pmap_config.max_memory; it holds %zu)",
+                    dev->index, bytes, (double)before + (double)bytes, limit, before);
+  }
   size_t rounded = (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN + CPU_ALIGN;
   char *raw = aligned_alloc(CPU_ALIGN, rounded);
   if (!raw) {
+    atomic_fetch_sub(live, bytes);
     *out = NULL;
     return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "device %d: cannot allocate %zu bytes", dev->index,
                     bytes);
@@ -71,7 +84,6 @@ static pmap_status cpu_alloc(pmap_device *dev, size_t bytes, void **out) {
   /* Before the pointer: the size asked for, counted in the device's live bytes until freed. */
   memcpy(raw + CPU_OFFSET - sizeof raw - sizeof bytes, &bytes, sizeof bytes);
   memcpy(raw + CPU_OFFSET - sizeof raw, &raw, sizeof raw);
-  atomic_fetch_add(&((cpu_device *)dev->be)->live, bytes);
   *out = raw + CPU_OFFSET;
   return PMAP_SUCCESS;
 }
