@@ -708,9 +708,10 @@ PMAP_API pmap_status pmap_precision_parse(const char *name, pmap_precision *out)
 /* Sharded forward pass: out (B, output shape...) f32, written in batch order. xs as for
  * pmap_update. Returns the same statuses as pmap_update; out->shape must match exactly. Each
  * device runs its rows in pieces of at most its share of a micro-batch and, once a pmap_update
- * (or pmap_predict) has sized its activations, of at most the rows they were sized for: a
- * prediction of any number of rows after a step allocates nothing beyond that step's
- * pmap_params_memory plan (before any step, the first call sizes them for its own pieces). */
+ * (or pmap_predict) has sized its activations, of at most the rows they were last sized for
+ * (also after pmap_params_shrink or a change of precision released them): a prediction of any
+ * number of rows after a step allocates nothing beyond that step's pmap_params_memory plan (at
+ * the precision in force; before any step, the first call sizes them for its own pieces). */
 PMAP_API pmap_status pmap_predict(pmap_params *params, const pmap_array *xs, pmap_array *out);
 
 /* Copies the parameters of device `device`'s replica into dst (count == pmap_params_count()).
@@ -783,8 +784,9 @@ PMAP_API pmap_status pmap_params_save_check(const char *path);
 PMAP_API pmap_status pmap_params_verify(const pmap_params *params);
 
 /* Releases the activation memory, which is sized for the largest batch seen so far; the next
- * pmap_update or pmap_predict allocates what its batch needs. Parameters and optimizer state
- * are kept. Returns PMAP_ERR_INVALID_ARGUMENT for NULL. */
+ * pmap_update allocates what its batch needs, the next pmap_predict what its pieces need (at
+ * most the rows last sized for: see pmap_predict). Parameters and optimizer state are kept.
+ * Returns PMAP_ERR_INVALID_ARGUMENT for NULL. */
 PMAP_API pmap_status pmap_params_shrink(pmap_params *params);
 
 /* ------------------------------------------------------------------------------------------ */

@@ -182,6 +182,7 @@ pmap_status replica_reserve(pmap_device *dev, const pmap_model *m, replica *r, i
     return st;
   }
   place_arena(m, r, arena, bd);
+  r->sized_rows = bd;
   if (ws && r->q) { /* after the activations, on a 64-byte line */
     uintptr_t at = ((uintptr_t)((float *)arena + total) + 63) / 64 * 64;
     r->ob->gemm16_set_workspace(r->q, (void *)at, ws - 64);

@@ -87,6 +87,9 @@ struct replica {
   /* Activation arena for up to `rows` examples: per layer its output and output gradient. */
   float *arena;
   int64_t rows;
+  /* The rows the arena was last sized for, kept when it is released (a change of precision,
+   * pmap_params_shrink): pmap_predict runs in pieces of at most these. */
+  int64_t sized_rows;
   float **act, **dact; /* (n_layers) */
   float *col, *dcol;   /* conv scratch (model_col_size) */
   /* The bf16 policy (NULL under fp32): w16 (P) the bfloat16 copy of w made before each step's

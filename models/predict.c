@@ -25,9 +25,10 @@ static pmap_status predict_job(pmap_device *dev, void *arg) {
   batch_device_rows(c->batch, p->n, d, &lo, &rows);
   size_t k = (size_t)m->layers[m->n_layers - 1].out_size;
   int64_t piece = (rows + p->micro_batches - 1) / p->micro_batches;
-  /* Never more rows at a time than the arena already holds (a step's micro-batch): a prediction
-   * after a step allocates nothing beyond that step's memory plan, however many rows it takes. */
-  if (r->rows > 0 && piece > r->rows) piece = r->rows;
+  /* Never more rows at a time than the arena was sized for (a step's micro-batch, also after a
+   * change of precision or a shrink released it): a prediction after a step allocates nothing
+   * beyond that step's memory plan, however many rows it takes. */
+  if (r->sized_rows > 0 && piece > r->sized_rows) piece = r->sized_rows;
   PMAP_TRY(replica_reserve(dev, m, r, piece));
   PMAP_TRY(model_weights16(m, r));
   r->inference = 1; /* batch norm: running statistics; dropout: the identity */

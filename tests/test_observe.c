@@ -66,6 +66,26 @@ static void predict_within_plan(const char *what, pmap_ctx *ctx, pmap_params *p,
     CHECK(bad == 0, "%s: %ld of %lld rows predicted in pieces differ from the step-sized call",
           what, bad, (long long)big);
   }
+  /* A change of precision and a shrink release the activations: the pieces stay those of the
+   * step, within the plan at the new precision. */
+  int64_t batch_rows = xs->shape[0];
+  for (int k = 0; k < 3; k++) {
+    if (k < 2)
+      CHECK_OK(pmap_params_set_precision(p, k == 0 ? PMAP_PRECISION_BF16 : PMAP_PRECISION_FP32));
+    else
+      CHECK_OK(pmap_params_shrink(p));
+    pmap_memory_plan plan;
+    CHECK_OK(pmap_params_memory(p, batch_rows, &plan));
+    CHECK_OK(pmap_predict(p, &bx, &bo));
+    for (int d = 0; d < 4; d++) {
+      size_t used = in_use(ctx, d) - base[d];
+      CHECK(used <= plan.total, "%s: after %s, device %d holds %zu bytes, the plan %zu", what,
+            k == 0   ? "bf16"
+            : k == 1 ? "fp32 again"
+                     : "a shrink",
+            d, used, plan.total);
+    }
+  }
   free(x), free(out), free(small);
 }
 
