@@ -428,6 +428,13 @@ expect_error 'fortran_order is True' --backend cpu --data "$tmp/fortran.npy" --l
 expect_error 'No such file' --backend cpu --data "$tmp/none.npy" --labels "$tmp/y.npy"
 expect_error '--eval-fraction "1" is outside [0, 1)' --backend cpu --eval-fraction 1
 expect_error 'larger than the 240 training rows' --backend cpu --data "$tmp/x.npy" --labels "$tmp/y.npy" --eval-fraction 0.2 --batch 256 --devices 4
+# The fraction is read as the decimal given (a double): 0.01 of 300 rows is 3 rows, where a float
+# 0.01 (0.00999999977) would hold out 2.
+"$train" --backend cpu --data "$tmp/x.npy" --labels "$tmp/y.npy" --eval-fraction 0.01 --steps 1 \
+  --devices 1 --batch 4 >"$tmp/out" 2>&1
+if grep -qF '300 rows (297 for training, 3 held out)' "$tmp/out"; then ok; else
+  bad "--eval-fraction 0.01 of 300 rows: $(grep -F 'held out' "$tmp/out" | head -1)"
+fi
 expect_error '--micro-batches "0"' --backend cpu --micro-batches 0
 # What only --data (or --text) uses is refused where it would be dropped without a word.
 expect_error '--hidden sizes the MLP of --data and needs --data' --backend cpu --model mlp --hidden 8

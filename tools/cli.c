@@ -74,6 +74,15 @@ static int read_float(const char *prog, const cli_option *o, const char *s) {
   return 0;
 }
 
+static int read_real(const char *prog, const cli_option *o, const char *s) {
+  char *end = NULL;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || end == s || *end) return cli_error(prog, "%s \"%s\" is not a number", o->name, s);
+  *(double *)o->dest = v;
+  return 0;
+}
+
 static int read_seconds(const char *prog, const cli_option *o, const char *s) {
   char *end = NULL;
   double v = strtod(s, &end);
@@ -212,6 +221,7 @@ static int read_value(const char *prog, const cli_option *o, const char *s) {
   case CLI_INT: return read_int(prog, o, s);
   case CLI_U64: return read_u64(prog, o, s);
   case CLI_FLOAT: return read_float(prog, o, s);
+  case CLI_REAL: return read_real(prog, o, s);
   case CLI_SECONDS: return read_seconds(prog, o, s);
   case CLI_STRING: *(const char **)o->dest = s; return 0;
   case CLI_LIST: return read_list(prog, o, s);

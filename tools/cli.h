@@ -17,6 +17,7 @@ typedef enum cli_kind {
   CLI_INT,     /* int64_t, a decimal integer in [lo, hi] */
   CLI_U64,     /* uint64_t, a non-negative decimal integer */
   CLI_FLOAT,   /* float, any number strtof reads (nan and inf included: .check limits it) */
+  CLI_REAL,    /* double, any number strtod reads (nan and inf included: .check limits it) */
   CLI_SECONDS, /* double, seconds > 0; inf: never */
   CLI_STRING,  /* const char *, the value as given */
   CLI_LIST,    /* int64_t[CLI_MAX_LIST], comma-separated integers in [lo, hi]; *count of them */

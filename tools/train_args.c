@@ -11,8 +11,8 @@
 static const char *prog = "pmap-train";
 
 static int fraction_check(const char *p, const cli_option *o, const char *v) {
-  float f = *(const float *)o->dest;
-  if (!(f >= 0.0f && f < 1.0f)) return cli_error(p, "--eval-fraction \"%s\" is outside [0, 1)", v);
+  double f = *(const double *)o->dest;
+  if (!(f >= 0.0 && f < 1.0)) return cli_error(p, "--eval-fraction \"%s\" is outside [0, 1)", v);
   return 0;
 }
 
@@ -86,7 +86,7 @@ int train_parse(int argc, char **argv, opts *o) {
        .count = &o->n_hidden,
        .given = &o->have_hidden},
       {.name = "--eval-fraction",
-       .kind = CLI_FLOAT,
+       .kind = CLI_REAL,
        .dest = &o->eval_fraction,
        .arg = "F",
        .help = "with --data: rows held out (after a shuffle from --seed) and evaluated at each "

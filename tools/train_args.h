@@ -17,7 +17,7 @@ typedef struct opts {
   int64_t devices, steps, batch, samples, log_every, save_every, verify_every, micro;
   int64_t hidden[CLI_MAX_LIST];
   int n_hidden, have_model, have_hidden;
-  float eval_fraction;
+  double eval_fraction;
   double timeout_s; /* pmap_config.timeout_s: 0 means the library's ($PMAP_TIMEOUT, else 300 s) */
   float lr, clip_norm;
   int have_lr, json, no_guard, shard;
