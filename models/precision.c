@@ -42,6 +42,10 @@ static pmap_status precision_job(pmap_device *dev, void *arg) {
   int d = pmap_local_index(dev);
   replica *r = &p->rep[d];
   if (!c->commit) {
+    /* The activations go first (their layout changes anyway: the next step sizes them anew), so
+     * that the switch never holds them and the new copy at once: under pmap_config.max_memory
+     * it fits wherever a step at either precision does. */
+    replica_release(dev, r);
     void *w16 = NULL;
     PMAP_TRY(backend_alloc(dev, p->n_params * sizeof(pmap_bf16), &w16));
     c->fresh[d] = w16;

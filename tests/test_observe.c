@@ -303,6 +303,41 @@ static void plan16_case(const char *provider, int gpt, int tied, int micro, int6
   CHECK_OK(pmap_ctx_destroy(ctx));
 }
 
+/* pmap_config.max_memory and a switch of precision after a step: the switch fits under a limit
+ * that a step at either precision fits in (the activations go before the bfloat16 copy comes),
+ * on a transformer, whose bf16 activations are the smaller. */
+static void precision_switch_limit(void) {
+  size_t plan32 = 0, plan16 = 0;
+  for (int pass = 0; pass < 2; pass++) {
+    pmap_config cfg = {.backend = PMAP_BACKEND_CPU,
+                       .num_devices = 2,
+                       .max_memory = pass ? (plan32 > plan16 ? plan32 : plan16) : 0};
+    pmap_ctx *ctx = NULL;
+    CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+    pmap_model *m = small_gpt(1);
+    pmap_optimizer opt = pmap_adam(0.01f);
+    pmap_params *p = NULL;
+    CHECK_OK(pmap_params_create(ctx, m, &opt, 7, &p));
+    int32_t ids[16 * 16], y[16 * 16];
+    for (int i = 0; i < 16 * 16; i++) ids[i] = (i * 7 + 3) % 40, y[i] = (i * 11 + 1) % 40;
+    int64_t shape[2] = {16, 16}; /* 16 rows: bf16's activations are below fp32's */
+    pmap_array xs = pmap_array_i32(ids, 2, shape), ys = pmap_array_i32(y, 2, shape);
+    pmap_memory_plan plan;
+    CHECK_OK(pmap_params_memory(p, 16, &plan));
+    plan32 = plan.total;
+    CHECK_OK(pmap_update(p, &xs, &ys, NULL));
+    CHECK_OK(pmap_params_set_precision(p, PMAP_PRECISION_BF16));
+    CHECK_OK(pmap_params_memory(p, 16, &plan));
+    plan16 = plan.total;
+    CHECK_OK(pmap_update(p, &xs, &ys, NULL));
+    CHECK_OK(pmap_params_set_precision(p, PMAP_PRECISION_FP32));
+    CHECK_OK(pmap_update(p, &xs, &ys, NULL));
+    pmap_params_destroy(p);
+    pmap_model_destroy(m);
+    CHECK_OK(pmap_ctx_destroy(ctx));
+  }
+}
+
 static void plan16(void) {
   const char *in_use_now = pmap_bf16_provider();
   const char *providers[] = {in_use_now, "portable", "onednn"};
@@ -484,6 +519,7 @@ int main(void) {
   plan_case("uneven", PMAP_SHARD_OFF, 1, 2, 0, 67);
   plan16();
   memory_limit();
+  precision_switch_limit();
   trace_misuse();
   trace_cap(0);
   trace_cap(1);

@@ -69,9 +69,9 @@ static pmap_status cpu_alloc(pmap_device *dev, size_t bytes, void **out) {
     atomic_fetch_sub(live, bytes);
     *out = NULL;
     return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY,
-                    "device %d: %zu bytes more would bring it to %.0f bytes, over the %zu bytes "
-                    "a device may hold (pmap_config.max_memory; it holds %zu)",
-                    dev->index, bytes, (double)before + (double)bytes, limit, before);
+                    "device %d: %zu bytes more than the %zu it holds would pass the %zu bytes a "
+                    "device may hold (pmap_config.max_memory)",
+                    dev->index, bytes, before, limit);
   }
   size_t rounded = (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN + CPU_ALIGN;
   char *raw = aligned_alloc(CPU_ALIGN, rounded);
