@@ -694,9 +694,11 @@ typedef enum pmap_precision {
  * operands are kept in bfloat16 (pmap_params_memory counts what that saves, and the weights'
  * copy). Replicas stay bitwise identical, and runs repeat bitwise on the same machine, device
  * count and GEMM providers. Checkpoints hold the float parameters and record the policy; a
- * file saved under one loads under the other. Returns PMAP_ERR_INVALID_ARGUMENT (NULL, a value
+ * file saved under one loads under the other. A change releases the activation memory first, as
+ * pmap_params_shrink does (its layout differs; the next call sizes it anew), so the switch never
+ * holds it and the weights' copy at once. Returns PMAP_ERR_INVALID_ARGUMENT (NULL, a value
  * outside the enum, bf16 for params of pmap_params_create_custom), PMAP_ERR_OUT_OF_MEMORY
- * (nothing changed). */
+ * (nothing else changed). */
 PMAP_API pmap_status pmap_params_set_precision(pmap_params *params, pmap_precision precision);
 /* params' policy; PMAP_PRECISION_FP32 for NULL. */
 PMAP_API pmap_precision pmap_params_precision(const pmap_params *params);
