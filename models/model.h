@@ -123,9 +123,12 @@ struct replica {
   /* The numeric guard's search for the devices whose own values were not finite (models/step.c,
    * after a skipped step): while `watch` is set, model_exchange reads what it sends and gets
    * back, until an exchange gets back a value that is not finite (`seen`), and keeps whether
-   * this device had sent one into that exchange (`sent`). */
+   * this device had sent one into that exchange (`sent`). `injected`: the step `injected` is
+   * the one whose gradients PMAP_FAULT's nan fault made NaN on this device (0: none), so that
+   * the search's second computation of them is made NaN too. */
   struct {
     int watch, seen, sent;
+    int64_t injected;
   } source;
 };
 

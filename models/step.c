@@ -42,40 +42,52 @@ static pmap_status update_job(pmap_device *dev, void *arg) {
   return st;
 }
 
-/* Where the non-finite values of a skipped step came from, for its message. Without layers that
- * exchange values between devices, a device's flag says whether its own loss or gradients were
- * non-finite. With them, a device's values also hold what the others sent it: the step's
- * gradients are computed once more (sources_job), watching every exchange (model_exchange) up
- * to the first one that returns a value that is not finite; the devices that sent one into it
- * are the sources, the others only got it (and if none sent one, their finite values overflowed
- * there). */
+/* Which devices' own values made a step skip, for its message. Each device's flag (the norm of
+ * its own gradients and loss) is computed before the reduction only where the step cannot be
+ * computed again (a user's gradient function) or the fast path computes it anyway; otherwise
+ * (c->flags_late) the skipped step's gradients are computed once more here, into scratch (the
+ * step is not taken; dropout's masks and batch norm's pending state come out the same), and
+ * each device's flag from them.
+ * Without layers that exchange values between devices, a device's flag says whether its own
+ * loss or gradients were non-finite. With them, a device's values also hold what the others
+ * sent it: the recomputation watches every exchange (model_exchange) up to the first one that
+ * returns a value that is not finite; the devices that sent one into it are the sources, the
+ * others only got it (and if none sent one, their finite values overflowed there). */
 typedef struct sources {
   step_call *c;
+  int watch;         /* in: look for the sources (a model with exchanges, no gradient function) */
   int exchanged;     /* out (device 0): an exchange returned a value that is not finite */
   const float *sent; /* (G) nonzero for a source, in device 0's host tail; NULL: not searched */
   char unknown[512]; /* why the search failed ("" when it did not) */
 } sources;
 
 static pmap_status search_sources(pmap_device *dev, sources *s) {
-  pmap_params *p = s->c->p;
+  step_call *c = s->c;
+  pmap_params *p = c->p;
   replica *r = &p->rep[pmap_local_index(dev)];
   const grad_layout *gl = &p->gl;
-  r->source.watch = 1;
+  int G = gl->G, g = pmap_axis_index(dev);
+  r->source.watch = s->watch;
   r->source.seen = r->source.sent = 0;
   pmap_status st = r->ops->fill(r->q, r->g, 0.0f, gl->len);
-  if (!st) st = step_grads(dev, s->c, r); /* into scratch only: the step is not taken */
+  if (!st) st = step_grads(dev, c, r); /* into scratch only: the step is not taken */
   r->source.watch = 0;
   PMAP_TRY(st);
-  /* One slot per global device (the flags' place, free now), summed across the devices. */
+  if (r->source.injected == c->t) PMAP_TRY(r->ops->fill(r->q, r->g, NAN, p->n_params));
+  /* [flags (G) | sources (G)], one slot each per global device (the flags' and the part norms'
+   * places), averaged across the devices as the step's flags are: a slot is non-finite, or
+   * nonzero, exactly when its device's value was. */
   float *slots = r->g + gl->flags;
-  PMAP_TRY(r->ops->fill(r->q, slots, 0.0f, (size_t)gl->G));
-  if (r->source.sent) PMAP_TRY(r->ops->fill(r->q, slots + pmap_axis_index(dev), 1.0f, 1));
+  PMAP_TRY(r->ops->fill(r->q, slots, 0.0f, 2 * (size_t)G));
+  if (c->flags_late) PMAP_TRY(r->ops->norm2(r->q, r->g, gl->flags, slots + g));
+  if (r->source.sent) PMAP_TRY(r->ops->fill(r->q, slots + G + g, 1.0f, 1));
   PMAP_TRY(backend_all_reduce(dev, "pmap_update's search for non-finite values", slots, slots,
-                              (size_t)gl->G, PMAP_RED_SUM));
+                              2 * (size_t)G, PMAP_RED_MEAN));
   if (pmap_local_index(dev) == 0) {
     s->exchanged = r->source.seen;
-    PMAP_TRY(
-        backend_download(dev, step_host_tail(p, dev) + 1 + gl->G, slots, gl->G * sizeof(float)));
+    float *h = step_host_tail(p, dev);
+    if (c->flags_late) PMAP_TRY(backend_download(dev, h + 1, slots, G * sizeof(float)));
+    if (s->watch) PMAP_TRY(backend_download(dev, h + 1 + G, slots + G, G * sizeof(float)));
   }
   return backend_sync(dev);
 }
@@ -116,6 +128,12 @@ static int device_list(const pmap_params *p, const int *set, char *buf, size_t s
 static pmap_status numeric_error(const pmap_params *p, const sources *s) {
   const float *h = p->guard_host;
   int G = p->gl.G, dist = runtime_distributed(p->ctx), from = s->sent && s->exchanged;
+  if (s->c->flags_late && s->unknown[0]) /* the flags were to come from the search */
+    return PMAP_ERR(PMAP_ERR_NUMERIC,
+                    "pmap_update: step %lld: the loss or gradients were non-finite (averaged loss "
+                    "%g; which devices' own values were is not known: %s); the step was skipped "
+                    "on every replica: parameters, optimizer state and step count are unchanged",
+                    (long long)p->step + 1, (double)h[0], s->unknown);
   int *own = calloc(2 * (size_t)G, sizeof *own), *got = own ? own + G : NULL;
   if (!own)
     return PMAP_ERR(PMAP_ERR_NUMERIC,
@@ -165,11 +183,11 @@ static pmap_status numeric_error(const pmap_params *p, const sources *s) {
 
 /* The message of a step the guard skipped for a finite gradient norm too large for its
  * optimizer, naming the devices whose own norm (their flags) exceeds the limit too. */
-static pmap_status norm_error(const pmap_params *p, float norm) {
+static pmap_status norm_error(const pmap_params *p, float norm, const sources *s) {
   const float *h = p->guard_host;
   int G = p->gl.G, dist = runtime_distributed(p->ctx);
   float max = params_norm_max(p);
-  int *own = calloc((size_t)G, sizeof *own);
+  int *own = s->c->flags_late && s->unknown[0] ? NULL : calloc((size_t)G, sizeof *own);
   char devs[600] = "", what[700] = "";
   int n_own = 0;
   if (own) {
@@ -190,16 +208,18 @@ static pmap_status norm_error(const pmap_params *p, float norm) {
                   p->opt.kind == PMAP_OPT_ADAMW ? "AdamW" : "Adam", what, (double)h[0]);
 }
 
-/* A skipped step's error, after looking for the sources where layers exchange values. */
+/* A skipped step's error, after computing the devices' flags (c->flags_late) and looking for
+ * the sources where layers exchange values. */
 static pmap_status skipped_error(pmap_params *p, step_call *c) {
-  if (c->over_norm > 0.0f) return norm_error(p, c->over_norm);
-  sources s = {.c = c};
-  if (model_has_collectives(p->model) && !p->grad_fn) {
+  sources s = {.c = c,
+               .watch = !(c->over_norm > 0.0f) && model_has_collectives(p->model) && !p->grad_fn};
+  if (s.watch || c->flags_late) {
     if (params_dispatch(p, sources_job, &s))
       snprintf(s.unknown, sizeof s.unknown, "%s", pmap_last_error());
-    else
+    else if (s.watch)
       s.sent = p->guard_host + 1 + p->gl.G;
   }
+  if (c->over_norm > 0.0f) return norm_error(p, c->over_norm, &s);
   return numeric_error(p, &s);
 }
 
@@ -239,7 +259,8 @@ pmap_status pmap_update(pmap_params *p, const pmap_array *xs, const pmap_array *
   if (!st) {
     c.t = p->step + 1;
     c.hyper = optimizer_hyper(&p->opt, c.t);
-    step_fast_prepare(&c);
+    int fast = step_fast_prepare(&c);
+    c.flags_late = p->guard && p->gl.G > 1 && !p->grad_fn && !fast;
     trace_rec *tr = runtime_trace(p->ctx);
     int64_t t0 = 0;
     if (tr) {

@@ -18,6 +18,11 @@ typedef struct step_call {
   int64_t t;                 /* the step being taken: the params' step + 1 */
   pmap_step_hyper hyper;     /* its optimizer settings after the schedule */
   int want_loss;             /* the caller asked for the loss */
+  /* 1: the guard's flags (each device's own norm) are not computed before the reduction but
+   * only for the message of a skipped step, from its gradients computed once more (step.c): the
+   * plain step on several devices without a user's gradient function. A non-finite value of any
+   * device makes the averaged one non-finite, so the decision needs only the averaged values. */
+  int flags_late;
   float loss;                /* out: the averaged loss (device 0) */
   int skipped;               /* out: the numeric guard skipped the step (device 0) */
   float over_norm;           /* out: with skipped, the finite norm over params_norm_max, else 0 */

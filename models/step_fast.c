@@ -93,7 +93,7 @@ int step_fast_graphs_live(const pmap_params *p) {
   return p->fast && p->fast->have_live && !p->fast->broken;
 }
 
-void step_fast_prepare(step_call *c) {
+int step_fast_prepare(step_call *c) {
   pmap_params *p = c->p;
   const pmap_ctx *ctx = p->ctx;
   /* Steps whose shape the fast path does not cover stay plain: a user's gradient function,
@@ -102,16 +102,16 @@ void step_fast_prepare(step_call *c) {
   int eligible = !p->grad_fn && p->micro_batches == 1 && !runtime_faults(ctx) &&
                  !runtime_distributed(ctx) && !p->shard;
   step_fast *f = eligible ? fast_of(p) : p->fast;
-  if (!f) return;
+  if (!f) return 0;
   f->mode = FAST_OFF;
-  if (!eligible) return;
+  if (!eligible) return 0;
   f->want_loss = c->want_loss;
   /* Layers with collectives of their own (cross-replica batch norm) would share the
    * communicator with the buckets from another queue: those models reduce in one piece. */
   f->buckets = f->overlap && !model_has_collectives(p->model) && p->n_params > 0;
   if (!f->graphs || f->broken) {
     f->mode = f->buckets ? FAST_EAGER : FAST_OFF;
-    return;
+    return f->mode != FAST_OFF;
   }
   fast_key key = {.batch = c->batch, .gen = runtime_generation(ctx)};
   if (f->have_live && key.batch == f->live.batch && key.gen == f->live.gen) {
@@ -124,6 +124,7 @@ void step_fast_prepare(step_call *c) {
     f->warm = key;
     f->have_warm = 1;
   }
+  return 1;
 }
 
 /* Device d's rows of xs and ys into the backend's input slots, as step_grads.c's pieces take them. */

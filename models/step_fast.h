@@ -12,8 +12,9 @@ typedef pmap_status (*step_grads_fn)(pmap_device *dev, step_call *c, replica *r)
 /* On the calling thread before the step's dispatch, after the batch was checked: decides, the
  * same for every device, whether this step runs plainly, eagerly with the fast path's device
  * decisions, captured or replayed (c->want_loss: the caller asked for the loss; else no device
- * waits for the step when the numeric guard is off). */
-void step_fast_prepare(step_call *c);
+ * waits for the step when the numeric guard is off). Returns 1 when the fast way takes the
+ * step, 0 when it runs plainly. */
+int step_fast_prepare(step_call *c);
 /* In update_job on every device: runs the step the fast way and sets *handled, or leaves
  * *handled 0 for the plain step. */
 pmap_status step_fast_update(pmap_device *dev, step_call *c, replica *r, step_grads_fn grads,

@@ -31,7 +31,10 @@ pmap_status step_inject(pmap_device *dev, const step_call *c, replica *r, fault_
   int64_t step = c->t;
   if (at == AFTER_APPLY)
     return runtime_fault(dev, FAULT_DRIFT, step) ? drift(dev, r) : PMAP_SUCCESS;
-  if (runtime_fault(dev, FAULT_NAN, step)) PMAP_TRY(r->ops->fill(r->q, r->g, NAN, c->p->n_params));
+  if (runtime_fault(dev, FAULT_NAN, step)) {
+    r->source.injected = step;
+    PMAP_TRY(r->ops->fill(r->q, r->g, NAN, c->p->n_params));
+  }
   if (runtime_fault(dev, FAULT_COLLECTIVE, step))
     return PMAP_ERR(PMAP_ERR_DEVICE,
                     "device %d: the gradient all-reduce of step %lld failed (injected by "

@@ -57,9 +57,12 @@ static verdict decide(const pmap_params *p, const float *h) {
 /* The guard's flag of this device: the norm of its own gradients and loss, in the slot of its
  * global index; the others' slots are 0, so after the mean a slot is non-finite exactly when
  * its device's values were. One device's own values are the averaged ones: its flag is the norm
- * the decision computes anyway (step_replicated), not a pass of its own. */
-static pmap_status guard_flag(pmap_device *dev, const pmap_params *p, replica *r) {
-  if (!p->guard || p->gl.G == 1) return PMAP_SUCCESS;
+ * the decision computes anyway (step_replicated), not a pass of its own. With c->flags_late
+ * (step.h) no device computes its flag here: a slot stays 0 and the skipped step's message
+ * computes them (step.c). */
+pmap_status step_guard_flag(pmap_device *dev, const step_call *c, replica *r) {
+  const pmap_params *p = c->p;
+  if (!p->guard || p->gl.G == 1 || c->flags_late) return PMAP_SUCCESS;
   const grad_layout *gl = &p->gl;
   return r->ops->norm2(r->q, r->g, gl->flags, r->g + gl->flags + pmap_axis_index(dev));
 }
@@ -84,7 +87,7 @@ pmap_status step_replicated(pmap_device *dev, step_call *c, replica *r) {
   pmap_params *p = c->p;
   const grad_layout *gl = &p->gl;
   /* Reduce. */
-  PMAP_TRY(guard_flag(dev, p, r));
+  PMAP_TRY(step_guard_flag(dev, c, r));
   PMAP_TRY(
       backend_all_reduce(dev, "pmap_update's all-reduce", r->g, r->g, gl->reduced, PMAP_RED_MEAN));
   /* Decide. */
@@ -161,7 +164,7 @@ pmap_status step_sharded(pmap_device *dev, step_call *c, replica *r) {
   pmap_params *p = c->p;
   const grad_layout *gl = &p->gl;
   /* Reduce. */
-  PMAP_TRY(guard_flag(dev, p, r));
+  PMAP_TRY(step_guard_flag(dev, c, r));
   PMAP_TRY(
       backend_reduce_scatter(dev, "pmap_update's reduce-scatter", r->g, gl->chunk, PMAP_RED_MEAN));
   /* Decide. */

@@ -22,7 +22,9 @@ typedef enum fault_point {
 } fault_point;
 pmap_status step_inject(pmap_device *dev, const step_call *c, replica *r, fault_point at);
 
-/* step_paths.c: reduce, decide and apply, on the replicated path or on the sharded one. */
+/* step_paths.c: reduce, decide and apply, on the replicated path or on the sharded one. The
+ * guard's flag of this device, into its slot of r->g (nothing with c->flags_late). */
+pmap_status step_guard_flag(pmap_device *dev, const step_call *c, replica *r);
 pmap_status step_replicated(pmap_device *dev, step_call *c, replica *r);
 pmap_status step_sharded(pmap_device *dev, step_call *c, replica *r);
 

@@ -672,9 +672,49 @@ static void test_adam_norm(void) {
     }
 }
 
+/* The same limit on a built-in model, whose devices' own norms (the flags) the step does not
+ * compute before its reduction: the skipped step's message computes them from its gradients
+ * once more and names device 1 alone, whose inputs are scaled by 1e12. The averaged norm is then
+ * about 1e25 and the loss about 1e20 (both grow with the scale's square here): six decades
+ * above the limit of 1e19 and eighteen below float's overflow, far more than any rounding or
+ * summation order moves them; device 0's own norm is below 100. Replicated and sharded
+ * optimizers; nothing changes. */
+static void test_adam_norm_model(void) {
+  for (int shard = 0; shard < 2; shard++) {
+    run r;
+    pmap_optimizer opt = pmap_adam(1e-3f);
+    if (run_open(&r, "mlp", 2, 0.0, PMAP_GUARD_ON, &opt, NULL)) return;
+    if (shard) { /* the same data, the optimizer sharded */
+      pmap_params_destroy(r.params);
+      CHECK_OK(pmap_ctx_destroy(r.ctx));
+      pmap_config cfg = {.backend = PMAP_BACKEND_CPU,
+                         .num_devices = 2,
+                         .numeric_guard = PMAP_GUARD_ON,
+                         .shard_optimizer = PMAP_SHARD_ON};
+      CHECK_OK(pmap_ctx_create(&cfg, &r.ctx));
+      CHECK_OK(pmap_params_create(r.ctx, r.model, &opt, 3, &r.params));
+    }
+    float *before = replica(&r, 0);
+    float *x = (float *)r.xs.data;
+    for (size_t i = 12 * 10; i < 24 * 10; i++) x[i] *= 1e12f; /* device 1's rows of batch 0 */
+    float loss = 7.0f;
+    pmap_status st = step(&r, 0, &loss);
+    const char *msg = pmap_last_error();
+    CHECK(st == PMAP_ERR_NUMERIC, "shard %d: status %s (%s)", shard, pmap_status_string(st), msg);
+    CHECK(strstr(msg, "exceeds 1e+19") && strstr(msg, "the local gradients of device 1 exceed"),
+          "shard %d: message %s", shard, msg);
+    CHECK(pmap_params_step(r.params) == 0 && loss == 7.0f, "shard %d: step %lld, loss %g", shard,
+          (long long)pmap_params_step(r.params), (double)loss);
+    if (before) check_replicas(&r, before, "parameters after a step over the norm limit");
+    free(before);
+    run_close(&r);
+  }
+}
+
 int main(void) {
   test_clip_extremes();
   test_adam_norm();
+  test_adam_norm_model();
   for (int n = 1; n <= 4; n++) test_nan_input(n, PMAP_GUARD_ON);
   test_nan_input(2, PMAP_GUARD_OFF);
   test_huge_lr();
