@@ -128,16 +128,20 @@ PMAP_OP(bn_backward_dx, (op_queue *q, const float *x, const float *dy, const flo
 /* Dense's bias and the activation after it in one pass: y (outer, ch) += b (ch) broadcast, then
  * z (outer, ch) = act(y): the same bits bias_forward (inner 1) then act_forward leave. z16
  * (outer, ch; NULL: none) = z rounded to bfloat16 in the same pass, the bf16 policy's copy of
- * the next GEMM's input (round_bf16's bits). */
+ * the next GEMM's input (round_bf16's bits). slope (GELU only, else NULL; NULL: none; may equal
+ * y, then y holds the slope instead of y + b) = act'(y + b), the bits act_backward leaves for
+ * dy = 1: what act_bias_backward multiplies by in place of computing it again. */
 PMAP_OP(bias_act_forward, (op_queue *q, pmap_act act, float *y, const float *b, int64_t outer,
-                           int64_t ch, float *z, pmap_bf16 *z16))
+                           int64_t ch, float *z, pmap_bf16 *z16, float *slope))
 /* The activation's backward and the bias gradient in one pass: dx (outer, ch) = act'(x) dz from
  * the forward's input x and output z, and db (ch) += the sums over outer of dx: the same bits
  * act_backward then bias_backward (inner 1) leave. dx may equal dz. dx16 (NULL: none) = dx
- * rounded to bfloat16 in the same pass (the operand of the layer's backward GEMMs). */
+ * rounded to bfloat16 in the same pass (the operand of the layer's backward GEMMs). slope
+ * (GELU only; NULL: none) = bias_act_forward's slope: dx = slope dz (the same bits; x is then
+ * not read and may be NULL). */
 PMAP_OP(act_bias_backward, (op_queue *q, pmap_act act, const float *x, const float *z,
                             const float *dz, float *dx, float *db, int64_t outer, int64_t ch,
-                            pmap_bf16 *dx16))
+                            pmap_bf16 *dx16, const float *slope))
 /* For i < batch: c_i (m, n) = alpha op(a_i) op(b_i) + beta c_i, where x_i = x + i stride_x, each
  * as gemm (attention's per-head products; cublasSgemmStridedBatched on CUDA). The c_i must not
  * overlap. */

@@ -232,8 +232,10 @@ PMAP_HD static inline float pmap_gelu(float x) {
 #endif
 }
 /* d/dx x sigmoid(u) = s + x u' s (1 - s), s (1 - s) = e / (1 + e)^2 with e = exp(-|u|), the
- * whole scaled by 2^64 as in pmap_gelu; saturated beyond +-16 (1 and -0). */
-PMAP_HD static inline float pmap_gelu_grad(float x, float dy) {
+ * whole scaled by 2^64 as in pmap_gelu; saturated beyond +-16 (1 and -0). The slope alone:
+ * pmap_gelu_grad(x, dy) is pmap_gelu_slope(x) dy, bit for bit, so a forward pass that keeps the
+ * slope leaves its backward one multiplication. */
+PMAP_HD static inline float pmap_gelu_slope(float x) {
 #ifdef __CUDA_ARCH__
   float u = 2.0f * (float)PMAP_GELU_C * (x + (float)PMAP_GELU_A * x * x * x);
   float du = 2.0f * (float)PMAP_GELU_C * (1.0f + 3.0f * (float)PMAP_GELU_A * x * x);
@@ -249,9 +251,9 @@ PMAP_HD static inline float pmap_gelu_grad(float x, float dy) {
   float g = (s + x * du * (big_e / (d * d))) * 0x1p-64f;
 #endif
   g = pmap_sel(x < -16.0f, -0.0f, g);
-  g = pmap_sel(x > 16.0f, 1.0f, g);
-  return g * dy;
+  return pmap_sel(x > 16.0f, 1.0f, g);
 }
+PMAP_HD static inline float pmap_gelu_grad(float x, float dy) { return pmap_gelu_slope(x) * dy; }
 
 /* Softmax cross-entropy of one row with logits z, its max zmax and sum_exp = sum exp(z - zmax):
  * loss = log(sum_exp) + zmax - z[label];  dz_k = (softmax_k - [k == label]) * scale. */

@@ -3,6 +3,13 @@
 #include "models/model.h"
 #include "base/error.h"
 
+/* Under a GELU in training, the forward keeps the activation's slope where the sum before it
+ * was (y: read by nothing but the activation's backward), which then multiplies by it instead
+ * of computing it again; the same bits (ops/op_list.h). */
+static float *kept_slope(const layer *l, const replica *r, float *y) {
+  return l->epilogue == PMAP_ACT_GELU + 1 && !r->inference ? y : NULL;
+}
+
 pmap_status dense_rows_forward(const layer *l, replica *r, int i, const float *in, float *y,
                                int64_t rows, int64_t f, int64_t u) {
   const pmap_ops *ops = r->ops;
@@ -10,7 +17,8 @@ pmap_status dense_rows_forward(const layer *l, replica *r, int i, const float *i
                       0.0f, y, u));
   if (l->epilogue) /* the activation after it, into that layer's output (and its bf16 copy) */
     return ops->bias_act_forward(r->q, (pmap_act)(l->epilogue - 1), y, r->w + l->b_off, rows, u,
-                                 r->act[i + 1], l->out16_at ? r->in16[l->out16_at] : NULL);
+                                 r->act[i + 1], l->out16_at ? r->in16[l->out16_at] : NULL,
+                                 kept_slope(l, r, y));
   return ops->bias_forward(r->q, y, r->w + l->b_off, rows, u, 1);
 }
 
@@ -20,8 +28,10 @@ pmap_status dense_rows_backward(const layer *l, replica *r, int i, const float *
   layer_mat d;
   pmap_bf16 *dy16 = (pmap_bf16 *)(void *)r->tmp;
   if (l->epilogue) { /* dy is the activation's output gradient: its backward first, with db */
-    PMAP_TRY(ops->act_bias_backward(r->q, (pmap_act)(l->epilogue - 1), r->out[i], r->out[i + 1], dy,
-                                    r->dact[i], r->g + l->b_off, rows, u, r->w16 ? dy16 : NULL));
+    const float *x = r->out[i]; /* the sum before the activation, or its kept slope */
+    PMAP_TRY(ops->act_bias_backward(r->q, (pmap_act)(l->epilogue - 1), x, r->out[i + 1], dy,
+                                    r->dact[i], r->g + l->b_off, rows, u, r->w16 ? dy16 : NULL,
+                                    kept_slope(l, r, (float *)x)));
     dy = r->dout[i] = r->dact[i];
     d = r->w16 ? (layer_mat){NULL, dy16} : (layer_mat){dy, NULL}; /* bf16: rounded in that pass */
   } else {

@@ -59,12 +59,20 @@ CPU_INLINE void round_row(const float *x, pmap_bf16 *y16, int64_t n) {
 
 CPU_KERNEL(extern, pmap_status, cpu_bias_act_forward,
            (op_queue *q, pmap_act act, float *y, const float *b, int64_t outer, int64_t ch,
-            float *z, pmap_bf16 *z16),
-           (q, act, y, b, outer, ch, z, z16)) {
+            float *z, pmap_bf16 *z16, float *slope),
+           (q, act, y, b, outer, ch, z, z16, slope)) {
   (void)q;
   for (int64_t o = 0; o < outer; o++) {
     float *yr = y + o * ch, *zr = z + o * ch;
-    if (act == PMAP_ACT_RELU) {
+    if (slope && act == PMAP_ACT_GELU) { /* the value and the slope share clamp and exponential */
+      float *sr = slope + o * ch;
+      CPU_IVDEP for (int64_t c = 0; c < ch; c++) {
+        float v = yr[c] + b[c];
+        zr[c] = pmap_gelu(v);
+        sr[c] = pmap_gelu_slope(v);
+        if (sr != yr) yr[c] = v;
+      }
+    } else if (act == PMAP_ACT_RELU) {
       CPU_IVDEP for (int64_t c = 0; c < ch; c++) {
         float v = yr[c] + b[c];
         yr[c] = v;
@@ -81,12 +89,18 @@ CPU_KERNEL(extern, pmap_status, cpu_bias_act_forward,
 
 CPU_KERNEL(extern, pmap_status, cpu_act_bias_backward,
            (op_queue *q, pmap_act act, const float *x, const float *z, const float *dz, float *dx,
-            float *db, int64_t outer, int64_t ch, pmap_bf16 *dx16),
-           (q, act, x, z, dz, dx, db, outer, ch, dx16)) {
+            float *db, int64_t outer, int64_t ch, pmap_bf16 *dx16, const float *slope),
+           (q, act, x, z, dz, dx, db, outer, ch, dx16, slope)) {
   (void)q;
   for (int64_t o = 0; o < outer; o++) {
     int64_t k = o * ch;
-    if (act == PMAP_ACT_RELU) {
+    if (slope && act == PMAP_ACT_GELU) {
+      CPU_IVDEP for (int64_t c = 0; c < ch; c++) {
+        float g = slope[k + c] * dz[k + c];
+        dx[k + c] = g;
+        db[c] += g;
+      }
+    } else if (act == PMAP_ACT_RELU) {
       CPU_IVDEP for (int64_t c = 0; c < ch; c++) {
         float g = pmap_relu_grad(z[k + c], dz[k + c]);
         dx[k + c] = g;

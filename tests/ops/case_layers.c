@@ -460,6 +460,11 @@ typedef struct fused_args {
   hx_buf *y, *b, *z, *y2, *z2;               /* forward: fused, then unfused */
   hx_buf *x, *zf, *dz, *dx, *db, *dx2, *db2; /* backward */
   hx_buf *out16;                             /* z16 or dx16 (every other trial; else NULL) */
+  /* GELU, trials 2 and 3 of every 4: the kept slope (forward: its own buffer, or y itself in
+   * trial 3; backward: made by act_backward of dy = 1 on the same backend, then multiplied),
+   * against act_backward's own; ones: that dy. */
+  hx_buf *slope, *slope2, *ones;
+  int slope_in_y;
 } fused_args;
 
 /* The fused op's bf16 copy, every bit the rounding of the float output it wrote. */
@@ -472,16 +477,27 @@ static void check_out16(hx *h, const fused_args *a, const float *got, size_t n) 
 
 static pmap_status call_bias_act_forward(const pmap_ops *o, op_queue *q, void *arg) {
   fused_args *a = arg;
+  float *slope = a->slope_in_y ? HX_F(a->y) : a->slope ? HX_F(a->slope) : NULL;
+  size_t n = (size_t)(a->outer * a->ch);
   HX_TRY(o->bias_act_forward(q, a->act, HX_F(a->y), HX_F(a->b), a->outer, a->ch, HX_F(a->z),
-                             a->out16 ? HX_H(a->out16) : NULL));
+                             a->out16 ? HX_H(a->out16) : NULL, slope));
   HX_TRY(o->bias_forward(q, HX_F(a->y2), HX_F(a->b), a->outer, a->ch, 1));
-  return o->act_forward(q, a->act, HX_F(a->y2), HX_F(a->z2), (size_t)(a->outer * a->ch));
+  HX_TRY(o->act_forward(q, a->act, HX_F(a->y2), HX_F(a->z2), n));
+  if (!a->slope2) return PMAP_SUCCESS;
+  return o->act_backward(q, a->act, HX_F(a->y2), HX_F(a->z2), HX_F(a->ones), HX_F(a->slope2), n);
 }
 
 static pmap_status call_act_bias_backward(const pmap_ops *o, op_queue *q, void *arg) {
   fused_args *a = arg;
-  HX_TRY(o->act_bias_backward(q, a->act, HX_F(a->x), HX_F(a->zf), HX_F(a->dz), HX_F(a->dx),
-                              HX_F(a->db), a->outer, a->ch, a->out16 ? HX_H(a->out16) : NULL));
+  const float *slope = NULL;
+  if (a->slope) { /* the forward's slope, as act_backward of dy = 1 leaves it */
+    HX_TRY(o->act_backward(q, a->act, HX_F(a->x), HX_F(a->zf), HX_F(a->ones), HX_F(a->slope),
+                           (size_t)(a->outer * a->ch)));
+    slope = HX_F(a->slope);
+  }
+  HX_TRY(o->act_bias_backward(q, a->act, slope ? NULL : HX_F(a->x), HX_F(a->zf), HX_F(a->dz),
+                              HX_F(a->dx), HX_F(a->db), a->outer, a->ch,
+                              a->out16 ? HX_H(a->out16) : NULL, slope));
   HX_TRY(o->act_backward(q, a->act, HX_F(a->x), HX_F(a->zf), HX_F(a->dz), HX_F(a->dx2),
                          (size_t)(a->outer * a->ch)));
   return o->bias_backward(q, HX_F(a->dx2), HX_F(a->db2), a->outer, a->ch, 1);
@@ -514,15 +530,34 @@ void opcase_bias_act_forward(hx *h) {
       a.y->tol_cpu = a.y2->tol_cpu = 0.0; /* one rounded add */
       a.z->scale_cpu = a.z2->scale_cpu = 0.1;
       if (t & 1) a.out16 = hx_new16(h, HX_OUT, n ? n : 1, "z16");
-      if (a.out16)
+      int keep = act == PMAP_ACT_GELU && (t & 2);
+      if (keep) {
+        a.slope_in_y = t & 1;
+        a.slope = a.slope_in_y ? NULL : hx_out(h, n, "slope");
+        a.slope2 = hx_out(h, n, "slope (act_backward of 1)");
+        a.ones = hx_new(h, HX_IN, n, "ones");
+        for (size_t k = 0; k < n; k++) a.ones->init[k] = 1.0f;
+        a.slope2->scale_cpu = 0.1;
+        if (a.slope) a.slope->scale_cpu = 0.1;
+        if (a.slope_in_y) a.y->tol_cpu = 1e-6, a.y->scale_cpu = 0.1; /* y holds a slope */
+      }
+      if (keep && a.slope_in_y) /* trial 3: with the bf16 copy */
+        HX_RUN(h, call_bias_act_forward, &a, a.y, a.b, a.z, a.y2, a.z2, a.slope2, a.ones, a.out16);
+      else if (keep) /* trial 2: no bf16 copy */
+        HX_RUN(h, call_bias_act_forward, &a, a.y, a.b, a.z, a.y2, a.z2, a.slope2, a.ones, a.slope);
+      else if (a.out16)
         HX_RUN(h, call_bias_act_forward, &a, a.y, a.b, a.z, a.y2, a.z2, a.out16);
       else
         HX_RUN(h, call_bias_act_forward, &a, a.y, a.b, a.z, a.y2, a.z2);
-      hx_same(h, "y = unfused y", a.y->got, a.y2->got, n);
+      if (keep) /* the slope, its own buffer or y, is act_backward's of dy = 1, bit for bit */
+        hx_same(h, "slope = act_backward of 1", a.slope_in_y ? a.y->got : a.slope->got,
+                a.slope2->got, n);
+      if (!a.slope_in_y) hx_same(h, "y = unfused y", a.y->got, a.y2->got, n);
       hx_same(h, "z = unfused z", a.z->got, a.z2->got, n);
       check_out16(h, &a, a.z->got, n);
       double *want = hx_doubles(h, n);
-      for (size_t k = 0; k < n; k++) want[k] = ref_act(act, (double)a.y->got[k]);
+      const float *sum = a.slope_in_y ? a.y2->got : a.y->got; /* y + b, the same bits */
+      for (size_t k = 0; k < n; k++) want[k] = ref_act(act, (double)sum[k]);
       hx_close_scale(h, "z", a.z->got, want, n, HX_TOL_FWD, 0.1);
     }
 }
@@ -549,7 +584,18 @@ void opcase_act_bias_backward(hx *h) {
       double k_db = (double)a.outer + 1.0;
       a.db->tol_cpu = a.db2->tol_cpu = hx_tol_vs_cpu(hx_tol_sum(k_db), k_db);
       if (t & 1) a.out16 = hx_new16(h, HX_OUT, n ? n : 1, "dx16");
-      if (a.out16)
+      if (act == PMAP_ACT_GELU && (t & 2)) { /* dx from the kept slope: the same bits */
+        a.slope = hx_out(h, n, "slope");
+        a.slope->scale_cpu = 0.1;
+        a.ones = hx_new(h, HX_IN, n, "ones");
+        for (size_t k = 0; k < n; k++) a.ones->init[k] = 1.0f;
+        if (a.out16)
+          HX_RUN(h, call_act_bias_backward, &a, a.x, a.zf, a.dz, a.dx, a.db, a.dx2, a.db2, a.out16,
+                 a.slope, a.ones);
+        else
+          HX_RUN(h, call_act_bias_backward, &a, a.x, a.zf, a.dz, a.dx, a.db, a.dx2, a.db2, a.slope,
+                 a.ones);
+      } else if (a.out16)
         HX_RUN(h, call_act_bias_backward, &a, a.x, a.zf, a.dz, a.dx, a.db, a.dx2, a.db2, a.out16);
       else
         HX_RUN(h, call_act_bias_backward, &a, a.x, a.zf, a.dz, a.dx, a.db, a.dx2, a.db2);

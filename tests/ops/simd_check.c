@@ -122,15 +122,27 @@ static void elementwise(void) {
     KEEP(name, OPS.act_backward(NULL, (pmap_act)a, x, o, dy, z, N), z, N);
     memcpy(o, x, sizeof(float) * N);
     snprintf(name, sizeof name, "bias_act %s", act[a]);
-    KEEP(name, OPS.bias_act_forward(NULL, (pmap_act)a, o, b, 17, 61, z, h16), o, 17 * 61);
+    KEEP(name, OPS.bias_act_forward(NULL, (pmap_act)a, o, b, 17, 61, z, h16, NULL), o, 17 * 61);
     keep(name, z, 17 * 61);
     keep(name, (float *)(void *)h16, 17 * 61 / 2);
     memset(db, 0, 61 * sizeof *db);
     snprintf(name, sizeof name, "act_bias_backward %s", act[a]);
-    KEEP(name, OPS.act_bias_backward(NULL, (pmap_act)a, x, y, dy, o, db, 17, 61, h16), o, 17 * 61);
+    KEEP(name, OPS.act_bias_backward(NULL, (pmap_act)a, x, y, dy, o, db, 17, 61, h16, NULL), o,
+         17 * 61);
     keep(name, db, 61);
     keep(name, (float *)(void *)h16, 17 * 61 / 2);
   }
+  /* GELU's kept slope (into y itself), and the backward's product with it. */
+  memcpy(o, x, sizeof(float) * N);
+  KEEP("bias_act gelu slope", OPS.bias_act_forward(NULL, PMAP_ACT_GELU, o, b, 17, 61, z, h16, o),
+       o, 17 * 61);
+  keep("bias_act gelu slope", z, 17 * 61);
+  memset(db, 0, 61 * sizeof *db);
+  float *dx = arr(N);
+  KEEP("act_bias_backward gelu slope",
+       OPS.act_bias_backward(NULL, PMAP_ACT_GELU, NULL, y, dy, dx, db, 17, 61, h16, o), dx,
+       17 * 61);
+  keep("act_bias_backward gelu slope", db, 61);
   /* The transcendentals' tails and clamps too (GELU's e held at 2^-126 below x ~ -10.2, its
    * clamps at -12 and 10.5, tanh's and sigmoid's saturation). */
   float *xw = filled(N, -24, 24);
@@ -141,7 +153,7 @@ static void elementwise(void) {
     KEEP(name, OPS.act_backward(NULL, (pmap_act)a, xw, o, dy, z, N), z, N);
   }
   free(xw);
-  free(x), free(y), free(dy), free(o), free(b), free(db), free(z), free(h16);
+  free(x), free(y), free(dy), free(o), free(b), free(db), free(z), free(h16), free(dx);
 }
 
 static void optimizers(void) {
