@@ -627,8 +627,9 @@ PMAP_API int64_t pmap_params_step(const pmap_params *params);
  * of that step is returned by the next call that waits for the GPUs.
  *
  * Numeric guard (on unless pmap_config.numeric_guard is PMAP_GUARD_OFF): after the all-reduce,
- * every replica checks the averaged loss and gradients and each device's own (one flag per
- * device travels in the same all-reduce) for non-finite values. If any is non-finite, every
+ * every replica checks the averaged loss and gradients for non-finite values (a non-finite
+ * value on any device makes them so; each device's own values are looked at only to name it,
+ * after a skip). If any is non-finite, every
  * replica skips the optimizer step alike (parameters, the layers' state such as batch norm's
  * running statistics, optimizer state and step count unchanged, *loss not written) and the call
  * returns PMAP_ERR_NUMERIC naming the step and the devices whose own loss or gradients were

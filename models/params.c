@@ -36,7 +36,10 @@ void params_layout(pmap_params *p) {
   l->parts = l->flags + (size_t)G;
   l->micro = l->parts + (size_t)G;
   l->record_len = (size_t)G + 2;
-  l->reduced = P + 2 + (p->guard ? (size_t)G : 0); /* a guard flag per global device */
+  /* A guard flag per global device, reduced with the guard off too: the parts (and so the
+   * gradient norm that clipping scales by, summed from their norms) are then the same with the
+   * guard on or off, and so are the steps. */
+  l->reduced = P + 2 + (size_t)G;
   size_t chunk = (l->reduced + (size_t)G - 1) / (size_t)G;
   l->chunk = (chunk + 15) / 16 * 16;
   size_t end = l->micro + 1, padded = (size_t)G * l->chunk;

@@ -27,7 +27,7 @@ typedef struct grad_layout {
   size_t micro;      /* a micro-batch's loss, before it is weighed into the loss */
   size_t records;    /* sharded: G records of record_len floats */
   size_t record_len; /* [part | loss | flags (G)] */
-  size_t reduced;    /* P + 2 (+ G with the guard) */
+  size_t reduced;    /* P + 2 + G (the flags' slots reduced with the guard off too) */
   size_t chunk;      /* ceil(reduced / G) rounded up to 16 floats */
   size_t len;        /* floats of the buffer */
   size_t host_len;   /* floats of a device's host tail: [loss | flags (G) | parts (G)], records */

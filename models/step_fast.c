@@ -301,8 +301,9 @@ static pmap_status read_back(pmap_device *dev, step_call *c, replica *r) {
   if (p->guard) {
     float *h = p->guard_host; /* device 0's row: loss, flags (n), norm */
     PMAP_TRY(backend_download(dev, h, r->g + p->gl.loss, ((size_t)n + 2) * sizeof *h));
-    int finite = 1;
-    for (int i = 0; i < n + 2; i++) finite &= isfinite(h[i]) != 0;
+    /* The averaged loss and norm decide (a device's own non-finite value makes them so); the
+     * flags only name the devices. */
+    int finite = isfinite(h[0]) && isfinite(h[n + 1]);
     if (finite && pmap_guard_norm_over(h[n + 1], p->opt.clip_norm, params_norm_max(p)))
       c->over_norm = h[n + 1], finite = 0; /* as the device decided (ops/cuda/step_vals.cu) */
     c->skipped = !finite;

@@ -35,8 +35,10 @@ static verdict decide(const pmap_params *p, const float *h) {
   for (int k = 0; k < G; k++) sum += (double)h[G + 1 + k] * (double)h[G + 1 + k];
   float norm = (float)sqrt(sum);
   if (p->guard) {
-    int finite = isfinite(norm) != 0;
-    for (int i = 0; i < G + 1; i++) finite &= isfinite(h[i]) != 0;
+    /* The averaged loss and norm decide: NaN and infinity pass through the mean, so a device's
+     * own non-finite value makes them non-finite; the flags (where computed) only name the
+     * devices, so a device whose own finite values have a norm past FLT_MAX skips no step. */
+    int finite = isfinite(norm) && isfinite(h[0]);
     if (!finite) {
       v.skip = 1;
       return v;

@@ -213,6 +213,91 @@ static void test_clip_devices(void) {
   free(want);
 }
 
+/* Clipping scales by the norm summed from the parts' norms (one part per device), so the parts
+ * must not depend on the guard: with the guard on and off, the same clipped steps give the same
+ * bits. Sizes around where the guard's N flags would move the parts' boundaries, on 3 and 4
+ * devices, gradients of a function of the step, the device and the index. */
+typedef struct wavy {
+  int64_t step;
+} wavy;
+
+static pmap_status wavy_grad(const pmap_grad_args *a, void *user) {
+  wavy *w = user;
+  uint64_t key = (uint64_t)w->step * 7919u + (uint64_t)pmap_axis_index(a->dev) * 104729u;
+  for (size_t i = 0; i < a->num_params; i++) {
+    uint64_t z = (key + i) * 0x9e3779b97f4a7c15ull;
+    z ^= z >> 29;
+    a->grads[i] += a->scale * ((float)(z % 2001u) / 1000.0f - 1.0f);
+  }
+  *a->loss = 1.0f;
+  return PMAP_SUCCESS;
+}
+
+/* Flags name devices and do not decide: device 1's own gradient of three values 2.5e38 has a
+ * norm past FLT_MAX (4.3e38), their mean over 4 devices (6.25e37 each, norm 1.1e38) is finite,
+ * so the step is taken, with a gradient function (whose flags are computed every step) as with a
+ * built-in model (whose are not). */
+static pmap_status own_huge_grad(const pmap_grad_args *a, void *user) {
+  (void)user;
+  for (size_t i = 0; i < a->num_params; i++)
+    a->grads[i] += pmap_axis_index(a->dev) == 1 && i < 3 ? 2.5e38f : 0.0f;
+  *a->loss = 1.0f;
+  return PMAP_SUCCESS;
+}
+
+static void test_own_norm_past_max(void) {
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 4};
+  pmap_optimizer opt = pmap_sgd(1e-36f, 0.0f);
+  float init[5] = {0}, xs[4] = {0}, w[5];
+  int64_t sh[1] = {4};
+  pmap_array x = pmap_array_f32(xs, 1, sh);
+  pmap_ctx *ctx = NULL;
+  pmap_params *p = NULL;
+  CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+  CHECK_OK(pmap_params_create_custom(ctx, 5, init, own_huge_grad, NULL, &opt, &p));
+  CHECK(pmap_update(p, &x, &x, NULL) == PMAP_SUCCESS && pmap_params_step(p) == 1,
+        "a device's own norm past FLT_MAX with a finite mean: %s", pmap_last_error());
+  CHECK_OK(pmap_params_read(p, 0, w, 5));
+  /* w = -lr 6.25e37 = -62.5 within three roundings of 2^-24 (the floats 2.5e38 and 1e-36, their
+   * product; the mean's division by 4 is exact): 1.8e-7 relative, held to 1e-6. */
+  CHECK(fabsf(w[0] + 62.5f) < 62.5f * 1e-6f && w[3] == 0.0f, "w %g %g", (double)w[0],
+        (double)w[3]);
+  pmap_params_destroy(p);
+  CHECK_OK(pmap_ctx_destroy(ctx));
+}
+
+static void test_clip_guard_off(void) {
+  for (int n = 3; n <= 4; n++)
+    for (size_t P = 184; P <= 192; P++) {
+      float *w[2] = {malloc(P * sizeof(float)), malloc(P * sizeof(float))};
+      for (int guard = 0; guard < 2 && w[0] && w[1]; guard++) {
+        pmap_config cfg = {.backend = PMAP_BACKEND_CPU,
+                           .num_devices = n,
+                           .numeric_guard = guard ? PMAP_GUARD_ON : PMAP_GUARD_OFF,
+                           .shard_optimizer = PMAP_SHARD_OFF};
+        pmap_optimizer opt = pmap_sgd(1.0f, 0.9f);
+        opt.clip_norm = 1e-3f;
+        float *init = calloc(P, sizeof *init), xs[12] = {0};
+        int64_t sh[1] = {12};
+        pmap_array x = pmap_array_f32(xs, 1, sh);
+        pmap_ctx *ctx = NULL;
+        pmap_params *p = NULL;
+        wavy wv = {0};
+        CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+        CHECK_OK(pmap_params_create_custom(ctx, (int64_t)P, init, wavy_grad, &wv, &opt, &p));
+        for (wv.step = 0; wv.step < 6 && p; wv.step++) CHECK_OK(pmap_update(p, &x, &x, NULL));
+        if (p) CHECK_OK(pmap_params_read(p, n - 1, w[guard], P));
+        pmap_params_destroy(p);
+        CHECK_OK(pmap_ctx_destroy(ctx));
+        free(init);
+      }
+      if (w[0] && w[1])
+        CHECK(!memcmp(w[0], w[1], P * sizeof(float)),
+              "%d devices, %zu parameters: clipped steps differ with the guard on and off", n, P);
+      free(w[0]), free(w[1]);
+    }
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Fault injection                                                                            */
 
@@ -721,6 +806,8 @@ int main(void) {
   test_clip_reference(1);
   test_clip_reference(4);
   test_clip_devices();
+  test_clip_guard_off();
+  test_own_norm_past_max();
   test_fault_alloc();
   test_fault_collective();
   test_fault_stall();

@@ -8,9 +8,10 @@
 /* tail: [loss | flags (n) | norm] of the averaged gradient buffer. */
 static __global__ void decide_kernel(const float *tail, int n, int check, float clip,
                                      float norm_max, cuda_step_vals *vals) {
+  /* The averaged loss and norm: a device's own non-finite value makes them non-finite, and the
+   * flags in between only name the devices (models/step_paths.c decides alike). */
   int finite = 1;
-  if (check)
-    for (int i = 0; i < n + 2; i++) finite &= isfinite(tail[i]) ? 1 : 0;
+  if (check) finite = isfinite(tail[0]) && isfinite(tail[n + 1]) ? 1 : 0;
   float norm = tail[n + 1], scale = 1.0f;
   if (check && pmap_guard_norm_over(norm, clip, norm_max)) finite = 0;
   /* In double, as on the host: clip / norm may underflow float. */
