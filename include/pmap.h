@@ -206,10 +206,19 @@ typedef struct pmap_config {
                             nothing (as for any failed allocation). The kernels' own buffers
                             (pmap_params_memory's comment) are not counted. Ignored on CUDA,
                             whose limit is the device's free memory. */
+  int recompute;         /* PMAP_RECOMPUTE_NONE (0, the default): a step keeps every layer's
+                            activations from forward to backward; PMAP_RECOMPUTE_FULL: of each
+                            residual block (the outermost, without batch norm or other layers
+                            with state or collectives) it keeps only the input, and computes the
+                            block's layers forward again just before their backward: activation
+                            memory of about one block instead of all, for about one more forward
+                            pass; the results are the same bits (docs/tracing.md, "When a model
+                            does not fit"). For the params created in the context. */
 } pmap_config;
 
 enum { PMAP_GUARD_ON = 0, PMAP_GUARD_OFF = 1 };
 enum { PMAP_SHARD_AUTO = 0, PMAP_SHARD_OFF = 1, PMAP_SHARD_ON = 2 };
+enum { PMAP_RECOMPUTE_NONE = 0, PMAP_RECOMPUTE_FULL = 1 };
 
 typedef struct pmap_ctx pmap_ctx;
 
@@ -993,6 +1002,9 @@ typedef struct pmap_memory_plan {
   int optimizer_sharded;
   size_t device_free; /* memory free on device 0 now (CUDA: cudaMemGetInfo); SIZE_MAX where the
                          backend does not know (CPU) */
+  int recompute;      /* the recomputation the activations are planned for: PMAP_RECOMPUTE_FULL
+                         when some block of the model is recomputed (pmap_config.recompute),
+                         else PMAP_RECOMPUTE_NONE */
 } pmap_memory_plan;
 /* Fills *out for pmap_update at global batch `batch` (this process's rows under several
  * processes, as pmap_update takes them), with the params' micro-batches. On CPU the total is

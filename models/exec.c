@@ -69,19 +69,42 @@ static size_t layer_rows(const pmap_model *m, const layer *l) {
   return (size_t)l->out_size * copies + layer_aux_rows(l, m->bf16) + in16;
 }
 
-int model_arena_floats(const pmap_model *m, int64_t bd, size_t *out) {
-  size_t total = 0, per = 0, col = model_col_size(m);
-  if (bd < 0 || __builtin_mul_overflow(col, (size_t)2, &total) ||
-      __builtin_mul_overflow(model_tmp_rows(m), (size_t)bd, &per) ||
-      __builtin_add_overflow(total, per, &total))
+/* Floats of layer l's own part of the arena over bd examples; -1 on overflow. */
+static int layer_floats(const pmap_model *m, const layer *l, int64_t bd, size_t *out) {
+  size_t per = 0;
+  if (__builtin_mul_overflow(layer_rows(m, l), (size_t)bd, &per) ||
+      __builtin_add_overflow(per, layer_aux_fixed(l, m->bf16), out))
     return -1;
+  return 0;
+}
+
+/* The layers' part of the arena: every layer's own, except that the layers of recomputed blocks
+ * (layer.shared) take one region that each such block uses in turn, sized for the largest. */
+static int layers_floats(const pmap_model *m, int64_t bd, size_t *out) {
+  size_t total = 0, run = 0, region = 0;
   for (int i = 0; i < m->n_layers; i++) {
     const layer *l = &m->layers[i];
-    if (__builtin_mul_overflow(layer_rows(m, l), (size_t)bd, &per) ||
-        __builtin_add_overflow(total, per, &total) ||
-        __builtin_add_overflow(total, layer_aux_fixed(l, m->bf16), &total))
-      return -1;
+    size_t f = 0;
+    if (layer_floats(m, l, bd, &f)) return -1;
+    if (!l->shared) {
+      run = 0;
+      if (__builtin_add_overflow(total, f, &total)) return -1;
+      continue;
+    }
+    if (__builtin_add_overflow(run, f, &run)) return -1;
+    region = run > region ? run : region;
   }
+  if (__builtin_add_overflow(total, region, out)) return -1;
+  return 0;
+}
+
+int model_arena_floats(const pmap_model *m, int64_t bd, size_t *out) {
+  size_t total = 0, per = 0, layers = 0, col = model_col_size(m);
+  if (bd < 0 || __builtin_mul_overflow(col, (size_t)2, &total) ||
+      __builtin_mul_overflow(model_tmp_rows(m), (size_t)bd, &per) ||
+      __builtin_add_overflow(total, per, &total) || layers_floats(m, bd, &layers) ||
+      __builtin_add_overflow(total, layers, &total))
+    return -1;
   *out = total;
   return 0;
 }
@@ -127,16 +150,26 @@ static pmap_status place_arrays(const pmap_model *m, replica *r, int device) {
                   L);
 }
 
-/* Each layer's output, output gradient, scratch and bfloat16 input, then the shared conv
+/* Each layer's output, output gradient, scratch and bfloat16 input (those of recomputed blocks
+ * in their shared region, after the others', each block from its start), then the shared conv
  * scratch and the shared scratch of the bf16 policy (where transient outputs live), in arena. */
 static void place_arena(const pmap_model *m, replica *r, float *arena, int64_t bd) {
-  size_t B = (size_t)bd;
-  float *p = arena, *tmp = arena + model_col_size(m) * 2;
-  for (int i = 0; i < m->n_layers; i++)
-    tmp += layer_rows(m, &m->layers[i]) * B + layer_aux_fixed(&m->layers[i], m->bf16);
+  size_t B = (size_t)bd, layers = 0;
+  (void)layers_floats(m, bd, &layers); /* checked by model_arena_floats before */
+  float *own = arena, *region = arena, *tmp = arena + model_col_size(m) * 2 + layers;
+  for (int i = 0; i < m->n_layers; i++) {
+    const layer *l = &m->layers[i];
+    size_t f = 0;
+    (void)layer_floats(m, l, bd, &f);
+    if (!l->shared) region += f;
+  }
+  float *p = own, *run = region;
   for (int i = 0; i < m->n_layers; i++) {
     const layer *l = &m->layers[i];
     size_t per = (size_t)l->out_size * B;
+    if (l->shared && (i == 0 || !m->layers[i - 1].shared)) run = region; /* a block's start */
+    float **at = l->shared ? &run : &own;
+    p = *at;
     if (l->transient) {
       r->act[i] = tmp;
     } else if (!layer_is_view(l)) {
@@ -149,7 +182,9 @@ static void place_arena(const pmap_model *m, replica *r, float *arena, int64_t b
     p += layer_aux_rows(l, m->bf16) * B + layer_aux_fixed(l, m->bf16);
     r->in16[i] = l->in16 ? (pmap_bf16 *)(void *)p : NULL;
     p += l->in16 ? ((size_t)l->in_size + 1) / 2 * B : 0;
+    *at = p;
   }
+  p = arena + layers;
   r->col = p;
   r->dcol = p + model_col_size(m);
   r->tmp = model_tmp_rows(m) ? tmp : NULL;
@@ -235,12 +270,30 @@ pmap_status model_state_begin(const pmap_model *m, replica *r) { return state_co
 
 pmap_status model_state_commit(const pmap_model *m, replica *r) { return state_copy(m, r, 1); }
 
+/* A recomputed block's layers [b, e) forward again from its kept input r->in[b], before the
+ * backward of its end e: the same operations on the same values, so the same bits (dropout's
+ * masks are keyed by the step and the row). In a span of its own on the device's track. */
+static pmap_status recompute_block(pmap_device *dev, const pmap_model *m, replica *r, int b, int e,
+                                   int64_t bd, trace_rec *tr) {
+  runtime_span sp = tr ? runtime_span_begin(dev) : (runtime_span){0, -1};
+  const float *in = r->in[b];
+  for (int j = b; j < e; j++) {
+    r->in[j] = in;
+    PMAP_TRY(layer_forward(dev, m, r, j, in, bd));
+    in = r->out[j];
+  }
+  if (tr) runtime_span_end(dev, sp, "recompute", m->layers[b].cls->name, b, "layer", -1);
+  return PMAP_SUCCESS;
+}
+
 pmap_status model_backward(pmap_device *dev, const pmap_model *m, replica *r, int64_t bd) {
   const float *dy = r->dact[m->n_layers - 1];
   trace_rec *tr = dev ? runtime_trace(runtime_ctx_of(dev)) : NULL;
   for (int i = m->n_layers - 1; i >= 0; i--) {
     float *dx = i > 0 ? r->dact[i - 1] : NULL; /* the input needs no gradient */
     const float *next = NULL;
+    if (m->layers[i].recompute_from)
+      PMAP_TRY(recompute_block(dev, m, r, m->layers[i].recompute_from - 1, i, bd, tr));
     r->dout[i] = dy;
     runtime_span sp = tr ? runtime_span_begin(dev) : (runtime_span){0, -1};
     PMAP_TRY(layer_backward(dev, m, r, i, dy, dx, &next, bd));

@@ -55,6 +55,13 @@ struct layer {
    * in16_made, a layer before wrote this layer's in16 so, and layer.c does not. */
   int out16_at, in16_made;
   size_t tmp_rows;
+  /* Recomputation (model.c's model_set_recompute sets these on the params' copy; 0 without):
+   * shared, 1 for the layers from a recomputed block's start up to its end (not the end): their
+   * activations, output gradients and scratch lie in one region of the arena that every
+   * recomputed block uses in turn; recompute_from, on such a block's end, its start + 1: before
+   * the end's backward, model_backward computes the start's layers forward again from the
+   * block's input, which is kept (docs/tracing.md, "When a model does not fit"). */
+  int shared, recompute_from;
   /* The kind's settings: a struct of its own file's, read with LAYER_SETTINGS. */
   _Alignas(max_align_t) unsigned char settings[LAYER_SETTINGS_BYTES];
 };
@@ -129,6 +136,10 @@ struct layer_class {
    * into g (room for LAYER_MAX_GEMMS16), returning their count. The memory plan sizes the GEMMs'
    * workspace by them (model_gemm16_workspace); tests check that every GEMM of a step fits it. */
   int (*gemms16)(const layer *l, int64_t bd, struct ops_gemm16 *g);
+  /* (optional, NULL: none) For a layer that starts a block (a residual block's start): the
+   * index of the layer that ends it, whose output depends on the block's layers only through
+   * the start's input, so that the layers in between can be computed again from it. */
+  int (*block_end)(const layer *l);
   /* (optional, 0: 1) The gain the layer before it draws its weights with, std = sqrt(gain /
    * fan_in): 2 behind a ReLU (He), 1 elsewhere (LeCun). */
   double init_gain;

@@ -34,6 +34,7 @@ pmap_status pmap_params_memory(const pmap_params *p, int64_t batch, pmap_memory_
   PMAP_TRY(pmap_ctx_lock(p->ctx, call));
   pmap_memory_plan m = {0};
   const pmap_model *model = p->model;
+  m.recompute = model->recompute;
   /* The most rows any device takes, and its micro-batches as step_grads splits them. */
   int64_t rows = (batch + n - 1) / n, fewest = batch / n;
   int64_t limit = p->grad_fn || model_has_collectives(model) ? fewest : rows;

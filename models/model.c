@@ -173,6 +173,26 @@ void model_set_precision(pmap_model *m, int bf16) {
   }
 }
 
+void model_set_recompute(pmap_model *m, int mode) {
+  m->recompute = 0;
+  for (int i = 0; i < m->n_layers; i++) m->layers[i].shared = m->layers[i].recompute_from = 0;
+  if (mode != PMAP_RECOMPUTE_FULL) return;
+  for (int i = 0; i < m->n_layers; i++) {
+    const layer *l = &m->layers[i];
+    int e = l->cls->block_end ? l->cls->block_end(l) : -1;
+    if (e <= i || e >= m->n_layers) continue;
+    /* Computed again, a layer of state would update it twice, and one with collectives would
+     * call them more often than the devices' other layers (a block inside may still qualify). */
+    int plain = 1;
+    for (int j = i; j <= e; j++) plain &= !m->layers[j].cls->collectives && !m->layers[j].s_size;
+    if (!plain) continue;
+    for (int j = i; j < e; j++) m->layers[j].shared = 1;
+    m->layers[e].recompute_from = i + 1;
+    m->recompute = PMAP_RECOMPUTE_FULL;
+    i = e; /* the outermost block only: the blocks inside it are computed again with it */
+  }
+}
+
 size_t model_tmp_rows(const pmap_model *m) {
   size_t most = 0;
   for (int i = 0; i < m->n_layers; i++)

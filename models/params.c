@@ -189,6 +189,7 @@ static pmap_status params_setup(pmap_ctx *ctx, pmap_params *p, const pmap_optimi
   p->opt_slots = optimizer_slots(opt);
   p->micro_batches = 1;
   p->guard = runtime_guard(ctx);
+  model_set_recompute(p->model, runtime_recompute(ctx));
   params_layout(p);
   if (!p->shard && runtime_fault_is(ctx, FAULT_GATHER))
     return PMAP_ERR(

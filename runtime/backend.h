@@ -139,6 +139,7 @@ struct pmap_ctx {
   int numeric_guard;       /* pmap_config.numeric_guard */
   int uneven;              /* pmap_config.uneven_batches */
   size_t max_memory;       /* pmap_config.max_memory (0: none): the CPU allocator's limit */
+  int recompute;           /* pmap_config.recompute, for the params created here */
   int shard;               /* pmap_config.shard_optimizer, AUTO resolved by PMAP_SHARD_OPTIMIZER
                               when set: PMAP_SHARD_AUTO, _OFF or _ON */
   _Atomic int abort;       /* set when a device failed in the current job */

@@ -53,6 +53,7 @@ static const layer_class begin_class = {
     .forward = begin_forward,
     .backward = begin_backward,
     .geometry = geometry,
+    .block_end = other_of,
 };
 
 static const layer_class end_class = {

@@ -1,0 +1,269 @@
+/* test_recompute.c: pmap_config.recompute. With PMAP_RECOMPUTE_FULL a step keeps only each
+ * recomputed residual block's input and computes the block again before its backward: the
+ * parameters after several steps and the predictions are the same bits as without, on 1 to 3
+ * devices, fp32 and bf16, with micro-batches; the plan's activations shrink where a block is
+ * recomputed (and only there: a block with batch norm is not), the plan says which, and a limit
+ * that only the recomputed plan fits trains under it while the stored one is refused. Public
+ * API only. */
+#include "pmap_examples.h"
+#include "testutil.h"
+
+enum { BATCH = 12, STEPS = 3 };
+
+/* A transformer of 2 blocks on the copy task. */
+static pmap_model *gpt_model(void) {
+  pmap_gpt_config c = {.vocab = 128, .context = 12, .width = 24, .depth = 2, .heads = 3, .tied = 1};
+  pmap_model *m = NULL;
+  CHECK_OK(pmap_gpt_model(&c, &m));
+  return m;
+}
+
+/* Dense layers in residual blocks: one with dropout and a nested block (layer norm, tanh), one
+ * with batch norm (whose state a second forward pass would update twice: not recomputed), one
+ * plain. */
+static pmap_model *mixed_model(void) {
+  int64_t in = 16;
+  pmap_model *m = NULL;
+  CHECK_OK(pmap_model_create(1, &in, &m));
+  CHECK_OK(pmap_model_add_dense(m, 24));
+  CHECK_OK(pmap_model_begin_residual(m));
+  CHECK_OK(pmap_model_add_dense(m, 24));
+  CHECK_OK(pmap_model_add_gelu(m));
+  CHECK_OK(pmap_model_add_dropout(m, 0.25f));
+  CHECK_OK(pmap_model_begin_residual(m));
+  CHECK_OK(pmap_model_add_layernorm(m));
+  CHECK_OK(pmap_model_add_dense(m, 24));
+  CHECK_OK(pmap_model_add_tanh(m));
+  CHECK_OK(pmap_model_end_residual(m));
+  CHECK_OK(pmap_model_add_dense(m, 24));
+  CHECK_OK(pmap_model_end_residual(m));
+  CHECK_OK(pmap_model_begin_residual(m));
+  CHECK_OK(pmap_model_add_batchnorm(m, 0));
+  CHECK_OK(pmap_model_add_dense(m, 24));
+  CHECK_OK(pmap_model_add_relu(m));
+  CHECK_OK(pmap_model_end_residual(m));
+  CHECK_OK(pmap_model_begin_residual(m));
+  CHECK_OK(pmap_model_add_dense(m, 24));
+  CHECK_OK(pmap_model_end_residual(m));
+  CHECK_OK(pmap_model_add_dense(m, 5));
+  CHECK_OK(pmap_model_set_loss(m, PMAP_LOSS_SOFTMAX_XENT));
+  return m;
+}
+
+/* A model whose only block holds batch norm: nothing to recompute. */
+static pmap_model *bn_model(void) {
+  int64_t in = 16;
+  pmap_model *m = NULL;
+  CHECK_OK(pmap_model_create(1, &in, &m));
+  CHECK_OK(pmap_model_add_dense(m, 24));
+  CHECK_OK(pmap_model_begin_residual(m));
+  CHECK_OK(pmap_model_add_batchnorm(m, 1));
+  CHECK_OK(pmap_model_add_dense(m, 24));
+  CHECK_OK(pmap_model_end_residual(m));
+  CHECK_OK(pmap_model_add_dense(m, 5));
+  CHECK_OK(pmap_model_set_loss(m, PMAP_LOSS_SOFTMAX_XENT));
+  return m;
+}
+
+typedef struct data {
+  pmap_array xs, ys;
+  float *x;
+  int32_t *y;
+  int own; /* 1: x and y are this test's */
+} data;
+
+static void data_of(int gpt, data *d) {
+  memset(d, 0, sizeof *d);
+  if (gpt) {
+    CHECK_OK(pmap_copy_task_data(5, BATCH * STEPS, 12, &d->xs, &d->ys));
+    return;
+  }
+  d->own = 1;
+  d->x = malloc(sizeof(float) * BATCH * STEPS * 16);
+  d->y = malloc(sizeof(int32_t) * BATCH * STEPS);
+  uint64_t s = 88172645463325252ull;
+  for (int i = 0; i < BATCH * STEPS * 16; i++) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    d->x[i] = (float)(s % 2001u) / 1000.0f - 1.0f;
+  }
+  for (int i = 0; i < BATCH * STEPS; i++) d->y[i] = (int32_t)((unsigned)i * 7u % 5u);
+  int64_t xs[2] = {BATCH * STEPS, 16}, ys[1] = {BATCH * STEPS};
+  d->xs = pmap_array_f32(d->x, 2, xs);
+  d->ys = pmap_array_i32(d->y, 1, ys);
+}
+
+static void data_free(data *d) {
+  if (d->own) {
+    free(d->x), free(d->y);
+  } else {
+    pmap_example_data_free(&d->xs, &d->ys);
+  }
+}
+
+/* Rows [k BATCH, k BATCH + BATCH) of a. */
+static pmap_array rows(const pmap_array *a, int k) {
+  pmap_array r = *a;
+  size_t row = (size_t)(pmap_array_numel(a) / a->shape[0]) * 4; /* f32 and i32 */
+  r.data = (char *)a->data + (size_t)k * BATCH * row;
+  r.shape[0] = BATCH;
+  return r;
+}
+
+typedef struct outcome {
+  float *w;    /* (P) the last device's parameters after the steps */
+  float *pred; /* the predictions of the first batch's rows */
+  size_t P, n_pred;
+  pmap_memory_plan plan;
+  pmap_status st; /* the first failure */
+} outcome;
+
+/* STEPS steps of model m on n devices, recompute and precision as given, under max_memory. */
+static void train(const pmap_model *m, const data *d, int n, int recompute, int bf16, int micro,
+                  size_t max_memory, outcome *o) {
+  memset(o, 0, sizeof *o);
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU,
+                     .num_devices = n,
+                     .recompute = recompute,
+                     .max_memory = max_memory};
+  pmap_ctx *ctx = NULL;
+  pmap_params *p = NULL;
+  pmap_optimizer opt = pmap_adam(1e-2f);
+  CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+  CHECK_OK(pmap_params_create(ctx, m, &opt, 9, &p));
+  if (!p) {
+    pmap_ctx_destroy(ctx);
+    return;
+  }
+  if (bf16) CHECK_OK(pmap_params_set_precision(p, PMAP_PRECISION_BF16));
+  CHECK_OK(pmap_params_set_micro_batches(p, micro));
+  CHECK_OK(pmap_params_memory(p, BATCH, &o->plan));
+  for (int k = 0; k < STEPS && !o->st; k++) {
+    pmap_array x = rows(&d->xs, k), y = rows(&d->ys, k);
+    o->st = pmap_update(p, &x, &y, NULL);
+  }
+  o->P = pmap_params_count(p);
+  o->w = malloc(o->P * sizeof *o->w);
+  if (!o->st) {
+    CHECK_OK(pmap_params_read(p, n - 1, o->w, o->P));
+    pmap_array x = rows(&d->xs, 0);
+    int rank = 0;
+    int64_t shape[PMAP_MAX_RANK];
+    pmap_model_output_shape(m, &rank, shape);
+    int64_t oshape[PMAP_MAX_RANK + 1] = {BATCH};
+    o->n_pred = BATCH;
+    for (int k = 0; k < rank; k++) oshape[k + 1] = shape[k], o->n_pred *= (size_t)shape[k];
+    o->pred = malloc(o->n_pred * sizeof *o->pred);
+    pmap_array out = pmap_array_f32(o->pred, rank + 1, oshape);
+    CHECK_OK(pmap_predict(p, &x, &out));
+  }
+  pmap_params_destroy(p);
+  CHECK_OK(pmap_ctx_destroy(ctx));
+}
+
+static void outcome_free(outcome *o) { free(o->w), free(o->pred); }
+
+static void same_bits(const char *what, const outcome *a, const outcome *b) {
+  CHECK(!a->st && !b->st, "%s: a step failed (%d, %d): %s", what, (int)a->st, (int)b->st,
+        pmap_last_error());
+  if (a->st || b->st || !a->w || !b->w) return;
+  CHECK(a->P == b->P && !memcmp(a->w, b->w, a->P * sizeof(float)),
+        "%s: the parameters differ with recompute full", what);
+  CHECK(a->pred && b->pred && !memcmp(a->pred, b->pred, a->n_pred * sizeof(float)),
+        "%s: the predictions differ with recompute full", what);
+}
+
+static void test_recomputed_same_bits(void) {
+  const char *names[] = {"gpt", "mixed"};
+  for (int which = 0; which < 2; which++) {
+    pmap_model *m = which ? mixed_model() : gpt_model();
+    data d;
+    data_of(!which, &d);
+    for (int bf16 = 0; bf16 < 2; bf16++)
+      for (int n = 1; n <= 3; n++)
+        for (int micro = 1; micro <= 2; micro++) {
+          if (TEST_UNDER_TSAN && (n == 2 || micro == 2)) continue;
+          char what[96];
+          snprintf(what, sizeof what, "%s, %s, %d devices, %d micro-batches", names[which],
+                   bf16 ? "bf16" : "fp32", n, micro);
+          outcome none, full;
+          train(m, &d, n, PMAP_RECOMPUTE_NONE, bf16, micro, 0, &none);
+          train(m, &d, n, PMAP_RECOMPUTE_FULL, bf16, micro, 0, &full);
+          same_bits(what, &none, &full);
+          CHECK(none.plan.recompute == PMAP_RECOMPUTE_NONE &&
+                    full.plan.recompute == PMAP_RECOMPUTE_FULL,
+                "%s: plan.recompute %d and %d", what, none.plan.recompute,
+                full.plan.recompute);
+          CHECK(full.plan.activations < none.plan.activations &&
+                    full.plan.total == none.plan.total - none.plan.activations +
+                                           full.plan.activations,
+                "%s: activations %zu recomputed, %zu stored", what, full.plan.activations,
+                none.plan.activations);
+          if (n == 1 && micro == 1)
+            printf("%s: activations %zu bytes stored, %zu recomputed (%.2f)\n", what,
+                   none.plan.activations, full.plan.activations,
+                   (double)full.plan.activations / (double)none.plan.activations);
+          outcome_free(&none);
+          outcome_free(&full);
+        }
+    data_free(&d);
+    pmap_model_destroy(m);
+  }
+}
+
+/* Only batch norm's block: nothing is recomputed, the plan says so and is the stored one. */
+static void test_nothing_to_recompute(void) {
+  pmap_model *m = bn_model();
+  data d;
+  data_of(0, &d);
+  outcome none, full;
+  train(m, &d, 2, PMAP_RECOMPUTE_NONE, 0, 1, 0, &none);
+  train(m, &d, 2, PMAP_RECOMPUTE_FULL, 0, 1, 0, &full);
+  same_bits("batch norm's block", &none, &full);
+  CHECK(full.plan.recompute == PMAP_RECOMPUTE_NONE &&
+            full.plan.activations == none.plan.activations,
+        "batch norm's block: recompute %d, activations %zu against %zu", full.plan.recompute,
+        full.plan.activations, none.plan.activations);
+  outcome_free(&none);
+  outcome_free(&full);
+  data_free(&d);
+  pmap_model_destroy(m);
+}
+
+/* A limit between the two plans: the stored steps are refused, the recomputed ones train under
+ * it to the same bits as without any limit (the plan is what a step allocates). */
+static void test_fits_only_recomputed(void) {
+  pmap_model *m = gpt_model();
+  data d;
+  data_of(1, &d);
+  outcome none, full, limited, refused;
+  train(m, &d, 2, PMAP_RECOMPUTE_NONE, 0, 1, 0, &none);
+  train(m, &d, 2, PMAP_RECOMPUTE_FULL, 0, 1, 0, &full);
+  size_t limit = full.plan.total;
+  CHECK(limit < none.plan.total, "plans %zu and %zu", full.plan.total, none.plan.total);
+  train(m, &d, 2, PMAP_RECOMPUTE_FULL, 0, 1, limit, &limited);
+  same_bits("under the recomputed plan's limit", &none, &limited);
+  train(m, &d, 2, PMAP_RECOMPUTE_NONE, 0, 1, limit, &refused);
+  CHECK(refused.st == PMAP_ERR_OUT_OF_MEMORY, "stored steps under %zu bytes: status %d", limit,
+        (int)refused.st);
+  outcome_free(&none);
+  outcome_free(&full);
+  outcome_free(&limited);
+  outcome_free(&refused);
+  data_free(&d);
+  pmap_model_destroy(m);
+}
+
+static void test_bad_setting(void) {
+  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 1, .recompute = 2};
+  pmap_ctx *ctx = NULL;
+  CHECK_FAILS(pmap_ctx_create(&cfg, &ctx), PMAP_ERR_INVALID_ARGUMENT, "recompute 2");
+  CHECK(ctx == NULL, "a context was made");
+}
+
+int main(void) {
+  test_bad_setting();
+  test_recomputed_same_bits();
+  test_nothing_to_recompute();
+  test_fits_only_recomputed();
+  return test_exit("recompute");
+}
