@@ -448,6 +448,16 @@ expect_error 'a fraction needs K, M or G after it' --backend cpu --max-memory 1.
 expect_error '--max-memory "1.K" is not a size in bytes' --backend cpu --max-memory 1.K
 expect_error 'a fraction needs digits after the point' --backend cpu --max-memory 1.K
 
+# --recompute full: the memory object says so, with fewer activation bytes than none; the same
+# final parameters (the checkpoints' bytes) as none; other values refused.
+rc=(--backend cpu --model res-mlp --devices 2 --steps 3 --log-every 0)
+"$train" "${rc[@]}" --recompute none --json --save "$tmp/rc-none.ckpt" >"$tmp/rc-none" 2>&1 ||
+  bad "--recompute none failed"
+json_check "${rc[@]}" --recompute full --save "$tmp/rc-full.ckpt" -- \
+  "j['memory']['recompute'] == 'full' and j['memory']['activations'] < $(tail -n 1 "$tmp/rc-none" | python3 -c "import json,sys; j=json.loads(sys.stdin.read()); print(j['memory']['activations'] if j['memory']['recompute'] == 'none' else -1)")"
+if cmp -s "$tmp/rc-none.ckpt" "$tmp/rc-full.ckpt"; then ok; else bad "--recompute full changed the trained parameters"; fi
+expect_error '--recompute' --backend cpu --recompute selective
+
 # Language models: --text on a small repetitive file (the tiny transformer learns it well below
 # the 5.55 nats of a uniform byte), the same run on 1 and 2 devices, --sample from the trained
 # and from a saved model, and the options' refusals.

@@ -520,7 +520,8 @@ int main(int argc, char **argv) {
                      .timeout_s = o.timeout_s,
                      .numeric_guard = o.no_guard ? PMAP_GUARD_OFF : PMAP_GUARD_ON,
                      .shard_optimizer = o.shard,
-                     .max_memory = (size_t)o.max_memory};
+                     .max_memory = (size_t)o.max_memory,
+                     .recompute = o.recompute};
   if ((sst = pmap_ctx_create(&cfg, &ctx))) {
     fail(&r, "cannot create the context");
     setup_failed(&r, sst);

@@ -22,17 +22,17 @@ int watch_memory(pmap_params *params, int64_t batch, int64_t max_bytes, pmap_mem
   const pmap_memory_plan *m = plan;
   printf(
       "pmap-train: memory per device: parameters %.4g MB, gradients %.4g MB, optimizer %.4g MB "
-      "(%s), state %.4g MB, activations %.4g MB, staging %.4g MB: total %.4g MB",
+      "(%s), state %.4g MB, activations %.4g MB%s, staging %.4g MB: total %.4g MB",
       mb(m->params), mb(m->grads), mb(m->optimizer),
       m->optimizer_sharded ? "sharded" : "replicated", mb(m->state), mb(m->activations),
-      mb(m->staging), mb(m->total));
+      m->recompute ? " (blocks recomputed)" : "", mb(m->staging), mb(m->total));
   if (m->device_free != SIZE_MAX) printf(" (device free %.4g MB)", mb(m->device_free));
   printf("\n");
   if (max_bytes > 0 && m->total > (uint64_t)max_bytes) {
     snprintf(why, why_size,
              "--max-memory %lld: the plan needs %zu bytes per device (%.4g MB), over the limit "
-             "by %.4g MB; nothing was run (lower --batch, raise --micro-batches, or shard the "
-             "optimizer)",
+             "by %.4g MB; nothing was run (lower --batch, raise --micro-batches, shard the "
+             "optimizer, or --recompute full)",
              (long long)max_bytes, m->total, mb(m->total), mb(m->total - (size_t)max_bytes));
     return 1;
   }
@@ -49,9 +49,9 @@ void watch_memory_json(FILE *f, const pmap_memory_plan *m) {
   fprintf(f,
           "{\"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, \"optimizer_sharded\": %s, "
           "\"state\": %zu, \"activations\": %zu, \"staging\": %zu, \"total\": %zu, "
-          "\"device_free\": ",
+          "\"recompute\": \"%s\", \"device_free\": ",
           m->params, m->grads, m->optimizer, m->optimizer_sharded ? "true" : "false", m->state,
-          m->activations, m->staging, m->total);
+          m->activations, m->staging, m->total, m->recompute ? "full" : "none");
   if (m->device_free == SIZE_MAX)
     fprintf(f, "null}");
   else

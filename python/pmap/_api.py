@@ -247,7 +247,8 @@ class Model:
 
 class Context:
     """The device mesh: Context(backend="cpu", devices=4, timeout=0.0, numeric_guard=True,
-    uneven_batches=False, shard_optimizer=None, caller_waits=True, max_memory=None). devices: a positive int, or
+    uneven_batches=False, shard_optimizer=None, caller_waits=True, max_memory=None,
+    recompute="none"). devices: a positive int, or
     None for the backend's default (the C library's PMAP_DEVICES_DEFAULT). shard_optimizer: True
     shards the optimizer over the devices (ZeRO-1), False replicates it, None leaves it to the
     library (the PMAP_SHARD_OPTIMIZER variable, else sharded from 65536 parameters on).
@@ -256,6 +257,10 @@ class Context:
     thread fewer (params_custom then refuses). max_memory: None for no limit, or the bytes each
     CPU device may hold of what pmap allocates for it (pmap_config.max_memory: the memory plan's
     parts); an allocation past it raises pmap.Error (out of memory) naming the limit.
+    recompute: "none" keeps every layer's activations from forward to backward; "full" keeps
+    only each residual block's input and computes the block again before its backward (the
+    same results, about one block's activations, about one more forward pass:
+    pmap_config.recompute).
 
     Close it with close() or a with block; closing it closes its params (each after the call
     running on it, if any). Any thread may use it. It belongs to the process that created it:
@@ -266,7 +271,7 @@ class Context:
 
     def __init__(self, backend="auto", devices=None, timeout=0.0, numeric_guard=True,
                  uneven_batches=False, shard_optimizer=None, caller_waits=True,
-                 max_memory=None):
+                 max_memory=None, recompute="none"):
         cfg = Config()
         cfg.backend = choice("backend", backend, _BACKENDS)
         cfg.num_devices = -1 if devices is None else integer("devices", devices, *_COUNT)
@@ -278,6 +283,7 @@ class Context:
         cfg.caller_waits = flag("caller_waits", caller_waits)
         cfg.max_memory = 0 if max_memory is None else integer("max_memory", max_memory, 1,
                                                                 2 ** 63 - 1)
+        cfg.recompute = choice("recompute", recompute, {"none": 0, "full": 1})
         self.caller_waits = bool(cfg.caller_waits)
         self._uneven = bool(cfg.uneven_batches)
         self._children = set()  # the handles of its params, closed before it
@@ -548,7 +554,8 @@ class Params:
     def memory(self, batch):
         """The device memory a step of update() at this global batch needs on each device, in
         bytes: a dict of params, grads, optimizer, state, activations, staging, total,
-        optimizer_sharded (bool) and device_free (None where the backend does not know: CPU)."""
+        optimizer_sharded (bool), device_free (None where the backend does not know: CPU) and
+        recompute ("full" when some residual block is computed again, else "none")."""
         batch = integer("batch", batch, *INT64)
         plan = _lib.MemoryPlan()
         check(self._call("Params.memory", lib.pmap_params_memory, batch, ctypes.byref(plan)))
@@ -556,6 +563,7 @@ class Params:
         out["optimizer_sharded"] = bool(out["optimizer_sharded"])
         if out["device_free"] == ctypes.c_size_t(-1).value:
             out["device_free"] = None
+        out["recompute"] = "full" if out["recompute"] else "none"
         return out
 
     def set_micro_batches(self, k):

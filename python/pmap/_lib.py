@@ -69,6 +69,7 @@ class Config(ctypes.Structure):
         ("cuda_bucket_mb", ctypes.c_int),
         ("caller_waits", ctypes.c_int),
         ("max_memory", ctypes.c_size_t),
+        ("recompute", ctypes.c_int),
     ]
 
 
@@ -140,6 +141,7 @@ class MemoryPlan(ctypes.Structure):
         ("total", ctypes.c_size_t),
         ("optimizer_sharded", ctypes.c_int),
         ("device_free", ctypes.c_size_t),
+        ("recompute", ctypes.c_int),
     ]
 
 

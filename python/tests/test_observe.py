@@ -17,6 +17,12 @@ def model():
     return pmap.Model(input_shape=(6,)).dense(10).gelu().dense(4).loss("softmax_xent")
 
 
+def residual_model():
+    return (pmap.Model(input_shape=(6,)).dense(10).begin_residual().layernorm().dense(10).gelu()
+            .dropout(0.2).dense(10).end_residual().begin_residual().dense(10).tanh()
+            .end_residual().dense(4).loss("softmax_xent"))
+
+
 def data(rows=12, seed=1):
     rng = np.random.default_rng(seed)
     return rng.standard_normal((rows, 6)).astype(np.float32), rng.integers(0, 4, rows)
@@ -166,6 +172,28 @@ def test_memory_limit():
     for bad in (True, 1.5, "1G"):
         with pytest.raises(pmap.ArgumentTypeError):
             pmap.Context(backend="cpu", devices=1, max_memory=bad)
+
+
+def test_recompute():
+    """recompute="full" on residual blocks: the same bits as "none", fewer activation bytes in
+    the plan, and the plan says which; other values are refused."""
+    x, y = data()
+    got, plans = {}, {}
+    for mode in ("none", "full"):
+        with pmap.Context(backend="cpu", devices=DEVICES, recompute=mode) as ctx:
+            with ctx.params(residual_model(), pmap.adam(1e-2), seed=3) as params:
+                plans[mode] = params.memory(12)
+                for _ in range(3):
+                    params.update(x, y)
+                got[mode] = params.read()
+    assert np.array_equal(got["none"], got["full"])
+    assert plans["none"]["recompute"] == "none" and plans["full"]["recompute"] == "full"
+    assert plans["full"]["activations"] < plans["none"]["activations"], plans
+    with pytest.raises(pmap.ArgumentError):
+        pmap.Context(backend="cpu", devices=1, recompute="selective")
+    for bad in (1, True, None):
+        with pytest.raises(pmap.ArgumentTypeError):
+            pmap.Context(backend="cpu", devices=1, recompute=bad)
 
 
 def test_closed_objects_raise(tmp_path):
