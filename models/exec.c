@@ -289,11 +289,16 @@ static pmap_status recompute_block(pmap_device *dev, const pmap_model *m, replic
 pmap_status model_backward(pmap_device *dev, const pmap_model *m, replica *r, int64_t bd) {
   const float *dy = r->dact[m->n_layers - 1];
   trace_rec *tr = dev ? runtime_trace(runtime_ctx_of(dev)) : NULL;
+  /* The last recomputed block that the forward pass ran still holds its values in the shared
+   * region (no layer after it writes there): backward meets it first and computes it again
+   * only from the second on. */
+  int fresh = 1;
   for (int i = m->n_layers - 1; i >= 0; i--) {
     float *dx = i > 0 ? r->dact[i - 1] : NULL; /* the input needs no gradient */
     const float *next = NULL;
-    if (m->layers[i].recompute_from)
+    if (m->layers[i].recompute_from && !fresh)
       PMAP_TRY(recompute_block(dev, m, r, m->layers[i].recompute_from - 1, i, bd, tr));
+    if (m->layers[i].recompute_from) fresh = 0;
     r->dout[i] = dy;
     runtime_span sp = tr ? runtime_span_begin(dev) : (runtime_span){0, -1};
     PMAP_TRY(layer_backward(dev, m, r, i, dy, dx, &next, bd));

@@ -220,7 +220,9 @@ pmap_status model_loss(const pmap_model *m, replica *r, const void *y, int64_t b
  * r->pending (once the step is taken). No-ops for a model without state. */
 pmap_status model_state_begin(const pmap_model *m, replica *r);
 pmap_status model_state_commit(const pmap_model *m, replica *r);
-/* Backward after model_loss: parameter gradients accumulate into r->g. */
+/* Backward right after model_forward and model_loss of the same rows (recomputed blocks but the
+ * last are run forward again; the last still holds the forward's values): parameter gradients
+ * accumulate into r->g. */
 pmap_status model_backward(pmap_device *dev, const pmap_model *m, replica *r, int64_t bd);
 
 /* Layer i's forward over bd examples from in (its class's forward): sets r->out[i] (r->act[i]
