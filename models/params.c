@@ -189,7 +189,9 @@ static pmap_status params_setup(pmap_ctx *ctx, pmap_params *p, const pmap_optimi
   p->opt_slots = optimizer_slots(opt);
   p->micro_batches = 1;
   p->guard = runtime_guard(ctx);
-  model_set_recompute(p->model, runtime_recompute(ctx));
+  p->recompute = runtime_recompute(ctx);
+  p->recompute_on = p->recompute == PMAP_RECOMPUTE_FULL;
+  model_set_recompute(p->model, p->recompute_on ? PMAP_RECOMPUTE_FULL : PMAP_RECOMPUTE_NONE);
   params_layout(p);
   if (!p->shard && runtime_fault_is(ctx, FAULT_GATHER))
     return PMAP_ERR(

@@ -51,6 +51,8 @@ struct pmap_params {
   int micro_batches; /* >= 1: each device's rows are split into this many parts */
   replica *rep;      /* (D) */
   int guard;         /* the numeric guard is on (pmap_config.numeric_guard) */
+  int recompute;     /* pmap_config.recompute (PMAP_RECOMPUTE_*) */
+  int recompute_on;  /* 1: the model is laid out for PMAP_RECOMPUTE_FULL (model_set_recompute) */
   int shard;         /* the optimizer is sharded (pmap_config.shard_optimizer, G > 1) */
   grad_layout gl;
   /* The numeric policy (models/precision.c). */
@@ -83,6 +85,14 @@ static inline void params_part(const pmap_params *p, int k, size_t *lo, size_t *
 static inline pmap_status params_dispatch(pmap_params *p, pmap_fn fn, void *arg) {
   return models_dispatch(p->ctx, p->ob, fn, arg);
 }
+/* memory.c, under the context's lock. The plan of a step at `batch` (this process's rows; as
+ * pmap_params_memory, which the caller checked it for), with the recomputation a step at that
+ * batch takes; PMAP_ERR_INVALID_ARGUMENT naming call where it overflows. */
+pmap_status params_plan(const pmap_params *p, int64_t batch, pmap_memory_plan *out,
+                        const char *call);
+/* Under PMAP_RECOMPUTE_AUTO: lays the model out for the recomputation a step at `batch` takes
+ * (params_plan's), releasing every device's activations when that changes; else nothing. */
+pmap_status params_fit_recompute(pmap_params *p, int64_t batch, const char *call);
 /* Sets reduced, chunk and the buffer lengths from n_params, guard, shard and the context. */
 void params_layout(pmap_params *p);
 /* Sharded: the all-gather of the parameters (every device sends its own part), the last act of

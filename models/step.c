@@ -253,6 +253,7 @@ pmap_status pmap_update(pmap_params *p, const pmap_array *xs, const pmap_array *
                   "cannot grow any further (nothing was changed)",
                   call, (long long)p->step);
   if (!st) st = params_mend(p, call);
+  if (!st) st = params_fit_recompute(p, c.batch, call);
   /* A refusal here is this process's alone: it still takes part in the step check, so every
    * process refuses the step and the next calls pair with each other. */
   st = step_check_processes(&c, st);

@@ -476,10 +476,10 @@ static pmap_status ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
                     "pmap_ctx_create: numeric_guard %d is neither PMAP_GUARD_ON (0) nor "
                     "PMAP_GUARD_OFF (1)",
                     cfg.numeric_guard);
-  if (cfg.recompute != PMAP_RECOMPUTE_NONE && cfg.recompute != PMAP_RECOMPUTE_FULL)
+  if (cfg.recompute < PMAP_RECOMPUTE_NONE || cfg.recompute > PMAP_RECOMPUTE_AUTO)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
-                    "pmap_ctx_create: recompute %d is neither PMAP_RECOMPUTE_NONE (0) nor "
-                    "PMAP_RECOMPUTE_FULL (1)",
+                    "pmap_ctx_create: recompute %d is none of PMAP_RECOMPUTE_NONE (0), "
+                    "PMAP_RECOMPUTE_FULL (1), PMAP_RECOMPUTE_AUTO (2)",
                     cfg.recompute);
   if (cfg.shard_optimizer < PMAP_SHARD_AUTO || cfg.shard_optimizer > PMAP_SHARD_ON)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
@@ -674,6 +674,7 @@ int runtime_uneven(const pmap_ctx *ctx) { return ctx->uneven; }
 int runtime_guard(const pmap_ctx *ctx) { return ctx->numeric_guard == PMAP_GUARD_ON; }
 int runtime_shard(const pmap_ctx *ctx) { return ctx->shard; }
 int runtime_recompute(const pmap_ctx *ctx) { return ctx->recompute; }
+size_t runtime_max_memory(const pmap_ctx *ctx) { return ctx->max_memory; }
 int runtime_distributed(const pmap_ctx *ctx) { return ctx->dist != NULL; }
 int64_t runtime_timeout_ns(const pmap_ctx *ctx) { return ctx->wait.timeout_ns; }
 int runtime_aborting(const pmap_ctx *ctx) { return atomic_load(&ctx->abort) != 0; }

@@ -41,7 +41,8 @@ int runtime_global_devices(const pmap_ctx *ctx);
 int runtime_uneven(const pmap_ctx *ctx);
 int runtime_guard(const pmap_ctx *ctx);
 int runtime_shard(const pmap_ctx *ctx);
-int runtime_recompute(const pmap_ctx *ctx); /* pmap_config.recompute */
+int runtime_recompute(const pmap_ctx *ctx);     /* pmap_config.recompute */
+size_t runtime_max_memory(const pmap_ctx *ctx); /* pmap_config.max_memory (0: none) */
 int runtime_distributed(const pmap_ctx *ctx);
 int64_t runtime_timeout_ns(const pmap_ctx *ctx);
 /* Whether a device of the current job failed (the others are abandoning it). */

@@ -457,6 +457,16 @@ json_check "${rc[@]}" --recompute full --save "$tmp/rc-full.ckpt" -- \
   "j['memory']['recompute'] == 'full' and j['memory']['activations'] < $(tail -n 1 "$tmp/rc-none" | python3 -c "import json,sys; j=json.loads(sys.stdin.read()); print(j['memory']['activations'] if j['memory']['recompute'] == 'none' else -1)")"
 if cmp -s "$tmp/rc-none.ckpt" "$tmp/rc-full.ckpt"; then ok; else bad "--recompute full changed the trained parameters"; fi
 expect_error '--recompute' --backend cpu --recompute selective
+# --recompute auto under a limit only the recomputed plan fits (its total, from the full run's
+# JSON): recomputed, says why, the same parameters; without a limit it stores.
+"$train" "${rc[@]}" --recompute full --json >"$tmp/rc-fulljson" 2>&1
+limit=$(tail -n 1 "$tmp/rc-fulljson" | python3 -c "import json,sys; print(json.loads(sys.stdin.read())['memory']['total'])")
+json_check "${rc[@]}" --recompute auto --max-memory "$limit" --save "$tmp/rc-auto.ckpt" -- \
+  "j['memory']['recompute'] == 'full' and j['memory']['total'] <= $limit and j['memory']['activations_stored'] > j['memory']['activations_recomputed'] == j['memory']['activations']"
+if grep -qF -- '--recompute auto chose full' "$tmp/out" && cmp -s "$tmp/rc-none.ckpt" "$tmp/rc-auto.ckpt"; then ok; else
+  bad "--recompute auto under $limit bytes: $(grep -F 'auto chose' "$tmp/out")"
+fi
+json_check "${rc[@]}" --recompute auto -- "j['memory']['recompute'] == 'none'"
 
 # Language models: --text on a small repetitive file (the tiny transformer learns it well below
 # the 5.55 nats of a uniform byte), the same run on 1 and 2 devices, --sample from the trained

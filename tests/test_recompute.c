@@ -50,6 +50,22 @@ static pmap_model *mixed_model(void) {
   return m;
 }
 
+/* A model of one plain block: the last block is never run again, so nothing is saved, and the
+ * plan says none. */
+static pmap_model *one_block_model(void) {
+  int64_t in = 16;
+  pmap_model *m = NULL;
+  CHECK_OK(pmap_model_create(1, &in, &m));
+  CHECK_OK(pmap_model_add_dense(m, 24));
+  CHECK_OK(pmap_model_begin_residual(m));
+  CHECK_OK(pmap_model_add_dense(m, 24));
+  CHECK_OK(pmap_model_add_gelu(m));
+  CHECK_OK(pmap_model_end_residual(m));
+  CHECK_OK(pmap_model_add_dense(m, 5));
+  CHECK_OK(pmap_model_set_loss(m, PMAP_LOSS_SOFTMAX_XENT));
+  return m;
+}
+
 /* A model whose only block holds batch norm: nothing to recompute. */
 static pmap_model *bn_model(void) {
   int64_t in = 16;
@@ -210,23 +226,28 @@ static void test_recomputed_same_bits(void) {
   }
 }
 
-/* Only batch norm's block: nothing is recomputed, the plan says so and is the stored one. */
+/* Only batch norm's block, or one plain block: nothing is recomputed, the plan says so and is
+ * the stored one. */
 static void test_nothing_to_recompute(void) {
-  pmap_model *m = bn_model();
-  data d;
-  data_of(0, &d);
-  outcome none, full;
-  train(m, &d, 2, PMAP_RECOMPUTE_NONE, 0, 1, 0, &none);
-  train(m, &d, 2, PMAP_RECOMPUTE_FULL, 0, 1, 0, &full);
-  same_bits("batch norm's block", &none, &full);
-  CHECK(full.plan.recompute == PMAP_RECOMPUTE_NONE &&
-            full.plan.activations == none.plan.activations,
-        "batch norm's block: recompute %d, activations %zu against %zu", full.plan.recompute,
-        full.plan.activations, none.plan.activations);
-  outcome_free(&none);
-  outcome_free(&full);
-  data_free(&d);
-  pmap_model_destroy(m);
+  for (int which = 0; which < 2; which++) {
+    const char *what = which ? "one plain block" : "batch norm's block";
+    pmap_model *m = which ? one_block_model() : bn_model();
+    data d;
+    data_of(0, &d);
+    outcome none, full;
+    train(m, &d, 2, PMAP_RECOMPUTE_NONE, 0, 1, 0, &none);
+    train(m, &d, 2, PMAP_RECOMPUTE_FULL, 0, 1, 0, &full);
+    same_bits(what, &none, &full);
+    CHECK(full.plan.recompute == PMAP_RECOMPUTE_NONE &&
+              full.plan.activations == none.plan.activations &&
+              full.plan.activations_recomputed == full.plan.activations_stored,
+          "%s: recompute %d, activations %zu against %zu", what, full.plan.recompute,
+          full.plan.activations, none.plan.activations);
+    outcome_free(&none);
+    outcome_free(&full);
+    data_free(&d);
+    pmap_model_destroy(m);
+  }
 }
 
 /* A limit between the two plans: the stored steps are refused, the recomputed ones train under
@@ -253,11 +274,101 @@ static void test_fits_only_recomputed(void) {
   pmap_model_destroy(m);
 }
 
+/* PMAP_RECOMPUTE_AUTO: stored without a limit and under a limit the stored plan fits,
+ * recomputed under one only the recomputed plan fits; the plan gives both rungs' bytes; the
+ * same bits either way. */
+static void test_auto(void) {
+  pmap_model *m = gpt_model();
+  data d;
+  data_of(1, &d);
+  outcome none, full, a_free, a_tight, a_roomy;
+  train(m, &d, 2, PMAP_RECOMPUTE_NONE, 0, 1, 0, &none);
+  train(m, &d, 2, PMAP_RECOMPUTE_FULL, 0, 1, 0, &full);
+  train(m, &d, 2, PMAP_RECOMPUTE_AUTO, 0, 1, 0, &a_free);
+  train(m, &d, 2, PMAP_RECOMPUTE_AUTO, 0, 1, full.plan.total, &a_tight);
+  train(m, &d, 2, PMAP_RECOMPUTE_AUTO, 0, 1, none.plan.total, &a_roomy);
+  const outcome *runs[3] = {&a_free, &a_tight, &a_roomy};
+  const int want[3] = {PMAP_RECOMPUTE_NONE, PMAP_RECOMPUTE_FULL, PMAP_RECOMPUTE_NONE};
+  for (int k = 0; k < 3; k++) {
+    const pmap_memory_plan *pl = &runs[k]->plan;
+    same_bits("auto", &none, runs[k]);
+    CHECK(pl->recompute == want[k] &&
+              pl->activations == (want[k] ? full.plan.activations : none.plan.activations),
+          "auto run %d: recompute %d, activations %zu", k, pl->recompute, pl->activations);
+    CHECK(pl->activations_stored == none.plan.activations &&
+              pl->activations_recomputed == full.plan.activations,
+          "auto run %d: the rungs' bytes %zu and %zu, want %zu and %zu", k,
+          pl->activations_stored, pl->activations_recomputed, none.plan.activations,
+          full.plan.activations);
+  }
+  outcome_free(&none);
+  outcome_free(&full);
+  for (int k = 0; k < 3; k++) outcome_free((outcome *)runs[k]);
+  data_free(&d);
+  pmap_model_destroy(m);
+}
+
+/* AUTO changes its choice as the plan changes: under a limit only the recomputed plan fits at
+ * one micro-batch, and the stored one fits at two, the steps go recomputed, stored, recomputed
+ * again, to the same bits as steps stored throughout with the same micro-batches. */
+static void test_auto_switches(void) {
+  pmap_model *m = gpt_model();
+  data d;
+  data_of(1, &d);
+  outcome none, full, half;
+  train(m, &d, 2, PMAP_RECOMPUTE_NONE, 0, 1, 0, &none);
+  train(m, &d, 2, PMAP_RECOMPUTE_FULL, 0, 1, 0, &full);
+  train(m, &d, 2, PMAP_RECOMPUTE_NONE, 0, 2, 0, &half);
+  size_t limit = full.plan.total > half.plan.total ? full.plan.total : half.plan.total;
+  CHECK(limit < none.plan.total, "no limit between the plans: %zu %zu %zu", full.plan.total,
+        half.plan.total, none.plan.total);
+  float *w[2] = {NULL, NULL};
+  int seen[3] = {-1, -1, -1};
+  for (int mode = 0; mode < 2; mode++) { /* 0: stored throughout, 1: auto under the limit */
+    pmap_config cfg = {.backend = PMAP_BACKEND_CPU,
+                       .num_devices = 2,
+                       .recompute = mode ? PMAP_RECOMPUTE_AUTO : PMAP_RECOMPUTE_NONE,
+                       .max_memory = mode ? limit : 0};
+    pmap_ctx *ctx = NULL;
+    pmap_params *p = NULL;
+    pmap_optimizer opt = pmap_adam(1e-2f);
+    CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+    CHECK_OK(pmap_params_create(ctx, m, &opt, 9, &p));
+    for (int k = 0; k < STEPS && p; k++) {
+      CHECK_OK(pmap_params_set_micro_batches(p, k == 1 ? 2 : 1));
+      pmap_memory_plan plan;
+      CHECK_OK(pmap_params_memory(p, BATCH, &plan));
+      if (mode) seen[k] = plan.recompute;
+      pmap_array x = rows(&d.xs, k), y = rows(&d.ys, k);
+      CHECK_OK(pmap_update(p, &x, &y, NULL));
+    }
+    w[mode] = malloc(none.P * sizeof(float));
+    if (p) CHECK_OK(pmap_params_read(p, 1, w[mode], none.P));
+    pmap_params_destroy(p);
+    CHECK_OK(pmap_ctx_destroy(ctx));
+  }
+  CHECK(seen[0] == PMAP_RECOMPUTE_FULL && seen[1] == PMAP_RECOMPUTE_NONE &&
+            seen[2] == PMAP_RECOMPUTE_FULL,
+        "auto chose %d, %d, %d", seen[0], seen[1], seen[2]);
+  CHECK(w[0] && w[1] && !memcmp(w[0], w[1], none.P * sizeof(float)),
+        "auto's switches changed the trained parameters");
+  free(w[0]), free(w[1]);
+  outcome_free(&none);
+  outcome_free(&full);
+  outcome_free(&half);
+  data_free(&d);
+  pmap_model_destroy(m);
+}
+
 static void test_bad_setting(void) {
-  pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 1, .recompute = 2};
-  pmap_ctx *ctx = NULL;
-  CHECK_FAILS(pmap_ctx_create(&cfg, &ctx), PMAP_ERR_INVALID_ARGUMENT, "recompute 2");
-  CHECK(ctx == NULL, "a context was made");
+  for (int bad = -1; bad <= 3; bad += 4) {
+    pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 1, .recompute = bad};
+    pmap_ctx *ctx = NULL;
+    char want[32];
+    snprintf(want, sizeof want, "recompute %d", bad);
+    CHECK_FAILS(pmap_ctx_create(&cfg, &ctx), PMAP_ERR_INVALID_ARGUMENT, want);
+    CHECK(ctx == NULL, "a context was made");
+  }
 }
 
 int main(void) {
@@ -265,5 +376,7 @@ int main(void) {
   test_recomputed_same_bits();
   test_nothing_to_recompute();
   test_fits_only_recomputed();
+  test_auto();
+  test_auto_switches();
   return test_exit("recompute");
 }

@@ -621,7 +621,8 @@ int main(int argc, char **argv) {
   printf("pmap-train: optimizer state %.4g MB per device (%s)\n",
          (double)pmap_params_optimizer_bytes(params) / 1e6,
          pmap_params_sharded(params) ? "sharded over the devices" : "replicated");
-  int fit = watch_memory(params, o.batch / procs, o.max_memory, &r.plan, why, sizeof why);
+  int fit =
+      watch_memory(params, o.batch / procs, o.max_memory, o.recompute, &r.plan, why, sizeof why);
   r.have_plan = fit >= 0; /* a plan refused is in the JSON too, to say what it needs */
   if (fit) {
     failf(&r, "%s", why);

@@ -32,7 +32,7 @@ static int clip_check(const char *p, const cli_option *o, const char *v) {
 
 static const char *const progress_choices[] = {"auto", "bar", "lines", NULL};
 static const char *const precision_choices[] = {"fp32", "bf16", NULL}; /* pmap_precision's order */
-static const char *const recompute_choices[] = {"none", "full", NULL};  /* PMAP_RECOMPUTE_* */
+static const char *const recompute_choices[] = {"none", "full", "auto", NULL}; /* PMAP_RECOMPUTE_* */
 
 #define STEPS_MAX (INT64_C(1) << 40)
 #define ROWS_MAX (INT64_C(1) << 24)
@@ -369,7 +369,8 @@ int train_parse(int argc, char **argv, opts *o) {
        .help = "none (the default): keep every layer's activations from forward to backward; "
                "full: keep only each residual block's input and compute the block again before "
                "its backward (about one block's activations, about one more forward pass, the "
-               "same results: pmap_config.recompute, docs/tracing.md)",
+               "same results: pmap_config.recompute, docs/tracing.md); auto: full only where "
+               "the stored plan is over --max-memory (on CUDA the device's free memory)",
        .choices = recompute_choices},
   };
   const cli_spec spec = {prog, table, (int)(sizeof table / sizeof table[0]),

@@ -13,8 +13,8 @@
 
 static double mb(size_t b) { return (double)b / 1e6; }
 
-int watch_memory(pmap_params *params, int64_t batch, int64_t max_bytes, pmap_memory_plan *plan,
-                 char *why, size_t why_size) {
+int watch_memory(pmap_params *params, int64_t batch, int64_t max_bytes, int recompute,
+                 pmap_memory_plan *plan, char *why, size_t why_size) {
   if (pmap_params_memory(params, batch, plan)) {
     snprintf(why, why_size, "the memory plan: %s", pmap_last_error());
     return -1;
@@ -28,12 +28,27 @@ int watch_memory(pmap_params *params, int64_t batch, int64_t max_bytes, pmap_mem
       m->recompute ? " (blocks recomputed)" : "", mb(m->staging), mb(m->total));
   if (m->device_free != SIZE_MAX) printf(" (device free %.4g MB)", mb(m->device_free));
   printf("\n");
+  if (recompute == PMAP_RECOMPUTE_AUTO) { /* which rung auto took, and why */
+    size_t stored = m->total - m->activations + m->activations_stored;
+    if (m->recompute)
+      printf("pmap-train: --recompute auto chose full: stored activations (%.4g MB) would take "
+             "the plan to %.4g MB, over the limit; recomputed they take %.4g MB\n",
+             mb(m->activations_stored), mb(stored), mb(m->activations));
+    else if (m->activations_recomputed == m->activations_stored)
+      printf("pmap-train: --recompute auto chose none: the model has no block to recompute\n");
+    else
+      printf("pmap-train: --recompute auto chose none: the stored plan fits %s\n",
+             max_bytes > 0 || m->device_free != SIZE_MAX ? "the limit" : "(no --max-memory)");
+  }
   if (max_bytes > 0 && m->total > (uint64_t)max_bytes) {
     snprintf(why, why_size,
              "--max-memory %lld: the plan needs %zu bytes per device (%.4g MB), over the limit "
              "by %.4g MB; nothing was run (lower --batch, raise --micro-batches, shard the "
-             "optimizer, or --recompute full)",
-             (long long)max_bytes, m->total, mb(m->total), mb(m->total - (size_t)max_bytes));
+             "optimizer%s)",
+             (long long)max_bytes, m->total, mb(m->total), mb(m->total - (size_t)max_bytes),
+             !m->recompute && m->activations_recomputed < m->activations_stored
+                 ? ", or --recompute full"
+                 : "");
     return 1;
   }
   if (m->device_free != SIZE_MAX && m->total > m->device_free) {
@@ -49,9 +64,11 @@ void watch_memory_json(FILE *f, const pmap_memory_plan *m) {
   fprintf(f,
           "{\"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, \"optimizer_sharded\": %s, "
           "\"state\": %zu, \"activations\": %zu, \"staging\": %zu, \"total\": %zu, "
-          "\"recompute\": \"%s\", \"device_free\": ",
+          "\"recompute\": \"%s\", \"activations_stored\": %zu, "
+          "\"activations_recomputed\": %zu, \"device_free\": ",
           m->params, m->grads, m->optimizer, m->optimizer_sharded ? "true" : "false", m->state,
-          m->activations, m->staging, m->total, m->recompute ? "full" : "none");
+          m->activations, m->staging, m->total, m->recompute ? "full" : "none",
+          m->activations_stored, m->activations_recomputed);
   if (m->device_free == SIZE_MAX)
     fprintf(f, "null}");
   else

@@ -12,7 +12,8 @@
 /* The plan line ("memory per device: ..."), and the check against max_bytes (0: none) and the
  * device's free memory: returns 0; 1 with why filled when the plan (in *plan) does not fit; -1
  * with why filled when there is no plan. */
-int watch_memory(pmap_params *params, int64_t batch, int64_t max_bytes, pmap_memory_plan *plan,
+int watch_memory(pmap_params *params, int64_t batch, int64_t max_bytes, int recompute,
+                 pmap_memory_plan *plan,
                  char *why, size_t why_size);
 /* The plan as a JSON object. */
 void watch_memory_json(FILE *f, const pmap_memory_plan *plan);

@@ -142,6 +142,8 @@ class MemoryPlan(ctypes.Structure):
         ("optimizer_sharded", ctypes.c_int),
         ("device_free", ctypes.c_size_t),
         ("recompute", ctypes.c_int),
+        ("activations_stored", ctypes.c_size_t),
+        ("activations_recomputed", ctypes.c_size_t),
     ]
 
 

@@ -189,6 +189,17 @@ def test_recompute():
     assert np.array_equal(got["none"], got["full"])
     assert plans["none"]["recompute"] == "none" and plans["full"]["recompute"] == "full"
     assert plans["full"]["activations"] < plans["none"]["activations"], plans
+    for plan in plans.values():
+        assert plan["activations_stored"] == plans["none"]["activations"], plan
+        assert plan["activations_recomputed"] == plans["full"]["activations"], plan
+    # auto: recomputed under a limit only the recomputed plan fits, the same bits.
+    with pmap.Context(backend="cpu", devices=DEVICES, recompute="auto",
+                      max_memory=plans["full"]["total"]) as ctx:
+        with ctx.params(residual_model(), pmap.adam(1e-2), seed=3) as params:
+            assert params.memory(12)["recompute"] == "full"
+            for _ in range(3):
+                params.update(x, y)
+            assert np.array_equal(params.read(), got["none"])
     with pytest.raises(pmap.ArgumentError):
         pmap.Context(backend="cpu", devices=1, recompute="selective")
     for bad in (1, True, None):
