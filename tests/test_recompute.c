@@ -18,14 +18,26 @@ static pmap_model *gpt_model(void) {
   return m;
 }
 
-/* Dense layers in residual blocks: one with dropout and a nested block (layer norm, tanh), one
- * with batch norm (whose state a second forward pass would update twice: not recomputed), one
- * plain. */
-static pmap_model *mixed_model(void) {
+/* The dense models' two ends: 16 inputs into 24 units; 5 classes out of the blocks. */
+static pmap_model *dense_start(void) {
   int64_t in = 16;
   pmap_model *m = NULL;
   CHECK_OK(pmap_model_create(1, &in, &m));
   CHECK_OK(pmap_model_add_dense(m, 24));
+  return m;
+}
+
+static pmap_model *dense_finish(pmap_model *m) {
+  CHECK_OK(pmap_model_add_dense(m, 5));
+  CHECK_OK(pmap_model_set_loss(m, PMAP_LOSS_SOFTMAX_XENT));
+  return m;
+}
+
+/* Dense layers in residual blocks: one with dropout and a nested block (layer norm, tanh), one
+ * with batch norm (whose state a second forward pass would update twice: not recomputed), one
+ * plain. */
+static pmap_model *mixed_model(void) {
+  pmap_model *m = dense_start();
   CHECK_OK(pmap_model_begin_residual(m));
   CHECK_OK(pmap_model_add_dense(m, 24));
   CHECK_OK(pmap_model_add_gelu(m));
@@ -45,40 +57,28 @@ static pmap_model *mixed_model(void) {
   CHECK_OK(pmap_model_begin_residual(m));
   CHECK_OK(pmap_model_add_dense(m, 24));
   CHECK_OK(pmap_model_end_residual(m));
-  CHECK_OK(pmap_model_add_dense(m, 5));
-  CHECK_OK(pmap_model_set_loss(m, PMAP_LOSS_SOFTMAX_XENT));
-  return m;
+  return dense_finish(m);
 }
 
 /* A model of one plain block: the last block is never run again, so nothing is saved, and the
  * plan says none. */
 static pmap_model *one_block_model(void) {
-  int64_t in = 16;
-  pmap_model *m = NULL;
-  CHECK_OK(pmap_model_create(1, &in, &m));
-  CHECK_OK(pmap_model_add_dense(m, 24));
+  pmap_model *m = dense_start();
   CHECK_OK(pmap_model_begin_residual(m));
   CHECK_OK(pmap_model_add_dense(m, 24));
   CHECK_OK(pmap_model_add_gelu(m));
   CHECK_OK(pmap_model_end_residual(m));
-  CHECK_OK(pmap_model_add_dense(m, 5));
-  CHECK_OK(pmap_model_set_loss(m, PMAP_LOSS_SOFTMAX_XENT));
-  return m;
+  return dense_finish(m);
 }
 
 /* A model whose only block holds batch norm: nothing to recompute. */
 static pmap_model *bn_model(void) {
-  int64_t in = 16;
-  pmap_model *m = NULL;
-  CHECK_OK(pmap_model_create(1, &in, &m));
-  CHECK_OK(pmap_model_add_dense(m, 24));
+  pmap_model *m = dense_start();
   CHECK_OK(pmap_model_begin_residual(m));
   CHECK_OK(pmap_model_add_batchnorm(m, 1));
   CHECK_OK(pmap_model_add_dense(m, 24));
   CHECK_OK(pmap_model_end_residual(m));
-  CHECK_OK(pmap_model_add_dense(m, 5));
-  CHECK_OK(pmap_model_set_loss(m, PMAP_LOSS_SOFTMAX_XENT));
-  return m;
+  return dense_finish(m);
 }
 
 typedef struct data {
