@@ -468,6 +468,18 @@ if grep -qF -- '--recompute auto chose full' "$tmp/out" && cmp -s "$tmp/rc-none.
 fi
 json_check "${rc[@]}" --recompute auto -- "j['memory']['recompute'] == 'none'"
 
+# --shard: none, optimizer and auto as the JSON's memory.shard says; the aliases; grads and params
+# refused by name.
+json_check --backend cpu --model mlp-1024 --devices 2 --steps 1 --shard none -- \
+  "j['memory']['shard'] == 'none' and not j['sharded_optimizer']"
+json_check --backend cpu --model mlp-1024 --devices 2 --steps 1 --shard optimizer -- \
+  "j['memory']['shard'] == 'optimizer' and j['sharded_optimizer']"
+json_check --backend cpu --model mlp --devices 2 --steps 1 --shard auto -- \
+  "j['memory']['shard'] == 'none'"
+expect_error 'sharded gradients (ZeRO stage 2) are not there yet' --backend cpu --shard grads
+expect_error 'sharded parameters (ZeRO stage 3) are not there yet' --backend cpu --shard params
+expect_error '--shard and --no-shard-optimizer both say' --backend cpu --shard optimizer --no-shard-optimizer
+
 # Language models: --text on a small repetitive file (the tiny transformer learns it well below
 # the 5.55 nats of a uniform byte), the same run on 1 and 2 devices, --sample from the trained
 # and from a saved model, and the options' refusals.

@@ -33,6 +33,9 @@ static int clip_check(const char *p, const cli_option *o, const char *v) {
 static const char *const progress_choices[] = {"auto", "bar", "lines", NULL};
 static const char *const precision_choices[] = {"fp32", "bf16", NULL}; /* pmap_precision's order */
 static const char *const recompute_choices[] = {"none", "full", "auto", NULL}; /* PMAP_RECOMPUTE_* */
+/* --shard's rungs (ZeRO stages 0 to 3, and the library's choice); grads and params are refused
+ * by name until they exist. */
+static const char *const shard_choices[] = {"none", "optimizer", "grads", "params", "auto", NULL};
 
 #define STEPS_MAX (INT64_C(1) << 40)
 #define ROWS_MAX (INT64_C(1) << 24)
@@ -304,13 +307,24 @@ int train_parse(int argc, char **argv, opts *o) {
            "let non-finite loss or gradients through (default: the step is skipped and pmap-train "
            "stops with exit status 1)",
        .flag = 1},
+      {.name = "--shard",
+       .kind = CLI_CHOICE,
+       .dest = &o->shard_rung,
+       .arg = NULL,
+       .help = "what each device keeps of the training state: none (every device all of it), "
+               "optimizer (its 1/N of the optimizer state, ZeRO-1; the same results), or auto "
+               "(the default: the library's, PMAP_SHARD_OPTIMIZER when set, else the optimizer "
+               "sharded from 65536 parameters); grads and params (ZeRO-2 and 3) are not there "
+               "yet",
+       .choices = shard_choices,
+       .given = &o->have_shard_rung},
       {.name = "--shard-optimizer",
        .kind = CLI_FLAG,
        .dest = &o->shard,
        .arg = NULL,
        .help = "each device keeps the optimizer state of its 1/N of the parameters and steps only "
                "those "
-               "(ZeRO-1; the same results)",
+               "(ZeRO-1; the same results): --shard optimizer",
        .flag = PMAP_SHARD_ON},
       {.name = "--no-shard-optimizer",
        .kind = CLI_FLAG,
@@ -318,7 +332,7 @@ int train_parse(int argc, char **argv, opts *o) {
        .arg = NULL,
        .help =
            "every device keeps all of it (default: the library's, PMAP_SHARD_OPTIMIZER when set, "
-           "else sharded from 65536 parameters)",
+           "else sharded from 65536 parameters): --shard none",
        .flag = PMAP_SHARD_OFF},
       {.name = "--trace",
        .kind = CLI_STRING,
@@ -380,6 +394,22 @@ int train_parse(int argc, char **argv, opts *o) {
   int r = cli_parse(&spec, argc, argv);
   if (r > 0) exit(0);
   if (r < 0) return -1;
+  if (o->have_shard_rung) {
+    static const int shard_of[] = {PMAP_SHARD_OFF, PMAP_SHARD_ON, -1, -1, PMAP_SHARD_AUTO};
+    if (o->shard != PMAP_SHARD_AUTO)
+      return cli_error(prog,
+                       "--shard and --%sshard-optimizer both say what is sharded; give one "
+                       "(--shard-optimizer is --shard optimizer, --no-shard-optimizer --shard "
+                       "none)",
+                       o->shard == PMAP_SHARD_OFF ? "no-" : "");
+    if (shard_of[o->shard_rung] < 0)
+      return cli_error(prog,
+                       "--shard %s: sharded %s (ZeRO stage %d) are not there yet; none, "
+                       "optimizer or auto",
+                       shard_choices[o->shard_rung],
+                       o->shard_rung == 2 ? "gradients" : "parameters", o->shard_rung);
+    o->shard = shard_of[o->shard_rung];
+  }
   if (!o->data != !o->labels) return cli_error(prog, "--data and --labels go together");
   if (o->data && o->have_model)
     return cli_error(prog, "--data trains an MLP sized from the data; it does not take --model");

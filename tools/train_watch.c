@@ -64,10 +64,11 @@ void watch_memory_json(FILE *f, const pmap_memory_plan *m) {
   fprintf(f,
           "{\"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, \"optimizer_sharded\": %s, "
           "\"state\": %zu, \"activations\": %zu, \"staging\": %zu, \"total\": %zu, "
-          "\"recompute\": \"%s\", \"activations_stored\": %zu, "
+          "\"shard\": \"%s\", \"recompute\": \"%s\", \"activations_stored\": %zu, "
           "\"activations_recomputed\": %zu, \"device_free\": ",
           m->params, m->grads, m->optimizer, m->optimizer_sharded ? "true" : "false", m->state,
-          m->activations, m->staging, m->total, m->recompute ? "full" : "none",
+          m->activations, m->staging, m->total, m->optimizer_sharded ? "optimizer" : "none",
+          m->recompute ? "full" : "none",
           m->activations_stored, m->activations_recomputed);
   if (m->device_free == SIZE_MAX)
     fprintf(f, "null}");
