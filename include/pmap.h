@@ -217,8 +217,10 @@ typedef struct pmap_config {
                             pmap_params_memory) takes FULL only where the stored plan at its batch
                             is over the device's limit (max_memory on CPU; on CUDA the memory
                             free on device 0 and what the params' activations hold there) and
-                            NONE otherwise, releasing the activations when the choice changes.
-                            For the params created in the context. */
+                            NONE otherwise, releasing the activations when the choice changes
+                            (the next step sizes them anew at its own rows, and pmap_predict
+                            then runs in pieces of those). For the params created in the
+                            context. */
 } pmap_config;
 
 enum { PMAP_GUARD_ON = 0, PMAP_GUARD_OFF = 1 };
@@ -728,7 +730,11 @@ PMAP_API pmap_status pmap_precision_parse(const char *name, pmap_precision *out)
  * (or pmap_predict) has sized its activations, of at most the rows they were last sized for
  * (also after pmap_params_shrink or a change of precision released them): a prediction of any
  * number of rows after a step allocates nothing beyond that step's pmap_params_memory plan (at
- * the precision in force; before any step, the first call sizes them for its own pieces). */
+ * the precision in force; before any step, the first call sizes them for its own pieces). The
+ * pieces' rows are the GEMMs' rows, whose last bits can depend on them: the same rows predicted
+ * after activations sized for another count (a smaller step after pmap_params_shrink, a change
+ * of precision, PMAP_RECOMPUTE_AUTO changing its choice, or a step refused for memory, each of
+ * which releases them) may differ in the last bits. */
 PMAP_API pmap_status pmap_predict(pmap_params *params, const pmap_array *xs, pmap_array *out);
 
 /* Copies the parameters of device `device`'s replica into dst (count == pmap_params_count()).
