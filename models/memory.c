@@ -67,10 +67,9 @@ pmap_status params_plan(const pmap_params *p, int64_t batch, pmap_memory_plan *o
             add_floats(&m.state, 2 * model->n_state);
   if (!p->grad_fn) {
     pmap_status st = PMAP_SUCCESS;
-    bad = bad ||
-          activations_for(p, piece, PMAP_RECOMPUTE_NONE, &m.activations_stored, &st, call) ||
-          (!st && activations_for(p, piece, PMAP_RECOMPUTE_FULL, &m.activations_recomputed, &st,
-                                  call));
+    bad = bad || activations_for(p, piece, PMAP_RECOMPUTE_NONE, &m.activations_stored, &st, call) ||
+          (!st &&
+           activations_for(p, piece, PMAP_RECOMPUTE_FULL, &m.activations_recomputed, &st, call));
     if (st) return st;
   }
   /* bf16: the weights' bfloat16 copy. */
@@ -99,13 +98,13 @@ pmap_status params_plan(const pmap_params *p, int64_t batch, pmap_memory_plan *o
   size_t stored = 0;
   int full = p->recompute == PMAP_RECOMPUTE_FULL;
   if (!bad && p->recompute == PMAP_RECOMPUTE_AUTO)
-    full = __builtin_add_overflow(rest, m.activations_stored, &stored) ||
-           stored > auto_limit(p, &m);
+    full =
+        __builtin_add_overflow(rest, m.activations_stored, &stored) || stored > auto_limit(p, &m);
   full = full && m.activations_recomputed < m.activations_stored; /* a block to recompute */
   m.recompute = full ? PMAP_RECOMPUTE_FULL : PMAP_RECOMPUTE_NONE;
   m.activations = full ? m.activations_recomputed : m.activations_stored;
-  bad = bad || __builtin_add_overflow(rest, m.activations, &m.total) ||
-        m.total > (size_t)PTRDIFF_MAX;
+  bad =
+      bad || __builtin_add_overflow(rest, m.activations, &m.total) || m.total > (size_t)PTRDIFF_MAX;
   if (bad)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "%s: the memory of batch %lld does not fit in the address space", call,

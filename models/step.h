@@ -23,10 +23,10 @@ typedef struct step_call {
    * plain step on several devices without a user's gradient function. A non-finite value of any
    * device makes the averaged one non-finite, so the decision needs only the averaged values. */
   int flags_late;
-  float loss;                /* out: the averaged loss (device 0) */
-  int skipped;               /* out: the numeric guard skipped the step (device 0) */
-  float over_norm;           /* out: with skipped, the finite norm over params_norm_max, else 0 */
-  _Atomic int stepped;       /* out, sharded: a device stepped its part (the gather may follow) */
+  float loss;          /* out: the averaged loss (device 0) */
+  int skipped;         /* out: the numeric guard skipped the step (device 0) */
+  float over_norm;     /* out: with skipped, the finite norm over params_norm_max, else 0 */
+  _Atomic int stepped; /* out, sharded: a device stepped its part (the gather may follow) */
 } step_call;
 
 /* step_procs.c. Across processes, before any device works: every process passes as many rows,

@@ -260,8 +260,7 @@ static void test_own_norm_past_max(void) {
   CHECK_OK(pmap_params_read(p, 0, w, 5));
   /* w = -lr 6.25e37 = -62.5 within three roundings of 2^-24 (the floats 2.5e38 and 1e-36, their
    * product; the mean's division by 4 is exact): 1.8e-7 relative, held to 1e-6. */
-  CHECK(fabsf(w[0] + 62.5f) < 62.5f * 1e-6f && w[3] == 0.0f, "w %g %g", (double)w[0],
-        (double)w[3]);
+  CHECK(fabsf(w[0] + 62.5f) < 62.5f * 1e-6f && w[3] == 0.0f, "w %g %g", (double)w[0], (double)w[3]);
   pmap_params_destroy(p);
   CHECK_OK(pmap_ctx_destroy(ctx));
 }

@@ -207,11 +207,10 @@ static void test_recomputed_same_bits(void) {
           same_bits(what, &none, &full);
           CHECK(none.plan.recompute == PMAP_RECOMPUTE_NONE &&
                     full.plan.recompute == PMAP_RECOMPUTE_FULL,
-                "%s: plan.recompute %d and %d", what, none.plan.recompute,
-                full.plan.recompute);
+                "%s: plan.recompute %d and %d", what, none.plan.recompute, full.plan.recompute);
           CHECK(full.plan.activations < none.plan.activations &&
-                    full.plan.total == none.plan.total - none.plan.activations +
-                                           full.plan.activations,
+                    full.plan.total ==
+                        none.plan.total - none.plan.activations + full.plan.activations,
                 "%s: activations %zu recomputed, %zu stored", what, full.plan.activations,
                 none.plan.activations);
           if (n == 1 && micro == 1)
@@ -297,9 +296,8 @@ static void test_auto(void) {
           "auto run %d: recompute %d, activations %zu", k, pl->recompute, pl->activations);
     CHECK(pl->activations_stored == none.plan.activations &&
               pl->activations_recomputed == full.plan.activations,
-          "auto run %d: the rungs' bytes %zu and %zu, want %zu and %zu", k,
-          pl->activations_stored, pl->activations_recomputed, none.plan.activations,
-          full.plan.activations);
+          "auto run %d: the rungs' bytes %zu and %zu, want %zu and %zu", k, pl->activations_stored,
+          pl->activations_recomputed, none.plan.activations, full.plan.activations);
   }
   outcome_free(&none);
   outcome_free(&full);

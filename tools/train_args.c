@@ -32,7 +32,8 @@ static int clip_check(const char *p, const cli_option *o, const char *v) {
 
 static const char *const progress_choices[] = {"auto", "bar", "lines", NULL};
 static const char *const precision_choices[] = {"fp32", "bf16", NULL}; /* pmap_precision's order */
-static const char *const recompute_choices[] = {"none", "full", "auto", NULL}; /* PMAP_RECOMPUTE_* */
+static const char *const recompute_choices[] = {"none", "full", "auto",
+                                                NULL}; /* PMAP_RECOMPUTE_* */
 /* --shard's rungs (ZeRO stages 0 to 3, and the library's choice); grads and params are refused
  * by name until they exist. */
 static const char *const shard_choices[] = {"none", "optimizer", "grads", "params", "auto", NULL};

@@ -31,9 +31,10 @@ int watch_memory(pmap_params *params, int64_t batch, int64_t max_bytes, int reco
   if (recompute == PMAP_RECOMPUTE_AUTO) { /* which rung auto took, and why */
     size_t stored = m->total - m->activations + m->activations_stored;
     if (m->recompute)
-      printf("pmap-train: --recompute auto chose full: stored activations (%.4g MB) would take "
-             "the plan to %.4g MB, over the limit; recomputed they take %.4g MB\n",
-             mb(m->activations_stored), mb(stored), mb(m->activations));
+      printf(
+          "pmap-train: --recompute auto chose full: stored activations (%.4g MB) would take "
+          "the plan to %.4g MB, over the limit; recomputed they take %.4g MB\n",
+          mb(m->activations_stored), mb(stored), mb(m->activations));
     else if (m->activations_recomputed == m->activations_stored)
       printf("pmap-train: --recompute auto chose none: the model has no block to recompute\n");
     else
@@ -68,8 +69,7 @@ void watch_memory_json(FILE *f, const pmap_memory_plan *m) {
           "\"activations_recomputed\": %zu, \"device_free\": ",
           m->params, m->grads, m->optimizer, m->optimizer_sharded ? "true" : "false", m->state,
           m->activations, m->staging, m->total, m->optimizer_sharded ? "optimizer" : "none",
-          m->recompute ? "full" : "none",
-          m->activations_stored, m->activations_recomputed);
+          m->recompute ? "full" : "none", m->activations_stored, m->activations_recomputed);
   if (m->device_free == SIZE_MAX)
     fprintf(f, "null}");
   else

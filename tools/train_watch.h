@@ -13,8 +13,7 @@
  * device's free memory: returns 0; 1 with why filled when the plan (in *plan) does not fit; -1
  * with why filled when there is no plan. */
 int watch_memory(pmap_params *params, int64_t batch, int64_t max_bytes, int recompute,
-                 pmap_memory_plan *plan,
-                 char *why, size_t why_size);
+                 pmap_memory_plan *plan, char *why, size_t why_size);
 /* The plan as a JSON object. */
 void watch_memory_json(FILE *f, const pmap_memory_plan *plan);
 

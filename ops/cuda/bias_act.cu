@@ -5,8 +5,7 @@
 #include "cuda_common.cuh"
 
 static __global__ void bias_act_forward_kernel(int act, float *y, const float *b, size_t n,
-                                               int64_t ch, float *z, pmap_bf16 *z16,
-                                               float *slope) {
+                                               int64_t ch, float *z, pmap_bf16 *z16, float *slope) {
   for (size_t i = cuda_thread_index(); i < n; i += cuda_grid_stride()) {
     float v = y[i] + b[i % (size_t)ch];
     float zi = pmap_act_apply(act, v);
@@ -18,10 +17,8 @@ static __global__ void bias_act_forward_kernel(int act, float *y, const float *b
 }
 
 static void bias_act_forward_launch(cudaStream_t stream, int act, float *y, const float *b,
-                                    size_t n, int64_t ch, float *z, pmap_bf16 *z16,
-                                    float *slope) {
-  bias_act_forward_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, stream>>>(act, y, b, n, ch, z, z16,
-                                                                   slope);
+                                    size_t n, int64_t ch, float *z, pmap_bf16 *z16, float *slope) {
+  bias_act_forward_kernel<<<cuda_grid(n), CUDA_BLOCK, 0, stream>>>(act, y, b, n, ch, z, z16, slope);
 }
 
 extern "C" pmap_status cuda_bias_act_forward(op_queue *q, pmap_act act, float *y, const float *b,

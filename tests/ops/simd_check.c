@@ -134,8 +134,8 @@ static void elementwise(void) {
   }
   /* GELU's kept slope (into y itself), and the backward's product with it. */
   memcpy(o, x, sizeof(float) * N);
-  KEEP("bias_act gelu slope", OPS.bias_act_forward(NULL, PMAP_ACT_GELU, o, b, 17, 61, z, h16, o),
-       o, 17 * 61);
+  KEEP("bias_act gelu slope", OPS.bias_act_forward(NULL, PMAP_ACT_GELU, o, b, 17, 61, z, h16, o), o,
+       17 * 61);
   keep("bias_act gelu slope", z, 17 * 61);
   memset(db, 0, 61 * sizeof *db);
   float *dx = arr(N);
