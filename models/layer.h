@@ -91,7 +91,7 @@ typedef struct layer_block {
 } layer_block;
 
 #define LAYER_MAX_BLOCKS 8
-#define LAYER_MAX_GEMMS16 16
+#define LAYER_MAX_GEMMS16 32
 /* A block of the given extents: LAYER_BLOCK("w", LAYER_WEIGHTS, F, units); of a shape the layer
  * holds: layer_block_shaped("gamma", LAYER_WEIGHTS, l->in_rank, l->in_shape). */
 #define LAYER_BLOCK(block_name, block_region, ...)                                  \

@@ -149,18 +149,22 @@ PMAP_OP(gemm_strided, (op_queue *q, int trans_a, int trans_b, int64_t m, int64_t
                        float alpha, const float *a, int64_t lda, int64_t stride_a, const float *b,
                        int64_t ldb, int64_t stride_b, float beta, float *c, int64_t ldc,
                        int64_t stride_c, int64_t batch))
-/* Causal softmax of n square (t, t) score matrices: y[r, i, j] = exp(scale x[r, i, j] - max) /
- * sum over j' <= i for j <= i, and 0 for j > i (the entries of x above the diagonal are not
- * read). y may equal x. y16 (NULL: none): y rounded to bfloat16 in the same pass (the bf16
- * policy's P, which is all its backward reads). */
-PMAP_OP(causal_softmax_forward, (op_queue *q, const float *x, float *y, int64_t n, int64_t t,
-                                 float scale, pmap_bf16 *y16))
-/* dx = scale y (dy - sum_j y dy) per row, 0 above the diagonal, from the forward's y; dx may
- * equal dy. y16 non-NULL: y is read from it, widened (y is then not read, and may be NULL);
- * dx16 (NULL: none): dx rounded to bfloat16 in the same pass. */
+/* Causal softmax of n groups of `rows` rows of t scores (x: (n, rows, t)), row i of a group being
+ * the query at position first + i (first + rows <= t; a whole (t, t) score matrix: rows t, first
+ * 0; a block of its rows: a blocked attention's): y[g, i, j] = exp(scale x[g, i, j] - max) / sum
+ * over j' <= first + i for j <= first + i, and 0 past it (those entries of x are not read). y may
+ * equal x. y16 (NULL: none): y rounded to bfloat16 in the same pass (the bf16 policy's P, which
+ * is all its backward reads). A row's values do not depend on the other rows, on rows or on t
+ * past the row's own columns: a block gives the bits of the same rows in the whole matrix. */
+PMAP_OP(causal_softmax_forward, (op_queue *q, const float *x, float *y, int64_t n, int64_t rows,
+                                 int64_t t, int64_t first, float scale, pmap_bf16 *y16))
+/* dx = scale y (dy - sum_j y dy) per row, 0 past the row's position, from the forward's y, the
+ * rows as causal_softmax_forward's; dx may equal dy. y16 non-NULL: y is read from it, widened (y
+ * is then not read, and may be NULL); dx16 (NULL: none): dx rounded to bfloat16 in the same
+ * pass. */
 PMAP_OP(causal_softmax_backward, (op_queue *q, const float *y, const float *dy, float *dx,
-                                  int64_t n, int64_t t, float scale, const pmap_bf16 *y16,
-                                  pmap_bf16 *dx16))
+                                  int64_t n, int64_t rows, int64_t t, int64_t first, float scale,
+                                  const pmap_bf16 *y16, pmap_bf16 *dx16))
 /* y (n, d) = table[ids[i]] (rows of table (v, d)); ids in [0, v) (a row of y whose id is not is
  * written 0). */
 PMAP_OP(embedding_forward, (op_queue *q, const int32_t *ids, const float *table, int64_t n,

@@ -1,8 +1,14 @@
 /* attention.c: causal multi-head self-attention over (T, D) token vectors: qkv (T, 3E) = x Wqkv +
  * bqkv with E = heads x head_size, per head S = Q K^T (T, T), P = causal softmax(S / sqrt(hs)),
- * O = P V, then y (T, D) = O Wo + bo. The per-head products are strided GEMM batches (one call
- * per example over its heads). qkv, P and O stay in scratch from forward to backward: the
- * activations take O(B H T^2) floats (P and its gradient) beside O(B T E). */
+ * O = P V, then y (T, D) = O Wo + bo. The per-head products are strided GEMM batches.
+ *
+ * Up to ATTN_BLOCK tokens (ATTN_BLOCK16 under bf16), P stays in scratch from forward to backward (O(B H T^2) floats, P
+ * and its gradient). Past it, the attention is blocked: the queries go in blocks of
+ * attn_block_rows(T) rows, each block's scores taken only against the keys up to its last row
+ * (the causal mask skips the rest), and only Q, K, V and O are kept: the backward pass takes each
+ * block's scores and probabilities again, to the same bits (the softmax of a row depends on its
+ * own scores only). The activations then grow linearly in T, and the products that the mask
+ * would zero are mostly not computed. */
 #include <math.h>
 
 #include "models/model.h"
@@ -18,6 +24,33 @@ typedef struct attn_dims {
   int64_t t, d, h, hs, e, rows;
   float scale;
 } attn_dims;
+
+/* Past ATTN_BLOCK tokens (ATTN_BLOCK16 under bf16) the attention is blocked, in at most
+ * ATTN_MAX_BLOCKS blocks of queries (so that a step's GEMM shapes stay few: the bf16 GEMMs keep
+ * a primitive per shape). Under bf16 the second softmax pass of the blocked backward costs more
+ * than the stored P saves up to 256 tokens (gpt-mini on an AMX Xeon: 10-20 % slower at 128 and
+ * 256 tokens, even at 512; bench/README.md), so bf16 keeps P that far. */
+#define ATTN_BLOCK 64
+#define ATTN_BLOCK16 256
+#define ATTN_MAX_BLOCKS 8
+
+/* The query rows of a block at context t: ATTN_BLOCK, or t / ATTN_MAX_BLOCKS rounded up to 16. */
+static int64_t attn_block_rows(int64_t t) {
+  if (t <= ATTN_BLOCK * ATTN_MAX_BLOCKS) return ATTN_BLOCK;
+  return ((t + ATTN_MAX_BLOCKS - 1) / ATTN_MAX_BLOCKS + 15) / 16 * 16;
+}
+
+static int blocked(int64_t t, int bf16) { return t > (bf16 ? ATTN_BLOCK16 : ATTN_BLOCK); }
+
+/* Block j of the queries at context t: rows i0 .. i0 + *mb - 1, scored against keys 0 .. *kend - 1
+ * (= i0 + *mb); *count the number of blocks. */
+static int64_t block_at(int64_t t, int64_t j, int64_t *mb, int64_t *kend, int64_t *count) {
+  int64_t qb = attn_block_rows(t), i0 = j * qb;
+  *count = (t + qb - 1) / qb;
+  *mb = t - i0 < qb ? t - i0 : qb;
+  *kend = i0 + *mb;
+  return i0;
+}
 
 static attn_dims dims_of(const layer *l, int64_t bd) {
   const attn_settings *s = LAYER_SETTINGS_CONST(attn_settings, l);
@@ -45,16 +78,25 @@ static attn_buf bufs_of(const attn_dims *a, float *aux, int64_t bd) {
   return b;
 }
 
-/* The bf16 policy's passes (below). */
+/* The blocked passes and the bf16 policy's (below). */
+static pmap_status blocked_forward(const layer *l, replica *r, int i, const float *in, float *y,
+                                   int64_t bd);
+static pmap_status blocked_backward(const layer *l, replica *r, int i, const float *dy, float *dx,
+                                    int64_t bd);
 static pmap_status forward16(const layer *l, replica *r, int i, const float *in, float *y,
                              int64_t bd);
 static pmap_status backward16(const layer *l, replica *r, int i, const float *dy, float *dx,
                               int64_t bd);
+static pmap_status blocked_forward16(const layer *l, replica *r, int i, const float *in, float *y,
+                                     int64_t bd);
+static pmap_status blocked_backward16(const layer *l, replica *r, int i, const float *dy, float *dx,
+                                      int64_t bd);
 
 static pmap_status forward(pmap_device *dev, const layer *l, replica *r, int i, const float *in,
                            float *y, const float **out, int64_t bd) {
   (void)dev, (void)out;
   if (r->w16) return forward16(l, r, i, in, y, bd);
+  if (blocked(l->in_shape[0], 0)) return blocked_forward(l, r, i, in, y, bd);
   const pmap_ops *ops = r->ops;
   attn_dims a = dims_of(l, bd);
   attn_buf b = bufs_of(&a, r->aux[i], bd);
@@ -68,7 +110,7 @@ static pmap_status forward(pmap_device *dev, const layer *l, replica *r, int i, 
     PMAP_TRY(ops->gemm_strided(r->q, 0, 1, a.t, a.t, a.hs, 1.0f, qn, e3, a.hs, qn + a.e, e3, a.hs,
                                0.0f, b.p + n * a.h * tt, a.t, tt, a.h));
   }
-  PMAP_TRY(ops->causal_softmax_forward(r->q, b.p, b.p, bd * a.h, a.t, a.scale, NULL));
+  PMAP_TRY(ops->causal_softmax_forward(r->q, b.p, b.p, bd * a.h, a.t, a.t, 0, a.scale, NULL));
   for (int64_t n = 0; n < bd; n++) { /* O_h = P_h V_h */
     const float *qn = b.qkv + n * a.t * e3;
     PMAP_TRY(ops->gemm_strided(r->q, 0, 0, a.t, a.hs, a.t, 1.0f, b.p + n * a.h * tt, a.t, tt,
@@ -82,6 +124,7 @@ static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i,
                             float *dx, const float **dx_out, int64_t bd) {
   (void)dev, (void)dx_out;
   if (r->w16) return backward16(l, r, i, dy, dx, bd);
+  if (blocked(l->in_shape[0], 0)) return blocked_backward(l, r, i, dy, dx, bd);
   const pmap_ops *ops = r->ops;
   attn_dims a = dims_of(l, bd);
   attn_buf b = bufs_of(&a, r->aux[i], bd);
@@ -101,7 +144,8 @@ static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i,
     PMAP_TRY(ops->gemm_strided(r->q, 1, 0, a.t, a.hs, a.t, 1.0f, b.p + n * a.h * tt, a.t, tt, don,
                                a.e, a.hs, 0.0f, dqn + 2 * a.e, e3, a.hs, a.h));
   }
-  PMAP_TRY(ops->causal_softmax_backward(r->q, b.p, b.dp, b.dp, bd * a.h, a.t, a.scale, NULL, NULL));
+  PMAP_TRY(ops->causal_softmax_backward(r->q, b.p, b.dp, b.dp, bd * a.h, a.t, a.t, 0, a.scale, NULL,
+                                        NULL));
   for (int64_t n = 0; n < bd; n++) { /* dQ_h = dS_h K_h, dK_h = dS_h^T Q_h */
     const float *qn = b.qkv + n * a.t * e3, *dsn = b.dp + n * a.h * tt;
     float *dqn = b.dqkv + n * a.t * e3;
@@ -111,6 +155,101 @@ static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i,
                                dqn + a.e, e3, a.hs, a.h));
   }
   /* the input projection: dWqkv += x^T dqkv, dbqkv += sum dqkv, dx = dqkv Wqkv^T */
+  PMAP_TRY(
+      ops->gemm(r->q, 1, 0, a.d, e3, a.rows, 1.0f, r->in[i], a.d, b.dqkv, e3, 1.0f, gwqkv, e3));
+  PMAP_TRY(ops->bias_backward(r->q, b.dqkv, gbqkv, a.rows, e3, 1));
+  if (!dx) return PMAP_SUCCESS;
+  return ops->gemm(r->q, 0, 1, a.rows, a.d, e3, 1.0f, b.dqkv, e3, wqkv, e3, 0.0f, dx, a.d);
+}
+
+/* ---- the blocked attention in fp32 (past ATTN_BLOCK tokens): an example at a time, a block of
+ * queries at a time, every head in one strided batch ---- */
+
+/* r->aux[i] over bd examples: qkv (rows, 3E), O (rows, E), dO (rows, E), dqkv (rows, 3E), then
+ * of its own (aux_fixed): a block's P and dP, each (H, block rows, keys) of one example. */
+static attn_buf blocked_bufs(const attn_dims *a, float *aux, int64_t bd) {
+  attn_buf b;
+  b.qkv = aux;
+  b.o = b.qkv + a->rows * 3 * a->e;
+  b.d_o = b.o + a->rows * a->e;
+  b.dqkv = b.d_o + a->rows * a->e;
+  b.p = b.dqkv + a->rows * 3 * a->e;
+  b.dp = b.p + a->h * attn_block_rows(a->t) * a->t;
+  (void)bd;
+  return b;
+}
+
+/* S = Q K^T of block j (first query i0, mb queries, kend keys) of one example (qn: its qkv) into
+ * p, every head, and P = its causal softmax in place: the forward pass's and again the
+ * backward's. */
+static pmap_status block_probs(replica *r, const attn_dims *a, const float *qn, int64_t i0,
+                               int64_t mb, int64_t kend, float *p) {
+  int64_t e3 = 3 * a->e;
+  PMAP_TRY(r->ops->gemm_strided(r->q, 0, 1, mb, kend, a->hs, 1.0f, qn + i0 * e3, e3, a->hs,
+                                qn + a->e, e3, a->hs, 0.0f, p, kend, mb * kend, a->h));
+  return r->ops->causal_softmax_forward(r->q, p, p, a->h, mb, kend, i0, a->scale, NULL);
+}
+
+static pmap_status blocked_forward(const layer *l, replica *r, int i, const float *in, float *y,
+                                   int64_t bd) {
+  const pmap_ops *ops = r->ops;
+  attn_dims a = dims_of(l, bd);
+  attn_buf b = blocked_bufs(&a, r->aux[i], bd);
+  int64_t e3 = 3 * a.e, mb, kend, count = 1;
+  const float *wqkv = r->w + l->w_off, *wo = wqkv + a.d * e3;
+  const float *bqkv = r->w + l->b_off, *bo = bqkv + e3;
+  PMAP_TRY(ops->gemm(r->q, 0, 0, a.rows, e3, a.d, 1.0f, in, a.d, wqkv, e3, 0.0f, b.qkv, e3));
+  PMAP_TRY(ops->bias_forward(r->q, b.qkv, bqkv, a.rows, e3, 1));
+  for (int64_t n = 0; n < bd; n++) {
+    const float *qn = b.qkv + n * a.t * e3;
+    for (int64_t j = 0; j < count; j++) { /* O_h = P_h V_h over the block's keys */
+      int64_t i0 = block_at(a.t, j, &mb, &kend, &count);
+      PMAP_TRY(block_probs(r, &a, qn, i0, mb, kend, b.p));
+      PMAP_TRY(ops->gemm_strided(r->q, 0, 0, mb, a.hs, kend, 1.0f, b.p, kend, mb * kend,
+                                 qn + 2 * a.e, e3, a.hs, 0.0f, b.o + (n * a.t + i0) * a.e, a.e,
+                                 a.hs, a.h));
+    }
+  }
+  PMAP_TRY(ops->gemm(r->q, 0, 0, a.rows, a.d, a.e, 1.0f, b.o, a.e, wo, a.d, 0.0f, y, a.d));
+  return ops->bias_forward(r->q, y, bo, a.rows, a.d, 1);
+}
+
+static pmap_status blocked_backward(const layer *l, replica *r, int i, const float *dy, float *dx,
+                                    int64_t bd) {
+  const pmap_ops *ops = r->ops;
+  attn_dims a = dims_of(l, bd);
+  attn_buf b = blocked_bufs(&a, r->aux[i], bd);
+  int64_t e3 = 3 * a.e, mb, kend, count;
+  const float *wqkv = r->w + l->w_off, *wo = wqkv + a.d * e3;
+  float *gwqkv = r->g + l->w_off, *gwo = gwqkv + a.d * e3;
+  float *gbqkv = r->g + l->b_off, *gbo = gbqkv + e3;
+  PMAP_TRY(ops->gemm(r->q, 1, 0, a.e, a.d, a.rows, 1.0f, b.o, a.e, dy, a.d, 1.0f, gwo, a.d));
+  PMAP_TRY(ops->bias_backward(r->q, dy, gbo, a.rows, a.d, 1));
+  PMAP_TRY(ops->gemm(r->q, 0, 1, a.rows, a.e, a.d, 1.0f, dy, a.d, wo, a.d, 0.0f, b.d_o, a.e));
+  block_at(a.t, 0, &mb, &kend, &count);
+  for (int64_t n = 0; n < bd; n++) {
+    const float *qn = b.qkv + n * a.t * e3, *don = b.d_o + n * a.t * a.e;
+    float *dqn = b.dqkv + n * a.t * e3;
+    /* The last block first: it sees every key, so its dK and dV set them (beta 0) and the
+     * blocks before it add to their keys' rows. */
+    for (int64_t j = count - 1; j >= 0; j--) {
+      int64_t i0 = block_at(a.t, j, &mb, &kend, &count);
+      float beta = j == count - 1 ? 0.0f : 1.0f;
+      PMAP_TRY(block_probs(r, &a, qn, i0, mb, kend, b.p));
+      /* dP_h = dO_h V_h^T, dV_h += P_h^T dO_h */
+      PMAP_TRY(ops->gemm_strided(r->q, 0, 1, mb, kend, a.hs, 1.0f, don + i0 * a.e, a.e, a.hs,
+                                 qn + 2 * a.e, e3, a.hs, 0.0f, b.dp, kend, mb * kend, a.h));
+      PMAP_TRY(ops->gemm_strided(r->q, 1, 0, kend, a.hs, mb, 1.0f, b.p, kend, mb * kend,
+                                 don + i0 * a.e, a.e, a.hs, beta, dqn + 2 * a.e, e3, a.hs, a.h));
+      PMAP_TRY(ops->causal_softmax_backward(r->q, b.p, b.dp, b.dp, a.h, mb, kend, i0, a.scale, NULL,
+                                            NULL));
+      /* dQ_h = dS_h K_h, dK_h += dS_h^T Q_h */
+      PMAP_TRY(ops->gemm_strided(r->q, 0, 0, mb, a.hs, kend, 1.0f, b.dp, kend, mb * kend, qn + a.e,
+                                 e3, a.hs, 0.0f, dqn + i0 * e3, e3, a.hs, a.h));
+      PMAP_TRY(ops->gemm_strided(r->q, 1, 0, kend, a.hs, mb, 1.0f, b.dp, kend, mb * kend,
+                                 qn + i0 * e3, e3, a.hs, beta, dqn + a.e, e3, a.hs, a.h));
+    }
+  }
   PMAP_TRY(
       ops->gemm(r->q, 1, 0, a.d, e3, a.rows, 1.0f, r->in[i], a.d, b.dqkv, e3, 1.0f, gwqkv, e3));
   PMAP_TRY(ops->bias_backward(r->q, b.dqkv, gbqkv, a.rows, e3, 1));
@@ -135,11 +274,30 @@ typedef struct attn_buf16 {
 
 static int64_t max2(int64_t a, int64_t b) { return a > b ? a : b; }
 
+/* Blocked (past ATTN_BLOCK tokens), r->aux[i] keeps Q, K, V and O only, and the scratch holds a
+ * block's scores and probabilities for every example and head: f1 (rows, 3E) qkv, then O, then
+ * dQ, dK, dV; fs a block's S and P; fdp dO (rows, E), then a block's dP and dS; h4 the bfloat16
+ * dy, dO and dqkv in turn; p16 a block's P, ds16 its dS, in bfloat16. */
+static void blocked_sizes16(const attn_dims *a, int64_t *hbt, int64_t *h4, int64_t *fdp) {
+  int64_t te = a->t * a->e;
+  *hbt = a->h * attn_block_rows(a->t) * a->t;
+  *h4 = max2(a->t * a->d, 3 * te);
+  *fdp = max2(*hbt, te);
+}
+
 static void rows16(const layer *l, size_t *aux, size_t *fixed, size_t *tmp) {
-  (void)fixed;
   attn_dims a = dims_of(l, 1);
   int64_t tt = a.h * a.t * a.t, te = a.t * a.e;
+  if (blocked(a.t, 1)) {
+    int64_t hbt, h4, fdp;
+    blocked_sizes16(&a, &hbt, &h4, &fdp);
+    *aux = (size_t)((4 * te + 1) / 2);
+    *fixed = 0;
+    *tmp = (size_t)(3 * te + hbt + fdp + (h4 + 1) / 2 + 2 * ((hbt + 1) / 2));
+    return;
+  }
   *aux = (size_t)((4 * te + tt + 1) / 2);
+  *fixed = 0; /* (fp32's blocked P and dP, past ATTN_BLOCK tokens) */
   int64_t h4 = max2(max2(a.t * a.d, 3 * te), tt);
   *tmp = (size_t)(3 * te + max2(tt, te) + (h4 + 1) / 2);
 }
@@ -158,6 +316,7 @@ static attn_buf16 bufs16_of(const attn_dims *a, float *aux, float *tmp, int64_t 
 
 static pmap_status forward16(const layer *l, replica *r, int i, const float *in, float *y,
                              int64_t bd) {
+  if (blocked(l->in_shape[0], 1)) return blocked_forward16(l, r, i, in, y, bd);
   const pmap_ops *ops = r->ops;
   attn_dims a = dims_of(l, bd);
   attn_buf16 b = bufs16_of(&a, r->aux[i], r->tmp, bd);
@@ -175,7 +334,7 @@ static pmap_status forward16(const layer *l, replica *r, int i, const float *in,
   /* S_h = Q_h K_h^T, every example's heads at once */
   PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 1, a.t, a.t, a.hs, 1.0f, q16, a.e, a.hs, k16, a.e, a.hs,
                                   0.0f, b.f2, a.t, tt, a.h, bd, go, go, gp));
-  PMAP_TRY(ops->causal_softmax_forward(r->q, b.f2, b.f2, bd * a.h, a.t, a.scale, b.p));
+  PMAP_TRY(ops->causal_softmax_forward(r->q, b.f2, b.f2, bd * a.h, a.t, a.t, 0, a.scale, b.p));
   /* O_h = P_h V_h */
   PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 0, a.t, a.hs, a.t, 1.0f, b.p, a.t, tt, v16, a.e, a.hs,
                                   0.0f, b.f2, a.e, a.hs, a.h, bd, gp, go, go));
@@ -187,6 +346,7 @@ static pmap_status forward16(const layer *l, replica *r, int i, const float *in,
 
 static pmap_status backward16(const layer *l, replica *r, int i, const float *dy, float *dx,
                               int64_t bd) {
+  if (blocked(l->in_shape[0], 1)) return blocked_backward16(l, r, i, dy, dx, bd);
   const pmap_ops *ops = r->ops;
   attn_dims a = dims_of(l, bd);
   attn_buf16 b = bufs16_of(&a, r->aux[i], r->tmp, bd);
@@ -212,7 +372,8 @@ static pmap_status backward16(const layer *l, replica *r, int i, const float *dy
                                   0.0f, dv, a.e, a.hs, a.h, bd, gp, go, go));
   /* The softmax's backward in float from the kept (bfloat16) probabilities, and dS rounded, in
    * one pass. */
-  PMAP_TRY(ops->causal_softmax_backward(r->q, NULL, b.f2, b.f2, bd * a.h, a.t, a.scale, b.p, b.h4));
+  PMAP_TRY(ops->causal_softmax_backward(r->q, NULL, b.f2, b.f2, bd * a.h, a.t, a.t, 0, a.scale, b.p,
+                                        b.h4));
   /* dQ_h = dS_h K_h, dK_h = dS_h^T Q_h */
   PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 0, a.t, a.hs, a.t, 1.0f, b.h4, a.t, tt, k16, a.e, a.hs,
                                   0.0f, dq, a.e, a.hs, a.h, bd, gp, go, go));
@@ -230,7 +391,141 @@ static pmap_status backward16(const layer *l, replica *r, int i, const float *dy
   return layer_gemm(r, 0, 1, a.rows, a.d, e3, dq16, e3, wqkv, e3, 0.0f, dx, a.d);
 }
 
-/* forward16's and backward16's GEMMs (the per-head products of backward16 have the shapes of
+/* The blocked bf16 passes' buffers (blocked_sizes16) over bd examples. */
+typedef struct attn_blk16 {
+  pmap_bf16 *q16, *k16, *v16, *o16; /* r->aux[i]: each dense (rows, E) */
+  float *f1, *fs, *fdp;
+  pmap_bf16 *h4, *p16, *ds16;
+} attn_blk16;
+
+static attn_blk16 blocked_bufs16(const attn_dims *a, float *aux, float *tmp, int64_t bd) {
+  int64_t hbt, h4, fdp, part = a->rows * a->e;
+  blocked_sizes16(a, &hbt, &h4, &fdp);
+  attn_blk16 b;
+  b.q16 = (pmap_bf16 *)(void *)aux;
+  b.k16 = b.q16 + part;
+  b.v16 = b.k16 + part;
+  b.o16 = b.v16 + part;
+  b.f1 = tmp;
+  b.fs = b.f1 + 3 * part;
+  b.fdp = b.fs + bd * hbt;
+  float *at = b.fdp + bd * fdp;
+  b.h4 = (pmap_bf16 *)(void *)at;
+  at += bd * ((h4 + 1) / 2);
+  b.p16 = (pmap_bf16 *)(void *)at;
+  b.ds16 = (pmap_bf16 *)(void *)(at + bd * ((hbt + 1) / 2));
+  return b;
+}
+
+/* Block j's S = Q K^T (every example's heads at once) into fs, and P = its causal softmax, in
+ * float in place and rounded into p16: the forward pass's and again the backward's. */
+static pmap_status block_probs16(replica *r, const attn_dims *a, const attn_blk16 *b, int64_t bd,
+                                 int64_t i0, int64_t mb, int64_t kend) {
+  int64_t go = a->t * a->e, gs = a->h * mb * kend;
+  PMAP_TRY(r->ops->gemm_strided_bf16(r->q, 0, 1, mb, kend, a->hs, 1.0f, b->q16 + i0 * a->e, a->e,
+                                     a->hs, b->k16, a->e, a->hs, 0.0f, b->fs, kend, mb * kend, a->h,
+                                     bd, go, go, gs));
+  return r->ops->causal_softmax_forward(r->q, b->fs, b->fs, bd * a->h, mb, kend, i0, a->scale,
+                                        b->p16);
+}
+
+static pmap_status blocked_forward16(const layer *l, replica *r, int i, const float *in, float *y,
+                                     int64_t bd) {
+  const pmap_ops *ops = r->ops;
+  attn_dims a = dims_of(l, bd);
+  attn_blk16 b = blocked_bufs16(&a, r->aux[i], r->tmp, bd);
+  int64_t e3 = 3 * a.e, part = a.rows * a.e, go = a.t * a.e, mb, kend, count = 1;
+  const float *bqkv = r->w + l->b_off, *bo = bqkv + e3;
+  layer_mat wqkv = layer_weights(r, l->w_off), wo = layer_weights(r, l->w_off + (size_t)(a.d * e3));
+  PMAP_TRY(
+      layer_gemm(r, 0, 0, a.rows, e3, a.d, layer_input(r, i, in), a.d, wqkv, e3, 0.0f, b.f1, e3));
+  for (int64_t j = 0; j < 3; j++) /* Q, K and V apart, each with its bias added as it is rounded */
+    PMAP_TRY(ops->round_bf16_block(r->q, b.f1 + j * a.e, e3, bqkv + j * a.e, NULL, b.q16 + j * part,
+                                   a.e, a.rows, a.e));
+  for (int64_t j = 0; j < count; j++) { /* O_h = P_h V_h over the block's keys, into f1 */
+    int64_t i0 = block_at(a.t, j, &mb, &kend, &count), gs = a.h * mb * kend;
+    PMAP_TRY(block_probs16(r, &a, &b, bd, i0, mb, kend));
+    PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 0, mb, a.hs, kend, 1.0f, b.p16, kend, mb * kend, b.v16,
+                                    a.e, a.hs, 0.0f, b.f1 + i0 * a.e, a.e, a.hs, a.h, bd, gs, go,
+                                    go));
+  }
+  PMAP_TRY(ops->round_bf16(r->q, b.f1, b.o16, NULL, (size_t)part));
+  PMAP_TRY(
+      layer_gemm(r, 0, 0, a.rows, a.d, a.e, (layer_mat){NULL, b.o16}, a.e, wo, a.d, 0.0f, y, a.d));
+  return ops->bias_forward(r->q, y, bo, a.rows, a.d, 1);
+}
+
+static pmap_status blocked_backward16(const layer *l, replica *r, int i, const float *dy, float *dx,
+                                      int64_t bd) {
+  const pmap_ops *ops = r->ops;
+  attn_dims a = dims_of(l, bd);
+  attn_blk16 b = blocked_bufs16(&a, r->aux[i], r->tmp, bd);
+  int64_t e3 = 3 * a.e, part = a.rows * a.e, go = a.t * a.e, mb, kend, count;
+  layer_mat wqkv = layer_weights(r, l->w_off), wo = layer_weights(r, l->w_off + (size_t)(a.d * e3));
+  float *gwqkv = r->g + l->w_off, *gwo = gwqkv + a.d * e3;
+  float *gbqkv = r->g + l->b_off, *gbo = gbqkv + e3;
+  layer_mat d16, o16 = {NULL, b.o16};
+  /* the output projection: dWo += O^T dy, dbo += sum dy, dO = dy Wo^T (rounded into h4) */
+  PMAP_TRY(layer_operand(r, dy, (size_t)(a.rows * a.d), b.h4, &d16));
+  PMAP_TRY(layer_gemm(r, 1, 0, a.e, a.d, a.rows, o16, a.e, d16, a.d, 1.0f, gwo, a.d));
+  PMAP_TRY(ops->bias_backward(r->q, dy, gbo, a.rows, a.d, 1));
+  PMAP_TRY(layer_gemm(r, 0, 1, a.rows, a.e, a.d, d16, a.d, wo, a.d, 0.0f, b.fdp, a.e));
+  PMAP_TRY(ops->round_bf16(r->q, b.fdp, b.h4, NULL, (size_t)part));
+  const pmap_bf16 *do16 = b.h4;
+  float *dq = b.f1, *dk = dq + part, *dv = dk + part;
+  block_at(a.t, 0, &mb, &kend, &count);
+  /* The last block first: it sees every key, so its dK and dV set them (beta 0) and the blocks
+   * before it add to their keys' rows. */
+  for (int64_t j = count - 1; j >= 0; j--) {
+    int64_t i0 = block_at(a.t, j, &mb, &kend, &count), gs = a.h * mb * kend;
+    float beta = j == count - 1 ? 0.0f : 1.0f;
+    PMAP_TRY(block_probs16(r, &a, &b, bd, i0, mb, kend));
+    /* dP_h = dO_h V_h^T, dV_h += P_h^T dO_h */
+    PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 1, mb, kend, a.hs, 1.0f, do16 + i0 * a.e, a.e, a.hs,
+                                    b.v16, a.e, a.hs, 0.0f, b.fdp, kend, mb * kend, a.h, bd, go, go,
+                                    gs));
+    PMAP_TRY(ops->gemm_strided_bf16(r->q, 1, 0, kend, a.hs, mb, 1.0f, b.p16, kend, mb * kend,
+                                    do16 + i0 * a.e, a.e, a.hs, beta, dv, a.e, a.hs, a.h, bd, gs,
+                                    go, go));
+    PMAP_TRY(ops->causal_softmax_backward(r->q, NULL, b.fdp, b.fdp, bd * a.h, mb, kend, i0, a.scale,
+                                          b.p16, b.ds16));
+    /* dQ_h = dS_h K_h, dK_h += dS_h^T Q_h */
+    PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 0, mb, a.hs, kend, 1.0f, b.ds16, kend, mb * kend,
+                                    b.k16, a.e, a.hs, 0.0f, dq + i0 * a.e, a.e, a.hs, a.h, bd, gs,
+                                    go, go));
+    PMAP_TRY(ops->gemm_strided_bf16(r->q, 1, 0, kend, a.hs, mb, 1.0f, b.ds16, kend, mb * kend,
+                                    b.q16 + i0 * a.e, a.e, a.hs, beta, dk, a.e, a.hs, a.h, bd, gs,
+                                    go, go));
+  }
+  /* the input projection, as backward16's */
+  for (int64_t j = 0; j < 3; j++)
+    PMAP_TRY(ops->round_bf16_block(r->q, b.f1 + j * part, a.e, NULL, gbqkv + j * a.e,
+                                   b.h4 + j * a.e, e3, a.rows, a.e));
+  layer_mat dq16 = {NULL, b.h4};
+  PMAP_TRY(layer_gemm(r, 1, 0, a.d, e3, a.rows, layer_input(r, i, r->in[i]), a.d, dq16, e3, 1.0f,
+                      gwqkv, e3));
+  if (!dx) return PMAP_SUCCESS;
+  return layer_gemm(r, 0, 1, a.rows, a.d, e3, dq16, e3, wqkv, e3, 0.0f, dx, a.d);
+}
+
+/* blocked_forward16's and blocked_backward16's per-head GEMMs into g, block by block: S (and
+ * dP), O (and dQ), dV (and dK); their count. */
+static int blocked_gemms16(const attn_dims *a, int64_t bd, ops_gemm16 *g) {
+  int64_t go = a->t * a->e, mb, kend, count = 1, n = 0;
+  for (int64_t j = 0; j < count; j++) {
+    int64_t i0 = block_at(a->t, j, &mb, &kend, &count), gs = a->h * mb * kend;
+    (void)i0;
+    g[n++] = layer_gemm16_strided(0, 1, mb, kend, a->hs, a->e, a->hs, a->e, a->hs, 0.0f, kend,
+                                  mb * kend, a->h, bd, go, go, gs);
+    g[n++] = layer_gemm16_strided(0, 0, mb, a->hs, kend, kend, mb * kend, a->e, a->hs, 0.0f, a->e,
+                                  a->hs, a->h, bd, gs, go, go);
+    g[n++] = layer_gemm16_strided(1, 0, kend, a->hs, mb, kend, mb * kend, a->e, a->hs,
+                                  j == count - 1 ? 0.0f : 1.0f, a->e, a->hs, a->h, bd, gs, go, go);
+  }
+  return (int)n;
+}
+
+/* forward16's and backward16's GEMMs (room for 6 + 3 ATTN_MAX_BLOCKS; the per-head products of backward16 have the shapes of
  * forward16's: dP as S, dQ as O, dK as dV). */
 static int gemms16(const layer *l, int64_t bd, ops_gemm16 *g) {
   attn_dims a = dims_of(l, bd);
@@ -250,7 +545,10 @@ static int gemms16(const layer *l, int64_t bd, ops_gemm16 *g) {
                               gp, go, go);
   g[7] = layer_gemm16(1, 0, a.d, e3, a.rows, a.d, e3, 1.0f, e3);
   g[8] = layer_gemm16(0, 1, a.rows, a.d, e3, e3, e3, 0.0f, a.d);
-  return 9;
+  if (!blocked(a.t, 1)) return 9;
+  /* blocked: the projections, then the blocks' per-head products in place of g[1], g[2], g[6] */
+  g[1] = g[3], g[2] = g[4], g[3] = g[5], g[4] = g[7], g[5] = g[8];
+  return 6 + blocked_gemms16(&a, bd, g + 6);
 }
 
 /* Both projections ~ N(0, gain / D) and N(0, 1 / E) by their fan-in, biases 0. */
@@ -272,8 +570,8 @@ static void geometry(const layer *l, uint32_t g[4]) {
   g[1] = (uint32_t)s->hs;
 }
 
-/* The projections and both per-head products over the full T x T (the GEMMs compute the
- * masked half too). */
+/* The projections and both per-head products over the full T x T, as a dense attention
+ * computes them (the model's count: the blocked path skips most of the masked half). */
 static double macs(const layer *l) {
   attn_dims a = dims_of(l, 1);
   return (double)a.t * (double)a.d * 4.0 * (double)a.e + 2.0 * (double)a.t * (double)a.t * a.e;
@@ -334,7 +632,12 @@ pmap_status pmap_model_add_causal_attention(pmap_model *m, int heads, int head_s
   s->hs = head_size;
   l.w_size = (size_t)(d * 3 * e + e * d);
   l.b_size = (size_t)(3 * e + d);
-  l.aux_rows = (size_t)(2 * t * 3 * e + 2 * heads * t * t + 2 * t * e);
+  if (blocked(t, 0)) { /* blocked_bufs */
+    l.aux_rows = (size_t)(2 * t * 3 * e + 2 * t * e);
+    l.aux_fixed = (size_t)(2 * heads * attn_block_rows(t) * t);
+  } else {
+    l.aux_rows = (size_t)(2 * t * 3 * e + 2 * heads * t * t + 2 * t * e);
+  }
   return model_push(m, l, call);
 }
 

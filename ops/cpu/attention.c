@@ -55,12 +55,12 @@ CPU_INLINE double row_sum(const float *a, const float *b, int64_t n) {
 /* Each row's exponentials with ops/op_math.h's vector exp (1.5 ulps), summed in double in
  * CPU_LANES partial sums (a fixed order, cpu_ops.h); the division in double. */
 CPU_KERNEL(extern, pmap_status, cpu_causal_softmax_forward,
-           (op_queue *q, const float *x, float *y, int64_t n, int64_t t, float scale,
-            pmap_bf16 *y16),
-           (q, x, y, n, t, scale, y16)) {
+           (op_queue *q, const float *x, float *y, int64_t n, int64_t rows, int64_t t,
+            int64_t first, float scale, pmap_bf16 *y16),
+           (q, x, y, n, rows, t, first, scale, y16)) {
   (void)q;
-  for (int64_t r = 0, i = 0; r < n * t; r++, i = i + 1 < t ? i + 1 : 0) {
-    /* i: the row's position (r mod t): it sees columns 0..i */
+  for (int64_t r = 0, k = 0; r < n * rows; r++, k = k + 1 < rows ? k + 1 : 0) {
+    int64_t i = first + k; /* the row's position: it sees columns 0..i */
     const float *xr = x + r * t;
     float *yr = y + r * t;
     float mx = row_max(xr, i + 1, scale);
@@ -97,18 +97,18 @@ CPU_INLINE void softmax_back_row(const float *yr, const pmap_bf16 *y16r, const f
 }
 
 CPU_KERNEL(extern, pmap_status, cpu_causal_softmax_backward,
-           (op_queue *q, const float *y, const float *dy, float *dx, int64_t n, int64_t t,
-            float scale, const pmap_bf16 *y16, pmap_bf16 *dx16),
-           (q, y, dy, dx, n, t, scale, y16, dx16)) {
+           (op_queue *q, const float *y, const float *dy, float *dx, int64_t n, int64_t rows,
+            int64_t t, int64_t first, float scale, const pmap_bf16 *y16, pmap_bf16 *dx16),
+           (q, y, dy, dx, n, rows, t, first, scale, y16, dx16)) {
   (void)q;
   float wide[CPU_SOFTMAX_MAX_T]; /* a row's widened probabilities (dx may be dy: not there) */
-  if (y16 && t > CPU_SOFTMAX_MAX_T)
+  if (y16 && first + rows > CPU_SOFTMAX_MAX_T)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "causal_softmax_backward: rows of %lld from bfloat16 probabilities: at most %d",
-                    (long long)t, CPU_SOFTMAX_MAX_T);
-  for (int64_t r = 0; r < n * t; r++)
+                    (long long)(first + rows), CPU_SOFTMAX_MAX_T);
+  for (int64_t r = 0, k = 0; r < n * rows; r++, k = k + 1 < rows ? k + 1 : 0)
     softmax_back_row(y16 ? NULL : y + r * t, y16 ? y16 + r * t : NULL, dy + r * t, dx + r * t,
-                     dx16 ? dx16 + r * t : NULL, r % t, t, scale, wide);
+                     dx16 ? dx16 + r * t : NULL, first + k, t, scale, wide);
   return PMAP_SUCCESS;
 }
 

@@ -30,11 +30,13 @@ extern "C" pmap_status cuda_gemm_strided(op_queue *q, int trans_a, int trans_b, 
 }
 
 /* Each row's exponentials in double (not the CPU's float vector exp), summed in double in column
- * order; the division in double; the bf16 copy where one is asked for. */
-static __global__ void causal_softmax_kernel(const float *x, float *y, int64_t rows, int64_t t,
-                                             float scale, pmap_bf16 *y16) {
-  for (size_t r = cuda_thread_index(); r < (size_t)rows; r += cuda_grid_stride()) {
-    int64_t i = (int64_t)r % t;
+ * order; the division in double; the bf16 copy where one is asked for. Row r of the n x rows is
+ * the query at position first + r mod rows, and sees columns 0..that. */
+static __global__ void causal_softmax_kernel(const float *x, float *y, int64_t total, int64_t rows,
+                                             int64_t t, int64_t first, float scale,
+                                             pmap_bf16 *y16) {
+  for (size_t r = cuda_thread_index(); r < (size_t)total; r += cuda_grid_stride()) {
+    int64_t i = first + (int64_t)r % rows;
     const float *xr = x + (int64_t)r * t;
     float *yr = y + (int64_t)r * t;
     float mx = -INFINITY;
@@ -50,10 +52,11 @@ static __global__ void causal_softmax_kernel(const float *x, float *y, int64_t r
 
 /* y read from y16 (widened) when it is given; dx16 written where it is asked for. */
 static __global__ void causal_softmax_back_kernel(const float *y, const float *dy, float *dx,
-                                                  int64_t rows, int64_t t, float scale,
-                                                  const pmap_bf16 *y16, pmap_bf16 *dx16) {
-  for (size_t r = cuda_thread_index(); r < (size_t)rows; r += cuda_grid_stride()) {
-    int64_t i = (int64_t)r % t, at = (int64_t)r * t;
+                                                  int64_t total, int64_t rows, int64_t t,
+                                                  int64_t first, float scale, const pmap_bf16 *y16,
+                                                  pmap_bf16 *dx16) {
+  for (size_t r = cuda_thread_index(); r < (size_t)total; r += cuda_grid_stride()) {
+    int64_t i = first + (int64_t)r % rows, at = (int64_t)r * t;
     const float *dyr = dy + at;
     float *dxr = dx + at;
     double dot = 0.0;
@@ -70,22 +73,24 @@ static __global__ void causal_softmax_back_kernel(const float *y, const float *d
 }
 
 extern "C" pmap_status cuda_causal_softmax_forward(op_queue *q, const float *x, float *y, int64_t n,
-                                                   int64_t t, float scale, pmap_bf16 *y16) {
-  size_t rows = (size_t)(n * t);
-  if (rows == 0) return PMAP_SUCCESS;
-  causal_softmax_kernel<<<cuda_grid(rows), CUDA_BLOCK, 0, q->stream>>>(x, y, (int64_t)rows, t,
-                                                                       scale, y16);
+                                                   int64_t rows, int64_t t, int64_t first,
+                                                   float scale, pmap_bf16 *y16) {
+  size_t total = (size_t)(n * rows);
+  if (total == 0) return PMAP_SUCCESS;
+  causal_softmax_kernel<<<cuda_grid(total), CUDA_BLOCK, 0, q->stream>>>(x, y, (int64_t)total, rows,
+                                                                        t, first, scale, y16);
   CUDA_CHECK_LAUNCH(q, "causal_softmax_kernel");
   return PMAP_SUCCESS;
 }
 
 extern "C" pmap_status cuda_causal_softmax_backward(op_queue *q, const float *y, const float *dy,
-                                                    float *dx, int64_t n, int64_t t, float scale,
+                                                    float *dx, int64_t n, int64_t rows, int64_t t,
+                                                    int64_t first, float scale,
                                                     const pmap_bf16 *y16, pmap_bf16 *dx16) {
-  size_t rows = (size_t)(n * t);
-  if (rows == 0) return PMAP_SUCCESS;
-  causal_softmax_back_kernel<<<cuda_grid(rows), CUDA_BLOCK, 0, q->stream>>>(
-      y, dy, dx, (int64_t)rows, t, scale, y16, dx16);
+  size_t total = (size_t)(n * rows);
+  if (total == 0) return PMAP_SUCCESS;
+  causal_softmax_back_kernel<<<cuda_grid(total), CUDA_BLOCK, 0, q->stream>>>(
+      y, dy, dx, (int64_t)total, rows, t, first, scale, y16, dx16);
   CUDA_CHECK_LAUNCH(q, "causal_softmax_back_kernel");
   return PMAP_SUCCESS;
 }

@@ -82,7 +82,7 @@ void opcase_gemm_strided(hx *h) {
 /* causal_softmax_forward, causal_softmax_backward                                            */
 
 typedef struct cs_args {
-  int64_t n, t;
+  int64_t n, rows, t, first; /* n groups of `rows` rows of t, the first at position `first` */
   float scale;
   hx_buf *x, *y, *dy, *dx;
   hx_buf *y16, *dx16;    /* the bfloat16 copies (NULL: none); backward: y read from y16 */
@@ -91,15 +91,25 @@ typedef struct cs_args {
 
 static pmap_status call_cs_forward(const pmap_ops *o, op_queue *q, void *arg) {
   cs_args *a = arg;
-  return o->causal_softmax_forward(q, HX_F(a->x), HX_F(a->y), a->n, a->t, a->scale,
-                                   a->y16 ? HX_H(a->y16) : NULL);
+  return o->causal_softmax_forward(q, HX_F(a->x), HX_F(a->y), a->n, a->rows, a->t, a->first,
+                                   a->scale, a->y16 ? HX_H(a->y16) : NULL);
 }
 
 static pmap_status call_cs_backward(const pmap_ops *o, op_queue *q, void *arg) {
   cs_args *a = arg;
   return o->causal_softmax_backward(q, a->y16 ? NULL : HX_F(a->y), HX_F(a->dy), HX_F(a->dx), a->n,
-                                    a->t, a->scale, a->y16 ? HX_H(a->y16) : NULL,
+                                    a->rows, a->t, a->first, a->scale, a->y16 ? HX_H(a->y16) : NULL,
                                     a->dx16 ? HX_H(a->dx16) : NULL);
+}
+
+/* Trial r's rows: whole (t, t) matrices in the first trials and every other one after them,
+ * else a block of rows from a drawn position (a blocked attention's, where first + rows = t, in
+ * every other such trial). */
+static void cs_block(hx *h, cs_args *a, int r) {
+  a->rows = a->t, a->first = 0;
+  if (r < 3 || r % 2 == 0) return;
+  a->rows = hx_int(h, 1, a->t);
+  a->first = r % 4 == 1 ? a->t - a->rows : hx_int(h, 0, a->t - a->rows);
 }
 
 /* b's bits are those of got rounded to bfloat16, every element. */
@@ -109,9 +119,10 @@ static void same_rounded(hx *h, const char *what, const hx_buf *b, const float *
   hx_same16(h, what, HX_H16(b->got), want, n);
 }
 
-/* The float64 causal softmax of row r (t entries) of x into y. */
-static void ref_row(const double *x, int64_t r, int64_t t, double scale, double *y) {
-  int64_t i = r % t;
+/* The float64 causal softmax of row r (t entries) of a's x into y. */
+static void ref_row(const cs_args *a, const double *x, int64_t r, double *y) {
+  int64_t i = a->first + r % a->rows, t = a->t;
+  double scale = a->scale;
   double mx = -INFINITY, s = 0.0;
   for (int64_t j = 0; j <= i; j++) mx = fmax(mx, scale * x[r * t + j]);
   for (int64_t j = 0; j <= i; j++) s += exp(scale * x[r * t + j] - mx);
@@ -123,7 +134,7 @@ static double cs_loss(const void *ctx, size_t moved) {
   const cs_args *a = ctx;
   int64_t r = (int64_t)moved / a->t;
   double y[64], s = 0.0;
-  ref_row(a->xd, r, a->t, a->scale, y);
+  ref_row(a, a->xd, r, y);
   for (int64_t j = 0; j < a->t; j++) s += a->rd[r * a->t + j] * y[j];
   return s;
 }
@@ -132,9 +143,10 @@ void opcase_causal_softmax_forward(hx *h) {
   for (int r = 0; r < 3 + hx_rounds(h, 6); r++, hx_release(h)) {
     cs_args a = {.n = r == 0 ? 0 : hx_int(h, 1, 6), .t = r == 1 ? 1 : hx_int(h, 2, 40)};
     a.scale = r == 2 ? 1.0f : hx_uniform(h, 0.1f, 1.0f);
-    hx_trial(h, "n=%" PRId64 " t=%" PRId64 " scale=%g%s", a.n, a.t, (double)a.scale,
-             r == 2 ? " (scores near 1e4)" : "");
-    size_t total = (size_t)(a.n * a.t * a.t);
+    cs_block(h, &a, r);
+    hx_trial(h, "n=%" PRId64 " rows=%" PRId64 " t=%" PRId64 " first=%" PRId64 " scale=%g%s", a.n,
+             a.rows, a.t, a.first, (double)a.scale, r == 2 ? " (scores near 1e4)" : "");
+    size_t total = (size_t)(a.n * a.rows * a.t);
     a.x = hx_in(h, total, -4.0f, 4.0f, "x");
     if (r == 2) /* exp of the raw scores overflows float */
       for (size_t i = 0; i < total; i++) a.x->init[i] += 1e4f;
@@ -142,11 +154,12 @@ void opcase_causal_softmax_forward(hx *h) {
     a.y->tol_cpu = 1e-6; /* op_math.h's exp on both, the sum in double: a few roundings */
     HX_RUN(h, call_cs_forward, &a, a.x, a.y);
     double *want = hx_doubles(h, total), *xd = hx_to_double(h, a.x->init, total);
-    for (int64_t row = 0; row < a.n * a.t; row++) ref_row(xd, row, a.t, a.scale, want + row * a.t);
+    for (int64_t row = 0; row < a.n * a.rows; row++) ref_row(&a, xd, row, want + row * a.t);
     hx_close(h, "y", a.y->got, want, total, HX_TOL_FWD);
     size_t above = 0;
-    for (int64_t row = 0; row < a.n * a.t; row++)
-      for (int64_t j = row % a.t + 1; j < a.t; j++) above += a.y->got[row * a.t + j] != 0.0f;
+    for (int64_t row = 0; row < a.n * a.rows; row++)
+      for (int64_t j = a.first + row % a.rows + 1; j < a.t; j++)
+        above += a.y->got[row * a.t + j] != 0.0f;
     HX_CHECK(h, above == 0, "%zu entries above the diagonal are not 0", above);
     cs_args b = a; /* in place */
     b.x = b.y = hx_new(h, HX_INOUT, total, "x (in place)");
@@ -172,14 +185,16 @@ void opcase_causal_softmax_backward(hx *h) {
   for (int r = 0; r < 2 + hx_rounds(h, 6); r++, hx_release(h)) {
     cs_args a = {.n = r == 0 ? 0 : hx_int(h, 1, 5), .t = hx_int(h, 1, 24)};
     a.scale = hx_uniform(h, 0.2f, 1.0f);
-    hx_trial(h, "n=%" PRId64 " t=%" PRId64 " scale=%g", a.n, a.t, (double)a.scale);
-    size_t total = (size_t)(a.n * a.t * a.t);
+    cs_block(h, &a, r);
+    hx_trial(h, "n=%" PRId64 " rows=%" PRId64 " t=%" PRId64 " first=%" PRId64 " scale=%g", a.n,
+             a.rows, a.t, a.first, (double)a.scale);
+    size_t total = (size_t)(a.n * a.rows * a.t);
     hx_buf *x = hx_in(h, total, -3.0f, 3.0f, "x");
     a.xd = hx_to_double(h, x->init, total);
     a.y = hx_new(h, HX_IN, total, "y"); /* the forward's output, rounded from float64 */
     double *row = hx_doubles(h, (size_t)a.t);
-    for (int64_t q = 0; q < a.n * a.t; q++) {
-      ref_row(a.xd, q, a.t, a.scale, row);
+    for (int64_t q = 0; q < a.n * a.rows; q++) {
+      ref_row(&a, a.xd, q, row);
       for (int64_t j = 0; j < a.t; j++) a.y->init[q * a.t + j] = (float)row[j];
     }
     a.dy = hx_in(h, total, -1.0f, 1.0f, "dy");

@@ -231,13 +231,19 @@ static void windows(void) {
   float *sx = filled(SN, -6, 6), *sy = arr(SN), *sdx = arr(SN), *sdy = filled(SN, -1, 1);
   pmap_bf16 *s16 = (pmap_bf16 *)(void *)arr(SN / 2 + 1),
             *d16 = (pmap_bf16 *)(void *)arr(SN / 2 + 1);
-  KEEP("causal softmax", OPS.causal_softmax_forward(NULL, sx, sy, 3, ST, 0.5f, s16), sy, SN);
+  KEEP("causal softmax", OPS.causal_softmax_forward(NULL, sx, sy, 3, ST, ST, 0, 0.5f, s16), sy, SN);
   keep("causal softmax y16", (float *)(void *)s16, SN / 2);
   KEEP("causal softmax dx",
-       OPS.causal_softmax_backward(NULL, sy, sdy, sdx, 3, ST, 0.5f, NULL, NULL), sdx, SN);
+       OPS.causal_softmax_backward(NULL, sy, sdy, sdx, 3, ST, ST, 0, 0.5f, NULL, NULL), sdx, SN);
   KEEP("causal softmax dx from y16",
-       OPS.causal_softmax_backward(NULL, NULL, sdy, sdx, 3, ST, 0.5f, s16, d16), sdx, SN);
+       OPS.causal_softmax_backward(NULL, NULL, sdy, sdx, 3, ST, ST, 0, 0.5f, s16, d16), sdx, SN);
   keep("causal softmax dx16", (float *)(void *)d16, SN / 2);
+  /* a block of 5 rows of 21 columns from position 16 (a blocked attention's last block) */
+  KEEP("causal softmax block", OPS.causal_softmax_forward(NULL, sx, sy, 3, 5, ST, 16, 0.5f, s16),
+       sy, 3 * 5 * ST);
+  KEEP("causal softmax block dx",
+       OPS.causal_softmax_backward(NULL, NULL, sdy, sdx, 3, 5, ST, 16, 0.5f, s16, d16), sdx,
+       3 * 5 * ST);
   int32_t ids[9] = {0, 3, 3, 7, -1, 2, 9, 3, 1};
   float *table = filled(8 * 21, -1, 1), *e = arr(9 * 21), *de = filled(9 * 21, -1, 1);
   float *dt = arr(8 * 21);
