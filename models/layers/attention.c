@@ -2,13 +2,14 @@
  * bqkv with E = heads x head_size, per head S = Q K^T (T, T), P = causal softmax(S / sqrt(hs)),
  * O = P V, then y (T, D) = O Wo + bo. The per-head products are strided GEMM batches.
  *
- * Up to ATTN_BLOCK tokens (ATTN_BLOCK16 under bf16), P stays in scratch from forward to backward (O(B H T^2) floats, P
- * and its gradient). Past it, the attention is blocked: the queries go in blocks of
- * attn_block_rows(T) rows, each block's scores taken only against the keys up to its last row
- * (the causal mask skips the rest), and only Q, K, V and O are kept: the backward pass takes each
- * block's scores and probabilities again, to the same bits (the softmax of a row depends on its
- * own scores only). The activations then grow linearly in T, and the products that the mask
- * would zero are mostly not computed. */
+ * Up to ATTN_BLOCK tokens (ATTN_BLOCK16 under bf16), P stays in scratch from forward to
+ * backward (O(B H T^2) floats, P and its gradient). Past it, the attention is blocked: the
+ * queries go in blocks of attn_block_rows(T) rows, each block's scores taken only against the
+ * keys up to its last row (the causal mask skips the rest), and only Q, K, V and O are kept: the
+ * backward pass takes each block's scores and probabilities again, to the same bits (the softmax
+ * of a row depends on its own scores only). The activations then grow linearly in T up to
+ * ATTN_BLOCK x ATTN_MAX_BLOCKS tokens (past it the blocks grow with T: a block's scores take
+ * H T^2 / ATTN_MAX_BLOCKS), and the products that the mask would zero are mostly not computed. */
 #include <math.h>
 
 #include "models/model.h"
@@ -29,7 +30,7 @@ typedef struct attn_dims {
  * ATTN_MAX_BLOCKS blocks of queries (so that a step's GEMM shapes stay few: the bf16 GEMMs keep
  * a primitive per shape). Under bf16 the second softmax pass of the blocked backward costs more
  * than the stored P saves up to 256 tokens (gpt-mini on an AMX Xeon: 10-20 % slower at 128 and
- * 256 tokens, even at 512; bench/README.md), so bf16 keeps P that far. */
+ * 256 tokens, about even at 512; bench/README.md, "Long contexts"), so bf16 keeps P that far. */
 #define ATTN_BLOCK 64
 #define ATTN_BLOCK16 256
 #define ATTN_MAX_BLOCKS 8
@@ -525,8 +526,8 @@ static int blocked_gemms16(const attn_dims *a, int64_t bd, ops_gemm16 *g) {
   return (int)n;
 }
 
-/* forward16's and backward16's GEMMs (room for 6 + 3 ATTN_MAX_BLOCKS; the per-head products of backward16 have the shapes of
- * forward16's: dP as S, dQ as O, dK as dV). */
+/* forward16's and backward16's GEMMs (room for 6 + 3 ATTN_MAX_BLOCKS; the per-head products
+ * of backward16 have the shapes of forward16's: dP as S, dQ as O, dK as dV). */
 static int gemms16(const layer *l, int64_t bd, ops_gemm16 *g) {
   attn_dims a = dims_of(l, bd);
   int64_t e3 = 3 * a.e, tt = a.t * a.t, gp = a.h * tt, go = a.t * a.e;
