@@ -130,9 +130,23 @@ pmap_status ops_backend(const char *name, const char *call, const op_backend **o
 /* An op backend plugin's entry point (base/plugin.h): returns op_plugin_abi() as the plugin was
  * built, and only when that equals abi (the same build) binds base and sets *out. */
 typedef uint64_t (*op_plugin_entry)(uint64_t abi, const pmap_base_i *base, const op_backend **out);
+/* The ops' names and argument lists as op_list.h writes them, hashed (FNV-1a): a plugin built
+ * against other signatures has another ABI even where the table's size is the same. */
+static inline uint64_t op_signatures_hash(void) {
+  static const char *const text[] = {
+#define PMAP_OP(name, args) #name #args,
+#include "op_list.h"
+#undef PMAP_OP
+  };
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < sizeof text / sizeof text[0]; i++)
+    for (const char *c = text[i]; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+  return h;
+}
 static inline uint64_t op_plugin_abi(void) {
-  const size_t sizes[] = {sizeof(pmap_base_i), sizeof(op_backend), sizeof(pmap_ops),
-                          sizeof(op_queue_init), sizeof(pmap_step_hyper)};
+  const size_t sizes[] = {sizeof(pmap_base_i),     sizeof(op_backend),
+                          sizeof(pmap_ops),        sizeof(op_queue_init),
+                          sizeof(pmap_step_hyper), (size_t)op_signatures_hash()};
   return pmap_plugin_abi(sizes, (int)(sizeof sizes / sizeof sizes[0]));
 }
 
