@@ -18,19 +18,43 @@ pmap_status cpu_gemm_strided(op_queue *q, int trans_a, int trans_b, int64_t m, i
 }
 
 /* The largest of scale x[j] for j < n (-inf when none is above it: NaNs never are), in
- * CPU_LANES running maxima, so that the loop vectorizes; the largest value is the same in any
- * order. */
+ * CPU_LANES running maxima held in one vector (each lane's `v > m ? v : m`, a compare and a
+ * blend), so that the loop runs in vector instructions; the largest value is the same in any
+ * order (but for the sign of a zero, which no use of it sees: x - (-0) = x - (+0)). */
+typedef float cpu_f8
+    __attribute__((vector_size(CPU_LANES * sizeof(float)), aligned(sizeof(float)), may_alias));
+typedef int32_t cpu_i8 __attribute__((vector_size(CPU_LANES * sizeof(int32_t))));
+/* m = the lane-wise `v > m ? v : m` (by pointer: a vector argument's ABI differs between the
+ * clones' targets). */
+CPU_INLINE void max8(cpu_f8 *m, const cpu_f8 *v) {
+  cpu_i8 k = *v > *m;
+  *m = (cpu_f8)(((cpu_i8)*v & k) | ((cpu_i8)*m & ~k));
+}
+
+_Static_assert(CPU_LANES == 8, "row_max's vectors are written out for 8 lanes");
+
 CPU_INLINE float row_max(const float *x, int64_t n, float scale) {
-  float m[CPU_LANES];
-  for (int l = 0; l < CPU_LANES; l++) m[l] = -INFINITY;
+  /* four chains of maxima, so that no compare waits on the one before */
+  const float ninf = -INFINITY;
+  cpu_f8 m[4] = {{ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf},
+                 {ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf},
+                 {ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf},
+                 {ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf}};
   int64_t j = 0;
-  for (; j + CPU_LANES <= n; j += CPU_LANES)
-    for (int l = 0; l < CPU_LANES; l++) {
-      float v = scale * x[j + l];
-      m[l] = v > m[l] ? v : m[l];
+  for (; j + 4 * CPU_LANES <= n; j += 4 * CPU_LANES)
+    for (int c = 0; c < 4; c++) {
+      cpu_f8 v = scale * *(const cpu_f8 *)(const void *)(x + j + c * CPU_LANES);
+      max8(&m[c], &v);
     }
+  for (; j + CPU_LANES <= n; j += CPU_LANES) {
+    cpu_f8 v = scale * *(const cpu_f8 *)(const void *)(x + j);
+    max8(&m[0], &v);
+  }
+  max8(&m[0], &m[1]);
+  max8(&m[2], &m[3]);
+  max8(&m[0], &m[2]);
   float mx = -INFINITY;
-  for (int l = 0; l < CPU_LANES; l++) mx = m[l] > mx ? m[l] : mx;
+  for (int l = 0; l < CPU_LANES; l++) mx = m[0][l] > mx ? m[0][l] : mx;
   for (; j < n; j++) mx = scale * x[j] > mx ? scale * x[j] : mx;
   return mx;
 }
@@ -53,7 +77,8 @@ CPU_INLINE double row_sum(const float *a, const float *b, int64_t n) {
 }
 
 /* Each row's exponentials with ops/op_math.h's vector exp (1.5 ulps), summed in double in
- * CPU_LANES partial sums (a fixed order, cpu_ops.h); the division in double. */
+ * CPU_LANES partial sums (a fixed order, cpu_ops.h), then times the float reciprocal of the sum
+ * (a product where a division in double took a quarter of the kernel, long rows). */
 CPU_KERNEL(extern, pmap_status, cpu_causal_softmax_forward,
            (op_queue *q, const float *x, float *y, int64_t n, int64_t rows, int64_t t,
             int64_t first, float scale, pmap_bf16 *y16),
@@ -70,8 +95,8 @@ CPU_KERNEL(extern, pmap_status, cpu_causal_softmax_forward,
     if (end > t) end = i + 1;
     CPU_IVDEP for (int64_t j = 0; j < end; j++) yr[j] =
         pmap_sel(j <= i, pmap_exp(scale * xr[j] - mx), 0.0f);
-    double sum = row_sum(yr, NULL, i + 1);
-    CPU_IVDEP for (int64_t j = 0; j <= i; j++) yr[j] = (float)((double)yr[j] / sum);
+    float inv = (float)(1.0 / row_sum(yr, NULL, i + 1));
+    CPU_IVDEP for (int64_t j = 0; j <= i; j++) yr[j] *= inv;
     for (int64_t j = i + 1; j < t; j++) yr[j] = 0.0f;
     if (y16) CPU_IVDEP for (int64_t j = 0; j < t; j++) y16[r * t + j] = pmap_bf16_round(yr[j]);
   }
@@ -90,8 +115,8 @@ CPU_INLINE void softmax_back_row(const float *yr, const pmap_bf16 *y16r, const f
     CPU_IVDEP for (int64_t j = 0; j <= i; j++) wide[j] = pmap_bf16_widen(y16r[j]);
     yr = wide;
   }
-  double dot = row_sum(yr, dyr, i + 1);
-  CPU_IVDEP for (int64_t j = 0; j <= i; j++) dxr[j] = (float)(scale * yr[j] * (dyr[j] - dot));
+  float dot = (float)row_sum(yr, dyr, i + 1);
+  CPU_IVDEP for (int64_t j = 0; j <= i; j++) dxr[j] = scale * yr[j] * (dyr[j] - dot);
   for (int64_t j = i + 1; j < t; j++) dxr[j] = 0.0f;
   if (dx16r) CPU_IVDEP for (int64_t j = 0; j < t; j++) dx16r[j] = pmap_bf16_round(dxr[j]);
 }
