@@ -457,8 +457,8 @@ PMAP_API pmap_status pmap_model_add_dropout(pmap_model *model, float rate);
  *                   256, P in bfloat16); past it the attention is blocked: blocks
  *                   of R queries (R 64, T / 8 rounded up to 16 past T 512) scored against the
  *                   keys up to the block's end, P taken again in the backward pass (the same
- *                   bits), 8 B T E floats and 2 H R T of its own (docs/models.md, "Memory"):
- *                   linear in T up to T 512.
+ *                   bits), 8 B T E + 2 B H T floats and 2 H R T of its own (docs/models.md,
+ *                   "Memory"): linear in T up to T 512.
  * lm_head:          (T, D) -> (T, vocab) logits; tied 0: x W + b with W (D, vocab), b (vocab) of
  *                   its own; tied 1: x E^T with the token embedding's table (no parameters of
  *                   its own: one block of the flat vector serves both, so the optimizer,

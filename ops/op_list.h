@@ -155,11 +155,14 @@ PMAP_OP(gemm_strided, (op_queue *q, int trans_a, int trans_b, int64_t m, int64_t
  * over j' <= first + i for j <= first + i, and 0 past it (those entries of x are not read). y may
  * equal x. y16 (NULL: none): y rounded to bfloat16 in the same pass (the bf16 policy's P, which
  * is all its backward reads). A row's values do not depend on the other rows, on rows or on t
- * past the row's own columns: a block gives the bits of the same rows in the whole matrix. On the
- * CPU the exponentials are summed in double and y is each times the float reciprocal of the
- * sum. */
+ * past the row's own columns: a block gives the bits of the same rows in the whole matrix. y is
+ * each exponential times the float reciprocal of the sum (summed in double). stats (NULL: none)
+ * holds each row's [max, reciprocal] (n x rows x 2 floats): stats_out writes them; with stats_in
+ * (a call's stats_out over the same x) the row's max and sum are not taken again, and y has the
+ * bits of that call's (a blocked attention's backward pass takes P again so). */
 PMAP_OP(causal_softmax_forward, (op_queue *q, const float *x, float *y, int64_t n, int64_t rows,
-                                 int64_t t, int64_t first, float scale, pmap_bf16 *y16))
+                                 int64_t t, int64_t first, float scale, pmap_bf16 *y16,
+                                 const float *stats_in, float *stats_out))
 /* dx = scale y (dy - sum_j y dy) per row, 0 past the row's position, from the forward's y, the
  * rows as causal_softmax_forward's; dx may equal dy. y16 non-NULL: y is read from it, widened (y
  * is then not read, and may be NULL); dx16 (NULL: none): dx rounded to bfloat16 in the same

@@ -5,9 +5,9 @@
  * Up to ATTN_BLOCK tokens (ATTN_BLOCK16 under bf16), P stays in scratch from forward to
  * backward (O(B H T^2) floats, P and its gradient). Past it, the attention is blocked: the
  * queries go in blocks of attn_block_rows(T) rows, each block's scores taken only against the
- * keys up to its last row (the causal mask skips the rest), and only Q, K, V and O are kept: the
- * backward pass takes each block's scores and probabilities again, to the same bits (the softmax
- * of a row depends on its own scores only). The activations then grow linearly in T up to
+ * keys up to its last row (the causal mask skips the rest), and only Q, K, V, O and each row's
+ * softmax statistics (its max and the reciprocal of its sum) are kept: the backward pass takes
+ * each block's scores again and its probabilities from them and the statistics, to the same bits. The activations then grow linearly in T up to
  * ATTN_BLOCK x ATTN_MAX_BLOCKS tokens (past it the blocks grow with T: a block's scores take
  * H T^2 / ATTN_MAX_BLOCKS), and the products that the mask would zero are mostly not computed. */
 #include <math.h>
@@ -66,6 +66,7 @@ static attn_dims dims_of(const layer *l, int64_t bd) {
  * dO (rows, E), dP (bd, H, T, T), dqkv (rows, 3E). */
 typedef struct attn_buf {
   float *qkv, *p, *o, *d_o, *dp, *dqkv;
+  float *st; /* blocked: each row's softmax [max, reciprocal] (bd, H, T, 2) */
 } attn_buf;
 
 static attn_buf bufs_of(const attn_dims *a, float *aux, int64_t bd) {
@@ -111,7 +112,8 @@ static pmap_status forward(pmap_device *dev, const layer *l, replica *r, int i, 
     PMAP_TRY(ops->gemm_strided(r->q, 0, 1, a.t, a.t, a.hs, 1.0f, qn, e3, a.hs, qn + a.e, e3, a.hs,
                                0.0f, b.p + n * a.h * tt, a.t, tt, a.h));
   }
-  PMAP_TRY(ops->causal_softmax_forward(r->q, b.p, b.p, bd * a.h, a.t, a.t, 0, a.scale, NULL));
+  PMAP_TRY(ops->causal_softmax_forward(r->q, b.p, b.p, bd * a.h, a.t, a.t, 0, a.scale, NULL, NULL,
+                                       NULL));
   for (int64_t n = 0; n < bd; n++) { /* O_h = P_h V_h */
     const float *qn = b.qkv + n * a.t * e3;
     PMAP_TRY(ops->gemm_strided(r->q, 0, 0, a.t, a.hs, a.t, 1.0f, b.p + n * a.h * tt, a.t, tt,
@@ -166,29 +168,34 @@ static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i,
 /* ---- the blocked attention in fp32 (past ATTN_BLOCK tokens): an example at a time, a block of
  * queries at a time, every head in one strided batch ---- */
 
-/* r->aux[i] over bd examples: qkv (rows, 3E), O (rows, E), dO (rows, E), dqkv (rows, 3E), then
- * of its own (aux_fixed): a block's P and dP, each (H, block rows, keys) of one example. */
+/* r->aux[i] over bd examples: qkv (rows, 3E), O (rows, E), dO (rows, E), dqkv (rows, 3E), the
+ * softmax's row statistics (bd, H, T, 2: block j of an example at 2 H i0), then of its own
+ * (aux_fixed): a block's P and dP, each (H, block rows, keys) of one example. */
 static attn_buf blocked_bufs(const attn_dims *a, float *aux, int64_t bd) {
   attn_buf b;
   b.qkv = aux;
   b.o = b.qkv + a->rows * 3 * a->e;
   b.d_o = b.o + a->rows * a->e;
   b.dqkv = b.d_o + a->rows * a->e;
-  b.p = b.dqkv + a->rows * 3 * a->e;
+  b.st = b.dqkv + a->rows * 3 * a->e;
+  b.p = b.st + 2 * a->h * a->rows;
   b.dp = b.p + a->h * attn_block_rows(a->t) * a->t;
   (void)bd;
   return b;
 }
 
 /* S = Q K^T of block j (first query i0, mb queries, kend keys) of one example (qn: its qkv) into
- * p, every head, and P = its causal softmax in place: the forward pass's and again the
- * backward's. */
+ * p, every head, and P = its causal softmax in place: the forward pass's, which writes the rows'
+ * statistics to st (the example's, at the block's place), and again the backward's, which reads
+ * them (again: 1). */
 static pmap_status block_probs(replica *r, const attn_dims *a, const float *qn, int64_t i0,
-                               int64_t mb, int64_t kend, float *p) {
+                               int64_t mb, int64_t kend, float *p, float *st, int again) {
   int64_t e3 = 3 * a->e;
   PMAP_TRY(r->ops->gemm_strided(r->q, 0, 1, mb, kend, a->hs, 1.0f, qn + i0 * e3, e3, a->hs,
                                 qn + a->e, e3, a->hs, 0.0f, p, kend, mb * kend, a->h));
-  return r->ops->causal_softmax_forward(r->q, p, p, a->h, mb, kend, i0, a->scale, NULL);
+  st += 2 * a->h * i0;
+  return r->ops->causal_softmax_forward(r->q, p, p, a->h, mb, kend, i0, a->scale, NULL,
+                                        again ? st : NULL, again ? NULL : st);
 }
 
 static pmap_status blocked_forward(const layer *l, replica *r, int i, const float *in, float *y,
@@ -205,7 +212,7 @@ static pmap_status blocked_forward(const layer *l, replica *r, int i, const floa
     const float *qn = b.qkv + n * a.t * e3;
     for (int64_t j = 0; j < count; j++) { /* O_h = P_h V_h over the block's keys */
       int64_t i0 = block_at(a.t, j, &mb, &kend, &count);
-      PMAP_TRY(block_probs(r, &a, qn, i0, mb, kend, b.p));
+      PMAP_TRY(block_probs(r, &a, qn, i0, mb, kend, b.p, b.st + 2 * a.h * n * a.t, 0));
       PMAP_TRY(ops->gemm_strided(r->q, 0, 0, mb, a.hs, kend, 1.0f, b.p, kend, mb * kend,
                                  qn + 2 * a.e, e3, a.hs, 0.0f, b.o + (n * a.t + i0) * a.e, a.e,
                                  a.hs, a.h));
@@ -236,7 +243,7 @@ static pmap_status blocked_backward(const layer *l, replica *r, int i, const flo
     for (int64_t j = count - 1; j >= 0; j--) {
       int64_t i0 = block_at(a.t, j, &mb, &kend, &count);
       float beta = j == count - 1 ? 0.0f : 1.0f;
-      PMAP_TRY(block_probs(r, &a, qn, i0, mb, kend, b.p));
+      PMAP_TRY(block_probs(r, &a, qn, i0, mb, kend, b.p, b.st + 2 * a.h * n * a.t, 1));
       /* dP_h = dO_h V_h^T, dV_h += P_h^T dO_h */
       PMAP_TRY(ops->gemm_strided(r->q, 0, 1, mb, kend, a.hs, 1.0f, don + i0 * a.e, a.e, a.hs,
                                  qn + 2 * a.e, e3, a.hs, 0.0f, b.dp, kend, mb * kend, a.h));
@@ -275,7 +282,8 @@ typedef struct attn_buf16 {
 
 static int64_t max2(int64_t a, int64_t b) { return a > b ? a : b; }
 
-/* Blocked (past ATTN_BLOCK tokens), r->aux[i] keeps Q, K, V and O only, and the scratch holds a
+/* Blocked (past ATTN_BLOCK16 tokens), r->aux[i] keeps Q, K, V and O and the softmax's row
+ * statistics (2 floats a row and head) only, and the scratch holds a
  * block's scores and probabilities for every example and head: f1 (rows, 3E) qkv, then O, then
  * dQ, dK, dV; fs a block's S and P; fdp dO (rows, E), then a block's dP and dS; h4 the bfloat16
  * dy, dO and dqkv in turn; p16 a block's P, ds16 its dS, in bfloat16. */
@@ -292,7 +300,7 @@ static void rows16(const layer *l, size_t *aux, size_t *fixed, size_t *tmp) {
   if (blocked(a.t, 1)) {
     int64_t hbt, h4, fdp;
     blocked_sizes16(&a, &hbt, &h4, &fdp);
-    *aux = (size_t)((4 * te + 1) / 2);
+    *aux = (size_t)(2 * te + 2 * a.h * a.t);
     *fixed = 0;
     *tmp = (size_t)(3 * te + hbt + fdp + (h4 + 1) / 2 + 2 * ((hbt + 1) / 2));
     return;
@@ -335,7 +343,8 @@ static pmap_status forward16(const layer *l, replica *r, int i, const float *in,
   /* S_h = Q_h K_h^T, every example's heads at once */
   PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 1, a.t, a.t, a.hs, 1.0f, q16, a.e, a.hs, k16, a.e, a.hs,
                                   0.0f, b.f2, a.t, tt, a.h, bd, go, go, gp));
-  PMAP_TRY(ops->causal_softmax_forward(r->q, b.f2, b.f2, bd * a.h, a.t, a.t, 0, a.scale, b.p));
+  PMAP_TRY(ops->causal_softmax_forward(r->q, b.f2, b.f2, bd * a.h, a.t, a.t, 0, a.scale, b.p, NULL,
+                                       NULL));
   /* O_h = P_h V_h */
   PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 0, a.t, a.hs, a.t, 1.0f, b.p, a.t, tt, v16, a.e, a.hs,
                                   0.0f, b.f2, a.e, a.hs, a.h, bd, gp, go, go));
@@ -395,6 +404,7 @@ static pmap_status backward16(const layer *l, replica *r, int i, const float *dy
 /* The blocked bf16 passes' buffers (blocked_sizes16) over bd examples. */
 typedef struct attn_blk16 {
   pmap_bf16 *q16, *k16, *v16, *o16; /* r->aux[i]: each dense (rows, E) */
+  float *st; /* r->aux[i] after them: the softmax's row statistics (block j's at 2 bd H i0) */
   float *f1, *fs, *fdp;
   pmap_bf16 *h4, *p16, *ds16;
 } attn_blk16;
@@ -407,6 +417,7 @@ static attn_blk16 blocked_bufs16(const attn_dims *a, float *aux, float *tmp, int
   b.k16 = b.q16 + part;
   b.v16 = b.k16 + part;
   b.o16 = b.v16 + part;
+  b.st = aux + 2 * part;
   b.f1 = tmp;
   b.fs = b.f1 + 3 * part;
   b.fdp = b.fs + bd * hbt;
@@ -419,15 +430,17 @@ static attn_blk16 blocked_bufs16(const attn_dims *a, float *aux, float *tmp, int
 }
 
 /* Block j's S = Q K^T (every example's heads at once) into fs, and P = its causal softmax, in
- * float in place and rounded into p16: the forward pass's and again the backward's. */
+ * float in place and rounded into p16: the forward pass's, which writes the rows' statistics,
+ * and again the backward's, which reads them (again: 1). */
 static pmap_status block_probs16(replica *r, const attn_dims *a, const attn_blk16 *b, int64_t bd,
-                                 int64_t i0, int64_t mb, int64_t kend) {
+                                 int64_t i0, int64_t mb, int64_t kend, int again) {
   int64_t go = a->t * a->e, gs = a->h * mb * kend;
   PMAP_TRY(r->ops->gemm_strided_bf16(r->q, 0, 1, mb, kend, a->hs, 1.0f, b->q16 + i0 * a->e, a->e,
                                      a->hs, b->k16, a->e, a->hs, 0.0f, b->fs, kend, mb * kend, a->h,
                                      bd, go, go, gs));
+  float *st = b->st + 2 * bd * a->h * i0;
   return r->ops->causal_softmax_forward(r->q, b->fs, b->fs, bd * a->h, mb, kend, i0, a->scale,
-                                        b->p16);
+                                        b->p16, again ? st : NULL, again ? NULL : st);
 }
 
 static pmap_status blocked_forward16(const layer *l, replica *r, int i, const float *in, float *y,
@@ -445,7 +458,7 @@ static pmap_status blocked_forward16(const layer *l, replica *r, int i, const fl
                                    a.e, a.rows, a.e));
   for (int64_t j = 0; j < count; j++) { /* O_h = P_h V_h over the block's keys, into f1 */
     int64_t i0 = block_at(a.t, j, &mb, &kend, &count), gs = a.h * mb * kend;
-    PMAP_TRY(block_probs16(r, &a, &b, bd, i0, mb, kend));
+    PMAP_TRY(block_probs16(r, &a, &b, bd, i0, mb, kend, 0));
     PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 0, mb, a.hs, kend, 1.0f, b.p16, kend, mb * kend, b.v16,
                                     a.e, a.hs, 0.0f, b.f1 + i0 * a.e, a.e, a.hs, a.h, bd, gs, go,
                                     go));
@@ -480,7 +493,7 @@ static pmap_status blocked_backward16(const layer *l, replica *r, int i, const f
   for (int64_t j = count - 1; j >= 0; j--) {
     int64_t i0 = block_at(a.t, j, &mb, &kend, &count), gs = a.h * mb * kend;
     float beta = j == count - 1 ? 0.0f : 1.0f;
-    PMAP_TRY(block_probs16(r, &a, &b, bd, i0, mb, kend));
+    PMAP_TRY(block_probs16(r, &a, &b, bd, i0, mb, kend, 1));
     /* dP_h = dO_h V_h^T, dV_h += P_h^T dO_h */
     PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 1, mb, kend, a.hs, 1.0f, do16 + i0 * a.e, a.e, a.hs,
                                     b.v16, a.e, a.hs, 0.0f, b.fdp, kend, mb * kend, a.h, bd, go, go,
@@ -634,7 +647,7 @@ pmap_status pmap_model_add_causal_attention(pmap_model *m, int heads, int head_s
   l.w_size = (size_t)(d * 3 * e + e * d);
   l.b_size = (size_t)(3 * e + d);
   if (blocked(t, 0)) { /* blocked_bufs */
-    l.aux_rows = (size_t)(2 * t * 3 * e + 2 * t * e);
+    l.aux_rows = (size_t)(2 * t * 3 * e + 2 * t * e + 2 * heads * t);
     l.aux_fixed = (size_t)(2 * heads * attn_block_rows(t) * t);
   } else {
     l.aux_rows = (size_t)(2 * t * 3 * e + 2 * heads * t * t + 2 * t * e);

@@ -81,24 +81,26 @@ CPU_INLINE double row_sum(const float *a, const float *b, int64_t n) {
  * (a product where a division in double took a quarter of the kernel, long rows). */
 CPU_KERNEL(extern, pmap_status, cpu_causal_softmax_forward,
            (op_queue *q, const float *x, float *y, int64_t n, int64_t rows, int64_t t,
-            int64_t first, float scale, pmap_bf16 *y16),
-           (q, x, y, n, rows, t, first, scale, y16)) {
+            int64_t first, float scale, pmap_bf16 *y16, const float *stats_in,
+            float *stats_out),
+           (q, x, y, n, rows, t, first, scale, y16, stats_in, stats_out)) {
   (void)q;
   for (int64_t r = 0, k = 0; r < n * rows; r++, k = k + 1 < rows ? k + 1 : 0) {
     int64_t i = first + k; /* the row's position: it sees columns 0..i */
     const float *xr = x + r * t;
     float *yr = y + r * t;
-    float mx = row_max(xr, i + 1, scale);
+    float mx = stats_in ? stats_in[2 * r] : row_max(xr, i + 1, scale);
     /* The exponentials up to a whole 16 columns where the row has them (0 past column i), so
      * that the vector loop has no scalar remainder: short rows are most of a causal block. */
     int64_t end = (i + 16) / 16 * 16;
     if (end > t) end = i + 1;
     CPU_IVDEP for (int64_t j = 0; j < end; j++) yr[j] =
         pmap_sel(j <= i, pmap_exp(scale * xr[j] - mx), 0.0f);
-    float inv = (float)(1.0 / row_sum(yr, NULL, i + 1));
+    float inv = stats_in ? stats_in[2 * r + 1] : (float)(1.0 / row_sum(yr, NULL, i + 1));
     CPU_IVDEP for (int64_t j = 0; j <= i; j++) yr[j] *= inv;
     for (int64_t j = i + 1; j < t; j++) yr[j] = 0.0f;
     if (y16) CPU_IVDEP for (int64_t j = 0; j < t; j++) y16[r * t + j] = pmap_bf16_round(yr[j]);
+    if (stats_out) stats_out[2 * r] = mx, stats_out[2 * r + 1] = inv;
   }
   return PMAP_SUCCESS;
 }

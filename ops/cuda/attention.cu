@@ -30,23 +30,30 @@ extern "C" pmap_status cuda_gemm_strided(op_queue *q, int trans_a, int trans_b, 
 }
 
 /* Each row's exponentials in double (not the CPU's float vector exp), summed in double in column
- * order; the division in double; the bf16 copy where one is asked for. Row r of the n x rows is
- * the query at position first + r mod rows, and sees columns 0..that. */
+ * order; each times the float reciprocal of the sum, in double; the bf16 copy where one is asked
+ * for; the row's [max, reciprocal] read from stats_in or written to stats_out where given. Row r
+ * of the n x rows is the query at position first + r mod rows, and sees columns 0..that. */
 static __global__ void causal_softmax_kernel(const float *x, float *y, int64_t total, int64_t rows,
-                                             int64_t t, int64_t first, float scale,
-                                             pmap_bf16 *y16) {
+                                             int64_t t, int64_t first, float scale, pmap_bf16 *y16,
+                                             const float *stats_in, float *stats_out) {
   for (size_t r = cuda_thread_index(); r < (size_t)total; r += cuda_grid_stride()) {
     int64_t i = first + (int64_t)r % rows;
     const float *xr = x + (int64_t)r * t;
     float *yr = y + (int64_t)r * t;
-    float mx = -INFINITY;
-    for (int64_t j = 0; j <= i; j++) mx = fmaxf(mx, scale * xr[j]);
-    double sum = 0.0;
-    for (int64_t j = 0; j <= i; j++) sum += exp((double)(scale * xr[j] - mx));
-    for (int64_t j = 0; j <= i; j++) yr[j] = (float)(exp((double)(scale * xr[j] - mx)) / sum);
+    float mx = -INFINITY, inv;
+    if (stats_in) {
+      mx = stats_in[2 * r], inv = stats_in[2 * r + 1];
+    } else {
+      for (int64_t j = 0; j <= i; j++) mx = fmaxf(mx, scale * xr[j]);
+      double sum = 0.0;
+      for (int64_t j = 0; j <= i; j++) sum += exp((double)(scale * xr[j] - mx));
+      inv = (float)(1.0 / sum);
+    }
+    for (int64_t j = 0; j <= i; j++) yr[j] = (float)(exp((double)(scale * xr[j] - mx)) * inv);
     for (int64_t j = i + 1; j < t; j++) yr[j] = 0.0f;
     if (y16)
       for (int64_t j = 0; j < t; j++) y16[(int64_t)r * t + j] = pmap_bf16_round(yr[j]);
+    if (stats_out) stats_out[2 * r] = mx, stats_out[2 * r + 1] = inv;
   }
 }
 
@@ -74,11 +81,12 @@ static __global__ void causal_softmax_back_kernel(const float *y, const float *d
 
 extern "C" pmap_status cuda_causal_softmax_forward(op_queue *q, const float *x, float *y, int64_t n,
                                                    int64_t rows, int64_t t, int64_t first,
-                                                   float scale, pmap_bf16 *y16) {
+                                                   float scale, pmap_bf16 *y16,
+                                                   const float *stats_in, float *stats_out) {
   size_t total = (size_t)(n * rows);
   if (total == 0) return PMAP_SUCCESS;
-  causal_softmax_kernel<<<cuda_grid(total), CUDA_BLOCK, 0, q->stream>>>(x, y, (int64_t)total, rows,
-                                                                        t, first, scale, y16);
+  causal_softmax_kernel<<<cuda_grid(total), CUDA_BLOCK, 0, q->stream>>>(
+      x, y, (int64_t)total, rows, t, first, scale, y16, stats_in, stats_out);
   CUDA_CHECK_LAUNCH(q, "causal_softmax_kernel");
   return PMAP_SUCCESS;
 }

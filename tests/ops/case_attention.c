@@ -85,14 +85,17 @@ typedef struct cs_args {
   int64_t n, rows, t, first; /* n groups of `rows` rows of t, the first at position `first` */
   float scale;
   hx_buf *x, *y, *dy, *dx;
-  hx_buf *y16, *dx16;    /* the bfloat16 copies (NULL: none); backward: y read from y16 */
-  const double *xd, *rd; /* the float64 loss sum r . softmax(x) */
+  hx_buf *y16, *dx16;     /* the bfloat16 copies (NULL: none); backward: y read from y16 */
+  hx_buf *st_in, *st_out; /* forward: the rows' [max, reciprocal] read or written (NULL: none) */
+  const double *xd, *rd;  /* the float64 loss sum r . softmax(x) */
 } cs_args;
 
 static pmap_status call_cs_forward(const pmap_ops *o, op_queue *q, void *arg) {
   cs_args *a = arg;
   return o->causal_softmax_forward(q, HX_F(a->x), HX_F(a->y), a->n, a->rows, a->t, a->first,
-                                   a->scale, a->y16 ? HX_H(a->y16) : NULL);
+                                   a->scale, a->y16 ? HX_H(a->y16) : NULL,
+                                   a->st_in ? HX_F(a->st_in) : NULL,
+                                   a->st_out ? HX_F(a->st_out) : NULL);
 }
 
 static pmap_status call_cs_backward(const pmap_ops *o, op_queue *q, void *arg) {
@@ -178,6 +181,36 @@ void opcase_causal_softmax_forward(hx *h) {
     HX_RUN(h, call_cs_forward, &c, c.x, c.y16);
     hx_same(h, "y with its copy", c.x->got, a.y->got, total);
     same_rounded(h, "y16", c.y16, c.x->got, total);
+    /* With the statistics written: y the same; each row's max that of its scaled scores (a
+     * maximum, exact) and its reciprocal within a few roundings of the float64 sum's; then read
+     * back over the same x: y the same to the bit. */
+    size_t ns = (size_t)(2 * a.n * a.rows);
+    cs_args d = a;
+    d.y = hx_out(h, total, "y (statistics out)");
+    d.y->tol_cpu = 1e-6;
+    d.st_out = hx_out(h, ns, "statistics");
+    d.st_out->tol_cpu = 1e-6;
+    HX_RUN(h, call_cs_forward, &d, d.x, d.y, d.st_out);
+    hx_same(h, "y with the statistics out", d.y->got, a.y->got, total);
+    double *want_st = hx_doubles(h, ns);
+    float *got_st = hx_floats(h, ns);
+    for (int64_t row = 0; row < a.n * a.rows; row++) {
+      int64_t i = a.first + row % a.rows;
+      double mx = -INFINITY, sum = 0.0;
+      for (int64_t j = 0; j <= i; j++) mx = fmax(mx, (double)(a.scale * a.x->init[row * a.t + j]));
+      for (int64_t j = 0; j <= i; j++)
+        sum += exp((double)(a.scale * a.x->init[row * a.t + j]) - mx);
+      want_st[2 * row] = mx, want_st[2 * row + 1] = 1.0 / sum;
+      got_st[2 * row] = d.st_out->got[2 * row], got_st[2 * row + 1] = d.st_out->got[2 * row + 1];
+    }
+    hx_close(h, "statistics", got_st, want_st, ns, HX_TOL_FWD);
+    cs_args e = a;
+    e.y = hx_out(h, total, "y (statistics in)");
+    e.y->tol_cpu = 1e-6;
+    e.st_in = hx_new(h, HX_IN, ns, "statistics in");
+    memcpy(e.st_in->init, d.st_out->got, ns * sizeof(float));
+    HX_RUN(h, call_cs_forward, &e, e.x, e.y, e.st_in);
+    hx_same(h, "y from the statistics", e.y->got, a.y->got, total);
   }
 }
 

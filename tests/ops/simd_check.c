@@ -231,16 +231,24 @@ static void windows(void) {
   float *sx = filled(SN, -6, 6), *sy = arr(SN), *sdx = arr(SN), *sdy = filled(SN, -1, 1);
   pmap_bf16 *s16 = (pmap_bf16 *)(void *)arr(SN / 2 + 1),
             *d16 = (pmap_bf16 *)(void *)arr(SN / 2 + 1);
-  KEEP("causal softmax", OPS.causal_softmax_forward(NULL, sx, sy, 3, ST, ST, 0, 0.5f, s16), sy, SN);
+  KEEP("causal softmax",
+       OPS.causal_softmax_forward(NULL, sx, sy, 3, ST, ST, 0, 0.5f, s16, NULL, NULL), sy, SN);
   keep("causal softmax y16", (float *)(void *)s16, SN / 2);
   KEEP("causal softmax dx",
        OPS.causal_softmax_backward(NULL, sy, sdy, sdx, 3, ST, ST, 0, 0.5f, NULL, NULL), sdx, SN);
   KEEP("causal softmax dx from y16",
        OPS.causal_softmax_backward(NULL, NULL, sdy, sdx, 3, ST, ST, 0, 0.5f, s16, d16), sdx, SN);
   keep("causal softmax dx16", (float *)(void *)d16, SN / 2);
-  /* a block of 5 rows of 21 columns from position 16 (a blocked attention's last block) */
-  KEEP("causal softmax block", OPS.causal_softmax_forward(NULL, sx, sy, 3, 5, ST, 16, 0.5f, s16),
-       sy, 3 * 5 * ST);
+  /* a block of 5 rows of 21 columns from position 16 (a blocked attention's last block), its
+   * rows' statistics, and the block again from them */
+  float *sst = arr(3 * 5 * 2);
+  KEEP("causal softmax block",
+       OPS.causal_softmax_forward(NULL, sx, sy, 3, 5, ST, 16, 0.5f, s16, NULL, sst), sy,
+       3 * 5 * ST);
+  keep("causal softmax block statistics", sst, 3 * 5 * 2);
+  KEEP("causal softmax block again",
+       OPS.causal_softmax_forward(NULL, sx, sy, 3, 5, ST, 16, 0.5f, s16, sst, NULL), sy,
+       3 * 5 * ST);
   KEEP("causal softmax block dx",
        OPS.causal_softmax_backward(NULL, NULL, sdy, sdx, 3, 5, ST, 16, 0.5f, s16, d16), sdx,
        3 * 5 * ST);
