@@ -29,8 +29,8 @@ typedef struct attn_dims {
 /* Past ATTN_BLOCK tokens (ATTN_BLOCK16 under bf16) the attention is blocked, in at most
  * ATTN_MAX_BLOCKS blocks of queries (so that a step's GEMM shapes stay few: the bf16 GEMMs keep
  * a primitive per shape). Under bf16 the second softmax pass of the blocked backward costs more
- * than the stored P saves up to 256 tokens (gpt-mini on an AMX Xeon: 10-20 % slower at 128 and
- * 256 tokens, about even at 512; bench/README.md, "Long contexts"), so bf16 keeps P that far. */
+ * than the stored P saves up to 256 tokens (gpt-mini on an AMX Xeon: 6-12 % slower at 128 and
+ * 256 tokens, 1.2x faster at 512; bench/README.md, "Long contexts"), so bf16 keeps P that far. */
 #define ATTN_BLOCK 64
 #define ATTN_BLOCK16 256
 #define ATTN_MAX_BLOCKS 8
