@@ -7,10 +7,16 @@
  * queries go in blocks of attn_block_rows(T) rows, each block's scores taken only against the
  * keys up to its last row (the causal mask skips the rest), and only Q, K, V, O and each row's
  * softmax statistics (its max and the reciprocal of its sum) are kept: the backward pass takes
- * each block's scores again and its probabilities from them and the statistics, to the same bits. The activations then grow linearly in T up to
- * ATTN_BLOCK x ATTN_MAX_BLOCKS tokens (past it the blocks grow with T: a block's scores take
- * H T^2 / ATTN_MAX_BLOCKS), and the products that the mask would zero are mostly not computed. */
+ * each block's scores again and its probabilities from them and the statistics, to the same
+ * bits. The activations then grow linearly in T up to ATTN_BLOCK x ATTN_MAX_BLOCKS tokens (past
+ * it the blocks grow with T: a block's scores take H T^2 / ATTN_MAX_BLOCKS), and the products
+ * that the mask would zero are mostly not computed.
+ *
+ * Both paths share the projections (qkv = x Wqkv + bqkv, y = O Wo + bo and their backward); the
+ * per-head products between them are the stored path's or the blocked one's, in fp32 or under
+ * the bf16 policy. */
 #include <math.h>
+#include <string.h>
 
 #include "models/model.h"
 #include "base/error.h"
@@ -80,93 +86,7 @@ static attn_buf bufs_of(const attn_dims *a, float *aux, int64_t bd) {
   return b;
 }
 
-/* The blocked passes and the bf16 policy's (below). */
-static pmap_status blocked_forward(const layer *l, replica *r, int i, const float *in, float *y,
-                                   int64_t bd);
-static pmap_status blocked_backward(const layer *l, replica *r, int i, const float *dy, float *dx,
-                                    int64_t bd);
-static pmap_status forward16(const layer *l, replica *r, int i, const float *in, float *y,
-                             int64_t bd);
-static pmap_status backward16(const layer *l, replica *r, int i, const float *dy, float *dx,
-                              int64_t bd);
-static pmap_status blocked_forward16(const layer *l, replica *r, int i, const float *in, float *y,
-                                     int64_t bd);
-static pmap_status blocked_backward16(const layer *l, replica *r, int i, const float *dy, float *dx,
-                                      int64_t bd);
-
-static pmap_status forward(pmap_device *dev, const layer *l, replica *r, int i, const float *in,
-                           float *y, const float **out, int64_t bd) {
-  (void)dev, (void)out;
-  if (r->w16) return forward16(l, r, i, in, y, bd);
-  if (blocked(l->in_shape[0], 0)) return blocked_forward(l, r, i, in, y, bd);
-  const pmap_ops *ops = r->ops;
-  attn_dims a = dims_of(l, bd);
-  attn_buf b = bufs_of(&a, r->aux[i], bd);
-  int64_t e3 = 3 * a.e, tt = a.t * a.t;
-  const float *wqkv = r->w + l->w_off, *wo = wqkv + a.d * e3;
-  const float *bqkv = r->w + l->b_off, *bo = bqkv + e3;
-  PMAP_TRY(ops->gemm(r->q, 0, 0, a.rows, e3, a.d, 1.0f, in, a.d, wqkv, e3, 0.0f, b.qkv, e3));
-  PMAP_TRY(ops->bias_forward(r->q, b.qkv, bqkv, a.rows, e3, 1));
-  for (int64_t n = 0; n < bd; n++) { /* S_h = Q_h K_h^T for the example's heads */
-    const float *qn = b.qkv + n * a.t * e3;
-    PMAP_TRY(ops->gemm_strided(r->q, 0, 1, a.t, a.t, a.hs, 1.0f, qn, e3, a.hs, qn + a.e, e3, a.hs,
-                               0.0f, b.p + n * a.h * tt, a.t, tt, a.h));
-  }
-  PMAP_TRY(ops->causal_softmax_forward(r->q, b.p, b.p, bd * a.h, a.t, a.t, 0, a.scale, NULL, NULL,
-                                       NULL));
-  for (int64_t n = 0; n < bd; n++) { /* O_h = P_h V_h */
-    const float *qn = b.qkv + n * a.t * e3;
-    PMAP_TRY(ops->gemm_strided(r->q, 0, 0, a.t, a.hs, a.t, 1.0f, b.p + n * a.h * tt, a.t, tt,
-                               qn + 2 * a.e, e3, a.hs, 0.0f, b.o + n * a.t * a.e, a.e, a.hs, a.h));
-  }
-  PMAP_TRY(ops->gemm(r->q, 0, 0, a.rows, a.d, a.e, 1.0f, b.o, a.e, wo, a.d, 0.0f, y, a.d));
-  return ops->bias_forward(r->q, y, bo, a.rows, a.d, 1);
-}
-
-static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i, const float *dy,
-                            float *dx, const float **dx_out, int64_t bd) {
-  (void)dev, (void)dx_out;
-  if (r->w16) return backward16(l, r, i, dy, dx, bd);
-  if (blocked(l->in_shape[0], 0)) return blocked_backward(l, r, i, dy, dx, bd);
-  const pmap_ops *ops = r->ops;
-  attn_dims a = dims_of(l, bd);
-  attn_buf b = bufs_of(&a, r->aux[i], bd);
-  int64_t e3 = 3 * a.e, tt = a.t * a.t;
-  const float *wqkv = r->w + l->w_off, *wo = wqkv + a.d * e3;
-  float *gwqkv = r->g + l->w_off, *gwo = gwqkv + a.d * e3;
-  float *gbqkv = r->g + l->b_off, *gbo = gbqkv + e3;
-  /* the output projection: dWo += O^T dy, dbo += sum dy, dO = dy Wo^T */
-  PMAP_TRY(ops->gemm(r->q, 1, 0, a.e, a.d, a.rows, 1.0f, b.o, a.e, dy, a.d, 1.0f, gwo, a.d));
-  PMAP_TRY(ops->bias_backward(r->q, dy, gbo, a.rows, a.d, 1));
-  PMAP_TRY(ops->gemm(r->q, 0, 1, a.rows, a.e, a.d, 1.0f, dy, a.d, wo, a.d, 0.0f, b.d_o, a.e));
-  for (int64_t n = 0; n < bd; n++) { /* dP_h = dO_h V_h^T, dV_h = P_h^T dO_h */
-    const float *qn = b.qkv + n * a.t * e3, *don = b.d_o + n * a.t * a.e;
-    float *dqn = b.dqkv + n * a.t * e3;
-    PMAP_TRY(ops->gemm_strided(r->q, 0, 1, a.t, a.t, a.hs, 1.0f, don, a.e, a.hs, qn + 2 * a.e, e3,
-                               a.hs, 0.0f, b.dp + n * a.h * tt, a.t, tt, a.h));
-    PMAP_TRY(ops->gemm_strided(r->q, 1, 0, a.t, a.hs, a.t, 1.0f, b.p + n * a.h * tt, a.t, tt, don,
-                               a.e, a.hs, 0.0f, dqn + 2 * a.e, e3, a.hs, a.h));
-  }
-  PMAP_TRY(ops->causal_softmax_backward(r->q, b.p, b.dp, b.dp, bd * a.h, a.t, a.t, 0, a.scale, NULL,
-                                        NULL));
-  for (int64_t n = 0; n < bd; n++) { /* dQ_h = dS_h K_h, dK_h = dS_h^T Q_h */
-    const float *qn = b.qkv + n * a.t * e3, *dsn = b.dp + n * a.h * tt;
-    float *dqn = b.dqkv + n * a.t * e3;
-    PMAP_TRY(ops->gemm_strided(r->q, 0, 0, a.t, a.hs, a.t, 1.0f, dsn, a.t, tt, qn + a.e, e3, a.hs,
-                               0.0f, dqn, e3, a.hs, a.h));
-    PMAP_TRY(ops->gemm_strided(r->q, 1, 0, a.t, a.hs, a.t, 1.0f, dsn, a.t, tt, qn, e3, a.hs, 0.0f,
-                               dqn + a.e, e3, a.hs, a.h));
-  }
-  /* the input projection: dWqkv += x^T dqkv, dbqkv += sum dqkv, dx = dqkv Wqkv^T */
-  PMAP_TRY(
-      ops->gemm(r->q, 1, 0, a.d, e3, a.rows, 1.0f, r->in[i], a.d, b.dqkv, e3, 1.0f, gwqkv, e3));
-  PMAP_TRY(ops->bias_backward(r->q, b.dqkv, gbqkv, a.rows, e3, 1));
-  if (!dx) return PMAP_SUCCESS;
-  return ops->gemm(r->q, 0, 1, a.rows, a.d, e3, 1.0f, b.dqkv, e3, wqkv, e3, 0.0f, dx, a.d);
-}
-
-/* ---- the blocked attention in fp32 (past ATTN_BLOCK tokens): an example at a time, a block of
- * queries at a time, every head in one strided batch ---- */
+/* ---- fp32: the per-head products, stored or blocked ---- */
 
 /* r->aux[i] over bd examples: qkv (rows, 3E), O (rows, E), dO (rows, E), dqkv (rows, 3E), the
  * softmax's row statistics (bd, H, T, 2: block j of an example at 2 H i0), then of its own
@@ -198,71 +118,99 @@ static pmap_status block_probs(replica *r, const attn_dims *a, const float *qn, 
                                         again ? st : NULL, again ? NULL : st);
 }
 
-static pmap_status blocked_forward(const layer *l, replica *r, int i, const float *in, float *y,
-                                   int64_t bd) {
+/* The stored path's per-head products between the projections: qkv to O, every example. */
+static pmap_status heads_stored(replica *r, const attn_dims *a, const attn_buf *b, int64_t bd) {
   const pmap_ops *ops = r->ops;
-  attn_dims a = dims_of(l, bd);
-  attn_buf b = blocked_bufs(&a, r->aux[i], bd);
-  int64_t e3 = 3 * a.e, mb, kend, count = 1;
-  const float *wqkv = r->w + l->w_off, *wo = wqkv + a.d * e3;
-  const float *bqkv = r->w + l->b_off, *bo = bqkv + e3;
-  PMAP_TRY(ops->gemm(r->q, 0, 0, a.rows, e3, a.d, 1.0f, in, a.d, wqkv, e3, 0.0f, b.qkv, e3));
-  PMAP_TRY(ops->bias_forward(r->q, b.qkv, bqkv, a.rows, e3, 1));
-  for (int64_t n = 0; n < bd; n++) {
-    const float *qn = b.qkv + n * a.t * e3;
-    for (int64_t j = 0; j < count; j++) { /* O_h = P_h V_h over the block's keys */
-      int64_t i0 = block_at(a.t, j, &mb, &kend, &count);
-      PMAP_TRY(block_probs(r, &a, qn, i0, mb, kend, b.p, b.st + 2 * a.h * n * a.t, 0));
-      PMAP_TRY(ops->gemm_strided(r->q, 0, 0, mb, a.hs, kend, 1.0f, b.p, kend, mb * kend,
-                                 qn + 2 * a.e, e3, a.hs, 0.0f, b.o + (n * a.t + i0) * a.e, a.e,
-                                 a.hs, a.h));
-    }
+  int64_t e3 = 3 * a->e, tt = a->t * a->t;
+  for (int64_t n = 0; n < bd; n++) { /* S_h = Q_h K_h^T for the example's heads */
+    const float *qn = b->qkv + n * a->t * e3;
+    PMAP_TRY(ops->gemm_strided(r->q, 0, 1, a->t, a->t, a->hs, 1.0f, qn, e3, a->hs, qn + a->e, e3,
+                               a->hs, 0.0f, b->p + n * a->h * tt, a->t, tt, a->h));
   }
-  PMAP_TRY(ops->gemm(r->q, 0, 0, a.rows, a.d, a.e, 1.0f, b.o, a.e, wo, a.d, 0.0f, y, a.d));
-  return ops->bias_forward(r->q, y, bo, a.rows, a.d, 1);
+  PMAP_TRY(ops->causal_softmax_forward(r->q, b->p, b->p, bd * a->h, a->t, a->t, 0, a->scale, NULL,
+                                       NULL, NULL));
+  for (int64_t n = 0; n < bd; n++) { /* O_h = P_h V_h */
+    const float *qn = b->qkv + n * a->t * e3;
+    PMAP_TRY(ops->gemm_strided(r->q, 0, 0, a->t, a->hs, a->t, 1.0f, b->p + n * a->h * tt, a->t, tt,
+                               qn + 2 * a->e, e3, a->hs, 0.0f, b->o + n * a->t * a->e, a->e, a->hs,
+                               a->h));
+  }
+  return PMAP_SUCCESS;
 }
 
-static pmap_status blocked_backward(const layer *l, replica *r, int i, const float *dy, float *dx,
-                                    int64_t bd) {
+/* Their backward: dO to dqkv. */
+static pmap_status heads_stored_back(replica *r, const attn_dims *a, const attn_buf *b,
+                                     int64_t bd) {
   const pmap_ops *ops = r->ops;
-  attn_dims a = dims_of(l, bd);
-  attn_buf b = blocked_bufs(&a, r->aux[i], bd);
-  int64_t e3 = 3 * a.e, mb, kend, count;
-  const float *wqkv = r->w + l->w_off, *wo = wqkv + a.d * e3;
-  float *gwqkv = r->g + l->w_off, *gwo = gwqkv + a.d * e3;
-  float *gbqkv = r->g + l->b_off, *gbo = gbqkv + e3;
-  PMAP_TRY(ops->gemm(r->q, 1, 0, a.e, a.d, a.rows, 1.0f, b.o, a.e, dy, a.d, 1.0f, gwo, a.d));
-  PMAP_TRY(ops->bias_backward(r->q, dy, gbo, a.rows, a.d, 1));
-  PMAP_TRY(ops->gemm(r->q, 0, 1, a.rows, a.e, a.d, 1.0f, dy, a.d, wo, a.d, 0.0f, b.d_o, a.e));
-  block_at(a.t, 0, &mb, &kend, &count);
+  int64_t e3 = 3 * a->e, tt = a->t * a->t;
+  for (int64_t n = 0; n < bd; n++) { /* dP_h = dO_h V_h^T, dV_h = P_h^T dO_h */
+    const float *qn = b->qkv + n * a->t * e3, *don = b->d_o + n * a->t * a->e;
+    float *dqn = b->dqkv + n * a->t * e3;
+    PMAP_TRY(ops->gemm_strided(r->q, 0, 1, a->t, a->t, a->hs, 1.0f, don, a->e, a->hs, qn + 2 * a->e,
+                               e3, a->hs, 0.0f, b->dp + n * a->h * tt, a->t, tt, a->h));
+    PMAP_TRY(ops->gemm_strided(r->q, 1, 0, a->t, a->hs, a->t, 1.0f, b->p + n * a->h * tt, a->t, tt,
+                               don, a->e, a->hs, 0.0f, dqn + 2 * a->e, e3, a->hs, a->h));
+  }
+  PMAP_TRY(ops->causal_softmax_backward(r->q, b->p, b->dp, b->dp, bd * a->h, a->t, a->t, 0,
+                                        a->scale, NULL, NULL));
+  for (int64_t n = 0; n < bd; n++) { /* dQ_h = dS_h K_h, dK_h = dS_h^T Q_h */
+    const float *qn = b->qkv + n * a->t * e3, *dsn = b->dp + n * a->h * tt;
+    float *dqn = b->dqkv + n * a->t * e3;
+    PMAP_TRY(ops->gemm_strided(r->q, 0, 0, a->t, a->hs, a->t, 1.0f, dsn, a->t, tt, qn + a->e, e3,
+                               a->hs, 0.0f, dqn, e3, a->hs, a->h));
+    PMAP_TRY(ops->gemm_strided(r->q, 1, 0, a->t, a->hs, a->t, 1.0f, dsn, a->t, tt, qn, e3, a->hs,
+                               0.0f, dqn + a->e, e3, a->hs, a->h));
+  }
+  return PMAP_SUCCESS;
+}
+
+/* The blocked path's: an example at a time, a block of queries at a time, every head in one
+ * strided batch. */
+static pmap_status heads_blocked(replica *r, const attn_dims *a, const attn_buf *b, int64_t bd) {
+  int64_t e3 = 3 * a->e, mb, kend, count = 1;
   for (int64_t n = 0; n < bd; n++) {
-    const float *qn = b.qkv + n * a.t * e3, *don = b.d_o + n * a.t * a.e;
-    float *dqn = b.dqkv + n * a.t * e3;
+    const float *qn = b->qkv + n * a->t * e3;
+    for (int64_t j = 0; j < count; j++) { /* O_h = P_h V_h over the block's keys */
+      int64_t i0 = block_at(a->t, j, &mb, &kend, &count);
+      PMAP_TRY(block_probs(r, a, qn, i0, mb, kend, b->p, b->st + 2 * a->h * n * a->t, 0));
+      PMAP_TRY(r->ops->gemm_strided(r->q, 0, 0, mb, a->hs, kend, 1.0f, b->p, kend, mb * kend,
+                                    qn + 2 * a->e, e3, a->hs, 0.0f, b->o + (n * a->t + i0) * a->e,
+                                    a->e, a->hs, a->h));
+    }
+  }
+  return PMAP_SUCCESS;
+}
+
+static pmap_status heads_blocked_back(replica *r, const attn_dims *a, const attn_buf *b,
+                                      int64_t bd) {
+  const pmap_ops *ops = r->ops;
+  int64_t e3 = 3 * a->e, mb, kend, count;
+  block_at(a->t, 0, &mb, &kend, &count);
+  for (int64_t n = 0; n < bd; n++) {
+    const float *qn = b->qkv + n * a->t * e3, *don = b->d_o + n * a->t * a->e;
+    float *dqn = b->dqkv + n * a->t * e3;
     /* The last block first: it sees every key, so its dK and dV set them (beta 0) and the
      * blocks before it add to their keys' rows. */
     for (int64_t j = count - 1; j >= 0; j--) {
-      int64_t i0 = block_at(a.t, j, &mb, &kend, &count);
+      int64_t i0 = block_at(a->t, j, &mb, &kend, &count);
       float beta = j == count - 1 ? 0.0f : 1.0f;
-      PMAP_TRY(block_probs(r, &a, qn, i0, mb, kend, b.p, b.st + 2 * a.h * n * a.t, 1));
+      PMAP_TRY(block_probs(r, a, qn, i0, mb, kend, b->p, b->st + 2 * a->h * n * a->t, 1));
       /* dP_h = dO_h V_h^T, dV_h += P_h^T dO_h */
-      PMAP_TRY(ops->gemm_strided(r->q, 0, 1, mb, kend, a.hs, 1.0f, don + i0 * a.e, a.e, a.hs,
-                                 qn + 2 * a.e, e3, a.hs, 0.0f, b.dp, kend, mb * kend, a.h));
-      PMAP_TRY(ops->gemm_strided(r->q, 1, 0, kend, a.hs, mb, 1.0f, b.p, kend, mb * kend,
-                                 don + i0 * a.e, a.e, a.hs, beta, dqn + 2 * a.e, e3, a.hs, a.h));
-      PMAP_TRY(ops->causal_softmax_backward(r->q, b.p, b.dp, b.dp, a.h, mb, kend, i0, a.scale, NULL,
-                                            NULL));
+      PMAP_TRY(ops->gemm_strided(r->q, 0, 1, mb, kend, a->hs, 1.0f, don + i0 * a->e, a->e, a->hs,
+                                 qn + 2 * a->e, e3, a->hs, 0.0f, b->dp, kend, mb * kend, a->h));
+      PMAP_TRY(ops->gemm_strided(r->q, 1, 0, kend, a->hs, mb, 1.0f, b->p, kend, mb * kend,
+                                 don + i0 * a->e, a->e, a->hs, beta, dqn + 2 * a->e, e3, a->hs,
+                                 a->h));
+      PMAP_TRY(ops->causal_softmax_backward(r->q, b->p, b->dp, b->dp, a->h, mb, kend, i0, a->scale,
+                                            NULL, NULL));
       /* dQ_h = dS_h K_h, dK_h += dS_h^T Q_h */
-      PMAP_TRY(ops->gemm_strided(r->q, 0, 0, mb, a.hs, kend, 1.0f, b.dp, kend, mb * kend, qn + a.e,
-                                 e3, a.hs, 0.0f, dqn + i0 * e3, e3, a.hs, a.h));
-      PMAP_TRY(ops->gemm_strided(r->q, 1, 0, kend, a.hs, mb, 1.0f, b.dp, kend, mb * kend,
-                                 qn + i0 * e3, e3, a.hs, beta, dqn + a.e, e3, a.hs, a.h));
+      PMAP_TRY(ops->gemm_strided(r->q, 0, 0, mb, a->hs, kend, 1.0f, b->dp, kend, mb * kend,
+                                 qn + a->e, e3, a->hs, 0.0f, dqn + i0 * e3, e3, a->hs, a->h));
+      PMAP_TRY(ops->gemm_strided(r->q, 1, 0, kend, a->hs, mb, 1.0f, b->dp, kend, mb * kend,
+                                 qn + i0 * e3, e3, a->hs, beta, dqn + a->e, e3, a->hs, a->h));
     }
   }
-  PMAP_TRY(
-      ops->gemm(r->q, 1, 0, a.d, e3, a.rows, 1.0f, r->in[i], a.d, b.dqkv, e3, 1.0f, gwqkv, e3));
-  PMAP_TRY(ops->bias_backward(r->q, b.dqkv, gbqkv, a.rows, e3, 1));
-  if (!dx) return PMAP_SUCCESS;
-  return ops->gemm(r->q, 0, 1, a.rows, a.d, e3, 1.0f, b.dqkv, e3, wqkv, e3, 0.0f, dx, a.d);
+  return PMAP_SUCCESS;
 }
 
 /* ---- the bf16 policy: every product on bfloat16 operands, the softmax and sums in float ---- */
@@ -323,84 +271,6 @@ static attn_buf16 bufs16_of(const attn_dims *a, float *aux, float *tmp, int64_t 
   return b;
 }
 
-static pmap_status forward16(const layer *l, replica *r, int i, const float *in, float *y,
-                             int64_t bd) {
-  if (blocked(l->in_shape[0], 1)) return blocked_forward16(l, r, i, in, y, bd);
-  const pmap_ops *ops = r->ops;
-  attn_dims a = dims_of(l, bd);
-  attn_buf16 b = bufs16_of(&a, r->aux[i], r->tmp, bd);
-  int64_t e3 = 3 * a.e, tt = a.t * a.t;
-  const float *bqkv = r->w + l->b_off, *bo = bqkv + e3;
-  layer_mat wqkv = layer_weights(r, l->w_off), wo = layer_weights(r, l->w_off + (size_t)(a.d * e3));
-  PMAP_TRY(
-      layer_gemm(r, 0, 0, a.rows, e3, a.d, layer_input(r, i, in), a.d, wqkv, e3, 0.0f, b.f1, e3));
-  int64_t part = a.rows * a.e; /* Q, K and V apart, each with its bias added as it is rounded */
-  const pmap_bf16 *q16 = b.qkv, *k16 = q16 + part, *v16 = k16 + part;
-  for (int64_t j = 0; j < 3; j++)
-    PMAP_TRY(ops->round_bf16_block(r->q, b.f1 + j * a.e, e3, bqkv + j * a.e, NULL, b.qkv + j * part,
-                                   a.e, a.rows, a.e));
-  int64_t gp = a.h * tt, go = a.t * a.e; /* one example's P, and its Q, K, V or O */
-  /* S_h = Q_h K_h^T, every example's heads at once */
-  PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 1, a.t, a.t, a.hs, 1.0f, q16, a.e, a.hs, k16, a.e, a.hs,
-                                  0.0f, b.f2, a.t, tt, a.h, bd, go, go, gp));
-  PMAP_TRY(ops->causal_softmax_forward(r->q, b.f2, b.f2, bd * a.h, a.t, a.t, 0, a.scale, b.p, NULL,
-                                       NULL));
-  /* O_h = P_h V_h */
-  PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 0, a.t, a.hs, a.t, 1.0f, b.p, a.t, tt, v16, a.e, a.hs,
-                                  0.0f, b.f2, a.e, a.hs, a.h, bd, gp, go, go));
-  PMAP_TRY(ops->round_bf16(r->q, b.f2, b.o, NULL, (size_t)(a.rows * a.e)));
-  PMAP_TRY(
-      layer_gemm(r, 0, 0, a.rows, a.d, a.e, (layer_mat){NULL, b.o}, a.e, wo, a.d, 0.0f, y, a.d));
-  return ops->bias_forward(r->q, y, bo, a.rows, a.d, 1);
-}
-
-static pmap_status backward16(const layer *l, replica *r, int i, const float *dy, float *dx,
-                              int64_t bd) {
-  if (blocked(l->in_shape[0], 1)) return blocked_backward16(l, r, i, dy, dx, bd);
-  const pmap_ops *ops = r->ops;
-  attn_dims a = dims_of(l, bd);
-  attn_buf16 b = bufs16_of(&a, r->aux[i], r->tmp, bd);
-  int64_t e3 = 3 * a.e, tt = a.t * a.t;
-  layer_mat wqkv = layer_weights(r, l->w_off), wo = layer_weights(r, l->w_off + (size_t)(a.d * e3));
-  float *gwqkv = r->g + l->w_off, *gwo = gwqkv + a.d * e3;
-  float *gbqkv = r->g + l->b_off, *gbo = gbqkv + e3;
-  layer_mat d16, o16 = {NULL, b.o};
-  /* the output projection: dWo += O^T dy, dbo += sum dy, dO = dy Wo^T */
-  PMAP_TRY(layer_operand(r, dy, (size_t)(a.rows * a.d), b.h4, &d16));
-  PMAP_TRY(layer_gemm(r, 1, 0, a.e, a.d, a.rows, o16, a.e, d16, a.d, 1.0f, gwo, a.d));
-  PMAP_TRY(ops->bias_backward(r->q, dy, gbo, a.rows, a.d, 1));
-  PMAP_TRY(layer_gemm(r, 0, 1, a.rows, a.e, a.d, d16, a.d, wo, a.d, 0.0f, b.f2, a.e));
-  PMAP_TRY(ops->round_bf16(r->q, b.f2, b.h4, NULL, (size_t)(a.rows * a.e)));
-  int64_t part = a.rows * a.e; /* Q, K, V and their gradients apart */
-  const pmap_bf16 *q16 = b.qkv, *k16 = q16 + part, *v16 = k16 + part;
-  float *dq = b.f1, *dk = dq + part, *dv = dk + part;
-  int64_t gp = a.h * tt, go = a.t * a.e; /* one example's P, and its Q, K, V or O */
-  /* dP_h = dO_h V_h^T, dV_h = P_h^T dO_h, every example's heads at once */
-  PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 1, a.t, a.t, a.hs, 1.0f, b.h4, a.e, a.hs, v16, a.e, a.hs,
-                                  0.0f, b.f2, a.t, tt, a.h, bd, go, go, gp));
-  PMAP_TRY(ops->gemm_strided_bf16(r->q, 1, 0, a.t, a.hs, a.t, 1.0f, b.p, a.t, tt, b.h4, a.e, a.hs,
-                                  0.0f, dv, a.e, a.hs, a.h, bd, gp, go, go));
-  /* The softmax's backward in float from the kept (bfloat16) probabilities, and dS rounded, in
-   * one pass. */
-  PMAP_TRY(ops->causal_softmax_backward(r->q, NULL, b.f2, b.f2, bd * a.h, a.t, a.t, 0, a.scale, b.p,
-                                        b.h4));
-  /* dQ_h = dS_h K_h, dK_h = dS_h^T Q_h */
-  PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 0, a.t, a.hs, a.t, 1.0f, b.h4, a.t, tt, k16, a.e, a.hs,
-                                  0.0f, dq, a.e, a.hs, a.h, bd, gp, go, go));
-  PMAP_TRY(ops->gemm_strided_bf16(r->q, 1, 0, a.t, a.hs, a.t, 1.0f, b.h4, a.t, tt, q16, a.e, a.hs,
-                                  0.0f, dk, a.e, a.hs, a.h, bd, gp, go, go));
-  /* the input projection: dWqkv += x^T dqkv, dbqkv += sum dqkv, dx = dqkv Wqkv^T, with dqkv
-   * (rows, 3E) put together from dQ, dK and dV as it is rounded */
-  for (int64_t j = 0; j < 3; j++) /* with dbqkv += their sums, in the same pass */
-    PMAP_TRY(ops->round_bf16_block(r->q, b.f1 + j * part, a.e, NULL, gbqkv + j * a.e,
-                                   b.h4 + j * a.e, e3, a.rows, a.e));
-  layer_mat dq16 = {NULL, b.h4};
-  PMAP_TRY(layer_gemm(r, 1, 0, a.d, e3, a.rows, layer_input(r, i, r->in[i]), a.d, dq16, e3, 1.0f,
-                      gwqkv, e3));
-  if (!dx) return PMAP_SUCCESS;
-  return layer_gemm(r, 0, 1, a.rows, a.d, e3, dq16, e3, wqkv, e3, 0.0f, dx, a.d);
-}
-
 /* The blocked bf16 passes' buffers (blocked_sizes16) over bd examples. */
 typedef struct attn_blk16 {
   pmap_bf16 *q16, *k16, *v16, *o16; /* r->aux[i]: each dense (rows, E) */
@@ -443,86 +313,217 @@ static pmap_status block_probs16(replica *r, const attn_dims *a, const attn_blk1
                                         b->p16, again ? st : NULL, again ? NULL : st);
 }
 
-static pmap_status blocked_forward16(const layer *l, replica *r, int i, const float *in, float *y,
-                                     int64_t bd) {
+/* The stored path's per-head products under bf16: Q, K, V (bfloat16) to O (float, in f2). */
+static pmap_status heads16_stored(replica *r, const attn_dims *a, const attn_buf16 *b, int64_t bd) {
   const pmap_ops *ops = r->ops;
-  attn_dims a = dims_of(l, bd);
-  attn_blk16 b = blocked_bufs16(&a, r->aux[i], r->tmp, bd);
-  int64_t e3 = 3 * a.e, part = a.rows * a.e, go = a.t * a.e, mb, kend, count = 1;
-  const float *bqkv = r->w + l->b_off, *bo = bqkv + e3;
-  layer_mat wqkv = layer_weights(r, l->w_off), wo = layer_weights(r, l->w_off + (size_t)(a.d * e3));
-  PMAP_TRY(
-      layer_gemm(r, 0, 0, a.rows, e3, a.d, layer_input(r, i, in), a.d, wqkv, e3, 0.0f, b.f1, e3));
-  for (int64_t j = 0; j < 3; j++) /* Q, K and V apart, each with its bias added as it is rounded */
-    PMAP_TRY(ops->round_bf16_block(r->q, b.f1 + j * a.e, e3, bqkv + j * a.e, NULL, b.q16 + j * part,
-                                   a.e, a.rows, a.e));
-  for (int64_t j = 0; j < count; j++) { /* O_h = P_h V_h over the block's keys, into f1 */
-    int64_t i0 = block_at(a.t, j, &mb, &kend, &count), gs = a.h * mb * kend;
-    PMAP_TRY(block_probs16(r, &a, &b, bd, i0, mb, kend, 0));
-    PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 0, mb, a.hs, kend, 1.0f, b.p16, kend, mb * kend, b.v16,
-                                    a.e, a.hs, 0.0f, b.f1 + i0 * a.e, a.e, a.hs, a.h, bd, gs, go,
-                                    go));
-  }
-  PMAP_TRY(ops->round_bf16(r->q, b.f1, b.o16, NULL, (size_t)part));
-  PMAP_TRY(
-      layer_gemm(r, 0, 0, a.rows, a.d, a.e, (layer_mat){NULL, b.o16}, a.e, wo, a.d, 0.0f, y, a.d));
-  return ops->bias_forward(r->q, y, bo, a.rows, a.d, 1);
+  int64_t tt = a->t * a->t, part = a->rows * a->e;
+  const pmap_bf16 *q16 = b->qkv, *k16 = q16 + part, *v16 = k16 + part;
+  int64_t gp = a->h * tt, go = a->t * a->e; /* one example's P, and its Q, K, V or O */
+  /* S_h = Q_h K_h^T, every example's heads at once */
+  PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 1, a->t, a->t, a->hs, 1.0f, q16, a->e, a->hs, k16, a->e,
+                                  a->hs, 0.0f, b->f2, a->t, tt, a->h, bd, go, go, gp));
+  PMAP_TRY(ops->causal_softmax_forward(r->q, b->f2, b->f2, bd * a->h, a->t, a->t, 0, a->scale, b->p,
+                                       NULL, NULL));
+  /* O_h = P_h V_h */
+  return ops->gemm_strided_bf16(r->q, 0, 0, a->t, a->hs, a->t, 1.0f, b->p, a->t, tt, v16, a->e,
+                                a->hs, 0.0f, b->f2, a->e, a->hs, a->h, bd, gp, go, go);
 }
 
-static pmap_status blocked_backward16(const layer *l, replica *r, int i, const float *dy, float *dx,
-                                      int64_t bd) {
+/* Their backward: dO (bfloat16, in h4) to dQ, dK, dV (float, in f1). */
+static pmap_status heads16_stored_back(replica *r, const attn_dims *a, const attn_buf16 *b,
+                                       int64_t bd) {
   const pmap_ops *ops = r->ops;
-  attn_dims a = dims_of(l, bd);
-  attn_blk16 b = blocked_bufs16(&a, r->aux[i], r->tmp, bd);
-  int64_t e3 = 3 * a.e, part = a.rows * a.e, go = a.t * a.e, mb, kend, count;
-  layer_mat wqkv = layer_weights(r, l->w_off), wo = layer_weights(r, l->w_off + (size_t)(a.d * e3));
-  float *gwqkv = r->g + l->w_off, *gwo = gwqkv + a.d * e3;
-  float *gbqkv = r->g + l->b_off, *gbo = gbqkv + e3;
-  layer_mat d16, o16 = {NULL, b.o16};
-  /* the output projection: dWo += O^T dy, dbo += sum dy, dO = dy Wo^T (rounded into h4) */
-  PMAP_TRY(layer_operand(r, dy, (size_t)(a.rows * a.d), b.h4, &d16));
-  PMAP_TRY(layer_gemm(r, 1, 0, a.e, a.d, a.rows, o16, a.e, d16, a.d, 1.0f, gwo, a.d));
-  PMAP_TRY(ops->bias_backward(r->q, dy, gbo, a.rows, a.d, 1));
-  PMAP_TRY(layer_gemm(r, 0, 1, a.rows, a.e, a.d, d16, a.d, wo, a.d, 0.0f, b.fdp, a.e));
-  PMAP_TRY(ops->round_bf16(r->q, b.fdp, b.h4, NULL, (size_t)part));
-  const pmap_bf16 *do16 = b.h4;
-  float *dq = b.f1, *dk = dq + part, *dv = dk + part;
-  block_at(a.t, 0, &mb, &kend, &count);
+  int64_t tt = a->t * a->t, part = a->rows * a->e;
+  const pmap_bf16 *q16 = b->qkv, *k16 = q16 + part, *v16 = k16 + part;
+  float *dq = b->f1, *dk = dq + part, *dv = dk + part;
+  int64_t gp = a->h * tt, go = a->t * a->e;
+  /* dP_h = dO_h V_h^T, dV_h = P_h^T dO_h, every example's heads at once */
+  PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 1, a->t, a->t, a->hs, 1.0f, b->h4, a->e, a->hs, v16,
+                                  a->e, a->hs, 0.0f, b->f2, a->t, tt, a->h, bd, go, go, gp));
+  PMAP_TRY(ops->gemm_strided_bf16(r->q, 1, 0, a->t, a->hs, a->t, 1.0f, b->p, a->t, tt, b->h4, a->e,
+                                  a->hs, 0.0f, dv, a->e, a->hs, a->h, bd, gp, go, go));
+  /* The softmax's backward in float from the kept (bfloat16) probabilities, and dS rounded, in
+   * one pass (over dO's copy, read by now). */
+  PMAP_TRY(ops->causal_softmax_backward(r->q, NULL, b->f2, b->f2, bd * a->h, a->t, a->t, 0,
+                                        a->scale, b->p, b->h4));
+  /* dQ_h = dS_h K_h, dK_h = dS_h^T Q_h */
+  PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 0, a->t, a->hs, a->t, 1.0f, b->h4, a->t, tt, k16, a->e,
+                                  a->hs, 0.0f, dq, a->e, a->hs, a->h, bd, gp, go, go));
+  return ops->gemm_strided_bf16(r->q, 1, 0, a->t, a->hs, a->t, 1.0f, b->h4, a->t, tt, q16, a->e,
+                                a->hs, 0.0f, dk, a->e, a->hs, a->h, bd, gp, go, go);
+}
+
+/* The blocked path's under bf16: a block of queries at a time, every example's heads at once;
+ * O (float) into f1. */
+static pmap_status heads16_blocked(replica *r, const attn_dims *a, const attn_blk16 *b,
+                                   int64_t bd) {
+  int64_t go = a->t * a->e, mb, kend, count = 1;
+  for (int64_t j = 0; j < count; j++) { /* O_h = P_h V_h over the block's keys */
+    int64_t i0 = block_at(a->t, j, &mb, &kend, &count), gs = a->h * mb * kend;
+    PMAP_TRY(block_probs16(r, a, b, bd, i0, mb, kend, 0));
+    PMAP_TRY(r->ops->gemm_strided_bf16(r->q, 0, 0, mb, a->hs, kend, 1.0f, b->p16, kend, mb * kend,
+                                       b->v16, a->e, a->hs, 0.0f, b->f1 + i0 * a->e, a->e, a->hs,
+                                       a->h, bd, gs, go, go));
+  }
+  return PMAP_SUCCESS;
+}
+
+/* Their backward: dO (bfloat16, in h4) to dQ, dK, dV (float, in f1). */
+static pmap_status heads16_blocked_back(replica *r, const attn_dims *a, const attn_blk16 *b,
+                                        int64_t bd) {
+  const pmap_ops *ops = r->ops;
+  int64_t part = a->rows * a->e, go = a->t * a->e, mb, kend, count;
+  const pmap_bf16 *do16 = b->h4;
+  float *dq = b->f1, *dk = dq + part, *dv = dk + part;
+  block_at(a->t, 0, &mb, &kend, &count);
   /* The last block first: it sees every key, so its dK and dV set them (beta 0) and the blocks
    * before it add to their keys' rows. */
   for (int64_t j = count - 1; j >= 0; j--) {
-    int64_t i0 = block_at(a.t, j, &mb, &kend, &count), gs = a.h * mb * kend;
+    int64_t i0 = block_at(a->t, j, &mb, &kend, &count), gs = a->h * mb * kend;
     float beta = j == count - 1 ? 0.0f : 1.0f;
-    PMAP_TRY(block_probs16(r, &a, &b, bd, i0, mb, kend, 1));
+    PMAP_TRY(block_probs16(r, a, b, bd, i0, mb, kend, 1));
     /* dP_h = dO_h V_h^T, dV_h += P_h^T dO_h */
-    PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 1, mb, kend, a.hs, 1.0f, do16 + i0 * a.e, a.e, a.hs,
-                                    b.v16, a.e, a.hs, 0.0f, b.fdp, kend, mb * kend, a.h, bd, go, go,
-                                    gs));
-    PMAP_TRY(ops->gemm_strided_bf16(r->q, 1, 0, kend, a.hs, mb, 1.0f, b.p16, kend, mb * kend,
-                                    do16 + i0 * a.e, a.e, a.hs, beta, dv, a.e, a.hs, a.h, bd, gs,
-                                    go, go));
-    PMAP_TRY(ops->causal_softmax_backward(r->q, NULL, b.fdp, b.fdp, bd * a.h, mb, kend, i0, a.scale,
-                                          b.p16, b.ds16));
+    PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 1, mb, kend, a->hs, 1.0f, do16 + i0 * a->e, a->e,
+                                    a->hs, b->v16, a->e, a->hs, 0.0f, b->fdp, kend, mb * kend, a->h,
+                                    bd, go, go, gs));
+    PMAP_TRY(ops->gemm_strided_bf16(r->q, 1, 0, kend, a->hs, mb, 1.0f, b->p16, kend, mb * kend,
+                                    do16 + i0 * a->e, a->e, a->hs, beta, dv, a->e, a->hs, a->h, bd,
+                                    gs, go, go));
+    PMAP_TRY(ops->causal_softmax_backward(r->q, NULL, b->fdp, b->fdp, bd * a->h, mb, kend, i0,
+                                          a->scale, b->p16, b->ds16));
     /* dQ_h = dS_h K_h, dK_h += dS_h^T Q_h */
-    PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 0, mb, a.hs, kend, 1.0f, b.ds16, kend, mb * kend,
-                                    b.k16, a.e, a.hs, 0.0f, dq + i0 * a.e, a.e, a.hs, a.h, bd, gs,
-                                    go, go));
-    PMAP_TRY(ops->gemm_strided_bf16(r->q, 1, 0, kend, a.hs, mb, 1.0f, b.ds16, kend, mb * kend,
-                                    b.q16 + i0 * a.e, a.e, a.hs, beta, dk, a.e, a.hs, a.h, bd, gs,
-                                    go, go));
+    PMAP_TRY(ops->gemm_strided_bf16(r->q, 0, 0, mb, a->hs, kend, 1.0f, b->ds16, kend, mb * kend,
+                                    b->k16, a->e, a->hs, 0.0f, dq + i0 * a->e, a->e, a->hs, a->h,
+                                    bd, gs, go, go));
+    PMAP_TRY(ops->gemm_strided_bf16(r->q, 1, 0, kend, a->hs, mb, 1.0f, b->ds16, kend, mb * kend,
+                                    b->q16 + i0 * a->e, a->e, a->hs, beta, dk, a->e, a->hs, a->h,
+                                    bd, gs, go, go));
   }
-  /* the input projection, as backward16's */
-  for (int64_t j = 0; j < 3; j++)
-    PMAP_TRY(ops->round_bf16_block(r->q, b.f1 + j * part, a.e, NULL, gbqkv + j * a.e,
-                                   b.h4 + j * a.e, e3, a.rows, a.e));
-  layer_mat dq16 = {NULL, b.h4};
+  return PMAP_SUCCESS;
+}
+
+/* What the bf16 projections use of either path's buffers: Q, K, V and O in bfloat16 (r->aux[i]),
+ * the qkv projection's float output (then dQ, dK, dV), O's float before its rounding, dO's
+ * float before its rounding, and the bfloat16 dy, dO and dqkv in turn. */
+typedef struct attn_io16 {
+  pmap_bf16 *q16, *o16, *h4;
+  float *f1, *fo, *fdo;
+  attn_buf16 s; /* the path's own (stored: s, blocked: b) */
+  attn_blk16 b;
+} attn_io16;
+
+static attn_io16 io16_of(const attn_dims *a, replica *r, int i, int64_t bd, int blk) {
+  attn_io16 io;
+  memset(&io, 0, sizeof io);
+  if (blk) {
+    io.b = blocked_bufs16(a, r->aux[i], r->tmp, bd);
+    io.q16 = io.b.q16, io.o16 = io.b.o16, io.h4 = io.b.h4;
+    io.f1 = io.b.f1, io.fo = io.b.f1, io.fdo = io.b.fdp;
+  } else {
+    io.s = bufs16_of(a, r->aux[i], r->tmp, bd);
+    io.q16 = io.s.qkv, io.o16 = io.s.o, io.h4 = io.s.h4;
+    io.f1 = io.s.f1, io.fo = io.s.f2, io.fdo = io.s.f2;
+  }
+  return io;
+}
+
+static pmap_status forward16(const layer *l, replica *r, int i, const float *in, float *y,
+                             int64_t bd) {
+  const pmap_ops *ops = r->ops;
+  attn_dims a = dims_of(l, bd);
+  int blk = blocked(a.t, 1);
+  attn_io16 io = io16_of(&a, r, i, bd, blk);
+  int64_t e3 = 3 * a.e, part = a.rows * a.e;
+  const float *bqkv = r->w + l->b_off, *bo = bqkv + e3;
+  layer_mat wqkv = layer_weights(r, l->w_off), wo = layer_weights(r, l->w_off + (size_t)(a.d * e3));
+  PMAP_TRY(
+      layer_gemm(r, 0, 0, a.rows, e3, a.d, layer_input(r, i, in), a.d, wqkv, e3, 0.0f, io.f1, e3));
+  for (int64_t j = 0; j < 3; j++) /* Q, K and V apart, each with its bias added as it is rounded */
+    PMAP_TRY(ops->round_bf16_block(r->q, io.f1 + j * a.e, e3, bqkv + j * a.e, NULL,
+                                   io.q16 + j * part, a.e, a.rows, a.e));
+  PMAP_TRY(blk ? heads16_blocked(r, &a, &io.b, bd) : heads16_stored(r, &a, &io.s, bd));
+  PMAP_TRY(ops->round_bf16(r->q, io.fo, io.o16, NULL, (size_t)part));
+  PMAP_TRY(
+      layer_gemm(r, 0, 0, a.rows, a.d, a.e, (layer_mat){NULL, io.o16}, a.e, wo, a.d, 0.0f, y, a.d));
+  return ops->bias_forward(r->q, y, bo, a.rows, a.d, 1);
+}
+
+static pmap_status backward16(const layer *l, replica *r, int i, const float *dy, float *dx,
+                              int64_t bd) {
+  const pmap_ops *ops = r->ops;
+  attn_dims a = dims_of(l, bd);
+  int blk = blocked(a.t, 1);
+  attn_io16 io = io16_of(&a, r, i, bd, blk);
+  int64_t e3 = 3 * a.e, part = a.rows * a.e;
+  layer_mat wqkv = layer_weights(r, l->w_off), wo = layer_weights(r, l->w_off + (size_t)(a.d * e3));
+  float *gwqkv = r->g + l->w_off, *gwo = gwqkv + a.d * e3;
+  float *gbqkv = r->g + l->b_off, *gbo = gbqkv + e3;
+  layer_mat d16, o16 = {NULL, io.o16};
+  /* the output projection: dWo += O^T dy, dbo += sum dy, dO = dy Wo^T (rounded into h4) */
+  PMAP_TRY(layer_operand(r, dy, (size_t)(a.rows * a.d), io.h4, &d16));
+  PMAP_TRY(layer_gemm(r, 1, 0, a.e, a.d, a.rows, o16, a.e, d16, a.d, 1.0f, gwo, a.d));
+  PMAP_TRY(ops->bias_backward(r->q, dy, gbo, a.rows, a.d, 1));
+  PMAP_TRY(layer_gemm(r, 0, 1, a.rows, a.e, a.d, d16, a.d, wo, a.d, 0.0f, io.fdo, a.e));
+  PMAP_TRY(ops->round_bf16(r->q, io.fdo, io.h4, NULL, (size_t)part));
+  PMAP_TRY(blk ? heads16_blocked_back(r, &a, &io.b, bd) : heads16_stored_back(r, &a, &io.s, bd));
+  /* the input projection: dWqkv += x^T dqkv, dbqkv += sum dqkv, dx = dqkv Wqkv^T, with dqkv
+   * (rows, 3E) put together from dQ, dK and dV as it is rounded */
+  for (int64_t j = 0; j < 3; j++) /* with dbqkv += their sums, in the same pass */
+    PMAP_TRY(ops->round_bf16_block(r->q, io.f1 + j * part, a.e, NULL, gbqkv + j * a.e,
+                                   io.h4 + j * a.e, e3, a.rows, a.e));
+  layer_mat dq16 = {NULL, io.h4};
   PMAP_TRY(layer_gemm(r, 1, 0, a.d, e3, a.rows, layer_input(r, i, r->in[i]), a.d, dq16, e3, 1.0f,
                       gwqkv, e3));
   if (!dx) return PMAP_SUCCESS;
   return layer_gemm(r, 0, 1, a.rows, a.d, e3, dq16, e3, wqkv, e3, 0.0f, dx, a.d);
 }
 
-/* blocked_forward16's and blocked_backward16's per-head GEMMs into g, block by block: S (and
+/* ---- the layer: the projections around the per-head products ---- */
+
+static pmap_status forward(pmap_device *dev, const layer *l, replica *r, int i, const float *in,
+                           float *y, const float **out, int64_t bd) {
+  (void)dev, (void)out;
+  if (r->w16) return forward16(l, r, i, in, y, bd);
+  const pmap_ops *ops = r->ops;
+  attn_dims a = dims_of(l, bd);
+  int blk = blocked(a.t, 0);
+  attn_buf b = blk ? blocked_bufs(&a, r->aux[i], bd) : bufs_of(&a, r->aux[i], bd);
+  int64_t e3 = 3 * a.e;
+  const float *wqkv = r->w + l->w_off, *wo = wqkv + a.d * e3;
+  const float *bqkv = r->w + l->b_off, *bo = bqkv + e3;
+  PMAP_TRY(ops->gemm(r->q, 0, 0, a.rows, e3, a.d, 1.0f, in, a.d, wqkv, e3, 0.0f, b.qkv, e3));
+  PMAP_TRY(ops->bias_forward(r->q, b.qkv, bqkv, a.rows, e3, 1));
+  PMAP_TRY(blk ? heads_blocked(r, &a, &b, bd) : heads_stored(r, &a, &b, bd));
+  PMAP_TRY(ops->gemm(r->q, 0, 0, a.rows, a.d, a.e, 1.0f, b.o, a.e, wo, a.d, 0.0f, y, a.d));
+  return ops->bias_forward(r->q, y, bo, a.rows, a.d, 1);
+}
+
+static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i, const float *dy,
+                            float *dx, const float **dx_out, int64_t bd) {
+  (void)dev, (void)dx_out;
+  if (r->w16) return backward16(l, r, i, dy, dx, bd);
+  const pmap_ops *ops = r->ops;
+  attn_dims a = dims_of(l, bd);
+  int blk = blocked(a.t, 0);
+  attn_buf b = blk ? blocked_bufs(&a, r->aux[i], bd) : bufs_of(&a, r->aux[i], bd);
+  int64_t e3 = 3 * a.e;
+  const float *wqkv = r->w + l->w_off, *wo = wqkv + a.d * e3;
+  float *gwqkv = r->g + l->w_off, *gwo = gwqkv + a.d * e3;
+  float *gbqkv = r->g + l->b_off, *gbo = gbqkv + e3;
+  /* the output projection: dWo += O^T dy, dbo += sum dy, dO = dy Wo^T */
+  PMAP_TRY(ops->gemm(r->q, 1, 0, a.e, a.d, a.rows, 1.0f, b.o, a.e, dy, a.d, 1.0f, gwo, a.d));
+  PMAP_TRY(ops->bias_backward(r->q, dy, gbo, a.rows, a.d, 1));
+  PMAP_TRY(ops->gemm(r->q, 0, 1, a.rows, a.e, a.d, 1.0f, dy, a.d, wo, a.d, 0.0f, b.d_o, a.e));
+  PMAP_TRY(blk ? heads_blocked_back(r, &a, &b, bd) : heads_stored_back(r, &a, &b, bd));
+  /* the input projection: dWqkv += x^T dqkv, dbqkv += sum dqkv, dx = dqkv Wqkv^T */
+  PMAP_TRY(
+      ops->gemm(r->q, 1, 0, a.d, e3, a.rows, 1.0f, r->in[i], a.d, b.dqkv, e3, 1.0f, gwqkv, e3));
+  PMAP_TRY(ops->bias_backward(r->q, b.dqkv, gbqkv, a.rows, e3, 1));
+  if (!dx) return PMAP_SUCCESS;
+  return ops->gemm(r->q, 0, 1, a.rows, a.d, e3, 1.0f, b.dqkv, e3, wqkv, e3, 0.0f, dx, a.d);
+}
+
+/* heads16_blocked's and heads16_blocked_back's per-head GEMMs into g, block by block: S (and
  * dP), O (and dQ), dV (and dK); their count. */
 static int blocked_gemms16(const attn_dims *a, int64_t bd, ops_gemm16 *g) {
   int64_t go = a->t * a->e, mb, kend, count = 1, n = 0;
