@@ -13,7 +13,7 @@ shift
 tests=("$@")
 if [ ${#tests[@]} -eq 0 ]; then
   tests=(ops ops-as-device gemm gemm-choice conv-paths simd-clones limits precision
-         precision-portable equiv)
+         precision-portable equiv attention)
 fi
 train="$build/tools/pmap-train"
 [ -x "$train" ] || { echo "isa-matrix: no $train (build first)"; exit 1; }
