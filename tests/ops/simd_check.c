@@ -258,7 +258,7 @@ static void windows(void) {
   KEEP("embedding", OPS.embedding_forward(NULL, ids, table, 9, 8, 21, e), e, 9 * 21);
   KEEP("embedding backward", OPS.embedding_backward(NULL, ids, de, 9, 8, 21, dt), dt, 8 * 21);
   free(x), free(dy), free(y), free(dx), free(d), free(sx), free(sy), free(sdx), free(sdy);
-  free(s16), free(d16);
+  free(s16), free(d16), free(sst);
   free(table), free(e), free(de), free(dt);
 }
 
