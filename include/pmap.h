@@ -219,8 +219,9 @@ typedef struct pmap_config {
                             free on device 0 and what the params' activations hold there) and
                             NONE otherwise, releasing the activations when the choice changes
                             (the next step sizes them anew at its own rows, and pmap_predict
-                            then runs in pieces of those). For the params created in the
-                            context. */
+                            then runs in pieces of those; a pmap_predict before anything sized
+                            them chooses as a step of its rows would). For the params created
+                            in the context. */
 } pmap_config;
 
 enum { PMAP_GUARD_ON = 0, PMAP_GUARD_OFF = 1 };

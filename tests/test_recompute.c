@@ -358,6 +358,64 @@ static void test_auto_switches(void) {
   pmap_model_destroy(m);
 }
 
+/* A prediction before any step under AUTO sizes the activations as the plan of its rows says
+ * (recomputed, where only that fits the limit) instead of failing for memory; it and the steps
+ * after it give the bits of a run stored throughout. */
+static void predict_first(const pmap_model *m, const data *d, int recompute, size_t limit,
+                          outcome *o) {
+  memset(o, 0, sizeof *o);
+  pmap_config cfg = {
+      .backend = PMAP_BACKEND_CPU, .num_devices = 2, .recompute = recompute, .max_memory = limit};
+  pmap_ctx *ctx = NULL;
+  pmap_params *p = NULL;
+  pmap_optimizer opt = pmap_adam(1e-2f);
+  CHECK_OK(pmap_ctx_create(&cfg, &ctx));
+  CHECK_OK(pmap_params_create(ctx, m, &opt, 9, &p));
+  if (!p) {
+    pmap_ctx_destroy(ctx);
+    return;
+  }
+  CHECK_OK(pmap_params_memory(p, BATCH, &o->plan));
+  int rank = 0;
+  int64_t shape[PMAP_MAX_RANK], oshape[PMAP_MAX_RANK + 1] = {BATCH};
+  pmap_model_output_shape(m, &rank, shape);
+  o->n_pred = BATCH;
+  for (int k = 0; k < rank; k++) oshape[k + 1] = shape[k], o->n_pred *= (size_t)shape[k];
+  o->pred = malloc(o->n_pred * sizeof *o->pred);
+  pmap_array x0 = rows(&d->xs, 0), out = pmap_array_f32(o->pred, rank + 1, oshape);
+  o->st = pmap_predict(p, &x0, &out);
+  CHECK(!o->st, "a prediction before any step (recompute %d, limit %zu): %s", recompute, limit,
+        pmap_last_error());
+  for (int k = 0; k < STEPS && !o->st; k++) {
+    pmap_array x = rows(&d->xs, k), y = rows(&d->ys, k);
+    o->st = pmap_update(p, &x, &y, NULL);
+  }
+  o->P = pmap_params_count(p);
+  o->w = malloc(o->P * sizeof *o->w);
+  if (!o->st) CHECK_OK(pmap_params_read(p, 1, o->w, o->P));
+  pmap_params_destroy(p);
+  CHECK_OK(pmap_ctx_destroy(ctx));
+}
+
+static void test_auto_predict_first(void) {
+  pmap_model *m = gpt_model();
+  data d;
+  data_of(1, &d);
+  outcome stored, full, tight;
+  predict_first(m, &d, PMAP_RECOMPUTE_NONE, 0, &stored);
+  predict_first(m, &d, PMAP_RECOMPUTE_FULL, 0, &full);
+  predict_first(m, &d, PMAP_RECOMPUTE_AUTO, full.plan.total, &tight);
+  CHECK(full.plan.total < stored.plan.total && tight.plan.recompute == PMAP_RECOMPUTE_FULL,
+        "the limit %zu does not call for recomputation (stored plan %zu, auto chose %d)",
+        full.plan.total, stored.plan.total, tight.plan.recompute);
+  same_bits("auto, a prediction first", &stored, &tight);
+  outcome_free(&stored);
+  outcome_free(&full);
+  outcome_free(&tight);
+  data_free(&d);
+  pmap_model_destroy(m);
+}
+
 static void test_bad_setting(void) {
   for (int bad = -1; bad <= 3; bad += 4) {
     pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 1, .recompute = bad};
@@ -376,5 +434,6 @@ int main(void) {
   test_fits_only_recomputed();
   test_auto();
   test_auto_switches();
+  test_auto_predict_first();
   return test_exit("recompute");
 }
