@@ -44,9 +44,9 @@ int watch_memory(pmap_params *params, int64_t batch, int64_t max_bytes, int reco
   if (max_bytes > 0 && m->total > (uint64_t)max_bytes) {
     snprintf(why, why_size,
              "--max-memory %lld: the plan needs %zu bytes per device (%.4g MB), over the limit "
-             "by %.4g MB; nothing was run (lower --batch, raise --micro-batches, shard the "
+             "by %zu bytes; nothing was run (lower --batch, raise --micro-batches, shard the "
              "optimizer%s)",
-             (long long)max_bytes, m->total, mb(m->total), mb(m->total - (size_t)max_bytes),
+             (long long)max_bytes, m->total, mb(m->total), m->total - (size_t)max_bytes,
              !m->recompute && m->activations_recomputed < m->activations_stored
                  ? ", or --recompute full"
                  : "");
