@@ -689,8 +689,9 @@ PMAP_API pmap_status pmap_update(pmap_params *params, const pmap_array *xs, cons
 /* In place of pmap_update, for a step whose batch this process's own checks refused (a data
  * loader's, a binding's): takes part in the step check without a batch, so that the other
  * processes' pmap_update of that step fails as above, naming this process and why. Returns
- * status (PMAP_ERR_INVALID_ARGUMENT for PMAP_SUCCESS) with why as its message, or the failure
- * of the exchange; in one process it returns at once. PMAP_ERR_INVALID_ARGUMENT for NULL params. */
+ * status (PMAP_ERR_INVALID_ARGUMENT for PMAP_SUCCESS or a value that is no pmap_status) with why
+ * as its message, or the failure of the exchange; in one process it returns at once.
+ * PMAP_ERR_INVALID_ARGUMENT for NULL params. */
 PMAP_API pmap_status pmap_update_refuse(pmap_params *params, pmap_status status, const char *why);
 
 /* Splits each device's rows into k micro-batches (1..65536; 1, the default, is one piece):

@@ -115,7 +115,7 @@ pmap_status step_check_processes(const step_call *c, pmap_status refused) {
 pmap_status pmap_update_refuse(pmap_params *p, pmap_status status, const char *why) {
   const char *call = "pmap_update_refuse";
   if (!p) return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: params is NULL", call);
-  if (status == PMAP_SUCCESS) status = PMAP_ERR_INVALID_ARGUMENT;
+  if (status <= PMAP_SUCCESS || status > PMAP_ERR_NUMERIC) status = PMAP_ERR_INVALID_ARGUMENT;
   PMAP_TRY(pmap_ctx_lock(p->ctx, call));
   pmap_error_set(status, "%s",
                  why && *why ? why : "the caller refused this step (no reason given)");

@@ -99,6 +99,20 @@ static void bad_updates(void) {
               "count 3 is not the parameter count 2");
   CHECK_FAILS(pmap_params_read(lin, 0, NULL, 2), PMAP_ERR_INVALID_ARGUMENT, "dst is NULL");
   CHECK_FAILS(pmap_params_write(lin, w, 1), PMAP_ERR_INVALID_ARGUMENT, "count 1");
+  /* A refused step (one process: at once) with its status and message; a status that is no
+   * failure, or no pmap_status at all, is refused as an invalid argument. */
+  pmap_status st = pmap_update_refuse(lin, PMAP_ERR_DEVICE, "the loader's disk");
+  CHECK(st == PMAP_ERR_DEVICE && !strcmp(pmap_last_error(), "the loader's disk"),
+        "pmap_update_refuse: status %d, message \"%s\"", (int)st, pmap_last_error());
+  const pmap_status odd[3] = {PMAP_SUCCESS, (pmap_status)99, (pmap_status)-7};
+  for (int k = 0; k < 3; k++) {
+    st = pmap_update_refuse(lin, odd[k], "a bad row");
+    CHECK(st == PMAP_ERR_INVALID_ARGUMENT && !strcmp(pmap_last_error(), "a bad row"),
+          "pmap_update_refuse with status %d: status %d, message \"%s\"", (int)odd[k], (int)st,
+          pmap_last_error());
+  }
+  CHECK_FAILS(pmap_update_refuse(NULL, PMAP_ERR_DEVICE, "x"), PMAP_ERR_INVALID_ARGUMENT,
+              "params is NULL");
   unchanged("after rejected updates");
 
   /* A good step still works and changes the parameters. */
