@@ -368,9 +368,9 @@ typedef struct pmap_array {
 /* Convenience constructors; they only fill the struct. */
 PMAP_API pmap_array pmap_array_f32(float *data, int rank, const int64_t *shape);
 PMAP_API pmap_array pmap_array_i32(int32_t *data, int rank, const int64_t *shape);
-/* The product of a's extents: 0 for a NULL array or a rank outside 1..PMAP_MAX_RANK (and for an
- * extent of 0, whatever the others), -1 when an extent is negative or the product does not fit
- * in int64_t. */
+/* The product of a's extents: 0 for a NULL array or a rank outside 1..PMAP_MAX_RANK; -1 when an
+ * extent is negative (whatever the others, 0 among them) or the product does not fit in int64_t;
+ * else 0 for an extent of 0, whatever the others. */
 PMAP_API int64_t pmap_array_numel(const pmap_array *a);
 
 /* ------------------------------------------------------------------------------------------ */
@@ -773,8 +773,9 @@ PMAP_API pmap_status pmap_params_write(pmap_params *params, const float *src, si
  * `ln -s /big/disk/run.ckpt run.ckpt` works before the first save (the folder of the file it
  * names must exist: a link into a missing folder, or a loop, is PMAP_ERR_UNAVAILABLE); a file
  * replaced keeps its permissions (a new one gets 0644).
- * pmap_params_load reads only a regular file (a FIFO or a folder is refused at once, never
- * waited on) and validates the whole file first (magic, version, every checksum and size, the
+ * pmap_params_load reads only a regular file (a FIFO, a device or a folder is refused at once
+ * with PMAP_ERR_INVALID_ARGUMENT, as no checkpoint, never waited on; a save to such a path fails
+ * with PMAP_ERR_UNAVAILABLE, as a file that cannot be written) and validates the whole file first (magic, version, every checksum and size, the
  * model description against params' model, the optimizer kind and state layout) and only then
  * sets every replica, the optimizer state and the step count; on any error nothing is changed.
  * The optimizer's settings (lr, betas, clip_norm) are those of params, not the file's.
