@@ -144,6 +144,8 @@ static int telling_lines(const char *err, size_t n, const char **lines, size_t *
       if (lens[j] == l && !memcmp(lines[j], s, l)) tells = 0;
     /* pmap-train's word that the run cannot start as given: the decision's, not a reason. */
     if (l >= 25 && !memcmp(s, "pmap-train: exit status 2", 25)) tells = 0;
+    /* Its note of the backend it chose: what it ran on, not why it failed. */
+    if (l >= 30 && !memcmp(s, "pmap-train: backend auto chose", 30)) tells = 0;
     if (!tells) continue;
     if (memmem(s, l, "signal", 6)) *any_signal = 1;
     lines[nl] = s;
