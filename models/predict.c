@@ -59,12 +59,6 @@ pmap_status pmap_predict(pmap_params *p, const pmap_array *xs, pmap_array *out) 
   predict_call c = {p, xs, out, 0};
   pmap_status st = batch_check(p, xs, NULL, call, &c.batch);
   if (!st) st = params_mend(p, call);
-  /* Under PMAP_RECOMPUTE_AUTO, before anything sized the activations: the layout a step of this
-   * many rows would take (the recomputed one where the stored plan is over the limit), so that
-   * the prediction's pieces fit the plan pmap_params_memory gives for them. Later predictions
-   * run in pieces of what is sized. */
-  if (!st && p->recompute == PMAP_RECOMPUTE_AUTO && p->rep[0].sized_rows == 0 && c.batch > 0)
-    st = params_fit_recompute(p, c.batch < p->n ? p->n : c.batch, call);
   const layer *last = &p->model->layers[p->model->n_layers - 1];
   char sh[160], want[160];
   int same = !st && out->dtype == PMAP_F32 && out->rank == 1 + last->out_rank &&
@@ -81,6 +75,12 @@ pmap_status pmap_predict(pmap_params *p, const pmap_array *xs, pmap_array *out) 
                   out->rank >= 1 && out->rank <= PMAP_MAX_RANK ? batch_shape_str(out, sh, sizeof sh)
                                                                : "of a bad rank");
   }
+  /* After every check (a refused call changes nothing). Under PMAP_RECOMPUTE_AUTO, before anything sized the activations: the layout a step of this
+   * many rows would take (the recomputed one where the stored plan is over the limit), so that
+   * the prediction's pieces fit the plan pmap_params_memory gives for them. Later predictions
+   * run in pieces of what is sized. */
+  if (!st && p->recompute == PMAP_RECOMPUTE_AUTO && p->rep[0].sized_rows == 0 && c.batch > 0)
+    st = params_fit_recompute(p, c.batch < p->n ? p->n : c.batch, call);
   if (!st) st = params_dispatch(p, predict_job, &c);
   pmap_ctx_unlock(p->ctx);
   return st;
