@@ -125,6 +125,13 @@ static int reports_another(const char *s, size_t l) {
 
 /* The telling lines of err[0..n), trimmed and without repeats, at most SEEN_LINES: lines[i] of
  * lens[i] bytes; *any_signal when one of them names a signal. Returns the count. */
+/* pmap-train's notes on stderr (the backend auto chose, a trace window): what it ran with, not
+ * a reason for how it ended. */
+static int train_note(const char *s, size_t l) {
+  return (l >= 30 && !memcmp(s, "pmap-train: backend auto chose", 30)) ||
+         (l >= 18 && !memcmp(s, "pmap-train: note: ", 18));
+}
+
 static int telling_lines(const char *err, size_t n, const char **lines, size_t *lens,
                          int *any_signal) {
   int nl = 0;
@@ -144,8 +151,7 @@ static int telling_lines(const char *err, size_t n, const char **lines, size_t *
       if (lens[j] == l && !memcmp(lines[j], s, l)) tells = 0;
     /* pmap-train's word that the run cannot start as given: the decision's, not a reason. */
     if (l >= 25 && !memcmp(s, "pmap-train: exit status 2", 25)) tells = 0;
-    /* Its note of the backend it chose: what it ran on, not why it failed. */
-    if (l >= 30 && !memcmp(s, "pmap-train: backend auto chose", 30)) tells = 0;
+    if (train_note(s, l)) tells = 0;
     if (!tells) continue;
     if (memmem(s, l, "signal", 6)) *any_signal = 1;
     lines[nl] = s;
@@ -159,7 +165,7 @@ int launch_reported(const char *err, size_t n) {
     const char *nl = memchr(p, '\n', (size_t)(end - p));
     const char *e = nl ? nl : end;
     while (p < e && (*p == ' ' || *p == '\t')) p++;
-    if (e - p >= 12 && !memcmp(p, "pmap-train: ", 12)) return 1;
+    if (e - p >= 12 && !memcmp(p, "pmap-train: ", 12) && !train_note(p, (size_t)(e - p))) return 1;
     p = nl ? nl + 1 : end;
   }
   return 0;

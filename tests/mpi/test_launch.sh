@@ -477,6 +477,20 @@ EOF
     "$tmp/order.log" && ! grep 'status 1: ' "$tmp/order.log" | grep -q 'auto chose'
   verdict $? "why a run failed: the failing process's message first, the others' after (no note)"
   show_log order
+
+  # A run that ends before the header with only pmap-train's note of its backend said nothing
+  # of why: not restarted (the note is no report).
+  cat >"$tmp/note-mpirun.sh" <<'EOF'
+#!/bin/sh
+echo "pmap-train: backend auto chose cpu" >&2
+exit 1
+EOF
+  chmod +x "$tmp/note-mpirun.sh"
+  launched note 30 --mpirun "$tmp/note-mpirun.sh" --max-restarts 2 -- "${p[@]}"
+  ! grep -q 'restart 1' "$tmp/note.log" &&
+    grep -q 'run 1 ended before pmap-train began training.*said nothing of it' "$tmp/note.log"
+  verdict $? "a run that ended before the header with only the backend's note: not restarted"
+  show_log note
   ;;
 end)
   reference ref 2 "${args[@]}"
