@@ -90,40 +90,53 @@ static int setup_failed(result *r, pmap_status st) {
   return 1;
 }
 
-/* A setup step refused for memory under --max-memory (`what`: the parameters' creation or the
- * precision's bfloat16 copy, with status st): before any activation, so the limit is below what
- * the parameters alone need. The plan then comes from a context without the limit (one process:
- * a second context is not made across processes), printed and refused as an activations' plan
- * over the limit is, with exit status 2 (a restart would fail alike). */
-static void refused_for_memory(result *r, const opts *o, pmap_config cfg, const pmap_model *model,
-                               const pmap_optimizer *opt, int64_t batch, const char *what,
-                               pmap_status st) {
+/* A setup step refused for memory (`what`: the parameters' creation or the precision's bfloat16
+ * copy, with status st; *drop: the params made so far, freed first). Where the CPU backend holds
+ * its devices to --max-memory, the plan comes from a context of this process alone without the
+ * limit (under --recompute auto: recomputed, the least it could take); when that plan is over
+ * the limit, the limit refused it, before any activation: printed and refused as given (exit
+ * status 2: a restart would fail alike). Any other failure stays the run's own. */
+static void refused_for_memory(result *r, const opts *o, pmap_config cfg, pmap_backend backend,
+                               const pmap_model *model, const pmap_optimizer *opt, int64_t batch,
+                               pmap_params **drop, const char *what, pmap_status st) {
   char msg[sizeof r->err], why[1024];
   const char *err = pmap_last_error();
   snprintf(msg, sizeof msg, "%s", strncmp(what, "--", 2) == 0 ? cli_lib_reason(err) : err);
-  if (st != PMAP_ERR_OUT_OF_MEMORY || o->max_memory <= 0) {
+  int fit = -1;
+  if (st == PMAP_ERR_OUT_OF_MEMORY && o->max_memory > 0 && backend == PMAP_BACKEND_CPU) {
+    if (drop && *drop) pmap_params_destroy(*drop), *drop = NULL;
+    cfg.backend = PMAP_BACKEND_CPU;
+    cfg.dist = PMAP_DIST_NONE;
+    cfg.max_memory = 0;
+    if (r->procs > 1) cfg.shard_optimizer = PMAP_SHARD_OFF; /* never across processes */
+    if (cfg.recompute == PMAP_RECOMPUTE_AUTO) cfg.recompute = PMAP_RECOMPUTE_FULL;
+    pmap_ctx *ctx = NULL;
+    pmap_params *p = NULL;
+    if (!pmap_ctx_create(&cfg, &ctx) && !pmap_params_create(ctx, model, opt, o->seed, &p) &&
+        !pmap_params_set_micro_batches(p, (int)o->micro) &&
+        ((o->resume && !o->have_precision) ||
+         !pmap_params_set_precision(p, (pmap_precision)o->precision)))
+      fit = watch_memory(p, batch, o->max_memory, cfg.recompute, &r->plan, why, sizeof why);
+    pmap_params_destroy(p);
+    if (ctx) pmap_ctx_destroy(ctx);
+  }
+  r->have_plan = fit >= 0;
+  if (fit <= 0) { /* not the limit's doing, or not known to be */
     failf(r, "%s: %s", what, msg);
     setup_failed(r, st);
     return;
   }
-  pmap_ctx *ctx = NULL;
-  pmap_params *p = NULL;
-  int fit = -1;
-  cfg.max_memory = 0;
-  if (r->procs == 1 && !pmap_ctx_create(&cfg, &ctx) &&
-      !pmap_params_create(ctx, model, opt, o->seed, &p) &&
-      !pmap_params_set_micro_batches(p, (int)o->micro) &&
-      ((o->resume && !o->have_precision) ||
-       !pmap_params_set_precision(p, (pmap_precision)o->precision)))
-    fit = watch_memory(p, batch, o->max_memory, o->recompute, &r->plan, why, sizeof why);
-  pmap_params_destroy(p);
-  if (ctx) pmap_ctx_destroy(ctx);
-  r->have_plan = fit >= 0;
-  if (fit > 0)
-    failf(r, "%s (%s: %s)", why, what, msg);
+  const pmap_memory_plan *m = &r->plan;
+  size_t fixed = m->total - m->activations;
+  if (fixed > (uint64_t)o->max_memory)
+    failf(r,
+          "--max-memory %lld: the parameters, gradients, optimizer state and staging alone need "
+          "%zu bytes per device (%.4g MB; the plan in all: %zu), over the limit by %zu bytes; "
+          "nothing was run (%s: %s)",
+          (long long)o->max_memory, fixed, (double)fixed / 1e6, m->total,
+          fixed - (size_t)o->max_memory, what, msg);
   else
-    failf(r, "%s: %s; --max-memory %lld is below what the parameters alone need", what, msg,
-          (long long)o->max_memory);
+    failf(r, "%s (%s: %s)", why, what, msg);
   r->as_given = 1;
   fputs(AS_GIVEN_LINE, stderr);
 }
@@ -601,7 +614,7 @@ int main(int argc, char **argv) {
   int lm = o.text || !strcmp(o.model, "gpt-mini");
   double flops_per_sample = 6.0 * pmap_model_forward_macs(model);
   if ((sst = pmap_params_create(ctx, model, &info.opt, o.seed, &params))) {
-    refused_for_memory(&r, &o, cfg, model, &info.opt, o.batch / procs,
+    refused_for_memory(&r, &o, cfg, pmap_ctx_backend(ctx), model, &info.opt, o.batch / procs, NULL,
                        "cannot create the parameters", sst);
     goto out;
   }
@@ -630,7 +643,8 @@ int main(int argc, char **argv) {
   /* A resumed run keeps its checkpoint's policy unless --precision says otherwise. */
   if ((!o.resume || o.have_precision) &&
       (sst = pmap_params_set_precision(params, (pmap_precision)o.precision))) {
-    refused_for_memory(&r, &o, cfg, model, &info.opt, o.batch / procs, "--precision", sst);
+    refused_for_memory(&r, &o, cfg, pmap_ctx_backend(ctx), model, &info.opt, o.batch / procs,
+                       &params, "--precision", sst);
     goto out;
   }
   r.precision = pmap_precision_name(pmap_params_precision(params));
