@@ -6,19 +6,23 @@
 
 gpt-mini of --depth blocks (vocabulary 256, context 64, width 128, 4 heads, a tied head, Adam),
 global batch --batch, on N devices for each N of --devices:
-- pmap: `pmap-train --model gpt-mini --depth D --devices N --json` for each rung it has: the
-  optimizer replicated or sharded (--shard none|optimizer) and the blocks' activations stored or
-  recomputed (--recompute none|full); the memory plan per device (which equals what a step
-  allocates) and the step time (the JSON's samples/s);
-- PyTorch: N processes of one thread each (gloo) with DistributedDataParallel, and with FSDP
-  (fully_shard on each block and the root) as SHARD_GRAD_OP (reshard_after_forward=False) and
-  FULL_SHARD (True), with and without activation checkpointing of every block; per rank the
-  bytes of its parameters, gradients and Adam state (each tensor's local shard, exact) and of the
-  tensors autograd saves for the backward pass (saved_tensors_hooks, each storage once), and the
-  median step time after --warmup steps.
+- pmap: `pmap-train --model gpt-mini --depth D --devices N --json` replicated, with the optimizer
+  sharded (--shard optimizer), and with both that and the blocks recomputed (--recompute full);
+  the memory plan per device (which equals what a step allocates) and the median step time after
+  --warmup steps (each step's own line, --log-every 1);
+- PyTorch: N processes of one thread each (gloo) with DistributedDataParallel
+  (gradient_as_bucket_view, so that its buckets are the gradients), and with FSDP (fully_shard
+  on each block and the root) as SHARD_GRAD_OP (reshard_after_forward=False) and FULL_SHARD
+  (True), the latter also with activation checkpointing of every block; per rank the bytes of
+  its parameters, gradients and Adam state at rest after a step (each tensor's local shard;
+  SHARD_GRAD_OP holds every block's whole parameters too from its forward to its backward, and
+  FULL_SHARD one block's at a time), the bytes of the activations autograd saves for the backward
+  pass (saved_tensors_hooks: each storage once, held until the step ends so that no address is
+  reused, parameters and views of them left out), and the median step time after --warmup
+  steps (between barriers).
 Rounds alternate pmap's and PyTorch's runs; the table gives medians over --rounds. pmap's
-activation bytes include its whole arena (outputs, gradients, scratch); PyTorch's count only
-what autograd keeps, so they are a lower bound of what it holds."""
+activation bytes are its whole arena (outputs, output gradients, scratch); PyTorch's are what
+autograd keeps, not the backward pass's own temporaries. More devices than cores share them."""
 import argparse
 import json
 import os
@@ -79,7 +83,7 @@ def rank_main(rank, n, port, a, mode, ckpt, out):
     torch.manual_seed(1)
     m = Gpt(a.depth, ckpt)
     if mode == "ddp":
-        m = torch.nn.parallel.DistributedDataParallel(m)
+        m = torch.nn.parallel.DistributedDataParallel(m, gradient_as_bucket_view=True)
     else:
         from torch.distributed.fsdp import fully_shard
         for b in m.blocks:
@@ -92,9 +96,14 @@ def rank_main(rank, n, port, a, mode, ckpt, out):
     y = torch.randint(0, V, (rows, T), generator=g)
     saved = {}
 
+    def is_param(t):
+        return (t.is_leaf and t.requires_grad) or (
+            t._base is not None and t._base.is_leaf and t._base.requires_grad)
+
     def pack(t):
-        s = t.untyped_storage()
-        saved[s.data_ptr()] = s.nbytes()
+        if not is_param(t):
+            s = t.untyped_storage()
+            saved[s.data_ptr()] = (s.nbytes(), t)  # t held: its address is not reused
         return t
 
     times = []
@@ -104,7 +113,7 @@ def rank_main(rank, n, port, a, mode, ckpt, out):
         saved.clear()
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = F.cross_entropy(m(x).reshape(-1, V), y.reshape(-1))
-        acts = sum(saved.values())
+        acts = sum(n for n, _ in saved.values())
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=False)
@@ -140,12 +149,15 @@ def torch_run(a, n, mode, ckpt):
 def pmap_run(a, n, shard, recompute):
     cmd = [a.pmap_train, "--model", "gpt-mini", "--depth", str(a.depth), "--devices", str(n),
            "--batch", str(a.batch), "--steps", str(a.warmup + a.steps), "--shard", shard,
-           "--recompute", recompute, "--progress", "lines", "--log-every", "0", "--json"]
+           "--recompute", recompute, "--progress", "lines", "--log-every", "1", "--json"]
     p = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    j = json.loads(p.stdout.strip().splitlines()[-1])
-    m = j["memory"]
+    lines = p.stdout.strip().splitlines()
+    m = json.loads(lines[-1])["memory"]
+    # "step      3  loss 4.435419  samples/s 826 ...": each step's own rate
+    rates = [float(ln.split()[5]) for ln in lines if ln.startswith("step ")
+             and int(ln.split()[1]) > a.warmup]
     return {"params": m["params"], "grads": m["grads"], "optimizer": m["optimizer"],
-            "activations": m["activations"], "step_s": a.batch / j["samples_per_sec"]}
+            "activations": m["activations"], "step_s": statistics.median(a.batch / r for r in rates)}
 
 
 def main():
@@ -163,8 +175,9 @@ def main():
     if any(d < 1 or a.batch % d for d in devices):
         ap.error(f"--devices {a.devices}: counts that divide --batch {a.batch}")
     rungs = [("pmap", "replicated", lambda n: pmap_run(a, n, "none", "none")),
-             ("pmap", "optimizer sharded (ZeRO-1)", lambda n: pmap_run(a, n, "optimizer", "none")),
-             ("pmap", "ZeRO-1 + recompute full", lambda n: pmap_run(a, n, "optimizer", "full")),
+             ("pmap", "--shard optimizer", lambda n: pmap_run(a, n, "optimizer", "none")),
+             ("pmap", "--shard optimizer --recompute full",
+              lambda n: pmap_run(a, n, "optimizer", "full")),
              ("torch", "DDP", lambda n: torch_run(a, n, "ddp", False)),
              ("torch", "FSDP SHARD_GRAD_OP", lambda n: torch_run(a, n, "grad_op", False)),
              ("torch", "FSDP FULL_SHARD", lambda n: torch_run(a, n, "full_shard", False)),
