@@ -75,10 +75,11 @@ pmap_status pmap_predict(pmap_params *p, const pmap_array *xs, pmap_array *out) 
                   out->rank >= 1 && out->rank <= PMAP_MAX_RANK ? batch_shape_str(out, sh, sizeof sh)
                                                                : "of a bad rank");
   }
-  /* After every check (a refused call changes nothing). Under PMAP_RECOMPUTE_AUTO, before anything sized the activations: the layout a step of this
-   * many rows would take (the recomputed one where the stored plan is over the limit), so that
-   * the prediction's pieces fit the plan pmap_params_memory gives for them. Later predictions
-   * run in pieces of what is sized. */
+  /* After every check (a refused call changes nothing). Under PMAP_RECOMPUTE_AUTO, before
+   * anything sized the activations: the layout a step of this many rows would take (the
+   * recomputed one where the stored plan is over the limit), so that the prediction's pieces fit
+   * the plan pmap_params_memory gives for them. Later predictions run in pieces of what is
+   * sized. */
   if (!st && p->recompute == PMAP_RECOMPUTE_AUTO && p->rep[0].sized_rows == 0 && c.batch > 0)
     st = params_fit_recompute(p, c.batch < p->n ? p->n : c.batch, call);
   if (!st) st = params_dispatch(p, predict_job, &c);

@@ -123,8 +123,6 @@ static int reports_another(const char *s, size_t l) {
 #define WHY_LINES 4   /* lines in a reason */
 #define SEEN_LINES 16 /* telling lines looked at */
 
-/* The telling lines of err[0..n), trimmed and without repeats, at most SEEN_LINES: lines[i] of
- * lens[i] bytes; *any_signal when one of them names a signal. Returns the count. */
 /* pmap-train's notes on stderr (the backend auto chose, a trace window): what it ran with, not
  * a reason for how it ended. */
 static int train_note(const char *s, size_t l) {
@@ -132,6 +130,8 @@ static int train_note(const char *s, size_t l) {
          (l >= 18 && !memcmp(s, "pmap-train: note: ", 18));
 }
 
+/* The telling lines of err[0..n), trimmed and without repeats, at most SEEN_LINES: lines[i] of
+ * lens[i] bytes; *any_signal when one of them names a signal. Returns the count. */
 static int telling_lines(const char *err, size_t n, const char **lines, size_t *lens,
                          int *any_signal) {
   int nl = 0;
