@@ -46,9 +46,14 @@ void replica_unplace(replica *r) {
   free(r->out);
   free(r->dout);
   free(r->in16);
+  free(r->opened);
   r->in16 = NULL;
+  r->opened = NULL;
   r->tmp = NULL;
   r->act = r->dact = r->aux = NULL;
+  r->dpool = NULL;
+  r->dpool_len = 0;
+  r->dpool_n = 0;
   r->in = r->out = r->dout = NULL;
   r->arena = NULL;
   r->rows = 0;
@@ -61,31 +66,60 @@ void replica_release(pmap_device *dev, replica *r) {
   replica_unplace(r);
 }
 
+/* The output gradients' pool. A layer's backward reads its output gradient dy, writes its input's
+ * (dx, r->dact[i - 1]) and may use r->dact[i] as scratch (dense and conv2d: the gradient before
+ * their folded activation); a residual block's start reads its end's (r->dout[end]) as well.
+ * So at most 3 + the open blocks gradients are live at once: where buffers of the largest
+ * layer's gradient, that many, take less than one per layer, the layers take theirs from that
+ * pool, chosen during the backward pass (model_backward), and r->dact[L - 1], the loss's
+ * gradient, is the first. The values are the same wherever they live, so the bits are too. */
+static int pool_count(const pmap_model *m) {
+  int most = 0;
+  for (int i = 0; i < m->n_layers; i++) {
+    int open = 0;
+    for (int b = 0; b <= i; b++) {
+      const layer *l = &m->layers[b];
+      open += l->cls->block_end && l->cls->block_end(l) > i;
+    }
+    most = open > most ? open : most;
+  }
+  return 3 + most;
+}
+
+static size_t pool_rows(const pmap_model *m) {
+  size_t most = 0;
+  for (int i = 0; i < m->n_layers; i++)
+    most = (size_t)m->layers[i].out_size > most ? (size_t)m->layers[i].out_size : most;
+  return most;
+}
+
 /* Floats per example of layer l's own part of the arena: its output (unless a view or, under
- * bf16, transient), its output gradient, its scratch and its input's bfloat16 copy. */
-static size_t layer_rows(const pmap_model *m, const layer *l) {
-  size_t copies = layer_is_view(l) || l->transient ? 1 : 2;
+ * bf16, transient), its output gradient (unless pooled), its scratch and its input's bfloat16
+ * copy. */
+static size_t layer_rows(const pmap_model *m, const layer *l, int pooled) {
+  size_t copies = (layer_is_view(l) || l->transient ? 0 : 1) + !pooled;
   size_t in16 = l->in16 ? ((size_t)l->in_size + 1) / 2 : 0;
   return (size_t)l->out_size * copies + layer_aux_rows(l, m->bf16) + in16;
 }
 
 /* Floats of layer l's own part of the arena over bd examples; -1 on overflow. */
-static int layer_floats(const pmap_model *m, const layer *l, int64_t bd, size_t *out) {
+static int layer_floats(const pmap_model *m, const layer *l, int64_t bd, int pooled, size_t *out) {
   size_t per = 0;
-  if (__builtin_mul_overflow(layer_rows(m, l), (size_t)bd, &per) ||
+  if (__builtin_mul_overflow(layer_rows(m, l, pooled), (size_t)bd, &per) ||
       __builtin_add_overflow(per, layer_aux_fixed(l, m->bf16), out))
     return -1;
   return 0;
 }
 
 /* The layers' part of the arena: every layer's own, except that the layers of recomputed blocks
- * (layer.shared) take one region that each such block uses in turn, sized for the largest. */
-static int layers_floats(const pmap_model *m, int64_t bd, size_t *out) {
-  size_t total = 0, run = 0, region = 0;
+ * (layer.shared) take one region that each such block uses in turn, sized for the largest; then
+ * the pool of output gradients, where pooled. */
+static int layers_floats(const pmap_model *m, int64_t bd, int pooled, size_t *out) {
+  size_t total = 0, run = 0, region = 0, pool = 0;
   for (int i = 0; i < m->n_layers; i++) {
     const layer *l = &m->layers[i];
     size_t f = 0;
-    if (layer_floats(m, l, bd, &f)) return -1;
+    if (layer_floats(m, l, bd, pooled, &f)) return -1;
     if (!l->shared) {
       run = 0;
       if (__builtin_add_overflow(total, f, &total)) return -1;
@@ -94,15 +128,28 @@ static int layers_floats(const pmap_model *m, int64_t bd, size_t *out) {
     if (__builtin_add_overflow(run, f, &run)) return -1;
     region = run > region ? run : region;
   }
-  if (__builtin_add_overflow(total, region, out)) return -1;
+  size_t per = 0;
+  if (pooled && (__builtin_mul_overflow(pool_rows(m), (size_t)pool_count(m), &per) ||
+                 __builtin_mul_overflow(per, (size_t)bd, &pool)))
+    return -1;
+  if (__builtin_add_overflow(total, region, out) || __builtin_add_overflow(*out, pool, out))
+    return -1;
   return 0;
+}
+
+/* Whether the output gradients are pooled: where that takes less (per example: the parts that
+ * do not grow with the rows are the same either way, so the answer is the same at every bd). */
+static int dact_pooled(const pmap_model *m) {
+  size_t own = 0, pool = 0;
+  if (m->n_layers < 2 || layers_floats(m, 1, 0, &own) || layers_floats(m, 1, 1, &pool)) return 0;
+  return pool < own;
 }
 
 int model_arena_floats(const pmap_model *m, int64_t bd, size_t *out) {
   size_t total = 0, per = 0, layers = 0, col = model_col_size(m);
   if (bd < 0 || __builtin_mul_overflow(col, (size_t)2, &total) ||
       __builtin_mul_overflow(model_tmp_rows(m), (size_t)bd, &per) ||
-      __builtin_add_overflow(total, per, &total) || layers_floats(m, bd, &layers) ||
+      __builtin_add_overflow(total, per, &total) || layers_floats(m, bd, dact_pooled(m), &layers) ||
       __builtin_add_overflow(total, layers, &total))
     return -1;
   *out = total;
@@ -142,7 +189,9 @@ static pmap_status place_arrays(const pmap_model *m, replica *r, int device) {
   r->out = calloc(L, sizeof *r->out);
   r->dout = calloc(L, sizeof *r->dout);
   r->in16 = calloc(L, sizeof *r->in16);
-  if (r->act && r->dact && r->aux && r->in && r->out && r->dout && r->in16) return PMAP_SUCCESS;
+  r->opened = calloc(L, sizeof *r->opened);
+  if (r->act && r->dact && r->aux && r->in && r->out && r->dout && r->in16 && r->opened)
+    return PMAP_SUCCESS;
   replica_unplace(r);
   if (device < 0)
     return PMAP_ERR(PMAP_ERR_OUT_OF_MEMORY, "out of memory for %zu layer pointers", L);
@@ -151,17 +200,30 @@ static pmap_status place_arrays(const pmap_model *m, replica *r, int device) {
 }
 
 /* Each layer's output, output gradient, scratch and bfloat16 input (those of recomputed blocks
- * in their shared region, after the others', each block from its start), then the shared conv
- * scratch and the shared scratch of the bf16 policy (where transient outputs live), in arena. */
+ * in their shared region, after the others', each block from its start), then the pool of output
+ * gradients where pooled, the shared conv scratch and the shared scratch of the bf16 policy
+ * (where transient outputs live), in arena. */
 static void place_arena(const pmap_model *m, replica *r, float *arena, int64_t bd) {
   size_t B = (size_t)bd, layers = 0;
-  (void)layers_floats(m, bd, &layers); /* checked by model_arena_floats before */
+  int pooled = dact_pooled(m);
+  (void)layers_floats(m, bd, pooled, &layers); /* checked by model_arena_floats before */
   float *own = arena, *region = arena, *tmp = arena + model_col_size(m) * 2 + layers;
   for (int i = 0; i < m->n_layers; i++) {
     const layer *l = &m->layers[i];
     size_t f = 0;
-    (void)layer_floats(m, l, bd, &f);
+    (void)layer_floats(m, l, bd, pooled, &f);
     if (!l->shared) region += f;
+  }
+  r->dpool = NULL, r->dpool_len = 0, r->dpool_n = 0;
+  if (pooled) {
+    r->dpool_n = pool_count(m);
+    r->dpool_len = pool_rows(m) * B;
+    r->dpool = arena + layers - (size_t)r->dpool_n * r->dpool_len;
+  }
+  for (int b = 0; b < m->n_layers; b++) {
+    const layer *l = &m->layers[b];
+    int e = l->cls->block_end ? l->cls->block_end(l) : -1;
+    if (e > b && e < m->n_layers) r->opened[e] = b + 1;
   }
   float *p = own, *run = region;
   for (int i = 0; i < m->n_layers; i++) {
@@ -176,8 +238,12 @@ static void place_arena(const pmap_model *m, replica *r, float *arena, int64_t b
       r->act[i] = p;
       p += per;
     }
-    r->dact[i] = p;
-    p += per;
+    if (pooled) {
+      r->dact[i] = r->dpool; /* the loss's gradient; the others' are chosen in the backward */
+    } else {
+      r->dact[i] = p;
+      p += per;
+    }
     r->aux[i] = p;
     p += layer_aux_rows(l, m->bf16) * B + layer_aux_fixed(l, m->bf16);
     r->in16[i] = l->in16 ? (pmap_bf16 *)(void *)p : NULL;
@@ -286,24 +352,62 @@ static pmap_status recompute_block(pmap_device *dev, const pmap_model *m, replic
   return PMAP_SUCCESS;
 }
 
+/* Pooled output gradients: the buffer of the pool that x lies in (-1: none). */
+static int pool_of(const replica *r, const float *x) {
+  if (!x || x < r->dpool) return -1;
+  size_t k = (size_t)(x - r->dpool) / r->dpool_len;
+  return k < (size_t)r->dpool_n ? (int)k : -1;
+}
+
+/* The first buffer of the pool that is neither taken (dy's, or held for an open block's start:
+ * until[k] >= 0) nor not; -1 for none. */
+static int pool_free(const replica *r, const int *until, int taken, int not ) {
+  for (int k = 0; k < r->dpool_n; k++)
+    if (k != taken && k != not &&until[k] < 0) return k;
+  return -1;
+}
+
+/* Pooled: layer i's input gradient (r->dact[i - 1]) and scratch (r->dact[i], not for the last
+ * layer: that is the loss's gradient) in buffers that hold no gradient still to be read: not dy,
+ * nor one an open block's start will read (until[k]: the start; an end's dy is held until its
+ * start's backward). */
+static pmap_status pool_choose(const pmap_model *m, replica *r, int i, const float *dy,
+                               int *until) {
+  int at = pool_of(r, dy), b = r->opened[i] - 1;
+  if (at >= 0 && b >= 0) until[at] = until[at] >= 0 && until[at] < b ? until[at] : b;
+  int dx = pool_free(r, until, at, -1), scratch = pool_free(r, until, at, dx);
+  if (at < 0 || dx < 0 || scratch < 0)
+    return PMAP_ERR(PMAP_ERR_INTERNAL, "layer %d: no output gradient buffer is free (%d of %d)", i,
+                    at, r->dpool_n);
+  if (i > 0) r->dact[i - 1] = r->dpool + (size_t)dx * r->dpool_len;
+  if (i < m->n_layers - 1) r->dact[i] = r->dpool + (size_t)scratch * r->dpool_len;
+  return PMAP_SUCCESS;
+}
+
 pmap_status model_backward(pmap_device *dev, const pmap_model *m, replica *r, int64_t bd) {
   const float *dy = r->dact[m->n_layers - 1];
   trace_rec *tr = dev ? runtime_trace(runtime_ctx_of(dev)) : NULL;
+  int until[MODEL_MAX_NESTING + 3];
+  for (int k = 0; k < MODEL_MAX_NESTING + 3; k++) until[k] = -1;
   /* The last recomputed block that the forward pass ran still holds its values in the shared
    * region (no layer after it writes there): backward meets it first and computes it again
    * only from the second on. */
   int fresh = 1;
   for (int i = m->n_layers - 1; i >= 0; i--) {
-    float *dx = i > 0 ? r->dact[i - 1] : NULL; /* the input needs no gradient */
+    float *dx = NULL;
     const float *next = NULL;
     if (m->layers[i].recompute_from && !fresh)
       PMAP_TRY(recompute_block(dev, m, r, m->layers[i].recompute_from - 1, i, bd, tr));
     if (m->layers[i].recompute_from) fresh = 0;
+    if (r->dpool) PMAP_TRY(pool_choose(m, r, i, dy, until));
+    dx = i > 0 ? r->dact[i - 1] : NULL; /* the input needs no gradient */
     r->dout[i] = dy;
     runtime_span sp = tr ? runtime_span_begin(dev) : (runtime_span){0, -1};
     PMAP_TRY(layer_backward(dev, m, r, i, dy, dx, &next, bd));
     if (tr) runtime_span_end(dev, sp, "backward", m->layers[i].cls->name, i, "layer", -1);
     if (r->layer_grads_done) PMAP_TRY(r->layer_grads_done(dev, r, i, r->layer_grads_user));
+    for (int k = 0; k < r->dpool_n; k++)
+      if (until[k] == i) until[k] = -1; /* its start has read it */
     if (!next) break;
     dy = next;
   }

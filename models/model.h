@@ -92,7 +92,14 @@ struct replica {
    * pmap_params_shrink): pmap_predict runs in pieces of at most these. */
   int64_t sized_rows;
   float **act, **dact; /* (n_layers) */
-  float *col, *dcol;   /* conv scratch (model_col_size) */
+  /* NULL, or the pool the output gradients take theirs from during the backward pass (exec.c):
+   * dpool_n buffers of dpool_len floats each, the first the loss's gradient; opened[i], for a
+   * block's end i, its start + 1 (0 for other layers). */
+  float *dpool;
+  int *opened; /* (n_layers) */
+  size_t dpool_len;
+  int dpool_n;
+  float *col, *dcol; /* conv scratch (model_col_size) */
   /* The bf16 policy (NULL under fp32): w16 (P) the bfloat16 copy of w made before each step's
    * first forward pass (model_weights16); in16[i] layer i's input in bfloat16 (layer.in16), and
    * the scratch all layers share (model_tmp_rows floats per example: transient outputs, rounded

@@ -2,7 +2,8 @@
  * cifar-bn, a dropout model and batch norm across replicas train on N = 1..4 devices exactly as
  * on 1 device (loss and parameters after 20 steps; batch norm also on an uneven global batch);
  * batch norm without cross_replica differs but keeps its replicas identical; residual blocks
- * and the layers inside them have the gradients of finite differences of the whole model; a
+ * (nested, empty, ending together) and the layers inside them have the gradients of finite
+ * differences of the whole model; a
  * block left open is refused; a checkpoint carries batch norm's running statistics. */
 #include <unistd.h>
 
@@ -60,6 +61,35 @@ static pmap_status build_res_dense(pmap_model **out) {
   if (!st) st = pmap_model_begin_residual(m);
   if (!st) st = pmap_model_add_sigmoid(m);
   if (!st) st = pmap_model_end_residual(m);
+  if (!st) st = pmap_model_end_residual(m);
+  if (!st) st = pmap_model_add_dense(m, 3);
+  if (st) pmap_model_destroy(m);
+  *out = st ? NULL : m;
+  return st;
+}
+
+/* 6 -> 8 -> [[8 -> ReLU -> [[] -> tanh -> 8 -> GELU]] -> [] -> layernorm] -> 3: blocks nested
+ * four deep, two of them empty, two ending at one layer, and dense layers with their activation
+ * folded (which take a scratch gradient): the output gradients come from a pool of 3 + 4
+ * buffers (models/exec.c), chosen as the backward pass goes, and every block's start still
+ * reads its end's gradient. */
+static pmap_status build_res_deep(pmap_model **out) {
+  int64_t in[1] = {6};
+  pmap_model *m = NULL;
+  pmap_status st = pmap_model_create(1, in, &m);
+  if (!st) st = pmap_model_add_dense(m, 8);
+  for (int k = 0; k < 2 && !st; k++) st = pmap_model_begin_residual(m);
+  if (!st) st = pmap_model_add_dense(m, 8);
+  if (!st) st = pmap_model_add_relu(m);
+  for (int k = 0; k < 2 && !st; k++) st = pmap_model_begin_residual(m);
+  if (!st) st = pmap_model_end_residual(m);
+  if (!st) st = pmap_model_add_tanh(m);
+  if (!st) st = pmap_model_add_dense(m, 8);
+  if (!st) st = pmap_model_add_gelu(m);
+  for (int k = 0; k < 2 && !st; k++) st = pmap_model_end_residual(m);
+  if (!st) st = pmap_model_begin_residual(m);
+  if (!st) st = pmap_model_end_residual(m);
+  if (!st) st = pmap_model_add_layernorm(m);
   if (!st) st = pmap_model_end_residual(m);
   if (!st) st = pmap_model_add_dense(m, 3);
   if (st) pmap_model_destroy(m);
@@ -387,6 +417,7 @@ int main(void) {
   int64_t in1[1] = {6}, in3[3] = {2, 6, 6};
   model_gradient("residual dense blocks", build_res_dense, in1, 1);
   model_gradient("residual conv block with pooling", build_res_conv, in3, 3);
+  model_gradient("residual blocks nested four deep", build_res_deep, in1, 1);
   example_equivalence("res-mlp", 48);
   /* At its own lr 0.05 with momentum on 24 rows (the same every step), cifar-bn's loss falls
    * 80-fold in 8 steps: a ReLU input or a max pool's winner next to a tie can take the other
