@@ -360,25 +360,26 @@ static int pool_of(const replica *r, const float *x) {
 }
 
 /* The first buffer of the pool that is neither taken (dy's, or held for an open block's start:
- * until[k] >= 0) nor not; -1 for none. */
-static int pool_free(const replica *r, const int *until, int taken, int not ) {
+ * until[k] >= 0) nor also; -1 for none. */
+static int pool_free(const replica *r, const int *until, int taken, int also) {
   for (int k = 0; k < r->dpool_n; k++)
-    if (k != taken && k != not &&until[k] < 0) return k;
+    if (k != taken && k != also && until[k] < 0) return k;
   return -1;
 }
 
 /* Pooled: layer i's input gradient (r->dact[i - 1]) and scratch (r->dact[i], not for the last
  * layer: that is the loss's gradient) in buffers that hold no gradient still to be read: not dy,
  * nor one an open block's start will read (until[k]: the start; an end's dy is held until its
- * start's backward). */
+ * start's backward). dy always lies in the pool: the loss's gradient, a dx chosen here, or a
+ * scratch (dense and conv2d pass theirs on), passed through unchanged by views. */
 static pmap_status pool_choose(const pmap_model *m, replica *r, int i, const float *dy,
                                int *until) {
   int at = pool_of(r, dy), b = r->opened[i] - 1;
   if (at >= 0 && b >= 0) until[at] = until[at] >= 0 && until[at] < b ? until[at] : b;
   int dx = pool_free(r, until, at, -1), scratch = pool_free(r, until, at, dx);
-  if (at < 0 || dx < 0 || scratch < 0)
-    return PMAP_ERR(PMAP_ERR_INTERNAL, "layer %d: no output gradient buffer is free (%d of %d)", i,
-                    at, r->dpool_n);
+  if (dx < 0 || scratch < 0)
+    return PMAP_ERR(PMAP_ERR_INTERNAL, "layer %d: no output gradient buffer of %d is free", i,
+                    r->dpool_n);
   if (i > 0) r->dact[i - 1] = r->dpool + (size_t)dx * r->dpool_len;
   if (i < m->n_layers - 1) r->dact[i] = r->dpool + (size_t)scratch * r->dpool_len;
   return PMAP_SUCCESS;
