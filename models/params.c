@@ -19,14 +19,18 @@ void params_layout(pmap_params *p) {
   const pmap_ctx *ctx = p->ctx;
   size_t P = p->n_params;
   int G = runtime_global_devices(ctx), setting = runtime_shard(ctx);
-  /* Not across processes (docs/distributed.md). AUTO: from SHARD_MIN_PARAMS parameters on, with
-   * optimizer state to shard, and not when a CUDA fast path (graphs, overlap) is switched on:
-   * those step the replicated way only. */
+  /* Not across processes (docs/distributed.md). AUTO: from SHARD_MIN_PARAMS parameters on, or
+   * at any size under a memory limit the devices are held to (pmap_config.max_memory, CPU: the
+   * sharded layout is never larger, its steps are the same bits, and memory is what the limit
+   * asks for), with optimizer state to shard, and not when a CUDA fast path (graphs, overlap)
+   * is switched on: those step the replicated way only. */
   int graphs = 0, overlap = 0;
   size_t bucket = 0;
   runtime_fast_modes(ctx, &graphs, &overlap, &bucket);
-  int want = setting == PMAP_SHARD_ON || (setting == PMAP_SHARD_AUTO && P >= SHARD_MIN_PARAMS &&
-                                          p->opt_slots > 0 && !graphs && !overlap);
+  int limited = runtime_max_memory(ctx) > 0 && pmap_ctx_backend(ctx) == PMAP_BACKEND_CPU;
+  int want = setting == PMAP_SHARD_ON ||
+             (setting == PMAP_SHARD_AUTO && (P >= SHARD_MIN_PARAMS || limited) &&
+              p->opt_slots > 0 && !graphs && !overlap);
   p->shard = want && !runtime_distributed(ctx) && G > 1;
   grad_layout *l = &p->gl;
   l->G = G;
@@ -198,8 +202,8 @@ static pmap_status params_setup(pmap_ctx *ctx, pmap_params *p, const pmap_optimi
         PMAP_ERR_INVALID_ARGUMENT,
         "%s: the environment variable PMAP_FAULT asks for a gather fault, which fires "
         "in the all-gather of a sharded optimizer, and these params' optimizer state is "
-        "replicated (%zu parameters; sharded from 65536 with optimizer state, or with "
-        "PMAP_SHARD_ON): the fault would never fire",
+        "replicated (%zu parameters; sharded from 65536 with optimizer state or under "
+        "max_memory, or with PMAP_SHARD_ON): the fault would never fire",
         call, p->n_params);
   p->rep = calloc((size_t)p->n, sizeof *p->rep);
   p->guard_host = calloc((size_t)p->n * p->gl.host_len, sizeof *p->guard_host);

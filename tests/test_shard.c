@@ -416,21 +416,32 @@ static void settings(void) {
   unsetenv("PMAP_SHARD_OPTIMIZER");
   /* AUTO without the variable: small models replicated, large ones (>= 65536 parameters)
    * sharded; one device never. */
-  /* ...and plain SGD (no state to shard) replicated whatever the size. */
-  const char *names[] = {"mlp", "cifar-cnn", "mlp-1024", "mlp-1024", "mlp-1024", "mlp-1024"};
-  int devices[] = {2, 2, 2, 1, 2, 2}, want[] = {0, 0, 1, 0, 0, 1};
-  pmap_optimizer opts[] = {pmap_adam(0.01f), pmap_adam(0.01f),      pmap_adam(0.01f),
-                           pmap_adam(0.01f), pmap_sgd(0.01f, 0.0f), pmap_sgd(0.01f, 0.9f)};
-  for (int i = 0; i < 6; i++) {
-    pmap_config auto_cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = devices[i]};
+  /* ...and plain SGD (no state to shard) replicated whatever the size. Under a memory limit
+   * (max_memory, 1 GB here) small models are sharded too, still not on one device nor without
+   * state; PMAP_SHARD_OFF stays replicated under it. */
+  const char *names[] = {"mlp", "cifar-cnn", "mlp-1024", "mlp-1024", "mlp-1024", "mlp-1024",
+                         "mlp", "cifar-cnn", "mlp",      "mlp",      "mlp"};
+  int devices[] = {2, 2, 2, 1, 2, 2, 2, 3, 1, 2, 2}, want[] = {0, 0, 1, 0, 0, 1, 1, 1, 0, 0, 0};
+  size_t limit[] = {0, 0, 0, 0, 0, 0, 1u << 30, 1u << 30, 1u << 30, 1u << 30, 1u << 30};
+  int setting[] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, PMAP_SHARD_OFF};
+  pmap_optimizer opts[] = {pmap_adam(0.01f),      pmap_adam(0.01f),      pmap_adam(0.01f),
+                           pmap_adam(0.01f),      pmap_sgd(0.01f, 0.0f), pmap_sgd(0.01f, 0.9f),
+                           pmap_adam(0.01f),      pmap_sgd(0.01f, 0.9f), pmap_adam(0.01f),
+                           pmap_sgd(0.01f, 0.0f), pmap_adam(0.01f)};
+  for (int i = 0; i < 11; i++) {
+    pmap_config auto_cfg = {.backend = PMAP_BACKEND_CPU,
+                            .num_devices = devices[i],
+                            .max_memory = limit[i],
+                            .shard_optimizer = setting[i]};
     pmap_model *mm = NULL;
     pmap_params *p = NULL;
     pmap_optimizer opt = opts[i];
     CHECK_OK(pmap_ctx_create(&auto_cfg, &ctx));
     CHECK_OK(pmap_example_model(names[i], &mm));
     if (ctx && mm) CHECK_OK(pmap_params_create(ctx, mm, &opt, 1, &p));
-    CHECK(pmap_params_sharded(p) == want[i], "AUTO: %s (%zu parameters) on %d devices: sharded %d",
-          names[i], pmap_params_count(p), devices[i], pmap_params_sharded(p));
+    CHECK(pmap_params_sharded(p) == want[i],
+          "shard %d, limit %zu: %s (%zu parameters) on %d devices: sharded %d", setting[i],
+          limit[i], names[i], pmap_params_count(p), devices[i], pmap_params_sharded(p));
     pmap_params_destroy(p);
     pmap_model_destroy(mm);
     CHECK_OK(pmap_ctx_destroy(ctx));

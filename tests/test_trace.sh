@@ -84,8 +84,10 @@ expect_fail "not a regular file" --model linear --steps 3 --trace "$tmp/fifo"
 PMAP_TRACE="$tmp/y.json" PMAP_TRACE_STEPS=1..0 expect_fail "PMAP_TRACE_STEPS" --model linear \
   --steps 3
 
-# The memory plan: in --json, and --max-memory refuses what does not fit (nothing runs).
-if ! run --model mlp --devices 2 --steps 2 --json; then
+# The memory plan: in --json, and --max-memory refuses what does not fit (nothing runs). The
+# plan is read under a limit too (1G), as the runs below have one: the optimizer is then sharded
+# at any size (--shard auto), and the JSON line says so.
+if ! run --model mlp --devices 2 --steps 2 --json --max-memory 1G; then
   bad "plan run failed: $(cat "$tmp/err")"
 else
   tail -n 1 "$tmp/out" | python3 -c '
@@ -95,6 +97,7 @@ m = j["memory"]
 parts = sum(m[k] for k in ("params", "grads", "optimizer", "state", "activations", "staging"))
 assert m["total"] == parts > 0, m
 assert m["params"] > 0 and m["activations"] > 0, m
+assert m["shard"] == "optimizer" and m["optimizer_sharded"] and j["sharded_optimizer"], m
 w = j["waits"]
 assert len(w["devices"]) == 2 and w["straggler"] in (0, 1), w
 assert all(d["collectives"] >= 2 and d["busy_s"] > 0 and d["wait_s"] >= 0 for d in w["devices"]), w

@@ -109,6 +109,11 @@ static void refused_for_memory(result *r, const opts *o, pmap_config cfg, pmap_b
     cfg.dist = PMAP_DIST_NONE;
     cfg.max_memory = 0;
     if (r->procs > 1) cfg.shard_optimizer = PMAP_SHARD_OFF; /* never across processes */
+    /* Under the limit the library's choice shards an optimizer with state at any size
+     * (pmap_config.shard_optimizer): the plan made without the limit is that layout's. */
+    else if (cfg.shard_optimizer == PMAP_SHARD_AUTO && !getenv("PMAP_SHARD_OPTIMIZER") &&
+             (opt->kind != PMAP_OPT_SGD || opt->momentum != 0.0f))
+      cfg.shard_optimizer = PMAP_SHARD_ON;
     if (cfg.recompute == PMAP_RECOMPUTE_AUTO) cfg.recompute = PMAP_RECOMPUTE_FULL;
     pmap_ctx *ctx = NULL;
     pmap_params *p = NULL;

@@ -315,8 +315,8 @@ int train_parse(int argc, char **argv, opts *o) {
        .help = "what each device keeps of the training state: none (every device all of it), "
                "optimizer (its 1/N of the optimizer state, ZeRO-1; the same results), or auto "
                "(the default: the library's, PMAP_SHARD_OPTIMIZER when set, else the optimizer "
-               "sharded from 65536 parameters); grads and params (ZeRO-2 and 3) are not there "
-               "yet",
+               "sharded from 65536 parameters or under --max-memory); grads and params (ZeRO-2 "
+               "and 3) are not there yet",
        .choices = shard_choices,
        .given = &o->have_shard_rung},
       {.name = "--shard-optimizer",
@@ -333,7 +333,7 @@ int train_parse(int argc, char **argv, opts *o) {
        .arg = NULL,
        .help =
            "every device keeps all of it (default: the library's, PMAP_SHARD_OPTIMIZER when set, "
-           "else sharded from 65536 parameters): --shard none",
+           "else sharded from 65536 parameters or under --max-memory): --shard none",
        .flag = PMAP_SHARD_OFF},
       {.name = "--trace",
        .kind = CLI_STRING,

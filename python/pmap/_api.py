@@ -251,7 +251,8 @@ class Context:
     recompute="none"). devices: a positive int, or
     None for the backend's default (the C library's PMAP_DEVICES_DEFAULT). shard_optimizer: True
     shards the optimizer over the devices (ZeRO-1), False replicates it, None leaves it to the
-    library (the PMAP_SHARD_OPTIMIZER variable, else sharded from 65536 parameters on).
+    library (the PMAP_SHARD_OPTIMIZER variable, else sharded from 65536 parameters on, or at any
+    size under max_memory).
     caller_waits: True gives device 0 a worker thread of its own, so that the calling thread (the
     one Python runs signal handlers on) never runs device work; False runs device 0 on it, one
     thread fewer (params_custom then refuses). max_memory: None for no limit, or the bytes each

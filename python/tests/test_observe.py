@@ -147,14 +147,19 @@ def test_memory_plan(run):
 
 def test_memory_limit():
     """max_memory at the plan trains as without a limit, to the bit; a byte under it raises at
-    the step, naming the limit, with the parameters unchanged."""
+    the step, naming the limit, with the parameters unchanged. Under a limit the optimizer is
+    sharded at any size (shard_optimizer=None), so the plan is read under one."""
     x, y = data()
     got = {}
     with pmap.Context(backend="cpu", devices=DEVICES) as ctx:
         with ctx.params(model(), pmap.adam(1e-2), seed=3) as params:
-            total = params.memory(12)["total"]
+            assert not params.sharded
             params.update(x, y)
             got[None] = params.read()
+    with pmap.Context(backend="cpu", devices=DEVICES, max_memory=2 ** 40) as ctx:
+        with ctx.params(model(), pmap.adam(1e-2), seed=3) as params:
+            assert params.sharded == (DEVICES > 1)
+            total = params.memory(12)["total"]
     for limit in (total, total - 1):
         with pmap.Context(backend="cpu", devices=DEVICES, max_memory=limit) as ctx:
             with ctx.params(model(), pmap.adam(1e-2), seed=3) as params:
@@ -193,7 +198,7 @@ def test_recompute():
         assert plan["activations_stored"] == plans["none"]["activations"], plan
         assert plan["activations_recomputed"] == plans["full"]["activations"], plan
     # auto: recomputed under a limit only the recomputed plan fits, the same bits.
-    with pmap.Context(backend="cpu", devices=DEVICES, recompute="auto",
+    with pmap.Context(backend="cpu", devices=DEVICES, recompute="auto", shard_optimizer=False,
                       max_memory=plans["full"]["total"]) as ctx:
         with ctx.params(residual_model(), pmap.adam(1e-2), seed=3) as params:
             assert params.memory(12)["recompute"] == "full"
