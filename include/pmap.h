@@ -180,9 +180,10 @@ typedef struct pmap_config {
                             stage 1); on CPU the results are bitwise those of the replicated
                             step. AUTO: the environment variable PMAP_SHARD_OPTIMIZER (0 or 1)
                             when set, else on for models of at least 65536 parameters (of any
-                            size under max_memory, on CPU) whose optimizer keeps state, unless a
-                            CUDA fast path is on (see README, "Sharded optimizer"). Never across
-                            processes. */
+                            size under max_memory, on CPU, where the sharded layout, which pads
+                            the parameters to equal parts, holds less) whose optimizer keeps
+                            state, unless a CUDA fast path is on (see README, "Sharded
+                            optimizer"). Never across processes. */
   int cuda_graphs;       /* CUDA: 1 captures the whole step (forward, loss, backward, all-reduce,
                             optimizer) into a CUDA graph after a warm-up step at a batch size and
                             replays it for later steps of that size; -1 never; 0 (default): the

@@ -19,19 +19,6 @@ void params_layout(pmap_params *p) {
   const pmap_ctx *ctx = p->ctx;
   size_t P = p->n_params;
   int G = runtime_global_devices(ctx), setting = runtime_shard(ctx);
-  /* Not across processes (docs/distributed.md). AUTO: from SHARD_MIN_PARAMS parameters on, or
-   * at any size under a memory limit the devices are held to (pmap_config.max_memory, CPU: the
-   * sharded layout is never larger, its steps are the same bits, and memory is what the limit
-   * asks for), with optimizer state to shard, and not when a CUDA fast path (graphs, overlap)
-   * is switched on: those step the replicated way only. */
-  int graphs = 0, overlap = 0;
-  size_t bucket = 0;
-  runtime_fast_modes(ctx, &graphs, &overlap, &bucket);
-  int limited = runtime_max_memory(ctx) > 0 && pmap_ctx_backend(ctx) == PMAP_BACKEND_CPU;
-  int want = setting == PMAP_SHARD_ON ||
-             (setting == PMAP_SHARD_AUTO && (P >= SHARD_MIN_PARAMS || limited) &&
-              p->opt_slots > 0 && !graphs && !overlap);
-  p->shard = want && !runtime_distributed(ctx) && G > 1;
   grad_layout *l = &p->gl;
   l->G = G;
   l->part = P;
@@ -48,6 +35,26 @@ void params_layout(pmap_params *p) {
   l->chunk = (chunk + 15) / 16 * 16;
   size_t end = l->micro + 1, padded = (size_t)G * l->chunk;
   l->records = end > padded ? end : padded;
+  /* The floats of parameters, gradients and optimizer state a device holds in either layout
+   * (the sharded one pads the parameters to equal parts). */
+  size_t slots = (size_t)p->opt_slots;
+  double replicated = (double)P + (double)end + (double)slots * (double)P;
+  double sharded = (double)padded + (double)l->records + (double)G * (double)l->record_len +
+                   (double)slots * (double)l->chunk;
+  /* Not across processes (docs/distributed.md). AUTO: from SHARD_MIN_PARAMS parameters on, or
+   * at any size where the sharded layout holds less under a memory limit the devices are held
+   * to (pmap_config.max_memory, CPU: its steps are the same bits, and memory is what the limit
+   * asks for), with optimizer state to shard, and not when a CUDA fast path (graphs, overlap)
+   * is switched on: those step the replicated way only. */
+  int graphs = 0, overlap = 0;
+  size_t bucket = 0;
+  runtime_fast_modes(ctx, &graphs, &overlap, &bucket);
+  int limited = runtime_max_memory(ctx) > 0 && pmap_ctx_backend(ctx) == PMAP_BACKEND_CPU &&
+                sharded < replicated;
+  int want = setting == PMAP_SHARD_ON ||
+             (setting == PMAP_SHARD_AUTO && (P >= SHARD_MIN_PARAMS || limited) &&
+              p->opt_slots > 0 && !graphs && !overlap);
+  p->shard = want && !runtime_distributed(ctx) && G > 1;
   l->len = p->shard ? l->records + (size_t)G * l->record_len : end;
   l->host_len = (size_t)G + 1 + (size_t)G + (size_t)G * l->record_len;
   p->w_len = p->shard ? padded : P;

@@ -448,6 +448,33 @@ static void settings(void) {
     ctx = NULL;
   }
   pmap_model_destroy(m);
+  /* Under a limit AUTO shards only where that holds less: 3 parameters padded to 4 equal parts
+   * of 16 take more than Adam's replicated state saves, so they stay replicated (and ON's plan
+   * is the larger). */
+  int64_t in2[1] = {2};
+  CHECK_OK(pmap_model_create(1, in2, &m));
+  if (m) CHECK_OK(pmap_model_add_dense(m, 1));
+  size_t fixed[2] = {0, 0};
+  for (int on = 0; on <= 1 && m; on++) {
+    pmap_config tiny = {.backend = PMAP_BACKEND_CPU,
+                        .num_devices = 4,
+                        .max_memory = 1u << 30,
+                        .shard_optimizer = on ? PMAP_SHARD_ON : PMAP_SHARD_AUTO};
+    pmap_optimizer opt = pmap_adam(0.01f);
+    pmap_params *p = NULL;
+    pmap_memory_plan plan;
+    CHECK_OK(pmap_ctx_create(&tiny, &ctx));
+    if (ctx) CHECK_OK(pmap_params_create(ctx, m, &opt, 1, &p));
+    if (p) CHECK_OK(pmap_params_memory(p, 8, &plan));
+    CHECK(pmap_params_sharded(p) == on, "3 parameters on 4 devices under a limit, %s: sharded %d",
+          on ? "ON" : "AUTO", pmap_params_sharded(p));
+    if (p) fixed[on] = plan.params + plan.grads + plan.optimizer;
+    pmap_params_destroy(p);
+    CHECK_OK(pmap_ctx_destroy(ctx));
+    ctx = NULL;
+  }
+  CHECK(fixed[1] > fixed[0], "3 parameters: sharded %zu bytes, replicated %zu", fixed[1], fixed[0]);
+  pmap_model_destroy(m);
   CHECK(pmap_params_optimizer_bytes(NULL) == 0, "NULL: 0 bytes");
 }
 

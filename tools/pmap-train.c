@@ -93,7 +93,8 @@ static int setup_failed(result *r, pmap_status st) {
 /* A setup step refused for memory (`what`: the parameters' creation or the precision's bfloat16
  * copy, with status st; *drop: the params made so far, freed first). Where the CPU backend holds
  * its devices to --max-memory, the plan comes from a context of this process alone without the
- * limit (under --recompute auto: recomputed, the least it could take); when that plan is over
+ * limit (a limit none reaches, so that the library lays the parameters out as under one; under
+ * --recompute auto: recomputed, the least it could take); when that plan is over
  * the limit, the limit refused it, before any activation: printed and refused as given (exit
  * status 2: a restart would fail alike). Any other failure stays the run's own. */
 static void refused_for_memory(result *r, const opts *o, pmap_config cfg, pmap_backend backend,
@@ -107,13 +108,10 @@ static void refused_for_memory(result *r, const opts *o, pmap_config cfg, pmap_b
     if (drop && *drop) pmap_params_destroy(*drop), *drop = NULL;
     cfg.backend = PMAP_BACKEND_CPU;
     cfg.dist = PMAP_DIST_NONE;
-    cfg.max_memory = 0;
+    /* A limit no plan reaches: the layout is the one the library chose under the real one
+     * (pmap_config.shard_optimizer's AUTO shards the optimizer under a limit). */
+    cfg.max_memory = (size_t)INT64_MAX;
     if (r->procs > 1) cfg.shard_optimizer = PMAP_SHARD_OFF; /* never across processes */
-    /* Under the limit the library's choice shards an optimizer with state at any size
-     * (pmap_config.shard_optimizer): the plan made without the limit is that layout's. */
-    else if (cfg.shard_optimizer == PMAP_SHARD_AUTO && !getenv("PMAP_SHARD_OPTIMIZER") &&
-             (opt->kind != PMAP_OPT_SGD || opt->momentum != 0.0f))
-      cfg.shard_optimizer = PMAP_SHARD_ON;
     if (cfg.recompute == PMAP_RECOMPUTE_AUTO) cfg.recompute = PMAP_RECOMPUTE_FULL;
     pmap_ctx *ctx = NULL;
     pmap_params *p = NULL;
