@@ -137,11 +137,12 @@ static int layers_floats(const pmap_model *m, int64_t bd, int pooled, size_t *ou
   return 0;
 }
 
-/* Whether the output gradients are pooled: where that takes less (per example: the parts that
- * do not grow with the rows are the same either way, so the answer is the same at every bd). */
-static int dact_pooled(const pmap_model *m) {
+/* Whether the output gradients of bd examples are pooled: where that takes less (at bd itself:
+ * a recomputed block's region is sized for the largest block, which one that is can change with
+ * the rows, since some layers' scratch does not grow with them). */
+static int dact_pooled(const pmap_model *m, int64_t bd) {
   size_t own = 0, pool = 0;
-  if (m->n_layers < 2 || layers_floats(m, 1, 0, &own) || layers_floats(m, 1, 1, &pool)) return 0;
+  if (m->n_layers < 2 || layers_floats(m, bd, 0, &own) || layers_floats(m, bd, 1, &pool)) return 0;
   return pool < own;
 }
 
@@ -149,7 +150,8 @@ int model_arena_floats(const pmap_model *m, int64_t bd, size_t *out) {
   size_t total = 0, per = 0, layers = 0, col = model_col_size(m);
   if (bd < 0 || __builtin_mul_overflow(col, (size_t)2, &total) ||
       __builtin_mul_overflow(model_tmp_rows(m), (size_t)bd, &per) ||
-      __builtin_add_overflow(total, per, &total) || layers_floats(m, bd, dact_pooled(m), &layers) ||
+      __builtin_add_overflow(total, per, &total) ||
+      layers_floats(m, bd, dact_pooled(m, bd), &layers) ||
       __builtin_add_overflow(total, layers, &total))
     return -1;
   *out = total;
@@ -205,7 +207,7 @@ static pmap_status place_arrays(const pmap_model *m, replica *r, int device) {
  * (where transient outputs live), in arena. */
 static void place_arena(const pmap_model *m, replica *r, float *arena, int64_t bd) {
   size_t B = (size_t)bd, layers = 0;
-  int pooled = dact_pooled(m);
+  int pooled = dact_pooled(m, bd);
   (void)layers_floats(m, bd, pooled, &layers); /* checked by model_arena_floats before */
   float *own = arena, *region = arena, *tmp = arena + model_col_size(m) * 2 + layers;
   for (int i = 0; i < m->n_layers; i++) {
