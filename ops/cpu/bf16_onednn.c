@@ -150,9 +150,18 @@ static dnnl_status_t operand_md(dnnl_memory_desc_t *md, dnnl_data_type_t dt, int
   return dnnl_memory_desc_init_by_strides(md, 2, dims, dt, str);
 }
 
+/* oneDNN 2.x's AMX bf16 matmul executes an illegal instruction at k = 63 (2.6.3 on an Emerald
+ * Rapids Xeon, at every m and n of 1-17 and 24 tried but multiples of 16, with no other k from 1
+ * to 300 failing; oneDNN's issue 1661 reports the same at k = 63 for 2.7.3), killing the process:
+ * such a primitive is not used (the GEMM takes pmap's own path). */
+static int amx_k_fails(const char *impl, int64_t k) {
+  const dnnl_version_t *v = dnnl_version();
+  return v && v->major < 3 && k == 63 && strstr(impl, "amx") != NULL;
+}
+
 /* Makes e's primitive for its key: c = alpha a b (output scale) + beta c (a sum post-op), with
- * a scratchpad the caller gives it. A shape oneDNN cannot do in bf16 but with its reference code
- * is marked unusable. */
+ * a scratchpad the caller gives it. A shape oneDNN cannot do in bf16 but with its reference code,
+ * or only with a kernel that fails (amx_k_fails), is marked unusable. */
 static pmap_status entry_make(bf16_tls *t, mm_entry *e) {
   const bf16_gemm *g = &e->key;
   dnnl_memory_desc_t ad, bd, cd;
@@ -180,7 +189,7 @@ static pmap_status entry_make(bf16_tls *t, mm_entry *e) {
   if (s == dnnl_success) s = dnnl_primitive_desc_create(&pd, &md, attr, t->eng, NULL);
   const char *impl = "";
   if (s == dnnl_success) dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
-  e->usable = s == dnnl_success && strncmp(impl, "ref", 3) != 0;
+  e->usable = s == dnnl_success && strncmp(impl, "ref", 3) != 0 && !amx_k_fails(impl, g->k);
   if (e->usable) s = dnnl_primitive_create(&e->prim, pd);
   if (e->usable && s == dnnl_success) s = dnnl_memory_create(&e->a, &ad, t->eng, DNNL_MEMORY_NONE);
   if (e->usable && s == dnnl_success) s = dnnl_memory_create(&e->b, &bd, t->eng, DNNL_MEMORY_NONE);
