@@ -146,6 +146,9 @@ j = json.load(sys.stdin)
 m = j["memory"]
 assert "--max-memory" in j["error"] and m["total"] > int(sys.argv[1]), j
 assert (m["params"] > m["grads"]) == (sys.argv[2] == "bf16"), m  # the bfloat16 copy planned
+# the layout the plan was made in, also where the params were never made
+assert j["sharded_optimizer"] is m["optimizer_sharded"] is True, j
+assert j["optimizer_state_bytes"] == m["optimizer"], j
 ' "$lim" "$prec" || bad "--max-memory $lim ($prec): the JSON line: $(tail -n 1 "$tmp/out")"
   done
   PMAP_FAULT=alloc:device=1 run --model mlp --devices 2 --steps 2 --max-memory "$total"

@@ -124,6 +124,10 @@ static void refused_for_memory(result *r, const opts *o, pmap_config cfg, pmap_b
     if (ctx) pmap_ctx_destroy(ctx);
   }
   r->have_plan = fit >= 0;
+  if (r->have_plan) { /* the layout the plan was made in */
+    r->sharded = r->plan.optimizer_sharded;
+    r->state_bytes = r->plan.optimizer;
+  }
   if (fit <= 0) { /* not the limit's doing, or not known to be */
     failf(r, "%s: %s", what, msg);
     setup_failed(r, st);
@@ -202,6 +206,8 @@ static void print_json(const opts *o, const result *r) {
   if (r->sharded >= 0)
     printf(", \"sharded_optimizer\": %s, \"optimizer_state_bytes\": %zu",
            r->sharded ? "true" : "false", r->state_bytes);
+  else /* no params, and no plan made for them */
+    printf(", \"sharded_optimizer\": null, \"optimizer_state_bytes\": null");
   printf(", \"replicas_identical\": %s", r->identical < 0 ? "null"
                                          : r->identical   ? "true"
                                                           : "false");
