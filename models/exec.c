@@ -372,8 +372,8 @@ static int pool_free(const replica *r, const int *until, int taken, int also) {
 /* Pooled: layer i's input gradient (r->dact[i - 1]) and scratch (r->dact[i], not for the last
  * layer: that is the loss's gradient) in buffers that hold no gradient still to be read: not dy,
  * nor one an open block's start will read (until[k]: the start; an end's dy is held until its
- * start's backward). dy always lies in the pool: the loss's gradient, a dx chosen here, or a
- * scratch (dense and conv2d pass theirs on), passed through unchanged by views. */
+ * start's backward). dy always lies in the pool: the loss's gradient or a dx chosen here, passed
+ * on unchanged by the layers that take it as it is (folded activations, views, a block's end). */
 static pmap_status pool_choose(const pmap_model *m, replica *r, int i, const float *dy,
                                int *until) {
   int at = pool_of(r, dy), b = r->opened[i] - 1;
