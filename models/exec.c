@@ -74,13 +74,14 @@ void replica_release(pmap_device *dev, replica *r) {
  * pool, chosen during the backward pass (model_backward), and r->dact[L - 1], the loss's
  * gradient, is the first. The values are the same wherever they live, so the bits are too. */
 static int pool_count(const pmap_model *m) {
-  int most = 0;
+  /* The ends of the blocks open at each layer, innermost last (blocks nest, so they close in
+   * that order; at most MODEL_MAX_NESTING deep). */
+  int ends[MODEL_MAX_NESTING], open = 0, most = 0;
   for (int i = 0; i < m->n_layers; i++) {
-    int open = 0;
-    for (int b = 0; b <= i; b++) {
-      const layer *l = &m->layers[b];
-      open += l->cls->block_end && l->cls->block_end(l) > i;
-    }
+    while (open > 0 && ends[open - 1] <= i) open--;
+    const layer *l = &m->layers[i];
+    int e = l->cls->block_end ? l->cls->block_end(l) : -1;
+    if (e > i && open < MODEL_MAX_NESTING) ends[open++] = e;
     most = open > most ? open : most;
   }
   return 3 + most;
