@@ -140,6 +140,11 @@ struct layer_class {
    * index of the layer that ends it, whose output depends on the block's layers only through
    * the start's input, so that the layers in between can be computed again from it. */
   int (*block_end)(const layer *l);
+  /* (optional, NULL: none) For the layer that ends such a block: the index of its start. */
+  int (*block_start)(const layer *l);
+  /* (optional, NULL: never) 1 when its backward passes dy on unchanged (sets *dx_out = dy), as
+   * the pool of output gradients plans (models/exec.c); that pass checks it. */
+  int (*passes_dy)(const layer *l);
   /* (optional, 0: 1) The gain the layer before it draws its weights with, std = sqrt(gain /
    * fan_in): 2 behind a ReLU (He), 1 elsewhere (LeCun). */
   double init_gain;

@@ -58,6 +58,8 @@ static void describe(const layer *l, FILE *f) {
   fprintf(f, ", \"rate\": %.9g", (double)rate_of(l));
 }
 
+static int passes(const layer *l) { return rate_of(l) == 0.0f; }
+
 static const layer_class dropout_class = {
     .name = "dropout",
     .code = 11,
@@ -65,6 +67,7 @@ static const layer_class dropout_class = {
     .backward = backward,
     .geometry = geometry,
     .describe = describe,
+    .passes_dy = passes,
 };
 
 pmap_status pmap_model_add_dropout(pmap_model *m, float rate) {

@@ -119,6 +119,11 @@ static int pos_blocks(const layer *l, layer_block *b) {
   return 1;
 }
 
+static int pos_passes(const layer *l) {
+  (void)l;
+  return 1;
+}
+
 static const layer_class pos_class = {
     .name = "pos_embedding",
     .code = 16,
@@ -126,6 +131,7 @@ static const layer_class pos_class = {
     .backward = pos_backward,
     .init = init_normal,
     .blocks = pos_blocks,
+    .passes_dy = pos_passes,
 };
 
 pmap_status pmap_model_add_pos_embedding(pmap_model *m) {

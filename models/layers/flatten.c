@@ -16,12 +16,18 @@ static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i,
   return PMAP_SUCCESS;
 }
 
+static int passes(const layer *l) {
+  (void)l;
+  return 1;
+}
+
 static const layer_class flatten_class = {
     .name = "flatten",
     .code = 4,
     .is_view = 1,
     .forward = forward,
     .backward = backward,
+    .passes_dy = passes,
 };
 
 pmap_status pmap_model_add_flatten(pmap_model *m) {

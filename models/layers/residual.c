@@ -42,6 +42,11 @@ static pmap_status end_backward(pmap_device *dev, const layer *l, replica *r, in
   return PMAP_SUCCESS;
 }
 
+static int passes(const layer *l) {
+  (void)l;
+  return 1;
+}
+
 static void geometry(const layer *l, uint32_t g[4]) { g[0] = (uint32_t)other_of(l); }
 
 static void end_describe(const layer *l, FILE *f) { fprintf(f, ", \"begin\": %d", other_of(l)); }
@@ -63,6 +68,8 @@ static const layer_class end_class = {
     .backward = end_backward,
     .geometry = geometry,
     .describe = end_describe,
+    .block_start = other_of,
+    .passes_dy = passes,
 };
 
 pmap_status pmap_model_begin_residual(pmap_model *m) {
