@@ -46,13 +46,12 @@ void replica_unplace(replica *r) {
   free(r->out);
   free(r->dout);
   free(r->in16);
-  free(r->opened);
+  free(r->dplan);
   r->in16 = NULL;
-  r->opened = NULL;
+  r->dplan = NULL;
   r->tmp = NULL;
   r->act = r->dact = r->aux = NULL;
   r->dpool = NULL;
-  r->dpool_len = 0;
   r->dpool_n = 0;
   r->in = r->out = r->dout = NULL;
   r->arena = NULL;
@@ -69,29 +68,67 @@ void replica_release(pmap_device *dev, replica *r) {
 /* The output gradients' pool. A layer's backward reads its output gradient dy, writes its input's
  * (dx, r->dact[i - 1]) and may use r->dact[i] as scratch (dense and conv2d: the gradient before
  * their folded activation); a residual block's start reads its end's (r->dout[end]) as well.
- * So at most 3 + the open blocks gradients are live at once: where buffers of the largest
- * layer's gradient, that many, take less than one per layer, the layers take theirs from that
- * pool, chosen during the backward pass (model_backward), and r->dact[L - 1], the loss's
- * gradient, is the first. The values are the same wherever they live, so the bits are too. */
-static int pool_count(const pmap_model *m) {
-  /* The ends of the blocks open at each layer, innermost last (blocks nest, so they close in
-   * that order; at most MODEL_MAX_NESTING deep). */
-  int ends[MODEL_MAX_NESTING], open = 0, most = 0;
-  for (int i = 0; i < m->n_layers; i++) {
-    while (open > 0 && ends[open - 1] <= i) open--;
-    const layer *l = &m->layers[i];
-    int e = l->cls->block_end ? l->cls->block_end(l) : -1;
-    if (e > i && open < MODEL_MAX_NESTING) ends[open++] = e;
-    most = open > most ? open : most;
+ * So at most 3 + the open blocks gradients are live at once. pool_walk goes through the
+ * backward pass once, as the model's shape alone decides it, and gives each layer's dx and
+ * scratch a buffer that holds no gradient still to be read (not dy, nor one an open block's
+ * start will read): of the free buffers the smallest that is large enough, else the largest,
+ * grown to fit, else a new one (a layer that passes dy on, and writes neither, gets dy's). So a wide layer's gradient (a transformer's MLP) takes only as
+ * many buffers of its width as are live at once, and the rest are as narrow as their layers.
+ * Where the pool takes less than one buffer per layer, the layers take theirs from it as
+ * planned (model_backward, which checks that each dy is where the plan has it). The values are
+ * the same wherever they live, so the bits are too. */
+typedef struct pool_plan {
+  int n;                      /* buffers */
+  size_t cap[MODEL_POOL_MAX]; /* floats per example of each */
+} pool_plan;
+
+/* A free buffer (not not1, not2, nor held) of at least need floats per example; -1 for none. */
+static int pool_pick(pool_plan *p, const int *held, size_t need, int not1, int not2) {
+  int fit = -1, big = -1;
+  for (int k = 0; k < p->n; k++) {
+    if (k == not1 || k == not2 || held[k]) continue;
+    if (p->cap[k] >= need && (fit < 0 || p->cap[k] < p->cap[fit])) fit = k;
+    if (big < 0 || p->cap[k] > p->cap[big]) big = k;
   }
-  return 3 + most;
+  if (fit >= 0) return fit;
+  if (big < 0) {
+    if (p->n == MODEL_POOL_MAX) return -1;
+    big = p->n++;
+  }
+  p->cap[big] = need;
+  return big;
 }
 
-static size_t pool_rows(const pmap_model *m) {
-  size_t most = 0;
-  for (int i = 0; i < m->n_layers; i++)
-    most = (size_t)m->layers[i].out_size > most ? (size_t)m->layers[i].out_size : most;
-  return most;
+/* The pool's buffers into p and, where plan is not NULL, each layer's three (replica.dplan);
+ * -1 where more than MODEL_POOL_MAX would be needed (blocks nest at most MODEL_MAX_NESTING deep,
+ * so never). */
+static int pool_walk(const pmap_model *m, pool_plan *p, int *plan) {
+  int held[MODEL_POOL_MAX] = {0}, stack[MODEL_MAX_NESTING], open = 0, at = 0, L = m->n_layers;
+  p->n = 1;
+  p->cap[0] = (size_t)m->layers[L - 1].out_size; /* the loss's gradient */
+  for (int i = L - 1; i >= 0; i--) {
+    const layer *l = &m->layers[i];
+    int dx = -1, scratch = -1;
+    if (!l->folded) { /* a folded layer passes dy on and writes nothing */
+      int b = l->cls->block_start ? l->cls->block_start(l) : -1;
+      if (b >= 0 && b < i) { /* a block's end: its start reads this dy */
+        if (open == MODEL_MAX_NESTING) return -1;
+        stack[open++] = at;
+        held[at]++;
+      }
+      if (l->cls->passes_dy && l->cls->passes_dy(l)) {
+        dx = scratch = at; /* it writes neither: should it, it would write dy's own buffer */
+      } else {
+        if (i > 0 && (dx = pool_pick(p, held, (size_t)l->in_size, at, -1)) < 0) return -1;
+        if (i < L - 1 && (scratch = pool_pick(p, held, (size_t)l->out_size, at, dx)) < 0) return -1;
+      }
+      int e = l->cls->block_end ? l->cls->block_end(l) : -1;
+      if (e > i && e < L && open > 0) held[stack[--open]]--; /* a block's start has read it */
+    }
+    if (plan) plan[3 * i] = at, plan[3 * i + 1] = dx, plan[3 * i + 2] = scratch;
+    if (!l->folded && !(l->cls->passes_dy && l->cls->passes_dy(l))) at = dx;
+  }
+  return 0;
 }
 
 /* Floats per example of layer l's own part of the arena: its output (unless a view or, under
@@ -129,10 +166,13 @@ static int layers_floats(const pmap_model *m, int64_t bd, int pooled, size_t *ou
     if (__builtin_add_overflow(run, f, &run)) return -1;
     region = run > region ? run : region;
   }
-  size_t per = 0;
-  if (pooled && (__builtin_mul_overflow(pool_rows(m), (size_t)pool_count(m), &per) ||
-                 __builtin_mul_overflow(per, (size_t)bd, &pool)))
-    return -1;
+  if (pooled) {
+    pool_plan p;
+    size_t per = 0;
+    if (pool_walk(m, &p, NULL)) return -1;
+    for (int k = 0; k < p.n; k++) per += p.cap[k]; /* each at most PMAP_MAX_FEATURES */
+    if (__builtin_mul_overflow(per, (size_t)bd, &pool)) return -1;
+  }
   if (__builtin_add_overflow(total, region, out) || __builtin_add_overflow(*out, pool, out))
     return -1;
   return 0;
@@ -192,8 +232,8 @@ static pmap_status place_arrays(const pmap_model *m, replica *r, int device) {
   r->out = calloc(L, sizeof *r->out);
   r->dout = calloc(L, sizeof *r->dout);
   r->in16 = calloc(L, sizeof *r->in16);
-  r->opened = calloc(L, sizeof *r->opened);
-  if (r->act && r->dact && r->aux && r->in && r->out && r->dout && r->in16 && r->opened)
+  r->dplan = calloc(3 * L, sizeof *r->dplan);
+  if (r->act && r->dact && r->aux && r->in && r->out && r->dout && r->in16 && r->dplan)
     return PMAP_SUCCESS;
   replica_unplace(r);
   if (device < 0)
@@ -217,16 +257,15 @@ static void place_arena(const pmap_model *m, replica *r, float *arena, int64_t b
     (void)layer_floats(m, l, bd, pooled, &f);
     if (!l->shared) region += f;
   }
-  r->dpool = NULL, r->dpool_len = 0, r->dpool_n = 0;
-  if (pooled) {
-    r->dpool_n = pool_count(m);
-    r->dpool_len = pool_rows(m) * B;
-    r->dpool = arena + layers - (size_t)r->dpool_n * r->dpool_len;
-  }
-  for (int b = 0; b < m->n_layers; b++) {
-    const layer *l = &m->layers[b];
-    int e = l->cls->block_end ? l->cls->block_end(l) : -1;
-    if (e > b && e < m->n_layers) r->opened[e] = b + 1;
+  r->dpool = NULL, r->dpool_n = 0;
+  pool_plan pp;
+  if (pooled && !pool_walk(m, &pp, r->dplan)) { /* checked by model_arena_floats before */
+    size_t per = 0;
+    for (int k = 0; k < pp.n; k++) per += pp.cap[k];
+    r->dpool = arena + layers - per * B;
+    r->dpool_n = pp.n;
+    size_t at = 0;
+    for (int k = 0; k < pp.n; at += pp.cap[k], k++) r->dslot[k] = r->dpool + at * B;
   }
   float *p = own, *run = region;
   for (int i = 0; i < m->n_layers; i++) {
@@ -241,8 +280,8 @@ static void place_arena(const pmap_model *m, replica *r, float *arena, int64_t b
       r->act[i] = p;
       p += per;
     }
-    if (pooled) {
-      r->dact[i] = r->dpool; /* the loss's gradient; the others' are chosen in the backward */
+    if (r->dpool) {
+      r->dact[i] = r->dpool; /* the loss's gradient; the others' are set in the backward */
     } else {
       r->dact[i] = p;
       p += per;
@@ -355,44 +394,24 @@ static pmap_status recompute_block(pmap_device *dev, const pmap_model *m, replic
   return PMAP_SUCCESS;
 }
 
-/* Pooled output gradients: the buffer of the pool that x lies in (-1: none). */
-static int pool_of(const replica *r, const float *x) {
-  if (!x || x < r->dpool) return -1;
-  size_t k = (size_t)(x - r->dpool) / r->dpool_len;
-  return k < (size_t)r->dpool_n ? (int)k : -1;
-}
-
-/* The first buffer of the pool that is neither taken (dy's, or held for an open block's start:
- * until[k] >= 0) nor also; -1 for none. */
-static int pool_free(const replica *r, const int *until, int taken, int also) {
-  for (int k = 0; k < r->dpool_n; k++)
-    if (k != taken && k != also && until[k] < 0) return k;
-  return -1;
-}
-
-/* Pooled: layer i's input gradient (r->dact[i - 1]) and scratch (r->dact[i], not for the last
- * layer: that is the loss's gradient) in buffers that hold no gradient still to be read: not dy,
- * nor one an open block's start will read (until[k]: the start; an end's dy is held until its
- * start's backward). dy always lies in the pool: the loss's gradient or a dx chosen here, passed
- * on unchanged by the layers that take it as it is (folded activations, views, a block's end). */
-static pmap_status pool_choose(const pmap_model *m, replica *r, int i, const float *dy,
-                               int *until) {
-  int at = pool_of(r, dy), b = r->opened[i] - 1;
-  if (at >= 0 && b >= 0) until[at] = until[at] >= 0 && until[at] < b ? until[at] : b;
-  int dx = pool_free(r, until, at, -1), scratch = pool_free(r, until, at, dx);
-  if (dx < 0 || scratch < 0)
-    return PMAP_ERR(PMAP_ERR_INTERNAL, "layer %d: no output gradient buffer of %d is free", i,
-                    r->dpool_n);
-  if (i > 0) r->dact[i - 1] = r->dpool + (size_t)dx * r->dpool_len;
-  if (i < m->n_layers - 1) r->dact[i] = r->dpool + (size_t)scratch * r->dpool_len;
+/* Pooled: layer i's dy where the plan has it (else the plan and the layers disagree on which
+ * pass dy on: an error, not a write into a buffer planned for another gradient), and its input
+ * gradient (r->dact[i - 1]) and scratch (r->dact[i]) in the buffers planned for them. */
+static pmap_status pool_take(const pmap_model *m, replica *r, int i, const float *dy) {
+  const int *plan = r->dplan + 3 * i;
+  if (dy != r->dslot[plan[0]])
+    return PMAP_ERR(PMAP_ERR_INTERNAL,
+                    "layer %d (%s): its output gradient is not in buffer %d of the pool, where "
+                    "the plan has it",
+                    i, m->layers[i].cls->name, plan[0]);
+  if (plan[1] >= 0) r->dact[i - 1] = r->dslot[plan[1]];
+  if (plan[2] >= 0) r->dact[i] = r->dslot[plan[2]];
   return PMAP_SUCCESS;
 }
 
 pmap_status model_backward(pmap_device *dev, const pmap_model *m, replica *r, int64_t bd) {
   const float *dy = r->dact[m->n_layers - 1];
   trace_rec *tr = dev ? runtime_trace(runtime_ctx_of(dev)) : NULL;
-  int until[MODEL_MAX_NESTING + 3];
-  for (int k = 0; k < MODEL_MAX_NESTING + 3; k++) until[k] = -1;
   /* The last recomputed block that the forward pass ran still holds its values in the shared
    * region (no layer after it writes there): backward meets it first and computes it again
    * only from the second on. */
@@ -403,15 +422,13 @@ pmap_status model_backward(pmap_device *dev, const pmap_model *m, replica *r, in
     if (m->layers[i].recompute_from && !fresh)
       PMAP_TRY(recompute_block(dev, m, r, m->layers[i].recompute_from - 1, i, bd, tr));
     if (m->layers[i].recompute_from) fresh = 0;
-    if (r->dpool) PMAP_TRY(pool_choose(m, r, i, dy, until));
+    if (r->dpool) PMAP_TRY(pool_take(m, r, i, dy));
     dx = i > 0 ? r->dact[i - 1] : NULL; /* the input needs no gradient */
     r->dout[i] = dy;
     runtime_span sp = tr ? runtime_span_begin(dev) : (runtime_span){0, -1};
     PMAP_TRY(layer_backward(dev, m, r, i, dy, dx, &next, bd));
     if (tr) runtime_span_end(dev, sp, "backward", m->layers[i].cls->name, i, "layer", -1);
     if (r->layer_grads_done) PMAP_TRY(r->layer_grads_done(dev, r, i, r->layer_grads_user));
-    for (int k = 0; k < r->dpool_n; k++)
-      if (until[k] == i) until[k] = -1; /* its start has read it */
     if (!next) break;
     dy = next;
   }

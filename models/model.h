@@ -11,6 +11,9 @@
 #include "pmap.h"
 
 #define MODEL_MAX_NESTING 16 /* residual blocks open at once */
+/* Output gradient buffers live at once in the backward pass: dy, dx, a scratch, one held for
+ * each open block's start. */
+#define MODEL_POOL_MAX (MODEL_MAX_NESTING + 3)
 
 struct pmap_model {
   int in_rank;
@@ -93,11 +96,12 @@ struct replica {
   int64_t sized_rows;
   float **act, **dact; /* (n_layers) */
   /* NULL, or the pool the output gradients take theirs from during the backward pass (exec.c):
-   * dpool_n buffers of dpool_len floats each, the first the loss's gradient; opened[i], for a
-   * block's end i, its start + 1 (0 for other layers). */
+   * dpool_n buffers (dslot[k], each of its own size), the first the loss's gradient; dplan[3 i
+   * + 0, 1, 2], for layer i, the buffers of its output gradient, its input's and its scratch
+   * (-1: none), planned once for the model's shape. */
   float *dpool;
-  int *opened; /* (n_layers) */
-  size_t dpool_len;
+  float *dslot[MODEL_POOL_MAX];
+  int *dplan; /* (3 n_layers) */
   int dpool_n;
   float *col, *dcol; /* conv scratch (model_col_size) */
   /* The bf16 policy (NULL under fp32): w16 (P) the bfloat16 copy of w made before each step's

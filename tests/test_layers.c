@@ -97,6 +97,36 @@ static pmap_status build_res_deep(pmap_model **out) {
   return st;
 }
 
+/* Widths the output gradients' pool sizes its buffers for one by one (models/exec.c): 6 -> dense
+ * 40 + GELU -> dropout 0 (passes its gradient on) -> dense 6 -> [dense 24 + GELU -> dense 6 ->
+ * [[dense 10 -> tanh -> dense 6]] -> []] -> layernorm -> dense 3. */
+static pmap_status build_mixed_widths(pmap_model **out) {
+  int64_t in[1] = {6};
+  pmap_model *m = NULL;
+  pmap_status st = pmap_model_create(1, in, &m);
+  if (!st) st = pmap_model_add_dense(m, 40);
+  if (!st) st = pmap_model_add_gelu(m);
+  if (!st) st = pmap_model_add_dropout(m, 0.0f);
+  if (!st) st = pmap_model_add_dense(m, 6);
+  if (!st) st = pmap_model_begin_residual(m);
+  if (!st) st = pmap_model_add_dense(m, 24);
+  if (!st) st = pmap_model_add_gelu(m);
+  if (!st) st = pmap_model_add_dense(m, 6);
+  for (int k = 0; k < 2 && !st; k++) st = pmap_model_begin_residual(m);
+  if (!st) st = pmap_model_add_dense(m, 10);
+  if (!st) st = pmap_model_add_tanh(m);
+  if (!st) st = pmap_model_add_dense(m, 6);
+  for (int k = 0; k < 2 && !st; k++) st = pmap_model_end_residual(m);
+  if (!st) st = pmap_model_begin_residual(m);
+  if (!st) st = pmap_model_end_residual(m);
+  if (!st) st = pmap_model_end_residual(m);
+  if (!st) st = pmap_model_add_layernorm(m);
+  if (!st) st = pmap_model_add_dense(m, 3);
+  if (st) pmap_model_destroy(m);
+  *out = st ? NULL : m;
+  return st;
+}
+
 /* (2, 6, 6) -> conv 4 -> [tanh -> conv 4] -> maxpool 2 -> (4, 3, 3) -> avgpool 2 stride 1 ->
  * global average -> 2. */
 static pmap_status build_res_conv(pmap_model **out) {
@@ -418,6 +448,7 @@ int main(void) {
   model_gradient("residual dense blocks", build_res_dense, in1, 1);
   model_gradient("residual conv block with pooling", build_res_conv, in3, 3);
   model_gradient("residual blocks nested four deep", build_res_deep, in1, 1);
+  model_gradient("mixed widths in nested blocks", build_mixed_widths, in1, 1);
   example_equivalence("res-mlp", 48);
   /* At its own lr 0.05 with momentum on 24 rows (the same every step), cifar-bn's loss falls
    * 80-fold in 8 steps: a ReLU input or a max pool's winner next to a tie can take the other
