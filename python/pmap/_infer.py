@@ -101,12 +101,12 @@ def _prompt(prompt, vocab, call):
     if isinstance(prompt, (bytes, bytearray)):
         prompt = np.frombuffer(bytes(prompt), dtype=np.uint8)
     a = np.asarray(prompt)
+    if a.size == 0 and a.ndim in (1, 2):  # [] is float64 to numpy: say what is wrong with it
+        raise ArgumentError(f"{call}: the prompt is empty (shape {a.shape})")
     if a.dtype.kind not in "iu" or a.ndim not in (1, 2):
         raise ArgumentTypeError(f"{call}: the prompt must be token ids, a 1-D (length) or 2-D "
                                 f"(rows, length) integer array or bytes, got {a.dtype} of rank "
                                 f"{a.ndim}")
-    if a.shape[-1] < 1:
-        raise ArgumentError(f"{call}: the prompt is empty")
     if a.min() < 0 or a.max() >= vocab:
         bad = a[(a < 0) | (a >= vocab)].flat[0]
         raise ArgumentError(f"{call}: token {int(bad)} of the prompt is outside [0, {vocab})")

@@ -118,6 +118,9 @@ def test_generate_greedy_follows_the_model_beyond_its_window():
                           ([0.5], TypeError)):
             with pytest.raises(kind):
                 p.generate(bad, 2)
+        for empty in ([], b"", np.zeros((0, 3), np.int64), np.zeros((2, 0), np.int32)):
+            with pytest.raises(ValueError, match="the prompt is empty"):
+                p.generate(empty, 2)
         with pytest.raises(ValueError, match="temperature"):
             p.generate([1], 2, temperature=-1.0)
         with pytest.raises(ValueError, match="not a language model"):
