@@ -10,40 +10,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mixed_model.h"
 #include "models/model.h"
 #include "pmap_examples.h"
 #include "testutil.h"
 
 #define ROWS 5
 
-/* (12) -> dense 40 + GELU -> dropout 0 -> dense 12 -> [dense 64 + GELU -> dropout 0.25 ->
- * dense 12 -> [[dense 20 -> tanh -> dense 12]] -> [] ] -> layernorm -> dense 3. */
+/* tests/mixed_model.h's model with a dropout of rate 0.25 inside its first block. */
 static pmap_status build_mixed(pmap_model **out) {
-  int64_t in[1] = {12};
-  pmap_model *m = NULL;
-  pmap_status st = pmap_model_create(1, in, &m);
-  if (!st) st = pmap_model_add_dense(m, 40);
-  if (!st) st = pmap_model_add_gelu(m);
-  if (!st) st = pmap_model_add_dropout(m, 0.0f);
-  if (!st) st = pmap_model_add_dense(m, 12);
-  if (!st) st = pmap_model_begin_residual(m);
-  if (!st) st = pmap_model_add_dense(m, 64);
-  if (!st) st = pmap_model_add_gelu(m);
-  if (!st) st = pmap_model_add_dropout(m, 0.25f);
-  if (!st) st = pmap_model_add_dense(m, 12);
-  for (int k = 0; k < 2 && !st; k++) st = pmap_model_begin_residual(m);
-  if (!st) st = pmap_model_add_dense(m, 20);
-  if (!st) st = pmap_model_add_tanh(m);
-  if (!st) st = pmap_model_add_dense(m, 12);
-  for (int k = 0; k < 2 && !st; k++) st = pmap_model_end_residual(m);
-  if (!st) st = pmap_model_begin_residual(m);
-  if (!st) st = pmap_model_end_residual(m);
-  if (!st) st = pmap_model_end_residual(m);
-  if (!st) st = pmap_model_add_layernorm(m);
-  if (!st) st = pmap_model_add_dense(m, 3);
-  if (st) pmap_model_destroy(m);
-  *out = st ? NULL : m;
-  return st;
+  return build_mixed_model(out, 12, 40, 64, 20, 0.25f);
 }
 
 /* (2, 6, 6) -> conv 3 + ReLU -> flatten -> dense 30 + GELU -> dense 4. */

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "bounds.h"
+#include "mixed_model.h"
 #include "pmap_examples.h"
 #include "testutil.h"
 
@@ -97,34 +98,9 @@ static pmap_status build_res_deep(pmap_model **out) {
   return st;
 }
 
-/* Widths the output gradients' pool sizes its buffers for one by one (models/exec.c): 6 -> dense
- * 40 + GELU -> dropout 0 (passes its gradient on) -> dense 6 -> [dense 24 + GELU -> dense 6 ->
- * [[dense 10 -> tanh -> dense 6]] -> []] -> layernorm -> dense 3. */
+/* Widths the output gradients' pool sizes its buffers for one by one (tests/mixed_model.h). */
 static pmap_status build_mixed_widths(pmap_model **out) {
-  int64_t in[1] = {6};
-  pmap_model *m = NULL;
-  pmap_status st = pmap_model_create(1, in, &m);
-  if (!st) st = pmap_model_add_dense(m, 40);
-  if (!st) st = pmap_model_add_gelu(m);
-  if (!st) st = pmap_model_add_dropout(m, 0.0f);
-  if (!st) st = pmap_model_add_dense(m, 6);
-  if (!st) st = pmap_model_begin_residual(m);
-  if (!st) st = pmap_model_add_dense(m, 24);
-  if (!st) st = pmap_model_add_gelu(m);
-  if (!st) st = pmap_model_add_dense(m, 6);
-  for (int k = 0; k < 2 && !st; k++) st = pmap_model_begin_residual(m);
-  if (!st) st = pmap_model_add_dense(m, 10);
-  if (!st) st = pmap_model_add_tanh(m);
-  if (!st) st = pmap_model_add_dense(m, 6);
-  for (int k = 0; k < 2 && !st; k++) st = pmap_model_end_residual(m);
-  if (!st) st = pmap_model_begin_residual(m);
-  if (!st) st = pmap_model_end_residual(m);
-  if (!st) st = pmap_model_end_residual(m);
-  if (!st) st = pmap_model_add_layernorm(m);
-  if (!st) st = pmap_model_add_dense(m, 3);
-  if (st) pmap_model_destroy(m);
-  *out = st ? NULL : m;
-  return st;
+  return build_mixed_model(out, 6, 40, 24, 10, -1.0f);
 }
 
 /* (2, 6, 6) -> conv 4 -> [tanh -> conv 4] -> maxpool 2 -> (4, 3, 3) -> avgpool 2 stride 1 ->
