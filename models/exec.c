@@ -117,7 +117,8 @@ static int pool_walk(const pmap_model *m, pool_plan *p, int *plan) {
         held[at]++;
       }
       if (l->cls->passes_dy && l->cls->passes_dy(l)) {
-        dx = scratch = at; /* it writes neither: should it, it would write dy's own buffer */
+        dx = i > 0 ? at : -1; /* it writes neither: should it, it would write dy's own buffer */
+        scratch = i < L - 1 ? at : -1;
       } else {
         if (i > 0 && (dx = pool_pick(p, held, (size_t)l->in_size, at, -1)) < 0) return -1;
         if (i < L - 1 && (scratch = pool_pick(p, held, (size_t)l->out_size, at, dx)) < 0) return -1;
@@ -404,8 +405,8 @@ static pmap_status pool_take(const pmap_model *m, replica *r, int i, const float
                     "layer %d (%s): its output gradient is not in buffer %d of the pool, where "
                     "the plan has it",
                     i, m->layers[i].cls->name, plan[0]);
-  if (plan[1] >= 0) r->dact[i - 1] = r->dslot[plan[1]];
-  if (plan[2] >= 0) r->dact[i] = r->dslot[plan[2]];
+  if (plan[1] >= 0 && i > 0) r->dact[i - 1] = r->dslot[plan[1]];
+  if (plan[2] >= 0 && i < m->n_layers - 1) r->dact[i] = r->dslot[plan[2]];
   return PMAP_SUCCESS;
 }
 

@@ -38,6 +38,22 @@ static pmap_status build_conv(pmap_model **out) {
   return st;
 }
 
+/* A first layer that hands its gradient on: (1, 4, 4) -> flatten, or 16 -> dropout 0; then
+ * dense 8 four times -> dense 1 (long enough to pool). */
+static pmap_status build_first_passes(pmap_model **out, int flatten) {
+  int64_t in3[3] = {1, 4, 4}, in1[1] = {16};
+  pmap_model *m = NULL;
+  pmap_status st = flatten ? pmap_model_create(3, in3, &m) : pmap_model_create(1, in1, &m);
+  if (!st) st = flatten ? pmap_model_add_flatten(m) : pmap_model_add_dropout(m, 0.0f);
+  for (int k = 0; k < 4 && !st; k++) st = pmap_model_add_dense(m, 8);
+  if (!st) st = pmap_model_add_dense(m, 1);
+  if (st) pmap_model_destroy(m);
+  *out = st ? NULL : m;
+  return st;
+}
+static pmap_status build_flatten_first(pmap_model **out) { return build_first_passes(out, 1); }
+static pmap_status build_dropout_first(pmap_model **out) { return build_first_passes(out, 0); }
+
 static int passes(const layer *l) {
   return l->folded || (l->cls->passes_dy && l->cls->passes_dy(l));
 }
@@ -81,9 +97,9 @@ static void check_plan(const char *name, pmap_model *m, int want_pooled, int mix
           p[0]);
     if (l->folded) {
       CHECK(p[1] < 0 && p[2] < 0, "%s: folded layer %d takes buffers", name, i);
-    } else if (passes(l)) { /* it writes neither: both are dy's own */
-      CHECK(p[1] == p[0] && p[2] == p[0], "%s: layer %d passes dy on, given %d, %d", name, i, p[1],
-            p[2]);
+    } else if (passes(l)) { /* it writes neither: both are dy's own (the first layer: no dx) */
+      CHECK(p[1] == (i > 0 ? p[0] : -1) && p[2] == (i < L - 1 ? p[0] : -1),
+            "%s: layer %d passes dy on, given %d, %d", name, i, p[1], p[2]);
     } else {
       CHECK((i == 0) == (p[1] < 0), "%s: layer %d: dx buffer %d", name, i, p[1]);
       CHECK((i == L - 1) == (p[2] < 0), "%s: layer %d: scratch buffer %d", name, i, p[2]);
@@ -112,21 +128,23 @@ done:
   free(arena);
 }
 
-static void check_built(const char *name, pmap_status (*build)(pmap_model **)) {
+static void check_built(const char *name, pmap_status (*build)(pmap_model **), int mixed) {
   pmap_model *m = NULL;
   CHECK_OK(build(&m));
   if (!m) return;
-  check_plan(name, m, 1, 1);
+  check_plan(name, m, 1, mixed);
   model_set_precision(m, 1); /* bf16 moves outputs into the shared scratch, not gradients */
-  check_plan(name, m, 1, 1);
+  check_plan(name, m, 1, mixed);
   model_set_recompute(m, PMAP_RECOMPUTE_FULL);
-  check_plan(name, m, 1, 1);
+  check_plan(name, m, 1, mixed);
   pmap_model_destroy(m);
 }
 
 int main(void) {
-  check_built("mixed widths", build_mixed);
-  check_built("conv, flatten", build_conv);
+  check_built("mixed widths", build_mixed, 1);
+  check_built("conv, flatten", build_conv, 1);
+  check_built("flatten first", build_flatten_first, 0);
+  check_built("dropout first", build_dropout_first, 0);
   const char *examples[] = {"gpt-mini", "res-mlp", "cifar-bn", "convnet"};
   for (size_t k = 0; k < sizeof examples / sizeof *examples; k++) {
     pmap_model *m = NULL;

@@ -103,6 +103,20 @@ static pmap_status build_mixed_widths(pmap_model **out) {
   return build_mixed_model(out, 6, 40, 24, 10, -1.0f);
 }
 
+/* (1, 4, 4) -> flatten -> dense 8 x 4 -> dense 3: a first layer that hands its gradient on. */
+static pmap_status build_flatten_first(pmap_model **out) {
+  int64_t in[3] = {1, 4, 4};
+  pmap_model *m = NULL;
+  pmap_status st = pmap_model_create(3, in, &m);
+  if (!st) st = pmap_model_add_flatten(m);
+  for (int k = 0; k < 4 && !st; k++) st = pmap_model_add_dense(m, 8);
+  if (!st) st = pmap_model_add_tanh(m);
+  if (!st) st = pmap_model_add_dense(m, 3);
+  if (st) pmap_model_destroy(m);
+  *out = st ? NULL : m;
+  return st;
+}
+
 /* (2, 6, 6) -> conv 4 -> [tanh -> conv 4] -> maxpool 2 -> (4, 3, 3) -> avgpool 2 stride 1 ->
  * global average -> 2. */
 static pmap_status build_res_conv(pmap_model **out) {
@@ -420,11 +434,12 @@ static void builder_errors(void) {
 
 int main(void) {
   builder_errors();
-  int64_t in1[1] = {6}, in3[3] = {2, 6, 6};
+  int64_t in1[1] = {6}, in3[3] = {2, 6, 6}, in3f[3] = {1, 4, 4};
   model_gradient("residual dense blocks", build_res_dense, in1, 1);
   model_gradient("residual conv block with pooling", build_res_conv, in3, 3);
   model_gradient("residual blocks nested four deep", build_res_deep, in1, 1);
   model_gradient("mixed widths in nested blocks", build_mixed_widths, in1, 1);
+  model_gradient("flatten first", build_flatten_first, in3f, 3);
   example_equivalence("res-mlp", 48);
   /* At its own lr 0.05 with momentum on 24 rows (the same every step), cifar-bn's loss falls
    * 80-fold in 8 steps: a ReLU input or a max pool's winner next to a tie can take the other
