@@ -72,8 +72,9 @@ void replica_release(pmap_device *dev, replica *r) {
  * backward pass once, as the model's shape alone decides it, and gives each layer's dx and
  * scratch a buffer that holds no gradient still to be read (not dy, nor one an open block's
  * start will read): of the free buffers the smallest that is large enough, else the largest,
- * grown to fit, else a new one (a layer that passes dy on, and writes neither, gets dy's). So a wide layer's gradient (a transformer's MLP) takes only as
- * many buffers of its width as are live at once, and the rest are as narrow as their layers.
+ * grown to fit, else a new one (a layer that passes dy on, and writes neither, gets dy's; the
+ * first layer no dx). So a wide layer's gradient (a transformer's MLP) takes only as many
+ * buffers of its width as are live at once, and the rest are as narrow as their layers.
  * Where the pool takes less than one buffer per layer, the layers take theirs from it as
  * planned (model_backward, which checks that each dy is where the plan has it). The values are
  * the same wherever they live, so the bits are too. */
