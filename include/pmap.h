@@ -215,11 +215,16 @@ typedef struct pmap_config {
                             block's layers forward again just before their backward: activation
                             memory of about one block instead of all, for about one more forward
                             pass; the results are the same bits (docs/tracing.md, "When a model
-                            does not fit"). PMAP_RECOMPUTE_AUTO: each step (and
-                            pmap_params_memory) takes FULL only where the stored plan at its batch
-                            is over the device's limit (max_memory on CPU; on CUDA the memory
-                            free on device 0 and what the params' activations hold there) and
-                            NONE otherwise, releasing the activations when the choice changes
+                            does not fit"). PMAP_RECOMPUTE_SELECTIVE: of the same blocks it
+                            keeps the GEMMs' outputs and computes again only the element-wise
+                            results (layer norms' outputs and statistics, the activation
+                            functions' outputs: the cheap part), just before the block's
+                            backward; the same bits too. PMAP_RECOMPUTE_AUTO: each step (and
+                            pmap_params_memory) takes the first of NONE, SELECTIVE and FULL
+                            whose plan at its batch fits the device's limit (max_memory on CPU;
+                            on CUDA the memory free on device 0 and what the params'
+                            activations hold there), FULL where none does, releasing the
+                            activations when the choice changes
                             (the next step sizes them anew at its own rows, and pmap_predict
                             then runs in pieces of those; a pmap_predict before anything sized
                             them chooses as a step of its rows would). For the params created
@@ -228,7 +233,12 @@ typedef struct pmap_config {
 
 enum { PMAP_GUARD_ON = 0, PMAP_GUARD_OFF = 1 };
 enum { PMAP_SHARD_AUTO = 0, PMAP_SHARD_OFF = 1, PMAP_SHARD_ON = 2 };
-enum { PMAP_RECOMPUTE_NONE = 0, PMAP_RECOMPUTE_FULL = 1, PMAP_RECOMPUTE_AUTO = 2 };
+enum {
+  PMAP_RECOMPUTE_NONE = 0,
+  PMAP_RECOMPUTE_FULL = 1,
+  PMAP_RECOMPUTE_AUTO = 2,
+  PMAP_RECOMPUTE_SELECTIVE = 3
+};
 
 typedef struct pmap_ctx pmap_ctx;
 
@@ -1024,14 +1034,16 @@ typedef struct pmap_memory_plan {
   size_t device_free; /* memory free on device 0 now (CUDA: cudaMemGetInfo); SIZE_MAX where the
                          backend does not know (CPU) */
   int recompute;      /* the recomputation the activations are planned for: PMAP_RECOMPUTE_FULL
-                         when a step at this batch recomputes blocks (pmap_config.recompute;
-                         under PMAP_RECOMPUTE_AUTO as the step chooses), else
-                         PMAP_RECOMPUTE_NONE, also where it saves nothing: a model with fewer
-                         than two blocks that can be recomputed (the last one is never run
-                         again, its values are still in place) */
+                         or PMAP_RECOMPUTE_SELECTIVE when a step at this batch recomputes
+                         (pmap_config.recompute; under PMAP_RECOMPUTE_AUTO as the step
+                         chooses), else PMAP_RECOMPUTE_NONE, also where it saves nothing: a
+                         model with fewer than two blocks that can be recomputed (the last one
+                         is never run again, its values are still in place) */
   size_t activations_stored;     /* activations (as above) with no block recomputed */
   size_t activations_recomputed; /* activations with every block that can be recomputed (equal
                                     to activations_stored for a model with none) */
+  size_t activations_selective;  /* activations with the element-wise results of those blocks
+                                    recomputed (PMAP_RECOMPUTE_SELECTIVE) */
 } pmap_memory_plan;
 /* Fills *out for pmap_update at global batch `batch` (this process's rows under several
  * processes, as pmap_update takes them), with the params' micro-batches. On CPU the total is

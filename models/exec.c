@@ -151,21 +151,41 @@ static int layer_floats(const pmap_model *m, const layer *l, int64_t bd, int poo
   return 0;
 }
 
+/* Whether layer i, not shared itself, has its input's bfloat16 copy in the region of a
+ * recomputed block: the layer whose output it reads is shared and wrote the copy in its own
+ * pass (or its epilogue's), so that computing it again writes the copy again. */
+static int in16_in_region(const pmap_model *m, int i) {
+  const layer *l = &m->layers[i];
+  return !l->shared && l->in16 && l->in16_made && i > 0 && m->layers[i - 1].shared;
+}
+
+/* Layer i's floats over bd examples in its own part of the arena and in the region of the
+ * recomputed blocks (all of a shared layer's; of another, the input copy in16_in_region puts
+ * there); -1 on overflow. */
+static int layer_parts(const pmap_model *m, int i, int64_t bd, int pooled, size_t *own,
+                       size_t *region) {
+  const layer *l = &m->layers[i];
+  size_t f = 0;
+  if (layer_floats(m, l, bd, pooled, &f)) return -1;
+  *own = l->shared ? 0 : f, *region = l->shared ? f : 0;
+  if (in16_in_region(m, i)) {
+    *region = ((size_t)l->in_size + 1) / 2 * (size_t)bd; /* at most f, so no overflow */
+    *own = f - *region;
+  }
+  return 0;
+}
+
 /* The layers' part of the arena: every layer's own, except that the layers of recomputed blocks
  * (layer.shared) take one region that each such block uses in turn, sized for the largest; then
  * the pool of output gradients, where pooled. */
 static int layers_floats(const pmap_model *m, int64_t bd, int pooled, size_t *out) {
   size_t total = 0, run = 0, region = 0, pool = 0;
   for (int i = 0; i < m->n_layers; i++) {
-    const layer *l = &m->layers[i];
-    size_t f = 0;
-    if (layer_floats(m, l, bd, pooled, &f)) return -1;
-    if (!l->shared) {
-      run = 0;
-      if (__builtin_add_overflow(total, f, &total)) return -1;
-      continue;
-    }
-    if (__builtin_add_overflow(run, f, &run)) return -1;
+    size_t own = 0, shared = 0;
+    if (layer_parts(m, i, bd, pooled, &own, &shared)) return -1;
+    if (m->layers[i].region_start) run = 0; /* a recomputed block's first shared layer */
+    if (__builtin_add_overflow(total, own, &total) || __builtin_add_overflow(run, shared, &run))
+      return -1;
     region = run > region ? run : region;
   }
   if (pooled) {
@@ -254,10 +274,9 @@ static void place_arena(const pmap_model *m, replica *r, float *arena, int64_t b
   (void)layers_floats(m, bd, pooled, &layers); /* checked by model_arena_floats before */
   float *own = arena, *region = arena, *tmp = arena + model_col_size(m) * 2 + layers;
   for (int i = 0; i < m->n_layers; i++) {
-    const layer *l = &m->layers[i];
-    size_t f = 0;
-    (void)layer_floats(m, l, bd, pooled, &f);
-    if (!l->shared) region += f;
+    size_t f = 0, shared = 0;
+    (void)layer_parts(m, i, bd, pooled, &f, &shared);
+    region += f;
   }
   r->dpool = NULL, r->dpool_n = 0;
   pool_plan pp;
@@ -273,7 +292,7 @@ static void place_arena(const pmap_model *m, replica *r, float *arena, int64_t b
   for (int i = 0; i < m->n_layers; i++) {
     const layer *l = &m->layers[i];
     size_t per = (size_t)l->out_size * B;
-    if (l->shared && (i == 0 || !m->layers[i - 1].shared)) run = region; /* a block's start */
+    if (l->region_start) run = region; /* a recomputed block's first shared layer */
     float **at = l->shared ? &run : &own;
     p = *at;
     if (l->transient) {
@@ -290,9 +309,10 @@ static void place_arena(const pmap_model *m, replica *r, float *arena, int64_t b
     }
     r->aux[i] = p;
     p += layer_aux_rows(l, m->bf16) * B + layer_aux_fixed(l, m->bf16);
-    r->in16[i] = l->in16 ? (pmap_bf16 *)(void *)p : NULL;
-    p += l->in16 ? ((size_t)l->in_size + 1) / 2 * B : 0;
     *at = p;
+    if (in16_in_region(m, i)) at = &run;
+    r->in16[i] = l->in16 ? (pmap_bf16 *)(void *)*at : NULL;
+    *at += l->in16 ? ((size_t)l->in_size + 1) / 2 * B : 0;
   }
   p = arena + layers;
   r->col = p;
@@ -380,17 +400,41 @@ pmap_status model_state_begin(const pmap_model *m, replica *r) { return state_co
 
 pmap_status model_state_commit(const pmap_model *m, replica *r) { return state_copy(m, r, 1); }
 
-/* A recomputed block's layers [b, e) forward again from its kept input r->in[b], before the
- * backward of its end e: the same operations on the same values, so the same bits (dropout's
- * masks are keyed by the step and the row). In a span of its own on the device's track. */
+/* An activation folded into the layer before (redo_epilogue, which kept the sum it is made
+ * from in its output), made again from that sum: act_forward's bits are those the epilogue's
+ * pass left (ops/op_list.h bias_act_forward), and so is the bfloat16 copy it wrote. */
+static pmap_status redo_epilogue(const pmap_model *m, replica *r, int j, int64_t bd) {
+  const layer *d = &m->layers[j - 1];
+  size_t n = (size_t)(bd * d->out_size);
+  PMAP_TRY(r->ops->act_forward(r->q, (pmap_act)(d->epilogue - 1), r->out[j - 1], r->act[j], n));
+  r->out[j] = r->act[j];
+  if (!d->out16_at) return PMAP_SUCCESS;
+  return r->ops->round_bf16(r->q, r->act[j], r->in16[d->out16_at], NULL, n);
+}
+
+/* A recomputed block's layers [b, e) forward again, before the backward of its end e: under
+ * FULL all of them from the block's kept input r->in[b]; under SELECTIVE only its shared
+ * (element-wise) layers, each from its own input, which a layer kept or one computed again
+ * just before holds. The same operations on the same values, so the same bits (dropout's masks
+ * are keyed by the step and the row). In a span of its own on the device's track. */
 static pmap_status recompute_block(pmap_device *dev, const pmap_model *m, replica *r, int b, int e,
                                    int64_t bd, trace_rec *tr) {
   runtime_span sp = tr ? runtime_span_begin(dev) : (runtime_span){0, -1};
-  const float *in = r->in[b];
-  for (int j = b; j < e; j++) {
-    r->in[j] = in;
-    PMAP_TRY(layer_forward(dev, m, r, j, in, bd));
-    in = r->out[j];
+  if (m->recompute == PMAP_RECOMPUTE_SELECTIVE) {
+    for (int j = b; j < e; j++) {
+      if (!m->layers[j].shared) continue;
+      if (m->layers[j].folded)
+        PMAP_TRY(redo_epilogue(m, r, j, bd));
+      else
+        PMAP_TRY(layer_forward(dev, m, r, j, r->in[j], bd));
+    }
+  } else {
+    const float *in = r->in[b];
+    for (int j = b; j < e; j++) {
+      r->in[j] = in;
+      PMAP_TRY(layer_forward(dev, m, r, j, in, bd));
+      in = r->out[j];
+    }
   }
   if (tr) runtime_span_end(dev, sp, "recompute", m->layers[b].cls->name, b, "layer", -1);
   return PMAP_SUCCESS;

@@ -56,12 +56,16 @@ struct layer {
   int out16_at, in16_made;
   size_t tmp_rows;
   /* Recomputation (model.c's model_set_recompute sets these on the params' copy; 0 without):
-   * shared, 1 for the layers from a recomputed block's start up to its end (not the end): their
-   * activations, output gradients and scratch lie in one region of the arena that every
-   * recomputed block uses in turn; recompute_from, on such a block's end, its start + 1: before
-   * the end's backward, model_backward computes the start's layers forward again from the
-   * block's input, which is kept (docs/tracing.md, "When a model does not fit"). */
-  int shared, recompute_from;
+   * shared, 1 for the layers a recomputed block computes again (PMAP_RECOMPUTE_FULL: from its
+   * start up to its end, not the end; PMAP_RECOMPUTE_SELECTIVE: those of its layers whose class
+   * is redo_cheap): their activations, output gradients and scratch lie in one region of the
+   * arena that every recomputed block uses in turn, from the block's region_start layer (its
+   * first shared one) on, with the bfloat16 input copy that a shared layer writes for a layer
+   * after it (models/exec.c); epilogue_redone, 1 on a redo_epilogue layer whose folded
+   * activation is shared (SELECTIVE); recompute_from, on such a block's end, its start + 1:
+   * before the end's backward, model_backward computes the block's shared layers forward again
+   * from their inputs, which are kept (docs/tracing.md, "When a model does not fit"). */
+  int shared, region_start, epilogue_redone, recompute_from;
   /* The kind's settings: a struct of its own file's, read with LAYER_SETTINGS. */
   _Alignas(max_align_t) unsigned char settings[LAYER_SETTINGS_BYTES];
 };
@@ -117,6 +121,14 @@ struct layer_class {
   int act_epilogue;
   /* (optional, 0: no) 1: forward and backward apply layer.epilogue when it is set. */
   int takes_act;
+  /* (optional, 0: no) Selective recomputation (PMAP_RECOMPUTE_SELECTIVE). redo_cheap: 1 when its
+   * forward is element-wise work (a norm, an activation function) that reads only its input
+   * and its parameters, so that its output (and scratch) can be made again from its kept input
+   * at little cost; an activation folded into the layer before is made again only where that
+   * layer's class is redo_epilogue: 1 when the layer keeps the sum before its epilogue in its
+   * own output (r->out[i]), from which act_forward gives the activation's output again (dense:
+   * it then keeps no GELU slope there). */
+  int redo_cheap, redo_epilogue;
   /* (optional, 0: no) The bf16 policy (docs/precision.md). gemm_in: 1 when forward and backward
    * read the input only as GEMM operands; under bf16 they then read replica.in16[i] (layer.c
    * rounds the input there before forward) and never `in` or r->in[i]. out_unused: 1 when no

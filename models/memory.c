@@ -17,15 +17,15 @@ static int add_floats(size_t *acc, size_t floats) {
 }
 
 /* The activations a device holds at `piece` rows with the model laid out for `mode`
- * (PMAP_RECOMPUTE_NONE or _FULL): its arena and, under bf16, the GEMMs' workspace. The model's
- * layout is p's again on return. 1 on overflow. */
+ * (PMAP_RECOMPUTE_NONE, _SELECTIVE or _FULL): its arena and, under bf16, the GEMMs' workspace.
+ * The model's layout is p's again on return. 1 on overflow. */
 static int activations_for(const pmap_params *p, int64_t piece, int mode, size_t *bytes,
                            pmap_status *st, const char *call) {
   pmap_model *model = p->model;
   size_t act = 0, ws = 0;
   model_set_recompute(model, mode);
   int bad = model_arena_floats(model, piece, &act);
-  model_set_recompute(model, p->recompute_on ? PMAP_RECOMPUTE_FULL : PMAP_RECOMPUTE_NONE);
+  model_set_recompute(model, p->recompute_on);
   *bytes = 0;
   bad = bad || add_floats(bytes, act);
   *st = bad ? PMAP_SUCCESS : model_gemm16_workspace(model, p->ob, piece, &ws);
@@ -44,8 +44,7 @@ static size_t auto_limit(const pmap_params *p, const pmap_memory_plan *m) {
   pmap_status st = PMAP_SUCCESS;
   const replica *r = &p->rep[0];
   if (r->arena && !p->grad_fn &&
-      activations_for(p, r->rows, p->recompute_on ? PMAP_RECOMPUTE_FULL : PMAP_RECOMPUTE_NONE,
-                      &held, &st, "pmap_params_memory"))
+      activations_for(p, r->rows, p->recompute_on, &held, &st, "pmap_params_memory"))
     held = 0;
   return __builtin_add_overflow(free, held, &free) ? SIZE_MAX : free;
 }
@@ -69,7 +68,9 @@ pmap_status params_plan(const pmap_params *p, int64_t batch, pmap_memory_plan *o
     pmap_status st = PMAP_SUCCESS;
     bad = bad || activations_for(p, piece, PMAP_RECOMPUTE_NONE, &m.activations_stored, &st, call) ||
           (!st &&
-           activations_for(p, piece, PMAP_RECOMPUTE_FULL, &m.activations_recomputed, &st, call));
+           activations_for(p, piece, PMAP_RECOMPUTE_FULL, &m.activations_recomputed, &st, call)) ||
+          (!st && activations_for(p, piece, PMAP_RECOMPUTE_SELECTIVE, &m.activations_selective, &st,
+                                  call));
     if (st) return st;
   }
   /* bf16: the weights' bfloat16 copy. */
@@ -89,20 +90,27 @@ pmap_status params_plan(const pmap_params *p, int64_t batch, pmap_memory_plan *o
   size_t in_use = 0;
   runtime_device_memory(runtime_device(p->ctx, 0), &in_use, &m.device_free);
   /* Everything but the activations, then the layout's: stored, recomputed, or under AUTO the
-   * stored where it fits the limit. */
+   * first of stored, selective and full that fits the limit (full where none does). */
   size_t rest = m.params;
   bad = bad || __builtin_add_overflow(rest, m.grads, &rest) ||
         __builtin_add_overflow(rest, m.optimizer, &rest) ||
         __builtin_add_overflow(rest, m.state, &rest) ||
         __builtin_add_overflow(rest, m.staging, &rest);
-  size_t stored = 0;
-  int full = p->recompute == PMAP_RECOMPUTE_FULL;
-  if (!bad && p->recompute == PMAP_RECOMPUTE_AUTO)
-    full =
-        __builtin_add_overflow(rest, m.activations_stored, &stored) || stored > auto_limit(p, &m);
-  full = full && m.activations_recomputed < m.activations_stored; /* a block to recompute */
-  m.recompute = full ? PMAP_RECOMPUTE_FULL : PMAP_RECOMPUTE_NONE;
-  m.activations = full ? m.activations_recomputed : m.activations_stored;
+  int mode = p->recompute;
+  if (!bad && mode == PMAP_RECOMPUTE_AUTO) {
+    size_t cap = auto_limit(p, &m), with = 0;
+    mode = PMAP_RECOMPUTE_FULL;
+    if (!__builtin_add_overflow(rest, m.activations_selective, &with) && with <= cap)
+      mode = PMAP_RECOMPUTE_SELECTIVE;
+    if (!__builtin_add_overflow(rest, m.activations_stored, &with) && with <= cap)
+      mode = PMAP_RECOMPUTE_NONE;
+  }
+  /* A rung that saves nothing (no block to recompute) is planned as none. */
+  size_t act = mode == PMAP_RECOMPUTE_FULL        ? m.activations_recomputed
+               : mode == PMAP_RECOMPUTE_SELECTIVE ? m.activations_selective
+                                                  : m.activations_stored;
+  m.recompute = act < m.activations_stored ? mode : PMAP_RECOMPUTE_NONE;
+  m.activations = act < m.activations_stored ? act : m.activations_stored;
   bad =
       bad || __builtin_add_overflow(rest, m.activations, &m.total) || m.total > (size_t)PTRDIFF_MAX;
   if (bad)
@@ -124,11 +132,11 @@ pmap_status params_fit_recompute(pmap_params *p, int64_t batch, const char *call
   if (p->recompute != PMAP_RECOMPUTE_AUTO || p->grad_fn) return PMAP_SUCCESS;
   pmap_memory_plan m;
   PMAP_TRY(params_plan(p, batch, &m, call));
-  int on = m.recompute == PMAP_RECOMPUTE_FULL;
+  int on = m.recompute;
   if (on == p->recompute_on) return PMAP_SUCCESS;
   PMAP_TRY(params_dispatch(p, release_job, p));
   p->recompute_on = on;
-  model_set_recompute(p->model, on ? PMAP_RECOMPUTE_FULL : PMAP_RECOMPUTE_NONE);
+  model_set_recompute(p->model, on);
   return PMAP_SUCCESS;
 }
 

@@ -173,10 +173,21 @@ void model_set_precision(pmap_model *m, int bf16) {
   }
 }
 
+/* Whether layer j is computed again under SELECTIVE: an element-wise class, and for an
+ * activation folded into the layer before, a layer that keeps the sum it is made from. */
+static int redo_selective(const pmap_model *m, int j) {
+  const layer *l = &m->layers[j];
+  if (!l->cls->redo_cheap) return 0;
+  return !l->folded || (j > 0 && m->layers[j - 1].cls->redo_epilogue);
+}
+
 void model_set_recompute(pmap_model *m, int mode) {
   m->recompute = 0;
-  for (int i = 0; i < m->n_layers; i++) m->layers[i].shared = m->layers[i].recompute_from = 0;
-  if (mode != PMAP_RECOMPUTE_FULL) return;
+  for (int i = 0; i < m->n_layers; i++) {
+    layer *l = &m->layers[i];
+    l->shared = l->region_start = l->epilogue_redone = l->recompute_from = 0;
+  }
+  if (mode != PMAP_RECOMPUTE_FULL && mode != PMAP_RECOMPUTE_SELECTIVE) return;
   for (int i = 0; i < m->n_layers; i++) {
     const layer *l = &m->layers[i];
     int e = l->cls->block_end ? l->cls->block_end(l) : -1;
@@ -186,9 +197,19 @@ void model_set_recompute(pmap_model *m, int mode) {
     int plain = 1;
     for (int j = i; j <= e; j++) plain &= !m->layers[j].cls->collectives && !m->layers[j].s_size;
     if (!plain) continue;
-    for (int j = i; j < e; j++) m->layers[j].shared = 1;
-    m->layers[e].recompute_from = i + 1;
-    m->recompute = PMAP_RECOMPUTE_FULL;
+    int first = -1;
+    for (int j = i; j < e; j++) {
+      if (mode == PMAP_RECOMPUTE_SELECTIVE && !redo_selective(m, j)) continue;
+      m->layers[j].shared = 1;
+      if (first < 0) first = j;
+      if (mode == PMAP_RECOMPUTE_SELECTIVE && m->layers[j].folded)
+        m->layers[j - 1].epilogue_redone = 1;
+    }
+    if (first >= 0) { /* something in it to compute again */
+      m->layers[first].region_start = 1;
+      m->layers[e].recompute_from = i + 1;
+      m->recompute = mode;
+    }
     i = e; /* the outermost block only: the blocks inside it are computed again with it */
   }
 }

@@ -29,7 +29,8 @@ struct pmap_model {
   int open[MODEL_MAX_NESTING]; /* the start layer of each open residual block */
   int n_open;
   int bf16; /* the params' copy: its policy is bf16 (models/precision.c); 0 in a user's model */
-  int recompute; /* the params' copy: PMAP_RECOMPUTE_FULL (model_set_recompute); 0 (none) */
+  int recompute; /* the params' copy: PMAP_RECOMPUTE_FULL or _SELECTIVE (model_set_recompute) where
+                    a block is recomputed; 0 (none) */
 };
 
 /* The current output shape: that of the last layer, or the input (models/layer.c). */
@@ -149,7 +150,9 @@ struct replica {
 void model_set_precision(pmap_model *m, int bf16);
 /* Recomputation (pmap_config.recompute): under PMAP_RECOMPUTE_FULL marks each outermost block
  * (a class's block_end) without layers of state or collectives as recomputed (layer.shared,
- * layer.recompute_from), else none. */
+ * region_start, recompute_from), under PMAP_RECOMPUTE_SELECTIVE only the element-wise layers
+ * of those blocks (redo_cheap, and epilogue_redone on the layer an activation is folded into),
+ * else none. */
 void model_set_recompute(pmap_model *m, int mode);
 size_t model_tmp_rows(const pmap_model *m);
 /* layer_gemm.c: r->w16 = r->w rounded (nothing under fp32): before the first forward pass of a

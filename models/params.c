@@ -201,8 +201,8 @@ static pmap_status params_setup(pmap_ctx *ctx, pmap_params *p, const pmap_optimi
   p->micro_batches = 1;
   p->guard = runtime_guard(ctx);
   p->recompute = runtime_recompute(ctx);
-  p->recompute_on = p->recompute == PMAP_RECOMPUTE_FULL;
-  model_set_recompute(p->model, p->recompute_on ? PMAP_RECOMPUTE_FULL : PMAP_RECOMPUTE_NONE);
+  p->recompute_on = p->recompute == PMAP_RECOMPUTE_AUTO ? PMAP_RECOMPUTE_NONE : p->recompute;
+  model_set_recompute(p->model, p->recompute_on);
   params_layout(p);
   if (!p->shard && runtime_fault_is(ctx, FAULT_GATHER))
     return PMAP_ERR(

@@ -52,7 +52,8 @@ struct pmap_params {
   replica *rep;      /* (D) */
   int guard;         /* the numeric guard is on (pmap_config.numeric_guard) */
   int recompute;     /* pmap_config.recompute (PMAP_RECOMPUTE_*) */
-  int recompute_on;  /* 1: the model is laid out for PMAP_RECOMPUTE_FULL (model_set_recompute) */
+  int recompute_on;  /* the rung the model is laid out for (model_set_recompute):
+                       PMAP_RECOMPUTE_NONE, _SELECTIVE or _FULL */
   int shard;         /* the optimizer is sharded (pmap_config.shard_optimizer, G > 1) */
   grad_layout gl;
   /* The numeric policy (models/precision.c). */

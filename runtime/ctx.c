@@ -476,10 +476,11 @@ static pmap_status ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
                     "pmap_ctx_create: numeric_guard %d is neither PMAP_GUARD_ON (0) nor "
                     "PMAP_GUARD_OFF (1)",
                     cfg.numeric_guard);
-  if (cfg.recompute < PMAP_RECOMPUTE_NONE || cfg.recompute > PMAP_RECOMPUTE_AUTO)
+  if (cfg.recompute < PMAP_RECOMPUTE_NONE || cfg.recompute > PMAP_RECOMPUTE_SELECTIVE)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "pmap_ctx_create: recompute %d is none of PMAP_RECOMPUTE_NONE (0), "
-                    "PMAP_RECOMPUTE_FULL (1), PMAP_RECOMPUTE_AUTO (2)",
+                    "PMAP_RECOMPUTE_FULL (1), PMAP_RECOMPUTE_AUTO (2), "
+                    "PMAP_RECOMPUTE_SELECTIVE (3)",
                     cfg.recompute);
   if (cfg.shard_optimizer < PMAP_SHARD_AUTO || cfg.shard_optimizer > PMAP_SHARD_ON)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,

@@ -1,10 +1,11 @@
 /* test_recompute.c: pmap_config.recompute. With PMAP_RECOMPUTE_FULL a step keeps only each
- * recomputed residual block's input and computes the block again before its backward: the
- * parameters after several steps and the predictions are the same bits as without, on 1 to 3
- * devices, fp32 and bf16, with micro-batches; the plan's activations shrink where a block is
- * recomputed (and only there: a block with batch norm is not), the plan says which, and a limit
- * that only the recomputed plan fits trains under it while the stored one is refused. Public
- * API only. */
+ * recomputed residual block's input and computes the block again before its backward, with
+ * PMAP_RECOMPUTE_SELECTIVE only the block's element-wise results (norms, activations, folded
+ * or not): the parameters after several steps and the predictions are the same bits as
+ * without, on 1 to 3 devices, fp32 and bf16, with micro-batches; the plan's activations shrink
+ * where a block is recomputed (and only there: a block with batch norm is not), the plan says
+ * which, and a limit that only the recomputed plan fits trains under it while the stored one is
+ * refused; AUTO takes the first rung that fits. Public API only. */
 #include "pmap_examples.h"
 #include "testutil.h"
 
@@ -57,6 +58,38 @@ static pmap_model *mixed_model(void) {
   CHECK_OK(pmap_model_begin_residual(m));
   CHECK_OK(pmap_model_add_dense(m, 24));
   CHECK_OK(pmap_model_end_residual(m));
+  return dense_finish(m);
+}
+
+/* Element-wise layers of every kind in two blocks: a layer norm with a GELU of its own after it,
+ * a ReLU and a sigmoid folded into dense layers, a tanh after the sigmoid (of its own: reading a
+ * result that is computed again itself), a tanh folded into the last dense layer. */
+static pmap_model *acts_model(void) {
+  pmap_model *m = dense_start();
+  for (int b = 0; b < 2; b++) {
+    CHECK_OK(pmap_model_begin_residual(m));
+    CHECK_OK(pmap_model_add_layernorm(m));
+    CHECK_OK(pmap_model_add_gelu(m));
+    CHECK_OK(pmap_model_add_dense(m, 32));
+    CHECK_OK(pmap_model_add_relu(m));
+    CHECK_OK(pmap_model_add_dense(m, 24));
+    CHECK_OK(pmap_model_add_sigmoid(m));
+    CHECK_OK(pmap_model_add_tanh(m));
+    CHECK_OK(pmap_model_add_dense(m, 24));
+    CHECK_OK(pmap_model_add_tanh(m));
+    CHECK_OK(pmap_model_end_residual(m));
+  }
+  return dense_finish(m);
+}
+
+/* Blocks of dense layers alone: nothing element-wise to recompute selectively. */
+static pmap_model *dense_blocks_model(void) {
+  pmap_model *m = dense_start();
+  for (int b = 0; b < 2; b++) {
+    CHECK_OK(pmap_model_begin_residual(m));
+    CHECK_OK(pmap_model_add_dense(m, 24));
+    CHECK_OK(pmap_model_end_residual(m));
+  }
   return dense_finish(m);
 }
 
@@ -183,27 +216,28 @@ static void same_bits(const char *what, const outcome *a, const outcome *b) {
         pmap_last_error());
   if (a->st || b->st || !a->w || !b->w) return;
   CHECK(a->P == b->P && !memcmp(a->w, b->w, a->P * sizeof(float)),
-        "%s: the parameters differ with recompute full", what);
+        "%s: the parameters differ from the stored run's", what);
   CHECK(a->pred && b->pred && !memcmp(a->pred, b->pred, a->n_pred * sizeof(float)),
-        "%s: the predictions differ with recompute full", what);
+        "%s: the predictions differ from the stored run's", what);
 }
 
 static void test_recomputed_same_bits(void) {
-  const char *names[] = {"gpt", "mixed"};
-  for (int which = 0; which < 2; which++) {
-    pmap_model *m = which ? mixed_model() : gpt_model();
+  const char *names[] = {"gpt", "mixed", "acts"};
+  for (int which = 0; which < 3; which++) {
+    pmap_model *m = which == 0 ? gpt_model() : which == 1 ? mixed_model() : acts_model();
     data d;
     data_of(!which, &d);
     for (int bf16 = 0; bf16 < 2; bf16++)
       for (int n = 1; n <= 3; n++)
         for (int micro = 1; micro <= 2; micro++) {
           if (TEST_UNDER_TSAN && (n == 2 || micro == 2)) continue;
-          char what[96];
-          snprintf(what, sizeof what, "%s, %s, %d devices, %d micro-batches", names[which],
-                   bf16 ? "bf16" : "fp32", n, micro);
-          outcome none, full;
+          char what[128];
+          outcome none, full, sel;
           train(m, &d, n, PMAP_RECOMPUTE_NONE, bf16, micro, 0, &none);
           train(m, &d, n, PMAP_RECOMPUTE_FULL, bf16, micro, 0, &full);
+          train(m, &d, n, PMAP_RECOMPUTE_SELECTIVE, bf16, micro, 0, &sel);
+          snprintf(what, sizeof what, "%s, %s, %d devices, %d micro-batches, full", names[which],
+                   bf16 ? "bf16" : "fp32", n, micro);
           same_bits(what, &none, &full);
           CHECK(none.plan.recompute == PMAP_RECOMPUTE_NONE &&
                     full.plan.recompute == PMAP_RECOMPUTE_FULL,
@@ -213,12 +247,40 @@ static void test_recomputed_same_bits(void) {
                         none.plan.total - none.plan.activations + full.plan.activations,
                 "%s: activations %zu recomputed, %zu stored", what, full.plan.activations,
                 none.plan.activations);
+          what[strlen(what) - 4] = 0;
+          strcat(what, "selective");
+          same_bits(what, &none, &sel);
+          /* The mixed model's element-wise layers lie in one block that qualifies (batch norm's
+           * does not, the last holds none), which is never run again: nothing saved. */
+          if (which == 1)
+            CHECK(sel.plan.recompute == PMAP_RECOMPUTE_NONE &&
+                      sel.plan.activations == none.plan.activations,
+                  "%s: plan.recompute %d, activations %zu selective, %zu stored", what,
+                  sel.plan.recompute, sel.plan.activations, none.plan.activations);
+          else
+            CHECK(sel.plan.recompute == PMAP_RECOMPUTE_SELECTIVE &&
+                      sel.plan.activations < none.plan.activations &&
+                      sel.plan.total ==
+                          none.plan.total - none.plan.activations + sel.plan.activations,
+                  "%s: plan.recompute %d, activations %zu selective, %zu stored", what,
+                  sel.plan.recompute, sel.plan.activations, none.plan.activations);
+          for (int k = 0; k < 3; k++) { /* every plan gives every rung's bytes */
+            const pmap_memory_plan *pl = k == 0 ? &none.plan : k == 1 ? &full.plan : &sel.plan;
+            CHECK(pl->activations_stored == none.plan.activations &&
+                      pl->activations_recomputed == full.plan.activations &&
+                      pl->activations_selective == sel.plan.activations,
+                  "%s: plan %d gives the rungs %zu, %zu, %zu", what, k, pl->activations_stored,
+                  pl->activations_recomputed, pl->activations_selective);
+          }
           if (n == 1 && micro == 1)
-            printf("%s: activations %zu bytes stored, %zu recomputed (%.2f)\n", what,
-                   none.plan.activations, full.plan.activations,
-                   (double)full.plan.activations / (double)none.plan.activations);
+            printf(
+                "%s, %s: activations %zu bytes stored, %zu selective (%.2f), %zu full (%.2f)\n",
+                names[which], bf16 ? "bf16" : "fp32", none.plan.activations, sel.plan.activations,
+                (double)sel.plan.activations / (double)none.plan.activations, full.plan.activations,
+                (double)full.plan.activations / (double)none.plan.activations);
           outcome_free(&none);
           outcome_free(&full);
+          outcome_free(&sel);
         }
     data_free(&d);
     pmap_model_destroy(m);
@@ -228,22 +290,34 @@ static void test_recomputed_same_bits(void) {
 /* Only batch norm's block, or one plain block: nothing is recomputed, the plan says so and is
  * the stored one. */
 static void test_nothing_to_recompute(void) {
-  for (int which = 0; which < 2; which++) {
-    const char *what = which ? "one plain block" : "batch norm's block";
-    pmap_model *m = which ? one_block_model() : bn_model();
+  for (int which = 0; which < 3; which++) {
+    const char *what = which == 2   ? "dense blocks"
+                       : which == 1 ? "one plain block"
+                                    : "batch norm's block";
+    pmap_model *m = which == 2 ? dense_blocks_model() : which ? one_block_model() : bn_model();
     data d;
     data_of(0, &d);
-    outcome none, full;
+    outcome none, full, sel;
     train(m, &d, 2, PMAP_RECOMPUTE_NONE, 0, 1, 0, &none);
     train(m, &d, 2, PMAP_RECOMPUTE_FULL, 0, 1, 0, &full);
+    train(m, &d, 2, PMAP_RECOMPUTE_SELECTIVE, 0, 1, 0, &sel);
     same_bits(what, &none, &full);
-    CHECK(full.plan.recompute == PMAP_RECOMPUTE_NONE &&
-              full.plan.activations == none.plan.activations &&
-              full.plan.activations_recomputed == full.plan.activations_stored,
-          "%s: recompute %d, activations %zu against %zu", what, full.plan.recompute,
-          full.plan.activations, none.plan.activations);
+    same_bits(what, &none, &sel);
+    /* Dense blocks recompute fully, but hold nothing element-wise. */
+    if (which < 2)
+      CHECK(full.plan.recompute == PMAP_RECOMPUTE_NONE &&
+                full.plan.activations == none.plan.activations &&
+                full.plan.activations_recomputed == full.plan.activations_stored,
+            "%s: recompute %d, activations %zu against %zu", what, full.plan.recompute,
+            full.plan.activations, none.plan.activations);
+    CHECK(sel.plan.recompute == PMAP_RECOMPUTE_NONE &&
+              sel.plan.activations == none.plan.activations &&
+              sel.plan.activations_selective == sel.plan.activations_stored,
+          "%s, selective: recompute %d, activations %zu against %zu", what, sel.plan.recompute,
+          sel.plan.activations, none.plan.activations);
     outcome_free(&none);
     outcome_free(&full);
+    outcome_free(&sel);
     data_free(&d);
     pmap_model_destroy(m);
   }
@@ -274,34 +348,45 @@ static void test_fits_only_recomputed(void) {
 }
 
 /* PMAP_RECOMPUTE_AUTO: stored without a limit and under a limit the stored plan fits,
- * recomputed under one only the recomputed plan fits; the plan gives both rungs' bytes; the
- * same bits either way. */
+ * selective under one the selective plan fits and the stored one does not, recomputed in full
+ * under one only the full plan fits; the plan gives every rung's bytes; the same bits. */
 static void test_auto(void) {
   pmap_model *m = gpt_model();
   data d;
   data_of(1, &d);
-  outcome none, full, a_free, a_tight, a_roomy;
-  train(m, &d, 2, PMAP_RECOMPUTE_NONE, 0, 1, 0, &none);
-  train(m, &d, 2, PMAP_RECOMPUTE_FULL, 0, 1, 0, &full);
-  train(m, &d, 2, PMAP_RECOMPUTE_AUTO, 0, 1, 0, &a_free);
-  train(m, &d, 2, PMAP_RECOMPUTE_AUTO, 0, 1, full.plan.total, &a_tight);
-  train(m, &d, 2, PMAP_RECOMPUTE_AUTO, 0, 1, none.plan.total, &a_roomy);
-  const outcome *runs[3] = {&a_free, &a_tight, &a_roomy};
-  const int want[3] = {PMAP_RECOMPUTE_NONE, PMAP_RECOMPUTE_FULL, PMAP_RECOMPUTE_NONE};
-  for (int k = 0; k < 3; k++) {
-    const pmap_memory_plan *pl = &runs[k]->plan;
-    same_bits("auto", &none, runs[k]);
-    CHECK(pl->recompute == want[k] &&
-              pl->activations == (want[k] ? full.plan.activations : none.plan.activations),
-          "auto run %d: recompute %d, activations %zu", k, pl->recompute, pl->activations);
+  outcome none, full, sel, runs[4];
+  /* Under a limit none reaches: the optimizer is then sharded as under the tight ones. */
+  size_t huge = (size_t)1 << 50;
+  train(m, &d, 2, PMAP_RECOMPUTE_NONE, 0, 1, huge, &none);
+  train(m, &d, 2, PMAP_RECOMPUTE_FULL, 0, 1, huge, &full);
+  train(m, &d, 2, PMAP_RECOMPUTE_SELECTIVE, 0, 1, huge, &sel);
+  CHECK(full.plan.total < sel.plan.total && sel.plan.total < none.plan.total,
+        "plans full %zu, selective %zu, stored %zu", full.plan.total, sel.plan.total,
+        none.plan.total);
+  const size_t limits[4] = {0, full.plan.total, sel.plan.total, none.plan.total};
+  const int want[4] = {PMAP_RECOMPUTE_NONE, PMAP_RECOMPUTE_FULL, PMAP_RECOMPUTE_SELECTIVE,
+                       PMAP_RECOMPUTE_NONE};
+  for (int k = 0; k < 4; k++) {
+    train(m, &d, 2, PMAP_RECOMPUTE_AUTO, 0, 1, limits[k], &runs[k]);
+    const pmap_memory_plan *pl = &runs[k].plan;
+    size_t act = want[k] == PMAP_RECOMPUTE_FULL        ? full.plan.activations
+                 : want[k] == PMAP_RECOMPUTE_SELECTIVE ? sel.plan.activations
+                                                       : none.plan.activations;
+    same_bits("auto", &none, &runs[k]);
+    CHECK(pl->recompute == want[k] && pl->activations == act,
+          "auto run %d (limit %zu): recompute %d, activations %zu", k, limits[k], pl->recompute,
+          pl->activations);
     CHECK(pl->activations_stored == none.plan.activations &&
-              pl->activations_recomputed == full.plan.activations,
-          "auto run %d: the rungs' bytes %zu and %zu, want %zu and %zu", k, pl->activations_stored,
-          pl->activations_recomputed, none.plan.activations, full.plan.activations);
+              pl->activations_recomputed == full.plan.activations &&
+              pl->activations_selective == sel.plan.activations,
+          "auto run %d: the rungs' bytes %zu, %zu and %zu, want %zu, %zu and %zu", k,
+          pl->activations_stored, pl->activations_recomputed, pl->activations_selective,
+          none.plan.activations, full.plan.activations, sel.plan.activations);
+    outcome_free(&runs[k]);
   }
   outcome_free(&none);
   outcome_free(&full);
-  for (int k = 0; k < 3; k++) outcome_free((outcome *)runs[k]);
+  outcome_free(&sel);
   data_free(&d);
   pmap_model_destroy(m);
 }
@@ -417,7 +502,7 @@ static void test_auto_predict_first(void) {
 }
 
 static void test_bad_setting(void) {
-  for (int bad = -1; bad <= 3; bad += 4) {
+  for (int bad = -1; bad <= 4; bad += 5) {
     pmap_config cfg = {.backend = PMAP_BACKEND_CPU, .num_devices = 1, .recompute = bad};
     pmap_ctx *ctx = NULL;
     char want[32];

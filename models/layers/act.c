@@ -26,11 +26,13 @@ static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i,
 
 static const layer_class tanh_class = {.name = "tanh",
                                        .act_epilogue = PMAP_ACT_TANH + 1,
+                                       .redo_cheap = 1,
                                        .code = 5,
                                        .forward = forward,
                                        .backward = backward};
 static const layer_class sigmoid_class = {.name = "sigmoid",
                                           .act_epilogue = PMAP_ACT_SIGMOID + 1,
+                                          .redo_cheap = 1,
                                           .code = 6,
                                           .forward = forward,
                                           .backward = backward};
@@ -38,6 +40,7 @@ static const layer_class sigmoid_class = {.name = "sigmoid",
 static const layer_class gelu_class = {.name = "gelu",
                                        .act_epilogue = PMAP_ACT_GELU + 1,
                                        .out_unused = 1,
+                                       .redo_cheap = 1,
                                        .code = 7,
                                        .forward = forward,
                                        .backward = backward};

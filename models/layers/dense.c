@@ -5,9 +5,10 @@
 
 /* Under a GELU in training, the forward keeps the activation's slope where the sum before it
  * was (y: read by nothing but the activation's backward), which then multiplies by it instead
- * of computing it again; the same bits (ops/op_list.h). */
+ * of computing it again; the same bits (ops/op_list.h). Not where the activation's output is
+ * made again from that sum (selective recomputation: layer.epilogue_redone). */
 static float *kept_slope(const layer *l, const replica *r, float *y) {
-  return l->epilogue == PMAP_ACT_GELU + 1 && !r->inference ? y : NULL;
+  return l->epilogue == PMAP_ACT_GELU + 1 && !r->inference && !l->epilogue_redone ? y : NULL;
 }
 
 pmap_status dense_rows_forward(const layer *l, replica *r, int i, const float *in, float *y,
@@ -91,6 +92,7 @@ static const layer_class dense_class = {
     .takes_act = 1,
     .gemm_in = 1,
     .writes16 = 1,
+    .redo_epilogue = 1, /* y keeps the sum before the activation unless it holds GELU's slope */
     .gemms16 = gemms16,
     .forward = forward,
     .backward = backward,

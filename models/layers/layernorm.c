@@ -49,6 +49,7 @@ static const layer_class layernorm_class = {
     .code = 8,
     .out_unused = 1, /* its backward reads its input and statistics */
     .writes16 = 1,
+    .redo_cheap = 1, /* its output and statistics again from its kept input */
     .forward = forward,
     .backward = backward,
     .init = init,

@@ -21,6 +21,7 @@ static const layer_class relu_class = {
     .code = 2,
     .init_gain = 2.0, /* He normal in front of a ReLU */
     .act_epilogue = PMAP_ACT_RELU + 1,
+    .redo_cheap = 1,
     .forward = forward,
     .backward = backward,
 };
