@@ -448,15 +448,20 @@ expect_error 'a fraction needs K, M or G after it' --backend cpu --max-memory 1.
 expect_error '--max-memory "1.K" is not a size in bytes' --backend cpu --max-memory 1.K
 expect_error 'a fraction needs digits after the point' --backend cpu --max-memory 1.K
 
-# --recompute full: the memory object says so, with fewer activation bytes than none; the same
-# final parameters (the checkpoints' bytes) as none; other values refused.
+# --recompute full (and selective): the memory object says so, with fewer activation bytes than
+# none; the same final parameters (the checkpoints' bytes) as none; other values refused.
 rc=(--backend cpu --model res-mlp --devices 2 --steps 3 --log-every 0)
 "$train" "${rc[@]}" --recompute none --json --save "$tmp/rc-none.ckpt" >"$tmp/rc-none" 2>&1 ||
   bad "--recompute none failed"
 json_check "${rc[@]}" --recompute full --save "$tmp/rc-full.ckpt" -- \
   "j['memory']['recompute'] == 'full' and j['memory']['activations'] < $(tail -n 1 "$tmp/rc-none" | python3 -c "import json,sys; j=json.loads(sys.stdin.read()); print(j['memory']['activations'] if j['memory']['recompute'] == 'none' else -1)")"
 if cmp -s "$tmp/rc-none.ckpt" "$tmp/rc-full.ckpt"; then ok; else bad "--recompute full changed the trained parameters"; fi
-expect_error '--recompute' --backend cpu --recompute selective
+# --recompute selective: between the two in activation bytes, the same final parameters.
+json_check "${rc[@]}" --recompute selective --save "$tmp/rc-sel.ckpt" -- \
+  "j['memory']['recompute'] == 'selective' and j['memory']['activations_recomputed'] < j['memory']['activations'] == j['memory']['activations_selective'] < j['memory']['activations_stored']"
+if cmp -s "$tmp/rc-none.ckpt" "$tmp/rc-sel.ckpt"; then ok; else bad "--recompute selective changed the trained parameters"; fi
+expect_error '--recompute "partial" is not none, full, auto or selective' --backend cpu \
+  --recompute partial
 # --recompute auto under a limit only the recomputed plan fits (its total, from the full run's
 # JSON): recomputed, says why, the same parameters; without a limit it stores.
 "$train" "${rc[@]}" --recompute full --json >"$tmp/rc-fulljson" 2>&1
@@ -467,6 +472,14 @@ if grep -qF -- '--recompute auto chose full' "$tmp/out" && cmp -s "$tmp/rc-none.
   bad "--recompute auto under $limit bytes: $(grep -F 'auto chose' "$tmp/out")"
 fi
 json_check "${rc[@]}" --recompute auto -- "j['memory']['recompute'] == 'none'"
+# Under the selective plan's total (the optimizer replicated in both), auto takes selective.
+"$train" "${rc[@]}" --recompute selective --shard none --json >"$tmp/rc-seljson" 2>&1
+limit=$(tail -n 1 "$tmp/rc-seljson" | python3 -c "import json,sys; print(json.loads(sys.stdin.read())['memory']['total'])")
+json_check "${rc[@]}" --recompute auto --shard none --max-memory "$limit" --save "$tmp/rc-auto2.ckpt" -- \
+  "j['memory']['recompute'] == 'selective' and j['memory']['total'] == $limit"
+if grep -qF -- '--recompute auto chose selective' "$tmp/out" && cmp -s "$tmp/rc-none.ckpt" "$tmp/rc-auto2.ckpt"; then ok; else
+  bad "--recompute auto under $limit bytes: $(grep -F 'auto chose' "$tmp/out")"
+fi
 
 # --shard: none, optimizer and auto as the JSON's memory.shard says; the aliases; grads and params
 # refused by name.

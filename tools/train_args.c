@@ -32,8 +32,8 @@ static int clip_check(const char *p, const cli_option *o, const char *v) {
 
 static const char *const progress_choices[] = {"auto", "bar", "lines", NULL};
 static const char *const precision_choices[] = {"fp32", "bf16", NULL}; /* pmap_precision's order */
-static const char *const recompute_choices[] = {"none", "full", "auto",
-                                                NULL}; /* PMAP_RECOMPUTE_* */
+static const char *const recompute_choices[] = {"none", "full", "auto", "selective",
+                                                NULL}; /* PMAP_RECOMPUTE_*'s order */
 /* --shard's rungs (ZeRO stages 0 to 3, and the library's choice); grads and params are refused
  * by name until they exist. */
 static const char *const shard_choices[] = {"none", "optimizer", "grads", "params", "auto", NULL};
@@ -384,8 +384,11 @@ int train_parse(int argc, char **argv, opts *o) {
        .help = "none (the default): keep every layer's activations from forward to backward; "
                "full: keep only each residual block's input and compute the block again before "
                "its backward (about one block's activations, about one more forward pass, the "
-               "same results: pmap_config.recompute, docs/tracing.md); auto: full only where "
-               "the stored plan is over --max-memory (on CUDA the device's free memory)",
+               "same results: pmap_config.recompute, docs/tracing.md); selective: of those "
+               "blocks keep the GEMMs' outputs and compute only the element-wise results (layer "
+               "norms, activation functions) again, the same results; auto: the first of none, "
+               "selective and full whose plan fits --max-memory (on CUDA the device's free "
+               "memory)",
        .choices = recompute_choices},
   };
   const cli_spec spec = {prog, table, (int)(sizeof table / sizeof table[0]),

@@ -13,6 +13,13 @@
 
 static double mb(size_t b) { return (double)b / 1e6; }
 
+/* --recompute's word for a PMAP_RECOMPUTE_* rung. */
+static const char *rung_name(int recompute) {
+  return recompute == PMAP_RECOMPUTE_FULL        ? "full"
+         : recompute == PMAP_RECOMPUTE_SELECTIVE ? "selective"
+                                                 : "none";
+}
+
 int watch_memory(pmap_params *params, int64_t batch, int64_t max_bytes, int recompute,
                  pmap_memory_plan *plan, char *why, size_t why_size) {
   if (pmap_params_memory(params, batch, plan)) {
@@ -25,16 +32,28 @@ int watch_memory(pmap_params *params, int64_t batch, int64_t max_bytes, int reco
       "(%s), state %.4g MB, activations %.4g MB%s, staging %.4g MB: total %.4g MB",
       mb(m->params), mb(m->grads), mb(m->optimizer),
       m->optimizer_sharded ? "sharded" : "replicated", mb(m->state), mb(m->activations),
-      m->recompute ? " (blocks recomputed)" : "", mb(m->staging), mb(m->total));
+      m->recompute == PMAP_RECOMPUTE_FULL        ? " (blocks recomputed)"
+      : m->recompute == PMAP_RECOMPUTE_SELECTIVE ? " (element-wise results recomputed)"
+                                                 : "",
+      mb(m->staging), mb(m->total));
   if (m->device_free != SIZE_MAX) printf(" (device free %.4g MB)", mb(m->device_free));
   printf("\n");
   if (recompute == PMAP_RECOMPUTE_AUTO) { /* which rung auto took, and why */
     size_t stored = m->total - m->activations + m->activations_stored;
-    if (m->recompute)
+    size_t selective = m->total - m->activations + m->activations_selective;
+    if (m->recompute == PMAP_RECOMPUTE_SELECTIVE)
+      printf(
+          "pmap-train: --recompute auto chose selective: stored activations (%.4g MB) would "
+          "take the plan to %.4g MB, over the limit; with the element-wise results recomputed "
+          "they take %.4g MB\n",
+          mb(m->activations_stored), mb(stored), mb(m->activations));
+    else if (m->recompute)
       printf(
           "pmap-train: --recompute auto chose full: stored activations (%.4g MB) would take "
-          "the plan to %.4g MB, over the limit; recomputed they take %.4g MB\n",
-          mb(m->activations_stored), mb(stored), mb(m->activations));
+          "the plan to %.4g MB, and selective (%.4g MB) to %.4g MB, over the limit; recomputed "
+          "they take %.4g MB\n",
+          mb(m->activations_stored), mb(stored), mb(m->activations_selective), mb(selective),
+          mb(m->activations));
     else if (m->activations_recomputed == m->activations_stored)
       printf("pmap-train: --recompute auto chose none: the model has no block to recompute\n");
     else
@@ -47,7 +66,7 @@ int watch_memory(pmap_params *params, int64_t batch, int64_t max_bytes, int reco
              "by %zu bytes; nothing was run (lower --batch, raise --micro-batches, shard the "
              "optimizer%s)",
              (long long)max_bytes, m->total, mb(m->total), m->total - (size_t)max_bytes,
-             !m->recompute && m->activations_recomputed < m->activations_stored
+             m->recompute != PMAP_RECOMPUTE_FULL && m->activations_recomputed < m->activations
                  ? ", or --recompute full"
                  : "");
     return 1;
@@ -66,10 +85,11 @@ void watch_memory_json(FILE *f, const pmap_memory_plan *m) {
           "{\"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, \"optimizer_sharded\": %s, "
           "\"state\": %zu, \"activations\": %zu, \"staging\": %zu, \"total\": %zu, "
           "\"shard\": \"%s\", \"recompute\": \"%s\", \"activations_stored\": %zu, "
-          "\"activations_recomputed\": %zu, \"device_free\": ",
+          "\"activations_recomputed\": %zu, \"activations_selective\": %zu, \"device_free\": ",
           m->params, m->grads, m->optimizer, m->optimizer_sharded ? "true" : "false", m->state,
           m->activations, m->staging, m->total, m->optimizer_sharded ? "optimizer" : "none",
-          m->recompute ? "full" : "none", m->activations_stored, m->activations_recomputed);
+          rung_name(m->recompute), m->activations_stored, m->activations_recomputed,
+          m->activations_selective);
   if (m->device_free == SIZE_MAX)
     fprintf(f, "null}");
   else

@@ -261,8 +261,10 @@ class Context:
     recompute: "none" keeps every layer's activations from forward to backward; "full" keeps
     only each residual block's input and computes the block again before its backward (the
     same results, about one block's activations, about one more forward pass:
-    pmap_config.recompute); "auto" takes "full" only where the stored plan is over max_memory
-    (on CUDA the device's free memory).
+    pmap_config.recompute); "selective" keeps the GEMMs' outputs of those blocks and computes
+    only their element-wise results (layer norms, activation functions) again (the same
+    results); "auto" takes the first of "none", "selective" and "full" whose plan fits
+    max_memory (on CUDA the device's free memory).
 
     Close it with close() or a with block; closing it closes its params (each after the call
     running on it, if any). Any thread may use it. It belongs to the process that created it:
@@ -285,7 +287,8 @@ class Context:
         cfg.caller_waits = flag("caller_waits", caller_waits)
         cfg.max_memory = 0 if max_memory is None else integer("max_memory", max_memory, 1,
                                                                 2 ** 63 - 1)
-        cfg.recompute = choice("recompute", recompute, {"none": 0, "full": 1, "auto": 2})
+        cfg.recompute = choice("recompute", recompute,
+                               {"none": 0, "full": 1, "auto": 2, "selective": 3})
         self.caller_waits = bool(cfg.caller_waits)
         self._uneven = bool(cfg.uneven_batches)
         self._children = set()  # the handles of its params, closed before it
@@ -557,8 +560,9 @@ class Params:
         """The device memory a step of update() at this global batch needs on each device, in
         bytes: a dict of params, grads, optimizer, state, activations, staging, total,
         optimizer_sharded (bool), device_free (None where the backend does not know: CPU),
-        recompute ("full" when some residual block is computed again, else "none"), and the
-        activations of both rungs, activations_stored and activations_recomputed."""
+        recompute ("full" when some residual block is computed again, "selective" when the
+        element-wise results of some are, else "none"), and the activations of every rung,
+        activations_stored, activations_selective and activations_recomputed."""
         batch = integer("batch", batch, *INT64)
         plan = _lib.MemoryPlan()
         check(self._call("Params.memory", lib.pmap_params_memory, batch, ctypes.byref(plan)))
@@ -566,7 +570,7 @@ class Params:
         out["optimizer_sharded"] = bool(out["optimizer_sharded"])
         if out["device_free"] == ctypes.c_size_t(-1).value:
             out["device_free"] = None
-        out["recompute"] = "full" if out["recompute"] else "none"
+        out["recompute"] = {1: "full", 3: "selective"}.get(out["recompute"], "none")
         return out
 
     def set_micro_batches(self, k):

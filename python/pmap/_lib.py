@@ -144,6 +144,7 @@ class MemoryPlan(ctypes.Structure):
         ("recompute", ctypes.c_int),
         ("activations_stored", ctypes.c_size_t),
         ("activations_recomputed", ctypes.c_size_t),
+        ("activations_selective", ctypes.c_size_t),
     ]
 
 

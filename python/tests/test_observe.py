@@ -180,33 +180,39 @@ def test_memory_limit():
 
 
 def test_recompute():
-    """recompute="full" on residual blocks: the same bits as "none", fewer activation bytes in
-    the plan, and the plan says which; other values are refused."""
+    """recompute="full" and "selective" on residual blocks: the same bits as "none", fewer
+    activation bytes in the plan, and the plan says which; "auto" takes the first rung that fits
+    max_memory; other values are refused."""
     x, y = data()
     got, plans = {}, {}
-    for mode in ("none", "full"):
-        with pmap.Context(backend="cpu", devices=DEVICES, recompute=mode) as ctx:
+    for mode in ("none", "full", "selective"):
+        with pmap.Context(backend="cpu", devices=DEVICES, recompute=mode,
+                          shard_optimizer=False) as ctx:
             with ctx.params(residual_model(), pmap.adam(1e-2), seed=3) as params:
                 plans[mode] = params.memory(12)
                 for _ in range(3):
                     params.update(x, y)
                 got[mode] = params.read()
     assert np.array_equal(got["none"], got["full"])
-    assert plans["none"]["recompute"] == "none" and plans["full"]["recompute"] == "full"
-    assert plans["full"]["activations"] < plans["none"]["activations"], plans
-    for plan in plans.values():
+    assert np.array_equal(got["none"], got["selective"])
+    for mode, plan in plans.items():
+        assert plan["recompute"] == mode, plan
         assert plan["activations_stored"] == plans["none"]["activations"], plan
         assert plan["activations_recomputed"] == plans["full"]["activations"], plan
-    # auto: recomputed under a limit only the recomputed plan fits, the same bits.
-    with pmap.Context(backend="cpu", devices=DEVICES, recompute="auto", shard_optimizer=False,
-                      max_memory=plans["full"]["total"]) as ctx:
-        with ctx.params(residual_model(), pmap.adam(1e-2), seed=3) as params:
-            assert params.memory(12)["recompute"] == "full"
-            for _ in range(3):
-                params.update(x, y)
-            assert np.array_equal(params.read(), got["none"])
+        assert plan["activations_selective"] == plans["selective"]["activations"], plan
+    assert (plans["full"]["activations"] < plans["selective"]["activations"]
+            < plans["none"]["activations"]), plans
+    # auto: under a limit only the full plan fits, full; under the selective plan's, selective.
+    for mode in ("full", "selective"):
+        with pmap.Context(backend="cpu", devices=DEVICES, recompute="auto",
+                          shard_optimizer=False, max_memory=plans[mode]["total"]) as ctx:
+            with ctx.params(residual_model(), pmap.adam(1e-2), seed=3) as params:
+                assert params.memory(12)["recompute"] == mode
+                for _ in range(3):
+                    params.update(x, y)
+                assert np.array_equal(params.read(), got["none"])
     with pytest.raises(pmap.ArgumentError):
-        pmap.Context(backend="cpu", devices=1, recompute="selective")
+        pmap.Context(backend="cpu", devices=1, recompute="partial")
     for bad in (1, True, None):
         with pytest.raises(pmap.ArgumentTypeError):
             pmap.Context(backend="cpu", devices=1, recompute=bad)
