@@ -401,15 +401,17 @@ pmap_status model_state_begin(const pmap_model *m, replica *r) { return state_co
 pmap_status model_state_commit(const pmap_model *m, replica *r) { return state_copy(m, r, 1); }
 
 /* An activation folded into the layer before (redo_epilogue, which kept the sum it is made
- * from in its output), made again from that sum: act_forward's bits are those the epilogue's
- * pass left (ops/op_list.h bias_act_forward), and so is the bfloat16 copy it wrote. */
+ * from in its output), made again from that sum with its bfloat16 copy: bias_act_forward
+ * without a bias, the bits the epilogue's pass left (ops/op_list.h). A GELU's slope replaces
+ * the sum in the same pass, as the backward of a layer with epilogue_redone expects. */
 static pmap_status redo_epilogue(const pmap_model *m, replica *r, int j, int64_t bd) {
   const layer *d = &m->layers[j - 1];
-  size_t n = (size_t)(bd * d->out_size);
-  PMAP_TRY(r->ops->act_forward(r->q, (pmap_act)(d->epilogue - 1), r->out[j - 1], r->act[j], n));
+  pmap_act act = (pmap_act)(d->epilogue - 1);
+  float *y = (float *)r->out[j - 1];
   r->out[j] = r->act[j];
-  if (!d->out16_at) return PMAP_SUCCESS;
-  return r->ops->round_bf16(r->q, r->act[j], r->in16[d->out16_at], NULL, n);
+  return r->ops->bias_act_forward(r->q, act, y, NULL, bd, d->out_size, r->act[j],
+                                  d->out16_at ? r->in16[d->out16_at] : NULL,
+                                  act == PMAP_ACT_GELU ? y : NULL);
 }
 
 /* A recomputed block's layers [b, e) forward again, before the backward of its end e: under
@@ -465,7 +467,8 @@ pmap_status model_backward(pmap_device *dev, const pmap_model *m, replica *r, in
   for (int i = m->n_layers - 1; i >= 0; i--) {
     float *dx = NULL;
     const float *next = NULL;
-    if (m->layers[i].recompute_from && !fresh)
+    /* Under SELECTIVE every block, the last too: its GELUs' slopes are made in that pass. */
+    if (m->layers[i].recompute_from && (!fresh || m->recompute == PMAP_RECOMPUTE_SELECTIVE))
       PMAP_TRY(recompute_block(dev, m, r, m->layers[i].recompute_from - 1, i, bd, tr));
     if (m->layers[i].recompute_from) fresh = 0;
     if (r->dpool) PMAP_TRY(pool_take(m, r, i, dy));

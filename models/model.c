@@ -188,6 +188,7 @@ void model_set_recompute(pmap_model *m, int mode) {
     l->shared = l->region_start = l->epilogue_redone = l->recompute_from = 0;
   }
   if (mode != PMAP_RECOMPUTE_FULL && mode != PMAP_RECOMPUTE_SELECTIVE) return;
+  int blocks = 0;
   for (int i = 0; i < m->n_layers; i++) {
     const layer *l = &m->layers[i];
     int e = l->cls->block_end ? l->cls->block_end(l) : -1;
@@ -209,9 +210,13 @@ void model_set_recompute(pmap_model *m, int mode) {
       m->layers[first].region_start = 1;
       m->layers[e].recompute_from = i + 1;
       m->recompute = mode;
+      blocks++;
     }
     i = e; /* the outermost block only: the blocks inside it are computed again with it */
   }
+  /* One block saves nothing (the region holds all of it); under SELECTIVE it would still be
+   * computed again (its GELUs' slopes are made in that pass), so it is stored instead. */
+  if (mode == PMAP_RECOMPUTE_SELECTIVE && blocks < 2) model_set_recompute(m, PMAP_RECOMPUTE_NONE);
 }
 
 size_t model_tmp_rows(const pmap_model *m) {

@@ -151,8 +151,8 @@ void model_set_precision(pmap_model *m, int bf16);
 /* Recomputation (pmap_config.recompute): under PMAP_RECOMPUTE_FULL marks each outermost block
  * (a class's block_end) without layers of state or collectives as recomputed (layer.shared,
  * region_start, recompute_from), under PMAP_RECOMPUTE_SELECTIVE only the element-wise layers
- * of those blocks (redo_cheap, and epilogue_redone on the layer an activation is folded into),
- * else none. */
+ * of those blocks (redo_cheap, and epilogue_redone on the layer an activation is folded into)
+ * where two blocks or more hold such layers, else none. */
 void model_set_recompute(pmap_model *m, int mode);
 size_t model_tmp_rows(const pmap_model *m);
 /* layer_gemm.c: r->w16 = r->w rounded (nothing under fp32): before the first forward pass of a

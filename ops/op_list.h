@@ -126,7 +126,8 @@ PMAP_OP(bn_backward_dx, (op_queue *q, const float *x, const float *dy, const flo
                          const float *gamma, const float *sums, int64_t outer, int64_t c,
                          int64_t inner, float eps, float *dx))
 /* Dense's bias and the activation after it in one pass: y (outer, ch) += b (ch) broadcast, then
- * z (outer, ch) = act(y): the same bits bias_forward (inner 1) then act_forward leave. z16
+ * z (outer, ch) = act(y): the same bits bias_forward (inner 1) then act_forward leave (b NULL:
+ * no bias, y as it is, so act_forward's bits; with a slope, the slope of a kept sum). z16
  * (outer, ch; NULL: none) = z rounded to bfloat16 in the same pass, the bf16 policy's copy of
  * the next GEMM's input (round_bf16's bits). slope (GELU only, else NULL; NULL: none; may equal
  * y, then y holds the slope instead of y + b) = act'(y + b), the bits act_backward leaves for

@@ -5,10 +5,12 @@
 
 /* Under a GELU in training, the forward keeps the activation's slope where the sum before it
  * was (y: read by nothing but the activation's backward), which then multiplies by it instead
- * of computing it again; the same bits (ops/op_list.h). Not where the activation's output is
- * made again from that sum (selective recomputation: layer.epilogue_redone). */
-static float *kept_slope(const layer *l, const replica *r, float *y) {
-  return l->epilogue == PMAP_ACT_GELU + 1 && !r->inference && !l->epilogue_redone ? y : NULL;
+ * of computing it again; the same bits (ops/op_list.h). Where the activation's output is made
+ * again from that sum (selective recomputation: layer.epilogue_redone), the forward keeps the
+ * sum, and the pass that makes the output again leaves the slope there for the backward. */
+static float *kept_slope(const layer *l, const replica *r, float *y, int backward) {
+  if (l->epilogue != PMAP_ACT_GELU + 1 || r->inference) return NULL;
+  return !l->epilogue_redone || backward ? y : NULL;
 }
 
 pmap_status dense_rows_forward(const layer *l, replica *r, int i, const float *in, float *y,
@@ -19,7 +21,7 @@ pmap_status dense_rows_forward(const layer *l, replica *r, int i, const float *i
   if (l->epilogue) /* the activation after it, into that layer's output (and its bf16 copy) */
     return ops->bias_act_forward(r->q, (pmap_act)(l->epilogue - 1), y, r->w + l->b_off, rows, u,
                                  r->act[i + 1], l->out16_at ? r->in16[l->out16_at] : NULL,
-                                 kept_slope(l, r, y));
+                                 kept_slope(l, r, y, 0));
   return ops->bias_forward(r->q, y, r->w + l->b_off, rows, u, 1);
 }
 
@@ -32,7 +34,7 @@ pmap_status dense_rows_backward(const layer *l, replica *r, int i, const float *
     const float *x = r->out[i]; /* the sum before the activation, or its kept slope */
     PMAP_TRY(ops->act_bias_backward(r->q, (pmap_act)(l->epilogue - 1), x, r->out[i + 1], dy,
                                     r->dact[i], r->g + l->b_off, rows, u, r->w16 ? dy16 : NULL,
-                                    kept_slope(l, r, (float *)x)));
+                                    kept_slope(l, r, (float *)x, 1)));
     dy = r->dout[i] = r->dact[i];
     d = r->w16 ? (layer_mat){NULL, dy16} : (layer_mat){dy, NULL}; /* bf16: rounded in that pass */
   } else {

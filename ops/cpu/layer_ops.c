@@ -57,6 +57,25 @@ CPU_INLINE void round_row(const float *x, pmap_bf16 *y16, int64_t n) {
   CPU_IVDEP for (int64_t c = 0; c < n; c++) y16[c] = pmap_bf16_round(x[c]);
 }
 
+/* GELU's value and slope of v = y + b (y alone: b NULL) for one row; the two share clamp and
+ * exponential. y keeps v unless the slope goes there (s == y). */
+CPU_INLINE void gelu_slope_row(float *y, const float *b, float *z, float *s, int64_t n) {
+  if (b) {
+    CPU_IVDEP for (int64_t c = 0; c < n; c++) {
+      float v = y[c] + b[c];
+      z[c] = pmap_gelu(v);
+      s[c] = pmap_gelu_slope(v);
+      if (s != y) y[c] = v;
+    }
+  } else {
+    CPU_IVDEP for (int64_t c = 0; c < n; c++) {
+      float v = y[c];
+      z[c] = pmap_gelu(v);
+      s[c] = pmap_gelu_slope(v);
+    }
+  }
+}
+
 CPU_KERNEL(extern, pmap_status, cpu_bias_act_forward,
            (op_queue *q, pmap_act act, float *y, const float *b, int64_t outer, int64_t ch,
             float *z, pmap_bf16 *z16, float *slope),
@@ -64,22 +83,18 @@ CPU_KERNEL(extern, pmap_status, cpu_bias_act_forward,
   (void)q;
   for (int64_t o = 0; o < outer; o++) {
     float *yr = y + o * ch, *zr = z + o * ch;
-    if (slope && act == PMAP_ACT_GELU) { /* the value and the slope share clamp and exponential */
-      float *sr = slope + o * ch;
-      CPU_IVDEP for (int64_t c = 0; c < ch; c++) {
-        float v = yr[c] + b[c];
-        zr[c] = pmap_gelu(v);
-        sr[c] = pmap_gelu_slope(v);
-        if (sr != yr) yr[c] = v;
-      }
+    if (slope && act == PMAP_ACT_GELU) {
+      gelu_slope_row(yr, b, zr, slope + o * ch, ch);
     } else if (act == PMAP_ACT_RELU) {
-      CPU_IVDEP for (int64_t c = 0; c < ch; c++) {
-        float v = yr[c] + b[c];
-        yr[c] = v;
-        zr[c] = pmap_relu(v);
-      }
+      if (b) CPU_IVDEP for (int64_t c = 0; c < ch; c++) {
+          float v = yr[c] + b[c];
+          yr[c] = v;
+          zr[c] = pmap_relu(v);
+        }
+      else
+        CPU_IVDEP for (int64_t c = 0; c < ch; c++) zr[c] = pmap_relu(yr[c]);
     } else {
-      CPU_IVDEP for (int64_t c = 0; c < ch; c++) yr[c] += b[c];
+      if (b) CPU_IVDEP for (int64_t c = 0; c < ch; c++) yr[c] += b[c];
       act_rows(act, yr, zr, (size_t)ch);
     }
     if (z16) round_row(zr, z16 + o * ch, ch);

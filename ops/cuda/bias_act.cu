@@ -7,7 +7,7 @@
 static __global__ void bias_act_forward_kernel(int act, float *y, const float *b, size_t n,
                                                int64_t ch, float *z, pmap_bf16 *z16, float *slope) {
   for (size_t i = cuda_thread_index(); i < n; i += cuda_grid_stride()) {
-    float v = y[i] + b[i % (size_t)ch];
+    float v = b ? y[i] + b[i % (size_t)ch] : y[i];
     float zi = pmap_act_apply(act, v);
     if (slope) slope[i] = pmap_gelu_slope(v); /* GELU only (the op's contract) */
     if (slope != y) y[i] = v;

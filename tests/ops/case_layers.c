@@ -465,6 +465,7 @@ typedef struct fused_args {
    * against act_backward's own; ones: that dy. */
   hx_buf *slope, *slope2, *ones;
   int slope_in_y;
+  int no_bias; /* forward: b NULL (the activation of a kept sum), against act_forward alone */
 } fused_args;
 
 /* The fused op's bf16 copy, every bit the rounding of the float output it wrote. */
@@ -479,9 +480,9 @@ static pmap_status call_bias_act_forward(const pmap_ops *o, op_queue *q, void *a
   fused_args *a = arg;
   float *slope = a->slope_in_y ? HX_F(a->y) : a->slope ? HX_F(a->slope) : NULL;
   size_t n = (size_t)(a->outer * a->ch);
-  HX_TRY(o->bias_act_forward(q, a->act, HX_F(a->y), HX_F(a->b), a->outer, a->ch, HX_F(a->z),
-                             a->out16 ? HX_H(a->out16) : NULL, slope));
-  HX_TRY(o->bias_forward(q, HX_F(a->y2), HX_F(a->b), a->outer, a->ch, 1));
+  HX_TRY(o->bias_act_forward(q, a->act, HX_F(a->y), a->no_bias ? NULL : HX_F(a->b), a->outer, a->ch,
+                             HX_F(a->z), a->out16 ? HX_H(a->out16) : NULL, slope));
+  if (!a->no_bias) HX_TRY(o->bias_forward(q, HX_F(a->y2), HX_F(a->b), a->outer, a->ch, 1));
   HX_TRY(o->act_forward(q, a->act, HX_F(a->y2), HX_F(a->z2), n));
   if (!a->slope2) return PMAP_SUCCESS;
   return o->act_backward(q, a->act, HX_F(a->y2), HX_F(a->z2), HX_F(a->ones), HX_F(a->slope2), n);
@@ -515,11 +516,15 @@ static void fused_shape(hx *h, int t, int64_t *outer, int64_t *ch) {
 #define FUSED_TRIALS(h) (4 + hx_rounds((h), 3))
 
 void opcase_bias_act_forward(hx *h) {
+  int trials = FUSED_TRIALS(h);
   for (int act = 0; act < NACTS; act++)
-    for (int t = 0; t < FUSED_TRIALS(h); t++, hx_release(h)) {
-      fused_args a = {.act = (pmap_act)act};
+    for (int trial = 0; trial < 2 * trials; trial++, hx_release(h)) {
+      /* The second half without a bias (b NULL), the trials of the first again. */
+      fused_args a = {.act = (pmap_act)act, .no_bias = trial >= trials};
+      int t = a.no_bias ? trial - trials : trial;
       fused_shape(h, t, &a.outer, &a.ch);
-      hx_trial(h, "%s outer=%" PRId64 " ch=%" PRId64, act_names[act], a.outer, a.ch);
+      hx_trial(h, "%s outer=%" PRId64 " ch=%" PRId64 "%s", act_names[act], a.outer, a.ch,
+               a.no_bias ? " b=NULL" : "");
       size_t n = (size_t)(a.outer * a.ch);
       a.y = hx_inout(h, n, -4.0f, 4.0f, "y");
       a.y2 = hx_new(h, HX_INOUT, n, "y (unfused)");
