@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "pmap.h"
+#include "ops/cpu/cpu_isa.h"
 #include "ops/cpu/gemm.h"
 #include "child_run.h"
 #include "testutil.h"
@@ -490,6 +491,36 @@ static int remove_one(const char *path, const struct stat *st, int flag, struct 
   return remove(path);
 }
 
+/* The refusal of a cap above the CPU for every CPU level, whatever CPU runs the test (the check
+ * above meets it only on a CPU below the top level): each level up to the CPU's passes, each one
+ * above is PMAP_ERR_UNAVAILABLE with a message naming the value as PMAP_CPU_ISA gives it, the
+ * CPU's level and exactly the caps up to it; "native" (past the last level) always passes. */
+static void test_cap_check_every_level(void) {
+  static const char *const levels[] = {"sse41", "avx2", "avx512", "avx512_bf16", "amx"};
+  for (int cpu = 0; cpu < 5; cpu++)
+    for (int pick = 0; pick <= 5; pick++) {
+      char msg[512] = "", want[64], has[64];
+      pmap_status st = cpu_isa_cap_check((cpu_isa)cpu, pick, msg, sizeof msg);
+      if (pick == 5 || pick <= cpu) {
+        CHECK(st == PMAP_SUCCESS && !msg[0], "cpu %s, cap %d: status %d, message %s", levels[cpu],
+              pick, (int)st, msg);
+        continue;
+      }
+      char caps[128] = "the caps below it: "; /* exactly those up to the CPU's level */
+      for (int k = 0; k <= cpu; k++) {
+        if (k) strcat(caps, ", ");
+        strcat(caps, levels[k]);
+      }
+      strcat(caps, ")");
+      snprintf(want, sizeof want, "PMAP_CPU_ISA=\"%s\"", levels[pick]);
+      snprintf(has, sizeof has, "has up to %s;", levels[cpu]);
+      int caps_ok = strstr(msg, caps) != NULL;
+      CHECK(st == PMAP_ERR_UNAVAILABLE && strstr(msg, want) && strstr(msg, has) &&
+                strstr(msg, "lacks") && caps_ok,
+            "cpu %s, cap %s: status %d, message %s", levels[cpu], levels[pick], (int)st, msg);
+    }
+}
+
 int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "child") == 0) return child(argv[2]);
   snprintf(tmp, sizeof tmp, "/tmp/pmap-gemm-choice-XXXXXX");
@@ -498,6 +529,7 @@ int main(int argc, char **argv) {
   test_env_values();
   test_bf16_env();
   test_isa_env();
+  test_cap_check_every_level();
   if (strchr(pmap_gemm_providers(), ',')) {
     test_cache();
     test_cache_unusable();

@@ -89,6 +89,17 @@ static const char *onednn_name = "none";
 static int onednn_bf16;
 #endif
 
+pmap_status cpu_isa_cap_check(cpu_isa cpu, int pick, char *msg, size_t size) {
+  if (pick >= NLEVELS || (cpu_isa)pick <= cpu) return PMAP_SUCCESS;
+  snprintf(msg, size,
+           "environment variable PMAP_CPU_ISA=\"%s\" asks for instructions this CPU lacks (it "
+           "has up to %s; the caps below it: %s%s%s%s)",
+           names[pick], names[cpu], names[0], cpu >= CPU_ISA_AVX2 ? ", avx2" : "",
+           cpu >= CPU_ISA_AVX512 ? ", avx512" : "",
+           cpu >= CPU_ISA_AVX512_BF16 ? ", avx512_bf16" : "");
+  return PMAP_ERR_UNAVAILABLE;
+}
+
 static void decide(void) {
   machine = active = detect();
   static const char *const choices[] = {"sse41", "avx2",   "avx512", "avx512_bf16",
@@ -100,14 +111,8 @@ static void decide(void) {
   if (env_status != PMAP_SUCCESS) {
     snprintf(env_msg, sizeof env_msg, "%s (this CPU has up to %s)", pmap_error_message(),
              names[machine]);
-  } else if (pick < NLEVELS && (cpu_isa)pick > machine) {
-    env_status = PMAP_ERR_UNAVAILABLE;
-    snprintf(env_msg, sizeof env_msg,
-             "environment variable PMAP_CPU_ISA=\"%s\" asks for instructions this CPU lacks (it "
-             "has up to %s; the caps below it: %s%s%s%s)",
-             names[pick], names[machine], names[0], machine >= CPU_ISA_AVX2 ? ", avx2" : "",
-             machine >= CPU_ISA_AVX512 ? ", avx512" : "",
-             machine >= CPU_ISA_AVX512_BF16 ? ", avx512_bf16" : "");
+  } else if ((env_status = cpu_isa_cap_check(machine, pick, env_msg, sizeof env_msg))) {
+    /* a level above the CPU's: refused, the message made */
   } else if (pick < NLEVELS) {
     active = (cpu_isa)pick;
   }

@@ -28,6 +28,11 @@ const char *cpu_isa_name(cpu_isa isa);
  * message starts with `call` and names the value and the CPU's level. The code still runs, on
  * the CPU's own level, when it fails. */
 pmap_status cpu_isa_ready(const char *call);
+/* Whether PMAP_CPU_ISA's level `pick` (a cpu_isa, or past the last for "native") may cap a CPU
+ * of level `cpu`: PMAP_SUCCESS, or PMAP_ERR_UNAVAILABLE for a level above it with msg (size
+ * bytes) naming the value as given, the CPU's level and the caps below it (cpu_isa_ready's
+ * message; tests hold it for every level, whatever CPU runs them). */
+pmap_status cpu_isa_cap_check(cpu_isa cpu, int pick, char *msg, size_t size);
 /* The CPU's level (CPUID and XCR0), whatever the cap. */
 cpu_isa cpu_isa_machine(void);
 /* The level pmap's code uses: the CPU's, capped by PMAP_CPU_ISA. */
