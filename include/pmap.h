@@ -218,8 +218,10 @@ typedef struct pmap_config {
                             does not fit"). PMAP_RECOMPUTE_SELECTIVE: of the same blocks it
                             keeps the GEMMs' outputs and computes again only the element-wise
                             results (layer norms' outputs and statistics, the activation
-                            functions' outputs: the cheap part), just before the block's
-                            backward; the same bits too. PMAP_RECOMPUTE_AUTO: each step (and
+                            functions' outputs, standalone or folded into a dense layer; one
+                            folded into a convolution is kept: the cheap part), just before
+                            every such block's backward, where two blocks or more hold them
+                            (else it keeps all, as NONE); the same bits too. PMAP_RECOMPUTE_AUTO: each step (and
                             pmap_params_memory) takes the first of NONE, SELECTIVE and FULL
                             whose plan at its batch fits the device's limit (max_memory on CPU;
                             on CUDA the memory free on device 0 and what the params'
@@ -1037,8 +1039,9 @@ typedef struct pmap_memory_plan {
                          or PMAP_RECOMPUTE_SELECTIVE when a step at this batch recomputes
                          (pmap_config.recompute; under PMAP_RECOMPUTE_AUTO as the step
                          chooses), else PMAP_RECOMPUTE_NONE, also where it saves nothing: a
-                         model with fewer than two blocks that can be recomputed (the last one
-                         is never run again, its values are still in place) */
+                         model with fewer than two blocks that can be recomputed (FULL: the
+                         last one is never run again, its values are still in place) or, for
+                         SELECTIVE, with fewer than two holding element-wise layers */
   size_t activations_stored;     /* activations (as above) with no block recomputed */
   size_t activations_recomputed; /* activations with every block that can be recomputed (equal
                                     to activations_stored for a model with none) */

@@ -125,15 +125,15 @@ PMAP_OP(bn_backward_sums, (op_queue *q, const float *x, const float *dy, const f
 PMAP_OP(bn_backward_dx, (op_queue *q, const float *x, const float *dy, const float *stats,
                          const float *gamma, const float *sums, int64_t outer, int64_t c,
                          int64_t inner, float eps, float *dx))
-/* Dense's bias and the activation after it in one pass: y (outer, ch) += b (ch) broadcast, then
- * z (outer, ch) = act(y): the same bits bias_forward (inner 1) then act_forward leave (b NULL:
- * no bias, y as it is, so act_forward's bits; with a slope, the slope of a kept sum). z16
+/* Dense's bias and the activation after it in one pass: y (outer, ch) += bias (ch) broadcast,
+ * then z (outer, ch) = act(y): the same bits bias_forward (inner 1) then act_forward leave (bias
+ * NULL: none, y as it is, so act_forward's bits; with a slope, the slope of a kept sum). z16
  * (outer, ch; NULL: none) = z rounded to bfloat16 in the same pass, the bf16 policy's copy of
  * the next GEMM's input (round_bf16's bits). slope (GELU only, else NULL; NULL: none; may equal
  * y, then y holds the slope instead of y + b) = act'(y + b), the bits act_backward leaves for
  * dy = 1: what act_bias_backward multiplies by in place of computing it again. */
-PMAP_OP(bias_act_forward, (op_queue *q, pmap_act act, float *y, const float *b, int64_t outer,
-                           int64_t ch, float *z, pmap_bf16 *z16, float *slope))
+PMAP_OP(bias_act_forward, (op_queue *q, pmap_act act, float *y, const float *bias,
+                           int64_t outer, int64_t ch, float *z, pmap_bf16 *z16, float *slope))
 /* The activation's backward and the bias gradient in one pass: dx (outer, ch) = act'(x) dz from
  * the forward's input x and output z, and db (ch) += the sums over outer of dx: the same bits
  * act_backward then bias_backward (inner 1) leave. dx may equal dz. dx16 (NULL: none) = dx

@@ -251,7 +251,7 @@ static void test_recomputed_same_bits(void) {
           strcat(what, "selective");
           same_bits(what, &none, &sel);
           /* The mixed model's element-wise layers lie in one block that qualifies (batch norm's
-           * does not, the last holds none), which is never run again: nothing saved. */
+           * does not, the last holds none): one block saves nothing, so it is stored. */
           if (which == 1)
             CHECK(sel.plan.recompute == PMAP_RECOMPUTE_NONE &&
                       sel.plan.activations == none.plan.activations,
@@ -430,8 +430,10 @@ static void test_auto_switches(void) {
     pmap_params_destroy(p);
     CHECK_OK(pmap_ctx_destroy(ctx));
   }
-  CHECK(seen[0] == PMAP_RECOMPUTE_FULL && seen[1] == PMAP_RECOMPUTE_NONE &&
-            seen[2] == PMAP_RECOMPUTE_FULL,
+  /* A recomputing rung at one micro-batch (full, or selective where that fits the limit: the
+   * optimizer is sharded under it), stored at two, the same rung again at one. */
+  CHECK((seen[0] == PMAP_RECOMPUTE_FULL || seen[0] == PMAP_RECOMPUTE_SELECTIVE) &&
+            seen[1] == PMAP_RECOMPUTE_NONE && seen[2] == seen[0],
         "auto chose %d, %d, %d", seen[0], seen[1], seen[2]);
   CHECK(w[0] && w[1] && !memcmp(w[0], w[1], none.P * sizeof(float)),
         "auto's switches changed the trained parameters");

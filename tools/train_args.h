@@ -14,7 +14,7 @@ typedef struct opts {
   int64_t max_memory;              /* --max-memory BYTES, 0: no limit */
   int progress;                    /* --progress: 0 auto (a bar on a terminal), 1 bar, 2 lines */
   int precision, have_precision;   /* --precision: a pmap_precision (0 fp32, 1 bf16) */
-  int recompute;                   /* --recompute: PMAP_RECOMPUTE_NONE (0), _FULL (1), _AUTO (2) */
+  int recompute; /* --recompute: PMAP_RECOMPUTE_NONE (0), _FULL (1), _AUTO (2), _SELECTIVE (3) */
   int shard_rung, have_shard_rung; /* --shard: an index of shard_choices (train_args.c) */
   int64_t devices, steps, batch, samples, log_every, save_every, verify_every, micro;
   int64_t hidden[CLI_MAX_LIST];

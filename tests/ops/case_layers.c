@@ -519,7 +519,8 @@ void opcase_bias_act_forward(hx *h) {
   int trials = FUSED_TRIALS(h);
   for (int act = 0; act < NACTS; act++)
     for (int trial = 0; trial < 2 * trials; trial++, hx_release(h)) {
-      /* The second half without a bias (b NULL), the trials of the first again. */
+      /* The second half without a bias (b NULL): the first half's kinds of trial again (the
+       * fixed shapes, and new random ones). */
       fused_args a = {.act = (pmap_act)act, .no_bias = trial >= trials};
       int t = a.no_bias ? trial - trials : trial;
       fused_shape(h, t, &a.outer, &a.ch);
