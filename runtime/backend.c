@@ -375,6 +375,20 @@ pmap_status backend_reduce_scatter(pmap_device *dev, const char *call, float *bu
                   ctx->be->coll->reduce_scatter(dev, buf, chunk, op));
 }
 
+pmap_status backend_reduce_part(pmap_device *dev, const char *call, float *send, size_t lo,
+                                size_t count, size_t chunk, float *recv, size_t recv_lo,
+                                pmap_redop op, int *taken) {
+  pmap_ctx *ctx = dev->ctx;
+  int64_t t0 = 0;
+  *taken = ctx->be->coll->reduce_part != NULL;
+  PMAP_TRY(rendezvous(dev, call, count, (int)op, &t0));
+  if (!*taken)
+    return coll_end(dev, call, t0, count * sizeof(float),
+                    ctx->be->coll->all_reduce(dev, send, send, count, op));
+  return coll_end(dev, call, t0, count * sizeof(float),
+                  ctx->be->coll->reduce_part(dev, send, lo, count, chunk, recv, recv_lo, op));
+}
+
 pmap_status backend_barrier(pmap_device *dev, const char *call) {
   int64_t t0 = 0;
   PMAP_TRY(rendezvous(dev, call, 0, 0, &t0));

@@ -31,6 +31,14 @@ typedef struct pmap_coll_i {
    * exactly as all_reduce would give it; the rest of buf is left unspecified (optional: NULL
    * means an all_reduce of the whole buffer stands in). */
   pmap_status (*reduce_scatter)(pmap_device *dev, float *buf, size_t chunk, pmap_redop op);
+  /* A piece of a reduce-scatter: every device holds in send the elements [lo, lo + count) of a
+   * flat vector split into parts of `chunk` elements; the device of global index g gets each
+   * element i of the piece that lies in its part [g * chunk, (g + 1) * chunk) reduced over
+   * every device, exactly as all_reduce would give it, at recv[i - recv_lo]; nothing else of
+   * recv is written, send is left as it was (optional: NULL, and the runtime's caller is told
+   * to take its part from send, which an all-reduce in place then holds). */
+  pmap_status (*reduce_part)(pmap_device *dev, const float *send, size_t lo, size_t count,
+                             size_t chunk, float *recv, size_t recv_lo, pmap_redop op);
   pmap_status (*barrier)(pmap_device *dev);
 } pmap_coll_i;
 

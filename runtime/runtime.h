@@ -138,6 +138,12 @@ pmap_status backend_barrier(pmap_device *dev, const char *call);
 /* pmap_coll_i.reduce_scatter (chunk elements per device), or the all-reduce standing in. */
 pmap_status backend_reduce_scatter(pmap_device *dev, const char *call, float *buf, size_t chunk,
                                    pmap_redop op);
+/* pmap_coll_i.reduce_part (*taken 1: recv holds this device's elements of the piece), or
+ * where the backend has none an all-reduce of send in place (*taken 0: the caller copies its
+ * elements from send). */
+pmap_status backend_reduce_part(pmap_device *dev, const char *call, float *send, size_t lo,
+                                size_t count, size_t chunk, float *recv, size_t recv_lo,
+                                pmap_redop op, int *taken);
 
 /* The step's fast paths (models/step_fast.c) on a backend that has them (CUDA, its pmap_fast_i
  * in backend.h): runtime_fast_modes says what the context asked for (all 0 where the backend has

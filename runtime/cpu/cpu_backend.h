@@ -34,6 +34,10 @@ typedef struct cpu_ctx {
 /* out[i] = op over devices j = 0..n-1 of src[j][i], for i in [lo, hi), in device order. */
 void cpu_reduce_range(const float *const *src, int n, float *out, size_t lo, size_t hi,
                       pmap_redop op);
+/* out[i] = op over devices j = 0..n-1 of src[j][at + i], for i in [0, len), in device order;
+ * out may alias a src[k] at the same element. */
+void cpu_reduce_at(const float *const *src, size_t at, int n, float *out, size_t len,
+                   pmap_redop op);
 
 /* One device's passage through the barriers of one collective. */
 typedef struct cpu_passage {

@@ -36,15 +36,20 @@ pmap_status cpu_arrive(cpu_passage *ps, int touch_next) {
  * (as jnp.max does). */
 void cpu_reduce_range(const float *const *src, int n, float *out, size_t lo, size_t hi,
                       pmap_redop op) {
+  cpu_reduce_at(src, lo, n, out + lo, hi - lo, op);
+}
+
+void cpu_reduce_at(const float *const *src, size_t at, int n, float *out, size_t len_all,
+                   pmap_redop op) {
   enum { BLOCK = 256 };
   float acc[BLOCK];
   float fn = (float)n;
-  for (size_t b0 = lo; b0 < hi; b0 += BLOCK) {
-    size_t len = hi - b0 < BLOCK ? hi - b0 : BLOCK;
-    const float *s0 = src[0] + b0;
+  for (size_t b0 = 0; b0 < len_all; b0 += BLOCK) {
+    size_t len = len_all - b0 < BLOCK ? len_all - b0 : BLOCK;
+    const float *s0 = src[0] + at + b0;
     for (size_t i = 0; i < len; i++) acc[i] = s0[i];
     for (int j = 1; j < n; j++) {
-      const float *s = src[j] + b0;
+      const float *s = src[j] + at + b0;
       if (op == PMAP_RED_MAX)
         for (size_t i = 0; i < len; i++) acc[i] = s[i] > acc[i] || s[i] != s[i] ? s[i] : acc[i];
       else
@@ -120,6 +125,32 @@ static pmap_status cpu_reduce_scatter(pmap_device *dev, float *buf, size_t chunk
   return PMAP_SUCCESS;
 }
 
+/* Device d reduces the piece's elements of its part, in the all-reduce's order. Not across
+ * processes (the caller's sharded gradients are not). */
+static pmap_status cpu_reduce_part(pmap_device *dev, const float *send, size_t lo, size_t count,
+                                   size_t chunk, float *recv, size_t recv_lo, pmap_redop op) {
+  pmap_ctx *ctx = dev->ctx;
+  cpu_ctx *cc = ctx->be_ctx;
+  int n = ctx->n, d = dev->index;
+  if (ctx->dist) return PMAP_ERR(PMAP_ERR_INTERNAL, "reduce_part: not across processes");
+  size_t a = chunk * (size_t)d, b = a + chunk, end = lo + count;
+  a = a > lo ? a : lo;
+  b = b < end ? b : end;
+  if (count == 0) return PMAP_SUCCESS;
+  if (n == 1) {
+    if (b > a) cpu_reduce_at(&send, a - lo, 1, recv + (a - recv_lo), b - a, op);
+    return PMAP_SUCCESS;
+  }
+  const float **sends = cc->slots;
+  sends[d] = send;
+  cpu_passage ps = {dev, "reduce_part", 0, NULL};
+  PMAP_TRY(cpu_arrive(&ps, 1));
+  if (b > a) cpu_reduce_at(sends, a - lo, n, recv + (a - recv_lo), b - a, op);
+  /* Nobody may leave (and reuse its buffer) while another device still reads its piece. */
+  PMAP_TRY(cpu_arrive(&ps, 0));
+  return PMAP_SUCCESS;
+}
+
 static pmap_status cpu_broadcast(pmap_device *dev, const float *send, float *recv, size_t count,
                                  int root) {
   cpu_ctx *cc = dev->ctx->be_ctx;
@@ -161,5 +192,6 @@ const pmap_coll_i pmap_cpu_coll = {
     .broadcast = cpu_broadcast,
     .all_gather = cpu_all_gather,
     .reduce_scatter = cpu_reduce_scatter,
+    .reduce_part = cpu_reduce_part,
     .barrier = cpu_barrier,
 };
