@@ -183,7 +183,15 @@ typedef struct pmap_config {
                             size under max_memory, on CPU, where the sharded layout, which pads
                             the parameters to equal parts, holds less) whose optimizer keeps
                             state, unless a CUDA fast path is on (see README, "Sharded
-                            optimizer"). Never across processes. */
+                            optimizer"). PMAP_SHARD_GRADS (3): the gradients too (ZeRO stage
+                            2): no device holds the whole gradient; each layer's gradients are
+                            reduced into the parts of the devices that own them as the layer's
+                            backward ends, so a device holds its part, a window the size of the
+                            largest layer's parameters and a tied embedding's table; the same
+                            bits as PMAP_SHARD_ON on CPU. Built-in models only (the params of
+                            pmap_params_create_custom shard the optimizer alone), one
+                            micro-batch (pmap_params_set_micro_batches refuses more). Never
+                            across processes. */
   int cuda_graphs;       /* CUDA: 1 captures the whole step (forward, loss, backward, all-reduce,
                             optimizer) into a CUDA graph after a warm-up step at a batch size and
                             replays it for later steps of that size; -1 never; 0 (default): the
@@ -234,7 +242,7 @@ typedef struct pmap_config {
 } pmap_config;
 
 enum { PMAP_GUARD_ON = 0, PMAP_GUARD_OFF = 1 };
-enum { PMAP_SHARD_AUTO = 0, PMAP_SHARD_OFF = 1, PMAP_SHARD_ON = 2 };
+enum { PMAP_SHARD_AUTO = 0, PMAP_SHARD_OFF = 1, PMAP_SHARD_ON = 2, PMAP_SHARD_GRADS = 3 };
 enum {
   PMAP_RECOMPUTE_NONE = 0,
   PMAP_RECOMPUTE_FULL = 1,
@@ -1047,6 +1055,8 @@ typedef struct pmap_memory_plan {
                                     to activations_stored for a model with none) */
   size_t activations_selective;  /* activations with the element-wise results of those blocks
                                     recomputed (PMAP_RECOMPUTE_SELECTIVE) */
+  int grads_sharded; /* the gradients are sharded (PMAP_SHARD_GRADS): grads is the device's part,
+                        the tail, the window and a tied table (optimizer_sharded is 1 too) */
 } pmap_memory_plan;
 /* Fills *out for pmap_update at global batch `batch` (this process's rows under several
  * processes, as pmap_update takes them), with the params' micro-batches. On CPU the total is

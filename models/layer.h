@@ -33,6 +33,9 @@ struct layer {
                                         training step writes its new value to the replica's
                                         pending state, committed once the step's verdict is in */
   size_t st_off;                     /* its place in the model's pending state (model.n_state) */
+  /* Parameters of another layer whose gradients this layer's backward adds into too (a tied
+   * head: the token embedding's table), [gshare_off, gshare_off + gshare_len); 0 long: none. */
+  size_t gshare_off, gshare_len;
   /* Scratch in the activation arena: aux_rows floats per example plus aux_fixed floats of its
    * own (replica.aux[i]), and col_size floats in each of the two buffers all layers share
    * (replica.col, replica.dcol: conv's columns). */

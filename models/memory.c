@@ -87,6 +87,7 @@ pmap_status params_plan(const pmap_params *p, int64_t batch, pmap_memory_plan *o
     bad = bad || add_floats(&m.staging, (size_t)piece * (in + lab));
   }
   m.optimizer_sharded = p->shard != 0;
+  m.grads_sharded = p->shard_grads;
   size_t in_use = 0;
   runtime_device_memory(runtime_device(p->ctx, 0), &in_use, &m.device_free);
   /* Everything but the activations, then the layout's: stored, recomputed, or under AUTO the

@@ -81,8 +81,22 @@ struct replica {
   op_queue *q;
   const op_backend *ob;
   float *w;   /* (P) */
-  float *g;   /* (P + 1) */
+  float *g;   /* the gradient buffer (models/params.h, grad_layout) */
   float *opt; /* (P) per optimizer slot: momentum; Adam m then v */
+  /* Where the gradient buffer's offsets lie (replica_g): the flat vector's elements
+   * [gp_lo, gp_lo + gp_len) at gp, and the tail [gt_lo, ...) (the loss, the guard's slots) at
+   * gt. Replicated, and with the optimizer alone sharded, gp is g, gp_lo 0 and gt g + P: g holds
+   * everything. With sharded gradients (models/grad_window.c) gp holds only the device's part of
+   * the averaged gradient, and the layers add theirs into a window (layer_grad): gwin, holding
+   * [gwin_lo, gwin_lo + gwin_cap) of the flat vector, and gpin, holding [gpin_lo, gpin_lo +
+   * gpin_len) for the whole backward pass (a tied table, which two layers add into). */
+  float *gp, *gt;
+  size_t gp_lo, gp_len, gt_lo;
+  float *gwin, *gpin;
+  size_t gwin_lo, gwin_cap, gpin_lo, gpin_len;
+  int gpin_done; /* the pinned range was reduced in this backward pass */
+  int gsq_on;    /* gsq sums the squares of what this device adds up (grad_window_begin) */
+  double gsq;
   /* (model.n_state) the state a training step computes (batch norm's running statistics after
    * this step's batches), laid out by layer.st_off: copied from w when the step starts, written
    * by the forward passes, copied back into w only once the step is taken (state_begin,
@@ -161,6 +175,19 @@ pmap_status model_weights16(const pmap_model *m, replica *r);
 /* w was written by something other than the optimizer's pass (a load, a write, a gather): the
  * next model_weights16 rounds it again. */
 static inline void replica_w_changed(replica *r) { r->w16_fresh = 0; }
+
+/* The place of offset `off` of the gradient buffer's flat layout: the device's part of the
+ * gradients or the tail (replica.gp, gt). */
+static inline float *replica_g(const replica *r, size_t off) {
+  return off >= r->gt_lo ? r->gt + (off - r->gt_lo) : r->gp + (off - r->gp_lo);
+}
+/* Where a layer's backward adds the gradients of the flat vector from offset `off` on: g + off,
+ * or with sharded gradients the window or the pinned range that holds it. */
+static inline float *layer_grad(const replica *r, size_t off) {
+  if (!r->gwin) return r->g + off;
+  if (off - r->gpin_lo < r->gpin_len) return r->gpin + (off - r->gpin_lo);
+  return r->gwin + (off - r->gwin_lo);
+}
 
 /* A GEMM operand of a layer under either policy: f (float, fp32) or h (bfloat16, bf16). */
 typedef struct layer_mat {

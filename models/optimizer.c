@@ -136,9 +136,9 @@ pmap_status optimizer_step_range(const pmap_params *p, replica *r, const pmap_st
     a = a > lo ? a : lo;
     b = b < lo + len ? b : lo + len;
     if (a >= b) continue;
-    if (scale != 1.0f) PMAP_TRY(r->ops->scale(r->q, r->g + a, scale, b - a));
+    if (scale != 1.0f) PMAP_TRY(r->ops->scale(r->q, replica_g(r, a), scale, b - a));
     float *state = r->opt ? r->opt + (a - lo) : NULL;
-    PMAP_TRY(optimizer_apply(r, &p->opt, h, r->w + a, r->g + a, state, len,
+    PMAP_TRY(optimizer_apply(r, &p->opt, h, r->w + a, replica_g(r, a), state, len,
                              r->w16 ? r->w16 + a : NULL, b - a));
   }
   return PMAP_SUCCESS;

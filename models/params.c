@@ -51,11 +51,21 @@ void params_layout(pmap_params *p) {
   runtime_fast_modes(ctx, &graphs, &overlap, &bucket);
   int limited = runtime_max_memory(ctx) > 0 && pmap_ctx_backend(ctx) == PMAP_BACKEND_CPU &&
                 sharded < replicated;
-  int want = setting == PMAP_SHARD_ON ||
+  int want = setting == PMAP_SHARD_ON || setting == PMAP_SHARD_GRADS ||
              (setting == PMAP_SHARD_AUTO && (P >= SHARD_MIN_PARAMS || limited) &&
               p->opt_slots > 0 && !graphs && !overlap);
   p->shard = want && !runtime_distributed(ctx) && G > 1;
   l->len = p->shard ? l->records + (size_t)G * l->record_len : end;
+  /* PMAP_SHARD_GRADS: the gradients too, for the built-in models (a gradient function writes
+   * the whole gradient), where the model's layers allow (grad_window.c). The buffer: the
+   * device's part, the tail from P on, the window and the pinned range. */
+  p->shard_grads = p->shard && setting == PMAP_SHARD_GRADS && !p->grad_fn &&
+                   grad_window_plan(p->model, &p->gwin_cap, &p->gpin_lo, &p->gpin_len);
+  /* Only where that holds less than the whole gradient: the window takes the largest layer's,
+   * so a model of mostly one layer keeps it whole (the same bits either way). */
+  size_t windowed = l->chunk + (l->len - P) + p->gwin_cap + p->gpin_len;
+  p->shard_grads = p->shard_grads && windowed < l->len;
+  if (p->shard_grads) l->len = windowed;
   l->host_len = (size_t)G + 1 + (size_t)G + (size_t)G * l->record_len;
   p->w_len = p->shard ? padded : P;
   p->state_len = p->shard ? l->chunk : P;
@@ -93,6 +103,26 @@ pmap_status params_mend(pmap_params *p, const char *call) {
                         "%s: the parameters are incomplete since step %lld (each device holds only "
                         "its own part up to date) and completing them failed again: %s",
                         call, (long long)p->step, msg);
+}
+
+/* Where the parts of replica d's gradient buffer lie (replica.gp, gt; params.h's shard_grads). */
+static void replica_grads_place(const pmap_params *p, replica *r, int d) {
+  size_t P = p->n_params;
+  r->gp = r->g;
+  r->gp_lo = 0;
+  r->gp_len = P;
+  r->gt = r->g + P;
+  r->gt_lo = P;
+  if (!p->shard_grads) return;
+  size_t chunk = p->gl.chunk, tail = p->gl.len - chunk - p->gwin_cap - p->gpin_len;
+  r->gp_lo = (size_t)params_global(p, d) * chunk;
+  r->gp_len = chunk;
+  r->gt = r->g + chunk;
+  r->gwin = r->gt + tail;
+  r->gwin_cap = p->gwin_cap;
+  r->gpin = r->gwin + p->gwin_cap;
+  r->gpin_lo = p->gpin_lo;
+  r->gpin_len = p->gpin_len;
 }
 
 /* Device memory for an op queue's scratch: the device's allocator. */
@@ -136,6 +166,7 @@ static pmap_status create_job(pmap_device *dev, void *arg) {
   PMAP_TRY(backend_alloc(dev, p->gl.len * sizeof(float), &g));
   r->g = g;
   PMAP_TRY(r->ops->fill(r->q, r->g, 0.0f, p->gl.len));
+  replica_grads_place(p, r, d);
   if (p->opt_slots) {
     PMAP_TRY(backend_alloc(dev, (size_t)p->opt_slots * p->state_len * sizeof(float), &opt));
     r->opt = opt;
@@ -165,6 +196,7 @@ static pmap_status destroy_job(pmap_device *dev, void *arg) {
   backend_free(dev, r->pending);
   backend_free(dev, r->w16);
   r->w = r->g = r->opt = r->pending = NULL;
+  r->gp = r->gt = r->gwin = r->gpin = NULL;
   r->w16 = NULL;
   return PMAP_SUCCESS;
 }

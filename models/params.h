@@ -55,6 +55,11 @@ struct pmap_params {
   int recompute_on;  /* the rung the model is laid out for (model_set_recompute):
                        PMAP_RECOMPUTE_NONE, _SELECTIVE or _FULL */
   int shard;         /* the optimizer is sharded (pmap_config.shard_optimizer, G > 1) */
+  /* The gradients are sharded too (PMAP_SHARD_GRADS, models/grad_window.c): each replica's g
+   * holds [its part (chunk) | the tail, gradient offsets from P on (len - P) | the window
+   * (gwin_cap) | the pinned range (gpin_len)], and gl.len counts all of it. */
+  int shard_grads;
+  size_t gwin_cap, gpin_lo, gpin_len;
   grad_layout gl;
   /* The numeric policy (models/precision.c). */
   pmap_precision precision;
@@ -81,6 +86,22 @@ static inline void params_part(const pmap_params *p, int k, size_t *lo, size_t *
   *lo = a < P ? a : P;
   *len = a < P ? (P - a < p->gl.chunk ? P - a : p->gl.chunk) : 0;
 }
+/* grad_window.c: sharded gradients. The window and the pinned range model m's backward needs
+ * (the largest layer's parameters other than a pinned one's; the parameters of the one layer
+ * whose gradients another layer adds into too, a tied table): 0 where m has layers of that
+ * kind pinned twice over (then its gradients are not sharded). */
+int grad_window_plan(const pmap_model *m, size_t *cap, size_t *pin_lo, size_t *pin_len);
+/* Before a backward pass on the replica: the window on the top layer with parameters, the
+ * reduction hooked after each layer (r->layer_grads_done); the buffer is zero (the caller
+ * filled it). sumsq: the squares of what this device adds up are summed into r's (for the
+ * guard's flag, grad_window_flag). */
+pmap_status grad_window_begin(pmap_params *p, replica *r, int sumsq);
+/* After the backward pass: what is left (the pinned range where no layer reduced it, the tail:
+ * the loss and the guard's slots) reduced into the parts of their devices. */
+pmap_status grad_window_finish(pmap_device *dev, pmap_params *p, replica *r);
+/* The norm of what this device added up in the last pass begun with sumsq (its gradients and
+ * its loss), the guard's flag. */
+float grad_window_flag(const replica *r);
 /* Runs fn(dev, arg) on every device of p's context with p's op backend entered on the calling
  * thread (device 0's): how every job on params runs. */
 static inline pmap_status params_dispatch(pmap_params *p, pmap_fn fn, void *arg) {

@@ -149,6 +149,15 @@ pmap_status pmap_params_set_micro_batches(pmap_params *p, int k) {
   if (k < 1 || k > 65536)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT, "%s: %d micro-batches is outside 1..65536", call, k);
   PMAP_TRY(pmap_ctx_lock(p->ctx, call));
+  if (k > 1 && p->shard_grads) {
+    pmap_ctx_unlock(p->ctx);
+    return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
+                    "%s: %d micro-batches with sharded gradients (PMAP_SHARD_GRADS): each "
+                    "layer's gradients are reduced as its backward ends, so a device holds "
+                    "those of one micro-batch only; use PMAP_SHARD_ON (the optimizer alone "
+                    "sharded) to accumulate micro-batches (nothing was changed)",
+                    call, k);
+  }
   p->micro_batches = k;
   pmap_ctx_unlock(p->ctx);
   return PMAP_SUCCESS;

@@ -24,7 +24,9 @@ static pmap_status update_steps(pmap_device *dev, step_call *c) {
   PMAP_TRY(step_fast_update(dev, c, r, step_grads, &fast));
   if (fast) return PMAP_SUCCESS;
   PMAP_TRY(r->ops->fill(r->q, r->g, 0.0f, p->gl.len));
+  if (p->shard_grads) PMAP_TRY(grad_window_begin(p, r, 0));
   PMAP_TRY(step_grads(dev, c, r));
+  if (p->shard_grads) PMAP_TRY(grad_window_finish(dev, p, r));
   PMAP_TRY(step_inject(dev, c, r, BEFORE_REDUCE));
   runtime_trace_keep(dev, 1); /* the reduction on: spans a trace keeps past its span limit */
   return p->shard ? step_sharded(dev, c, r) : step_replicated(dev, c, r);
@@ -70,16 +72,26 @@ static pmap_status search_sources(pmap_device *dev, sources *s) {
   r->source.watch = s->watch;
   r->source.seen = r->source.sent = 0;
   pmap_status st = r->ops->fill(r->q, r->g, 0.0f, gl->len);
+  /* With sharded gradients no device holds its own whole gradient: its flag is summed from
+   * the norms of the pieces it adds up, layer by layer, before each is reduced. */
+  if (!st && p->shard_grads) st = grad_window_begin(p, r, c->flags_late);
   if (!st) st = step_grads(dev, c, r); /* into scratch only: the step is not taken */
+  if (!st && p->shard_grads) st = grad_window_finish(dev, p, r);
   r->source.watch = 0;
   PMAP_TRY(st);
-  if (r->source.injected == c->t) PMAP_TRY(r->ops->fill(r->q, r->g, NAN, p->n_params));
+  int nan = r->source.injected == c->t;
+  if (nan && !p->shard_grads) PMAP_TRY(r->ops->fill(r->q, r->g, NAN, p->n_params));
   /* [flags (G) | sources (G)], one slot each per global device (the flags' and the part norms'
    * places), averaged across the devices as the step's flags are: a slot is non-finite, or
    * nonzero, exactly when its device's value was. */
-  float *slots = r->g + gl->flags;
+  float *slots = replica_g(r, gl->flags);
   PMAP_TRY(r->ops->fill(r->q, slots, 0.0f, 2 * (size_t)G));
-  if (c->flags_late) PMAP_TRY(r->ops->norm2(r->q, r->g, gl->flags, slots + g));
+  if (c->flags_late && p->shard_grads) {
+    float flag = nan ? NAN : grad_window_flag(r);
+    PMAP_TRY(backend_upload(dev, slots + g, &flag, sizeof flag));
+  } else if (c->flags_late) {
+    PMAP_TRY(r->ops->norm2(r->q, r->g, gl->flags, slots + g));
+  }
   if (r->source.sent) PMAP_TRY(r->ops->fill(r->q, slots + G + g, 1.0f, 1));
   PMAP_TRY(backend_all_reduce(dev, "pmap_update's search for non-finite values", slots, slots,
                               2 * (size_t)G, PMAP_RED_MEAN));

@@ -33,7 +33,12 @@ pmap_status step_inject(pmap_device *dev, const step_call *c, replica *r, fault_
     return runtime_fault(dev, FAULT_DRIFT, step) ? drift(dev, r) : PMAP_SUCCESS;
   if (runtime_fault(dev, FAULT_NAN, step)) {
     r->source.injected = step;
-    PMAP_TRY(r->ops->fill(r->q, r->g, NAN, c->p->n_params));
+    /* With sharded gradients the reduction ran in the backward pass: the device's part of the
+     * averaged gradient is made NaN instead. */
+    if (c->p->shard_grads)
+      PMAP_TRY(r->ops->fill(r->q, r->gp, NAN, c->p->gl.chunk));
+    else
+      PMAP_TRY(r->ops->fill(r->q, r->g, NAN, c->p->n_params));
   }
   if (runtime_fault(dev, FAULT_COLLECTIVE, step))
     return PMAP_ERR(PMAP_ERR_DEVICE,

@@ -15,7 +15,7 @@ static pmap_status piece_grads(pmap_device *dev, step_call *c, replica *r, int64
   pmap_params *p = c->p;
   const pmap_model *m = p->model;
   const grad_layout *gl = &p->gl;
-  float *loss = r->g + (direct ? gl->loss : gl->micro);
+  float *loss = replica_g(r, direct ? gl->loss : gl->micro);
   const void *x = NULL, *y = NULL;
   PMAP_TRY(batch_stage(dev, c->xs, row0, rows, 0, &x));
   PMAP_TRY(batch_stage(dev, c->ys, row0, rows, 1, &y));
@@ -47,7 +47,7 @@ static pmap_status piece_grads(pmap_device *dev, step_call *c, replica *r, int64
           r->ops->scale(r->q, r->dact[L - 1], weight, (size_t)(rows * m->layers[L - 1].out_size)));
     PMAP_TRY(model_backward(dev, m, r, rows));
   }
-  if (!direct) PMAP_TRY(r->ops->axpy(r->q, weight, loss, r->g + gl->loss, 1));
+  if (!direct) PMAP_TRY(r->ops->axpy(r->q, weight, loss, replica_g(r, gl->loss), 1));
   return PMAP_SUCCESS;
 }
 

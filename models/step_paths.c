@@ -66,7 +66,7 @@ pmap_status step_guard_flag(pmap_device *dev, const step_call *c, replica *r) {
   const pmap_params *p = c->p;
   if (!p->guard || p->gl.G == 1 || c->flags_late) return PMAP_SUCCESS;
   const grad_layout *gl = &p->gl;
-  return r->ops->norm2(r->q, r->g, gl->flags, r->g + gl->flags + pmap_axis_index(dev));
+  return r->ops->norm2(r->q, r->g, gl->flags, replica_g(r, gl->flags) + pmap_axis_index(dev));
 }
 
 /* The optimizer over [lo, lo + len), a span of the device's track. */
@@ -100,9 +100,9 @@ pmap_status step_replicated(pmap_device *dev, step_call *c, replica *r) {
     for (int k = 0; k < gl->G; k++) {
       size_t lo = 0, len = 0;
       params_part(p, k, &lo, &len);
-      PMAP_TRY(r->ops->norm2(r->q, r->g + lo, len, r->g + gl->parts + k));
+      PMAP_TRY(r->ops->norm2(r->q, replica_g(r, lo), len, replica_g(r, gl->parts) + k));
     }
-    PMAP_TRY(backend_download(dev, h, r->g + gl->loss, (2 * (size_t)gl->G + 1) * sizeof *h));
+    PMAP_TRY(backend_download(dev, h, replica_g(r, gl->loss), (2 * (size_t)gl->G + 1) * sizeof *h));
     if (gl->G == 1 && p->guard) h[1] = h[2]; /* one device: its flag is the part norm */
     v = decide(p, h);
   }
@@ -120,7 +120,7 @@ pmap_status step_replicated(pmap_device *dev, step_call *c, replica *r) {
     c->loss = h[0];
     return backend_sync(dev);
   }
-  return backend_download(dev, &c->loss, r->g + gl->loss, sizeof c->loss);
+  return backend_download(dev, &c->loss, replica_g(r, gl->loss), sizeof c->loss);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -135,10 +135,10 @@ static pmap_status sharded_tail(pmap_device *dev, const pmap_params *p, replica 
   size_t lo = 0, len = 0, rec = gl->record_len;
   params_part(p, pmap_axis_index(dev), &lo, &len);
   if (p->guard || p->opt.clip_norm > 0.0f)
-    PMAP_TRY(r->ops->norm2(r->q, r->g + lo, len, r->g + gl->part));
-  float *records = r->g + gl->records;
-  PMAP_TRY(
-      backend_all_gather(dev, "pmap_update's exchange of norms", r->g + gl->part, records, rec));
+    PMAP_TRY(r->ops->norm2(r->q, replica_g(r, lo), len, replica_g(r, gl->part)));
+  float *records = replica_g(r, gl->records);
+  PMAP_TRY(backend_all_gather(dev, "pmap_update's exchange of norms", replica_g(r, gl->part),
+                              records, rec));
   float *hr = h + G + 1 + G;
   PMAP_TRY(backend_download(dev, hr, records, (size_t)G * rec * sizeof *h));
   for (size_t j = 0; j <= (size_t)G; j++) { /* loss, then the flags */
@@ -167,8 +167,10 @@ pmap_status step_sharded(pmap_device *dev, step_call *c, replica *r) {
   const grad_layout *gl = &p->gl;
   /* Reduce. */
   PMAP_TRY(step_guard_flag(dev, c, r));
-  PMAP_TRY(
-      backend_reduce_scatter(dev, "pmap_update's reduce-scatter", r->g, gl->chunk, PMAP_RED_MEAN));
+  /* With sharded gradients each device's part was reduced in the backward pass. */
+  if (!p->shard_grads)
+    PMAP_TRY(backend_reduce_scatter(dev, "pmap_update's reduce-scatter", r->g, gl->chunk,
+                                    PMAP_RED_MEAN));
   /* Decide. */
   float *h = step_host_tail(p, dev);
   PMAP_TRY(sharded_tail(dev, p, r, h));

@@ -482,10 +482,10 @@ static pmap_status ctx_create(const pmap_config *cfg_in, pmap_ctx **out) {
                     "PMAP_RECOMPUTE_FULL (1), PMAP_RECOMPUTE_AUTO (2), "
                     "PMAP_RECOMPUTE_SELECTIVE (3)",
                     cfg.recompute);
-  if (cfg.shard_optimizer < PMAP_SHARD_AUTO || cfg.shard_optimizer > PMAP_SHARD_ON)
+  if (cfg.shard_optimizer < PMAP_SHARD_AUTO || cfg.shard_optimizer > PMAP_SHARD_GRADS)
     return PMAP_ERR(PMAP_ERR_INVALID_ARGUMENT,
                     "pmap_ctx_create: shard_optimizer %d is none of PMAP_SHARD_AUTO (0), "
-                    "PMAP_SHARD_OFF (1), PMAP_SHARD_ON (2)",
+                    "PMAP_SHARD_OFF (1), PMAP_SHARD_ON (2), PMAP_SHARD_GRADS (3)",
                     cfg.shard_optimizer);
   /* AUTO: the variable when set, else the size rule of params_layout (models/params.c). */
   int shard = cfg.shard_optimizer;

@@ -117,6 +117,8 @@ static void plan_case(const char *what, int shard, int uneven, int micro, int ba
   CHECK(plan.optimizer == pmap_params_optimizer_bytes(p), "%s: optimizer %zu, params say %zu", what,
         plan.optimizer, pmap_params_optimizer_bytes(p));
   CHECK((plan.state > 0) == (batchnorm != 0), "%s: state %zu", what, plan.state);
+  CHECK(plan.grads_sharded == (shard == PMAP_SHARD_GRADS), "%s: gradients sharded %d", what,
+        plan.grads_sharded);
   float *x = calloc((size_t)batch * 12, sizeof *x);
   int32_t *y = calloc((size_t)batch, sizeof *y);
   for (int64_t i = 0; i < batch * 12; i++) x[i] = (float)((i * 37) % 11) / 11.0f;
@@ -517,6 +519,8 @@ int main(void) {
   plan_case("micro-batches", PMAP_SHARD_OFF, 0, 3, 0, 64);
   plan_case("batch norm", PMAP_SHARD_OFF, 0, 1, 1, 32);
   plan_case("uneven", PMAP_SHARD_OFF, 1, 2, 0, 67);
+  plan_case("sharded gradients", PMAP_SHARD_GRADS, 0, 1, 0, 64);
+  plan_case("sharded gradients, batch norm, uneven", PMAP_SHARD_GRADS, 1, 1, 1, 67);
   plan16();
   memory_limit();
   precision_switch_limit();

@@ -456,8 +456,8 @@ static pmap_status backward16(const layer *l, replica *r, int i, const float *dy
   attn_io16 io = io16_of(&a, r, i, bd, blk);
   int64_t e3 = 3 * a.e, part = a.rows * a.e;
   layer_mat wqkv = layer_weights(r, l->w_off), wo = layer_weights(r, l->w_off + (size_t)(a.d * e3));
-  float *gwqkv = r->g + l->w_off, *gwo = gwqkv + a.d * e3;
-  float *gbqkv = r->g + l->b_off, *gbo = gbqkv + e3;
+  float *gwqkv = layer_grad(r, l->w_off), *gwo = gwqkv + a.d * e3;
+  float *gbqkv = layer_grad(r, l->b_off), *gbo = gbqkv + e3;
   layer_mat d16, o16 = {NULL, io.o16};
   /* the output projection: dWo += O^T dy, dbo += sum dy, dO = dy Wo^T (rounded into h4) */
   PMAP_TRY(layer_operand(r, dy, (size_t)(a.rows * a.d), io.h4, &d16));
@@ -508,8 +508,8 @@ static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i,
   attn_buf b = blk ? blocked_bufs(&a, r->aux[i], bd) : bufs_of(&a, r->aux[i], bd);
   int64_t e3 = 3 * a.e;
   const float *wqkv = r->w + l->w_off, *wo = wqkv + a.d * e3;
-  float *gwqkv = r->g + l->w_off, *gwo = gwqkv + a.d * e3;
-  float *gbqkv = r->g + l->b_off, *gbo = gbqkv + e3;
+  float *gwqkv = layer_grad(r, l->w_off), *gwo = gwqkv + a.d * e3;
+  float *gbqkv = layer_grad(r, l->b_off), *gbo = gbqkv + e3;
   /* the output projection: dWo += O^T dy, dbo += sum dy, dO = dy Wo^T */
   PMAP_TRY(ops->gemm(r->q, 1, 0, a.e, a.d, a.rows, 1.0f, b.o, a.e, dy, a.d, 1.0f, gwo, a.d));
   PMAP_TRY(ops->bias_backward(r->q, dy, gbo, a.rows, a.d, 1));

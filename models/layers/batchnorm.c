@@ -76,8 +76,8 @@ static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i,
   int64_t c = s->channels;
   float *stats = buf(r, l, i, 0), *sums = buf(r, l, i, 3);
   PMAP_TRY(ops->bn_backward_sums(r->q, r->in[i], dy, stats, bd, c, s->inner, s->eps, sums));
-  PMAP_TRY(ops->add(r->q, r->g + l->w_off, sums + c, r->g + l->w_off, (size_t)c));
-  PMAP_TRY(ops->add(r->q, r->g + l->b_off, sums, r->g + l->b_off, (size_t)c));
+  PMAP_TRY(ops->add(r->q, layer_grad(r, l->w_off), sums + c, layer_grad(r, l->w_off), (size_t)c));
+  PMAP_TRY(ops->add(r->q, layer_grad(r, l->b_off), sums, layer_grad(r, l->b_off), (size_t)c));
   if (!dx) return PMAP_SUCCESS;
   if (s->cross_replica)
     PMAP_TRY(model_exchange(dev, r, "batch norm's backward", sums, 2 * (size_t)c));

@@ -66,7 +66,7 @@ static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i,
     dy = r->dout[i] = r->dact[i];
   }
   const float *x = r->in[i], *w = r->w + l->w_off;
-  float *db = r->g + l->b_off;
+  float *db = layer_grad(r, l->b_off);
   if (r->w16) {
     /* The bias gradient from the float dy (through the ReLU first where it is folded), as
      * dense's; the convolution then takes the rounded dy alone. Rounding commutes with the
@@ -81,7 +81,7 @@ static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i,
     PMAP_TRY(r->ops->round_bf16(r->q, dy, NULL, r->tmp, n));
     dy = r->tmp, db = NULL;
   }
-  return r->ops->conv2d_backward(r->q, s, bd, x, w, relu_out, dy, dx, r->g + l->w_off, db, r->col,
+  return r->ops->conv2d_backward(r->q, s, bd, x, w, relu_out, dy, dx, layer_grad(r, l->w_off), db, r->col,
                                  r->dcol);
 }
 

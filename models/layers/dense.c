@@ -33,17 +33,17 @@ pmap_status dense_rows_backward(const layer *l, replica *r, int i, const float *
   if (l->epilogue) { /* dy is the activation's output gradient: its backward first, with db */
     const float *x = r->out[i]; /* the sum before the activation, or its kept slope */
     PMAP_TRY(ops->act_bias_backward(r->q, (pmap_act)(l->epilogue - 1), x, r->out[i + 1], dy,
-                                    r->dact[i], r->g + l->b_off, rows, u, r->w16 ? dy16 : NULL,
+                                    r->dact[i], layer_grad(r, l->b_off), rows, u, r->w16 ? dy16 : NULL,
                                     kept_slope(l, r, (float *)x, 1)));
     dy = r->dout[i] = r->dact[i];
     d = r->w16 ? (layer_mat){NULL, dy16} : (layer_mat){dy, NULL}; /* bf16: rounded in that pass */
   } else {
-    PMAP_TRY(ops->bias_backward(r->q, dy, r->g + l->b_off, rows, u, 1)); /* db */
+    PMAP_TRY(ops->bias_backward(r->q, dy, layer_grad(r, l->b_off), rows, u, 1)); /* db */
     PMAP_TRY(layer_operand(r, dy, (size_t)(rows * u), dy16, &d));
   }
   /* dW (f, u) += in^T (f, rows) dy (rows, u) */
   PMAP_TRY(layer_gemm(r, 1, 0, f, u, rows, layer_input(r, i, r->in[i]), f, d, u, 1.0f,
-                      r->g + l->w_off, u));
+                      layer_grad(r, l->w_off), u));
   /* dx (rows, f) = dy (rows, u) W^T (u, f) */
   if (!dx) return PMAP_SUCCESS;
   return layer_gemm(r, 0, 1, rows, f, u, d, u, layer_weights(r, l->w_off), u, 0.0f, dx, f);

@@ -43,7 +43,7 @@ static pmap_status tok_backward(pmap_device *dev, const layer *l, replica *r, in
                                 const float *dy, float *dx, const float **dx_out, int64_t bd) {
   (void)dev, (void)dx, (void)dx_out; /* the input (token ids) takes no gradient */
   return r->ops->embedding_backward(r->q, ids_of(r->in[i]), dy, bd * l->in_size, cfg(l)->vocab,
-                                    l->out_shape[1], r->g + l->w_off);
+                                    l->out_shape[1], layer_grad(r, l->w_off));
 }
 
 static void tok_geometry(const layer *l, uint32_t g[4]) { g[0] = (uint32_t)cfg(l)->vocab; }
@@ -109,7 +109,7 @@ static pmap_status pos_forward(pmap_device *dev, const layer *l, replica *r, int
 static pmap_status pos_backward(pmap_device *dev, const layer *l, replica *r, int i,
                                 const float *dy, float *dx, const float **dx_out, int64_t bd) {
   (void)dev, (void)i;
-  PMAP_TRY(r->ops->bias_backward(r->q, dy, r->g + l->w_off, bd, l->out_size, 1));
+  PMAP_TRY(r->ops->bias_backward(r->q, dy, layer_grad(r, l->w_off), bd, l->out_size, 1));
   if (dx) *dx_out = dy; /* the gradient passes unchanged */
   return PMAP_SUCCESS;
 }
@@ -171,12 +171,12 @@ static pmap_status head_backward(pmap_device *dev, const layer *l, replica *r, i
   PMAP_TRY(layer_operand(r, dy, (size_t)(rows * v), (pmap_bf16 *)(void *)r->tmp, &g));
   if (s->tied) {
     /* dE (V, D) += dy^T (V, rows) x (rows, D); dx (rows, D) = dy (rows, V) E (V, D) */
-    PMAP_TRY(layer_gemm(r, 1, 0, v, d, rows, g, v, x, d, 1.0f, r->g + s->table_off, d));
+    PMAP_TRY(layer_gemm(r, 1, 0, v, d, rows, g, v, x, d, 1.0f, layer_grad(r, s->table_off), d));
     if (!dx) return PMAP_SUCCESS;
     return layer_gemm(r, 0, 0, rows, d, v, g, v, layer_weights(r, s->table_off), d, 0.0f, dx, d);
   }
-  PMAP_TRY(layer_gemm(r, 1, 0, d, v, rows, x, d, g, v, 1.0f, r->g + l->w_off, v));
-  PMAP_TRY(ops->bias_backward(r->q, dy, r->g + l->b_off, rows, v, 1));
+  PMAP_TRY(layer_gemm(r, 1, 0, d, v, rows, x, d, g, v, 1.0f, layer_grad(r, l->w_off), v));
+  PMAP_TRY(ops->bias_backward(r->q, dy, layer_grad(r, l->b_off), rows, v, 1));
   if (!dx) return PMAP_SUCCESS;
   return layer_gemm(r, 0, 1, rows, d, v, g, v, layer_weights(r, l->w_off), v, 0.0f, dx, d);
 }
@@ -264,6 +264,10 @@ pmap_status pmap_model_add_lm_head(pmap_model *m, int tied) {
   s->vocab = v;
   s->tied = tied;
   s->table_off = emb->w_off;
+  if (tied) {
+    l.gshare_off = emb->w_off;
+    l.gshare_len = emb->w_size;
+  }
   l.out_shape[1] = v;
   l.out_size = l.in_shape[0] * v;
   if (!tied) {

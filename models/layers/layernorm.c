@@ -25,7 +25,7 @@ static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i,
                             float *dx, const float **dx_out, int64_t bd) {
   (void)dev, (void)dx_out;
   return r->ops->layernorm_backward(r->q, r->in[i], r->w + l->w_off, r->aux[i], dy, bd, l->in_size,
-                                    dx, r->g + l->w_off, r->g + l->b_off);
+                                    dx, layer_grad(r, l->w_off), layer_grad(r, l->b_off));
 }
 
 static void init(const layer *l, double gain, struct pmap_rng *rng, float *w) {

@@ -134,17 +134,27 @@ static void test_agreement(const char *model, int n) {
 }
 
 /* The sharded optimizer (ncclReduceScatter, the optimizer on each device's part, ncclAllGather)
- * against the replicated one (ncclAllReduce) on n CUDA devices, for each of `count` models, on
- * a context of each (the setting is read when a context is made): NCCL may sum in another order
- * for the two collectives, so the runs agree within bound_order32 of the model rather than
- * bitwise; replicas stay bitwise identical (checked in train). */
+ * and the sharded gradients (each layer's gradients all-reduced as its backward ends, the
+ * device's part copied out) against the replicated step (ncclAllReduce) on n CUDA devices, for
+ * each of `count` models, on a context of each (the setting is read when a context is made):
+ * NCCL may sum in another order for the collectives, so the runs agree within bound_order32 of
+ * the model rather than bitwise; replicas stay bitwise identical (checked in train). */
 static void test_shard_agreement(const char *const *models, int count, int n, int gpus) {
-  pmap_ctx *rep = NULL, *shard = NULL;
+  pmap_ctx *rep = NULL, *shard = NULL, *grads = NULL;
   setenv("PMAP_SHARD_OPTIMIZER", "0", 1);
   pmap_status st = gpu_ctx(n, gpus, 0.0, &rep);
   setenv("PMAP_SHARD_OPTIMIZER", "1", 1);
   if (!st) st = gpu_ctx(n, gpus, 0.0, &shard);
   unsetenv("PMAP_SHARD_OPTIMIZER");
+  if (!st) {
+    int ids[PMAP_MAX_DEVICES];
+    for (int i = 0; i < n; i++) ids[i] = i % gpus;
+    pmap_config cfg = {.backend = PMAP_BACKEND_CUDA,
+                       .num_devices = n,
+                       .device_ids = ids,
+                       .shard_optimizer = PMAP_SHARD_GRADS};
+    CHECK_OK(st = pmap_ctx_create(&cfg, &grads));
+  }
   for (int i = 0; i < count && !st; i++) {
     const char *model = models[i];
     size_t P = n_params(model);
@@ -167,12 +177,22 @@ static void test_shard_agreement(const char *const *models, int count, int n, in
       gpu_within(what, l_shard, l_rep, (size_t)steps, bound);
       printf("%-9s: %d CUDA devices, the sharded optimizer agrees with the replicated one\n", model,
              n);
+      train(grads, model, steps, batch, w_shard, l_shard);
+      snprintf(what, sizeof what,
+               "%s: CUDA %d devices, sharded gradients vs replicated, parameters", model, n);
+      gpu_within(what, w_shard, w_rep, P, bound);
+      snprintf(what, sizeof what, "%s: CUDA %d devices, sharded gradients vs replicated, losses",
+               model, n);
+      gpu_within(what, l_shard, l_rep, (size_t)steps, bound);
+      printf("%-9s: %d CUDA devices, the sharded gradients agree with the replicated step\n", model,
+             n);
     }
     free(w_rep);
     free(w_shard);
   }
   pmap_ctx_destroy(rep);
   pmap_ctx_destroy(shard);
+  pmap_ctx_destroy(grads);
 }
 
 /* The same parameters predict the same outputs on CUDA (n devices) and on the CPU, to the order
@@ -267,14 +287,15 @@ int main(void) {
   /* res-mlp: layer norm, GELU, residual blocks; cifar-bn: batch norm across devices, pooling;
    * gpt-mini: token ids, embeddings, causal attention, the tied head.
    * Quick (PMAP_GPU_TEST_QUICK=1): the dense model, the large one and the one with collectives
-   * inside its layers, the sharded optimizer on one, no convergence runs. */
+   * inside its layers, the sharded optimizer and gradients on one (res-mlp: many layers, so its
+   * gradients are sharded from 2 devices on), no convergence runs. */
   static const char *const models[] = {"linear",    "mlp",     "convnet",  "mlp-1024",
                                        "cifar-cnn", "res-mlp", "cifar-bn", "gpt-mini"};
   int quick = gpu_test_quick();
   for (int i = 0; i < 8; i++)
     if (!quick || i == 1 || i == 3 || i == 6) test_agreement(models[i], n);
-  static const char *const sharded[] = {"mlp", "cifar-bn"};
-  if (n > 1) test_shard_agreement(sharded, quick ? 1 : 2, n, gpus);
+  static const char *const sharded[] = {"res-mlp", "mlp", "cifar-bn"};
+  if (n > 1) test_shard_agreement(sharded, quick ? 1 : 3, n, gpus);
   test_predict(n);
   if (!quick) test_converge(n);
   pmap_ctx_destroy(cuda_one);
