@@ -481,15 +481,26 @@ if grep -qF -- '--recompute auto chose selective' "$tmp/out" && cmp -s "$tmp/rc-
   bad "--recompute auto under $limit bytes: $(grep -F 'auto chose' "$tmp/out")"
 fi
 
-# --shard: none, optimizer and auto as the JSON's memory.shard says; the aliases; grads and params
-# refused by name.
+# --shard: none, optimizer, grads and auto as the JSON's memory.shard says; the aliases; params
+# refused by name. Sharded gradients train to the same bytes as the sharded optimizer; a model of
+# mostly one layer keeps its gradient whole (the memory object says so); micro-batches refused.
 json_check --backend cpu --model mlp-1024 --devices 2 --steps 1 --shard none -- \
   "j['memory']['shard'] == 'none' and not j['sharded_optimizer']"
 json_check --backend cpu --model mlp-1024 --devices 2 --steps 1 --shard optimizer -- \
   "j['memory']['shard'] == 'optimizer' and j['sharded_optimizer']"
 json_check --backend cpu --model mlp --devices 2 --steps 1 --shard auto -- \
   "j['memory']['shard'] == 'none'"
-expect_error 'sharded gradients (ZeRO stage 2) are not there yet' --backend cpu --shard grads
+zg=(--backend cpu --model gpt-mini --devices 2 --batch 4 --steps 2)
+json_check "${zg[@]}" --shard grads --save "$tmp/zg-grads.ckpt" -- \
+  "j['memory']['shard'] == 'grads' and j['memory']['grads_sharded'] and j['sharded_optimizer']"
+json_check "${zg[@]}" --shard optimizer --save "$tmp/zg-opt.ckpt" -- \
+  "j['memory']['shard'] == 'optimizer' and not j['memory']['grads_sharded']"
+if cmp -s "$tmp/zg-grads.ckpt" "$tmp/zg-opt.ckpt"; then ok; else
+  bad "--shard grads and --shard optimizer saved different checkpoints"
+fi
+json_check --backend cpu --model mlp --devices 2 --steps 1 --shard grads -- \
+  "j['memory']['shard'] == 'optimizer' and not j['memory']['grads_sharded']"
+expect_error '2 micro-batches with sharded gradients' "${zg[@]}" --shard grads --micro-batches 2
 expect_error 'sharded parameters (ZeRO stage 3) are not there yet' --backend cpu --shard params
 expect_error '--shard and --no-shard-optimizer both say' --backend cpu --shard optimizer --no-shard-optimizer
 

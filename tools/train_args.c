@@ -313,10 +313,12 @@ int train_parse(int argc, char **argv, opts *o) {
        .dest = &o->shard_rung,
        .arg = NULL,
        .help = "what each device keeps of the training state: none (every device all of it), "
-               "optimizer (its 1/N of the optimizer state, ZeRO-1; the same results), or auto "
-               "(the default: the library's, PMAP_SHARD_OPTIMIZER when set, else the optimizer "
-               "sharded from 65536 parameters or under --max-memory); grads and params (ZeRO-2 "
-               "and 3) are not there yet",
+               "optimizer (its 1/N of the optimizer state, ZeRO-1; the same results), grads "
+               "(its 1/N of the averaged gradient too, each layer's reduced as its backward "
+               "ends, ZeRO-2; the same results; one micro-batch; a model of mostly one layer "
+               "keeps its gradient whole), or auto (the default: the library's, "
+               "PMAP_SHARD_OPTIMIZER when set, else the optimizer sharded from 65536 parameters "
+               "or under --max-memory); params (ZeRO-3) is not there yet",
        .choices = shard_choices,
        .given = &o->have_shard_rung},
       {.name = "--shard-optimizer",
@@ -399,7 +401,8 @@ int train_parse(int argc, char **argv, opts *o) {
   if (r > 0) exit(0);
   if (r < 0) return -1;
   if (o->have_shard_rung) {
-    static const int shard_of[] = {PMAP_SHARD_OFF, PMAP_SHARD_ON, -1, -1, PMAP_SHARD_AUTO};
+    static const int shard_of[] = {PMAP_SHARD_OFF, PMAP_SHARD_ON, PMAP_SHARD_GRADS, -1,
+                                   PMAP_SHARD_AUTO};
     if (o->shard != PMAP_SHARD_AUTO)
       return cli_error(prog,
                        "--shard and --%sshard-optimizer both say what is sharded; give one "
@@ -408,10 +411,9 @@ int train_parse(int argc, char **argv, opts *o) {
                        o->shard == PMAP_SHARD_OFF ? "no-" : "");
     if (shard_of[o->shard_rung] < 0)
       return cli_error(prog,
-                       "--shard %s: sharded %s (ZeRO stage %d) are not there yet; none, "
-                       "optimizer or auto",
-                       shard_choices[o->shard_rung],
-                       o->shard_rung == 2 ? "gradients" : "parameters", o->shard_rung);
+                       "--shard %s: sharded parameters (ZeRO stage 3) are not there yet; "
+                       "none, optimizer, grads or auto",
+                       shard_choices[o->shard_rung]);
     o->shard = shard_of[o->shard_rung];
   }
   if (!o->data != !o->labels) return cli_error(prog, "--data and --labels go together");

@@ -28,9 +28,9 @@ int watch_memory(pmap_params *params, int64_t batch, int64_t max_bytes, int reco
   }
   const pmap_memory_plan *m = plan;
   printf(
-      "pmap-train: memory per device: parameters %.4g MB, gradients %.4g MB, optimizer %.4g MB "
-      "(%s), state %.4g MB, activations %.4g MB%s, staging %.4g MB: total %.4g MB",
-      mb(m->params), mb(m->grads), mb(m->optimizer),
+      "pmap-train: memory per device: parameters %.4g MB, gradients %.4g MB%s, optimizer %.4g "
+      "MB (%s), state %.4g MB, activations %.4g MB%s, staging %.4g MB: total %.4g MB",
+      mb(m->params), mb(m->grads), m->grads_sharded ? " (sharded)" : "", mb(m->optimizer),
       m->optimizer_sharded ? "sharded" : "replicated", mb(m->state), mb(m->activations),
       m->recompute == PMAP_RECOMPUTE_FULL        ? " (blocks recomputed)"
       : m->recompute == PMAP_RECOMPUTE_SELECTIVE ? " (element-wise results recomputed)"
@@ -83,11 +83,15 @@ int watch_memory(pmap_params *params, int64_t batch, int64_t max_bytes, int reco
 void watch_memory_json(FILE *f, const pmap_memory_plan *m) {
   fprintf(f,
           "{\"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, \"optimizer_sharded\": %s, "
-          "\"state\": %zu, \"activations\": %zu, \"staging\": %zu, \"total\": %zu, "
-          "\"shard\": \"%s\", \"recompute\": \"%s\", \"activations_stored\": %zu, "
-          "\"activations_recomputed\": %zu, \"activations_selective\": %zu, \"device_free\": ",
-          m->params, m->grads, m->optimizer, m->optimizer_sharded ? "true" : "false", m->state,
-          m->activations, m->staging, m->total, m->optimizer_sharded ? "optimizer" : "none",
+          "\"grads_sharded\": %s, \"state\": %zu, \"activations\": %zu, \"staging\": %zu, "
+          "\"total\": %zu, \"shard\": \"%s\", \"recompute\": \"%s\", "
+          "\"activations_stored\": %zu, \"activations_recomputed\": %zu, "
+          "\"activations_selective\": %zu, \"device_free\": ",
+          m->params, m->grads, m->optimizer, m->optimizer_sharded ? "true" : "false",
+          m->grads_sharded ? "true" : "false", m->state, m->activations, m->staging, m->total,
+          m->grads_sharded       ? "grads"
+          : m->optimizer_sharded ? "optimizer"
+                                 : "none",
           rung_name(m->recompute), m->activations_stored, m->activations_recomputed,
           m->activations_selective);
   if (m->device_free == SIZE_MAX)

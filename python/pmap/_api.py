@@ -250,9 +250,12 @@ class Context:
     uneven_batches=False, shard_optimizer=None, caller_waits=True, max_memory=None,
     recompute="none"). devices: a positive int, or
     None for the backend's default (the C library's PMAP_DEVICES_DEFAULT). shard_optimizer: True
-    shards the optimizer over the devices (ZeRO-1), False replicates it, None leaves it to the
-    library (the PMAP_SHARD_OPTIMIZER variable, else sharded from 65536 parameters on, or at any
-    size under max_memory).
+    or "optimizer" shards the optimizer over the devices (ZeRO-1), "grads" the averaged gradient
+    too (ZeRO-2: each layer's reduced into the devices' parts as its backward ends; the same
+    results; one micro-batch; a model of mostly one layer keeps its gradient whole), False or
+    "none" replicates them, None or "auto" leaves it to the library (the PMAP_SHARD_OPTIMIZER
+    variable, else the optimizer sharded from 65536 parameters on, or at any size under
+    max_memory).
     caller_waits: True gives device 0 a worker thread of its own, so that the calling thread (the
     one Python runs signal handlers on) never runs device work; False runs device 0 on it, one
     thread fewer (params_custom then refuses). max_memory: None for no limit, or the bytes each
@@ -282,8 +285,12 @@ class Context:
         cfg.timeout_s = real("timeout", timeout)
         cfg.numeric_guard = 1 - flag("numeric_guard", numeric_guard)
         cfg.uneven_batches = flag("uneven_batches", uneven_batches)
-        cfg.shard_optimizer = (0 if shard_optimizer is None
-                               else 1 + flag("shard_optimizer", shard_optimizer))
+        if shard_optimizer is None or isinstance(shard_optimizer, str):
+            cfg.shard_optimizer = choice("shard_optimizer",
+                                         "auto" if shard_optimizer is None else shard_optimizer,
+                                         {"auto": 0, "none": 1, "optimizer": 2, "grads": 3})
+        else:
+            cfg.shard_optimizer = 1 + flag("shard_optimizer", shard_optimizer)
         cfg.caller_waits = flag("caller_waits", caller_waits)
         cfg.max_memory = 0 if max_memory is None else integer("max_memory", max_memory, 1,
                                                                 2 ** 63 - 1)
@@ -559,7 +566,8 @@ class Params:
     def memory(self, batch):
         """The device memory a step of update() at this global batch needs on each device, in
         bytes: a dict of params, grads, optimizer, state, activations, staging, total,
-        optimizer_sharded (bool), device_free (None where the backend does not know: CPU),
+        optimizer_sharded and grads_sharded (bools), device_free (None where the backend does not
+        know: CPU),
         recompute ("full" when some residual block is computed again, "selective" when the
         element-wise results of some are, else "none"), and the activations of every rung,
         activations_stored, activations_selective and activations_recomputed."""
@@ -568,6 +576,7 @@ class Params:
         check(self._call("Params.memory", lib.pmap_params_memory, batch, ctypes.byref(plan)))
         out = {k: getattr(plan, k) for k, _ in _lib.MemoryPlan._fields_}
         out["optimizer_sharded"] = bool(out["optimizer_sharded"])
+        out["grads_sharded"] = bool(out["grads_sharded"])
         if out["device_free"] == ctypes.c_size_t(-1).value:
             out["device_free"] = None
         out["recompute"] = {1: "full", 3: "selective"}.get(out["recompute"], "none")

@@ -145,6 +145,7 @@ class MemoryPlan(ctypes.Structure):
         ("activations_stored", ctypes.c_size_t),
         ("activations_recomputed", ctypes.c_size_t),
         ("activations_selective", ctypes.c_size_t),
+        ("grads_sharded", ctypes.c_int),
     ]
 
 

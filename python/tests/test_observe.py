@@ -218,6 +218,35 @@ def test_recompute():
             pmap.Context(backend="cpu", devices=1, recompute=bad)
 
 
+def test_sharded_gradients():
+    """shard_optimizer="grads": the same bits as "optimizer" and as replicated, with recomputation
+    too; the plan holds a part of the gradients; micro-batches are refused; other values too."""
+    x, y = data()
+    got, plans = {}, {}
+    for shard in ("none", "optimizer", "grads", False, True):
+        for recompute in ("none", "full"):
+            with pmap.Context(backend="cpu", devices=DEVICES, shard_optimizer=shard,
+                              recompute=recompute) as ctx:
+                with ctx.params(residual_model(), pmap.adam(1e-2), seed=3) as params:
+                    plans[shard, recompute] = params.memory(12)
+                    losses = [params.update(x, y) for _ in range(3)]
+                    got[shard, recompute] = (losses, params.read(), params.sharded)
+                    if shard == "grads":
+                        with pytest.raises(pmap.ArgumentError, match="2 micro-batches"):
+                            params.set_micro_batches(2)
+    for key, (losses, w, sharded) in got.items():
+        assert losses == got["none", "none"][0], key
+        assert np.array_equal(w, got["none", "none"][1]), key
+    plan, whole = plans["grads", "none"], plans["optimizer", "none"]
+    assert plan["grads_sharded"] and plan["optimizer_sharded"] and got["grads", "none"][2]
+    assert not whole["grads_sharded"] and plan["grads"] < whole["grads"], (plan, whole)
+    assert plans[True, "none"] == whole and not plans[False, "none"]["optimizer_sharded"]
+    with pytest.raises(pmap.ArgumentError):
+        pmap.Context(backend="cpu", devices=1, shard_optimizer="params")
+    with pytest.raises(pmap.ArgumentTypeError):
+        pmap.Context(backend="cpu", devices=1, shard_optimizer=2)
+
+
 def test_closed_objects_raise(tmp_path):
     ctx = pmap.Context(backend="cpu", devices=2)
     params = ctx.params(model(), pmap.sgd(0.1), seed=0)
