@@ -63,9 +63,11 @@ int watch_memory(pmap_params *params, int64_t batch, int64_t max_bytes, int reco
   if (max_bytes > 0 && m->total > (uint64_t)max_bytes) {
     snprintf(why, why_size,
              "--max-memory %lld: the plan needs %zu bytes per device (%.4g MB), over the limit "
-             "by %zu bytes; nothing was run (lower --batch, raise --micro-batches, shard the "
-             "optimizer%s)",
+             "by %zu bytes; nothing was run (lower --batch, %s%s)",
              (long long)max_bytes, m->total, mb(m->total), m->total - (size_t)max_bytes,
+             !m->optimizer_sharded ? "raise --micro-batches, shard the optimizer"
+             : !m->grads_sharded   ? "raise --micro-batches, --shard grads (one micro-batch)"
+                                   : "run on more devices (sharded gradients take one micro-batch)",
              m->recompute != PMAP_RECOMPUTE_FULL && m->activations_recomputed < m->activations
                  ? ", or --recompute full"
                  : "");
