@@ -189,9 +189,11 @@ typedef struct pmap_config {
                             backward ends, so a device holds its part, a window the size of the
                             largest layer's parameters and a tied embedding's table; the same
                             bits as PMAP_SHARD_ON on CPU. Built-in models only (the params of
-                            pmap_params_create_custom shard the optimizer alone), one
-                            micro-batch (pmap_params_set_micro_batches refuses more). Never
-                            across processes. */
+                            pmap_params_create_custom shard the optimizer alone), where that
+                            holds less than PMAP_SHARD_ON's gradient buffer (a model of mostly
+                            one layer keeps it whole: pmap_memory_plan.grads_sharded says),
+                            one micro-batch where sharded (pmap_params_set_micro_batches
+                            refuses more). Never across processes. */
   int cuda_graphs;       /* CUDA: 1 captures the whole step (forward, loss, backward, all-reduce,
                             optimizer) into a CUDA graph after a warm-up step at a batch size and
                             replays it for later steps of that size; -1 never; 0 (default): the

@@ -24,6 +24,7 @@ static pmap_status update_steps(pmap_device *dev, step_call *c) {
   PMAP_TRY(step_fast_update(dev, c, r, step_grads, &fast));
   if (fast) return PMAP_SUCCESS;
   PMAP_TRY(r->ops->fill(r->q, r->g, 0.0f, p->gl.len));
+  r->source.injected = 0; /* a nan fault of this call only (a refused call's step comes again) */
   if (p->shard_grads) PMAP_TRY(grad_window_begin(p, r, 0));
   PMAP_TRY(step_grads(dev, c, r));
   if (p->shard_grads) PMAP_TRY(grad_window_finish(dev, p, r));

@@ -129,13 +129,18 @@ pmap_status step_replicated(pmap_device *dev, step_call *c, replica *r) {
 /* Each device holds only its own part averaged: it computes its part norm, and the devices
  * all-gather [part | loss | flags]; each value of the loss and flags is taken from the record
  * of the device whose part held it averaged. */
-static pmap_status sharded_tail(pmap_device *dev, const pmap_params *p, replica *r, float *h) {
+static pmap_status sharded_tail(pmap_device *dev, const pmap_params *p, replica *r, int64_t t,
+                                float *h) {
   const grad_layout *gl = &p->gl;
   int G = gl->G;
   size_t lo = 0, len = 0, rec = gl->record_len;
   params_part(p, pmap_axis_index(dev), &lo, &len);
   if (p->guard || p->opt.clip_norm > 0.0f)
     PMAP_TRY(r->ops->norm2(r->q, replica_g(r, lo), len, replica_g(r, gl->part)));
+  /* PMAP_FAULT's nan with sharded gradients (step_faults.c) made this device's part NaN; its
+   * norm is made NaN too, for a part that holds no parameters. */
+  if (p->shard_grads && r->source.injected == t)
+    PMAP_TRY(r->ops->fill(r->q, replica_g(r, gl->part), NAN, 1));
   float *records = replica_g(r, gl->records);
   PMAP_TRY(backend_all_gather(dev, "pmap_update's exchange of norms", replica_g(r, gl->part),
                               records, rec));
@@ -173,7 +178,7 @@ pmap_status step_sharded(pmap_device *dev, step_call *c, replica *r) {
                                     PMAP_RED_MEAN));
   /* Decide. */
   float *h = step_host_tail(p, dev);
-  PMAP_TRY(sharded_tail(dev, p, r, h));
+  PMAP_TRY(sharded_tail(dev, p, r, c->t, h));
   verdict v = decide(p, h);
   if (v.skip) {
     if (pmap_local_index(dev) == 0) c->skipped = 1, c->over_norm = v.over;

@@ -289,8 +289,13 @@ class Context:
             cfg.shard_optimizer = choice("shard_optimizer",
                                          "auto" if shard_optimizer is None else shard_optimizer,
                                          {"auto": 0, "none": 1, "optimizer": 2, "grads": 3})
-        else:
+        elif isinstance(shard_optimizer, (bool, np.bool_, int, np.integer)) and \
+                int(shard_optimizer) in (0, 1):
             cfg.shard_optimizer = 1 + flag("shard_optimizer", shard_optimizer)
+        else:
+            raise ArgumentTypeError("shard_optimizer must be None, True, False or one of "
+                                    "'auto', 'none', 'optimizer', 'grads'; got "
+                                    f"{type(shard_optimizer).__name__} {shard_optimizer!r}")
         cfg.caller_waits = flag("caller_waits", caller_waits)
         cfg.max_memory = 0 if max_memory is None else integer("max_memory", max_memory, 1,
                                                                 2 ** 63 - 1)

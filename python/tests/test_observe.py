@@ -243,8 +243,9 @@ def test_sharded_gradients():
     assert plans[True, "none"] == whole and not plans[False, "none"]["optimizer_sharded"]
     with pytest.raises(pmap.ArgumentError):
         pmap.Context(backend="cpu", devices=1, shard_optimizer="params")
-    with pytest.raises(pmap.ArgumentTypeError):
-        pmap.Context(backend="cpu", devices=1, shard_optimizer=2)
+    for bad in (2, 0.5, b"grads"):
+        with pytest.raises(pmap.ArgumentTypeError, match="'grads'"):
+            pmap.Context(backend="cpu", devices=1, shard_optimizer=bad)
 
 
 def test_closed_objects_raise(tmp_path):
