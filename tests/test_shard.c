@@ -7,14 +7,7 @@
  * per device; and the setting's validation. */
 #include <unistd.h>
 
-#include "pmap_examples.h"
-#include "testutil.h"
-
-typedef struct run {
-  pmap_ctx *ctx;
-  pmap_model *model;
-  pmap_params *params;
-} run;
+#include "shard_util.h"
 
 static char dir[64];
 static int guard_mode = PMAP_GUARD_ON; /* the numeric guard of the contexts open_run makes */
@@ -32,56 +25,6 @@ static int open_run(run *r, const char *name, const pmap_optimizer *opt, int n, 
   if (!r->ctx || !r->model) return -1;
   CHECK_OK(pmap_params_create(r->ctx, r->model, opt, 7, &r->params));
   return r->params ? 0 : -1;
-}
-
-static void close_run(run *r) {
-  pmap_params_destroy(r->params);
-  pmap_model_destroy(r->model);
-  CHECK_OK(pmap_ctx_destroy(r->ctx));
-  memset(r, 0, sizeof *r);
-}
-
-/* Rows [at, at + b) of xs, ys as arrays. */
-static void rows_of(const pmap_array *xs, const pmap_array *ys, int64_t at, int64_t b,
-                    pmap_array *x, pmap_array *y) {
-  *x = *xs;
-  *y = *ys;
-  size_t xr = (size_t)(pmap_array_numel(xs) / xs->shape[0]);
-  size_t yr = (size_t)(pmap_array_numel(ys) / ys->shape[0]);
-  x->data = (float *)xs->data + (size_t)at * xr;
-  y->data = (char *)ys->data + (size_t)at * yr * 4;
-  x->shape[0] = y->shape[0] = b;
-}
-
-/* The whole file at path into a malloc'ed buffer; *len its size. */
-static unsigned char *slurp(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long size = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  unsigned char *buf = malloc(size > 0 ? (size_t)size : 1);
-  *len = buf ? fread(buf, 1, (size_t)size, f) : 0;
-  fclose(f);
-  return buf;
-}
-
-/* a and b hold bitwise the same training state: their checkpoints are byte-identical. */
-static void same_state(const char *what, run *a, run *b) {
-  char pa[128], pb[128];
-  snprintf(pa, sizeof pa, "%s/a.ckpt", dir);
-  snprintf(pb, sizeof pb, "%s/b.ckpt", dir);
-  CHECK_OK(pmap_params_save(a->params, pa));
-  CHECK_OK(pmap_params_save(b->params, pb));
-  size_t la = 0, lb = 0;
-  unsigned char *fa = slurp(pa, &la), *fb = slurp(pb, &lb);
-  size_t at = 0;
-  while (fa && fb && at < la && at < lb && fa[at] == fb[at]) at++;
-  CHECK(fa && fb && la == lb && at == la,
-        "%s: the checkpoints differ (%zu and %zu bytes, first difference at byte %zu)", what, la,
-        lb, at);
-  free(fa);
-  free(fb);
 }
 
 /* `steps` steps of batch b on both runs from the same data; every loss and status the same. */
@@ -129,7 +72,7 @@ static void grid(void) {
                   P);
           }
           step_both(what, &a, &b, &xs, &ys, 24, 3);
-          same_state(what, &a, &b);
+          same_state(dir, what, &a, &b);
         }
         close_run(&a);
         close_run(&b);
@@ -149,7 +92,7 @@ static void variant(const char *what, const char *model, pmap_optimizer opt, int
     CHECK_OK(pmap_params_set_micro_batches(a.params, micro));
     CHECK_OK(pmap_params_set_micro_batches(b.params, micro));
     step_both(what, &a, &b, &xs, &ys, batch, steps);
-    same_state(what, &a, &b);
+    same_state(dir, what, &a, &b);
   }
   close_run(&a);
   close_run(&b);
@@ -187,24 +130,6 @@ static void guard(void) {
   setenv("PMAP_FAULT", "nan:device=1:step=2", 1);
   variant("guard", "mlp", pmap_adam(0.01f), 4, 1, 0, 32, 4);
   unsetenv("PMAP_FAULT");
-}
-
-/* A user's gradient function: least squares on y = x . w, any N. */
-static pmap_status lsq(const pmap_grad_args *a, void *user) {
-  (void)user;
-  int64_t rows = a->xs.shape[0];
-  size_t P = a->num_params;
-  const float *x = a->xs.data, *y = a->ys.data;
-  double loss = 0.0;
-  for (int64_t i = 0; i < rows; i++) {
-    float e = -y[i];
-    for (size_t j = 0; j < P; j++) e += x[(size_t)i * P + j] * a->params[j];
-    loss += (double)e * e;
-    for (size_t j = 0; j < P; j++)
-      a->grads[j] += a->scale * 2.0f * e * x[(size_t)i * P + j] / (float)rows;
-  }
-  *a->loss = (float)(loss / (double)rows);
-  return PMAP_SUCCESS;
 }
 
 /* Five parameters over 17 devices: the loss and the 17 guard flags spread over several devices'
@@ -289,7 +214,7 @@ static void custom(void) {
       CHECK_OK(pmap_params_read(b.params, n - 1, wb, P));
       CHECK(memcmp(wa, wb, sizeof wa) == 0, "%s: parameters differ", what);
       CHECK(memcmp(wa, init, sizeof wa) != 0, "%s: the parameters moved", what);
-      same_state(what, &a, &b);
+      same_state(dir, what, &a, &b);
     }
     pmap_params_destroy(a.params);
     pmap_params_destroy(b.params);
@@ -315,12 +240,12 @@ static void checkpoints(void) {
     CHECK_OK(pmap_params_save(c.params, path));
     CHECK_OK(pmap_params_load(b.params, path)); /* into replicated */
     step_both("replicated from sharded", &b, &c, &xs, &ys, 24, 2);
-    same_state("replicated from sharded", &b, &c);
+    same_state(dir, "replicated from sharded", &b, &c);
     CHECK_OK(pmap_params_save(b.params, path));
     CHECK_OK(pmap_params_load(a.params, path)); /* replicated into sharded */
-    same_state("sharded from replicated", &a, &b);
+    same_state(dir, "sharded from replicated", &a, &b);
     step_both("sharded from replicated", &b, &a, &xs, &ys, 24, 2);
-    same_state("after", &a, &b);
+    same_state(dir, "after", &a, &b);
     CHECK_OK(pmap_params_verify(a.params));
   }
   close_run(&a);
@@ -370,7 +295,7 @@ static void gather_fault(int again) {
             (double)lb);
     }
   }
-  if (!bad) same_state(what, &a, &b);
+  if (!bad) same_state(dir, what, &a, &b);
   close_run(&a);
   close_run(&b);
   pmap_example_data_free(&xs, &ys);

@@ -9,14 +9,7 @@
 #include <math.h>
 #include <unistd.h>
 
-#include "pmap_examples.h"
-#include "testutil.h"
-
-typedef struct run {
-  pmap_ctx *ctx;
-  pmap_model *model;
-  pmap_params *params;
-} run;
+#include "shard_util.h"
 
 static char dir[64];
 
@@ -42,54 +35,6 @@ static int open_run(run *r, const char *name, const pmap_optimizer *opt, const s
   if (r->params && s->precision == PMAP_PRECISION_BF16)
     CHECK_OK(pmap_params_set_precision(r->params, PMAP_PRECISION_BF16));
   return r->params ? 0 : -1;
-}
-
-static void close_run(run *r) {
-  pmap_params_destroy(r->params);
-  pmap_model_destroy(r->model);
-  if (r->ctx) CHECK_OK(pmap_ctx_destroy(r->ctx));
-  memset(r, 0, sizeof *r);
-}
-
-static void rows_of(const pmap_array *xs, const pmap_array *ys, int64_t at, int64_t b,
-                    pmap_array *x, pmap_array *y) {
-  *x = *xs;
-  *y = *ys;
-  size_t xr = (size_t)(pmap_array_numel(xs) / xs->shape[0]);
-  size_t yr = (size_t)(pmap_array_numel(ys) / ys->shape[0]);
-  x->data = (float *)xs->data + (size_t)at * xr;
-  y->data = (char *)ys->data + (size_t)at * yr * 4;
-  x->shape[0] = y->shape[0] = b;
-}
-
-static unsigned char *slurp(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long size = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  unsigned char *buf = malloc(size > 0 ? (size_t)size : 1);
-  *len = buf ? fread(buf, 1, (size_t)size, f) : 0;
-  fclose(f);
-  return buf;
-}
-
-/* a and b hold bitwise the same training state: their checkpoints are byte-identical. */
-static void same_state(const char *what, run *a, run *b) {
-  char pa[128], pb[128];
-  snprintf(pa, sizeof pa, "%s/a.ckpt", dir);
-  snprintf(pb, sizeof pb, "%s/b.ckpt", dir);
-  CHECK_OK(pmap_params_save(a->params, pa));
-  CHECK_OK(pmap_params_save(b->params, pb));
-  size_t la = 0, lb = 0;
-  unsigned char *fa = slurp(pa, &la), *fb = slurp(pb, &lb);
-  size_t at = 0;
-  while (fa && fb && at < la && at < lb && fa[at] == fb[at]) at++;
-  CHECK(fa && fb && la == lb && at == la,
-        "%s: the checkpoints differ (%zu and %zu bytes, first difference at byte %zu)", what, la,
-        lb, at);
-  free(fa);
-  free(fb);
 }
 
 /* `steps` steps of batch b on the runs from the same data: every status, message and loss the
@@ -158,8 +103,8 @@ static void compare(const char *what, const char *model, pmap_optimizer opt, set
             "%s: gradients sharded %d in %zu bytes on %d devices, whole %zu", what,
             gr.grads_sharded, gr.grads, s.n, on.grads);
     step_all(what, r, 3, &xs, &ys, batch, steps, bad_step, bad_row);
-    same_state(what, &r[1], &r[2]);
-    same_state(what, &r[0], &r[2]);
+    same_state(dir, what, &r[1], &r[2]);
+    same_state(dir, what, &r[0], &r[2]);
   }
   for (int k = 0; k < 3; k++) close_run(&r[k]);
   pmap_example_data_free(&xs, &ys);
@@ -271,28 +216,10 @@ static void empty_parts(void) {
     step_all("empty parts", r, 3, &xs, &ys, B, 4, -1, 0);
     CHECK(pmap_params_step(r[2].params) == 3, "three steps taken, one skipped: %lld",
           (long long)pmap_params_step(r[2].params));
-    same_state("empty parts", &r[1], &r[2]);
-    same_state("empty parts", &r[0], &r[2]);
+    same_state(dir, "empty parts", &r[1], &r[2]);
+    same_state(dir, "empty parts", &r[0], &r[2]);
   }
   for (int k = 0; k < 3; k++) close_run(&r[k]);
-}
-
-/* A user's gradient function: least squares on y = x . w. */
-static pmap_status lsq(const pmap_grad_args *a, void *user) {
-  (void)user;
-  int64_t rows = a->xs.shape[0];
-  size_t P = a->num_params;
-  const float *x = a->xs.data, *y = a->ys.data;
-  double loss = 0.0;
-  for (int64_t i = 0; i < rows; i++) {
-    float e = -y[i];
-    for (size_t j = 0; j < P; j++) e += x[(size_t)i * P + j] * a->params[j];
-    loss += (double)e * e;
-    for (size_t j = 0; j < P; j++)
-      a->grads[j] += a->scale * 2.0f * e * x[(size_t)i * P + j] / (float)rows;
-  }
-  *a->loss = (float)(loss / (double)rows);
-  return PMAP_SUCCESS;
 }
 
 /* What is refused, changing nothing; what falls back. */

@@ -167,25 +167,20 @@ static void test_shard_agreement(const char *const *models, int count, int n, in
     if (w_rep && w_shard && bm) {
       double bound = bound_order32(bm, (double)batch, steps);
       train(rep, model, steps, batch, w_rep, l_rep);
-      train(shard, model, steps, batch, w_shard, l_shard);
-      char what[128];
-      snprintf(what, sizeof what,
-               "%s: CUDA %d devices, sharded vs replicated optimizer, parameters", model, n);
-      gpu_within(what, w_shard, w_rep, P, bound);
-      snprintf(what, sizeof what, "%s: CUDA %d devices, sharded vs replicated optimizer, losses",
-               model, n);
-      gpu_within(what, l_shard, l_rep, (size_t)steps, bound);
-      printf("%-9s: %d CUDA devices, the sharded optimizer agrees with the replicated one\n", model,
-             n);
-      train(grads, model, steps, batch, w_shard, l_shard);
-      snprintf(what, sizeof what,
-               "%s: CUDA %d devices, sharded gradients vs replicated, parameters", model, n);
-      gpu_within(what, w_shard, w_rep, P, bound);
-      snprintf(what, sizeof what, "%s: CUDA %d devices, sharded gradients vs replicated, losses",
-               model, n);
-      gpu_within(what, l_shard, l_rep, (size_t)steps, bound);
-      printf("%-9s: %d CUDA devices, the sharded gradients agree with the replicated step\n", model,
-             n);
+      pmap_ctx *ctxs[2] = {shard, grads};
+      const char *names[2] = {"sharded optimizer", "sharded gradients"};
+      for (int k = 0; k < 2; k++) {
+        train(ctxs[k], model, steps, batch, w_shard, l_shard);
+        char what[128];
+        snprintf(what, sizeof what, "%s: CUDA %d devices, %s vs replicated, parameters", model, n,
+                 names[k]);
+        gpu_within(what, w_shard, w_rep, P, bound);
+        snprintf(what, sizeof what, "%s: CUDA %d devices, %s vs replicated, losses", model, n,
+                 names[k]);
+        gpu_within(what, l_shard, l_rep, (size_t)steps, bound);
+        printf("%-9s: %d CUDA devices, the %s agrees with the replicated step\n", model, n,
+               names[k]);
+      }
     }
     free(w_rep);
     free(w_shard);
