@@ -35,7 +35,9 @@ int grad_window_plan(const pmap_model *m, size_t *cap, size_t *pin_lo, size_t *p
           l->gshare_len <= hi - l->gshare_off)
         owner = j;
     }
-    if (owner < 0 || owner == i || (pinned >= 0 && pinned != owner)) return 0;
+    /* The owner's backward must come after the sharer's (the pinned range is reduced after the
+     * owner's), and one range is pinned at most. */
+    if (owner < 0 || owner >= i || (pinned >= 0 && pinned != owner)) return 0;
     pinned = owner;
   }
   for (int i = 0; i < m->n_layers; i++) {

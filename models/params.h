@@ -88,8 +88,8 @@ static inline void params_part(const pmap_params *p, int k, size_t *lo, size_t *
 }
 /* grad_window.c: sharded gradients. The window and the pinned range model m's backward needs
  * (the largest layer's parameters other than a pinned one's; the parameters of the one layer
- * whose gradients another layer adds into too, a tied table): 0 where m has layers of that
- * kind pinned twice over (then its gradients are not sharded). */
+ * whose gradients a later layer adds into too, a tied table): 0 where two layers' would be
+ * pinned, or a layer adds into a later one's (then its gradients are not sharded). */
 int grad_window_plan(const pmap_model *m, size_t *cap, size_t *pin_lo, size_t *pin_len);
 /* Before a backward pass on the replica: the window on the top layer with parameters, the
  * reduction hooked after each layer (r->layer_grads_done); the buffer is zero (the caller
