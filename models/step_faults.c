@@ -41,10 +41,9 @@ pmap_status step_inject(pmap_device *dev, const step_call *c, replica *r, fault_
       PMAP_TRY(r->ops->fill(r->q, r->g, NAN, c->p->n_params));
   }
   if (runtime_fault(dev, FAULT_COLLECTIVE, step))
-    return PMAP_ERR(PMAP_ERR_DEVICE,
-                    "device %d: the gradient %s of step %lld failed (injected by PMAP_FAULT)",
-                    pmap_axis_index(dev), c->p->shard ? "reduce-scatter" : "all-reduce",
-                    (long long)step);
+    return PMAP_ERR(
+        PMAP_ERR_DEVICE, "device %d: the gradient %s of step %lld failed (injected by PMAP_FAULT)",
+        pmap_axis_index(dev), c->p->shard ? "reduce-scatter" : "all-reduce", (long long)step);
   if (runtime_fault(dev, FAULT_STALL, step)) stall(dev);
   return PMAP_SUCCESS;
 }

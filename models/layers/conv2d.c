@@ -81,8 +81,8 @@ static pmap_status backward(pmap_device *dev, const layer *l, replica *r, int i,
     PMAP_TRY(r->ops->round_bf16(r->q, dy, NULL, r->tmp, n));
     dy = r->tmp, db = NULL;
   }
-  return r->ops->conv2d_backward(r->q, s, bd, x, w, relu_out, dy, dx, layer_grad(r, l->w_off), db, r->col,
-                                 r->dcol);
+  return r->ops->conv2d_backward(r->q, s, bd, x, w, relu_out, dy, dx, layer_grad(r, l->w_off), db,
+                                 r->col, r->dcol);
 }
 
 static void init(const layer *l, double gain, struct pmap_rng *rng, float *w) {

@@ -33,8 +33,8 @@ pmap_status dense_rows_backward(const layer *l, replica *r, int i, const float *
   if (l->epilogue) { /* dy is the activation's output gradient: its backward first, with db */
     const float *x = r->out[i]; /* the sum before the activation, or its kept slope */
     PMAP_TRY(ops->act_bias_backward(r->q, (pmap_act)(l->epilogue - 1), x, r->out[i + 1], dy,
-                                    r->dact[i], layer_grad(r, l->b_off), rows, u, r->w16 ? dy16 : NULL,
-                                    kept_slope(l, r, (float *)x, 1)));
+                                    r->dact[i], layer_grad(r, l->b_off), rows, u,
+                                    r->w16 ? dy16 : NULL, kept_slope(l, r, (float *)x, 1)));
     dy = r->dout[i] = r->dact[i];
     d = r->w16 ? (layer_mat){NULL, dy16} : (layer_mat){dy, NULL}; /* bf16: rounded in that pass */
   } else {

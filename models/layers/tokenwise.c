@@ -86,8 +86,8 @@ static pmap_status norm_backward(pmap_device *dev, const layer *l, replica *r, i
                                  const float *dy, float *dx, const float **dx_out, int64_t bd) {
   (void)dev, (void)dx_out;
   return r->ops->layernorm_backward(r->q, r->in[i], r->w + l->w_off, r->aux[i], dy,
-                                    bd * l->in_shape[0], l->in_shape[1], dx, layer_grad(r, l->w_off),
-                                    layer_grad(r, l->b_off));
+                                    bd * l->in_shape[0], l->in_shape[1], dx,
+                                    layer_grad(r, l->w_off), layer_grad(r, l->b_off));
 }
 
 static void norm_init(const layer *l, double gain, struct pmap_rng *rng, float *w) {
