@@ -4,7 +4,7 @@
  * model (the transformer's tied table is reduced after the embedding, its other layers one by
  * one), SGD, momentum and Adam, N = 2, 3, 4, 8; then clipping, uneven batches, the guard off,
  * bf16, recomputation, the numeric guard's skipped step (the same message, naming the device,
- * for an injected fault and for non-finite inputs); the plan's bytes (a part, not the whole
+ * for an injected fault and for non-finite inputs); a failed step (nothing changed); the plan's bytes (a part, not the whole
  * gradient); and what is refused: micro-batches, and a setting out of range. */
 #include <math.h>
 #include <unistd.h>
@@ -173,6 +173,49 @@ static void guard(void) {
   unsetenv("PMAP_FAULT");
 }
 
+/* A device's collective fails (PMAP_FAULT collective, after its backward pass and its
+ * per-layer reductions): the step fails on every device with PMAP_ERR_DEVICE and changes
+ * nothing, as under the sharded optimizer alone (the same message), and both go on alike. */
+static void failed_step(void) {
+  pmap_array xs, ys;
+  CHECK_OK(pmap_example_data("gpt-mini", 5, 64, &xs, &ys));
+  pmap_optimizer opt = pmap_adam(0.001f);
+  setup s = {.n = 3, .sharded = 1};
+  run r[2];
+  memset(r, 0, sizeof r);
+  setenv("PMAP_FAULT", "collective:device=2:step=2", 1);
+  int ok = xs.data && !open_run(&r[0], "gpt-mini", &opt, &s, PMAP_SHARD_ON) &&
+           !open_run(&r[1], "gpt-mini", &opt, &s, PMAP_SHARD_GRADS);
+  unsetenv("PMAP_FAULT");
+  if (ok) {
+    pmap_array x, y;
+    rows_of(&xs, &ys, 0, 6, &x, &y);
+    CHECK_OK(pmap_update(r[1].params, &x, &y, NULL));
+    CHECK_OK(pmap_update(r[0].params, &x, &y, NULL));
+    char before[128], after[128];
+    snprintf(before, sizeof before, "%s/before.ckpt", dir);
+    snprintf(after, sizeof after, "%s/after.ckpt", dir);
+    CHECK_OK(pmap_params_save(r[1].params, before));
+    rows_of(&xs, &ys, 6, 6, &x, &y);
+    CHECK_FAILS(pmap_update(r[1].params, &x, &y, NULL), PMAP_ERR_DEVICE,
+                "device 2: the gradient reduce-scatter of step 2 failed");
+    CHECK_OK(pmap_params_save(r[1].params, after));
+    size_t la = 0, lb = 0;
+    unsigned char *a = slurp(before, &la), *b = slurp(after, &lb);
+    CHECK(a && b && la == lb && !memcmp(a, b, la), "the failed step changed the state");
+    free(a);
+    free(b);
+    unlink(before);
+    unlink(after);
+    CHECK_FAILS(pmap_update(r[0].params, &x, &y, NULL), PMAP_ERR_DEVICE,
+                "device 2: the gradient reduce-scatter of step 2 failed");
+    step_all("after a failed step", r, 2, &xs, &ys, 6, 2, -1, 0);
+    same_state(dir, "after a failed step", &r[0], &r[1]);
+  }
+  for (int k = 0; k < 2; k++) close_run(&r[k]);
+  pmap_example_data_free(&xs, &ys);
+}
+
 /* A model of a few dozen parameters on 8 devices: the parts of devices 2 to 7 hold none (their
  * parts are of the loss, the flags and padding). PMAP_FAULT's nan on device 5 must still skip
  * the step, naming it, as on the other layouts; then they go on alike. */
@@ -286,6 +329,7 @@ int main(void) {
   }
   refusals();
   empty_parts();
+  failed_step();
   grid();
   variants();
   guard();
